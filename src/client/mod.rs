@@ -1,0 +1,2 @@
+//! The official client (being written).
+pub mod cli;

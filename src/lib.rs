@@ -1,0 +1,30 @@
+//! latchkey: a low-latency lock server with fencing tokens.
+//!
+//! Services take a named lock for a bounded time and get a *fencing token* their storage can
+//! check, so that a paused or partitioned client can never corrupt what the lock protects. The
+//! wire contract is `PROTOCOL.md` (binary frames: Acquire, Release, Extend, Cancel, Query,
+//! Ping); this crate is the server, the official client and the benchmark harness.
+//!
+//! # Layout
+//!
+//! | file | responsibility |
+//! |---|---|
+//! | `src/main.rs` | command line → config → start the server (or run a client command) |
+//! | [`config`] | the TOML config file, defaults, validation (errors name the key) |
+//! | [`protocol`] | request and response frames: parse in place, encode; error codes. No I/O |
+//! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
+//! | [`wheel`] | hierarchical timing wheel over `u64` ticks. No I/O |
+//! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
+//! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
+//! | [`client`] | the official client of PROTOCOL.md §4 and the `lock`/`query`/`ping` commands |
+//! | [`bench`] | the load generator behind `latchkey bench` |
+#![deny(missing_docs)]
+
+pub mod bench;
+pub mod client;
+pub mod config;
+pub mod lock_table;
+pub mod protocol;
+pub mod server;
+pub mod tokens;
+pub mod wheel;

@@ -1,0 +1,2 @@
+//! The `latchkey` binary (being written).
+fn main() {}
