@@ -1,10 +1,393 @@
-//! The load generator behind `latchkey bench` (being written).
-#![allow(missing_docs)]
+//! The load generator behind `latchkey bench`: drives a latchkey server, a Redis server or the
+//! frame echo baseline with the same workloads and reports throughput, latency and every answer.
+//!
+//! # Layout
+//!
+//! | file | responsibility |
+//! |---|---|
+//! | `mod.rs` | command-line arguments, their validation into a [`BenchConfig`], [`run`] |
+//! | `wire.rs` | the [`wire::Wire`] interface and the latchkey dialect (uses [`crate::protocol`]) |
+//! | `redis.rs` | a minimal RESP encoder/decoder and the Redis dialect (`SET NX PX`, `EVALSHA`) |
+//! | `workload.rs` | the per-connection state machine: slots, cycles, timers, key choice. No I/O |
+//! | `stats.rs` | counters and HDR histograms one worker thread fills |
+//! | `report.rs` | merged results: the human table and the `--json` object |
+//! | `worker.rs` | one load thread: the mio loop over its connections |
+//! | `driver.rs` | the threads, the start gate, progress, the `hold` phases, RSS, merging |
+//!
+//! # Workloads
+//!
+//! * `uncontended`: every cycle acquires (wait 0) a key nobody else uses, then releases it with
+//!   the token. Each pipeline slot draws from its own disjoint slice of `--keys`, so a `T` here
+//!   is a server bug, not bad luck. Redis: `SET k owner NX PX lease`, then `EVALSHA` of a
+//!   compare-and-delete script.
+//! * `contended`: every slot fights over `--hot-keys` keys with `--wait`, holds `--hold`, then
+//!   releases. Reports handoff latency (the previous holder's release sent → this grant
+//!   received) and fairness (grants per connection). Redis has no queue: a failed `SET NX` is
+//!   retried every [`REDIS_RETRY`], as typical clients do.
+//! * `hold`: grants `--keys` leases of `--lease` and keeps them, reads the server's RSS before
+//!   and after (`--server-pid`), then queues one waiter on each of a sample of keys and records
+//!   when its grant arrives against the holder's lease end (expiry lateness).
+//!
+//! Invariants: each pipeline slot has at most one request outstanding, so per-connection
+//! buffers are sized once at start; nothing on the request path allocates.
+//!
+//! Deliberately not here: reconnecting (a failed connection is an error that the report
+//! shows), TLS, or any address other than the one given.
+
+mod driver;
+mod redis;
+mod report;
+mod stats;
+mod wire;
+mod worker;
+mod workload;
+
+use std::fmt;
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::Duration;
 
-#[derive(clap::Args, Debug)]
-pub struct BenchArgs {}
+pub use driver::{execute, BenchError};
+pub use report::Report;
 
-pub fn run(_args: BenchArgs) -> ExitCode {
+/// How often a Redis client retries a failed `SET NX` while it still may wait.
+pub const REDIS_RETRY: Duration = Duration::from_millis(1);
+/// The largest `--pipeline`: slot numbers live in the low 12 bits of an owner.
+pub const PIPELINE_MAX: u16 = 4096;
+/// The largest `--connections`: connection numbers live in 20 bits of an owner.
+pub const CONNECTIONS_MAX: u32 = 1 << 20;
+/// The largest `--keys`: key names carry 12 decimal digits.
+pub const KEYS_MAX: u64 = 1_000_000_000_000;
+/// The largest wait or lease the latchkey wire can carry, in seconds.
+pub const WIRE_SECONDS_MAX: u64 = 255;
+
+/// Which server dialect a target speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// The latchkey protocol (also spoken by the echo baseline).
+    Latchkey,
+    /// RESP, to a Redis server.
+    Redis,
+}
+
+/// Where to send load: `latchkey://HOST:PORT` or `redis://HOST:PORT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The dialect named by the scheme.
+    pub dialect: Dialect,
+    /// `HOST:PORT` as given.
+    pub address: String,
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = match self.dialect {
+            Dialect::Latchkey => "latchkey",
+            Dialect::Redis => "redis",
+        };
+        write!(f, "{scheme}://{}", self.address)
+    }
+}
+
+/// Parses `latchkey://HOST:PORT` or `redis://HOST:PORT`.
+pub fn parse_target(text: &str) -> Result<Target, String> {
+    let (dialect, rest) = if let Some(rest) = text.strip_prefix("latchkey://") {
+        (Dialect::Latchkey, rest)
+    } else if let Some(rest) = text.strip_prefix("redis://") {
+        (Dialect::Redis, rest)
+    } else {
+        return Err(format!(
+            "`{text}`: expected latchkey://HOST:PORT or redis://HOST:PORT"
+        ));
+    };
+    let address = rest.trim_end_matches('/');
+    let port_ok = address
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !port_ok {
+        return Err(format!("`{text}`: expected HOST:PORT after the scheme"));
+    }
+    Ok(Target {
+        dialect,
+        address: address.to_string(),
+    })
+}
+
+/// Parses a duration such as `5s`, `500ms`, `1m`, `250us`, `1h` or `0`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}`: expected e.g. 5s, 500ms, 1m"))?;
+    let scale_us: u64 = match unit {
+        "" if value == 0 => 0,
+        "us" => 1,
+        "ms" => 1_000,
+        "s" => 1_000_000,
+        "m" => 60_000_000,
+        "h" => 3_600_000_000,
+        _ => return Err(format!("`{text}`: unit must be one of us, ms, s, m, h")),
+    };
+    let micros = value
+        .checked_mul(scale_us)
+        .ok_or_else(|| format!("`{text}`: too long"))?;
+    Ok(Duration::from_micros(micros))
+}
+
+/// The three workloads; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// Acquire (wait 0) and release random keys that no other slot uses.
+    Uncontended,
+    /// Every connection fights over `--hot-keys` keys.
+    Contended,
+    /// Grant `--keys` leases, keep them, measure RSS and expiry lateness.
+    Hold,
+}
+
+impl Workload {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Uncontended => "uncontended",
+            Workload::Contended => "contended",
+            Workload::Hold => "hold",
+        }
+    }
+}
+
+/// `latchkey bench` arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// latchkey://HOST:PORT (also the echo baseline) or redis://HOST:PORT.
+    #[arg(long, value_parser = parse_target)]
+    pub target: Target,
+    /// What each connection does.
+    #[arg(long, value_enum)]
+    pub workload: Workload,
+    /// TCP connections, spread over the threads.
+    #[arg(long, default_value_t = 50)]
+    pub connections: u32,
+    /// Requests each connection keeps outstanding.
+    #[arg(long, default_value_t = 16)]
+    pub pipeline: u16,
+    /// Measured time (not used by `hold`).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Unmeasured time before it (not used by `hold`).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Key space of `uncontended`; number of leases of `hold`.
+    #[arg(long, default_value_t = 100_000)]
+    pub keys: u64,
+    /// Keys `contended` fights over.
+    #[arg(long, default_value_t = 8)]
+    pub hot_keys: u64,
+    /// How long `contended` holds a grant before releasing it.
+    #[arg(long, default_value = "0ms", value_parser = parse_duration)]
+    pub hold: Duration,
+    /// How long a `contended` acquire may queue (rounded up to seconds on the latchkey wire).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub wait: Duration,
+    /// Lease of every grant (whole seconds, 1..=255, on the latchkey wire).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// Load threads [default: the CPUs this process may run on, at most --connections].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// PID of a local server, to read its RSS (`hold`).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+}
+
+/// A validated run description: what [`execute`] needs.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// Where to send load.
+    pub target: Target,
+    /// What to do.
+    pub workload: Workload,
+    /// TCP connections.
+    pub connections: u32,
+    /// Outstanding requests per connection.
+    pub pipeline: u16,
+    /// Measured time.
+    pub duration: Duration,
+    /// Unmeasured time before it.
+    pub warmup: Duration,
+    /// Key space (`uncontended`) or leases (`hold`).
+    pub keys: u64,
+    /// Keys of `contended`.
+    pub hot_keys: u64,
+    /// Time a `contended` grant is held.
+    pub hold: Duration,
+    /// Acquire wait of `contended`.
+    pub wait: Duration,
+    /// Lease of every grant, as sent (whole seconds for latchkey).
+    pub lease: Duration,
+    /// Load threads.
+    pub threads: usize,
+    /// Server PID for RSS readings.
+    pub server_pid: Option<u32>,
+    /// Whether to print a progress line on stderr while running.
+    pub progress: bool,
+}
+
+impl BenchConfig {
+    /// The defaults of the command line for `target` and `workload`, one thread, no progress.
+    pub fn new(target: Target, workload: Workload) -> BenchConfig {
+        BenchConfig {
+            target,
+            workload,
+            connections: 50,
+            pipeline: 16,
+            duration: Duration::from_secs(5),
+            warmup: Duration::from_secs(1),
+            keys: 100_000,
+            hot_keys: 8,
+            hold: Duration::ZERO,
+            wait: Duration::from_secs(5),
+            lease: Duration::from_secs(30),
+            threads: 1,
+            server_pid: None,
+            progress: false,
+        }
+    }
+
+    /// Checks the limits and rounds the lease as the wire will carry it.
+    pub fn validate(mut self) -> Result<BenchConfig, String> {
+        let slots = u64::from(self.connections) * u64::from(self.pipeline);
+        let checks: [(bool, String); 8] = [
+            (
+                self.connections == 0,
+                "--connections must be at least 1".into(),
+            ),
+            (
+                self.connections > CONNECTIONS_MAX,
+                format!("--connections is at most {CONNECTIONS_MAX}"),
+            ),
+            (
+                !(1..=PIPELINE_MAX).contains(&self.pipeline),
+                format!("--pipeline is 1..={PIPELINE_MAX}"),
+            ),
+            (
+                !(1..=KEYS_MAX).contains(&self.keys),
+                format!("--keys is 1..={KEYS_MAX}"),
+            ),
+            (self.hot_keys == 0, "--hot-keys must be at least 1".into()),
+            (self.threads == 0, "--threads must be at least 1".into()),
+            (
+                self.workload != Workload::Hold && self.duration.is_zero(),
+                "--duration must be > 0".into(),
+            ),
+            (
+                self.workload == Workload::Uncontended && self.keys < slots,
+                format!(
+                    "--keys ({}) must be at least --connections x --pipeline ({slots}): every slot \
+                     draws from its own keys",
+                    self.keys
+                ),
+            ),
+        ];
+        if let Some((_, message)) = checks.into_iter().find(|(failed, _)| *failed) {
+            return Err(message);
+        }
+        self.threads = self.threads.min(self.connections as usize);
+        self.lease = self.wire_lease()?;
+        if self.target.dialect == Dialect::Latchkey && self.wait.as_secs() > WIRE_SECONDS_MAX {
+            return Err(format!(
+                "--wait is at most {WIRE_SECONDS_MAX}s on the latchkey wire"
+            ));
+        }
+        Ok(self)
+    }
+
+    fn wire_lease(&self) -> Result<Duration, String> {
+        match self.target.dialect {
+            Dialect::Latchkey => {
+                let seconds = seconds_rounded_up(self.lease);
+                if !(1..=WIRE_SECONDS_MAX).contains(&seconds) {
+                    return Err(format!(
+                        "--lease is 1s..={WIRE_SECONDS_MAX}s on the latchkey wire"
+                    ));
+                }
+                Ok(Duration::from_secs(seconds))
+            }
+            Dialect::Redis if self.lease.as_millis() == 0 => {
+                Err("--lease must be at least 1ms".into())
+            }
+            Dialect::Redis => Ok(Duration::from_millis(self.lease.as_millis() as u64)),
+        }
+    }
+}
+
+/// Whole seconds, rounded up (the wire carries seconds; a bound is never shortened).
+pub(crate) fn seconds_rounded_up(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+impl BenchArgs {
+    /// Validates the arguments into a [`BenchConfig`].
+    pub fn to_config(&self) -> Result<BenchConfig, String> {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        let config = BenchConfig {
+            connections: self.connections,
+            pipeline: self.pipeline,
+            duration: self.duration,
+            warmup: self.warmup,
+            keys: self.keys,
+            hot_keys: self.hot_keys,
+            hold: self.hold,
+            wait: self.wait,
+            lease: self.lease,
+            threads: self.threads.unwrap_or(cpus),
+            server_pid: self.server_pid,
+            progress: !self.json,
+            ..BenchConfig::new(self.target.clone(), self.workload)
+        };
+        config.validate()
+    }
+}
+
+/// Runs `latchkey bench`: exit 0 on a clean run, 1 when anything unexpected was counted, 2 when
+/// the run could not be made.
+pub fn run(args: BenchArgs) -> ExitCode {
+    let config = match args.to_config() {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("latchkey bench: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = match execute(&config) {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("latchkey bench: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_table());
+    }
+    if report.unexpected() == 0 {
+        return ExitCode::SUCCESS;
+    }
+    let alarm = report.alarm();
+    if std::io::stderr().is_terminal() {
+        eprintln!("\x1b[1;31m{alarm}\x1b[0m");
+    } else {
+        eprintln!("{alarm}");
+    }
     ExitCode::FAILURE
 }
+
+#[cfg(test)]
+mod tests;

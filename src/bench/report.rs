@@ -1,0 +1,501 @@
+//! The result of a run: merged figures, the human table, and the `--json` object.
+//!
+//! The JSON is written by hand (one object, one line) with a fixed set of fields, so that a
+//! script can pick fields out with `jq` or `grep`. Fields that do not apply to a workload are
+//! `null`. Latencies are microseconds with one decimal; rates are per second.
+//!
+//! Redis answers are reported in the latchkey letters: `A` = `SET NX` granted, `T` = gave up
+//! (held key and no wait left), `R` = the release script deleted the key, `N` = it did not,
+//! `X` = an error reply. `retries` counts Redis `SET NX` attempts that found the key held.
+//!
+//! Deliberately not here: measuring anything.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use super::stats::{merged, Stats};
+use super::worker::WorkerOutcome;
+use super::{BenchConfig, Dialect, Workload, REDIS_RETRY};
+
+/// `hold` figures the driver measures outside the workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldFigures {
+    /// Server RSS before the grants, when `--server-pid` was given.
+    pub rss_before_bytes: Option<u64>,
+    /// Server RSS with every lease granted, when `--server-pid` was given.
+    pub rss_after_bytes: Option<u64>,
+    /// Sampled keys that got a waiter.
+    pub samples: usize,
+}
+
+/// Percentiles of a latency histogram, in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest value.
+    pub max: f64,
+    /// Values recorded.
+    pub count: u64,
+}
+
+impl Percentiles {
+    /// The percentiles of a nanosecond histogram, or `None` when it is empty.
+    pub fn of(histogram: &Histogram<u64>) -> Option<Percentiles> {
+        if histogram.is_empty() {
+            return None;
+        }
+        let micros = |nanos: u64| nanos as f64 / 1000.0;
+        Some(Percentiles {
+            p50: micros(histogram.value_at_quantile(0.50)),
+            p90: micros(histogram.value_at_quantile(0.90)),
+            p99: micros(histogram.value_at_quantile(0.99)),
+            p999: micros(histogram.value_at_quantile(0.999)),
+            max: micros(histogram.max()),
+            count: histogram.len(),
+        })
+    }
+}
+
+/// Everything a run measured.
+#[derive(Debug)]
+pub struct Report {
+    /// What was run.
+    pub config: BenchConfig,
+    /// The measured window (for `hold`: the grant phase).
+    pub elapsed: Duration,
+    /// All workers' stats, merged.
+    pub stats: Stats,
+    /// `hold` only.
+    pub hold: Option<HoldFigures>,
+}
+
+impl Report {
+    /// Merges the workers' outcomes.
+    pub fn merge(
+        config: &BenchConfig,
+        outcomes: Vec<WorkerOutcome>,
+        hold: Option<HoldFigures>,
+    ) -> Report {
+        let stats = merged(outcomes.iter().map(|outcome| &outcome.stats));
+        let elapsed = outcomes
+            .iter()
+            .map(|outcome| outcome.window)
+            .max()
+            .unwrap_or_default();
+        Report {
+            config: config.clone(),
+            elapsed,
+            stats,
+            hold,
+        }
+    }
+
+    fn per_second(&self, count: u64) -> f64 {
+        let seconds = self.elapsed.as_secs_f64();
+        if seconds > 0.0 {
+            count as f64 / seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// Completed cycles per second (`hold`: leases granted per second).
+    pub fn cycles_per_sec(&self) -> f64 {
+        self.per_second(self.stats.cycles)
+    }
+
+    /// Requests answered per second.
+    pub fn requests_per_sec(&self) -> f64 {
+        self.per_second(self.stats.requests)
+    }
+
+    /// Everything a healthy server and network never produce in this workload.
+    pub fn unexpected(&self) -> u64 {
+        let stats = &self.stats;
+        stats.counts.unexpected(self.config.workload)
+            + stats.unexpected_outside_window
+            + stats.errors.io
+            + stats.errors.protocol
+    }
+
+    /// The loud message for a run with unexpected answers or errors.
+    pub fn alarm(&self) -> String {
+        let stats = &self.stats;
+        let counts = &stats.counts;
+        let mut text = format!(
+            "UNEXPECTED: {} unexpected answers or errors in a {} run against {} \
+             (T {}, B {}, N {}, X {} in the window; {} outside it; \
+             I/O errors {}, protocol errors {})",
+            self.unexpected(),
+            self.config.workload.name(),
+            self.config.target,
+            counts.timeout,
+            counts.busy,
+            counts.not_held,
+            counts.refused,
+            stats.unexpected_outside_window,
+            stats.errors.io,
+            stats.errors.protocol,
+        );
+        if self.config.workload == Workload::Contended {
+            text.push_str(" (T and B are expected in a contended run and not counted here)");
+        }
+        if let Some(first) = &stats.errors.first {
+            let _ = write!(text, "; first error: {first}");
+        }
+        text
+    }
+
+    /// Grants per connection (min, max) for `contended`.
+    pub fn fairness(&self) -> Option<(u64, u64)> {
+        if self.config.workload != Workload::Contended {
+            return None;
+        }
+        let grants = &self.stats.grants_per_connection;
+        Some((*grants.iter().min()?, *grants.iter().max()?))
+    }
+
+    /// Server RSS growth per lease granted, when both readings exist.
+    pub fn rss_bytes_per_lock(&self) -> Option<f64> {
+        let hold = self.hold?;
+        let (before, after) = (hold.rss_before_bytes?, hold.rss_after_bytes?);
+        let locks = self.stats.counts.granted;
+        (locks > 0).then(|| (after as f64 - before as f64) / locks as f64)
+    }
+
+    fn retries_note(&self) -> Option<String> {
+        let retrying = self.config.target.dialect == Dialect::Redis
+            && self.config.workload != Workload::Uncontended;
+        retrying.then(|| {
+            format!(
+                "Redis has no wait queue: a failed SET NX is retried every {} ms, as typical \
+                 clients do",
+                REDIS_RETRY.as_millis()
+            )
+        })
+    }
+}
+
+/// A JSON string literal.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A finite number (JSON has no NaN or infinity).
+fn json_number(value: f64, decimals: usize) -> String {
+    if value.is_finite() {
+        format!("{value:.decimals$}")
+    } else {
+        "null".into()
+    }
+}
+
+fn json_optional(value: Option<String>) -> String {
+    value.unwrap_or_else(|| "null".into())
+}
+
+fn json_percentiles(percentiles: Option<Percentiles>) -> String {
+    json_optional(percentiles.map(|p| {
+        format!(
+            "{{\"p50\":{},\"p90\":{},\"p99\":{},\"p999\":{},\"max\":{},\"count\":{}}}",
+            json_number(p.p50, 1),
+            json_number(p.p90, 1),
+            json_number(p.p99, 1),
+            json_number(p.p999, 1),
+            json_number(p.max, 1),
+            p.count,
+        )
+    }))
+}
+
+fn millis(duration: Duration) -> u128 {
+    duration.as_millis()
+}
+
+impl Report {
+    /// The run as one JSON object on one line.
+    pub fn to_json(&self) -> String {
+        let config = &self.config;
+        let stats = &self.stats;
+        let counts = &stats.counts;
+        let mut out = String::with_capacity(2048);
+        let _ = write!(
+            out,
+            "{{\"target\":{},\"workload\":{},\"parameters\":{{\"connections\":{},\"pipeline\":{},\
+             \"threads\":{},\"duration_ms\":{},\"warmup_ms\":{},\"keys\":{},\"hot_keys\":{},\
+             \"hold_ms\":{},\"wait_ms\":{},\"lease_ms\":{},\"server_pid\":{}}}",
+            json_string(&config.target.to_string()),
+            json_string(config.workload.name()),
+            config.connections,
+            config.pipeline,
+            config.threads,
+            millis(config.duration),
+            millis(config.warmup),
+            config.keys,
+            config.hot_keys,
+            millis(config.hold),
+            millis(config.wait),
+            millis(config.lease),
+            json_optional(config.server_pid.map(|pid| pid.to_string())),
+        );
+        let _ = write!(
+            out,
+            ",\"elapsed_ms\":{},\"cycles\":{},\"cycles_per_sec\":{},\"requests\":{},\
+             \"requests_per_sec\":{},\"latency_us\":{}",
+            json_number(self.elapsed.as_secs_f64() * 1000.0, 1),
+            stats.cycles,
+            json_number(self.cycles_per_sec(), 1),
+            stats.requests,
+            json_number(self.requests_per_sec(), 1),
+            json_percentiles(Percentiles::of(&stats.latency)),
+        );
+        let _ = write!(
+            out,
+            ",\"counts\":{{\"A\":{},\"T\":{},\"B\":{},\"X\":{},\"N\":{},\"R\":{},\
+             \"retries\":{}}},\"errors\":{{\"io\":{},\"protocol\":{},\
+             \"unexpected_outside_window\":{},\"first\":{}}},\"unexpected\":{},\"ok\":{}",
+            counts.granted,
+            counts.timeout,
+            counts.busy,
+            counts.refused,
+            counts.not_held,
+            counts.released,
+            counts.retries,
+            stats.errors.io,
+            stats.errors.protocol,
+            stats.unexpected_outside_window,
+            json_optional(stats.errors.first.as_deref().map(json_string)),
+            self.unexpected(),
+            self.unexpected() == 0,
+        );
+        self.write_workload_json(&mut out);
+        out.push('}');
+        out
+    }
+
+    fn write_workload_json(&self, out: &mut String) {
+        let stats = &self.stats;
+        let contended = self.config.workload == Workload::Contended;
+        let redis_retry_ms = self
+            .retries_note()
+            .map(|_| REDIS_RETRY.as_millis().to_string());
+        let fairness = self.fairness().map(|(min, max)| {
+            let ratio = (min > 0).then(|| json_number(max as f64 / min as f64, 3));
+            format!(
+                "{{\"connections\":{},\"min_grants\":{min},\"max_grants\":{max},\
+                 \"max_over_min\":{}}}",
+                stats.grants_per_connection.len(),
+                json_optional(ratio),
+            )
+        });
+        let acquire = contended
+            .then(|| Percentiles::of(&stats.acquire_latency))
+            .flatten();
+        let handoff = contended.then(|| Percentiles::of(&stats.handoff)).flatten();
+        let _ = write!(
+            out,
+            ",\"redis_retry_ms\":{},\"acquire_latency_us\":{},\"handoff_latency_us\":{},\
+             \"fairness\":{}",
+            json_optional(redis_retry_ms),
+            json_percentiles(acquire),
+            json_percentiles(handoff),
+            json_optional(fairness),
+        );
+        let hold = self.hold.unwrap_or(HoldFigures {
+            rss_before_bytes: None,
+            rss_after_bytes: None,
+            samples: 0,
+        });
+        let lateness = self
+            .hold
+            .and_then(|_| Percentiles::of(&stats.lateness))
+            .map(|p| {
+                format!(
+                    "{{\"p50\":{},\"p99\":{},\"max\":{},\"samples\":{},\"early\":{}}}",
+                    json_number(p.p50, 1),
+                    json_number(p.p99, 1),
+                    json_number(p.max, 1),
+                    p.count,
+                    stats.lateness_early,
+                )
+            });
+        let _ = write!(
+            out,
+            ",\"rss_before_bytes\":{},\"rss_after_bytes\":{},\"rss_bytes_per_lock\":{},\
+             \"expiry_waiters\":{},\"expiry_lateness_us\":{}",
+            json_optional(hold.rss_before_bytes.map(|v| v.to_string())),
+            json_optional(hold.rss_after_bytes.map(|v| v.to_string())),
+            json_optional(self.rss_bytes_per_lock().map(|v| json_number(v, 1))),
+            json_optional(self.hold.map(|h| h.samples.to_string())),
+            json_optional(lateness),
+        );
+    }
+}
+
+/// `1234567.8` → `1,234,568`.
+fn grouped(value: f64) -> String {
+    let digits = format!("{:.0}", value.max(0.0));
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+fn percentiles_row(p: Option<Percentiles>) -> String {
+    match p {
+        None => "(none)".into(),
+        Some(p) => format!(
+            "p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+            p.p50, p.p90, p.p99, p.p999, p.max
+        ),
+    }
+}
+
+impl Report {
+    /// The run as a short table for people.
+    pub fn to_table(&self) -> String {
+        let config = &self.config;
+        let stats = &self.stats;
+        let counts = &stats.counts;
+        let mut out = String::new();
+        let what = if config.workload == Workload::Hold {
+            "grant phase"
+        } else {
+            "measured"
+        };
+        let _ = writeln!(
+            out,
+            "{} {}: {} connections x pipeline {}, {} threads, {:.2} s {what}",
+            config.target,
+            config.workload.name(),
+            config.connections,
+            config.pipeline,
+            config.threads,
+            self.elapsed.as_secs_f64(),
+        );
+        let rows = [
+            ("cycles/s", grouped(self.cycles_per_sec())),
+            ("requests/s", grouped(self.requests_per_sec())),
+            (
+                "latency us",
+                percentiles_row(Percentiles::of(&stats.latency)),
+            ),
+            (
+                "answers",
+                format!(
+                    "A {}  R {}  T {}  B {}  N {}  X {}",
+                    counts.granted,
+                    counts.released,
+                    counts.timeout,
+                    counts.busy,
+                    counts.not_held,
+                    counts.refused
+                ),
+            ),
+            (
+                "errors",
+                format!("io {}  protocol {}", stats.errors.io, stats.errors.protocol),
+            ),
+        ];
+        for (label, value) in rows {
+            let _ = writeln!(out, "  {label:<16} {value}");
+        }
+        self.write_workload_rows(&mut out);
+        out
+    }
+
+    fn write_workload_rows(&self, out: &mut String) {
+        let stats = &self.stats;
+        if let Some(note) = self.retries_note() {
+            // The retries of `hold` waiters happen after its window (the grant phase).
+            let retries = match self.config.workload {
+                Workload::Hold => String::new(),
+                _ => format!("; retries {}", stats.counts.retries),
+            };
+            let _ = writeln!(out, "  {:<16} {note}{retries}", "redis");
+        }
+        if let Some((min, max)) = self.fairness() {
+            let acquire = Percentiles::of(&stats.acquire_latency);
+            let _ = writeln!(
+                out,
+                "  {:<16} {}",
+                "acquire wait us",
+                percentiles_row(acquire)
+            );
+            let handoff = Percentiles::of(&stats.handoff);
+            let _ = writeln!(out, "  {:<16} {}", "handoff us", percentiles_row(handoff));
+            let ratio = if min > 0 {
+                format!("{:.2}x", max as f64 / min as f64)
+            } else {
+                "-".into()
+            };
+            let _ = writeln!(
+                out,
+                "  {:<16} grants per connection: min {min}, max {max} ({ratio})",
+                "fairness"
+            );
+        }
+        let Some(hold) = self.hold else { return };
+        let _ = writeln!(
+            out,
+            "  {:<16} {}",
+            "leases held",
+            grouped(stats.counts.granted as f64)
+        );
+        let rss = match (
+            hold.rss_before_bytes,
+            hold.rss_after_bytes,
+            self.rss_bytes_per_lock(),
+        ) {
+            (Some(before), Some(after), Some(per_lock)) => format!(
+                "{:.1} MiB before, {:.1} MiB after: {per_lock:.1} bytes per lock",
+                before as f64 / 1048576.0,
+                after as f64 / 1048576.0
+            ),
+            _ => "not measured (give --server-pid)".into(),
+        };
+        let _ = writeln!(out, "  {:<16} {rss}", "server RSS");
+        let lateness = match Percentiles::of(&stats.lateness) {
+            Some(p) => format!(
+                "p50 {:.1}  p99 {:.1}  max {:.1} us ({} waiters; {} granted before the \
+                 estimated lease end)",
+                p.p50, p.p99, p.max, hold.samples, stats.lateness_early
+            ),
+            None => format!("no samples ({} waiters)", hold.samples),
+        };
+        let _ = writeln!(out, "  {:<16} {lateness}", "expiry lateness");
+    }
+}
+
+#[cfg(test)]
+#[path = "report_tests.rs"]
+mod tests;

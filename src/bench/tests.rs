@@ -1,0 +1,170 @@
+//! Command-line parsing and validation of `latchkey bench`.
+
+use clap::Parser;
+
+use super::*;
+
+#[derive(Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+fn parse(line: &str) -> Result<BenchArgs, clap::Error> {
+    let words = std::iter::once("bench").chain(line.split_whitespace());
+    Cli::try_parse_from(words).map(|cli| cli.bench)
+}
+
+#[test]
+fn durations_take_units() {
+    assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+    assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+    assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+    assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+    assert_eq!(parse_duration("0ms"), Ok(Duration::ZERO));
+    for bad in [
+        "",
+        "5",
+        "s",
+        "1.5s",
+        "-1s",
+        "5 s",
+        "5sec",
+        "99999999999999999999h",
+    ] {
+        assert!(parse_duration(bad).is_err(), "{bad:?} should not parse");
+    }
+}
+
+#[test]
+fn targets_name_a_dialect_and_an_address() {
+    let target = parse_target("latchkey://127.0.0.1:7420").unwrap();
+    assert_eq!(
+        (target.dialect, target.address.as_str()),
+        (Dialect::Latchkey, "127.0.0.1:7420")
+    );
+    let target = parse_target("redis://localhost:6379/").unwrap();
+    assert_eq!(
+        (target.dialect, target.address.as_str()),
+        (Dialect::Redis, "localhost:6379")
+    );
+    assert_eq!(target.to_string(), "redis://localhost:6379");
+    for bad in [
+        "127.0.0.1:1",
+        "http://a:1",
+        "redis://",
+        "redis://host",
+        "redis://:1",
+        "redis://a:x",
+    ] {
+        assert!(parse_target(bad).is_err(), "{bad:?} should not parse");
+    }
+}
+
+#[test]
+fn defaults_are_the_documented_ones() {
+    let args = parse("--target latchkey://127.0.0.1:7420 --workload uncontended").unwrap();
+    assert_eq!((args.connections, args.pipeline), (50, 16));
+    assert_eq!(
+        (args.duration, args.warmup),
+        (Duration::from_secs(5), Duration::from_secs(1))
+    );
+    assert_eq!((args.keys, args.hot_keys), (100_000, 8));
+    assert_eq!(
+        (args.hold, args.wait, args.lease),
+        (
+            Duration::ZERO,
+            Duration::from_secs(5),
+            Duration::from_secs(30)
+        )
+    );
+    assert_eq!(
+        (args.threads, args.json, args.server_pid),
+        (None, false, None)
+    );
+    let config = args.to_config().unwrap();
+    assert!(config.progress);
+    assert!((1..=50).contains(&config.threads));
+}
+
+#[test]
+fn every_flag_parses() {
+    let args = parse(
+        "--target redis://127.0.0.1:6390 --workload hold --connections 4 --pipeline 2 \
+         --duration 1500ms --warmup 0 --keys 1000 --hot-keys 3 --hold 2ms --wait 1s \
+         --lease 1500ms --threads 2 --json --server-pid 42",
+    )
+    .unwrap();
+    assert_eq!(args.workload, Workload::Hold);
+    assert_eq!(
+        (args.connections, args.pipeline, args.keys, args.hot_keys),
+        (4, 2, 1000, 3)
+    );
+    assert_eq!(args.duration, Duration::from_millis(1500));
+    assert_eq!(
+        (args.threads, args.json, args.server_pid),
+        (Some(2), true, Some(42))
+    );
+    let config = args.to_config().unwrap();
+    assert_eq!(
+        config.lease,
+        Duration::from_millis(1500),
+        "Redis keeps millisecond leases"
+    );
+    assert!(!config.progress, "quiet with --json");
+    let contended = parse("--target latchkey://h:1 --workload contended").unwrap();
+    assert_eq!(contended.workload, Workload::Contended);
+    assert!(parse("--target latchkey://h:1 --workload sideways").is_err());
+    assert!(parse("--workload hold").is_err(), "--target is required");
+}
+
+#[test]
+fn latchkey_leases_round_up_to_whole_seconds() {
+    let args = parse("--target latchkey://h:1 --workload hold --lease 1500ms").unwrap();
+    assert_eq!(args.to_config().unwrap().lease, Duration::from_secs(2));
+    let too_long = parse("--target latchkey://h:1 --workload hold --lease 256s").unwrap();
+    assert!(too_long.to_config().is_err());
+    let zero = parse("--target latchkey://h:1 --workload hold --lease 0").unwrap();
+    assert!(zero.to_config().is_err());
+    let wait = parse("--target latchkey://h:1 --workload contended --wait 300s").unwrap();
+    assert!(wait.to_config().is_err());
+}
+
+#[test]
+fn validation_names_the_bad_flag() {
+    let cases = [
+        ("--connections 0", "--connections"),
+        ("--pipeline 0", "--pipeline"),
+        ("--pipeline 4097", "--pipeline"),
+        ("--keys 0", "--keys"),
+        ("--hot-keys 0", "--hot-keys"),
+        ("--threads 0", "--threads"),
+        ("--duration 0", "--duration"),
+        ("--connections 10 --pipeline 10 --keys 99", "--keys"),
+    ];
+    for (flags, named) in cases {
+        let line = format!("--target latchkey://h:1 --workload uncontended {flags}");
+        let error = parse(&line).unwrap().to_config().unwrap_err();
+        assert!(error.contains(named), "{flags}: {error}");
+    }
+    let args = parse("--target latchkey://h:1 --workload contended --connections 3 --threads 8");
+    assert_eq!(
+        args.unwrap().to_config().unwrap().threads,
+        3,
+        "no more threads than connections"
+    );
+}
+
+/// Runs the harness with the arguments in `LATCHKEY_BENCH_ARGS`, for use before the binary
+/// wires `latchkey bench`:
+/// `LATCHKEY_BENCH_ARGS='--target ... --workload ...' cargo test --release --lib
+/// bench::tests::run_from_env -- --ignored --nocapture`
+#[test]
+#[ignore = "runs a benchmark against a server named in LATCHKEY_BENCH_ARGS"]
+fn run_from_env() {
+    let line = std::env::var("LATCHKEY_BENCH_ARGS").expect("set LATCHKEY_BENCH_ARGS");
+    let args = parse(&line).unwrap_or_else(|error| panic!("{error}"));
+    assert_eq!(run(args), ExitCode::SUCCESS);
+}

@@ -1,0 +1,579 @@
+//! One load thread: a mio loop driving many nonblocking connections.
+//!
+//! Each iteration: poll (until the next timer or phase deadline) → read every readable
+//! connection and apply its answers (which queue the next requests) → fire due timers → flush
+//! every connection with queued bytes in one `write` each. `Instant::now()` is read once per
+//! iteration and handed to the sessions.
+//!
+//! Reads: mio is edge-triggered, so a connection is read until `WouldBlock` or a short read
+//! (which means the socket was drained). That loop is bounded: answers only come for requests
+//! already sent, at most `pipeline` per connection, and the requests they trigger are not sent
+//! until the flush at the end of the iteration.
+//!
+//! Invariants: a connection's unsent bytes never exceed `pipeline` requests (one per slot), so
+//! the buffers sized at connect time never grow; a `Token` is the worker's connection number,
+//! never reused (connections are not replaced), so no generation is needed.
+//!
+//! Deliberately not here: the start gate, progress and RSS (the driver), what an answer means
+//! (the session).
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+
+use super::driver::{BenchError, Shared, CONNECT_TIMEOUT};
+use super::stats::Stats;
+use super::wire::{Answer, Wire};
+use super::workload::{Context, KeySource, Outbox, Plan, Session, Timers};
+use crate::protocol::ErrorCode;
+
+/// Events handled per poll.
+const EVENTS_MAX: usize = 1024;
+/// Bytes of request buffer per slot: the longest request (Redis `EVALSHA`) is under 128.
+const REQUEST_BYTES_PER_SLOT: usize = 128;
+/// The smallest read buffer; a Redis error line may be up to 16 KiB.
+const INPUT_BYTES_MIN: usize = 64 * 1024;
+/// The longest a stopped run waits for cycles in flight to finish.
+const DRAIN_MAX: Duration = Duration::from_secs(2);
+/// How often a paused `hold` worker looks for the signal to start its waiters.
+const PAUSE_POLL: Duration = Duration::from_millis(2);
+
+const _: () = assert!(INPUT_BYTES_MIN >= super::redis::REPLY_BYTES_MAX + 64);
+
+/// What a worker needs to know about its share of the run.
+#[derive(Debug)]
+pub struct WorkerSpec {
+    /// Worker number.
+    pub index: usize,
+    /// Run-wide numbers of this worker's connections.
+    pub connections: std::ops::Range<u32>,
+    /// Requests outstanding per connection.
+    pub pipeline: u16,
+    /// The server.
+    pub address: SocketAddr,
+    /// The run's plan.
+    pub plan: Plan,
+    /// This worker's keys.
+    pub keys: KeySource,
+    /// Unmeasured time.
+    pub warmup: Duration,
+    /// Measured time.
+    pub duration: Duration,
+}
+
+/// What a worker hands back.
+#[derive(Debug)]
+pub struct WorkerOutcome {
+    /// Its counters and histograms.
+    pub stats: Stats,
+    /// Its measured window (for `hold`: its grant phase).
+    pub window: Duration,
+    /// `hold`: sampled keys that got a waiter.
+    pub samples: usize,
+}
+
+/// Why a connection was closed.
+enum Failure {
+    Io(String),
+    Protocol(String),
+}
+
+struct Connection<W: Wire> {
+    stream: TcpStream,
+    wire: W,
+    session: Session,
+    input: Box<[u8]>,
+    input_len: usize,
+    output: Vec<u8>,
+    wants_write: bool,
+    dirty: bool,
+    open: bool,
+}
+
+/// The worker's state apart from the poller, so that events can be iterated while it changes.
+struct Core<W: Wire> {
+    connections: Vec<Connection<W>>,
+    plan: Plan,
+    keys: KeySource,
+    stats: Stats,
+    timers: Timers,
+    dirty: Vec<u32>,
+    open: usize,
+    pipeline: u16,
+    shared: Arc<Shared>,
+}
+
+/// A load thread.
+pub struct Worker<W: Wire> {
+    poll: Poll,
+    events: Events,
+    core: Core<W>,
+    index: usize,
+    warmup: Duration,
+    duration: Duration,
+}
+
+fn connect(address: SocketAddr) -> io::Result<TcpStream> {
+    let stream = std::net::TcpStream::connect_timeout(&address, CONNECT_TIMEOUT)?;
+    stream.set_nodelay(true)?;
+    stream.set_nonblocking(true)?;
+    Ok(TcpStream::from_std(stream))
+}
+
+impl<W: Wire> Worker<W> {
+    /// Opens the worker's connections (blocking, before the start gate).
+    pub fn connect(
+        spec: WorkerSpec,
+        shared: Arc<Shared>,
+        mut make_wire: impl FnMut() -> W,
+    ) -> Result<Worker<W>, BenchError> {
+        let poll = Poll::new().map_err(BenchError::Poll)?;
+        let now = Instant::now();
+        let pipeline = usize::from(spec.pipeline);
+        let count = spec.connections.len();
+        let mut connections = Vec::with_capacity(count);
+        for (local, global) in spec.connections.clone().enumerate() {
+            let failed = |error| BenchError::Connect {
+                address: spec.address,
+                error,
+            };
+            let mut stream = connect(spec.address).map_err(failed)?;
+            poll.registry()
+                .register(&mut stream, Token(local), Interest::READABLE)
+                .map_err(failed)?;
+            connections.push(Connection {
+                stream,
+                wire: make_wire(),
+                session: Session::new(local as u32, global, spec.pipeline, now),
+                input: vec![0; INPUT_BYTES_MIN.max(pipeline * 32)].into_boxed_slice(),
+                input_len: 0,
+                output: Vec::with_capacity(pipeline * REQUEST_BYTES_PER_SLOT),
+                wants_write: false,
+                dirty: false,
+                open: true,
+            });
+        }
+        let core = Core {
+            timers: Timers::new(&spec.plan, count * pipeline),
+            plan: spec.plan,
+            keys: spec.keys,
+            stats: Stats::new(count),
+            connections,
+            dirty: Vec::with_capacity(count),
+            open: count,
+            pipeline: spec.pipeline,
+            shared,
+        };
+        Ok(Worker {
+            poll,
+            events: Events::with_capacity(EVENTS_MAX),
+            core,
+            index: spec.index,
+            warmup: spec.warmup,
+            duration: spec.duration,
+        })
+    }
+
+    /// One iteration: poll until `wake` (or the next timer), apply answers, fire timers,
+    /// flush. Returns the time read after the poll.
+    fn turn(&mut self, wake: Option<Instant>) -> Result<Instant, BenchError> {
+        let deadline = match (wake, self.core.timers.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let timeout = deadline.map(|at| at.saturating_duration_since(Instant::now()));
+        match self.poll.poll(&mut self.events, timeout) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => self.events.clear(),
+            Err(error) => return Err(BenchError::Poll(error)),
+        }
+        let now = Instant::now();
+        for event in self.events.iter() {
+            let index = event.token().0;
+            if event.is_readable() || event.is_read_closed() || event.is_error() {
+                self.core.read(index, now, &self.poll);
+            }
+            if event.is_writable() {
+                self.core.mark_dirty(index);
+            }
+        }
+        self.core.fire_timers(now);
+        self.core.flush(&self.poll);
+        self.publish();
+        Ok(now)
+    }
+
+    fn publish(&self) {
+        let progress = &self.core.shared.progress[self.index];
+        let stats = &self.core.stats;
+        progress
+            .requests
+            .store(stats.requests_total, Ordering::Relaxed);
+        progress.cycles.store(stats.cycles_total, Ordering::Relaxed);
+        let errors = stats.errors.io + stats.errors.protocol;
+        progress.errors.store(errors, Ordering::Relaxed);
+    }
+
+    /// Runs `uncontended` or `contended` from `start`: warm-up, window, drain.
+    pub fn run_timed(mut self, start: Instant) -> Result<WorkerOutcome, BenchError> {
+        let window_start_at = start + self.warmup;
+        let window_end_at = window_start_at + self.duration;
+        let drain_end_at = window_end_at + DRAIN_MAX + self.core.plan.hold;
+        self.core.kick(Instant::now(), &self.poll);
+        let mut window: (Option<Instant>, Option<Instant>) = (None, None);
+        loop {
+            let wake = if window.0.is_none() {
+                window_start_at
+            } else if window.1.is_none() {
+                window_end_at
+            } else {
+                drain_end_at
+            };
+            let now = self.turn(Some(wake))?;
+            if window.0.is_none() && now >= window_start_at {
+                self.core.stats.start_window();
+                window.0 = Some(now);
+            }
+            if window.0.is_some()
+                && window.1.is_none()
+                && (now >= window_end_at || self.core.open == 0)
+            {
+                self.core.stats.recording = false;
+                self.core.stop();
+                window.1 = Some(now);
+            }
+            let drained = self.core.all_idle() || now >= drain_end_at;
+            if window.1.is_some() && drained {
+                break;
+            }
+        }
+        let measured = match window {
+            (Some(from), Some(to)) => to.saturating_duration_since(from),
+            _ => Duration::ZERO,
+        };
+        Ok(WorkerOutcome {
+            stats: self.core.stats,
+            window: measured,
+            samples: 0,
+        })
+    }
+
+    /// Runs `hold` from `start`: grant every key of the worker's range and keep it, wait for
+    /// the driver's signal (it reads the server's RSS meanwhile), then queue one waiter on each
+    /// sampled key and record when the grants arrive.
+    pub fn run_hold(mut self, start: Instant) -> Result<WorkerOutcome, BenchError> {
+        self.core.stats.start_window();
+        self.core.kick(Instant::now(), &self.poll);
+        let mut now = start;
+        while !(self.hold_keys_done() && self.core.all_idle()) && self.core.open > 0 {
+            now = self.turn(None)?;
+        }
+        let grant_phase = now.saturating_duration_since(start);
+        self.core.stats.recording = false;
+        self.core.shared.progress[self.index]
+            .granted
+            .store(true, Ordering::Release);
+        while !self.core.shared.waiters_go.load(Ordering::Acquire) {
+            now = self.turn(Some(now + PAUSE_POLL))?;
+        }
+        let slots = self.core.connections.len() * usize::from(self.core.pipeline);
+        let mut samples = 0;
+        if let KeySource::Hold(keys) = &mut self.core.keys {
+            keys.start_waiters(slots);
+            samples = keys.samples();
+        }
+        self.core.kick(Instant::now(), &self.poll);
+        let give_up_at = Instant::now() + self.core.plan.waiter_wait + DRAIN_MAX;
+        while !self.core.all_idle() && now < give_up_at {
+            now = self.turn(Some(give_up_at))?;
+        }
+        Ok(WorkerOutcome {
+            stats: self.core.stats,
+            window: grant_phase,
+            samples,
+        })
+    }
+
+    fn hold_keys_done(&self) -> bool {
+        match &self.core.keys {
+            KeySource::Hold(keys) => keys.granting_done(),
+            _ => true,
+        }
+    }
+}
+
+/// A split borrow of a core: its connections and dirty list, and a session context over the
+/// rest.
+struct Parts<'a, W: Wire> {
+    connections: &'a mut [Connection<W>],
+    dirty: &'a mut Vec<u32>,
+    ctx: Context<'a>,
+}
+
+impl<W: Wire> Core<W> {
+    fn parts(&mut self, now: Instant) -> Parts<'_, W> {
+        let Core {
+            connections,
+            plan,
+            keys,
+            stats,
+            timers,
+            dirty,
+            shared,
+            ..
+        } = self;
+        let ctx = Context {
+            now,
+            plan,
+            stats,
+            timers,
+            keys,
+            clock: &shared.clock,
+        };
+        Parts {
+            connections,
+            dirty,
+            ctx,
+        }
+    }
+
+    fn all_idle(&self) -> bool {
+        self.connections
+            .iter()
+            .all(|c| !c.open || c.session.is_idle())
+    }
+
+    fn stop(&mut self) {
+        for connection in &mut self.connections {
+            connection.session.stop();
+        }
+    }
+
+    fn mark_dirty(&mut self, index: usize) {
+        mark(&mut self.connections[index], &mut self.dirty, index);
+    }
+}
+
+fn mark<W: Wire>(connection: &mut Connection<W>, dirty: &mut Vec<u32>, index: usize) {
+    if !connection.dirty && connection.open {
+        connection.dirty = true;
+        dirty.push(index as u32);
+    }
+}
+
+impl<W: Wire> Core<W> {
+    fn kick(&mut self, now: Instant, poll: &Poll) {
+        let Parts {
+            connections,
+            dirty,
+            mut ctx,
+        } = self.parts(now);
+        for (index, connection) in connections.iter_mut().enumerate() {
+            if connection.open {
+                let mut outbox = Outbox {
+                    wire: &mut connection.wire,
+                    out: &mut connection.output,
+                };
+                connection.session.kick(&mut ctx, &mut outbox);
+                mark(connection, dirty, index);
+            }
+        }
+        self.flush(poll);
+    }
+
+    fn read(&mut self, index: usize, now: Instant, poll: &Poll) {
+        let Parts {
+            connections,
+            dirty,
+            mut ctx,
+        } = self.parts(now);
+        let connection = &mut connections[index];
+        if !connection.open {
+            return;
+        }
+        let result = receive(connection, &mut ctx);
+        if !connection.output.is_empty() {
+            mark(connection, dirty, index);
+        }
+        if let Err(failure) = result {
+            self.close(index, failure, poll);
+        }
+    }
+
+    fn fire_timers(&mut self, now: Instant) {
+        // Bounded: firing a timer never sets another, and each slot has at most one.
+        loop {
+            let due = self
+                .timers
+                .hold
+                .pop_due(now)
+                .or_else(|| self.timers.retry.pop_due(now));
+            let Some((local, slot)) = due else { return };
+            let Parts {
+                connections,
+                dirty,
+                mut ctx,
+            } = self.parts(now);
+            let connection = &mut connections[local as usize];
+            if connection.open {
+                let mut outbox = Outbox {
+                    wire: &mut connection.wire,
+                    out: &mut connection.output,
+                };
+                connection.session.handle_timer(slot, &mut ctx, &mut outbox);
+                mark(connection, dirty, local as usize);
+            }
+        }
+    }
+
+    fn flush(&mut self, poll: &Poll) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for &index in &dirty {
+            let connection = &mut self.connections[index as usize];
+            connection.dirty = false;
+            if !connection.open {
+                continue;
+            }
+            if let Err(failure) = send(connection, poll) {
+                self.close(index as usize, failure, poll);
+            }
+        }
+        dirty.clear();
+        self.dirty = dirty;
+    }
+
+    fn close(&mut self, index: usize, failure: Failure, poll: &Poll) {
+        let connection = &mut self.connections[index];
+        if !connection.open {
+            return;
+        }
+        connection.open = false;
+        // The socket is dropped with the worker; errors here change nothing.
+        let _ = poll.registry().deregister(&mut connection.stream);
+        let _ = connection.stream.shutdown(std::net::Shutdown::Both);
+        connection.session.abandon();
+        self.open -= 1;
+        let number = connection.session.connection();
+        match failure {
+            Failure::Io(text) => self
+                .stats
+                .errors
+                .io(|| format!("connection {number}: {text}")),
+            Failure::Protocol(text) => self
+                .stats
+                .errors
+                .protocol(|| format!("connection {number}: {text}")),
+        }
+    }
+}
+
+/// Reads until the socket is drained and applies every complete answer.
+fn receive<W: Wire>(connection: &mut Connection<W>, ctx: &mut Context<'_>) -> Result<(), Failure> {
+    loop {
+        let space = connection.input.len() - connection.input_len;
+        if space == 0 {
+            return Err(Failure::Protocol(
+                "an answer longer than the read buffer".into(),
+            ));
+        }
+        match connection
+            .stream
+            .read(&mut connection.input[connection.input_len..])
+        {
+            Ok(0) => return Err(Failure::Io("the server closed the connection".into())),
+            Ok(read) => {
+                connection.input_len += read;
+                apply(connection, ctx)?;
+                if read < space {
+                    return Ok(());
+                }
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(Failure::Io(format!("read: {error}"))),
+        }
+    }
+}
+
+/// Parses and applies every complete answer in the input buffer, then compacts it.
+fn apply<W: Wire>(connection: &mut Connection<W>, ctx: &mut Context<'_>) -> Result<(), Failure> {
+    let Connection {
+        wire,
+        session,
+        input,
+        input_len,
+        output,
+        ..
+    } = connection;
+    let mut offset = 0;
+    let result = loop {
+        match wire.parse(&input[offset..*input_len]) {
+            Ok(Some((reply, used))) => {
+                offset += used;
+                let mut outbox = Outbox {
+                    wire: &mut *wire,
+                    out: &mut *output,
+                };
+                if let Err(uncorrelated) = session.handle_reply(reply, ctx, &mut outbox) {
+                    break Err(Failure::Protocol(describe(uncorrelated.0)));
+                }
+            }
+            Ok(None) => break Ok(()),
+            Err(error) => break Err(Failure::Protocol(error.to_string())),
+        }
+    };
+    input.copy_within(offset..*input_len, 0);
+    *input_len -= offset;
+    if let (Err(Failure::Protocol(text)), Some(redis)) = (&result, wire.first_error_text()) {
+        return Err(Failure::Protocol(format!("{text} (server said: {redis})")));
+    }
+    result
+}
+
+fn describe(answer: Answer) -> String {
+    match answer {
+        Answer::Refused { id: 0, code } => match ErrorCode::from_u8(code) {
+            Some(code) => format!("the server refused the session: {code}"),
+            None => format!("X with unknown code {code} and no correlation id"),
+        },
+        other => format!("answer {other:?} matches no outstanding request"),
+    }
+}
+
+/// Writes the queued bytes (one `write` unless the socket takes less), keeps the rest, and
+/// asks for writability only while something is left.
+fn send<W: Wire>(connection: &mut Connection<W>, poll: &Poll) -> Result<(), Failure> {
+    let mut sent = 0;
+    let result = loop {
+        if sent == connection.output.len() {
+            break Ok(());
+        }
+        match connection.stream.write(&connection.output[sent..]) {
+            Ok(0) => break Err(Failure::Io("write accepted no bytes".into())),
+            Ok(written) => sent += written,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => break Ok(()),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => break Err(Failure::Io(format!("write: {error}"))),
+        }
+    };
+    connection.output.drain(..sent);
+    let wants_write = !connection.output.is_empty();
+    if result.is_ok() && wants_write != connection.wants_write {
+        let interest = if wants_write {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        let token = Token(connection.session.local() as usize);
+        poll.registry()
+            .reregister(&mut connection.stream, token, interest)
+            .map_err(|error| Failure::Io(format!("reregister: {error}")))?;
+        connection.wants_write = wants_write;
+    }
+    result
+}

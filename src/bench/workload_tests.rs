@@ -1,0 +1,465 @@
+//! The session state machine on virtual time, with a wire that records what it is asked to
+//! send and answers nothing by itself.
+
+use super::*;
+use crate::bench::stats::Stats;
+use crate::bench::wire::{ParseOutcome, Reply};
+use crate::bench::{parse_target, BenchConfig};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Sent {
+    Acquire {
+        slot: u16,
+        key: Vec<u8>,
+        owner: u64,
+        wait_s: u8,
+    },
+    Release {
+        slot: u16,
+        key: Vec<u8>,
+        token: u64,
+    },
+}
+
+#[derive(Default)]
+struct FakeWire {
+    sent: Vec<Sent>,
+}
+
+impl Wire for FakeWire {
+    fn encode_acquire(&mut self, out: &mut Vec<u8>, slot: u16, key: &[u8], owner: u64, wait_s: u8) {
+        out.push(b'a');
+        self.sent.push(Sent::Acquire {
+            slot,
+            key: key.to_vec(),
+            owner,
+            wait_s,
+        });
+    }
+
+    fn encode_release(&mut self, out: &mut Vec<u8>, slot: u16, key: &[u8], token: u64) {
+        out.push(b'r');
+        self.sent.push(Sent::Release {
+            slot,
+            key: key.to_vec(),
+            token,
+        });
+    }
+
+    fn parse(&mut self, _buf: &[u8]) -> ParseOutcome {
+        Ok(None)
+    }
+}
+
+/// One worker with one session, on virtual time.
+struct Rig {
+    now: Instant,
+    plan: Plan,
+    stats: Stats,
+    timers: Timers,
+    keys: KeySource,
+    clock: HandoffClock,
+    wire: FakeWire,
+    out: Vec<u8>,
+    session: Session,
+}
+
+impl Rig {
+    fn new(config: BenchConfig, keys: KeySource) -> Rig {
+        let now = Instant::now();
+        let plan = Plan::new(&config, *b"tst");
+        let mut stats = Stats::new(1);
+        stats.start_window();
+        Rig {
+            timers: Timers::new(&plan, usize::from(config.pipeline)),
+            clock: HandoffClock::new(now, config.hot_keys),
+            session: Session::new(0, 0, config.pipeline, now),
+            now,
+            plan,
+            stats,
+            keys,
+            wire: FakeWire::default(),
+            out: Vec::new(),
+        }
+    }
+
+    fn call<R>(
+        &mut self,
+        f: impl FnOnce(&mut Session, &mut Context, &mut Outbox<FakeWire>) -> R,
+    ) -> R {
+        let mut ctx = Context {
+            now: self.now,
+            plan: &self.plan,
+            stats: &mut self.stats,
+            timers: &mut self.timers,
+            keys: &mut self.keys,
+            clock: &self.clock,
+        };
+        let mut outbox = Outbox {
+            wire: &mut self.wire,
+            out: &mut self.out,
+        };
+        f(&mut self.session, &mut ctx, &mut outbox)
+    }
+
+    fn kick(&mut self) {
+        self.call(|session, ctx, outbox| session.kick(ctx, outbox));
+    }
+
+    fn answer(&mut self, answer: Answer) -> Result<(), Uncorrelated> {
+        let reply = Reply { answer, slot: None };
+        self.call(|session, ctx, outbox| session.handle_reply(reply, ctx, outbox))
+    }
+
+    fn fire_timers(&mut self) {
+        let now = self.now;
+        while let Some((_, slot)) = self
+            .timers
+            .hold
+            .pop_due(now)
+            .or_else(|| self.timers.retry.pop_due(now))
+        {
+            self.call(|session, ctx, outbox| session.handle_timer(slot, ctx, outbox));
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+    }
+
+    fn take_sent(&mut self) -> Vec<Sent> {
+        std::mem::take(&mut self.wire.sent)
+    }
+}
+
+fn config(target: &str, workload: Workload, pipeline: u16) -> BenchConfig {
+    let mut config = BenchConfig::new(parse_target(target).unwrap(), workload);
+    config.connections = 1;
+    config.pipeline = pipeline;
+    config.keys = 4 * u64::from(pipeline);
+    config.validate().unwrap()
+}
+
+fn key(prefix: u8, index: u64) -> Vec<u8> {
+    key_name(prefix, *b"tst", index).to_vec()
+}
+
+fn acquire_owner(sent: &Sent) -> u64 {
+    match sent {
+        Sent::Acquire { owner, .. } => *owner,
+        Sent::Release { .. } => panic!("expected an acquire, got {sent:?}"),
+    }
+}
+
+#[test]
+fn uncontended_cycles_acquire_release_on_disjoint_keys() {
+    let config = config("latchkey://127.0.0.1:1", Workload::Uncontended, 2);
+    let spread = KeySource::Spread {
+        stride: 2,
+        per_slot: 4,
+        rng: Rng::new(1),
+    };
+    let mut rig = Rig::new(config, spread);
+    rig.kick();
+    let sent = rig.take_sent();
+    assert_eq!(sent.len(), 2);
+    for (slot, request) in sent.iter().enumerate() {
+        let Sent::Acquire {
+            slot: s,
+            key: name,
+            wait_s,
+            ..
+        } = request
+        else {
+            panic!()
+        };
+        assert_eq!((usize::from(*s), *wait_s), (slot, 0));
+        let index: u64 = std::str::from_utf8(&name[4..]).unwrap().parse().unwrap();
+        assert_eq!(index % 2, slot as u64, "slot {slot} stays on its own keys");
+        assert_eq!(name[0], b'u');
+    }
+    let owner = acquire_owner(&sent[1]);
+    rig.advance(Duration::from_micros(30));
+    rig.answer(Answer::Granted { owner, token: 500 }).unwrap();
+    let Sent::Release {
+        slot: 1,
+        token: 500,
+        ..
+    } = rig.take_sent()[0]
+    else {
+        panic!()
+    };
+    rig.answer(Answer::Released { token: 500 }).unwrap();
+    let next = rig.take_sent();
+    assert!(
+        matches!(next[..], [Sent::Acquire { slot: 1, .. }]),
+        "{next:?}"
+    );
+    assert_ne!(
+        acquire_owner(&next[0]),
+        owner,
+        "every acquire has a fresh owner"
+    );
+    assert_eq!((rig.stats.cycles, rig.stats.requests), (1, 2));
+    assert_eq!(
+        (rig.stats.counts.granted, rig.stats.counts.released),
+        (1, 1)
+    );
+    assert_eq!(rig.stats.latency.len(), 2);
+    assert!(rig.stats.latency.max() >= 29_000);
+}
+
+#[test]
+fn answers_that_match_nothing_are_errors() {
+    let config = config("latchkey://127.0.0.1:1", Workload::Uncontended, 1);
+    let spread = KeySource::Spread {
+        stride: 1,
+        per_slot: 4,
+        rng: Rng::new(1),
+    };
+    let mut rig = Rig::new(config, spread);
+    rig.kick();
+    let owner = acquire_owner(&rig.take_sent()[0]);
+    let stranger = Answer::Granted {
+        owner: owner + (1 << 32),
+        token: 1,
+    };
+    assert_eq!(rig.answer(stranger), Err(Uncorrelated(stranger)));
+    assert!(
+        rig.answer(Answer::Released { token: 1 }).is_err(),
+        "nothing is being released"
+    );
+    assert!(rig.answer(Answer::Refused { id: 0, code: 7 }).is_err());
+    rig.answer(Answer::Refused { id: owner, code: 3 }).unwrap();
+    assert_eq!(rig.stats.counts.refused, 1);
+    assert_eq!(rig.stats.counts.unexpected(Workload::Uncontended), 1);
+}
+
+#[test]
+fn a_timeout_in_uncontended_is_counted_and_the_slot_moves_on() {
+    let config = config("redis://127.0.0.1:1", Workload::Uncontended, 1);
+    let spread = KeySource::Spread {
+        stride: 1,
+        per_slot: 4,
+        rng: Rng::new(3),
+    };
+    let mut rig = Rig::new(config, spread);
+    rig.kick();
+    let owner = acquire_owner(&rig.take_sent()[0]);
+    rig.answer(Answer::Timeout { owner }).unwrap();
+    assert_eq!(
+        (rig.stats.counts.timeout, rig.stats.counts.retries),
+        (1, 0),
+        "no retry at wait 0"
+    );
+    assert_eq!(rig.take_sent().len(), 1, "the next cycle started");
+}
+
+#[test]
+fn redis_contended_retries_every_millisecond_until_the_wait_runs_out() {
+    let mut config = config("redis://127.0.0.1:1", Workload::Contended, 1);
+    config.wait = Duration::from_millis(2);
+    let mut rig = Rig::new(
+        config,
+        KeySource::Hot {
+            count: 1,
+            rng: Rng::new(5),
+        },
+    );
+    rig.kick();
+    let first = rig.take_sent();
+    let owner = acquire_owner(&first[0]);
+    for attempt in 1..=2 {
+        rig.answer(Answer::Timeout { owner }).unwrap();
+        assert!(
+            rig.take_sent().is_empty(),
+            "attempt {attempt}: waits for the retry timer"
+        );
+        rig.advance(Duration::from_micros(999));
+        rig.fire_timers();
+        assert!(rig.take_sent().is_empty(), "not before a millisecond");
+        rig.advance(Duration::from_micros(1));
+        rig.fire_timers();
+        let retry = rig.take_sent();
+        assert_eq!(retry.len(), 1);
+        assert_eq!(acquire_owner(&retry[0]), owner, "a retry keeps its owner");
+    }
+    rig.answer(Answer::Timeout { owner }).unwrap();
+    assert_eq!((rig.stats.counts.retries, rig.stats.counts.timeout), (2, 1));
+    assert_eq!(rig.stats.counts.unexpected(Workload::Contended), 0);
+}
+
+#[test]
+fn contended_holds_then_releases_and_measures_the_handoff() {
+    let mut config = config("latchkey://127.0.0.1:1", Workload::Contended, 2);
+    config.hold = Duration::from_millis(5);
+    config.hot_keys = 1;
+    let mut rig = Rig::new(
+        config,
+        KeySource::Hot {
+            count: 1,
+            rng: Rng::new(9),
+        },
+    );
+    rig.kick();
+    let sent = rig.take_sent();
+    assert!(
+        sent.iter()
+            .all(|s| matches!(s, Sent::Acquire { wait_s: 5, .. })),
+        "{sent:?}"
+    );
+    let (first, second) = (acquire_owner(&sent[0]), acquire_owner(&sent[1]));
+    rig.advance(Duration::from_micros(10));
+    rig.answer(Answer::Granted {
+        owner: first,
+        token: 1,
+    })
+    .unwrap();
+    assert!(rig.take_sent().is_empty(), "held for --hold");
+    rig.advance(Duration::from_millis(5));
+    rig.fire_timers();
+    assert!(matches!(
+        rig.take_sent()[..],
+        [Sent::Release { token: 1, .. }]
+    ));
+    rig.advance(Duration::from_micros(40));
+    rig.answer(Answer::Granted {
+        owner: second,
+        token: 2,
+    })
+    .unwrap();
+    assert_eq!(rig.stats.handoff.len(), 1);
+    let handoff = rig.stats.handoff.max();
+    assert!((39_000..=41_000).contains(&handoff), "handoff {handoff} ns");
+    assert_eq!(rig.stats.grants_per_connection, vec![2]);
+    assert!(
+        rig.stats.acquire_latency.max() >= 5_000_000,
+        "the second waited ~5 ms"
+    );
+}
+
+#[test]
+fn stop_lets_cycles_in_flight_finish_then_idles() {
+    let config = config("latchkey://127.0.0.1:1", Workload::Uncontended, 2);
+    let spread = KeySource::Spread {
+        stride: 2,
+        per_slot: 4,
+        rng: Rng::new(1),
+    };
+    let mut rig = Rig::new(config, spread);
+    rig.kick();
+    let sent = rig.take_sent();
+    rig.session.stop();
+    rig.answer(Answer::Busy {
+        owner: acquire_owner(&sent[0]),
+    })
+    .unwrap();
+    rig.answer(Answer::Granted {
+        owner: acquire_owner(&sent[1]),
+        token: 8,
+    })
+    .unwrap();
+    assert!(!rig.session.is_idle());
+    assert!(matches!(
+        rig.take_sent()[..],
+        [Sent::Release { token: 8, .. }]
+    ));
+    rig.answer(Answer::Released { token: 8 }).unwrap();
+    assert!(rig.session.is_idle());
+    assert!(rig.take_sent().is_empty(), "no new cycle after stop");
+}
+
+#[test]
+fn hold_keeps_its_range_then_waits_on_samples() {
+    let mut config = config("latchkey://127.0.0.1:1", Workload::Hold, 2);
+    config.lease = Duration::from_secs(2);
+    let mut rig = Rig::new(config, KeySource::Hold(HoldKeys::new(10..15, 2)));
+    rig.kick();
+    let mut granted = Vec::new();
+    for _ in 0..10 {
+        let sent = rig.take_sent();
+        if sent.is_empty() {
+            break;
+        }
+        for request in sent {
+            let Sent::Acquire {
+                key: name,
+                owner,
+                wait_s: 0,
+                ..
+            } = request
+            else {
+                panic!()
+            };
+            granted.push(name);
+            rig.answer(Answer::Granted {
+                owner,
+                token: owner,
+            })
+            .unwrap();
+        }
+    }
+    let expected: Vec<_> = (10..15).map(|k| key(b'h', k)).collect();
+    assert_eq!(granted, expected, "the range, in order, once each");
+    assert!(rig.session.is_idle());
+    assert_eq!(rig.stats.cycles, 5);
+    let KeySource::Hold(keys) = &mut rig.keys else {
+        panic!()
+    };
+    assert!(keys.granting_done());
+    assert_eq!(keys.samples(), 3, "10, 12 and 14 are sampled");
+    keys.start_waiters(2);
+    rig.kick();
+    let waiters = rig.take_sent();
+    let names: Vec<_> = waiters
+        .iter()
+        .map(|s| match s {
+            Sent::Acquire { key, wait_s: 4, .. } => key.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(names, vec![key(b'h', 10), key(b'h', 12)]);
+    rig.advance(Duration::from_millis(2003));
+    rig.answer(Answer::Granted {
+        owner: acquire_owner(&waiters[0]),
+        token: 77,
+    })
+    .unwrap();
+    assert_eq!(rig.stats.lateness.len(), 1);
+    let late = rig.stats.lateness.max();
+    assert!((2_990_000..=3_010_000).contains(&late), "late by {late} ns");
+    assert!(matches!(
+        rig.take_sent()[..],
+        [Sent::Release { token: 77, .. }]
+    ));
+}
+
+#[test]
+fn delay_queues_fire_in_order_and_not_early() {
+    let start = Instant::now();
+    let mut queue = DelayQueue::new(Duration::from_millis(1), 4);
+    queue.push(start, 0, 1);
+    queue.push(start + Duration::from_micros(10), 2, 3);
+    assert_eq!(
+        queue.next_deadline(),
+        Some(start + Duration::from_millis(1))
+    );
+    assert_eq!(queue.pop_due(start + Duration::from_micros(999)), None);
+    let later = start + Duration::from_millis(2);
+    assert_eq!(queue.pop_due(later), Some((0, 1)));
+    assert_eq!(queue.pop_due(later), Some((2, 3)));
+    assert_eq!(queue.pop_due(later), None);
+}
+
+#[test]
+fn the_generator_covers_its_range() {
+    let mut rng = Rng::new(42);
+    let mut seen = [0u32; 10];
+    for _ in 0..10_000 {
+        seen[rng.below(10) as usize] += 1;
+    }
+    assert!(
+        seen.iter().all(|&count| (800..1200).contains(&count)),
+        "{seen:?}"
+    );
+}
