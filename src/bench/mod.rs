@@ -25,8 +25,13 @@
 //!   received) and fairness (grants per connection). Redis has no queue: a failed `SET NX` is
 //!   retried every [`REDIS_RETRY`], as typical clients do.
 //! * `hold`: grants `--keys` leases of `--lease` and keeps them, reads the server's RSS before
-//!   and after (`--server-pid`), then queues one waiter on each of a sample of keys and records
-//!   when its grant arrives against the holder's lease end (expiry lateness).
+//!   and after (`--server-pid`), then queues one waiter on each of a sample of keys (at most
+//!   1000, one per slot) and records when its grant arrives against the holder's lease end
+//!   (expiry lateness). The lease end comes from the server: each waiter first asks what is
+//!   left of the lease (`Q` `lease_ms`; Redis `PTTL`), on a quiet server, so the estimate is
+//!   good to about ±(half that round trip + 0.5 ms of rounding) however loaded the grant phase
+//!   was. A sampled key already free by then is reported as missed (the lease was too short
+//!   for the grant phase). On Redis the waiters poll with `SET NX` every millisecond.
 //!
 //! Invariants: each pipeline slot has at most one request outstanding, so per-connection
 //! buffers are sized once at start; nothing on the request path allocates.

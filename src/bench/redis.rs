@@ -3,7 +3,8 @@
 //! The lock recipe is the usual single-instance one: acquire is `SET key owner NX PX lease_ms`
 //! (`+OK` granted, null bulk when the key is held); release is `EVALSHA` of a compare-and-delete
 //! script loaded once with `SCRIPT LOAD` (`:1` deleted, `:0` not ours). The owner value, written
-//! as 16 hex digits, plays the part of the fencing token.
+//! as 16 hex digits, plays the part of the fencing token. `hold` reads what is left of a lease
+//! with `PTTL`.
 //!
 //! The decoder handles the reply types these commands produce (simple string, error, integer,
 //! bulk string including null). Arrays and RESP3 types are refused as errors: a connection that
@@ -184,6 +185,7 @@ pub fn parse_reply(buf: &[u8]) -> Result<Option<(RespValue<'_>, usize)>, RespErr
 enum Asked {
     Acquire,
     Release,
+    Query,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -223,6 +225,11 @@ impl RedisWire {
             (Asked::Acquire, RespValue::Bulk(None)) => Answer::Timeout { owner: asked.id },
             (Asked::Release, RespValue::Integer(1)) => Answer::Released { token: asked.id },
             (Asked::Release, RespValue::Integer(0)) => Answer::NotHeld { token: asked.id },
+            // PTTL: milliseconds left; -2 no such key, -1 a key without expiry (not a lock).
+            (Asked::Query, RespValue::Integer(left)) => Answer::Remaining {
+                nonce: asked.id,
+                lease_ms: u32::try_from(left).ok(),
+            },
             (_, RespValue::Error(text)) => {
                 if self.first_error.is_none() {
                     self.first_error = Some(String::from_utf8_lossy(text).into_owned());
@@ -269,6 +276,16 @@ impl Wire for RedisWire {
             asked: Asked::Release,
             slot,
             id: token,
+        });
+    }
+
+    fn encode_query(&mut self, out: &mut Vec<u8>, slot: u16, key: &[u8], nonce: u64) {
+        encode_command(out, &[b"PTTL", key]);
+        debug_assert!(self.outstanding.len() < self.outstanding.capacity());
+        self.outstanding.push_back(Outstanding {
+            asked: Asked::Query,
+            slot,
+            id: nonce,
         });
     }
 
@@ -431,6 +448,38 @@ mod tests {
         ];
         assert_eq!(seen, expected);
         assert_eq!(wire.parse(b"+OK\r\n"), Err(WireError::Unsolicited));
+    }
+
+    #[test]
+    fn pttl_reports_the_lease_left() {
+        let mut wire = RedisWire::new(3, [b'0'; SHA_BYTES], 1000);
+        let mut out = Vec::new();
+        for slot in 0..3 {
+            wire.encode_query(&mut out, slot, b"k", 40 + u64::from(slot));
+        }
+        assert!(out.starts_with(b"*2\r\n$4\r\nPTTL\r\n$1\r\nk\r\n"));
+        let mut left = |input: &[u8]| wire.parse(input).unwrap().unwrap().0.answer;
+        assert_eq!(
+            left(b":1500\r\n"),
+            Answer::Remaining {
+                nonce: 40,
+                lease_ms: Some(1500)
+            }
+        );
+        assert_eq!(
+            left(b":-2\r\n"),
+            Answer::Remaining {
+                nonce: 41,
+                lease_ms: None
+            }
+        );
+        assert_eq!(
+            left(b":-1\r\n"),
+            Answer::Remaining {
+                nonce: 42,
+                lease_ms: None
+            }
+        );
     }
 
     #[test]

@@ -331,19 +331,22 @@ impl Report {
             rss_after_bytes: None,
             samples: 0,
         });
-        let lateness = self
-            .hold
-            .and_then(|_| Percentiles::of(&stats.lateness))
-            .map(|p| {
-                format!(
-                    "{{\"p50\":{},\"p99\":{},\"max\":{},\"samples\":{},\"early\":{}}}",
-                    json_number(p.p50, 1),
-                    json_number(p.p99, 1),
-                    json_number(p.max, 1),
-                    p.count,
-                    stats.lateness_early,
-                )
-            });
+        let lateness = self.hold.map(|_| {
+            let p = Percentiles::of(&stats.lateness);
+            let field = |pick: fn(&Percentiles) -> f64| {
+                json_optional(p.as_ref().map(|p| json_number(pick(p), 1)))
+            };
+            format!(
+                "{{\"p50\":{},\"p99\":{},\"max\":{},\"samples\":{},\"early\":{},\
+                 \"missed\":{}}}",
+                field(|p| p.p50),
+                field(|p| p.p99),
+                field(|p| p.max),
+                stats.lateness.len(),
+                stats.lateness_early,
+                stats.expiry_missed,
+            )
+        });
         let _ = write!(
             out,
             ",\"rss_before_bytes\":{},\"rss_after_bytes\":{},\"rss_bytes_per_lock\":{},\
@@ -464,6 +467,11 @@ impl Report {
                 "fairness"
             );
         }
+        self.write_hold_rows(out);
+    }
+
+    fn write_hold_rows(&self, out: &mut String) {
+        let stats = &self.stats;
         let Some(hold) = self.hold else { return };
         let _ = writeln!(
             out,
@@ -493,6 +501,14 @@ impl Report {
             None => format!("no samples ({} waiters)", hold.samples),
         };
         let _ = writeln!(out, "  {:<16} {lateness}", "expiry lateness");
+        if stats.expiry_missed > 0 {
+            let _ = writeln!(
+                out,
+                "  {:<16} {} sampled keys were already free when their waiter asked: the grant \
+                 phase outlasted --lease; use a longer one",
+                "WARNING", stats.expiry_missed
+            );
+        }
     }
 }
 

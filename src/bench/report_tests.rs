@@ -225,7 +225,10 @@ fn contended_and_hold_add_their_figures() {
         hold.contains("\"expiry_lateness_us\":{\"p50\":900."),
         "{hold}"
     );
-    assert!(hold.contains("\"samples\":1,\"early\":1}"), "{hold}");
+    assert!(
+        hold.contains("\"samples\":1,\"early\":1,\"missed\":0}"),
+        "{hold}"
+    );
 }
 
 #[test]

@@ -117,11 +117,14 @@ pub struct Stats {
     /// `contended`: previous holder's release sent → this grant received, for acquires that
     /// were waiting when that release was sent.
     pub handoff: Histogram<u64>,
-    /// `hold`: waiter grant received − (holder grant received + lease), when not negative.
-    /// Recorded in and out of the window.
+    /// `hold`: waiter grant received − the holder's lease end (as the server reported it to the
+    /// waiter's query), when not negative. Recorded in and out of the window.
     pub lateness: Histogram<u64>,
     /// `hold`: waiter grants that arrived before the estimated lease end.
     pub lateness_early: u64,
+    /// `hold`: sampled keys already free when their waiter asked (the grant phase outlasted
+    /// the lease). Recorded in and out of the window.
+    pub expiry_missed: u64,
     /// Grants per connection of this worker (index: the worker's connection number).
     pub grants_per_connection: Vec<u64>,
     /// Unexpected answers received outside the measured window.
@@ -155,6 +158,7 @@ impl Stats {
             handoff: histogram(),
             lateness: histogram(),
             lateness_early: 0,
+            expiry_missed: 0,
             grants_per_connection: vec![0; connections],
             unexpected_outside_window: 0,
             errors: Errors::default(),
@@ -171,6 +175,7 @@ impl Stats {
         self.handoff.reset();
         self.lateness.reset();
         self.lateness_early = 0;
+        self.expiry_missed = 0;
         self.grants_per_connection.fill(0);
         self.recording = true;
     }
@@ -254,6 +259,7 @@ pub fn merged<'a>(all: impl Iterator<Item = &'a Stats> + Clone) -> Stats {
             into.add(from).expect("histograms share their bounds");
         }
         merged.lateness_early += stats.lateness_early;
+        merged.expiry_missed += stats.expiry_missed;
         merged
             .grants_per_connection
             .extend_from_slice(&stats.grants_per_connection);

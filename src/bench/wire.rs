@@ -1,6 +1,7 @@
 //! One interface over the two dialects the harness speaks, and the latchkey dialect itself.
 //!
-//! A [`Wire`] turns the workload's two verbs (acquire, release) into request bytes and turns
+//! A [`Wire`] turns the workload's verbs (acquire, release, and for `hold` a query of the
+//! lease left) into request bytes and turns
 //! answer bytes back into an [`Answer`] with the correlation id the workload matches against
 //! its slots. The latchkey dialect is a thin adapter over [`crate::protocol`]: framing is never
 //! re-implemented here. Answers to pipelined latchkey requests may come back in any order, so
@@ -65,6 +66,13 @@ pub enum Answer {
         /// The token named by the release.
         token: u64,
     },
+    /// `Q` (Redis: `PTTL`): what is left of a key's lease, `None` when the key is free.
+    Remaining {
+        /// Correlation id of the query.
+        nonce: u64,
+        /// Whole milliseconds left on the lease, rounded down.
+        lease_ms: Option<u32>,
+    },
     /// `X` (Redis: an error reply).
     Refused {
         /// Correlation id of the refused request (latchkey: 0 for codes 1 and 7).
@@ -88,7 +96,7 @@ pub struct Reply {
 pub enum WireError {
     /// A latchkey response frame that does not parse.
     Frame(ResponseError),
-    /// A latchkey response the harness never asks for (`E`, `Q`, `P`).
+    /// A latchkey response the harness never asks for (`E`, `P`).
     UnaskedOp(u8),
     /// A RESP reply that does not parse.
     Resp(RespError),
@@ -127,6 +135,8 @@ pub trait Wire {
     fn encode_acquire(&mut self, out: &mut Vec<u8>, slot: u16, key: &[u8], owner: u64, wait_s: u8);
     /// Appends a release of `key` held with `token` on behalf of `slot`.
     fn encode_release(&mut self, out: &mut Vec<u8>, slot: u16, key: &[u8], token: u64);
+    /// Appends a query of what is left of `key`'s lease, correlated by `nonce`.
+    fn encode_query(&mut self, out: &mut Vec<u8>, slot: u16, key: &[u8], nonce: u64);
     /// Parses the first answer in `buf`.
     fn parse(&mut self, buf: &[u8]) -> ParseOutcome;
     /// The text of the first error reply seen, if the dialect has one (Redis error strings).
@@ -171,6 +181,10 @@ impl Wire for LatchkeyWire {
         Request::Release { token, key }.encode(out);
     }
 
+    fn encode_query(&mut self, out: &mut Vec<u8>, _slot: u16, key: &[u8], nonce: u64) {
+        Request::Query { nonce, key }.encode(out);
+    }
+
     fn parse(&mut self, buf: &[u8]) -> ParseOutcome {
         let Some((response, used)) = protocol::parse_response(buf).map_err(WireError::Frame)?
         else {
@@ -186,7 +200,16 @@ impl Wire for LatchkeyWire {
                 id,
                 code: code as u8,
             },
-            Response::Extended { .. } | Response::State { .. } | Response::Pong { .. } => {
+            Response::State {
+                nonce,
+                held,
+                lease_ms,
+                ..
+            } => Answer::Remaining {
+                nonce,
+                lease_ms: held.then_some(lease_ms),
+            },
+            Response::Extended { .. } | Response::Pong { .. } => {
                 return Err(WireError::UnaskedOp(response.op()))
             }
         };
@@ -256,6 +279,39 @@ mod tests {
         );
         let (reply, _) = wire.parse(&bytes[used..]).unwrap().unwrap();
         assert_eq!(reply.answer, Answer::Refused { id: 5, code: 3 });
+    }
+
+    #[test]
+    fn latchkey_queries_report_the_lease_left() {
+        let mut wire = LatchkeyWire::new(30);
+        let mut out = Vec::new();
+        wire.encode_query(&mut out, 3, b"k1", 12);
+        let (request, _) = parse_request(&out, KEY_BYTES_MAX).unwrap().unwrap();
+        assert_eq!(
+            request,
+            Request::Query {
+                nonce: 12,
+                key: b"k1"
+            }
+        );
+        for (held, expected) in [(true, Some(1234)), (false, None)] {
+            let mut bytes = Vec::new();
+            let state = Response::State {
+                nonce: 8,
+                held,
+                lease_ms: 1234,
+                waiters: 1,
+            };
+            state.encode(&mut bytes);
+            let (reply, _) = wire.parse(&bytes).unwrap().unwrap();
+            assert_eq!(
+                reply.answer,
+                Answer::Remaining {
+                    nonce: 8,
+                    lease_ms: expected
+                }
+            );
+        }
     }
 
     #[test]

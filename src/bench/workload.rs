@@ -6,10 +6,11 @@
 //! [`Session::kick`] starts a cycle on every idle slot (at the start and when `hold` moves to
 //! its waiter phase); [`Session::stop`] lets cycles in flight finish without starting new ones.
 //!
-//! A slot is `Idle`, `Acquiring` (one acquire outstanding), `Backoff` (Redis: `SET NX` found the
-//! key held; retry timer pending), `Holding` (hold timer pending) or `Releasing` (one release
-//! outstanding). Invariants: a slot has at most one request outstanding and at most one timer
-//! pending; `active` counts the slots that are not idle.
+//! A slot is `Idle`, `Querying` (a `hold` waiter asking what is left of the lease), `Acquiring`
+//! (one acquire outstanding), `Backoff` (Redis: `SET NX` found the key held; retry timer
+//! pending), `Holding` (hold timer pending) or `Releasing` (one release outstanding).
+//! Invariants: a slot has at most one request outstanding and at most one timer pending;
+//! `active` counts the slots that are not idle.
 //!
 //! Correlation: an owner is `sequence << 32 | connection << 12 | slot`, unique in the run (the
 //! Redis value is the owner too), so an answer carrying an owner names its slot directly. An
@@ -52,8 +53,6 @@ pub struct Plan {
     pub waiter_wait: Duration,
     /// `contended`: how long a grant is held.
     pub hold: Duration,
-    /// Lease of every grant.
-    pub lease: Duration,
     /// Redis: how often a failed `SET NX` is retried while there is wait left.
     pub retry_every: Option<Duration>,
 }
@@ -74,7 +73,6 @@ impl Plan {
             wait: config.wait,
             waiter_wait: config.lease + WAITER_WAIT_MARGIN,
             hold: config.hold,
-            lease: config.lease,
             retry_every,
         }
     }
@@ -129,8 +127,6 @@ pub struct Pick {
     pub mode: Mode,
     /// How long the acquire may wait.
     pub wait: Duration,
-    /// `Waiter`: the estimated end of the holder's lease.
-    pub lease_end: Option<Instant>,
 }
 
 /// `hold`: the worker's range of keys to grant, then the sampled keys to wait on.
@@ -139,8 +135,8 @@ pub struct HoldKeys {
     next: u64,
     end: u64,
     sample_stride: u64,
-    /// Sampled keys kept, with the arrival of their grant.
-    samples: Vec<(u64, Instant)>,
+    /// Sampled keys kept.
+    samples: Vec<u64>,
     waiting: bool,
     next_waiter: usize,
 }
@@ -177,9 +173,9 @@ impl HoldKeys {
         self.samples.len()
     }
 
-    fn note_kept(&mut self, key: u64, now: Instant) {
+    fn note_kept(&mut self, key: u64) {
         if key % self.sample_stride == 0 && self.samples.len() < self.samples.capacity() {
-            self.samples.push((key, now));
+            self.samples.push(key);
         }
     }
 }
@@ -214,7 +210,6 @@ impl KeySource {
             key,
             mode: Mode::Cycle,
             wait: Duration::ZERO,
-            lease_end: None,
         };
         match self {
             KeySource::Spread {
@@ -227,14 +222,12 @@ impl KeySource {
                 ..cycle(rng.below(*count))
             }),
             KeySource::Hold(keys) if keys.waiting => {
-                let &(key, granted_at) = keys.samples.get(keys.next_waiter)?;
+                let &key = keys.samples.get(keys.next_waiter)?;
                 keys.next_waiter += 1;
-                let lease_end = Some(granted_at + plan.lease);
                 Some(Pick {
                     key,
                     mode: Mode::Waiter,
                     wait: plan.waiter_wait,
-                    lease_end,
                 })
             }
             KeySource::Hold(keys) => {
@@ -396,6 +389,8 @@ impl fmt::Display for Uncorrelated {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Idle,
+    /// `hold` waiter: asking how much is left of the holder's lease.
+    Querying,
     Acquiring,
     Backoff,
     Holding,
@@ -505,8 +500,13 @@ impl Session {
             | u64::from(self.global) << SLOT_BITS
             | index as u64;
         let now = ctx.now;
+        let waiter = pick.mode == Mode::Waiter;
         self.slots[index] = Slot {
-            state: State::Acquiring,
+            state: if waiter {
+                State::Querying
+            } else {
+                State::Acquiring
+            },
             mode: pick.mode,
             key: pick.key,
             owner,
@@ -514,17 +514,50 @@ impl Session {
             first_at: now,
             sent_at: now,
             deadline: now + pick.wait,
-            lease_end: pick.lease_end,
+            lease_end: None,
         };
         self.active += 1;
         let key = key_name(ctx.plan.prefix, ctx.plan.tag, pick.key);
-        outbox.wire.encode_acquire(
-            outbox.out,
-            index as u16,
-            &key,
-            owner,
-            wait_seconds(pick.wait),
-        );
+        let slot = index as u16;
+        if waiter {
+            // The owner doubles as the query's nonce; the acquire follows the answer.
+            outbox.wire.encode_query(outbox.out, slot, &key, owner);
+            return;
+        }
+        let wait_s = wait_seconds(pick.wait);
+        outbox
+            .wire
+            .encode_acquire(outbox.out, slot, &key, owner, wait_s);
+    }
+
+    /// A `hold` waiter learnt what is left of the holder's lease: the lease ends then, give or
+    /// take half the query's round trip and the rounding down to whole milliseconds (both
+    /// centred here). Then it queues its acquire. A key already free is a missed sample.
+    fn remaining<W: Wire>(
+        &mut self,
+        index: usize,
+        lease_ms: Option<u32>,
+        ctx: &mut Context<'_>,
+        outbox: &mut Outbox<'_, W>,
+    ) {
+        let Some(lease_ms) = lease_ms else {
+            ctx.stats.expiry_missed += 1;
+            self.finish(index, ctx, outbox);
+            return;
+        };
+        let now = ctx.now;
+        let slot = &mut self.slots[index];
+        let answered_at = slot.sent_at + now.saturating_duration_since(slot.sent_at) / 2;
+        let left = Duration::from_millis(u64::from(lease_ms)) + Duration::from_micros(500);
+        slot.lease_end = Some(answered_at + left);
+        slot.state = State::Acquiring;
+        (slot.first_at, slot.sent_at) = (now, now);
+        slot.deadline = now + ctx.plan.waiter_wait;
+        let key = key_name(ctx.plan.prefix, ctx.plan.tag, slot.key);
+        let wait_s = wait_seconds(ctx.plan.waiter_wait);
+        outbox
+            .wire
+            .encode_acquire(outbox.out, index as u16, &key, slot.owner, wait_s);
     }
 
     fn finish<W: Wire>(&mut self, index: usize, ctx: &mut Context<'_>, outbox: &mut Outbox<'_, W>) {
@@ -555,10 +588,9 @@ impl Session {
     fn find(&self, reply: &Reply) -> Option<usize> {
         let waiting_on = |index: usize, state: State, id: u64| {
             let slot = self.slots.get(index)?;
-            let slot_id = if state == State::Acquiring {
-                slot.owner
-            } else {
-                slot.token
+            let slot_id = match state {
+                State::Acquiring | State::Querying => slot.owner,
+                _ => slot.token,
             };
             (slot.state == state && slot_id == id).then_some(index)
         };
@@ -571,10 +603,14 @@ impl Session {
                 let index = reply.slot.map_or(owner & ((1 << SLOT_BITS) - 1), u64::from);
                 waiting_on(index as usize, State::Acquiring, owner)
             }
-            Answer::Released { token } | Answer::NotHeld { token } => scan(State::Releasing, token),
-            Answer::Refused { id, .. } => {
-                scan(State::Acquiring, id).or_else(|| scan(State::Releasing, id))
+            Answer::Remaining { nonce, .. } => {
+                let index = reply.slot.map_or(nonce & ((1 << SLOT_BITS) - 1), u64::from);
+                waiting_on(index as usize, State::Querying, nonce)
             }
+            Answer::Released { token } | Answer::NotHeld { token } => scan(State::Releasing, token),
+            Answer::Refused { id, .. } => scan(State::Acquiring, id)
+                .or_else(|| scan(State::Releasing, id))
+                .or_else(|| scan(State::Querying, id)),
         }
     }
 
@@ -597,6 +633,11 @@ impl Session {
             }
             Answer::Timeout { .. } => {
                 self.timed_out(index, ctx, outbox);
+                return Ok(());
+            }
+            Answer::Remaining { lease_ms, .. } => {
+                self.remaining(index, lease_ms, ctx, outbox);
+                self.check_invariants();
                 return Ok(());
             }
             Answer::Busy { .. } => ctx.stats.answer(workload, |c| c.busy += 1),
@@ -643,7 +684,7 @@ impl Session {
             }
             Mode::Keep => {
                 if let KeySource::Hold(keys) = ctx.keys {
-                    keys.note_kept(slot.key, now);
+                    keys.note_kept(slot.key);
                 }
                 ctx.stats.cycle();
                 self.finish(index, ctx, outbox);
@@ -703,7 +744,7 @@ impl Session {
                     .encode_acquire(outbox.out, index as u16, &key, slot.owner, wait_s);
             }
             // A connection that was abandoned leaves its timers behind.
-            State::Idle | State::Acquiring | State::Releasing => {}
+            State::Idle | State::Querying | State::Acquiring | State::Releasing => {}
         }
         self.check_invariants();
     }

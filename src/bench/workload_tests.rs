@@ -19,6 +19,11 @@ enum Sent {
         key: Vec<u8>,
         token: u64,
     },
+    Query {
+        slot: u16,
+        key: Vec<u8>,
+        nonce: u64,
+    },
 }
 
 #[derive(Default)]
@@ -43,6 +48,15 @@ impl Wire for FakeWire {
             slot,
             key: key.to_vec(),
             token,
+        });
+    }
+
+    fn encode_query(&mut self, out: &mut Vec<u8>, slot: u16, key: &[u8], nonce: u64) {
+        out.push(b'q');
+        self.sent.push(Sent::Query {
+            slot,
+            key: key.to_vec(),
+            nonce,
         });
     }
 
@@ -147,7 +161,7 @@ fn key(prefix: u8, index: u64) -> Vec<u8> {
 fn acquire_owner(sent: &Sent) -> u64 {
     match sent {
         Sent::Acquire { owner, .. } => *owner,
-        Sent::Release { .. } => panic!("expected an acquire, got {sent:?}"),
+        _ => panic!("expected an acquire, got {sent:?}"),
     }
 }
 
@@ -369,8 +383,8 @@ fn stop_lets_cycles_in_flight_finish_then_idles() {
     assert!(rig.take_sent().is_empty(), "no new cycle after stop");
 }
 
-#[test]
-fn hold_keeps_its_range_then_waits_on_samples() {
+/// A `hold` rig whose grant phase is over: keys 10..15 kept, every second one sampled.
+fn hold_rig_granted() -> Rig {
     let mut config = config("latchkey://127.0.0.1:1", Workload::Hold, 2);
     config.lease = Duration::from_secs(2);
     let mut rig = Rig::new(config, KeySource::Hold(HoldKeys::new(10..15, 2)));
@@ -408,30 +422,64 @@ fn hold_keeps_its_range_then_waits_on_samples() {
     };
     assert!(keys.granting_done());
     assert_eq!(keys.samples(), 3, "10, 12 and 14 are sampled");
+    rig
+}
+
+#[test]
+fn hold_keeps_its_range_once_each() {
+    hold_rig_granted();
+}
+
+#[test]
+fn hold_waiters_ask_what_is_left_then_queue() {
+    let mut rig = hold_rig_granted();
+    let KeySource::Hold(keys) = &mut rig.keys else {
+        panic!()
+    };
     keys.start_waiters(2);
     rig.kick();
-    let waiters = rig.take_sent();
-    let names: Vec<_> = waiters
+    let queries = rig.take_sent();
+    let asked: Vec<_> = queries
         .iter()
         .map(|s| match s {
-            Sent::Acquire { key, wait_s: 4, .. } => key.clone(),
+            Sent::Query { key, nonce, .. } => (key.clone(), *nonce),
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(names, vec![key(b'h', 10), key(b'h', 12)]);
-    rig.advance(Duration::from_millis(2003));
+    assert_eq!(asked.len(), 2, "one waiter per slot");
+    assert_eq!((&asked[0].0, &asked[1].0), (&key(b'h', 10), &key(b'h', 12)));
+    // Answered 100 us after it was asked: the lease is taken to end 1500 ms after the middle
+    // of that round trip, plus half a millisecond for the rounding down.
+    rig.advance(Duration::from_micros(100));
+    let (first, missed) = (asked[0].1, asked[1].1);
+    rig.answer(Answer::Remaining {
+        nonce: first,
+        lease_ms: Some(1500),
+    })
+    .unwrap();
+    rig.answer(Answer::Remaining {
+        nonce: missed,
+        lease_ms: None,
+    })
+    .unwrap();
+    assert_eq!(rig.stats.expiry_missed, 1, "a free key is a missed sample");
+    let sent = rig.take_sent();
+    assert!(matches!(sent[..], [Sent::Acquire { wait_s: 4, owner, .. }] if owner == first));
+    rig.advance(Duration::from_millis(1503));
     rig.answer(Answer::Granted {
-        owner: acquire_owner(&waiters[0]),
+        owner: first,
         token: 77,
     })
     .unwrap();
     assert_eq!(rig.stats.lateness.len(), 1);
     let late = rig.stats.lateness.max();
-    assert!((2_990_000..=3_010_000).contains(&late), "late by {late} ns");
+    assert!((2_540_000..=2_560_000).contains(&late), "late by {late} ns");
     assert!(matches!(
         rig.take_sent()[..],
         [Sent::Release { token: 77, .. }]
     ));
+    rig.answer(Answer::Released { token: 77 }).unwrap();
+    assert!(rig.session.is_idle(), "no more samples");
 }
 
 #[test]
