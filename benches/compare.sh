@@ -218,6 +218,16 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b == 0) p
     else printf "%.2f", a / b }'; }
 fmt() { awk -v v="$1" 'BEGIN { if (v == "-") print "-"; else if (v >= 1000) printf "%.0f", v;
     else if (v >= 10) printf "%.1f", v; else printf "%.2f", v }'; }
+spread() { # label path → "min–max", or "-"
+    values "$1" "$2" | sort -g | awk '{v[NR]=$1} END {
+        if (NR == 0) { print "-"; exit }
+        f = (v[NR] >= 1000) ? "%.0f" : (v[NR] >= 10 ? "%.1f" : "%.2f")
+        printf f "-" f "\n", v[1], v[NR] }'
+}
+spread_row() { # workload metric label-prefix path
+    printf '| %s | %s | %s | %s | %s |\n' "$1" "$2" "$(spread "$3 latchkey" "$4")" \
+        "$(spread "$3 redis" "$4")" "$(spread "$3 echo" "$4")"
+}
 row() { # workload metric label-prefix path
     local l r e
     l=$(median "$3 latchkey" "$4")
@@ -232,19 +242,37 @@ echo "latchkey bench, medians of $ROUNDS interleaved rounds; servers on CPU $SER
 echo "$CONNECTIONS connections, $DURATION measured after $WARMUP warm-up; latchkey --cores $LATCHKEY_CORES;"
 echo "$(nproc) CPUs, $(uname -r). Redis: $( [ $REDIS = 1 ] && redis-server --version | cut -d' ' -f3 || echo skipped)."
 echo
+ROWS=(
+    "uncontended, pipeline 16|requests/s|u16|requests_per_sec"
+    "uncontended, pipeline 16|p99 latency us|u16|latency_us.p99"
+    "uncontended, pipeline 1|requests/s|u1|requests_per_sec"
+    "uncontended, pipeline 1|p99 latency us|u1|latency_us.p99"
+    "contended, $HOT_KEYS hot keys|cycles/s|c8|cycles_per_sec"
+    "contended, $HOT_KEYS hot keys|handoff p99 us|c8|handoff_latency_us.p99"
+    "contended, $HOT_KEYS hot keys|fairness max/min grants|c8|fairness.max_over_min"
+)
+if [ "$SKIP_HOLD" != 1 ]; then
+    ROWS+=(
+        "hold, $HOLD_KEYS leases|RSS bytes per lock|hold|rss_bytes_per_lock"
+        "hold, $HOLD_KEYS leases|expiry lateness p99 us|hold|expiry_lateness_us.p99"
+    )
+fi
 echo "| workload | metric | latchkey | Redis | echo | latchkey/Redis | latchkey/echo |"
 echo "|---|---|---|---|---|---|---|"
-row "uncontended, pipeline 16" "requests/s" u16 requests_per_sec
-row "uncontended, pipeline 16" "p99 latency us" u16 latency_us.p99
-row "uncontended, pipeline 1" "requests/s" u1 requests_per_sec
-row "uncontended, pipeline 1" "p99 latency us" u1 latency_us.p99
-row "contended, $HOT_KEYS hot keys" "cycles/s" c8 cycles_per_sec
-row "contended, $HOT_KEYS hot keys" "handoff p99 us" c8 handoff_latency_us.p99
-row "contended, $HOT_KEYS hot keys" "fairness max/min grants" c8 fairness.max_over_min
-if [ "$SKIP_HOLD" != 1 ]; then
-    row "hold, $HOLD_KEYS leases" "RSS bytes per lock" hold rss_bytes_per_lock
-    row "hold, $HOLD_KEYS leases" "expiry lateness p99 us" hold expiry_lateness_us.p99
-fi
+for spec in "${ROWS[@]}"; do
+    IFS='|' read -r workload metric label path <<<"$spec"
+    row "$workload" "$metric" "$label" "$path"
+done
+echo
+echo "Spread across the rounds (min-max): a wide one means the machine was busy; rerun with more"
+echo "ROUNDS before trusting a ratio."
+echo
+echo "| workload | metric | latchkey | Redis | echo |"
+echo "|---|---|---|---|---|"
+for spec in "${ROWS[@]}"; do
+    IFS='|' read -r workload metric label path <<<"$spec"
+    spread_row "$workload" "$metric" "$label" "$path"
+done
 echo
 echo "Latency, handoff, fairness, RSS and lateness: lower is better. Redis has no wait queue:"
 echo "in contended and hold a failed SET NX is retried every 1 ms, as typical clients do."
