@@ -132,7 +132,7 @@ impl Report {
         let stats = &self.stats;
         let counts = &stats.counts;
         let mut text = format!(
-            "UNEXPECTED: {} unexpected answers or errors in a {} run against {} \
+            "UNEXPECTED: {} unexpected answers or errors in the {} run against {} \
              (T {}, B {}, N {}, X {} in the window; {} outside it; \
              I/O errors {}, protocol errors {})",
             self.unexpected(),

@@ -156,15 +156,3 @@ fn validation_names_the_bad_flag() {
         "no more threads than connections"
     );
 }
-
-/// Runs the harness with the arguments in `LATCHKEY_BENCH_ARGS`, for use before the binary
-/// wires `latchkey bench`:
-/// `LATCHKEY_BENCH_ARGS='--target ... --workload ...' cargo test --release --lib
-/// bench::tests::run_from_env -- --ignored --nocapture`
-#[test]
-#[ignore = "runs a benchmark against a server named in LATCHKEY_BENCH_ARGS"]
-fn run_from_env() {
-    let line = std::env::var("LATCHKEY_BENCH_ARGS").expect("set LATCHKEY_BENCH_ARGS");
-    let args = parse(&line).unwrap_or_else(|error| panic!("{error}"));
-    assert_eq!(run(args), ExitCode::SUCCESS);
-}
