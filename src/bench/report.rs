@@ -164,12 +164,14 @@ impl Report {
         Some((*grants.iter().min()?, *grants.iter().max()?))
     }
 
-    /// Server RSS growth per lease granted, when both readings exist.
+    /// Server RSS growth per lease granted, when both readings exist and every lease was
+    /// still held at the second one (the grant phase ended before the first lease could).
     pub fn rss_bytes_per_lock(&self) -> Option<f64> {
         let hold = self.hold?;
         let (before, after) = (hold.rss_before_bytes?, hold.rss_after_bytes?);
         let locks = self.stats.counts.granted;
-        (locks > 0).then(|| (after as f64 - before as f64) / locks as f64)
+        let all_held = self.elapsed < self.config.lease;
+        (locks > 0 && all_held).then(|| (after as f64 - before as f64) / locks as f64)
     }
 
     fn retries_note(&self) -> Option<String> {
@@ -489,6 +491,9 @@ impl Report {
                 before as f64 / 1048576.0,
                 after as f64 / 1048576.0
             ),
+            (Some(_), Some(_), None) => "not measured: leases began to expire before the grant \
+                                         phase ended (use a longer --lease)"
+                .into(),
             _ => "not measured (give --server-pid)".into(),
         };
         let _ = writeln!(out, "  {:<16} {rss}", "server RSS");

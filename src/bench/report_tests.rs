@@ -232,6 +232,24 @@ fn contended_and_hold_add_their_figures() {
 }
 
 #[test]
+fn rss_per_lock_needs_every_lease_still_held() {
+    let mut report = report("latchkey://127.0.0.1:1", Workload::Hold);
+    assert_eq!(report.rss_bytes_per_lock(), Some(200.0));
+    report.elapsed = report.config.lease;
+    assert_eq!(
+        report.rss_bytes_per_lock(),
+        None,
+        "some leases may have expired already"
+    );
+    assert!(report.to_json().contains("\"rss_bytes_per_lock\":null"));
+    assert!(
+        report.to_table().contains("leases began to expire"),
+        "{}",
+        report.to_table()
+    );
+}
+
+#[test]
 fn unexpected_answers_make_the_run_not_ok() {
     let mut report = report("latchkey://127.0.0.1:1", Workload::Uncontended);
     report.stats.counts.not_held = 2;
