@@ -17,7 +17,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
-use super::pipeline::Call;
+use super::call::Call;
 use super::session::{Session, SessionConfig};
 
 /// Session slots over a list of server addresses.

@@ -28,7 +28,8 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
-use super::pipeline::{Call, CloseReason, Outcome, Pipeline};
+use super::call::{Call, CloseReason, Outcome};
+use super::pipeline::Pipeline;
 
 const STREAM: Token = Token(0);
 const WAKER: Token = Token(1);

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::args::{lease_s, valid_until};
+use super::call::Op;
 use super::error::RequestError;
-use super::pipeline::Op;
 use super::{Client, Exchange};
 use crate::protocol::Response;
 

@@ -1,7 +1,7 @@
 //! The pipeline on virtual time: exact interleavings of writes, answers and deadlines.
 
 use super::*;
-use crate::protocol::{parse_request, KEY_BYTES_MAX};
+use crate::protocol::{parse_request, Request, KEY_BYTES_MAX};
 use crossbeam_channel::Receiver;
 
 const TRANSPORT: Duration = Duration::from_secs(5);
