@@ -34,7 +34,8 @@
 //!     addrs: vec![([127, 0, 0, 1], port).into()],
 //!     ..ClientConfig::default()
 //! })?;
-//! let result = client.acquire("jobs/nightly", Duration::from_millis(300), Duration::from_secs(30));
+//! let wait = Duration::from_millis(300);
+//! let result = client.acquire("jobs/nightly", wait, Duration::from_secs(30));
 //! assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
 //! # Ok::<(), std::io::Error>(())
 //! ```
@@ -43,12 +44,13 @@
 //!
 //! | file | responsibility |
 //! |---|---|
-//! | `mod.rs` | [`Client`], [`ClientConfig`]: calls, retries of unsent requests, the delivery gate |
+//! | `mod.rs` | [`Client`], [`ClientConfig`]: calls, retrying unsent requests, delivery gate |
 //! | `ticket.rs` | [`Ticket`]: token, validity bound, extend, release, release on drop |
 //! | `error.rs` | [`AcquireError`], [`RequestError`], [`ArgumentError`] |
 //! | `args.rs` | rounding waits and leases, the wire wait, margins, owner and nonce ids |
 //! | `pool.rs` | the session slots; replacing a failed session |
 //! | `session.rs` | one connection: its thread, its inbox, the socket (mio) |
+//! | `call.rs` | a call, its outcome, why a session ended |
 //! | `pipeline.rs` | one session's requests without I/O: encoding, correlation, deadlines |
 //! | `cli.rs` | `latchkey lock`, `latchkey query`, `latchkey ping` |
 //!
@@ -66,6 +68,7 @@ use crossbeam_channel::RecvTimeoutError;
 use crate::protocol::Response;
 
 mod args;
+mod call;
 pub mod cli;
 mod error;
 mod pipeline;
@@ -76,7 +79,7 @@ mod ticket;
 pub use error::{AcquireError, ArgumentError, RequestError};
 pub use ticket::{ExtendOutcome, ReleaseOutcome, Ticket};
 
-use pipeline::{Call, Op, Outcome};
+use call::{Call, Op, Outcome};
 use pool::Pool;
 use session::SessionConfig;
 
