@@ -1,1 +1,887 @@
-//! (being written)
+//! The configuration file: defaults, parsing and validation.
+//!
+//! The file is TOML with five sections, `[server]`, `[limits]`, `[timer]`, `[tokens]` and
+//! `[log]`; `config.example.toml` at the repository root documents every key and sets it to its
+//! default. Every section and every key is optional: whatever the file leaves out keeps its
+//! default, so an empty file is a valid configuration.
+//!
+//! Invariants of a [`Config`] returned by this module (callers may rely on them without
+//! re-checking): every value is inside the range documented on its field; `server.cores` is a
+//! resolved count in `1..=CORES_MAX` (never the file's `0`); `limits.max_keys >= server.cores`,
+//! so every partition gets at least one key entry.
+//!
+//! Every error names what it is about as `section.key` (or the unknown section or key), with the
+//! line it is on when it comes from the file and the path when it comes from [`Config::load`],
+//! on one line, e.g. `latchkey.toml:7: limits.max_waiters_per_key: must be at least 1, got 0`.
+//! An unknown section or key is an error rather than a warning, so that a typo cannot silently
+//! leave a limit at its default.
+//!
+//! Deliberately not here: the command line itself (see `main.rs`, which hands its `--listen`
+//! and `--cores` to [`Config::with_overrides`]), the `RUST_LOG` override of `[log] level`
+//! (applied where the logger is built), and reading or writing `tokens.state_dir`
+//! (see [`crate::tokens`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+
+use log::LevelFilter;
+use toml::{Spanned, Value};
+
+use crate::protocol::KEY_BYTES_MAX;
+
+/// The most cores (partitions) a server may run.
+pub const CORES_MAX: usize = 1024;
+/// The most sessions `limits.max_connections` may allow.
+pub const CONNECTIONS_MAX: usize = 1_000_000;
+/// The most waiters `limits.max_waiters_per_key` may allow on one key.
+pub const WAITERS_PER_KEY_MAX: u32 = 1_000_000;
+/// The most queued acquires `limits.max_pending_per_session` may allow one session.
+pub const PENDING_PER_SESSION_MAX: u32 = 1_000_000;
+/// The coarsest timer tick `timer.tick_ms` may ask for, in milliseconds.
+pub const TICK_MS_MAX: u32 = 1000;
+
+const LISTEN_DEFAULT: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7420);
+const CONNECTIONS_DEFAULT: usize = 10_000;
+const KEYS_DEFAULT: usize = 4_000_000;
+const WAITERS_PER_KEY_DEFAULT: u32 = 1024;
+const PENDING_PER_SESSION_DEFAULT: u32 = 1024;
+const KEY_BYTES_DEFAULT: usize = KEY_BYTES_MAX;
+const TICK_MS_DEFAULT: u32 = 1;
+
+// The defaults must pass the same validation as a file does.
+const _: () = assert!(CONNECTIONS_DEFAULT >= 1 && CONNECTIONS_DEFAULT <= CONNECTIONS_MAX);
+const _: () = assert!(
+    KEYS_DEFAULT >= CORES_MAX,
+    "every partition gets a key by default"
+);
+const _: () =
+    assert!(WAITERS_PER_KEY_DEFAULT >= 1 && WAITERS_PER_KEY_DEFAULT <= WAITERS_PER_KEY_MAX);
+const _: () = assert!(
+    PENDING_PER_SESSION_DEFAULT >= 1 && PENDING_PER_SESSION_DEFAULT <= PENDING_PER_SESSION_MAX
+);
+const _: () = assert!(KEY_BYTES_DEFAULT >= 1 && KEY_BYTES_DEFAULT <= KEY_BYTES_MAX);
+const _: () = assert!(TICK_MS_DEFAULT >= 1 && TICK_MS_DEFAULT <= TICK_MS_MAX);
+
+/// The sections of the file and the keys each accepts, in the order the example file lists them.
+const SECTIONS: [(&str, &[&str]); 5] = [
+    ("server", &["listen", "cores"]),
+    (
+        "limits",
+        &[
+            "max_connections",
+            "max_keys",
+            "max_waiters_per_key",
+            "max_pending_per_session",
+            "max_key_bytes",
+        ],
+    ),
+    ("timer", &["tick_ms"]),
+    ("tokens", &["state_dir"]),
+    ("log", &["level"]),
+];
+
+/// The whole server configuration: the file's sections, validated, with defaults filled in.
+/// [`Config::default`] is what an empty file gives.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Config {
+    /// `[server]`: where to listen and how many cores to run.
+    pub server: ServerConfig,
+    /// `[limits]`: the capacity bounds of PROTOCOL.md §2–3.
+    pub limits: LimitsConfig,
+    /// `[timer]`: the resolution of waits and leases.
+    pub timer: TimerConfig,
+    /// `[tokens]`: where the token high-water mark persists.
+    pub tokens: TokensConfig,
+    /// `[log]`: the default log level.
+    pub log: LogConfig,
+}
+
+/// `[server]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerConfig {
+    /// The address to accept sessions on. Default `127.0.0.1:7420`.
+    pub listen: SocketAddr,
+    /// How many cores (partitions, event loops) to run, resolved: `1..=CORES_MAX`. The file's
+    /// `0` (the default) becomes one per CPU, capped at [`CORES_MAX`].
+    pub cores: usize,
+}
+
+/// `[limits]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LimitsConfig {
+    /// Open sessions at most; one more gets `X` code 7. `1..=CONNECTIONS_MAX`, default 10 000.
+    pub max_connections: usize,
+    /// Key entries (held keys) at most, across the server; each partition enforces
+    /// `max_keys / cores`. At least `cores`, default 4 000 000.
+    pub max_keys: usize,
+    /// Queued acquires per key at most; one more gets `B`. `1..=WAITERS_PER_KEY_MAX`,
+    /// default 1024.
+    pub max_waiters_per_key: u32,
+    /// Acquires with `wait > 0` submitted by one session and not yet answered, at most; one
+    /// more gets `B`. `1..=PENDING_PER_SESSION_MAX`, default 1024.
+    pub max_pending_per_session: u32,
+    /// The longest key accepted, in bytes; `1..=KEY_BYTES_MAX`, default 1024.
+    pub max_key_bytes: usize,
+}
+
+/// `[timer]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimerConfig {
+    /// The timer resolution in milliseconds: waits and leases fire never early and at most one
+    /// tick late. `1..=TICK_MS_MAX`, default 1.
+    pub tick_ms: u32,
+}
+
+/// `[tokens]`.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct TokensConfig {
+    /// The directory holding the persisted token high-water mark, or `None` (the file's `""`,
+    /// the default) to rely on the wall clock alone.
+    pub state_dir: Option<PathBuf>,
+}
+
+/// `[log]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogConfig {
+    /// The log level when `RUST_LOG` is not set. Default `info`.
+    pub level: LevelFilter,
+}
+
+impl Default for ServerConfig {
+    /// Listen on `127.0.0.1:7420`, one core per CPU.
+    fn default() -> ServerConfig {
+        ServerConfig {
+            listen: LISTEN_DEFAULT,
+            cores: cores_resolved(0),
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> LimitsConfig {
+        LimitsConfig {
+            max_connections: CONNECTIONS_DEFAULT,
+            max_keys: KEYS_DEFAULT,
+            max_waiters_per_key: WAITERS_PER_KEY_DEFAULT,
+            max_pending_per_session: PENDING_PER_SESSION_DEFAULT,
+            max_key_bytes: KEY_BYTES_DEFAULT,
+        }
+    }
+}
+
+impl Default for TimerConfig {
+    fn default() -> TimerConfig {
+        TimerConfig {
+            tick_ms: TICK_MS_DEFAULT,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> LogConfig {
+        LogConfig {
+            level: LevelFilter::Info,
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates a configuration from TOML text; what the text omits is default.
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        for (section, entries) in read_sections(text)? {
+            for (key, value) in entries {
+                let setting = Setting {
+                    section: &section,
+                    key: key.get_ref(),
+                    line: line_column(text, key.span().start).0,
+                    value: &value,
+                };
+                config.apply(&setting)?;
+            }
+        }
+        config.check_relations()?;
+        Ok(config)
+    }
+
+    /// Reads and validates the file at `path`. Every error names the path.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError {
+            path: Some(path.to_path_buf()),
+            line: None,
+            column: None,
+            key: None,
+            message: format!("cannot read the config file: {error}"),
+        })?;
+        Config::from_toml_str(&text).map_err(|error| ConfigError {
+            path: Some(path.to_path_buf()),
+            ..error
+        })
+    }
+
+    /// Applies the command line's `--listen` and `--cores` over the file's values. `cores` is
+    /// validated as `server.cores` is in the file: 0 means one per CPU, at most [`CORES_MAX`].
+    pub fn with_overrides(
+        mut self,
+        listen: Option<SocketAddr>,
+        cores: Option<usize>,
+    ) -> Result<Config, ConfigError> {
+        if let Some(listen) = listen {
+            self.server.listen = listen;
+        }
+        if let Some(cores) = cores {
+            if cores > CORES_MAX {
+                let message =
+                    format!("server.cores (--cores): must be at most {CORES_MAX}, got {cores}");
+                return Err(ConfigError::new("server.cores", None, message));
+            }
+            self.server.cores = cores_resolved(cores);
+        }
+        self.check_relations()?;
+        Ok(self)
+    }
+
+    /// The configuration on one line, for the startup log.
+    pub fn summary(&self) -> String {
+        let state_dir = match &self.tokens.state_dir {
+            Some(path) => path.display().to_string(),
+            None => "none".to_string(),
+        };
+        format!(
+            "listen={} cores={} max_connections={} max_keys={} max_waiters_per_key={} \
+             max_pending_per_session={} max_key_bytes={} tick_ms={} state_dir={}",
+            self.server.listen,
+            self.server.cores,
+            self.limits.max_connections,
+            self.limits.max_keys,
+            self.limits.max_waiters_per_key,
+            self.limits.max_pending_per_session,
+            self.limits.max_key_bytes,
+            self.timer.tick_ms,
+            state_dir,
+        )
+    }
+
+    /// How many key entries each partition may hold: `max_keys / cores`, at least 1.
+    pub fn max_keys_per_partition(&self) -> usize {
+        self.limits.max_keys / self.server.cores
+    }
+
+    /// Sets the one key `setting` names, or refuses it.
+    fn apply(&mut self, setting: &Setting) -> Result<(), ConfigError> {
+        match (setting.section, setting.key) {
+            ("server", "listen") => self.server.listen = setting.socket_address()?,
+            ("server", "cores") => {
+                self.server.cores = cores_resolved(setting.usize_in(0, CORES_MAX)?);
+            }
+            ("limits", "max_connections") => {
+                self.limits.max_connections = setting.usize_in(1, CONNECTIONS_MAX)?;
+            }
+            ("limits", "max_keys") => self.limits.max_keys = setting.usize_in(1, usize::MAX)?,
+            ("limits", "max_waiters_per_key") => {
+                self.limits.max_waiters_per_key = setting.u32_in(1, WAITERS_PER_KEY_MAX)?;
+            }
+            ("limits", "max_pending_per_session") => {
+                self.limits.max_pending_per_session = setting.u32_in(1, PENDING_PER_SESSION_MAX)?;
+            }
+            ("limits", "max_key_bytes") => {
+                self.limits.max_key_bytes = setting.usize_in(1, KEY_BYTES_MAX)?;
+            }
+            ("timer", "tick_ms") => self.timer.tick_ms = setting.u32_in(1, TICK_MS_MAX)?,
+            ("tokens", "state_dir") => {
+                let dir = setting.string()?;
+                self.tokens.state_dir = (!dir.is_empty()).then(|| PathBuf::from(dir));
+            }
+            ("log", "level") => self.log.level = setting.level()?,
+            _ => return Err(setting.unknown()),
+        }
+        Ok(())
+    }
+
+    /// Checks what relates two keys; single values were checked as they were read.
+    fn check_relations(&self) -> Result<(), ConfigError> {
+        if self.limits.max_keys < self.server.cores {
+            let message = format!(
+                "limits.max_keys: must be at least server.cores ({}), because each core's \
+                 partition holds max_keys / cores keys, got {}",
+                self.server.cores, self.limits.max_keys
+            );
+            return Err(ConfigError::new("limits.max_keys", None, message));
+        }
+        Ok(())
+    }
+}
+
+/// `cores` as written (0 = one per CPU) resolved to a count in `1..=CORES_MAX`.
+fn cores_resolved(cores: usize) -> usize {
+    if cores > 0 {
+        return cores.min(CORES_MAX);
+    }
+    std::thread::available_parallelism()
+        .map_or(1, NonZeroUsize::get)
+        .min(CORES_MAX)
+}
+
+/// A table's entries with the spans of their keys, which `toml::Table` does not keep.
+type Entries = BTreeMap<Spanned<String>, Value>;
+/// A known section's name and its entries in file order.
+type Section = (String, Vec<(Spanned<String>, Value)>);
+
+/// Splits the document into known sections, each with its entries, sections and entries in
+/// file order (so the first error reported is the first in the file).
+fn read_sections(text: &str) -> Result<Vec<Section>, ConfigError> {
+    let top: Entries = toml::from_str(text).map_err(|error| syntax_error(text, &error))?;
+    let top = in_file_order(top);
+    for (name, value) in &top {
+        check_section(
+            name.get_ref(),
+            line_column(text, name.span().start).0,
+            value,
+        )?;
+    }
+    // Every top-level value is now known to be a table, so this second, nested shape fits the
+    // document; it is read only to keep the spans of the keys inside each section.
+    let mut nested: BTreeMap<String, Entries> =
+        toml::from_str(text).map_err(|error| syntax_error(text, &error))?;
+    let sections = top
+        .into_iter()
+        .map(|(name, _)| {
+            let entries = nested.remove(name.get_ref()).unwrap_or_default();
+            (name.into_inner(), in_file_order(entries))
+        })
+        .collect();
+    Ok(sections)
+}
+
+/// Refuses a top-level entry that is not one of the known sections, or not a table.
+fn check_section(name: &str, line: usize, value: &Value) -> Result<(), ConfigError> {
+    let known = SECTIONS.iter().any(|(section, _)| *section == name);
+    let message = match (known, value) {
+        (true, Value::Table(_)) => return Ok(()),
+        (true, other) => format!(
+            "`{name}` must be a section ([{name}]), got {}",
+            described(other)
+        ),
+        (false, Value::Table(_)) => {
+            format!(
+                "unknown section `[{name}]` (known sections: {})",
+                section_names()
+            )
+        }
+        (false, _) => format!(
+            "unknown key `{name}` outside any section (known sections: {})",
+            section_names()
+        ),
+    };
+    Err(ConfigError::new(name, Some(line), message))
+}
+
+fn section_names() -> String {
+    let names: Vec<String> = SECTIONS
+        .iter()
+        .map(|(name, _)| format!("[{name}]"))
+        .collect();
+    names.join(", ")
+}
+
+fn in_file_order<V>(map: BTreeMap<Spanned<String>, V>) -> Vec<(Spanned<String>, V)> {
+    let mut entries: Vec<_> = map.into_iter().collect();
+    entries.sort_by_key(|(key, _)| key.span().start);
+    entries
+}
+
+/// A TOML syntax error (or a shape the second read refuses) as one line with its position.
+fn syntax_error(text: &str, error: &toml::de::Error) -> ConfigError {
+    let (line, column) = match error.span() {
+        Some(span) => {
+            let (line, column) = line_column(text, span.start);
+            (Some(line), Some(column))
+        }
+        None => (None, None),
+    };
+    let detail: Vec<&str> = error.message().lines().map(str::trim).collect();
+    ConfigError {
+        path: None,
+        line,
+        column,
+        key: None,
+        message: format!("invalid TOML: {}", detail.join("; ")),
+    }
+}
+
+/// The 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line_start = before.rfind('\n').map_or(0, |newline| newline + 1);
+    let line = before.matches('\n').count() + 1;
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// A value's type, with the value itself when it is short and printable on one line.
+fn described(value: &Value) -> String {
+    match value {
+        Value::Array(_) => "an array".to_string(),
+        Value::Table(_) => "a table".to_string(),
+        Value::Datetime(datetime) => format!("datetime {datetime}"),
+        Value::String(_) | Value::Integer(_) | Value::Float(_) | Value::Boolean(_) => {
+            format!("{} {value}", value.type_str())
+        }
+    }
+}
+
+/// One `key = value` of the file, with where it is, for the checks and their errors.
+struct Setting<'a> {
+    section: &'a str,
+    key: &'a str,
+    line: usize,
+    value: &'a Value,
+}
+
+impl Setting<'_> {
+    /// `section.key`.
+    fn path(&self) -> String {
+        format!("{}.{}", self.section, self.key)
+    }
+
+    fn error(&self, problem: impl fmt::Display) -> ConfigError {
+        let path = self.path();
+        ConfigError::new(&path, Some(self.line), format!("{path}: {problem}"))
+    }
+
+    fn unknown(&self) -> ConfigError {
+        let known = SECTIONS
+            .iter()
+            .find(|(section, _)| *section == self.section)
+            .map_or(&[][..], |(_, keys)| *keys);
+        let path = self.path();
+        let message = format!(
+            "unknown key `{path}` (known keys in [{}]: {})",
+            self.section,
+            known.join(", ")
+        );
+        ConfigError::new(&path, Some(self.line), message)
+    }
+
+    /// An integer in `min..=max`.
+    fn integer_in(&self, min: u64, max: u64) -> Result<u64, ConfigError> {
+        let Value::Integer(number) = *self.value else {
+            return Err(self.error(format!(
+                "expected an integer, got {}",
+                described(self.value)
+            )));
+        };
+        match u64::try_from(number) {
+            Ok(n) if n < min => Err(self.error(format!("must be at least {min}, got {n}"))),
+            Ok(n) if n > max => Err(self.error(format!("must be at most {max}, got {n}"))),
+            Ok(n) => Ok(n),
+            Err(_) => Err(self.error(format!("must be at least {min}, got {number}"))),
+        }
+    }
+
+    fn usize_in(&self, min: usize, max: usize) -> Result<usize, ConfigError> {
+        let widen = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let number = self.integer_in(widen(min), widen(max))?;
+        Ok(usize::try_from(number).expect("checked against a usize maximum"))
+    }
+
+    fn u32_in(&self, min: u32, max: u32) -> Result<u32, ConfigError> {
+        let number = self.integer_in(u64::from(min), u64::from(max))?;
+        Ok(u32::try_from(number).expect("checked against a u32 maximum"))
+    }
+
+    fn string(&self) -> Result<&str, ConfigError> {
+        match self.value {
+            Value::String(text) => Ok(text),
+            other => Err(self.error(format!("expected a string, got {}", described(other)))),
+        }
+    }
+
+    fn socket_address(&self) -> Result<SocketAddr, ConfigError> {
+        let text = self.string()?;
+        text.parse().map_err(|_| {
+            self.error(format!(
+                "expected an IP address and port such as \"127.0.0.1:7420\" or \"[::1]:7420\" \
+                 (host names are not resolved), got {:?}",
+                text
+            ))
+        })
+    }
+
+    fn level(&self) -> Result<LevelFilter, ConfigError> {
+        let text = self.string()?;
+        text.parse().map_err(|_| {
+            self.error(format!(
+                "must be one of off, error, warn, info, debug, trace, got {:?}",
+                text
+            ))
+        })
+    }
+}
+
+/// Why a configuration was refused. The message names the offending `section.key` (or the
+/// unknown section or key), and the line and path when known; it is one line.
+#[derive(Debug)]
+pub struct ConfigError {
+    path: Option<PathBuf>,
+    line: Option<usize>,
+    column: Option<usize>,
+    key: Option<String>,
+    message: String,
+}
+
+impl ConfigError {
+    /// An error about `key`; `message` names it.
+    fn new(key: &str, line: Option<usize>, message: String) -> ConfigError {
+        ConfigError {
+            path: None,
+            line,
+            column: None,
+            key: Some(key.to_string()),
+            message,
+        }
+    }
+
+    /// The `section.key` (or the top-level name) the error is about, if it is about one.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The 1-based line of the file the error is on, if it is on one.
+    pub fn line(&self) -> Option<usize> {
+        self.line
+    }
+
+    /// The file the configuration came from, for errors of [`Config::load`].
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `path:line:column: message` as compilers print it, or `line L, column C: message`
+        // when the text did not come from a file.
+        match (&self.path, self.line, self.column) {
+            (Some(path), Some(line), Some(column)) => {
+                write!(f, "{}:{line}:{column}: ", path.display())?;
+            }
+            (Some(path), Some(line), None) => write!(f, "{}:{line}: ", path.display())?,
+            (Some(path), None, _) => write!(f, "{}: ", path.display())?,
+            (None, Some(line), Some(column)) => write!(f, "line {line}, column {column}: ")?,
+            (None, Some(line), None) => write!(f, "line {line}: ")?,
+            (None, None, _) => {}
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../config.example.toml");
+
+    fn parsed(text: &str) -> Config {
+        Config::from_toml_str(text).unwrap_or_else(|error| panic!("{text:?}: {error}"))
+    }
+
+    fn refused(text: &str) -> ConfigError {
+        match Config::from_toml_str(text) {
+            Ok(config) => panic!("accepted {text:?} as {config:?}"),
+            Err(error) => error,
+        }
+    }
+
+    /// Asserts that `text` is refused by a one-line error about `key` that says `says`.
+    fn assert_refused(text: &str, key: &str, says: &str) {
+        let error = refused(text);
+        let message = error.to_string();
+        assert_eq!(error.key(), Some(key), "{message}");
+        assert!(message.contains(says), "{message:?} does not say {says:?}");
+        assert!(!message.contains('\n'), "{message:?} is not one line");
+    }
+
+    /// Each case is `section.key = value | what the error says`; the value is written under
+    /// `[section]` and must be refused by an error naming `section.key`.
+    fn assert_each_refused(cases: &[&str]) {
+        for case in cases {
+            let (setting, says) = case.split_once(" | ").unwrap();
+            let (path, value) = setting.split_once(" = ").unwrap();
+            let (section, key) = path.split_once('.').unwrap();
+            assert_refused(&format!("[{section}]\n{key} = {value}\n"), path, says);
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let config = Config::default();
+        assert_eq!(config.server.listen, "127.0.0.1:7420".parse().unwrap());
+        let cpus = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+        assert_eq!(config.server.cores, cpus.min(CORES_MAX));
+        assert_eq!(config.limits.max_connections, 10_000);
+        assert_eq!(config.limits.max_keys, 4_000_000);
+        assert_eq!(config.limits.max_waiters_per_key, 1024);
+        assert_eq!(config.limits.max_pending_per_session, 1024);
+        assert_eq!(config.limits.max_key_bytes, 1024);
+        assert_eq!(config.timer.tick_ms, 1);
+        assert_eq!(config.tokens.state_dir, None);
+        assert_eq!(config.log.level, LevelFilter::Info);
+        assert_eq!(parsed(""), config);
+        assert_eq!(parsed("[server]\n[limits]\n[log]\n"), config);
+    }
+
+    #[test]
+    fn summary_is_one_line() {
+        let mut config = Config::default();
+        config.server.cores = 2;
+        let expected = "listen=127.0.0.1:7420 cores=2 max_connections=10000 max_keys=4000000 \
+                        max_waiters_per_key=1024 max_pending_per_session=1024 \
+                        max_key_bytes=1024 tick_ms=1 state_dir=none";
+        assert_eq!(config.summary(), expected);
+        config.tokens.state_dir = Some(PathBuf::from("/var/lib/latchkey"));
+        assert!(config.summary().ends_with(" state_dir=/var/lib/latchkey"));
+    }
+
+    #[test]
+    fn example_file_is_the_defaults() {
+        // `cores = 0` and the default both resolve to this machine's CPU count, so every field,
+        // cores included, compares equal.
+        assert_eq!(parsed(EXAMPLE), Config::default());
+        assert!(EXAMPLE.contains("\ncores = 0\n"));
+        // The example sets every key, each under a comment. (Parsing it proved it has no
+        // unknown key.)
+        let table: toml::Table = EXAMPLE.parse().unwrap();
+        for (section, keys) in SECTIONS {
+            for key in keys {
+                assert!(table[section].get(key).is_some(), "{section}.{key} missing");
+                let at = EXAMPLE.find(&format!("\n{key} = ")).unwrap();
+                let above = EXAMPLE[..at].lines().last().unwrap();
+                assert!(above.starts_with("# "), "{section}.{key} undocumented");
+            }
+        }
+    }
+
+    #[test]
+    fn full_file() {
+        let text = r#"
+            [server]
+            listen = "[::1]:9000"
+            cores = 3
+            [limits]
+            max_connections = 1_000_000
+            max_keys = 30
+            max_waiters_per_key = 7
+            max_pending_per_session = 1_000_000
+            max_key_bytes = 1
+            [timer]
+            tick_ms = 1000
+            [tokens]
+            state_dir = "/var/lib/latchkey"
+            [log]
+            level = "DeBuG"
+        "#;
+        let limits = LimitsConfig {
+            max_connections: 1_000_000,
+            max_keys: 30,
+            max_waiters_per_key: 7,
+            max_pending_per_session: 1_000_000,
+            max_key_bytes: 1,
+        };
+        let expected = Config {
+            server: ServerConfig {
+                listen: "[::1]:9000".parse().unwrap(),
+                cores: 3,
+            },
+            limits,
+            timer: TimerConfig { tick_ms: 1000 },
+            tokens: TokensConfig {
+                state_dir: Some(PathBuf::from("/var/lib/latchkey")),
+            },
+            log: LogConfig {
+                level: LevelFilter::Debug,
+            },
+        };
+        let config = parsed(text);
+        assert_eq!(config, expected);
+        assert_eq!(config.max_keys_per_partition(), 10);
+    }
+
+    #[test]
+    fn other_spellings_of_tables() {
+        let config = parsed("server.cores = 2\nlimits = { max_keys = 9 }");
+        assert_eq!((config.server.cores, config.limits.max_keys), (2, 9));
+    }
+
+    #[test]
+    fn each_invalid_value_names_its_key() {
+        assert_each_refused(&[
+            r#"server.listen = "localhost:7420" | IP address and port"#,
+            r#"server.listen = "127.0.0.1" | got "127.0.0.1""#,
+            "server.cores = 1025 | server.cores: must be at most 1024, got 1025",
+            "server.cores = -1 | server.cores: must be at least 0, got -1",
+            "limits.max_connections = 0 | must be at least 1, got 0",
+            "limits.max_connections = 1_000_001 | must be at most 1000000, got 1000001",
+            "limits.max_keys = 0 | limits.max_keys: must be at least 1, got 0",
+            "limits.max_waiters_per_key = 0 | max_waiters_per_key: must be at least 1, got 0",
+            "limits.max_waiters_per_key = 1000001 | must be at most 1000000, got 1000001",
+            "limits.max_pending_per_session = 0 | must be at least 1, got 0",
+            "limits.max_pending_per_session = 1000001 | must be at most 1000000, got 1000001",
+            "limits.max_key_bytes = 0 | must be at least 1, got 0",
+            "limits.max_key_bytes = 1025 | must be at most 1024, got 1025",
+            "timer.tick_ms = 0 | timer.tick_ms: must be at least 1, got 0",
+            "timer.tick_ms = 1001 | must be at most 1000, got 1001",
+            r#"log.level = "verbose" | one of off, error, warn, info, debug, trace, got "verbose""#,
+        ]);
+    }
+
+    #[test]
+    fn wrong_types_name_their_key() {
+        assert_each_refused(&[
+            "server.listen = 7420 | server.listen: expected a string, got integer 7420",
+            r#"server.cores = "4" | server.cores: expected an integer, got string "4""#,
+            "limits.max_keys = 1.5 | expected an integer, got float 1.5",
+            "timer.tick_ms = true | expected an integer, got boolean true",
+            r#"tokens.state_dir = ["a"] | expected a string, got an array"#,
+            r#"log.level = { name = "info" } | expected a string, got a table"#,
+            "server.listen = 1979-05-27 | expected a string, got datetime 1979-05-27",
+        ]);
+        assert_refused(
+            "server = 1",
+            "server",
+            "`server` must be a section ([server]), got",
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_sections_are_named() {
+        let text = "[server]\nlisten = \"127.0.0.1:1\"\nlisen = \"127.0.0.1:2\"\n";
+        let says = "line 3: unknown key `server.lisen` (known keys in [server]: listen, cores)";
+        assert_refused(text, "server.lisen", says);
+        assert_refused(
+            "[limit]\nmax_keys = 1",
+            "limit",
+            "unknown section `[limit]`",
+        );
+        assert_refused(
+            "[server.tls]\ncert = 1",
+            "server.tls",
+            "unknown key `server.tls`",
+        );
+        assert_refused("listen = \"::1\"", "listen", "unknown key `listen` outside");
+    }
+
+    #[test]
+    fn errors_carry_the_line() {
+        let error = refused("# comment\n[server]\ncores = 1\n\n[limits]\nmax_waiters_per_key = 0");
+        assert_eq!(error.line(), Some(6));
+        let expected = "line 6: limits.max_waiters_per_key: must be at least 1, got 0";
+        assert_eq!(error.to_string(), expected);
+        // The first offence in the file is the one reported.
+        let error = refused("[timer]\ntick_ms = 0\n[server]\ncores = 5000\n");
+        assert_eq!(error.key(), Some("timer.tick_ms"));
+        assert_eq!(refused("[log]\n[limit]\n").line(), Some(2));
+    }
+
+    #[test]
+    fn syntax_errors_are_one_line_with_position() {
+        for text in [
+            "[server\n",
+            "[server]\ncores = \n",
+            "[server]\ncores = 1\ncores = 2\n",
+        ] {
+            let message = refused(text).to_string();
+            assert!(message.starts_with("line "), "{message:?}");
+            assert!(message.contains(", column "), "{message:?}");
+            assert!(message.contains(": invalid TOML: "), "{message:?}");
+            assert!(!message.contains('\n'), "{message:?}");
+        }
+    }
+
+    #[test]
+    fn state_dir_empty_is_none() {
+        let config = parsed("[tokens]\nstate_dir = \"\"");
+        assert_eq!(config.tokens.state_dir, None);
+        assert!(config.summary().ends_with(" state_dir=none"));
+        let config = parsed("[tokens]\nstate_dir = \"state\"");
+        assert_eq!(config.tokens.state_dir, Some(PathBuf::from("state")));
+    }
+
+    #[test]
+    fn cores_zero_is_one_per_cpu() {
+        assert_eq!(
+            parsed("[server]\ncores = 0").server.cores,
+            Config::default().server.cores
+        );
+        assert_eq!(parsed("[server]\ncores = 1024").server.cores, 1024);
+    }
+
+    #[test]
+    fn max_keys_must_cover_every_core() {
+        let text = "[server]\ncores = 4\n[limits]\nmax_keys = 3";
+        assert_refused(text, "limits.max_keys", "must be at least server.cores (4)");
+        let config = parsed("[server]\ncores = 4\n[limits]\nmax_keys = 4");
+        assert_eq!(config.max_keys_per_partition(), 1);
+    }
+
+    #[test]
+    fn log_level_any_case() {
+        assert_eq!(parsed("[log]\nlevel = \"OFF\"").log.level, LevelFilter::Off);
+        assert_eq!(
+            parsed("[log]\nlevel = \"Warn\"").log.level,
+            LevelFilter::Warn
+        );
+    }
+
+    #[test]
+    fn overrides() {
+        let file = parsed("[server]\ncores = 2\n[limits]\nmax_keys = 8");
+        assert_eq!(file.clone().with_overrides(None, None).unwrap(), file);
+
+        let listen: SocketAddr = "0.0.0.0:9999".parse().unwrap();
+        let config = file.clone().with_overrides(Some(listen), Some(8)).unwrap();
+        assert_eq!((config.server.listen, config.server.cores), (listen, 8));
+        assert_eq!(config.limits, file.limits);
+
+        let config = file.clone().with_overrides(None, Some(0)).unwrap();
+        assert_eq!(config.server.cores, Config::default().server.cores);
+
+        let error = file.clone().with_overrides(None, Some(1025)).unwrap_err();
+        assert_eq!(error.key(), Some("server.cores"));
+        let expected = "server.cores (--cores): must be at most 1024, got 1025";
+        assert_eq!(error.to_string(), expected);
+
+        let error = file.with_overrides(None, Some(9)).unwrap_err();
+        assert_eq!(error.key(), Some("limits.max_keys"));
+    }
+
+    #[test]
+    fn load_names_the_path() {
+        let dir = std::env::temp_dir().join(format!("latchkey-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+
+        let missing = dir.join("missing.toml");
+        let error = Config::load(&missing).unwrap_err();
+        assert_eq!(error.path(), Some(missing.as_path()));
+        let expected = format!("{}: cannot read the config file: ", missing.display());
+        assert!(error.to_string().starts_with(&expected), "{error}");
+
+        let bad = dir.join("bad.toml");
+        std::fs::write(&bad, "[limits]\nmax_keys = 0\n").unwrap();
+        let error = Config::load(&bad).unwrap_err();
+        let expected = format!(
+            "{}:2: limits.max_keys: must be at least 1, got 0",
+            bad.display()
+        );
+        assert_eq!(error.to_string(), expected);
+
+        let good = dir.join("good.toml");
+        std::fs::write(&good, EXAMPLE).unwrap();
+        assert_eq!(Config::load(&good).unwrap(), Config::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -17,7 +17,7 @@
 //! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
 //! | [`client`] | the official client of PROTOCOL.md §4 and the `lock`/`query`/`ping` commands |
-//! | [`bench`] | the load generator behind `latchkey bench` |
+//! | [`bench`](mod@bench) | the load generator behind `latchkey bench` |
 #![deny(missing_docs)]
 
 pub mod bench;

@@ -1,1 +1,728 @@
-//! (being written)
+//! One partition of the key space: keys, holders, FIFO queues, tokens and their timers.
+//!
+//! This is the request × key-state matrix of PROTOCOL.md §3 as a sans-IO state machine. The
+//! reactor feeds it requests and the time (`now_us`, microseconds on a monotonic clock it
+//! reads once per loop iteration) and drains the [`Answer`]s it produced; it never touches a
+//! socket or the system clock.
+//!
+//! # Call order
+//!
+//! For every loop iteration: `handle_*` for each request or event (in arrival order), then
+//! [`LockTable::handle_timers`] with the iteration's `now_us`, then drain
+//! [`LockTable::take_answers`] (and give the vector back with [`LockTable::return_answers`]).
+//! [`LockTable::next_deadline_us`] gives the poll timeout. Keep the token reservation topped
+//! up: when [`LockTable::token_headroom`] runs low, persist a new mark and call
+//! [`LockTable::raise_token_limit`].
+//!
+//! # Invariants (checked by [`LockTable::check_invariants`])
+//!
+//! * A key entry exists only while the key is held; it has exactly one live lease timer.
+//! * A key's waiters form a FIFO list; a free key has no waiters (it has no entry at all).
+//! * Every waiter has exactly one live wait timer and is linked in exactly one key queue and
+//!   one session list.
+//! * Tokens issued by this partition strictly increase, so they strictly increase per key.
+//! * Nothing fires early: a lease or wait timer fires at the first tick at or after its end.
+//!
+//! # Not here
+//!
+//! Sessions, sockets and cross-core routing (the reactor owns those; a session is an opaque
+//! [`SessionId`] here), and token persistence ([`crate::tokens`]).
+
+use crate::protocol::{Request, Response};
+use crate::tokens::TokenRange;
+use crate::wheel::{TimerHandle, Wheel};
+use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
+use slab::Slab;
+use std::hash::BuildHasher;
+
+/// An opaque session identity chosen by the reactor (unique for the life of the process).
+pub type SessionId = u64;
+
+/// Marks "no index" in the intrusive lists.
+const NIL: u32 = u32::MAX;
+/// Keys up to this many bytes are stored inline in their entry, without an allocation.
+const INLINE_KEY_BYTES: usize = 22;
+/// Microseconds in one second of wait or lease.
+const MICROS_PER_SECOND: u64 = 1_000_000;
+
+/// Static parameters of one partition.
+#[derive(Clone, Copy, Debug)]
+pub struct TableConfig {
+    /// Key entries (held keys) this partition may have at once.
+    pub max_keys: usize,
+    /// Waiters one key may have queued; at least 1.
+    pub max_waiters_per_key: u32,
+    /// Length of one timer tick in microseconds; at least 1.
+    pub tick_us: u64,
+}
+
+/// One answer the table produced, addressed to a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The session the answer goes to.
+    pub session: SessionId,
+    /// The frame to write.
+    pub response: Response,
+    /// True when this answers an Acquire with wait > 0 (the session's pending count drops).
+    pub ends_pending: bool,
+    /// For `Acquired`: the entry of the granted key ([`LockTable::entry_key`]); else `u32::MAX`.
+    pub entry: u32,
+}
+
+/// The fields of an Acquire the table needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acquire {
+    /// Seconds the acquire may queue.
+    pub wait_s: u8,
+    /// Seconds of lease on grant (1..=255).
+    pub lease_s: u8,
+    /// The correlation id.
+    pub owner: u64,
+}
+
+/// A key stored inline when short, on the heap when long.
+#[derive(Debug)]
+enum KeyBytes {
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_KEY_BYTES],
+    },
+    Heap(Box<[u8]>),
+}
+
+impl KeyBytes {
+    fn new(key: &[u8]) -> KeyBytes {
+        if key.len() <= INLINE_KEY_BYTES {
+            let mut bytes = [0u8; INLINE_KEY_BYTES];
+            bytes[..key.len()].copy_from_slice(key);
+            KeyBytes::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            KeyBytes::Heap(key.into())
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            KeyBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            KeyBytes::Heap(bytes) => bytes,
+        }
+    }
+}
+
+/// A held key: its holder's token and lease, and its queue of waiters.
+#[derive(Debug)]
+struct KeyEntry {
+    key: KeyBytes,
+    hash: u64,
+    token: u64,
+    lease_end_us: u64,
+    lease_timer: TimerHandle,
+    queue_head: u32,
+    queue_tail: u32,
+    waiters: u32,
+}
+
+/// A queued Acquire.
+#[derive(Debug)]
+struct Waiter {
+    owner: u64,
+    session: SessionId,
+    lease_s: u8,
+    entry: u32,
+    timer: TimerHandle,
+    queue_prev: u32,
+    queue_next: u32,
+    session_prev: u32,
+    session_next: u32,
+}
+
+/// The head of one session's list of waiters in this partition.
+#[derive(Clone, Copy, Debug)]
+struct SessionWaiters {
+    head: u32,
+    count: u32,
+}
+
+/// What a wheel timer is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    Lease(u32),
+    Wait(u32),
+}
+
+/// One partition's lock state. See the module docs for the call order.
+pub struct LockTable {
+    config: TableConfig,
+    hasher: DefaultHashBuilder,
+    index: HashTable<u32>,
+    entries: Slab<KeyEntry>,
+    waiters: Slab<Waiter>,
+    sessions: HashMap<SessionId, SessionWaiters>,
+    wheel: Wheel<Timer>,
+    tokens: TokenRange,
+    shutting_down: bool,
+    answers: Vec<Answer>,
+    fired: Vec<Timer>,
+}
+
+impl LockTable {
+    /// An empty partition at time `now_us`, issuing tokens from `tokens`.
+    pub fn new(config: TableConfig, now_us: u64, tokens: TokenRange) -> LockTable {
+        assert!(
+            config.max_waiters_per_key >= 1,
+            "max_waiters_per_key must be at least 1"
+        );
+        assert!(config.tick_us >= 1 && config.max_keys >= 1);
+        assert!(tokens.next > 0 && tokens.step > 0);
+        LockTable {
+            config,
+            hasher: DefaultHashBuilder::default(),
+            index: HashTable::new(),
+            entries: Slab::new(),
+            waiters: Slab::new(),
+            sessions: HashMap::new(),
+            wheel: Wheel::new(now_us / config.tick_us),
+            tokens,
+            shutting_down: false,
+            answers: Vec::new(),
+            fired: Vec::new(),
+        }
+    }
+
+    /// Executes one parsed request from `session`. `pending_at_limit` says the session
+    /// already has `max_pending_per_session` acquires with wait > 0 unanswered.
+    pub fn handle_request(
+        &mut self,
+        now_us: u64,
+        session: SessionId,
+        request: &Request<'_>,
+        pending_at_limit: bool,
+    ) {
+        match *request {
+            Request::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key,
+            } => {
+                let acquire = Acquire {
+                    wait_s,
+                    lease_s,
+                    owner,
+                };
+                self.handle_acquire(now_us, session, acquire, key, pending_at_limit);
+            }
+            Request::Release { token, key } => self.handle_release(now_us, session, token, key),
+            Request::Extend {
+                lease_s,
+                token,
+                key,
+            } => self.handle_extend(now_us, session, lease_s, token, key),
+            Request::Cancel { owner, key } => self.handle_cancel(session, owner, key),
+            Request::Query { nonce, key } => self.handle_query(now_us, session, nonce, key),
+            Request::Ping { nonce } => self.answer(session, Response::Pong { nonce }, false),
+        }
+    }
+
+    /// Acquire: grant a free key, queue on a held one (wait > 0), or answer `T`/`B`.
+    pub fn handle_acquire(
+        &mut self,
+        now_us: u64,
+        session: SessionId,
+        acquire: Acquire,
+        key: &[u8],
+        pending_at_limit: bool,
+    ) {
+        debug_assert!(acquire.lease_s > 0 && !key.is_empty());
+        let ends_pending = acquire.wait_s > 0;
+        let busy = Response::Busy {
+            owner: acquire.owner,
+        };
+        if self.shutting_down {
+            return self.answer(session, busy, ends_pending);
+        }
+        let hash = self.hasher.hash_one(key);
+        let Some(entry) = self.find(hash, key) else {
+            if self.entries.len() >= self.config.max_keys {
+                return self.answer(session, busy, ends_pending);
+            }
+            let Some(token) = self.tokens.issue() else {
+                return self.answer(session, busy, ends_pending);
+            };
+            let entry = self.insert_entry(now_us, key, hash, token, acquire.lease_s);
+            let granted = Response::Acquired {
+                owner: acquire.owner,
+                token,
+            };
+            self.answers.push(Answer {
+                session,
+                response: granted,
+                ends_pending,
+                entry,
+            });
+            return self.debug_check_entry(entry);
+        };
+        if acquire.wait_s == 0 {
+            return self.answer(
+                session,
+                Response::Timeout {
+                    owner: acquire.owner,
+                },
+                false,
+            );
+        }
+        let queue_full = self.entries[entry as usize].waiters >= self.config.max_waiters_per_key;
+        if queue_full || pending_at_limit {
+            return self.answer(session, busy, true);
+        }
+        self.enqueue(now_us, session, acquire, entry);
+        self.debug_check_entry(entry);
+    }
+
+    /// Release: `R` and hand the key to the queue head (or free it) when `token` holds `key`.
+    pub fn handle_release(&mut self, now_us: u64, session: SessionId, token: u64, key: &[u8]) {
+        match self.find_holder(key, token) {
+            Some(entry) => {
+                self.answer(session, Response::Released { token }, false);
+                self.end_hold(now_us, entry);
+            }
+            None => self.answer(session, Response::NotHeld { token }, false),
+        }
+    }
+
+    /// Extend: `E` and a new lease of `lease_s` from now when `token` holds `key`.
+    pub fn handle_extend(
+        &mut self,
+        now_us: u64,
+        session: SessionId,
+        lease_s: u8,
+        token: u64,
+        key: &[u8],
+    ) {
+        debug_assert!(lease_s > 0);
+        let Some(entry) = self.find_holder(key, token) else {
+            return self.answer(session, Response::NotHeld { token }, false);
+        };
+        let lease_end_us = now_us + u64::from(lease_s) * MICROS_PER_SECOND;
+        let old_timer = self.entries[entry as usize].lease_timer;
+        let cancelled = self.wheel.cancel(old_timer);
+        debug_assert_eq!(cancelled, Some(Timer::Lease(entry)));
+        let timer = self
+            .wheel
+            .insert(self.tick_at_or_after(lease_end_us), Timer::Lease(entry));
+        let held = &mut self.entries[entry as usize];
+        held.lease_end_us = lease_end_us;
+        held.lease_timer = timer;
+        self.answer(session, Response::Extended { token }, false);
+        self.debug_check_entry(entry);
+    }
+
+    /// Cancel: withdraw this session's acquires of `key` with `owner`, each answered `T`.
+    pub fn handle_cancel(&mut self, session: SessionId, owner: u64, key: &[u8]) {
+        let hash = self.hasher.hash_one(key);
+        let Some(entry) = self.find(hash, key) else {
+            return;
+        };
+        let mut cursor = self.entries[entry as usize].queue_head;
+        // Bounded: the queue holds at most max_waiters_per_key waiters.
+        while cursor != NIL {
+            let next = self.waiters[cursor as usize].queue_next;
+            let waiter = &self.waiters[cursor as usize];
+            if waiter.session == session && waiter.owner == owner {
+                self.remove_waiter(cursor);
+                self.answer(session, Response::Timeout { owner }, true);
+            }
+            cursor = next;
+        }
+        self.debug_check_entry(entry);
+    }
+
+    /// Query: the key's state; never reveals the token.
+    pub fn handle_query(&mut self, now_us: u64, session: SessionId, nonce: u64, key: &[u8]) {
+        let hash = self.hasher.hash_one(key);
+        let response = match self.find(hash, key) {
+            None => Response::State {
+                nonce,
+                held: false,
+                lease_ms: 0,
+                waiters: 0,
+            },
+            Some(entry) => {
+                let held = &self.entries[entry as usize];
+                let left_ms = held.lease_end_us.saturating_sub(now_us) / 1000;
+                let lease_ms = u32::try_from(left_ms).unwrap_or(u32::MAX);
+                Response::State {
+                    nonce,
+                    held: true,
+                    lease_ms,
+                    waiters: held.waiters,
+                }
+            }
+        };
+        self.answer(session, response, false);
+    }
+
+    /// A session ended: its waiters leave silently; its holds stay.
+    pub fn handle_session_closed(&mut self, session: SessionId) {
+        let Some(list) = self.sessions.get(&session).copied() else {
+            return;
+        };
+        let mut cursor = list.head;
+        // Bounded by the session's waiter count in this partition.
+        for _ in 0..list.count {
+            let next = self.waiters[cursor as usize].session_next;
+            self.remove_waiter(cursor);
+            cursor = next;
+        }
+        debug_assert!(!self.sessions.contains_key(&session));
+    }
+
+    /// Shutdown: every queued waiter is answered `B`, and so is every later Acquire.
+    pub fn handle_shutdown(&mut self) {
+        self.shutting_down = true;
+        let queued: Vec<u32> = self.waiters.iter().map(|(index, _)| index as u32).collect();
+        for waiter in queued {
+            let (session, owner) = {
+                let waiter = &self.waiters[waiter as usize];
+                (waiter.session, waiter.owner)
+            };
+            self.remove_waiter(waiter);
+            self.answer(session, Response::Busy { owner }, true);
+        }
+    }
+
+    /// Fires every lease and wait timer that has run out by `now_us`.
+    ///
+    /// Waits are processed before leases: a waiter whose wait ran out in the same tick as the
+    /// holder's lease gets `T`, and is gone before the handoff looks at the queue. Neither
+    /// kind creates a timer due in this batch, so every fired payload is live when processed.
+    pub fn handle_timers(&mut self, now_us: u64) {
+        let mut fired = std::mem::take(&mut self.fired);
+        self.wheel.advance(now_us / self.config.tick_us, &mut fired);
+        for &timer in &fired {
+            if let Timer::Wait(waiter) = timer {
+                let (session, owner) = {
+                    let waiter = &self.waiters[waiter as usize];
+                    (waiter.session, waiter.owner)
+                };
+                self.remove_waiter(waiter);
+                self.answer(session, Response::Timeout { owner }, true);
+            }
+        }
+        for &timer in &fired {
+            if let Timer::Lease(entry) = timer {
+                debug_assert!(self.entries[entry as usize].lease_end_us <= now_us);
+                self.end_hold(now_us, entry);
+            }
+        }
+        fired.clear();
+        self.fired = fired;
+    }
+
+    /// The earliest time at which [`handle_timers`](Self::handle_timers) may have work.
+    pub fn next_deadline_us(&self) -> Option<u64> {
+        self.wheel
+            .next_deadline()
+            .map(|tick| tick.saturating_mul(self.config.tick_us))
+    }
+
+    /// Takes the answers produced so far, in the order they were produced.
+    pub fn take_answers(&mut self) -> Vec<Answer> {
+        std::mem::take(&mut self.answers)
+    }
+
+    /// Gives back an emptied answer vector so its allocation is reused.
+    pub fn return_answers(&mut self, mut answers: Vec<Answer>) {
+        answers.clear();
+        if self.answers.is_empty() && answers.capacity() > self.answers.capacity() {
+            self.answers = answers;
+        }
+    }
+
+    /// The key of a live entry (as named in [`Answer::entry`]).
+    pub fn entry_key(&self, entry: u32) -> Option<&[u8]> {
+        self.entries
+            .get(entry as usize)
+            .map(|held| held.key.as_slice())
+    }
+
+    /// Tokens left in the current reservation.
+    pub fn token_headroom(&self) -> u64 {
+        self.tokens.headroom()
+    }
+
+    /// The next token this partition would issue.
+    pub fn next_token(&self) -> u64 {
+        self.tokens.next
+    }
+
+    /// Allows tokens up to `limit` (after the reactor persisted it).
+    pub fn raise_token_limit(&mut self, limit: u64) {
+        self.tokens.limit = self.tokens.limit.max(limit);
+    }
+
+    /// Held keys in this partition.
+    pub fn key_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Queued acquires in this partition.
+    pub fn waiter_count(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Whether [`handle_shutdown`](Self::handle_shutdown) was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
+
+    fn answer(&mut self, session: SessionId, response: Response, ends_pending: bool) {
+        self.answers.push(Answer {
+            session,
+            response,
+            ends_pending,
+            entry: NIL,
+        });
+    }
+
+    fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
+        let entries = &self.entries;
+        self.index
+            .find(hash, |&index| entries[index as usize].key.as_slice() == key)
+            .copied()
+    }
+
+    fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
+        let entry = self.find(self.hasher.hash_one(key), key)?;
+        (self.entries[entry as usize].token == token).then_some(entry)
+    }
+
+    /// The first tick whose start is at or after `at_us`: a timer there never fires early.
+    fn tick_at_or_after(&self, at_us: u64) -> u64 {
+        at_us.div_ceil(self.config.tick_us)
+    }
+
+    fn insert_entry(&mut self, now_us: u64, key: &[u8], hash: u64, token: u64, lease_s: u8) -> u32 {
+        let lease_end_us = now_us + u64::from(lease_s) * MICROS_PER_SECOND;
+        let slot = self.entries.vacant_entry();
+        let entry = slot.key() as u32;
+        let deadline = lease_end_us.div_ceil(self.config.tick_us);
+        let lease_timer = self.wheel.insert(deadline, Timer::Lease(entry));
+        slot.insert(KeyEntry {
+            key: KeyBytes::new(key),
+            hash,
+            token,
+            lease_end_us,
+            lease_timer,
+            queue_head: NIL,
+            queue_tail: NIL,
+            waiters: 0,
+        });
+        let entries = &self.entries;
+        self.index
+            .insert_unique(hash, entry, |&index| entries[index as usize].hash);
+        entry
+    }
+
+    /// The holder of `entry` is gone (released or expired): grant the queue head in the same
+    /// step, or remove the entry so the key is free.
+    fn end_hold(&mut self, now_us: u64, entry: u32) {
+        let old_timer = self.entries[entry as usize].lease_timer;
+        // Already fired when called from handle_timers; cancel is then a no-op.
+        self.wheel.cancel(old_timer);
+        // Bounded: each pass removes one waiter; a waiter is skipped only if no token is left.
+        loop {
+            let head = self.entries[entry as usize].queue_head;
+            if head == NIL {
+                return self.remove_entry(entry);
+            }
+            let (session, owner, lease_s) = {
+                let waiter = &self.waiters[head as usize];
+                (waiter.session, waiter.owner, waiter.lease_s)
+            };
+            self.remove_waiter(head);
+            let Some(token) = self.tokens.issue() else {
+                self.answer(session, Response::Busy { owner }, true);
+                continue;
+            };
+            let lease_end_us = now_us + u64::from(lease_s) * MICROS_PER_SECOND;
+            let deadline = self.tick_at_or_after(lease_end_us);
+            let lease_timer = self.wheel.insert(deadline, Timer::Lease(entry));
+            let held = &mut self.entries[entry as usize];
+            held.token = token;
+            held.lease_end_us = lease_end_us;
+            held.lease_timer = lease_timer;
+            let granted = Response::Acquired { owner, token };
+            self.answers.push(Answer {
+                session,
+                response: granted,
+                ends_pending: true,
+                entry,
+            });
+            return self.debug_check_entry(entry);
+        }
+    }
+
+    fn remove_entry(&mut self, entry: u32) {
+        let removed = self.entries.remove(entry as usize);
+        debug_assert_eq!(removed.waiters, 0);
+        let found = self.index.find_entry(removed.hash, |&index| index == entry);
+        found.expect("a live entry is indexed").remove();
+    }
+
+    fn enqueue(&mut self, now_us: u64, session: SessionId, acquire: Acquire, entry: u32) {
+        let wait_end_us = now_us + u64::from(acquire.wait_s) * MICROS_PER_SECOND;
+        let deadline = self.tick_at_or_after(wait_end_us);
+        let slot = self.waiters.vacant_entry();
+        let waiter = slot.key() as u32;
+        let timer = self.wheel.insert(deadline, Timer::Wait(waiter));
+        let held = &mut self.entries[entry as usize];
+        let queue_prev = held.queue_tail;
+        let list = self.sessions.entry(session).or_insert(SessionWaiters {
+            head: NIL,
+            count: 0,
+        });
+        slot.insert(Waiter {
+            owner: acquire.owner,
+            session,
+            lease_s: acquire.lease_s,
+            entry,
+            timer,
+            queue_prev,
+            queue_next: NIL,
+            session_prev: NIL,
+            session_next: list.head,
+        });
+        if list.head != NIL {
+            self.waiters[list.head as usize].session_prev = waiter;
+        }
+        list.head = waiter;
+        list.count += 1;
+        if queue_prev == NIL {
+            held.queue_head = waiter;
+        } else {
+            self.waiters[queue_prev as usize].queue_next = waiter;
+        }
+        held.queue_tail = waiter;
+        held.waiters += 1;
+    }
+
+    /// Unlinks a waiter from its key queue and session list and cancels its timer.
+    fn remove_waiter(&mut self, waiter: u32) {
+        let removed = self.waiters.remove(waiter as usize);
+        // Already fired when called from handle_timers; cancel is then a no-op.
+        self.wheel.cancel(removed.timer);
+        let held = &mut self.entries[removed.entry as usize];
+        match removed.queue_prev {
+            NIL => held.queue_head = removed.queue_next,
+            prev => self.waiters[prev as usize].queue_next = removed.queue_next,
+        }
+        match removed.queue_next {
+            NIL => held.queue_tail = removed.queue_prev,
+            next => self.waiters[next as usize].queue_prev = removed.queue_prev,
+        }
+        held.waiters -= 1;
+        if removed.session_next != NIL {
+            self.waiters[removed.session_next as usize].session_prev = removed.session_prev;
+        }
+        if removed.session_prev != NIL {
+            self.waiters[removed.session_prev as usize].session_next = removed.session_next;
+        }
+        let list = self
+            .sessions
+            .get_mut(&removed.session)
+            .expect("a waiter's session is listed");
+        if list.head == waiter {
+            list.head = removed.session_next;
+        }
+        list.count -= 1;
+        if list.count == 0 {
+            self.sessions.remove(&removed.session);
+        }
+    }
+
+    #[cfg(debug_assertions)]
+    fn debug_check_entry(&self, entry: u32) {
+        if self.entries.contains(entry as usize) {
+            self.check_entry(entry);
+        }
+    }
+
+    #[cfg(not(debug_assertions))]
+    fn debug_check_entry(&self, _entry: u32) {}
+
+    /// Checks one entry and its queue; panics on a broken invariant.
+    fn check_entry(&self, entry: u32) {
+        let held = &self.entries[entry as usize];
+        assert!(
+            held.token != 0 && held.token < self.tokens.next,
+            "token out of range"
+        );
+        assert_eq!(self.hasher.hash_one(held.key.as_slice()), held.hash);
+        let deadline = self
+            .wheel
+            .deadline(held.lease_timer)
+            .expect("lease timer is live");
+        assert_eq!(deadline, self.tick_at_or_after(held.lease_end_us));
+        let (mut cursor, mut prev, mut count) = (held.queue_head, NIL, 0u32);
+        while cursor != NIL {
+            let waiter = &self.waiters[cursor as usize];
+            assert_eq!(waiter.entry, entry, "waiter linked in another key's queue");
+            assert_eq!(waiter.queue_prev, prev, "broken queue back link");
+            assert!(
+                self.wheel.deadline(waiter.timer).is_some(),
+                "waiter without live timer"
+            );
+            count += 1;
+            assert!(
+                count <= self.config.max_waiters_per_key,
+                "queue longer than its limit"
+            );
+            (prev, cursor) = (cursor, waiter.queue_next);
+        }
+        assert_eq!(held.queue_tail, prev);
+        assert_eq!(held.waiters, count);
+    }
+
+    /// Checks every invariant of the module docs; panics on a broken one. O(keys + waiters).
+    pub fn check_invariants(&self) {
+        self.wheel.check_invariants();
+        assert!(self.entries.len() <= self.config.max_keys);
+        assert_eq!(self.index.len(), self.entries.len());
+        let mut queued = 0usize;
+        for (entry, held) in &self.entries {
+            self.check_entry(entry as u32);
+            let indexed = self.find(held.hash, held.key.as_slice());
+            assert_eq!(
+                indexed,
+                Some(entry as u32),
+                "entry not indexed under its key"
+            );
+            queued += held.waiters as usize;
+        }
+        assert_eq!(queued, self.waiters.len());
+        assert_eq!(self.wheel.len(), self.entries.len() + self.waiters.len());
+        let mut listed = 0usize;
+        for (&session, list) in &self.sessions {
+            let (mut cursor, mut prev) = (list.head, NIL);
+            for _ in 0..list.count {
+                let waiter = &self.waiters[cursor as usize];
+                assert_eq!(waiter.session, session);
+                assert_eq!(waiter.session_prev, prev);
+                (prev, cursor) = (cursor, waiter.session_next);
+            }
+            assert_eq!(cursor, NIL, "session list longer than its count");
+            listed += list.count as usize;
+        }
+        assert_eq!(listed, self.waiters.len());
+        if self.shutting_down {
+            assert!(self.waiters.is_empty(), "waiters queued during shutdown");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

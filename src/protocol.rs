@@ -120,7 +120,12 @@ impl<'a> Request<'a> {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.push(self.op());
         match *self {
-            Request::Acquire { wait_s, lease_s, owner, .. } => {
+            Request::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                ..
+            } => {
                 out.push(wait_s);
                 out.push(lease_s);
                 out.extend_from_slice(&owner.to_be_bytes());
@@ -218,7 +223,10 @@ pub struct FrameError {
 impl FrameError {
     /// The `X` response for this error.
     pub fn response(&self) -> Response {
-        Response::Error { code: self.code, id: self.id }
+        Response::Error {
+            code: self.code,
+            id: self.id,
+        }
     }
 }
 
@@ -249,9 +257,15 @@ fn be_u64(bytes: &[u8]) -> u64 {
 /// When one frame has several faults the lowest code is reported.
 pub fn parse_request(buf: &[u8], key_bytes_max: usize) -> ParseResult<'_> {
     debug_assert!((1..=KEY_BYTES_MAX).contains(&key_bytes_max));
-    let Some(&op) = buf.first() else { return Ok(None) };
+    let Some(&op) = buf.first() else {
+        return Ok(None);
+    };
     let Some(header_len) = header_bytes(op) else {
-        return Err(FrameError { code: ErrorCode::UnknownOp, id: 0, consumed: buf.len() });
+        return Err(FrameError {
+            code: ErrorCode::UnknownOp,
+            id: 0,
+            consumed: buf.len(),
+        });
     };
     let body_start = 1 + header_len;
     if buf.len() < body_start {
@@ -267,9 +281,11 @@ pub fn parse_request(buf: &[u8], key_bytes_max: usize) -> ParseResult<'_> {
         return match buf.get(body_start) {
             None => Ok(None),
             Some(b'\n') => Ok(Some((Request::Ping { nonce: id }, body_start + 1))),
-            Some(_) => {
-                Err(FrameError { code: ErrorCode::MissingNewline, id, consumed: buf.len() })
-            }
+            Some(_) => Err(FrameError {
+                code: ErrorCode::MissingNewline,
+                id,
+                consumed: buf.len(),
+            }),
         };
     }
     // The key ends at the first `\n` after the fixed header; limit + 1 bytes without one is
@@ -277,7 +293,11 @@ pub fn parse_request(buf: &[u8], key_bytes_max: usize) -> ParseResult<'_> {
     let search_end = buf.len().min(body_start + key_bytes_max + 1);
     let Some(key_len) = buf[body_start..search_end].iter().position(|&b| b == b'\n') else {
         if search_end - body_start > key_bytes_max {
-            return Err(FrameError { code: ErrorCode::KeyTooLong, id, consumed: buf.len() });
+            return Err(FrameError {
+                code: ErrorCode::KeyTooLong,
+                id,
+                consumed: buf.len(),
+            });
         }
         return Ok(None);
     };
@@ -291,9 +311,18 @@ pub fn parse_request(buf: &[u8], key_bytes_max: usize) -> ParseResult<'_> {
         return refuse(ErrorCode::KeyNotUtf8);
     }
     let request = match op {
-        b'A' => Request::Acquire { wait_s: header[0], lease_s: header[1], owner: id, key },
+        b'A' => Request::Acquire {
+            wait_s: header[0],
+            lease_s: header[1],
+            owner: id,
+            key,
+        },
         b'R' => Request::Release { token: id, key },
-        b'E' => Request::Extend { lease_s: header[0], token: id, key },
+        b'E' => Request::Extend {
+            lease_s: header[0],
+            token: id,
+            key,
+        },
         b'C' => Request::Cancel { owner: id, key },
         _ => Request::Query { nonce: id, key },
     };
@@ -411,7 +440,12 @@ impl Response {
                 frame[9..17].copy_from_slice(&token.to_be_bytes());
                 16
             }
-            Response::State { nonce, held, lease_ms, waiters } => {
+            Response::State {
+                nonce,
+                held,
+                lease_ms,
+                waiters,
+            } => {
                 frame[1..9].copy_from_slice(&nonce.to_be_bytes());
                 frame[9] = u8::from(held);
                 frame[10..14].copy_from_slice(&lease_ms.to_be_bytes());
@@ -464,7 +498,9 @@ impl std::error::Error for ResponseError {}
 /// Parses the first response in `buf`: `Ok(None)` while incomplete, else the response and the
 /// bytes it used.
 pub fn parse_response(buf: &[u8]) -> Result<Option<(Response, usize)>, ResponseError> {
-    let Some(&op) = buf.first() else { return Ok(None) };
+    let Some(&op) = buf.first() else {
+        return Ok(None);
+    };
     let frame_len = match op {
         b'A' => 18,
         b'Q' => 19,
@@ -481,7 +517,10 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<(Response, usize)>, ResponseE
     }
     let id = be_u64(&buf[1..9]);
     let response = match op {
-        b'A' => Response::Acquired { owner: id, token: be_u64(&buf[9..17]) },
+        b'A' => Response::Acquired {
+            owner: id,
+            token: be_u64(&buf[9..17]),
+        },
         b'T' => Response::Timeout { owner: id },
         b'B' => Response::Busy { owner: id },
         b'R' => Response::Released { token: id },
@@ -496,12 +535,19 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<(Response, usize)>, ResponseE
             };
             let lease_ms = u32::from_be_bytes([buf[10], buf[11], buf[12], buf[13]]);
             let waiters = u32::from_be_bytes([buf[14], buf[15], buf[16], buf[17]]);
-            Response::State { nonce: id, held, lease_ms, waiters }
+            Response::State {
+                nonce: id,
+                held,
+                lease_ms,
+                waiters,
+            }
         }
         _ => {
-            let code =
-                ErrorCode::from_u8(buf[1]).ok_or(ResponseError::UnknownErrorCode(buf[1]))?;
-            Response::Error { code, id: be_u64(&buf[2..10]) }
+            let code = ErrorCode::from_u8(buf[1]).ok_or(ResponseError::UnknownErrorCode(buf[1]))?;
+            Response::Error {
+                code,
+                id: be_u64(&buf[2..10]),
+            }
         }
     };
     Ok(Some((response, frame_len)))

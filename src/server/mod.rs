@@ -1,1 +1,319 @@
-//! (being written)
+//! The server: a synchronous thread-per-core runtime on `mio`.
+//!
+//! [`start`] binds one `SO_REUSEPORT` listener per core (the kernel spreads new connections
+//! over them, so no acceptor thread hands sockets around and each core owns the sessions it
+//! accepted), computes where tokens start, and spawns one thread per core running a
+//! [`reactor::Core`]. Each core owns one partition of the key space
+//! ([`route::partition_of`]); requests for another core's keys travel over bounded
+//! `crossbeam-channel`s.
+//!
+//! Shared between cores, and only for admission, shutdown and failure: the connection count
+//! (one atomic add per accepted connection, so `max_connections` holds server-wide), the
+//! shutdown and failure flags, and the shutdown quiescence marks (a `parking_lot` mutex
+//! touched only while stopping). Nothing on the request path is shared.
+//!
+//! A core that panics marks the server failed and stops the others; [`ServerHandle::join`]
+//! reports it and the binary exits non-zero, so a half-alive server never lingers.
+
+pub mod reactor;
+pub mod route;
+pub mod session;
+
+use crate::config::Config;
+use crate::lock_table::{LockTable, TableConfig};
+use crate::tokens::{self, StateDir, TokenRange, RESERVATION_TOKENS};
+use mio::{Poll, Waker};
+use parking_lot::Mutex;
+use reactor::{Core, CoreSettings, WAKER};
+use route::{Outbox, CHANNEL_DEPTH};
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Instant, SystemTime};
+
+/// The most sessions a server may be configured for.
+pub const CONNECTIONS_MAX: usize = 1_000_000;
+/// Pending connections the kernel queues per listener.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// State the cores share (see the module docs for why each piece is shared).
+pub struct Shared {
+    shutdown: AtomicBool,
+    failed: AtomicBool,
+    connections: AtomicUsize,
+    quiescent: Mutex<Vec<bool>>,
+    wakers: Vec<Arc<Waker>>,
+    notify: Option<Arc<Waker>>,
+}
+
+impl Shared {
+    fn request_shutdown(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        for waker in &self.wakers {
+            let _ = waker.wake();
+        }
+        if let Some(notify) = &self.notify {
+            let _ = notify.wake();
+        }
+    }
+
+    /// Records whether core `index` has nothing left to do; true when every core is so.
+    fn mark_quiescent(&self, index: usize, quiescent: bool) -> bool {
+        let mut marks = self.quiescent.lock();
+        marks[index] = quiescent;
+        marks.iter().all(|&mark| mark)
+    }
+}
+
+/// Why a server stopped badly.
+#[derive(Debug)]
+pub enum ServerError {
+    /// A core thread panicked (the panic message was logged).
+    CorePanicked(usize),
+    /// A core's event loop failed.
+    Io(usize, io::Error),
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServerError::CorePanicked(core) => write!(f, "core {core} panicked"),
+            ServerError::Io(core, e) => write!(f, "core {core} failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+/// A running server. Dropping it shuts it down and waits for it.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<Result<(), ServerError>>>,
+}
+
+impl ServerHandle {
+    /// The address the server listens on (with the real port when 0 was configured).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Begins a graceful shutdown: stop accepting, answer queued waiters `B`, flush, stop.
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        self.shared.request_shutdown();
+    }
+
+    /// Whether a core failed (panicked or its loop errored).
+    pub fn failed(&self) -> bool {
+        self.shared.failed.load(Ordering::Acquire)
+    }
+
+    /// Whether a shutdown was requested (by [`shutdown`](Self::shutdown) or a failure).
+    pub fn is_stopping(&self) -> bool {
+        self.shared.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Whether every core has stopped.
+    pub fn is_finished(&self) -> bool {
+        self.threads.iter().all(JoinHandle::is_finished)
+    }
+
+    /// Sessions open right now, server-wide.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::Relaxed)
+    }
+
+    /// Waits for every core to stop; the first failure, if any.
+    pub fn join(mut self) -> Result<(), ServerError> {
+        self.join_threads()
+    }
+
+    fn join_threads(&mut self) -> Result<(), ServerError> {
+        let mut outcome = Ok(());
+        for (index, thread) in self.threads.drain(..).enumerate() {
+            let result = thread
+                .join()
+                .unwrap_or(Err(ServerError::CorePanicked(index)));
+            if outcome.is_ok() {
+                outcome = result;
+            }
+        }
+        outcome
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.shutdown();
+            let _ = self.join_threads();
+        }
+    }
+}
+
+/// Starts a server with `config`.
+pub fn start(config: Config) -> io::Result<ServerHandle> {
+    start_with_notify(config, None)
+}
+
+/// Starts a server; `notify` is woken when a core stops (normally or not) or on shutdown.
+pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Result<ServerHandle> {
+    let cores = config.server.cores;
+    if cores == 0 || cores > reactor::CORES_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cores out of range",
+        ));
+    }
+    let limits = &config.limits;
+    let (listeners, addr) = bind_listeners(config.server.listen, cores)?;
+    let state_dir = config
+        .tokens
+        .state_dir
+        .as_deref()
+        .map(StateDir::open)
+        .transpose()?;
+    let floor = tokens::run_floor(state_dir.as_ref(), SystemTime::now())?;
+    let epoch = Instant::now();
+    let mut polls = Vec::with_capacity(cores);
+    let mut wakers = Vec::with_capacity(cores);
+    for _ in 0..cores {
+        let poll = Poll::new()?;
+        wakers.push(Arc::new(Waker::new(poll.registry(), WAKER)?));
+        polls.push(poll);
+    }
+    let channels: Vec<_> = (0..cores)
+        .map(|_| crossbeam_channel::bounded(CHANNEL_DEPTH))
+        .collect();
+    let shared = Arc::new(Shared {
+        shutdown: AtomicBool::new(false),
+        failed: AtomicBool::new(false),
+        connections: AtomicUsize::new(0),
+        quiescent: Mutex::new(vec![false; cores]),
+        wakers: wakers.clone(),
+        notify,
+    });
+    let table_config = TableConfig {
+        max_keys: (limits.max_keys / cores).max(1),
+        max_waiters_per_key: limits.max_waiters_per_key,
+        tick_us: u64::from(config.timer.tick_ms) * 1000,
+    };
+    let mut threads = Vec::with_capacity(cores);
+    for (index, (poll, listener)) in polls.into_iter().zip(listeners).enumerate() {
+        let step = cores as u64;
+        let first = tokens::first_token(floor, index, cores);
+        let limit = match &state_dir {
+            Some(state) => {
+                let limit = first + RESERVATION_TOKENS * step;
+                state.persist(index, limit)?;
+                limit
+            }
+            None => u64::MAX,
+        };
+        let table = LockTable::new(
+            table_config,
+            0,
+            TokenRange {
+                next: first,
+                step,
+                limit,
+            },
+        );
+        let outboxes = (0..cores)
+            .map(|peer| {
+                (peer != index)
+                    .then(|| Outbox::new(channels[peer].0.clone(), Arc::clone(&wakers[peer])))
+            })
+            .collect();
+        let settings = CoreSettings {
+            index,
+            cores,
+            max_connections: limits.max_connections,
+            max_pending_per_session: limits.max_pending_per_session,
+            max_key_bytes: limits.max_key_bytes,
+            state_dir: state_dir.clone(),
+        };
+        let inbox = channels[index].1.clone();
+        let core = Core::new(
+            settings,
+            poll,
+            listener,
+            table,
+            inbox,
+            outboxes,
+            shared.clone(),
+            epoch,
+        )?;
+        threads.push(spawn_core(index, core, Arc::clone(&shared))?);
+    }
+    Ok(ServerHandle {
+        addr,
+        shared,
+        threads,
+    })
+}
+
+fn spawn_core(
+    index: usize,
+    core: Core,
+    shared: Arc<Shared>,
+) -> io::Result<JoinHandle<Result<(), ServerError>>> {
+    std::thread::Builder::new()
+        .name(format!("latchkey-core-{index}"))
+        .spawn(move || {
+            let guard = FailureGuard { index, shared };
+            let result = core.run().map_err(|e| {
+                log::error!("core {index}: event loop failed: {e}");
+                guard.shared.failed.store(true, Ordering::Release);
+                ServerError::Io(index, e)
+            });
+            drop(guard);
+            result
+        })
+}
+
+/// Marks the server failed and stops the other cores if its core thread unwinds.
+struct FailureGuard {
+    index: usize,
+    shared: Arc<Shared>,
+}
+
+impl Drop for FailureGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            log::error!("core {} panicked; stopping the server", self.index);
+            self.shared.failed.store(true, Ordering::Release);
+        }
+        if self.shared.failed.load(Ordering::Acquire) {
+            self.shared.request_shutdown();
+        } else if let Some(notify) = &self.shared.notify {
+            let _ = notify.wake();
+        }
+    }
+}
+
+/// One nonblocking `SO_REUSEPORT` listener per core, all on the same address.
+fn bind_listeners(
+    listen: SocketAddr,
+    cores: usize,
+) -> io::Result<(Vec<mio::net::TcpListener>, SocketAddr)> {
+    let mut addr = listen;
+    let mut listeners = Vec::with_capacity(cores);
+    for _ in 0..cores {
+        let domain = socket2::Domain::for_address(addr);
+        let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(LISTEN_BACKLOG)?;
+        let listener = std::net::TcpListener::from(socket);
+        addr = listener.local_addr()?;
+        listeners.push(mio::net::TcpListener::from_std(listener));
+    }
+    Ok((listeners, addr))
+}

@@ -1,0 +1,96 @@
+//! Benchmarks of the timing wheel: the costs the lock table pays per lease and per expiry.
+//!
+//! Every benchmark keeps one wheel across iterations and leaves it empty after each, so the
+//! slab is warm and the measured work allocates nothing (the steady state of a running server).
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use latchkey::wheel::{TimerHandle, Wheel};
+
+/// Timers per iteration.
+const TIMERS: usize = 10_000;
+/// How far ahead deadlines reach: 255 s at 1 ms per tick, the longest lease.
+const HORIZON_TICKS: u64 = 255_000;
+
+/// `TIMERS` deadline offsets in `1..=horizon`, spread deterministically (Knuth's multiplier).
+fn offsets(horizon_ticks: u64) -> Vec<u64> {
+    (0..TIMERS as u64)
+        .map(|i| 1 + i.wrapping_mul(2_654_435_761) % horizon_ticks)
+        .collect()
+}
+
+/// Insert 10k timers, then cancel them all: a lease granted and released before it expires.
+fn insert_cancel(c: &mut Criterion) {
+    let offsets = offsets(HORIZON_TICKS);
+    let mut wheel = Wheel::with_capacity(0, TIMERS);
+    let mut handles: Vec<TimerHandle> = Vec::with_capacity(TIMERS);
+    let mut group = c.benchmark_group("wheel");
+    group.throughput(Throughput::Elements(TIMERS as u64));
+    group.bench_function("insert_cancel_10k", |b| {
+        b.iter(|| {
+            let now_tick = wheel.now();
+            for (i, &offset) in offsets.iter().enumerate() {
+                handles.push(wheel.insert(now_tick + offset, i as u32));
+            }
+            for handle in handles.drain(..) {
+                black_box(wheel.cancel(handle));
+            }
+        })
+    });
+    group.finish();
+}
+
+/// Insert 10k timers and advance in one jump past the horizon: every timer cascades and fires.
+fn insert_advance_jump(c: &mut Criterion) {
+    let offsets = offsets(HORIZON_TICKS);
+    let mut wheel = Wheel::with_capacity(0, TIMERS);
+    let mut expired = Vec::with_capacity(TIMERS);
+    let mut group = c.benchmark_group("wheel");
+    group.throughput(Throughput::Elements(TIMERS as u64));
+    group.bench_function("insert_advance_jump_10k", |b| {
+        b.iter(|| {
+            let now_tick = wheel.now();
+            for (i, &offset) in offsets.iter().enumerate() {
+                wheel.insert(now_tick + offset, i as u32);
+            }
+            expired.clear();
+            wheel.advance(now_tick + HORIZON_TICKS, &mut expired);
+            assert_eq!(expired.len(), TIMERS);
+        })
+    });
+    group.finish();
+}
+
+/// Insert 10k timers within 10 s and advance one 1 ms tick at a time until all have fired:
+/// the reactor's steady state, including ticks where nothing is due.
+fn insert_advance_ticks(c: &mut Criterion) {
+    let horizon_ticks = 10_000;
+    let offsets = offsets(horizon_ticks);
+    let mut wheel = Wheel::with_capacity(0, TIMERS);
+    let mut expired = Vec::with_capacity(TIMERS);
+    let mut group = c.benchmark_group("wheel");
+    group.throughput(Throughput::Elements(TIMERS as u64));
+    group.bench_function("insert_advance_each_tick_10k", |b| {
+        b.iter(|| {
+            let now_tick = wheel.now();
+            for (i, &offset) in offsets.iter().enumerate() {
+                wheel.insert(now_tick + offset, i as u32);
+            }
+            let mut fired = 0;
+            for tick in now_tick + 1..=now_tick + horizon_ticks {
+                expired.clear();
+                wheel.advance(tick, &mut expired);
+                fired += expired.len();
+            }
+            assert_eq!(fired, TIMERS);
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    insert_cancel,
+    insert_advance_jump,
+    insert_advance_ticks
+);
+criterion_main!(benches);

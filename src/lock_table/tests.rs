@@ -1,0 +1,1 @@
+//! Lock-table tests (being written).
