@@ -1,16 +1,17 @@
-//! `latchkey lock`, `query` and `ping`, run in-process through their `run_*` functions, and
+//! `latchkey lock`, `query` and `ping`: in-process through their `run_*` functions (against
+//! the real server, or a scripted one to force a lost lease), as the `latchkey` binary, and
 //! their argument parsing through clap.
 
 mod common;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use common::{client, dead_addr, AutoServer, FakeServer, Frame, Got};
+use common::{client, dead_addr, start_server, FakeServer, Frame, Got};
 use latchkey::client::cli::{self, LockArgs, PingArgs, QueryArgs};
 use latchkey::protocol::Response;
 
@@ -46,14 +47,14 @@ fn scratch(name: &str) -> PathBuf {
 
 #[test]
 fn lock_runs_the_command_with_key_and_token_and_exits_with_its_status() {
-    let server = AutoServer::start();
+    let server = start_server(|_| {});
     let out = scratch("env");
     let script = format!(
         "echo \"$LATCHKEY_KEY $LATCHKEY_TOKEN\" > {}; exit 3",
         out.display()
     );
     let args = lock_args(
-        server.addr().to_string(),
+        server.local_addr().to_string(),
         "jobs/x",
         ms(500),
         ms(5000),
@@ -64,7 +65,7 @@ fn lock_runs_the_command_with_key_and_token_and_exits_with_its_status() {
     let (key, token) = written.trim().split_once(' ').unwrap();
     assert_eq!(key, "jobs/x");
     assert!(token.parse::<u64>().unwrap() > 0);
-    let observer = client(&[server.addr()], 1, Duration::from_secs(2));
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
     assert!(
         !observer.query("jobs/x").unwrap().held,
         "released when the command exited"
@@ -73,15 +74,15 @@ fn lock_runs_the_command_with_key_and_token_and_exits_with_its_status() {
 
 #[test]
 fn lock_extends_the_lease_while_the_command_runs() {
-    let server = AutoServer::start();
+    let server = start_server(|_| {});
     let args = lock_args(
-        server.addr().to_string(),
+        server.local_addr().to_string(),
         "long",
         ms(500),
         ms(1000),
         "sleep 2.5",
     );
-    let observer = client(&[server.addr()], 1, Duration::from_secs(2));
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
     let running = thread::spawn(move || cli::run_lock(args));
     thread::sleep(ms(1800));
     assert!(
@@ -93,9 +94,9 @@ fn lock_extends_the_lease_while_the_command_runs() {
 
 #[test]
 fn lock_exit_codes_for_timeout_busy_unavailable_and_missing_command() {
-    let server = AutoServer::start();
-    let addr = server.addr().to_string();
-    let observer = client(&[server.addr()], 1, Duration::from_secs(2));
+    let server = start_server(|config| config.limits.max_waiters_per_key = 1);
+    let addr = server.local_addr().to_string();
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
     let holder = observer
         .acquire("taken", ms(100), Duration::from_secs(30))
         .unwrap();
@@ -104,12 +105,16 @@ fn lock_exit_codes_for_timeout_busy_unavailable_and_missing_command() {
     let args = lock_args(addr.clone(), "taken", ms(300), ms(5000), &script);
     assert_exit(cli::run_lock(args), cli::EXIT_TIMEOUT);
     assert!(!ran.exists(), "the command never ran");
-    drop(holder);
 
-    server.set_busy(true);
-    let args = lock_args(addr.clone(), "other", ms(300), ms(5000), "true");
+    let queued = {
+        let observer = observer.clone();
+        thread::spawn(move || observer.acquire("taken", Duration::from_secs(3), ms(1000)))
+    };
+    thread::sleep(ms(200));
+    let args = lock_args(addr.clone(), "taken", ms(300), ms(5000), "true");
     assert_exit(cli::run_lock(args), cli::EXIT_BUSY);
-    server.set_busy(false);
+    drop(holder);
+    drop(queued.join().unwrap());
 
     let args = lock_args(dead_addr().to_string(), "k", ms(300), ms(5000), "true");
     assert_exit(cli::run_lock(args), cli::EXIT_UNAVAILABLE);
@@ -195,8 +200,8 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
 
 #[test]
 fn query_and_ping_exit_codes() {
-    let server = AutoServer::start();
-    let addr = server.addr().to_string();
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
     let query = QueryArgs {
         server: addr.clone(),
         key: "q".into(),
@@ -283,4 +288,101 @@ fn durations_parse() {
     ] {
         assert!(cli::parse_duration(bad).is_err(), "{bad}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary.
+
+fn latchkey(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    command.args(args);
+    command
+}
+
+#[test]
+fn the_binary_runs_a_command_under_a_lock_and_reports_state() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let script = "echo \"$LATCHKEY_KEY:$LATCHKEY_TOKEN\"; exit 7";
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "2s", "--lease", "5s"])
+        .args(["jobs/bin", "--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(7));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let (key, token) = stdout.trim().split_once(':').unwrap();
+    assert_eq!(key, "jobs/bin");
+    assert!(token.parse::<u64>().unwrap() > 0);
+
+    let output = latchkey(&["query", "--server", &addr, "jobs/bin"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "held=0 lease_ms=0 waiters=0\n"
+    );
+    let output = latchkey(&["ping", "--server", &addr]).output().unwrap();
+    assert!(output.status.success());
+    assert!(String::from_utf8(output.stdout)
+        .unwrap()
+        .starts_with("pong from "));
+}
+
+#[test]
+fn the_binary_exit_codes_for_usage_and_timeout() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let status = latchkey(&["lock", "--server", &addr, "k"])
+        .status()
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(i32::from(cli::EXIT_USAGE)),
+        "no command"
+    );
+    let status = latchkey(&["lock", "--wait", "1.5s", "k", "--", "true"])
+        .status()
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(i32::from(cli::EXIT_USAGE)),
+        "bad duration"
+    );
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let _holder = observer
+        .acquire("k", ms(100), Duration::from_secs(30))
+        .unwrap();
+    let status = latchkey(&[
+        "lock", "--server", &addr, "--wait", "300ms", "k", "--", "true",
+    ])
+    .status()
+    .unwrap();
+    assert_eq!(status.code(), Some(i32::from(cli::EXIT_TIMEOUT)));
+}
+
+#[test]
+fn the_binary_forwards_sigterm_to_the_command_then_releases() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let script = "trap 'exit 9' TERM; while :; do sleep 0.05; done";
+    let mut lock = latchkey(&["lock", "--server", &addr, "--lease", "5s", "sig"])
+        .args(["--", "sh", "-c", script])
+        .spawn()
+        .unwrap();
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let until = Instant::now() + Duration::from_secs(10);
+    while !observer.query("sig").unwrap().held {
+        assert!(Instant::now() < until, "the lock was never taken");
+        thread::sleep(ms(20));
+    }
+    thread::sleep(ms(200));
+    // SAFETY: kill has no memory effects; the pid is our own unreaped child.
+    unsafe { libc::kill(lock.id() as libc::pid_t, libc::SIGTERM) };
+    let status = lock.wait().unwrap();
+    assert_eq!(status.code(), Some(9), "the command's own status");
+    assert!(
+        !observer.query("sig").unwrap().held,
+        "released after the command exited"
+    );
 }

@@ -1,4 +1,4 @@
-//! Fault injection: the client behind a TCP fault proxy, in front of a lock server.
+//! Fault injection: the client behind a TCP fault proxy, in front of the real server.
 //!
 //! Each test proves one rule of PROTOCOL.md §4 from the outside: what the proxy saw the
 //! client send (Acquire and Cancel frames per owner, connections) and what the server shows
@@ -10,8 +10,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
-use common::{assert_between, client, AutoServer};
+use common::{assert_between, client, start_server};
 use latchkey::client::{AcquireError, Client};
+use latchkey::server::ServerHandle;
 
 const LATE: Duration = Duration::from_millis(1500);
 const LEASE: Duration = Duration::from_secs(30);
@@ -22,18 +23,18 @@ fn ms(millis: u64) -> Duration {
 
 /// The server under the proxy.
 struct Upstream {
-    server: AutoServer,
+    server: ServerHandle,
 }
 
 impl Upstream {
     fn start() -> Upstream {
         Upstream {
-            server: AutoServer::start(),
+            server: start_server(|_| {}),
         }
     }
 
     fn addr(&self) -> std::net::SocketAddr {
-        self.server.addr()
+        self.server.local_addr()
     }
 
     /// A client that talks to the server directly, to observe it.

@@ -26,9 +26,36 @@
 //!
 //! ```
 //! use std::time::Duration;
+//! use latchkey::client::{AcquireError, Client};
+//!
+//! # let mut config = latchkey::config::Config::default();
+//! # config.server.listen = "127.0.0.1:0".parse().unwrap();
+//! # config.server.cores = 1;
+//! # let server = latchkey::server::start(config)?;
+//! # let addr = server.local_addr();
+//! // `addr` is where a latchkey server listens (here one started in-process).
+//! let client = Client::connect(addr)?;
+//! let lease = Duration::from_secs(30);
+//! let ticket = client.acquire("jobs/nightly", Duration::from_secs(5), lease)?;
+//! // The fencing token goes with every write to what the lock protects.
+//! let token = ticket.token();
+//!
+//! // Meanwhile another caller cannot have it.
+//! let other = client.acquire("jobs/nightly", Duration::ZERO, lease);
+//! assert_eq!(other.unwrap_err(), AcquireError::Timeout);
+//!
+//! ticket.release()?;
+//! # let _ = token;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A server that cannot be reached is reported, never guessed at:
+//!
+//! ```
+//! use std::time::Duration;
 //! use latchkey::client::{AcquireError, Client, ClientConfig};
 //!
-//! // Nothing listens on this port: nothing is ever sent, the call says so.
+//! // Nothing listens on this port: nothing is ever sent, and the call says so.
 //! let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
 //! let client = Client::with_config(ClientConfig {
 //!     addrs: vec![([127, 0, 0, 1], port).into()],
@@ -193,6 +220,24 @@ impl Client {
     /// `wait` is rounded up to whole milliseconds (at most 255 s); `lease` up to whole seconds
     /// (1..=255 s). A `wait` of zero is a single immediate attempt. The results are exactly
     /// those of PROTOCOL.md §4.1; see [`AcquireError`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use latchkey::client::{AcquireError, Client};
+    /// # let mut config = latchkey::config::Config::default();
+    /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
+    /// # config.server.cores = 1;
+    /// # let server = latchkey::server::start(config)?;
+    /// # let client = Client::connect(server.local_addr())?;
+    ///
+    /// match client.acquire("reports/daily", Duration::from_millis(200), Duration::from_secs(10)) {
+    ///     Ok(ticket) => println!("token {}", ticket.token()), // dropped: released
+    ///     Err(AcquireError::Timeout | AcquireError::Busy) => println!("someone else has it"),
+    ///     Err(AcquireError::Indeterminate) => println!("unknown: do not enter; retry later"),
+    ///     Err(other) => println!("no lock: {other}"),
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn acquire(
         &self,
         key: &str,
@@ -258,6 +303,21 @@ impl Client {
     }
 
     /// Reports whether `key` is held, the time left on its lease and how many wait for it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # let mut config = latchkey::config::Config::default();
+    /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
+    /// # config.server.cores = 1;
+    /// # let server = latchkey::server::start(config)?;
+    /// # let client = latchkey::client::Client::connect(server.local_addr())?;
+    /// let ticket = client.acquire("k", Duration::ZERO, Duration::from_secs(10))?;
+    /// let state = client.query("k")?;
+    /// assert!(state.held && state.lease_left <= Duration::from_secs(10));
+    /// drop(ticket);
+    /// assert!(client.ping()? < Duration::from_secs(5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn query(&self, key: &str) -> Result<KeyState, RequestError> {
         args::check_key(key)?;
         let op = Op::Query {

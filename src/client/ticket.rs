@@ -42,6 +42,23 @@ pub enum ExtendOutcome {
 /// A held lock. Dropping it releases the lock in the background.
 ///
 /// `Ticket` is `Send + Sync`: one thread may extend it while another uses it.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use latchkey::client::{ExtendOutcome, ReleaseOutcome};
+/// # let mut config = latchkey::config::Config::default();
+/// # config.server.listen = "127.0.0.1:0".parse().unwrap();
+/// # config.server.cores = 1;
+/// # let server = latchkey::server::start(config)?;
+/// # let client = latchkey::client::Client::connect(server.local_addr())?;
+/// let ticket = client.acquire("k", Duration::from_secs(1), Duration::from_secs(10))?;
+/// // The bound is the A's read plus the lease minus max(100 ms, lease / 10).
+/// assert!(ticket.valid_until() <= Instant::now() + Duration::from_secs(9));
+/// assert_eq!(ticket.extend(Duration::from_secs(20))?, ExtendOutcome::Extended);
+/// assert!(ticket.valid_until() > Instant::now() + Duration::from_secs(10));
+/// assert_eq!(ticket.release()?, ReleaseOutcome::Released);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Ticket {
     client: Client,
     key: Arc<str>,

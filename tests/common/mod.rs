@@ -3,8 +3,7 @@
 //! * [`FakeServer`]: a scripted server. The test accepts each connection itself, reads the
 //!   client's frames and writes whatever answer it wants, when it wants: the way to force an
 //!   exact interleaving (an `A` just late, a `T` after a Cancel, an `X` 7, silence).
-//! * [`AutoServer`]: a small in-memory lock server (FIFO queues, waits, leases, Cancel) that
-//!   answers by itself, for tests about many calls rather than one interleaving.
+//! * [`start_server`]: the real server, in-process.
 //! * [`proxy`]: a TCP fault proxy (delay, hold, cut after N bytes, frame counts).
 //!
 //! Everything binds 127.0.0.1 ephemeral ports; every wait is bounded.
@@ -12,16 +11,15 @@
 
 pub mod proxy;
 
-use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use latchkey::client::{Client, ClientConfig};
+use latchkey::config::Config;
 use latchkey::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
+use latchkey::server::ServerHandle;
 
 /// The longest any helper waits for something that should happen.
 pub const PATIENCE: Duration = Duration::from_secs(10);
@@ -279,275 +277,12 @@ impl FakeConn {
 
 // ---------------------------------------------------------------------------------------------
 
-/// A small lock server answering by itself: FIFO waiters, waits, leases, Cancel, Query, Ping.
-/// Tokens start at 1000 and grow by one. It counts the Acquire frames it receives per owner.
-pub struct AutoServer {
-    addr: SocketAddr,
-    table: Arc<Mutex<Table>>,
-    stop: Arc<AtomicBool>,
-}
-
-type Out = Arc<Mutex<TcpStream>>;
-
-struct Waiter {
-    conn: u64,
-    out: Out,
-    owner: u64,
-    lease_s: u8,
-    deadline: Instant,
-}
-
-#[derive(Default)]
-struct Key {
-    holder: Option<(u64, Instant)>,
-    waiters: VecDeque<Waiter>,
-}
-
-#[derive(Default)]
-struct Table {
-    keys: HashMap<Vec<u8>, Key>,
-    next_token: u64,
-    acquires: HashMap<u64, usize>,
-    busy: bool,
-}
-
-fn write(out: &Out, response: Response) {
-    let mut bytes = Vec::new();
-    response.encode(&mut bytes);
-    let _ = out.lock().unwrap().write_all(&bytes);
-}
-
-impl Table {
-    fn grant(&mut self, key: &[u8], out: &Out, owner: u64, lease_s: u8, now: Instant) {
-        self.next_token += 1;
-        let token = 1000 + self.next_token;
-        let lease = Duration::from_secs(u64::from(lease_s));
-        self.keys.entry(key.to_vec()).or_default().holder = Some((token, now + lease));
-        write(out, Response::Acquired { owner, token });
-    }
-
-    /// The key is free: grant the queue head, or forget the key.
-    fn pass_on(&mut self, key: &[u8], now: Instant) {
-        let entry = self.keys.get_mut(key).unwrap();
-        entry.holder = None;
-        match entry.waiters.pop_front() {
-            Some(w) => self.grant(key, &w.out, w.owner, w.lease_s, now),
-            None => {
-                self.keys.remove(key);
-            }
-        }
-    }
-
-    fn handle(&mut self, conn: u64, out: &Out, request: Request<'_>, now: Instant) {
-        match request {
-            Request::Acquire {
-                wait_s,
-                lease_s,
-                owner,
-                key,
-            } => {
-                *self.acquires.entry(owner).or_default() += 1;
-                let held = self.keys.get(key).is_some_and(|k| k.holder.is_some());
-                if self.busy {
-                    write(out, Response::Busy { owner });
-                } else if !held {
-                    self.grant(key, out, owner, lease_s, now);
-                } else if wait_s == 0 {
-                    write(out, Response::Timeout { owner });
-                } else {
-                    let deadline = now + Duration::from_secs(u64::from(wait_s));
-                    let waiter = Waiter {
-                        conn,
-                        out: Arc::clone(out),
-                        owner,
-                        lease_s,
-                        deadline,
-                    };
-                    self.keys.get_mut(key).unwrap().waiters.push_back(waiter);
-                }
-            }
-            Request::Release { token, key } => {
-                if self.holds(key, token) {
-                    write(out, Response::Released { token });
-                    self.pass_on(key, now);
-                } else {
-                    write(out, Response::NotHeld { token });
-                }
-            }
-            Request::Extend {
-                lease_s,
-                token,
-                key,
-            } => {
-                if self.holds(key, token) {
-                    let lease = Duration::from_secs(u64::from(lease_s));
-                    self.keys.get_mut(key).unwrap().holder = Some((token, now + lease));
-                    write(out, Response::Extended { token });
-                } else {
-                    write(out, Response::NotHeld { token });
-                }
-            }
-            Request::Cancel { owner, key } => {
-                if let Some(entry) = self.keys.get_mut(key) {
-                    entry.waiters.retain(|w| {
-                        let withdraw = w.conn == conn && w.owner == owner;
-                        if withdraw {
-                            write(&w.out, Response::Timeout { owner });
-                        }
-                        !withdraw
-                    });
-                }
-            }
-            Request::Query { nonce, key } => {
-                let (held, lease_ms, waiters) = match self.keys.get(key) {
-                    Some(Key {
-                        holder: Some((_, expiry)),
-                        waiters,
-                    }) => {
-                        let left = expiry.saturating_duration_since(now).as_millis() as u32;
-                        (true, left, waiters.len() as u32)
-                    }
-                    _ => (false, 0, 0),
-                };
-                write(
-                    out,
-                    Response::State {
-                        nonce,
-                        held,
-                        lease_ms,
-                        waiters,
-                    },
-                );
-            }
-            Request::Ping { nonce } => write(out, Response::Pong { nonce }),
-        }
-    }
-
-    fn holds(&self, key: &[u8], token: u64) -> bool {
-        self.keys
-            .get(key)
-            .and_then(|k| k.holder)
-            .is_some_and(|(t, _)| t == token)
-    }
-
-    fn tick(&mut self, now: Instant) {
-        let expired: Vec<Vec<u8>> = self
-            .keys
-            .iter()
-            .filter(|(_, k)| k.holder.is_some_and(|(_, expiry)| expiry <= now))
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in expired {
-            self.pass_on(&key, now);
-        }
-        for entry in self.keys.values_mut() {
-            entry.waiters.retain(|w| {
-                let expired = w.deadline <= now;
-                if expired {
-                    write(&w.out, Response::Timeout { owner: w.owner });
-                }
-                !expired
-            });
-        }
-    }
-
-    fn withdraw(&mut self, conn: u64) {
-        for entry in self.keys.values_mut() {
-            entry.waiters.retain(|w| w.conn != conn);
-        }
-    }
-}
-
-impl AutoServer {
-    /// Starts listening on an ephemeral port of 127.0.0.1.
-    pub fn start() -> AutoServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let table = Arc::new(Mutex::new(Table::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (table2, stop2) = (Arc::clone(&table), Arc::clone(&stop));
-        thread::spawn(move || accept_loop(listener, table2, stop2));
-        let (table3, stop3) = (Arc::clone(&table), Arc::clone(&stop));
-        thread::spawn(move || {
-            while !stop3.load(Ordering::Relaxed) {
-                table3.lock().unwrap().tick(Instant::now());
-                thread::sleep(Duration::from_millis(2));
-            }
-        });
-        AutoServer { addr, table, stop }
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Acquire frames received per owner.
-    pub fn acquires(&self) -> HashMap<u64, usize> {
-        self.table.lock().unwrap().acquires.clone()
-    }
-
-    /// Answers every further acquire `B`.
-    pub fn set_busy(&self, busy: bool) {
-        self.table.lock().unwrap().busy = busy;
-    }
-}
-
-impl Drop for AutoServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-fn accept_loop(listener: TcpListener, table: Arc<Mutex<Table>>, stop: Arc<AtomicBool>) {
-    let mut next_conn = 0;
-    while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                next_conn += 1;
-                let (conn, table) = (next_conn, Arc::clone(&table));
-                thread::spawn(move || serve(conn, stream, table));
-            }
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                thread::sleep(Duration::from_millis(2))
-            }
-            Err(error) => panic!("accept: {error}"),
-        }
-    }
-}
-
-fn serve(conn: u64, mut stream: TcpStream, table: Arc<Mutex<Table>>) {
-    stream.set_nonblocking(false).unwrap();
-    stream.set_nodelay(true).unwrap();
-    let out: Out = Arc::new(Mutex::new(stream.try_clone().unwrap()));
-    let mut input = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let read = match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(read) => read,
-        };
-        input.extend_from_slice(&chunk[..read]);
-        let mut table = table.lock().unwrap();
-        let now = Instant::now();
-        loop {
-            match parse_request(&input, KEY_BYTES_MAX) {
-                Ok(Some((request, used))) => {
-                    table.handle(conn, &out, request, now);
-                    input.drain(..used);
-                }
-                Ok(None) => break,
-                Err(error) => {
-                    write(&out, error.response());
-                    if error.code.closes_session() {
-                        table.withdraw(conn);
-                        return;
-                    }
-                    input.drain(..error.consumed);
-                }
-            }
-        }
-    }
-    table.lock().unwrap().withdraw(conn);
+/// Starts the real server in-process on an ephemeral port of 127.0.0.1 with two cores, after
+/// `configure` adjusted the limits. Dropping the handle shuts it down.
+pub fn start_server(configure: impl FnOnce(&mut Config)) -> ServerHandle {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.cores = 2;
+    configure(&mut config);
+    latchkey::server::start(config).expect("server starts")
 }
