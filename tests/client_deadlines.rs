@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{assert_between, client, dead_addr, FakeServer, Frame, Got};
-use latchkey::client::{AcquireError, Client, Ticket};
+use latchkey::client::{AcquireError, Client, ClientConfig, Ticket};
 use latchkey::protocol::Response;
 
 const LATE: Duration = Duration::from_millis(1500);
@@ -71,6 +71,80 @@ fn a_failed_connect_is_retried_on_another_session_within_the_same_deadline() {
     let (result, elapsed) = call.join().unwrap();
     assert_eq!(result.unwrap().token(), 7);
     assert!(elapsed < ms(1500));
+}
+
+#[test]
+fn an_unsent_request_keeps_trying_new_sessions_until_a_server_appears() {
+    let addr = dead_addr();
+    let client = client(&[addr], 1, Duration::from_secs(2));
+    let start = Instant::now();
+    let call = acquire_in_background(&client, ms(3000));
+    thread::sleep(ms(1000));
+    let server = FakeServer::start_on(addr);
+    let appeared = Instant::now();
+    let mut conn = server.accept();
+    let (owner, wait_s, _, _) = conn.acquire();
+    // Backoff is at most 250 ms: the request comes soon after the server does.
+    assert!(appeared.elapsed() < ms(250) + LATE);
+    let left = ms(3000).saturating_sub(start.elapsed());
+    assert!(
+        u64::from(wait_s) <= left.as_secs() + 1,
+        "the deadline was kept"
+    );
+    assert!(wait_s <= 2);
+    conn.send(Response::Acquired { owner, token: 3 });
+    assert_eq!(call.join().unwrap().0.unwrap().token(), 3);
+}
+
+#[test]
+fn a_request_still_unsent_on_a_live_session_at_its_deadline_is_a_timeout_and_never_sent() {
+    // Background releases of many 1000-byte keys fill the socket while the server stops
+    // reading, so the acquire behind them is never handed to the socket. The server's receive
+    // buffer is small; the client's send buffer grows at most to tcp_wmem's maximum.
+    let wmem_max: usize = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+        .ok()
+        .and_then(|text| text.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(4 << 20);
+    let tickets_count = (wmem_max / 1000) * 5 / 4 + 500;
+    let key = |i: usize| format!("{i:0>1000}");
+    let server = FakeServer::start_small_buffer();
+    let config = ClientConfig {
+        addrs: vec![server.addr()],
+        sessions: 1,
+        session_calls_max: 2 * tickets_count,
+        ..ClientConfig::default()
+    };
+    let client = Client::with_config(config).unwrap();
+    let granting = thread::spawn(move || {
+        let mut conn = server.accept();
+        for token in 1..=tickets_count as u64 {
+            let (owner, _, _, _) = conn.acquire();
+            conn.send(Response::Acquired { owner, token });
+        }
+        conn
+    });
+    let tickets: Vec<_> = (0..tickets_count)
+        .map(|i| client.acquire(&key(i), ms(2000), LEASE).unwrap())
+        .collect();
+    let mut conn = granting.join().unwrap();
+    drop(tickets);
+    thread::sleep(ms(300));
+    let start = Instant::now();
+    let result = client.acquire("behind", ms(1000), LEASE);
+    assert_eq!(
+        result.unwrap_err(),
+        AcquireError::Timeout,
+        "not sent: definitive"
+    );
+    assert_between(start.elapsed(), ms(1000), ms(1000) + LATE);
+    let mut releases = 0;
+    while let Got::Frame(frame) = conn.read_frame(ms(1000)) {
+        match frame {
+            Frame::Release { .. } => releases += 1,
+            other => panic!("only the releases were ever sent, not {other:?}"),
+        }
+    }
+    assert_eq!(releases, tickets_count);
 }
 
 #[test]

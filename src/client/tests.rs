@@ -151,3 +151,20 @@ fn client_and_ticket_are_shareable() {
     shareable::<Client>();
     sendable::<Ticket>();
 }
+
+#[test]
+fn backoff_grows_to_250_ms_at_most_and_never_sleeps_past_the_deadline() {
+    let mut backoff = Backoff::default();
+    assert_eq!(backoff.next, Duration::ZERO, "the first retry is immediate");
+    let deadline = Instant::now();
+    for _ in 0..12 {
+        let before = Instant::now();
+        backoff.sleep(deadline);
+        assert!(
+            before.elapsed() < Duration::from_millis(100),
+            "slept past the deadline"
+        );
+        assert!(backoff.next <= BACKOFF_MAX);
+    }
+    assert_eq!(backoff.next, BACKOFF_MAX);
+}

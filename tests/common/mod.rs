@@ -138,7 +138,26 @@ pub struct FakeServer {
 impl FakeServer {
     /// Listens on an ephemeral port of 127.0.0.1.
     pub fn start() -> FakeServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        FakeServer::start_on("127.0.0.1:0".parse().unwrap())
+    }
+
+    /// Listens on `addr` (e.g. one that was dead until now).
+    pub fn start_on(addr: SocketAddr) -> FakeServer {
+        let listener = TcpListener::bind(addr).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        FakeServer { listener }
+    }
+
+    /// Listens on an ephemeral port with a small, fixed receive buffer on accepted
+    /// connections, so a client's writes back up soon once the test stops reading.
+    pub fn start_small_buffer() -> FakeServer {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        socket.bind(&addr.into()).unwrap();
+        socket.listen(16).unwrap();
+        let listener: TcpListener = socket.into();
         listener.set_nonblocking(true).unwrap();
         FakeServer { listener }
     }
