@@ -1,7 +1,7 @@
 //! Tests of the config file: defaults, the example file, every refusal naming its key.
 use super::*;
 
-const EXAMPLE: &str = include_str!("../config.example.toml");
+const EXAMPLE: &str = include_str!("../../config.example.toml");
 
 fn parsed(text: &str) -> Config {
     Config::from_toml_str(text).unwrap_or_else(|error| panic!("{text:?}: {error}"))
