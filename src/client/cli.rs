@@ -1,20 +1,461 @@
-//! `latchkey lock`, `latchkey query`, `latchkey ping` (being written).
-#![allow(missing_docs)]
-use std::process::ExitCode;
+//! `latchkey lock`, `latchkey query` and `latchkey ping`: the client on the command line.
+//!
+//! `latchkey lock [--server ADDR] [--wait 10s] [--lease 30s] [--grace 5s] KEY -- CMD [ARGS..]`
+//! takes the lock, runs CMD with `LATCHKEY_KEY` and `LATCHKEY_TOKEN` in its environment,
+//! extends the lease every lease/3 while CMD runs, releases the lock when CMD exits and exits
+//! with CMD's status. If the lease is lost (the server says the token no longer holds the key,
+//! or the ticket's validity bound passes without a confirmed extend), CMD gets SIGTERM, then
+//! SIGKILL after the grace, and `latchkey lock` exits [`EXIT_LEASE_LOST`]. SIGINT, SIGTERM and
+//! SIGHUP received by `latchkey lock` are forwarded to CMD.
+//!
+//! Exit codes (the same for `query` and `ping` where they apply):
+//!
+//! | code | meaning |
+//! |---|---|
+//! | CMD's | CMD ran under the lock and exited with this status |
+//! | 128 + N | CMD was killed by signal N |
+//! | 2 | usage: bad arguments (as for every command-line error) |
+//! | 80 | timeout: the lock was not acquired within `--wait` |
+//! | 81 | busy: the server refused for capacity or shutdown |
+//! | 82 | indeterminate: the request may have reached the server, no definitive answer |
+//! | 83 | unavailable: no session to the server could be established |
+//! | 84 | rejected: the server refused the request with an error code |
+//! | 85 | lease lost while CMD ran; CMD was signalled |
+//! | 126, 127 | CMD could not be run / was not found (the lock was released) |
+//!
+//! Deliberately not here: retrying the whole command (a caller decides, from the exit code).
 
-#[derive(clap::Args, Debug)]
-pub struct LockArgs {}
-#[derive(clap::Args, Debug)]
-pub struct QueryArgs {}
-#[derive(clap::Args, Debug)]
-pub struct PingArgs {}
+use std::ffi::OsString;
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitCode, ExitStatus};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
 
-pub fn run_lock(_args: LockArgs) -> ExitCode {
-    ExitCode::FAILURE
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use super::{AcquireError, Client, ClientConfig, ExtendOutcome, RequestError, Ticket};
+use super::{ReleaseOutcome, DEFAULT_ADDR};
+
+/// Exit code for bad arguments (the code clap uses for its own usage errors).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code when the lock was not acquired within `--wait`.
+pub const EXIT_TIMEOUT: u8 = 80;
+/// Exit code when the server answered busy (capacity or shutdown).
+pub const EXIT_BUSY: u8 = 81;
+/// Exit code when the request may have reached the server and no definitive answer came.
+pub const EXIT_INDETERMINATE: u8 = 82;
+/// Exit code when no session to the server could be established.
+pub const EXIT_UNAVAILABLE: u8 = 83;
+/// Exit code when the server refused the request with an error code.
+pub const EXIT_REJECTED: u8 = 84;
+/// Exit code when the lease was lost while CMD ran (CMD was signalled).
+pub const EXIT_LEASE_LOST: u8 = 85;
+/// Exit code when CMD exists but could not be executed.
+pub const EXIT_CANNOT_EXECUTE: u8 = 126;
+/// Exit code when CMD was not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// How long the CLI waits for the transport (connect, small requests, a Cancel's answer).
+const CLI_TRANSPORT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How soon a failed extend is tried again (never later than lease/3).
+const EXTEND_RETRY: Duration = Duration::from_millis(500);
+
+/// Arguments of `latchkey lock`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LockArgs {
+    /// Server address (host:port).
+    #[arg(long, default_value = DEFAULT_ADDR)]
+    pub server: String,
+    /// How long to wait for the lock, e.g. 10s, 500ms, 2m; 0 is one immediate attempt.
+    #[arg(long, default_value = "10s", value_parser = parse_wait)]
+    pub wait: Duration,
+    /// The lease, 1s to 255s; it is extended every lease/3 while CMD runs.
+    #[arg(long, default_value = "30s", value_parser = parse_lease)]
+    pub lease: Duration,
+    /// How long CMD has between SIGTERM and SIGKILL once the lease is lost.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// The lock's name.
+    #[arg(value_parser = parse_key)]
+    pub key: String,
+    /// The command to run under the lock, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
 }
-pub fn run_query(_args: QueryArgs) -> ExitCode {
-    ExitCode::FAILURE
+
+/// Arguments of `latchkey query`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct QueryArgs {
+    /// Server address (host:port).
+    #[arg(long, default_value = DEFAULT_ADDR)]
+    pub server: String,
+    /// The lock's name.
+    #[arg(value_parser = parse_key)]
+    pub key: String,
 }
-pub fn run_ping(_args: PingArgs) -> ExitCode {
-    ExitCode::FAILURE
+
+/// Arguments of `latchkey ping`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PingArgs {
+    /// Server address (host:port).
+    #[arg(long, default_value = DEFAULT_ADDR)]
+    pub server: String,
+    /// How many pings to send, one after the other.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub count: u32,
+}
+
+/// Parses a duration: a whole number followed by `ms`, `s`, `m` or `h` (`10s`, `500ms`,
+/// `2m`); a bare number is seconds.
+///
+/// ```
+/// use std::time::Duration;
+/// use latchkey::client::cli::parse_duration;
+///
+/// assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+/// assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+/// assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+/// assert!(parse_duration("1.5s").is_err());
+/// ```
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let bad = || format!("`{text}` is not a duration like 10s, 500ms, 2m or 1h");
+    let value: u64 = number.parse().map_err(|_| bad())?;
+    let unit_ms: u64 = match unit {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(bad()),
+    };
+    let millis = value.checked_mul(unit_ms).ok_or_else(bad)?;
+    Ok(Duration::from_millis(millis))
+}
+
+fn parse_wait(text: &str) -> Result<Duration, String> {
+    let wait = parse_duration(text)?;
+    super::args::wait_ms(wait).map_err(|error| error.to_string())?;
+    Ok(wait)
+}
+
+fn parse_lease(text: &str) -> Result<Duration, String> {
+    let lease = parse_duration(text)?;
+    super::args::lease_s(lease).map_err(|error| error.to_string())?;
+    Ok(lease)
+}
+
+fn parse_key(text: &str) -> Result<String, String> {
+    super::args::check_key(text).map_err(|error| error.to_string())?;
+    Ok(text.to_owned())
+}
+
+/// The exit code for an acquire that did not return a ticket.
+pub fn acquire_exit_code(error: &AcquireError) -> u8 {
+    match error {
+        AcquireError::Timeout => EXIT_TIMEOUT,
+        AcquireError::Busy => EXIT_BUSY,
+        AcquireError::Rejected(_) => EXIT_REJECTED,
+        AcquireError::Unavailable => EXIT_UNAVAILABLE,
+        AcquireError::Indeterminate => EXIT_INDETERMINATE,
+        AcquireError::InvalidArgument(_) => EXIT_USAGE,
+    }
+}
+
+/// The exit code for a query or ping that got no answer.
+pub fn request_exit_code(error: &RequestError) -> u8 {
+    match error {
+        RequestError::Unavailable => EXIT_UNAVAILABLE,
+        RequestError::NoAnswer => EXIT_INDETERMINATE,
+        RequestError::Rejected(_) => EXIT_REJECTED,
+        RequestError::InvalidArgument(_) => EXIT_USAGE,
+    }
+}
+
+/// The client of the command-line tools: one session, short transport timeout.
+fn cli_client(command: &str, server: &str) -> Result<(Client, SocketAddr), ExitCode> {
+    let addrs: Vec<SocketAddr> = match server.to_socket_addrs() {
+        Ok(addrs) => addrs.collect(),
+        Err(error) => {
+            eprintln!("latchkey {command}: --server {server}: {error}");
+            let usage = error.kind() == io::ErrorKind::InvalidInput;
+            return Err(ExitCode::from(if usage {
+                EXIT_USAGE
+            } else {
+                EXIT_UNAVAILABLE
+            }));
+        }
+    };
+    let config = ClientConfig {
+        addrs: addrs.clone(),
+        sessions: 1,
+        connect_timeout: CLI_TRANSPORT_TIMEOUT,
+        transport_timeout: CLI_TRANSPORT_TIMEOUT,
+        ..ClientConfig::default()
+    };
+    match Client::with_config(config) {
+        Ok(client) => Ok((client, addrs[0])),
+        Err(error) => {
+            eprintln!("latchkey {command}: {error}");
+            Err(ExitCode::from(EXIT_UNAVAILABLE))
+        }
+    }
+}
+
+/// `latchkey query KEY`: prints `held=0|1 lease_ms=N waiters=N` and exits 0.
+pub fn run_query(args: QueryArgs) -> ExitCode {
+    let client = match cli_client("query", &args.server) {
+        Ok((client, _)) => client,
+        Err(code) => return code,
+    };
+    match client.query(&args.key) {
+        Ok(state) => {
+            let held = u8::from(state.held);
+            let lease_ms = state.lease_left.as_millis();
+            println!("held={held} lease_ms={lease_ms} waiters={}", state.waiters);
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("latchkey query: {}: {error}", args.key);
+            ExitCode::from(request_exit_code(&error))
+        }
+    }
+}
+
+/// `latchkey ping`: prints one line per answer and exits 0 when every ping was answered.
+pub fn run_ping(args: PingArgs) -> ExitCode {
+    let (client, addr) = match cli_client("ping", &args.server) {
+        Ok(found) => found,
+        Err(code) => return code,
+    };
+    for _ in 0..args.count {
+        match client.ping() {
+            Ok(elapsed) => {
+                let millis = elapsed.as_secs_f64() * 1000.0;
+                println!("pong from {addr}: time={millis:.3} ms");
+            }
+            Err(error) => {
+                eprintln!("latchkey ping: {addr}: {error}");
+                return ExitCode::from(request_exit_code(&error));
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// `latchkey lock KEY -- CMD [ARGS..]`: see the module docs.
+pub fn run_lock(args: LockArgs) -> ExitCode {
+    let client = match cli_client("lock", &args.server) {
+        Ok((client, _)) => client,
+        Err(code) => return code,
+    };
+    let ticket = match client.acquire(&args.key, args.wait, args.lease) {
+        Ok(ticket) => ticket,
+        Err(error) => {
+            eprintln!("latchkey lock: {}: {error}", args.key);
+            return ExitCode::from(acquire_exit_code(&error));
+        }
+    };
+    let child = Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .env("LATCHKEY_KEY", &args.key)
+        .env("LATCHKEY_TOKEN", ticket.token().to_string())
+        .spawn();
+    match child {
+        Ok(child) => supervise(child, ticket, &args),
+        Err(error) => {
+            let name = args.command[0].to_string_lossy();
+            eprintln!("latchkey lock: {name}: {error}");
+            release(ticket);
+            let missing = error.kind() == io::ErrorKind::NotFound;
+            ExitCode::from(if missing {
+                EXIT_NOT_FOUND
+            } else {
+                EXIT_CANNOT_EXECUTE
+            })
+        }
+    }
+}
+
+/// What the supervisor hears about.
+enum Event {
+    /// CMD has exited (not reaped yet, so its pid cannot be reused meanwhile).
+    Exited,
+    /// The extender learned the lease is lost.
+    Lost(String),
+    /// `latchkey lock` received this signal; forward it.
+    Signal(i32),
+}
+
+/// Runs CMD to its end under the lock; returns the exit code.
+fn supervise(mut child: Child, ticket: Ticket, args: &LockArgs) -> ExitCode {
+    let pid = child.id() as libc::pid_t;
+    let ticket = Arc::new(ticket);
+    let (events_tx, events) = crossbeam_channel::unbounded();
+    let (stop_tx, stop) = crossbeam_channel::bounded::<()>(0);
+    let waiter_tx = events_tx.clone();
+    thread::spawn(move || {
+        wait_for_exit(pid);
+        let _ = waiter_tx.send(Event::Exited);
+    });
+    let extender = {
+        let (ticket, lease, events_tx) = (Arc::clone(&ticket), args.lease, events_tx.clone());
+        thread::spawn(move || extend_until_stopped(&ticket, lease, &stop, &events_tx))
+    };
+    let signals = forward_signals(events_tx);
+    let lost = watch(&events, &ticket, pid, args.grace);
+    drop(stop_tx);
+    let _ = extender.join();
+    if let Some(handle) = signals {
+        handle.close();
+    }
+    let status = child.wait();
+    let ticket = Arc::into_inner(ticket).expect("the extender has ended");
+    if lost {
+        drop(ticket);
+        return ExitCode::from(EXIT_LEASE_LOST);
+    }
+    release(ticket);
+    match status {
+        Ok(status) => ExitCode::from(status_code(status)),
+        Err(error) => {
+            eprintln!("latchkey lock: waiting for the command: {error}");
+            ExitCode::from(EXIT_INDETERMINATE)
+        }
+    }
+}
+
+/// Waits for events until CMD exits; on a lost lease sends SIGTERM, then SIGKILL after
+/// `grace`. Returns whether the lease was lost.
+fn watch(events: &Receiver<Event>, ticket: &Ticket, pid: libc::pid_t, grace: Duration) -> bool {
+    let mut lost = false;
+    let mut kill_at: Option<Instant> = None;
+    loop {
+        let wake_at = kill_at.or((!lost).then(|| ticket.valid_until()));
+        let event = match wake_at {
+            Some(at) => events.recv_deadline(at),
+            None => events.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        let why = match event {
+            Ok(Event::Exited) | Err(RecvTimeoutError::Disconnected) => return lost,
+            Ok(Event::Signal(signal)) => {
+                send_signal(pid, signal);
+                continue;
+            }
+            Ok(Event::Lost(why)) => why,
+            Err(RecvTimeoutError::Timeout) if kill_at.is_some() => {
+                eprintln!("latchkey lock: the command outlived its grace: SIGKILL");
+                send_signal(pid, libc::SIGKILL);
+                kill_at = None;
+                continue;
+            }
+            Err(RecvTimeoutError::Timeout) if ticket.is_valid() => continue,
+            Err(RecvTimeoutError::Timeout) => "no extend was confirmed in time".to_owned(),
+        };
+        if !lost {
+            eprintln!("latchkey lock: lease lost ({why}): SIGTERM to the command");
+            send_signal(pid, libc::SIGTERM);
+            kill_at = Some(Instant::now() + grace);
+            lost = true;
+        }
+    }
+}
+
+/// Extends the lease every lease/3 (sooner after a failure) until stopped or lost.
+fn extend_until_stopped(
+    ticket: &Ticket,
+    lease: Duration,
+    stop: &Receiver<()>,
+    events: &Sender<Event>,
+) {
+    let period = (Duration::from_secs(lease.as_secs_f64().ceil() as u64) / 3)
+        .max(Duration::from_millis(100));
+    let mut next = Instant::now() + period;
+    loop {
+        if stop.recv_deadline(next) != Err(RecvTimeoutError::Timeout) {
+            return;
+        }
+        match ticket.extend(lease) {
+            Ok(ExtendOutcome::Extended) => next = Instant::now() + period,
+            Ok(ExtendOutcome::NotHeld) => {
+                let _ = events.send(Event::Lost(
+                    "the server no longer holds it for this token".into(),
+                ));
+                return;
+            }
+            Err(error) => {
+                eprintln!("latchkey lock: extend failed: {error}; retrying");
+                next = Instant::now() + period.min(EXTEND_RETRY);
+            }
+        }
+    }
+}
+
+/// Forwards SIGINT, SIGTERM and SIGHUP to the supervisor; `None` if they cannot be caught.
+fn forward_signals(events: Sender<Event>) -> Option<signal_hook::iterator::Handle> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+        Ok(signals) => signals,
+        Err(error) => {
+            eprintln!("latchkey lock: cannot forward signals: {error}");
+            return None;
+        }
+    };
+    let handle = signals.handle();
+    thread::spawn(move || {
+        for signal in signals.forever() {
+            if events.send(Event::Signal(signal)).is_err() {
+                return;
+            }
+        }
+    });
+    Some(handle)
+}
+
+/// Blocks until process `pid` has exited, without reaping it: until the supervisor reaps
+/// it, the pid stays reserved, so a signal can never reach an unrelated process.
+fn wait_for_exit(pid: libc::pid_t) {
+    loop {
+        // SAFETY: `siginfo_t` is plain data for which all-zero bytes are a valid value.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let options = libc::WEXITED | libc::WNOWAIT;
+        // SAFETY: `info` is a valid, writable `siginfo_t`; waitid does not retain it.
+        let result = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, options) };
+        if result == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return;
+        }
+    }
+}
+
+fn send_signal(pid: libc::pid_t, signal: i32) {
+    // SAFETY: kill has no memory effects; `pid` is our unreaped child (see wait_for_exit).
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+/// CMD's exit status as an exit code: its code, or 128 + the signal that killed it.
+fn status_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => 128u8.wrapping_add(signal as u8),
+        (None, None) => EXIT_INDETERMINATE,
+    }
+}
+
+/// Releases the lock after CMD; a failure only means the lease will recover it.
+fn release(ticket: Ticket) {
+    match ticket.release() {
+        Ok(ReleaseOutcome::Released) => {}
+        Ok(ReleaseOutcome::NotHeld) => {
+            eprintln!("latchkey lock: the lock was no longer held when released")
+        }
+        Err(error) => eprintln!("latchkey lock: release failed ({error}); the lease recovers it"),
+    }
 }

@@ -1,2 +1,461 @@
-//! The official client (being written).
+//! The official client (PROTOCOL.md §4) and the `lock` / `query` / `ping` commands.
+//!
+//! A [`Client`] is a cheap, cloneable handle (`Send + Sync`) over a small pool of sessions
+//! (TCP connections). Many threads call it at once; their requests are pipelined over the
+//! sessions and matched to their answers by owner (acquire), token (release, extend) or
+//! nonce (query, ping).
+//!
+//! The client exists to keep one promise: **a caller never believes it holds a lock it may
+//! not hold, and an acquire that may have been sent is never sent again.** Hence:
+//!
+//! * Every [`acquire`](Client::acquire) has one monotonic deadline, from the wait rounded up
+//!   to whole milliseconds (a wait of 0 gets the transport timeout, 5 s by default, as its
+//!   deadline, and is still a single immediate attempt on the wire). The deadline and the
+//!   owner stay the same across retries.
+//! * The wire wait is the time left until the deadline, rounded up to whole seconds, computed
+//!   by the session's writer just before the bytes go out.
+//! * A request counts as *definitely not sent* only while none of its bytes has been handed
+//!   to the socket (or its session was refused with `X` code 7). Only such a request is tried
+//!   again on another session, with backoff of at most 250 ms, until the deadline.
+//! * At the deadline an unsent request ends [`Timeout`](AcquireError::Timeout) (a session was
+//!   up) or [`Unavailable`](AcquireError::Unavailable) (none was); a sent, unanswered acquire
+//!   gets a Cancel on its session and the single terminal answer decides; a grant found too
+//!   late is released at once and the call ends [`Indeterminate`](AcquireError::Indeterminate).
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use latchkey::client::{AcquireError, Client};
+//!
+//! # let mut config = latchkey::config::Config::default();
+//! # config.server.listen = "127.0.0.1:0".parse().unwrap();
+//! # config.server.cores = 1;
+//! # let server = latchkey::server::start(config)?;
+//! # let addr = server.local_addr();
+//! // `addr` is where a latchkey server listens (here one started in-process).
+//! let client = Client::connect(addr)?;
+//! let lease = Duration::from_secs(30);
+//! let ticket = client.acquire("jobs/nightly", Duration::from_secs(5), lease)?;
+//! // The fencing token goes with every write to what the lock protects.
+//! let token = ticket.token();
+//!
+//! // Meanwhile another caller cannot have it.
+//! let other = client.acquire("jobs/nightly", Duration::ZERO, lease);
+//! assert_eq!(other.unwrap_err(), AcquireError::Timeout);
+//!
+//! ticket.release()?;
+//! # let _ = token;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A server that cannot be reached is reported, never guessed at:
+//!
+//! ```
+//! use std::time::Duration;
+//! use latchkey::client::{AcquireError, Client, ClientConfig};
+//!
+//! // Nothing listens on this port: nothing is ever sent, and the call says so.
+//! let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+//! let client = Client::with_config(ClientConfig {
+//!     addrs: vec![([127, 0, 0, 1], port).into()],
+//!     ..ClientConfig::default()
+//! })?;
+//! let wait = Duration::from_millis(300);
+//! let result = client.acquire("jobs/nightly", wait, Duration::from_secs(30));
+//! assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! # Layout
+//!
+//! | file | responsibility |
+//! |---|---|
+//! | `mod.rs` | [`Client`], [`ClientConfig`]: calls, retrying unsent requests, delivery gate |
+//! | `ticket.rs` | [`Ticket`]: token, validity bound, extend, release, release on drop |
+//! | `error.rs` | [`AcquireError`], [`RequestError`], [`ArgumentError`] |
+//! | `args.rs` | rounding waits and leases, the wire wait, margins, owner and nonce ids |
+//! | `pool.rs` | the session slots; replacing a failed session |
+//! | `session.rs` | one connection: its thread, its inbox, the socket (mio) |
+//! | `call.rs` | a call, its outcome, why a session ended |
+//! | `pipeline.rs` | one session's requests without I/O: encoding, correlation, deadlines |
+//! | `cli.rs` | `latchkey lock`, `latchkey query`, `latchkey ping` |
+//!
+//! Deliberately not here: reconnecting a session in place (a failed session is replaced by a
+//! new one), resending anything that may have been sent, and renewing leases on its own.
+
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::RecvTimeoutError;
+
+use crate::protocol::Response;
+
+mod args;
+mod call;
 pub mod cli;
+mod error;
+mod pipeline;
+mod pool;
+mod session;
+mod ticket;
+
+pub use error::{AcquireError, ArgumentError, RequestError};
+pub use ticket::{ExtendOutcome, ReleaseOutcome, Ticket};
+
+use call::{Call, Op, Outcome};
+use pool::Pool;
+use session::SessionConfig;
+
+/// The server address a client uses when none is given.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7420";
+/// The longest pause between two attempts of a request that was definitely not sent.
+pub const BACKOFF_MAX: Duration = Duration::from_millis(250);
+
+/// How a [`Client`] connects and how long it waits for the transport.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Server addresses; new sessions use them in turn.
+    pub addrs: Vec<SocketAddr>,
+    /// Sessions (connections) to pipeline calls over. Default 2.
+    pub sessions: usize,
+    /// How long one TCP connect may take. Default 2 s.
+    pub connect_timeout: Duration,
+    /// The transport allowance: the deadline of a wait-0 acquire and of release, extend,
+    /// query and ping, and how long a Cancel may stay unanswered. Default 5 s.
+    pub transport_timeout: Duration,
+    /// Calls waiting to be taken by one session's thread at most. Default 4096.
+    pub session_calls_max: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            addrs: vec![DEFAULT_ADDR.parse().expect("a valid socket address")],
+            sessions: 2,
+            connect_timeout: Duration::from_secs(2),
+            transport_timeout: Duration::from_secs(5),
+            session_calls_max: 4096,
+        }
+    }
+}
+
+/// The state of a key, as [`Client::query`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyState {
+    /// Whether the key is held.
+    pub held: bool,
+    /// Time left on the holder's lease (zero when free), rounded down to whole milliseconds.
+    pub lease_left: Duration,
+    /// Acquires queued on the key.
+    pub waiters: u32,
+}
+
+/// A handle to a latchkey server: cheap to clone, shared by many threads.
+///
+/// See the [module docs](self) for what every call promises.
+#[derive(Clone)]
+pub struct Client {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    config: ClientConfig,
+    pool: Arc<Pool>,
+}
+
+/// How one request ended on the sessions it was handed to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Exchange {
+    /// A correlated answer.
+    Answer {
+        response: Response,
+        sent_at: Instant,
+        read_at: Instant,
+    },
+    /// The deadline passed while the request was definitely unsent; `established` says
+    /// whether it was waiting on a connected session at that moment.
+    Unsent { established: bool },
+    /// The request may have reached the server and no answer was delivered.
+    Indeterminate,
+}
+
+impl Client {
+    /// A client of the server at `addr` with the default configuration.
+    ///
+    /// Sessions connect in the background: a server that cannot be reached shows up as
+    /// [`AcquireError::Unavailable`] (or [`RequestError::Unavailable`]) from the calls.
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<Client> {
+        let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+        Client::with_config(ClientConfig {
+            addrs,
+            ..ClientConfig::default()
+        })
+    }
+
+    /// A client with an explicit configuration. Fails when `addrs` is empty, `sessions` is 0,
+    /// or a session thread cannot be started.
+    pub fn with_config(config: ClientConfig) -> io::Result<Client> {
+        let session_config = SessionConfig {
+            connect_timeout: config.connect_timeout,
+            transport_timeout: config.transport_timeout,
+            inbox_calls_max: config.session_calls_max.max(1),
+        };
+        let pool = Pool::start(config.addrs.clone(), config.sessions, session_config)?;
+        Ok(Client {
+            shared: Arc::new(Shared { config, pool }),
+        })
+    }
+
+    /// The configuration this client was built with.
+    pub fn config(&self) -> &ClientConfig {
+        &self.shared.config
+    }
+
+    /// Takes the lock on `key`, waiting at most `wait` for it, holding it at most `lease`.
+    ///
+    /// `wait` is rounded up to whole milliseconds (at most 255 s); `lease` up to whole seconds
+    /// (1..=255 s). A `wait` of zero is a single immediate attempt. The results are exactly
+    /// those of PROTOCOL.md §4.1; see [`AcquireError`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use latchkey::client::{AcquireError, Client};
+    /// # let mut config = latchkey::config::Config::default();
+    /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
+    /// # config.server.cores = 1;
+    /// # let server = latchkey::server::start(config)?;
+    /// # let client = Client::connect(server.local_addr())?;
+    ///
+    /// match client.acquire("reports/daily", Duration::from_millis(200), Duration::from_secs(10)) {
+    ///     Ok(ticket) => println!("token {}", ticket.token()), // dropped: released
+    ///     Err(AcquireError::Timeout | AcquireError::Busy) => println!("someone else has it"),
+    ///     Err(AcquireError::Indeterminate) => println!("unknown: do not enter; retry later"),
+    ///     Err(other) => println!("no lock: {other}"),
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn acquire(
+        &self,
+        key: &str,
+        wait: Duration,
+        lease: Duration,
+    ) -> Result<Ticket, AcquireError> {
+        args::check_key(key)?;
+        let wait_ms = args::wait_ms(wait)?;
+        let lease_s = args::lease_s(lease)?;
+        let wait_zero = wait_ms == 0;
+        let allowance = if wait_zero {
+            self.config().transport_timeout
+        } else {
+            Duration::from_millis(wait_ms)
+        };
+        let deadline = Instant::now() + allowance;
+        let key: Arc<str> = Arc::from(key);
+        let owner = args::next_id();
+        let op = Op::Acquire {
+            key: Arc::clone(&key),
+            wait_zero,
+            lease_s,
+            owner,
+        };
+        let exchange = self.exchange(op, deadline);
+        self.settle_acquire(exchange, key, lease_s, deadline, Instant::now())
+    }
+
+    /// Turns how an acquire's request ended into the call's result. `now` is the delivery
+    /// gate: a grant delivered at or after the deadline is released and ends `Indeterminate`.
+    fn settle_acquire(
+        &self,
+        exchange: Exchange,
+        key: Arc<str>,
+        lease_s: u8,
+        deadline: Instant,
+        now: Instant,
+    ) -> Result<Ticket, AcquireError> {
+        let response = match exchange {
+            Exchange::Answer {
+                response, read_at, ..
+            } => (response, read_at),
+            Exchange::Unsent { established: true } => return Err(AcquireError::Timeout),
+            Exchange::Unsent { established: false } => return Err(AcquireError::Unavailable),
+            Exchange::Indeterminate => return Err(AcquireError::Indeterminate),
+        };
+        match response {
+            (Response::Acquired { token, .. }, _) if now >= deadline => {
+                self.release_in_background(key, token);
+                Err(AcquireError::Indeterminate)
+            }
+            (Response::Acquired { token, .. }, read_at) => {
+                Ok(Ticket::new(self.clone(), key, token, lease_s, read_at))
+            }
+            (Response::Timeout { .. }, _) => Err(AcquireError::Timeout),
+            (Response::Busy { .. }, _) => Err(AcquireError::Busy),
+            (Response::Error { code, .. }, _) => Err(AcquireError::Rejected(code)),
+            (other, _) => {
+                log::warn!("unexpected answer {other:?} to an acquire");
+                Err(AcquireError::Indeterminate)
+            }
+        }
+    }
+
+    /// Reports whether `key` is held, the time left on its lease and how many wait for it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # let mut config = latchkey::config::Config::default();
+    /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
+    /// # config.server.cores = 1;
+    /// # let server = latchkey::server::start(config)?;
+    /// # let client = latchkey::client::Client::connect(server.local_addr())?;
+    /// let ticket = client.acquire("k", Duration::ZERO, Duration::from_secs(10))?;
+    /// let state = client.query("k")?;
+    /// assert!(state.held && state.lease_left <= Duration::from_secs(10));
+    /// drop(ticket);
+    /// assert!(client.ping()? < Duration::from_secs(5));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn query(&self, key: &str) -> Result<KeyState, RequestError> {
+        args::check_key(key)?;
+        let op = Op::Query {
+            key: Arc::from(key),
+            nonce: args::next_id(),
+        };
+        match self.exchange_small(op)? {
+            (
+                Response::State {
+                    held,
+                    lease_ms,
+                    waiters,
+                    ..
+                },
+                _,
+            ) => {
+                let lease_left = Duration::from_millis(u64::from(lease_ms));
+                Ok(KeyState {
+                    held,
+                    lease_left,
+                    waiters,
+                })
+            }
+            (other, _) => {
+                log::warn!("unexpected answer {other:?} to a query");
+                Err(RequestError::NoAnswer)
+            }
+        }
+    }
+
+    /// Checks that a server answers; returns the time until its answer was read.
+    pub fn ping(&self) -> Result<Duration, RequestError> {
+        let start = Instant::now();
+        match self.exchange_small(Op::Ping {
+            nonce: args::next_id(),
+        })? {
+            (Response::Pong { .. }, _) => Ok(start.elapsed()),
+            (other, _) => {
+                log::warn!("unexpected answer {other:?} to a ping");
+                Err(RequestError::NoAnswer)
+            }
+        }
+    }
+
+    /// Releases `token` without waiting, on any session (compensation and dropped tickets).
+    pub(crate) fn release_in_background(&self, key: Arc<str>, token: u64) {
+        let deadline = Instant::now() + self.config().transport_timeout;
+        let call = Call {
+            op: Op::Release { key, token },
+            deadline,
+            reply: None,
+            attempts: 0,
+        };
+        self.shared.pool.submit_background(call);
+    }
+
+    /// Hands `op` to sessions until one answers or may have sent it, or the deadline passes
+    /// while it is definitely unsent. A session that gives the request back unsent is
+    /// avoided on the next attempt; attempts are spaced by a backoff of at most 250 ms.
+    pub(crate) fn exchange(&self, op: Op, deadline: Instant) -> Exchange {
+        let mut backoff = Backoff::default();
+        let mut avoid = None;
+        // Never reached by a working session thread, which answers by the deadline plus the
+        // transport allowance; it only bounds the wait if that thread died.
+        let backstop = deadline + 2 * self.config().transport_timeout;
+        loop {
+            if Instant::now() >= deadline {
+                return Exchange::Unsent { established: false };
+            }
+            let session = match self.shared.pool.pick(avoid) {
+                Ok(session) => session,
+                Err(error) => {
+                    log::warn!("cannot start a session: {error}");
+                    backoff.sleep(deadline);
+                    continue;
+                }
+            };
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let call = Call {
+                op: op.clone(),
+                deadline,
+                reply: Some(tx),
+                attempts: 0,
+            };
+            if session.submit(call).is_err() {
+                avoid = Some(session.id());
+                backoff.sleep(deadline);
+                continue;
+            }
+            match rx.recv_deadline(backstop) {
+                Ok(Outcome::Answer {
+                    response,
+                    sent_at,
+                    read_at,
+                }) => {
+                    return Exchange::Answer {
+                        response,
+                        sent_at,
+                        read_at,
+                    }
+                }
+                Ok(Outcome::Expired { established }) => return Exchange::Unsent { established },
+                Ok(Outcome::NotSent) => {
+                    avoid = Some(session.id());
+                    backoff.sleep(deadline);
+                }
+                Ok(Outcome::Indeterminate) => return Exchange::Indeterminate,
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                    log::error!("session {} gave no outcome", session.id());
+                    return Exchange::Indeterminate;
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("addrs", &self.config().addrs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Pauses between attempts of an unsent request: none before the first retry (another
+/// session may be up), then 10 ms doubling up to [`BACKOFF_MAX`], never past the deadline.
+#[derive(Default)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    fn sleep(&mut self, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        thread::sleep(self.next.min(left));
+        self.next = (self.next * 2).clamp(Duration::from_millis(10), BACKOFF_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,677 @@
+//! The requests of one session, without I/O: which are queued, which are on the wire, which
+//! are answered, and what each deadline does to them (PROTOCOL.md §4.2–§4.4).
+//!
+//! [`Pipeline`] is a state machine driven by [`super::session`], which owns the socket. Time
+//! is an input. Call order, once per loop iteration of the driver:
+//!
+//! 1. [`handle_read`](Pipeline::handle_read) with the bytes read (answers are correlated);
+//! 2. [`submit`](Pipeline::submit) for every new call;
+//! 3. [`handle_deadlines`](Pipeline::handle_deadlines);
+//! 4. around every socket write: [`output`](Pipeline::output) (encodes queued frames *now*,
+//!    so the wire wait is the time left just before the bytes go out), then
+//!    [`handle_written`](Pipeline::handle_written) with the count the socket took, and
+//!    [`handle_write_blocked`](Pipeline::handle_write_blocked) when it took no more;
+//! 5. [`next_deadline`](Pipeline::next_deadline) feeds the poll timeout.
+//!
+//! Once [`close_reason`](Pipeline::close_reason) is set, the driver stops using the socket
+//! and calls [`finish`](Pipeline::finish), which resolves every call still open.
+//!
+//! Invariants:
+//! * A request is *unsent* (stage `Queued` or `Encoded`) exactly while no byte of it has been
+//!   handed to the socket; frames of which no byte was taken go back to the queue, so they are
+//!   encoded again, with a fresh wire wait, when they really go out.
+//! * Nothing here ever encodes a request again once a byte of it was handed to the socket.
+//! * Every call with a reply channel gets exactly one [`Outcome`].
+//! * Answers to Release and Extend carry only the token, so requests naming one token are
+//!   matched first-in first-out, in the order their first byte was handed to the socket
+//!   (the server answers same-key requests of a session in the order sent).
+//!
+//! Deliberately not here: sockets, threads, and retrying on another session (the client does
+//! that with the [`Outcome::NotSent`] it gets back).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use slab::Slab;
+
+use super::args::wire_wait_s;
+pub(crate) use super::call::{Call, CloseReason, Op, Outcome};
+use crate::protocol::{parse_response, ErrorCode, Response};
+
+/// Bytes of frames encoded ahead of the socket at most; the rest stay queued, so their wire
+/// wait is computed later.
+const OUTPUT_BYTES_MAX: usize = 64 * 1024;
+
+/// A slab slot with the sequence number of its occupant, so a stale queue or timer entry is
+/// never confused with a later occupant of the same slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Handle {
+    slot: usize,
+    seq: u64,
+}
+
+/// Where a request's frame lies in the output buffer.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    handle: Handle,
+    start: usize,
+    end: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Waiting in the queue; no byte handed to the socket.
+    Queued,
+    /// Encoded in the output buffer; no byte handed to the socket yet.
+    Encoded,
+    /// Some but not all bytes handed to the socket.
+    Partial,
+    /// All bytes handed to the socket; waiting for the answer.
+    Sent,
+    /// An acquire past its deadline whose Cancel is queued or sent.
+    Cancelling,
+}
+
+/// What a passed deadline does to a request, by stage.
+enum OnDeadline {
+    Expire,
+    Close(CloseReason),
+    Cancel(Op),
+    GiveUpKeep,
+    GiveUp,
+}
+
+#[derive(Debug)]
+struct Entry {
+    seq: u64,
+    call: Call,
+    stage: Stage,
+    sent_at: Option<Instant>,
+    timer_at: Option<Instant>,
+}
+
+/// The requests of one session. See the module docs for the call order.
+#[derive(Debug)]
+pub(crate) struct Pipeline {
+    transport_timeout: Duration,
+    established: bool,
+    close: Option<CloseReason>,
+    entries: Slab<Entry>,
+    next_seq: u64,
+    queue: VecDeque<Handle>,
+    spans: VecDeque<Span>,
+    out: Vec<u8>,
+    out_written: usize,
+    owners: HashMap<u64, Handle>,
+    nonces: HashMap<u64, Handle>,
+    tokens: HashMap<u64, VecDeque<Handle>>,
+    timers: BinaryHeap<Reverse<(Instant, Handle)>>,
+}
+
+fn reply(tx: Option<Sender<Outcome>>, outcome: Outcome) -> bool {
+    tx.is_some_and(|tx| tx.try_send(outcome).is_ok())
+}
+
+impl Pipeline {
+    /// An empty pipeline for a session that is not connected yet.
+    pub(crate) fn new(transport_timeout: Duration) -> Pipeline {
+        Pipeline {
+            transport_timeout,
+            established: false,
+            close: None,
+            entries: Slab::new(),
+            next_seq: 0,
+            queue: VecDeque::new(),
+            spans: VecDeque::new(),
+            out: Vec::new(),
+            out_written: 0,
+            owners: HashMap::new(),
+            nonces: HashMap::new(),
+            tokens: HashMap::new(),
+            timers: BinaryHeap::new(),
+        }
+    }
+
+    /// The connection is up: queued frames may go out.
+    pub(crate) fn set_established(&mut self) {
+        self.established = true;
+    }
+
+    /// Whether the connection is up.
+    pub(crate) fn is_established(&self) -> bool {
+        self.established
+    }
+
+    /// Why the session must end, once it must.
+    pub(crate) fn close_reason(&self) -> Option<&CloseReason> {
+        self.close.as_ref()
+    }
+
+    /// Ends the session; the first reason wins (an `X` 7 read before the end of input stays
+    /// the reason).
+    pub(crate) fn close(&mut self, reason: CloseReason) {
+        if self.close.is_none() {
+            self.close = Some(reason);
+        }
+    }
+
+    /// Whether nothing waits to be written: the driver may shut the session down.
+    pub(crate) fn output_idle(&self) -> bool {
+        self.out_written == self.out.len() && self.queue.iter().all(|&h| self.entry(h).is_none())
+    }
+
+    /// The earliest instant at which [`handle_deadlines`](Self::handle_deadlines) has work
+    /// (possibly a stale timer: waking early is harmless).
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Queues a call. Its deadline is armed; an unsent call is never sent after it.
+    pub(crate) fn submit(&mut self, call: Call) {
+        if self.close.is_some() {
+            reply(call.reply, Outcome::NotSent);
+            return;
+        }
+        let deadline = call.deadline;
+        let correlation = match call.op {
+            Op::Acquire { owner, .. } => Some((true, owner)),
+            Op::Query { nonce, .. } | Op::Ping { nonce } => Some((false, nonce)),
+            _ => None,
+        };
+        let handle = self.insert(call);
+        let previous = match correlation {
+            Some((true, owner)) => self.owners.insert(owner, handle),
+            Some((false, nonce)) => self.nonces.insert(nonce, handle),
+            None => None,
+        };
+        debug_assert!(previous.is_none(), "correlation ids are unique per session");
+        self.queue.push_back(handle);
+        self.arm(handle, deadline);
+        self.check_invariants();
+    }
+
+    fn insert(&mut self, call: Call) -> Handle {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let entry = Entry {
+            seq,
+            call,
+            stage: Stage::Queued,
+            sent_at: None,
+            timer_at: None,
+        };
+        Handle {
+            slot: self.entries.insert(entry),
+            seq,
+        }
+    }
+
+    fn arm(&mut self, handle: Handle, at: Instant) {
+        if let Some(entry) = self.entry_mut(handle) {
+            entry.timer_at = Some(at);
+            self.timers.push(Reverse((at, handle)));
+        }
+    }
+
+    fn entry(&self, handle: Handle) -> Option<&Entry> {
+        self.entries
+            .get(handle.slot)
+            .filter(|entry| entry.seq == handle.seq)
+    }
+
+    fn entry_mut(&mut self, handle: Handle) -> Option<&mut Entry> {
+        self.entries
+            .get_mut(handle.slot)
+            .filter(|entry| entry.seq == handle.seq)
+    }
+
+    /// Removes an entry and its owner or nonce correlation (token queues are the caller's).
+    fn take(&mut self, handle: Handle) -> Entry {
+        let entry = self.entries.remove(handle.slot);
+        debug_assert_eq!(entry.seq, handle.seq);
+        match entry.call.op {
+            Op::Acquire { owner, .. } if self.owners.get(&owner) == Some(&handle) => {
+                self.owners.remove(&owner);
+            }
+            Op::Query { nonce, .. } | Op::Ping { nonce }
+                if self.nonces.get(&nonce) == Some(&handle) =>
+            {
+                self.nonces.remove(&nonce);
+            }
+            _ => {}
+        }
+        entry
+    }
+
+    /// The bytes to hand to the socket next. When the previous output is all written, encodes
+    /// queued frames with `now` (read just before the write), so each acquire's wire wait is
+    /// the time left until its deadline at this instant, rounded up to whole seconds. Queued
+    /// requests already past their deadline are expired instead of sent.
+    pub(crate) fn output(&mut self, now: Instant) -> &[u8] {
+        if self.close.is_some() || !self.established {
+            return &[];
+        }
+        if self.out_written == self.out.len() {
+            self.out.clear();
+            self.out_written = 0;
+            self.encode_queued(now);
+            self.check_invariants();
+        }
+        &self.out[self.out_written..]
+    }
+
+    fn encode_queued(&mut self, now: Instant) {
+        while self.out.len() < OUTPUT_BYTES_MAX {
+            let Some(handle) = self.queue.pop_front() else {
+                break;
+            };
+            let Some(entry) = self.entries.get_mut(handle.slot) else {
+                continue;
+            };
+            if entry.seq != handle.seq || entry.stage != Stage::Queued {
+                continue;
+            }
+            let wait_s = match entry.call.op {
+                Op::Cancel { .. } => 0,
+                Op::Acquire {
+                    wait_zero: false, ..
+                } => match wire_wait_s(entry.call.deadline, now) {
+                    Some(wait_s) => wait_s,
+                    None => {
+                        self.expire(handle);
+                        continue;
+                    }
+                },
+                _ if now >= entry.call.deadline => {
+                    self.expire(handle);
+                    continue;
+                }
+                _ => 0,
+            };
+            let start = self.out.len();
+            entry.call.op.request(wait_s).encode(&mut self.out);
+            entry.stage = Stage::Encoded;
+            self.spans.push_back(Span {
+                handle,
+                start,
+                end: self.out.len(),
+            });
+        }
+    }
+
+    /// The socket took `written` more bytes of [`output`](Self::output); `now` is the instant
+    /// read before that write.
+    pub(crate) fn handle_written(&mut self, written: usize, now: Instant) {
+        self.out_written += written;
+        assert!(
+            self.out_written <= self.out.len(),
+            "socket took more bytes than offered"
+        );
+        while let Some(&span) = self.spans.front() {
+            if span.start >= self.out_written {
+                break;
+            }
+            let complete = span.end <= self.out_written;
+            self.mark_handed(span.handle, complete, now);
+            if !complete {
+                break;
+            }
+            self.spans.pop_front();
+        }
+        self.check_invariants();
+    }
+
+    fn mark_handed(&mut self, handle: Handle, complete: bool, now: Instant) {
+        // A hostile server may have answered a request before it was fully written.
+        let Some(entry) = self.entry_mut(handle) else {
+            return;
+        };
+        if entry.stage == Stage::Encoded {
+            entry.stage = Stage::Partial;
+            entry.sent_at = Some(now);
+            if let Op::Release { token, .. } | Op::Extend { token, .. } = entry.call.op {
+                self.tokens.entry(token).or_default().push_back(handle);
+            }
+        }
+        let Some(entry) = self.entry_mut(handle) else {
+            return;
+        };
+        if complete && entry.stage == Stage::Partial {
+            entry.stage = Stage::Sent;
+            if let Op::Cancel { .. } = entry.call.op {
+                // A Cancel gets no answer of its own; the acquire's entry waits for the `T`.
+                self.take(handle);
+            }
+        }
+    }
+
+    /// The socket took no more bytes: frames of which no byte was handed go back to the front
+    /// of the queue, to be encoded again (with a fresh wire wait) when they really go out.
+    pub(crate) fn handle_write_blocked(&mut self) {
+        while let Some(&span) = self.spans.back() {
+            if span.start < self.out_written {
+                break;
+            }
+            self.spans.pop_back();
+            self.out.truncate(span.start);
+            if let Some(entry) = self.entry_mut(span.handle) {
+                entry.stage = Stage::Queued;
+                self.queue.push_front(span.handle);
+            }
+        }
+        self.check_invariants();
+    }
+
+    /// Correlates the answers at the start of `input`, read at `now`; returns the bytes used.
+    pub(crate) fn handle_read(&mut self, input: &[u8], now: Instant) -> usize {
+        let mut consumed = 0;
+        while self.close.is_none() {
+            match parse_response(&input[consumed..]) {
+                Ok(Some((response, used))) => {
+                    consumed += used;
+                    self.handle_response(response, now);
+                }
+                Ok(None) => break,
+                Err(error) => self.close(CloseReason::Protocol(error)),
+            }
+        }
+        self.check_invariants();
+        consumed
+    }
+
+    fn handle_response(&mut self, response: Response, now: Instant) {
+        match response {
+            Response::Acquired { owner, token } => self.handle_acquired(owner, token, now),
+            Response::Timeout { owner } | Response::Busy { owner } => {
+                self.answer_owner(owner, response, now)
+            }
+            Response::Released { token }
+            | Response::Extended { token }
+            | Response::NotHeld { token } => self.answer_token(token, response, now),
+            Response::State { nonce, .. } | Response::Pong { nonce } => {
+                self.answer_nonce(nonce, response, now)
+            }
+            Response::Error {
+                code: ErrorCode::SessionRefused,
+                ..
+            } => self.close(CloseReason::Refused),
+            Response::Error { id, .. } => {
+                if self.owners.contains_key(&id) {
+                    self.answer_owner(id, response, now);
+                } else if self.nonces.contains_key(&id) {
+                    self.answer_nonce(id, response, now);
+                } else {
+                    self.answer_token(id, response, now);
+                }
+            }
+        }
+    }
+
+    fn answer(entry: Entry, response: Response, now: Instant) -> bool {
+        let sent_at = entry.sent_at.unwrap_or(now);
+        reply(
+            entry.call.reply,
+            Outcome::Answer {
+                response,
+                sent_at,
+                read_at: now,
+            },
+        )
+    }
+
+    fn answer_owner(&mut self, owner: u64, response: Response, now: Instant) {
+        match self.owners.get(&owner) {
+            Some(&handle) => {
+                let entry = self.take(handle);
+                Self::answer(entry, response, now);
+            }
+            None => log::debug!("answer for unknown owner {owner:#x} ignored"),
+        }
+    }
+
+    fn answer_nonce(&mut self, nonce: u64, response: Response, now: Instant) {
+        match self.nonces.get(&nonce) {
+            Some(&handle) => {
+                let entry = self.take(handle);
+                Self::answer(entry, response, now);
+            }
+            None => log::debug!("answer for unknown nonce {nonce:#x} ignored"),
+        }
+    }
+
+    fn answer_token(&mut self, token: u64, response: Response, now: Instant) {
+        let Some(fifo) = self.tokens.get_mut(&token) else {
+            log::debug!("answer for unknown token {token} ignored");
+            return;
+        };
+        let handle = fifo.pop_front().expect("token queues are never left empty");
+        if fifo.is_empty() {
+            self.tokens.remove(&token);
+        }
+        let entry = self.take(handle);
+        Self::answer(entry, response, now);
+    }
+
+    /// An `A`: delivered when in time; else (found at or after the deadline, or after the
+    /// Cancel, or with nobody left to take it) a compensating release of exactly that token
+    /// goes out and the call ends `Indeterminate`.
+    fn handle_acquired(&mut self, owner: u64, token: u64, now: Instant) {
+        let Some(&handle) = self.owners.get(&owner) else {
+            log::warn!("grant of token {token} to unknown owner {owner:#x}: cannot release it");
+            return;
+        };
+        let mut entry = self.take(handle);
+        let Op::Acquire { key, .. } = entry.call.op.clone() else {
+            unreachable!("owners only maps acquires")
+        };
+        let late = entry.stage == Stage::Cancelling || now >= entry.call.deadline;
+        let response = Response::Acquired { owner, token };
+        let delivered = !late && Self::answer_keep(&mut entry, response, now);
+        if !delivered {
+            log::debug!("grant of token {token} found late: releasing it");
+            reply(entry.call.reply.take(), Outcome::Indeterminate);
+            self.release_in_background(key, token, now);
+        }
+    }
+
+    fn answer_keep(entry: &mut Entry, response: Response, now: Instant) -> bool {
+        let sent_at = entry.sent_at.unwrap_or(now);
+        reply(
+            entry.call.reply.take(),
+            Outcome::Answer {
+                response,
+                sent_at,
+                read_at: now,
+            },
+        )
+    }
+
+    /// Queues a fire-and-forget Release of `token` on this session.
+    pub(crate) fn release_in_background(&mut self, key: Arc<str>, token: u64, now: Instant) {
+        let op = Op::Release { key, token };
+        let deadline = now + self.transport_timeout;
+        self.submit(Call {
+            op,
+            deadline,
+            reply: None,
+            attempts: 0,
+        });
+    }
+
+    /// Applies every deadline that has passed at `now` (see the module docs and §4.2–§4.4).
+    pub(crate) fn handle_deadlines(&mut self, now: Instant) {
+        while let Some(&Reverse((at, handle))) = self.timers.peek() {
+            if at > now || self.close.is_some() {
+                break;
+            }
+            self.timers.pop();
+            let Some(entry) = self.entry_mut(handle) else {
+                continue;
+            };
+            if entry.timer_at != Some(at) {
+                continue;
+            }
+            entry.timer_at = None;
+            self.handle_deadline(handle, now);
+        }
+        self.check_invariants();
+    }
+
+    fn handle_deadline(&mut self, handle: Handle, now: Instant) {
+        let entry = &self.entries[handle.slot];
+        let action = match (entry.stage, &entry.call.op) {
+            (Stage::Queued | Stage::Encoded, _) => OnDeadline::Expire,
+            // Part of the frame is on the wire: only closing the session ends it.
+            (Stage::Partial, _) => OnDeadline::Close(CloseReason::DeadlineMidFrame),
+            (
+                Stage::Sent,
+                Op::Acquire {
+                    wait_zero: false,
+                    key,
+                    owner,
+                    ..
+                },
+            ) => OnDeadline::Cancel(Op::Cancel {
+                key: key.clone(),
+                owner: *owner,
+            }),
+            (
+                Stage::Sent,
+                Op::Acquire {
+                    wait_zero: true, ..
+                },
+            )
+            | (Stage::Cancelling, _) => OnDeadline::Close(CloseReason::Unanswered),
+            // The answer, if it comes, must still be matched in token order: keep the entry.
+            (Stage::Sent, Op::Release { .. } | Op::Extend { .. }) => OnDeadline::GiveUpKeep,
+            (Stage::Sent, _) => OnDeadline::GiveUp,
+        };
+        match action {
+            OnDeadline::Expire => self.expire(handle),
+            OnDeadline::Close(reason) => self.close(reason),
+            OnDeadline::Cancel(cancel) => {
+                // Same session, same key, same owner: per-key ordering means exactly one
+                // terminal answer for the owner follows.
+                let until = now + self.transport_timeout;
+                self.entries[handle.slot].stage = Stage::Cancelling;
+                self.arm(handle, until);
+                let call = Call {
+                    op: cancel,
+                    deadline: until,
+                    reply: None,
+                    attempts: 0,
+                };
+                let cancel = self.insert(call);
+                self.queue.push_back(cancel);
+            }
+            OnDeadline::GiveUpKeep => {
+                reply(
+                    self.entries[handle.slot].call.reply.take(),
+                    Outcome::Indeterminate,
+                );
+            }
+            OnDeadline::GiveUp => {
+                let entry = self.take(handle);
+                reply(entry.call.reply, Outcome::Indeterminate);
+            }
+        }
+    }
+
+    /// Ends an unsent call at its deadline: it was never sent.
+    fn expire(&mut self, handle: Handle) {
+        let entry = self.take(handle);
+        debug_assert!(matches!(entry.stage, Stage::Queued | Stage::Encoded));
+        reply(
+            entry.call.reply,
+            Outcome::Expired {
+                established: self.established,
+            },
+        );
+    }
+
+    /// Resolves every open call once the session has ended: `NotSent` while no byte was handed
+    /// to the socket (or always, after `X` code 7), else `Indeterminate`. Returns the
+    /// fire-and-forget releases that were never sent, for another session.
+    pub(crate) fn finish(&mut self) -> Vec<Call> {
+        let refused = self.close == Some(CloseReason::Refused);
+        let mut unsent_releases = Vec::new();
+        for entry in self.entries.drain() {
+            let possibly_sent = !refused
+                && matches!(
+                    entry.stage,
+                    Stage::Partial | Stage::Sent | Stage::Cancelling
+                );
+            let outcome = if possibly_sent {
+                Outcome::Indeterminate
+            } else {
+                Outcome::NotSent
+            };
+            match entry.call.reply {
+                Some(tx) => {
+                    let _ = tx.try_send(outcome);
+                }
+                None if !possibly_sent && matches!(entry.call.op, Op::Release { .. }) => {
+                    unsent_releases.push(entry.call);
+                }
+                None => {}
+            }
+        }
+        self.queue.clear();
+        self.spans.clear();
+        self.out.clear();
+        self.out_written = 0;
+        self.owners.clear();
+        self.nonces.clear();
+        self.tokens.clear();
+        self.timers.clear();
+        unsent_releases
+    }
+
+    /// Panics when a structural invariant is broken (debug builds and tests only).
+    fn check_invariants(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(self.out_written <= self.out.len());
+        assert!(self.established || self.out.is_empty());
+        // The spans tile the part of the output not yet fully handed to the socket.
+        let mut previous_end = self
+            .spans
+            .front()
+            .map_or(self.out_written, |span| span.start);
+        assert!(previous_end <= self.out_written);
+        for (index, span) in self.spans.iter().enumerate() {
+            assert_eq!(span.start, previous_end, "spans tile the output buffer");
+            assert!(span.start < span.end && span.end <= self.out.len());
+            previous_end = span.end;
+            if let Some(entry) = self.entry(span.handle) {
+                let partial_ok = index == 0 && entry.stage == Stage::Partial;
+                assert!(
+                    entry.stage == Stage::Encoded || partial_ok,
+                    "span of a live frame"
+                );
+            }
+        }
+        assert_eq!(previous_end, self.out.len());
+        for (owner, &handle) in &self.owners {
+            let entry = self.entry(handle).expect("owners map live entries");
+            assert!(matches!(entry.call.op, Op::Acquire { owner: o, .. } if o == *owner));
+        }
+        for (token, fifo) in &self.tokens {
+            assert!(!fifo.is_empty());
+            for &handle in fifo {
+                let entry = self.entry(handle).expect("token queues hold live entries");
+                assert!(matches!(entry.stage, Stage::Partial | Stage::Sent));
+                let matches = matches!(entry.call.op,
+                    Op::Release { token: t, .. } | Op::Extend { token: t, .. } if t == *token);
+                assert!(matches);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

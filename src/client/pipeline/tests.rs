@@ -1,0 +1,589 @@
+//! The pipeline on virtual time: exact interleavings of writes, answers and deadlines.
+
+use super::*;
+use crate::protocol::{parse_request, Request, KEY_BYTES_MAX};
+use crossbeam_channel::Receiver;
+
+const TRANSPORT: Duration = Duration::from_secs(5);
+const OWNER: u64 = 0xa11ce;
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+/// An owned copy of a request frame, for assertions.
+#[derive(Debug, PartialEq, Eq)]
+enum Sent {
+    Acquire {
+        wait_s: u8,
+        lease_s: u8,
+        owner: u64,
+        key: String,
+    },
+    Release {
+        token: u64,
+        key: String,
+    },
+    Extend {
+        lease_s: u8,
+        token: u64,
+        key: String,
+    },
+    Cancel {
+        owner: u64,
+        key: String,
+    },
+    Query {
+        nonce: u64,
+    },
+    Ping {
+        nonce: u64,
+    },
+}
+
+fn decode(mut bytes: &[u8]) -> Vec<Sent> {
+    let mut frames = Vec::new();
+    while let Some((request, used)) = parse_request(bytes, KEY_BYTES_MAX).unwrap() {
+        let text = |key: &[u8]| String::from_utf8(key.to_vec()).unwrap();
+        frames.push(match request {
+            Request::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key,
+            } => Sent::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key: text(key),
+            },
+            Request::Release { token, key } => Sent::Release {
+                token,
+                key: text(key),
+            },
+            Request::Extend {
+                lease_s,
+                token,
+                key,
+            } => Sent::Extend {
+                lease_s,
+                token,
+                key: text(key),
+            },
+            Request::Cancel { owner, key } => Sent::Cancel {
+                owner,
+                key: text(key),
+            },
+            Request::Query { nonce, .. } => Sent::Query { nonce },
+            Request::Ping { nonce } => Sent::Ping { nonce },
+        });
+        bytes = &bytes[used..];
+    }
+    assert!(bytes.is_empty(), "trailing partial frame");
+    frames
+}
+
+/// Writes everything the pipeline offers at `now`, as a socket that takes it all would.
+fn write_all(pipeline: &mut Pipeline, now: Instant) -> Vec<Sent> {
+    let bytes = pipeline.output(now).to_vec();
+    pipeline.handle_written(bytes.len(), now);
+    decode(&bytes)
+}
+
+fn feed(pipeline: &mut Pipeline, response: Response, now: Instant) {
+    let mut bytes = Vec::new();
+    response.encode(&mut bytes);
+    assert_eq!(pipeline.handle_read(&bytes, now), bytes.len());
+}
+
+fn established() -> Pipeline {
+    let mut pipeline = Pipeline::new(TRANSPORT);
+    pipeline.set_established();
+    pipeline
+}
+
+fn call(op: Op, deadline: Instant) -> (Call, Receiver<Outcome>) {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    (
+        Call {
+            op,
+            deadline,
+            reply: Some(tx),
+            attempts: 0,
+        },
+        rx,
+    )
+}
+
+fn acquire(owner: u64, wait_zero: bool, deadline: Instant) -> (Call, Receiver<Outcome>) {
+    let op = Op::Acquire {
+        key: Arc::from("k"),
+        wait_zero,
+        lease_s: 30,
+        owner,
+    };
+    call(op, deadline)
+}
+
+fn answered(rx: &Receiver<Outcome>) -> Response {
+    match rx.try_recv() {
+        Ok(Outcome::Answer { response, .. }) => response,
+        other => panic!("expected an answer, got {other:?}"),
+    }
+}
+
+#[test]
+fn wire_wait_is_computed_when_the_frame_is_encoded_not_when_submitted() {
+    let t0 = Instant::now();
+    let mut pipeline = Pipeline::new(TRANSPORT);
+    let (call, _rx) = acquire(OWNER, false, t0 + ms(3000));
+    pipeline.submit(call);
+    assert!(
+        pipeline.output(t0).is_empty(),
+        "nothing goes out before the connection is up"
+    );
+    pipeline.set_established();
+    let frames = write_all(&mut pipeline, t0 + ms(1500));
+    let expected = Sent::Acquire {
+        wait_s: 2,
+        lease_s: 30,
+        owner: OWNER,
+        key: "k".into(),
+    };
+    assert_eq!(frames, vec![expected]);
+}
+
+#[test]
+fn frames_the_socket_did_not_take_are_encoded_again_with_a_fresh_wait() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (first, _rx1) = acquire(1, false, t0 + ms(10_000));
+    let (second, _rx2) = acquire(2, false, t0 + ms(10_000));
+    pipeline.submit(first);
+    pipeline.submit(second);
+    let offered = pipeline.output(t0).len();
+    // The socket takes the first frame and three bytes of the second, then blocks.
+    pipeline.handle_written(12 + 1 + 3, t0);
+    pipeline.handle_write_blocked();
+    assert_eq!(
+        pipeline.output(t0).len(),
+        offered - 16,
+        "a started frame is never re-encoded"
+    );
+    pipeline.handle_written(offered - 16, t0);
+    // A third frame offered but not taken at all goes back to the queue...
+    let (third, rx3) = acquire(3, false, t0 + ms(3000));
+    pipeline.submit(third);
+    assert!(!pipeline.output(t0).is_empty());
+    pipeline.handle_write_blocked();
+    // ...and is still definitely unsent: at its deadline it expires.
+    pipeline.handle_deadlines(t0 + ms(3000));
+    assert_eq!(rx3.try_recv(), Ok(Outcome::Expired { established: true }));
+    let (fourth, _rx4) = acquire(4, false, t0 + ms(3000));
+    pipeline.submit(fourth);
+    let frames = write_all(&mut pipeline, t0 + ms(1200));
+    let expected = Sent::Acquire {
+        wait_s: 2,
+        lease_s: 30,
+        owner: 4,
+        key: "k".into(),
+    };
+    assert_eq!(frames, vec![expected]);
+}
+
+#[test]
+fn a_wait_zero_acquire_goes_out_with_wire_wait_zero() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, _rx) = acquire(OWNER, true, t0 + TRANSPORT);
+    pipeline.submit(call);
+    let frames = write_all(&mut pipeline, t0 + ms(4000));
+    let expected = Sent::Acquire {
+        wait_s: 0,
+        lease_s: 30,
+        owner: OWNER,
+        key: "k".into(),
+    };
+    assert_eq!(frames, vec![expected]);
+}
+
+#[test]
+fn an_unsent_request_at_its_deadline_expires_and_is_never_encoded() {
+    let t0 = Instant::now();
+    for up in [false, true] {
+        let mut pipeline = Pipeline::new(TRANSPORT);
+        if up {
+            pipeline.set_established();
+        }
+        let (call, rx) = acquire(OWNER, false, t0 + ms(100));
+        pipeline.submit(call);
+        assert_eq!(pipeline.next_deadline(), Some(t0 + ms(100)));
+        pipeline.handle_deadlines(t0 + ms(99));
+        assert!(rx.try_recv().is_err(), "never early");
+        pipeline.handle_deadlines(t0 + ms(100));
+        assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: up }));
+        pipeline.set_established();
+        assert!(pipeline.output(t0 + ms(100)).is_empty());
+    }
+}
+
+#[test]
+fn a_queued_request_found_expired_by_the_writer_is_not_sent() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(100));
+    pipeline.submit(call);
+    assert!(pipeline.output(t0 + ms(100)).is_empty());
+    assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: true }));
+}
+
+#[test]
+fn a_sent_acquire_at_its_deadline_is_cancelled_and_the_late_timeout_decides() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(1500));
+    pipeline.submit(call);
+    write_all(&mut pipeline, t0);
+    pipeline.handle_deadlines(t0 + ms(1500));
+    assert!(rx.try_recv().is_err());
+    let frames = write_all(&mut pipeline, t0 + ms(1500));
+    assert_eq!(
+        frames,
+        vec![Sent::Cancel {
+            owner: OWNER,
+            key: "k".into()
+        }]
+    );
+    feed(
+        &mut pipeline,
+        Response::Timeout { owner: OWNER },
+        t0 + ms(1600),
+    );
+    assert_eq!(answered(&rx), Response::Timeout { owner: OWNER });
+    assert_eq!(pipeline.close_reason(), None, "the session stays open");
+}
+
+#[test]
+fn busy_found_after_the_cancel_stays_busy() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(1000));
+    pipeline.submit(call);
+    write_all(&mut pipeline, t0);
+    pipeline.handle_deadlines(t0 + ms(1000));
+    write_all(&mut pipeline, t0 + ms(1000));
+    feed(
+        &mut pipeline,
+        Response::Busy { owner: OWNER },
+        t0 + ms(1200),
+    );
+    assert_eq!(answered(&rx), Response::Busy { owner: OWNER });
+}
+
+#[test]
+fn a_grant_after_the_cancel_is_released_and_the_call_is_indeterminate() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(1000));
+    pipeline.submit(call);
+    write_all(&mut pipeline, t0);
+    pipeline.handle_deadlines(t0 + ms(1000));
+    write_all(&mut pipeline, t0 + ms(1000));
+    feed(
+        &mut pipeline,
+        Response::Acquired {
+            owner: OWNER,
+            token: 77,
+        },
+        t0 + ms(1010),
+    );
+    assert_eq!(rx.try_recv(), Ok(Outcome::Indeterminate));
+    let frames = write_all(&mut pipeline, t0 + ms(1010));
+    assert_eq!(
+        frames,
+        vec![Sent::Release {
+            token: 77,
+            key: "k".into()
+        }]
+    );
+    assert_eq!(pipeline.close_reason(), None);
+}
+
+#[test]
+fn a_grant_read_at_the_deadline_before_it_was_processed_is_released() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(1000));
+    pipeline.submit(call);
+    write_all(&mut pipeline, t0);
+    feed(
+        &mut pipeline,
+        Response::Acquired {
+            owner: OWNER,
+            token: 78,
+        },
+        t0 + ms(1000),
+    );
+    assert_eq!(rx.try_recv(), Ok(Outcome::Indeterminate));
+    let frames = write_all(&mut pipeline, t0 + ms(1000));
+    assert_eq!(
+        frames,
+        vec![Sent::Release {
+            token: 78,
+            key: "k".into()
+        }]
+    );
+}
+
+#[test]
+fn a_grant_nobody_waits_for_any_more_is_released() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(1000));
+    pipeline.submit(call);
+    write_all(&mut pipeline, t0);
+    drop(rx);
+    feed(
+        &mut pipeline,
+        Response::Acquired {
+            owner: OWNER,
+            token: 79,
+        },
+        t0 + ms(10),
+    );
+    let frames = write_all(&mut pipeline, t0 + ms(10));
+    assert_eq!(
+        frames,
+        vec![Sent::Release {
+            token: 79,
+            key: "k".into()
+        }]
+    );
+}
+
+#[test]
+fn a_grant_in_time_is_delivered_with_its_read_instant() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(1000));
+    pipeline.submit(call);
+    write_all(&mut pipeline, t0 + ms(5));
+    feed(
+        &mut pipeline,
+        Response::Acquired {
+            owner: OWNER,
+            token: 80,
+        },
+        t0 + ms(999),
+    );
+    let response = Response::Acquired {
+        owner: OWNER,
+        token: 80,
+    };
+    let expected = Outcome::Answer {
+        response,
+        sent_at: t0 + ms(5),
+        read_at: t0 + ms(999),
+    };
+    assert_eq!(rx.try_recv(), Ok(expected));
+}
+
+#[test]
+fn an_unanswered_cancel_closes_the_session_at_the_transport_allowance() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(1000));
+    pipeline.submit(call);
+    write_all(&mut pipeline, t0);
+    pipeline.handle_deadlines(t0 + ms(1000));
+    write_all(&mut pipeline, t0 + ms(1000));
+    assert_eq!(pipeline.next_deadline(), Some(t0 + ms(1000) + TRANSPORT));
+    pipeline.handle_deadlines(t0 + ms(999) + TRANSPORT);
+    assert_eq!(pipeline.close_reason(), None, "never early");
+    pipeline.handle_deadlines(t0 + ms(1000) + TRANSPORT);
+    assert_eq!(pipeline.close_reason(), Some(&CloseReason::Unanswered));
+    pipeline.finish();
+    assert_eq!(rx.try_recv(), Ok(Outcome::Indeterminate));
+}
+
+#[test]
+fn a_sent_wait_zero_acquire_at_its_deadline_closes_the_session_without_cancel() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, true, t0 + TRANSPORT);
+    pipeline.submit(call);
+    write_all(&mut pipeline, t0);
+    pipeline.handle_deadlines(t0 + TRANSPORT);
+    assert_eq!(pipeline.close_reason(), Some(&CloseReason::Unanswered));
+    assert!(
+        pipeline.output(t0 + TRANSPORT).is_empty(),
+        "no Cancel: it was never queued"
+    );
+    pipeline.finish();
+    assert_eq!(rx.try_recv(), Ok(Outcome::Indeterminate));
+}
+
+#[test]
+fn a_deadline_with_part_of_the_frame_on_the_wire_closes_the_session() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(1000));
+    pipeline.submit(call);
+    pipeline.output(t0);
+    pipeline.handle_written(1, t0);
+    pipeline.handle_write_blocked();
+    pipeline.handle_deadlines(t0 + ms(1000));
+    assert_eq!(
+        pipeline.close_reason(),
+        Some(&CloseReason::DeadlineMidFrame)
+    );
+    pipeline.finish();
+    assert_eq!(rx.try_recv(), Ok(Outcome::Indeterminate));
+}
+
+#[test]
+fn a_failed_session_separates_possibly_sent_from_definitely_unsent() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (sent, rx_sent) = acquire(1, false, t0 + ms(3000));
+    let (partial, rx_partial) = acquire(2, false, t0 + ms(3000));
+    let (unsent, rx_unsent) = acquire(3, false, t0 + ms(3000));
+    pipeline.submit(sent);
+    pipeline.submit(partial);
+    pipeline.output(t0);
+    pipeline.handle_written(12 + 1 + 1, t0);
+    pipeline.handle_write_blocked();
+    pipeline.submit(unsent);
+    pipeline.close(CloseReason::Eof);
+    assert!(pipeline.finish().is_empty());
+    assert_eq!(rx_sent.try_recv(), Ok(Outcome::Indeterminate));
+    assert_eq!(rx_partial.try_recv(), Ok(Outcome::Indeterminate));
+    assert_eq!(rx_unsent.try_recv(), Ok(Outcome::NotSent));
+}
+
+#[test]
+fn a_session_refused_with_code_7_counts_everything_as_not_sent() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(3000));
+    pipeline.submit(call);
+    write_all(&mut pipeline, t0);
+    let key: Arc<str> = Arc::from("k");
+    pipeline.release_in_background(Arc::clone(&key), 5, t0);
+    write_all(&mut pipeline, t0);
+    feed(
+        &mut pipeline,
+        Response::Error {
+            code: ErrorCode::SessionRefused,
+            id: 0,
+        },
+        t0,
+    );
+    assert_eq!(pipeline.close_reason(), Some(&CloseReason::Refused));
+    let orphans = pipeline.finish();
+    assert_eq!(rx.try_recv(), Ok(Outcome::NotSent));
+    assert_eq!(
+        orphans.len(),
+        1,
+        "the unsent background release goes to another session"
+    );
+}
+
+#[test]
+fn answers_naming_one_token_are_matched_in_send_order() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let extend = || Op::Extend {
+        key: Arc::from("k"),
+        lease_s: 10,
+        token: 9,
+    };
+    let (first, rx1) = call(extend(), t0 + TRANSPORT);
+    let (second, rx2) = call(extend(), t0 + TRANSPORT);
+    pipeline.submit(first);
+    pipeline.submit(second);
+    write_all(&mut pipeline, t0);
+    feed(&mut pipeline, Response::Extended { token: 9 }, t0);
+    feed(&mut pipeline, Response::NotHeld { token: 9 }, t0);
+    assert_eq!(answered(&rx1), Response::Extended { token: 9 });
+    assert_eq!(answered(&rx2), Response::NotHeld { token: 9 });
+}
+
+#[test]
+fn a_token_request_given_up_still_takes_its_answer_in_order() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let release = || Op::Release {
+        key: Arc::from("k"),
+        token: 9,
+    };
+    let (first, rx1) = call(release(), t0 + ms(100));
+    pipeline.submit(first);
+    write_all(&mut pipeline, t0);
+    pipeline.handle_deadlines(t0 + ms(100));
+    assert_eq!(rx1.try_recv(), Ok(Outcome::Indeterminate));
+    let (second, rx2) = call(release(), t0 + TRANSPORT);
+    pipeline.submit(second);
+    write_all(&mut pipeline, t0 + ms(100));
+    feed(&mut pipeline, Response::Released { token: 9 }, t0 + ms(150));
+    assert!(
+        rx2.try_recv().is_err(),
+        "the first answer belongs to the first release"
+    );
+    feed(&mut pipeline, Response::NotHeld { token: 9 }, t0 + ms(150));
+    assert_eq!(answered(&rx2), Response::NotHeld { token: 9 });
+}
+
+#[test]
+fn errors_are_correlated_by_owner_nonce_or_token() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (acquire_call, rx_acquire) = acquire(OWNER, false, t0 + ms(3000));
+    let (query, rx_query) = call(
+        Op::Query {
+            key: Arc::from("k"),
+            nonce: 44,
+        },
+        t0 + TRANSPORT,
+    );
+    let (release, rx_release) = call(
+        Op::Release {
+            key: Arc::from("k"),
+            token: 55,
+        },
+        t0 + TRANSPORT,
+    );
+    pipeline.submit(acquire_call);
+    pipeline.submit(query);
+    pipeline.submit(release);
+    write_all(&mut pipeline, t0);
+    for id in [55, 44, OWNER] {
+        feed(
+            &mut pipeline,
+            Response::Error {
+                code: ErrorCode::LeaseZero,
+                id,
+            },
+            t0,
+        );
+    }
+    for rx in [rx_acquire, rx_query, rx_release] {
+        assert!(matches!(
+            answered(&rx),
+            Response::Error {
+                code: ErrorCode::LeaseZero,
+                ..
+            }
+        ));
+    }
+}
+
+#[test]
+fn garbage_from_the_server_closes_the_session() {
+    let mut pipeline = established();
+    assert_eq!(pipeline.handle_read(b"Zxxxxxxxxxx", Instant::now()), 0);
+    assert!(matches!(
+        pipeline.close_reason(),
+        Some(CloseReason::Protocol(_))
+    ));
+}

@@ -1,0 +1,303 @@
+//! Tests of the config file: defaults, the example file, every refusal naming its key.
+use super::*;
+
+const EXAMPLE: &str = include_str!("../../config.example.toml");
+
+fn parsed(text: &str) -> Config {
+    Config::from_toml_str(text).unwrap_or_else(|error| panic!("{text:?}: {error}"))
+}
+
+fn refused(text: &str) -> ConfigError {
+    match Config::from_toml_str(text) {
+        Ok(config) => panic!("accepted {text:?} as {config:?}"),
+        Err(error) => error,
+    }
+}
+
+/// Asserts that `text` is refused by a one-line error about `key` that says `says`.
+fn assert_refused(text: &str, key: &str, says: &str) {
+    let error = refused(text);
+    let message = error.to_string();
+    assert_eq!(error.key(), Some(key), "{message}");
+    assert!(message.contains(says), "{message:?} does not say {says:?}");
+    assert!(!message.contains('\n'), "{message:?} is not one line");
+}
+
+/// Each case is `section.key = value | what the error says`; the value is written under
+/// `[section]` and must be refused by an error naming `section.key`.
+fn assert_each_refused(cases: &[&str]) {
+    for case in cases {
+        let (setting, says) = case.split_once(" | ").unwrap();
+        let (path, value) = setting.split_once(" = ").unwrap();
+        let (section, key) = path.split_once('.').unwrap();
+        assert_refused(&format!("[{section}]\n{key} = {value}\n"), path, says);
+    }
+}
+
+#[test]
+fn defaults() {
+    let config = Config::default();
+    assert_eq!(config.server.listen, "127.0.0.1:7420".parse().unwrap());
+    let cpus = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+    assert_eq!(config.server.cores, cpus.min(CORES_MAX));
+    assert_eq!(config.limits.max_connections, 10_000);
+    assert_eq!(config.limits.max_keys, 4_000_000);
+    assert_eq!(config.limits.max_waiters_per_key, 1024);
+    assert_eq!(config.limits.max_pending_per_session, 1024);
+    assert_eq!(config.limits.max_key_bytes, 1024);
+    assert_eq!(config.timer.tick_ms, 1);
+    assert_eq!(config.tokens.state_dir, None);
+    assert_eq!(config.log.level, LevelFilter::Info);
+    assert_eq!(parsed(""), config);
+    assert_eq!(parsed("[server]\n[limits]\n[log]\n"), config);
+}
+
+#[test]
+fn summary_is_one_line() {
+    let mut config = Config::default();
+    config.server.cores = 2;
+    let expected = "listen=127.0.0.1:7420 cores=2 max_connections=10000 max_keys=4000000 \
+                    max_waiters_per_key=1024 max_pending_per_session=1024 \
+                    max_key_bytes=1024 tick_ms=1 state_dir=none";
+    assert_eq!(config.summary(), expected);
+    config.tokens.state_dir = Some(PathBuf::from("/var/lib/latchkey"));
+    assert!(config.summary().ends_with(" state_dir=/var/lib/latchkey"));
+}
+
+#[test]
+fn example_file_is_the_defaults() {
+    // `cores = 0` and the default both resolve to this machine's CPU count, so every field,
+    // cores included, compares equal.
+    assert_eq!(parsed(EXAMPLE), Config::default());
+    assert!(EXAMPLE.contains("\ncores = 0\n"));
+    // The example sets every key, each under a comment. (Parsing it proved it has no
+    // unknown key.)
+    let table: toml::Table = EXAMPLE.parse().unwrap();
+    for (section, keys) in SECTIONS {
+        for key in keys {
+            assert!(table[section].get(key).is_some(), "{section}.{key} missing");
+            let at = EXAMPLE.find(&format!("\n{key} = ")).unwrap();
+            let above = EXAMPLE[..at].lines().last().unwrap();
+            assert!(above.starts_with("# "), "{section}.{key} undocumented");
+        }
+    }
+}
+
+#[test]
+fn full_file() {
+    let text = r#"
+        [server]
+        listen = "[::1]:9000"
+        cores = 3
+        [limits]
+        max_connections = 1_000_000
+        max_keys = 30
+        max_waiters_per_key = 7
+        max_pending_per_session = 1_000_000
+        max_key_bytes = 1
+        [timer]
+        tick_ms = 1000
+        [tokens]
+        state_dir = "/var/lib/latchkey"
+        [log]
+        level = "DeBuG"
+    "#;
+    let limits = LimitsConfig {
+        max_connections: 1_000_000,
+        max_keys: 30,
+        max_waiters_per_key: 7,
+        max_pending_per_session: 1_000_000,
+        max_key_bytes: 1,
+    };
+    let expected = Config {
+        server: ServerConfig {
+            listen: "[::1]:9000".parse().unwrap(),
+            cores: 3,
+        },
+        limits,
+        timer: TimerConfig { tick_ms: 1000 },
+        tokens: TokensConfig {
+            state_dir: Some(PathBuf::from("/var/lib/latchkey")),
+        },
+        log: LogConfig {
+            level: LevelFilter::Debug,
+        },
+    };
+    let config = parsed(text);
+    assert_eq!(config, expected);
+    assert_eq!(config.max_keys_per_partition(), 10);
+}
+
+#[test]
+fn other_spellings_of_tables() {
+    let config = parsed("server.cores = 2\nlimits = { max_keys = 9 }");
+    assert_eq!((config.server.cores, config.limits.max_keys), (2, 9));
+}
+
+#[test]
+fn each_invalid_value_names_its_key() {
+    assert_each_refused(&[
+        r#"server.listen = "localhost:7420" | IP address and port"#,
+        r#"server.listen = "127.0.0.1" | got "127.0.0.1""#,
+        "server.cores = 1025 | server.cores: must be at most 1024, got 1025",
+        "server.cores = -1 | server.cores: must be at least 0, got -1",
+        "limits.max_connections = 0 | must be at least 1, got 0",
+        "limits.max_connections = 1_000_001 | must be at most 1000000, got 1000001",
+        "limits.max_keys = 0 | limits.max_keys: must be at least 1, got 0",
+        "limits.max_waiters_per_key = 0 | max_waiters_per_key: must be at least 1, got 0",
+        "limits.max_waiters_per_key = 1000001 | must be at most 1000000, got 1000001",
+        "limits.max_pending_per_session = 0 | must be at least 1, got 0",
+        "limits.max_pending_per_session = 1000001 | must be at most 1000000, got 1000001",
+        "limits.max_key_bytes = 0 | must be at least 1, got 0",
+        "limits.max_key_bytes = 1025 | must be at most 1024, got 1025",
+        "timer.tick_ms = 0 | timer.tick_ms: must be at least 1, got 0",
+        "timer.tick_ms = 1001 | must be at most 1000, got 1001",
+        r#"log.level = "verbose" | one of off, error, warn, info, debug, trace, got "verbose""#,
+    ]);
+}
+
+#[test]
+fn wrong_types_name_their_key() {
+    assert_each_refused(&[
+        "server.listen = 7420 | server.listen: expected a string, got integer 7420",
+        r#"server.cores = "4" | server.cores: expected an integer, got string "4""#,
+        "limits.max_keys = 1.5 | expected an integer, got float 1.5",
+        "timer.tick_ms = true | expected an integer, got boolean true",
+        r#"tokens.state_dir = ["a"] | expected a string, got an array"#,
+        r#"log.level = { name = "info" } | expected a string, got a table"#,
+        "server.listen = 1979-05-27 | expected a string, got datetime 1979-05-27",
+    ]);
+    assert_refused(
+        "server = 1",
+        "server",
+        "`server` must be a section ([server]), got",
+    );
+}
+
+#[test]
+fn unknown_keys_and_sections_are_named() {
+    let text = "[server]\nlisten = \"127.0.0.1:1\"\nlisen = \"127.0.0.1:2\"\n";
+    let says = "line 3: unknown key `server.lisen` (known keys in [server]: listen, cores)";
+    assert_refused(text, "server.lisen", says);
+    assert_refused(
+        "[limit]\nmax_keys = 1",
+        "limit",
+        "unknown section `[limit]`",
+    );
+    assert_refused(
+        "[server.tls]\ncert = 1",
+        "server.tls",
+        "unknown key `server.tls`",
+    );
+    assert_refused("listen = \"::1\"", "listen", "unknown key `listen` outside");
+}
+
+#[test]
+fn errors_carry_the_line() {
+    let error = refused("# comment\n[server]\ncores = 1\n\n[limits]\nmax_waiters_per_key = 0");
+    assert_eq!(error.line(), Some(6));
+    let expected = "line 6: limits.max_waiters_per_key: must be at least 1, got 0";
+    assert_eq!(error.to_string(), expected);
+    // The first offence in the file is the one reported.
+    let error = refused("[timer]\ntick_ms = 0\n[server]\ncores = 5000\n");
+    assert_eq!(error.key(), Some("timer.tick_ms"));
+    assert_eq!(refused("[log]\n[limit]\n").line(), Some(2));
+}
+
+#[test]
+fn syntax_errors_are_one_line_with_position() {
+    for text in [
+        "[server\n",
+        "[server]\ncores = \n",
+        "[server]\ncores = 1\ncores = 2\n",
+    ] {
+        let message = refused(text).to_string();
+        assert!(message.starts_with("line "), "{message:?}");
+        assert!(message.contains(", column "), "{message:?}");
+        assert!(message.contains(": invalid TOML: "), "{message:?}");
+        assert!(!message.contains('\n'), "{message:?}");
+    }
+}
+
+#[test]
+fn state_dir_empty_is_none() {
+    let config = parsed("[tokens]\nstate_dir = \"\"");
+    assert_eq!(config.tokens.state_dir, None);
+    assert!(config.summary().ends_with(" state_dir=none"));
+    let config = parsed("[tokens]\nstate_dir = \"state\"");
+    assert_eq!(config.tokens.state_dir, Some(PathBuf::from("state")));
+}
+
+#[test]
+fn cores_zero_is_one_per_cpu() {
+    assert_eq!(
+        parsed("[server]\ncores = 0").server.cores,
+        Config::default().server.cores
+    );
+    assert_eq!(parsed("[server]\ncores = 1024").server.cores, 1024);
+}
+
+#[test]
+fn max_keys_must_cover_every_core() {
+    let text = "[server]\ncores = 4\n[limits]\nmax_keys = 3";
+    assert_refused(text, "limits.max_keys", "must be at least server.cores (4)");
+    let config = parsed("[server]\ncores = 4\n[limits]\nmax_keys = 4");
+    assert_eq!(config.max_keys_per_partition(), 1);
+}
+
+#[test]
+fn log_level_any_case() {
+    assert_eq!(parsed("[log]\nlevel = \"OFF\"").log.level, LevelFilter::Off);
+    assert_eq!(
+        parsed("[log]\nlevel = \"Warn\"").log.level,
+        LevelFilter::Warn
+    );
+}
+
+#[test]
+fn overrides() {
+    let file = parsed("[server]\ncores = 2\n[limits]\nmax_keys = 8");
+    assert_eq!(file.clone().with_overrides(None, None).unwrap(), file);
+
+    let listen: SocketAddr = "0.0.0.0:9999".parse().unwrap();
+    let config = file.clone().with_overrides(Some(listen), Some(8)).unwrap();
+    assert_eq!((config.server.listen, config.server.cores), (listen, 8));
+    assert_eq!(config.limits, file.limits);
+
+    let config = file.clone().with_overrides(None, Some(0)).unwrap();
+    assert_eq!(config.server.cores, Config::default().server.cores);
+
+    let error = file.clone().with_overrides(None, Some(1025)).unwrap_err();
+    assert_eq!(error.key(), Some("server.cores"));
+    let expected = "server.cores (--cores): must be at most 1024, got 1025";
+    assert_eq!(error.to_string(), expected);
+
+    let error = file.with_overrides(None, Some(9)).unwrap_err();
+    assert_eq!(error.key(), Some("limits.max_keys"));
+}
+
+#[test]
+fn load_names_the_path() {
+    let dir = std::env::temp_dir().join(format!("latchkey-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let missing = dir.join("missing.toml");
+    let error = Config::load(&missing).unwrap_err();
+    assert_eq!(error.path(), Some(missing.as_path()));
+    let expected = format!("{}: cannot read the config file: ", missing.display());
+    assert!(error.to_string().starts_with(&expected), "{error}");
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[limits]\nmax_keys = 0\n").unwrap();
+    let error = Config::load(&bad).unwrap_err();
+    let expected = format!(
+        "{}:2: limits.max_keys: must be at least 1, got 0",
+        bad.display()
+    );
+    assert_eq!(error.to_string(), expected);
+
+    let good = dir.join("good.toml");
+    std::fs::write(&good, EXAMPLE).unwrap();
+    assert_eq!(Config::load(&good).unwrap(), Config::default());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,255 @@
+//! The client's API surface: acquire, ticket (token, validity bound, extend, release, drop),
+//! query, ping, correlation of pipelined calls from many threads.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{client, start_server, FakeServer, Frame, PATIENCE};
+use latchkey::client::{AcquireError, Client, ExtendOutcome, ReleaseOutcome};
+use latchkey::protocol::{ErrorCode, Response};
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+fn wait_until_free(client: &Client, key: &str, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if !client.query(key).unwrap().held {
+            return true;
+        }
+        thread::sleep(ms(10));
+    }
+    false
+}
+
+#[test]
+fn acquire_query_extend_release() {
+    let server = start_server(|_| {});
+    let client = client(&[server.local_addr()], 2, Duration::from_secs(2));
+    assert!(client.ping().unwrap() < PATIENCE);
+    let before = Instant::now();
+    let ticket = client
+        .acquire("jobs/a", ms(500), Duration::from_secs(10))
+        .unwrap();
+    let after = Instant::now();
+    assert_eq!(ticket.key(), "jobs/a");
+    assert!(ticket.token() > 0);
+    // Bound: (instant the A was read) + lease - max(100 ms, lease / 10); never later.
+    let margin = Duration::from_secs(1);
+    assert!(ticket.valid_until() <= after + Duration::from_secs(10) - margin);
+    assert!(ticket.valid_until() >= before + Duration::from_secs(10) - margin);
+    assert!(ticket.is_valid());
+    let state = client.query("jobs/a").unwrap();
+    assert!(state.held);
+    assert!(state.lease_left <= Duration::from_secs(10));
+    assert_eq!(state.waiters, 0);
+
+    thread::sleep(ms(300));
+    let before = Instant::now();
+    assert_eq!(
+        ticket.extend(Duration::from_secs(20)).unwrap(),
+        ExtendOutcome::Extended
+    );
+    let after = Instant::now();
+    let margin = Duration::from_secs(2);
+    assert!(ticket.valid_until() >= before + Duration::from_secs(20) - margin);
+    assert!(ticket.valid_until() <= after + Duration::from_secs(20) - margin);
+
+    assert_eq!(ticket.release().unwrap(), ReleaseOutcome::Released);
+    assert!(!client.query("jobs/a").unwrap().held);
+}
+
+#[test]
+fn a_held_key_times_out_a_full_queue_is_busy_and_a_release_grants_the_waiter() {
+    let server = start_server(|config| config.limits.max_waiters_per_key = 1);
+    let client = client(&[server.local_addr()], 2, Duration::from_secs(2));
+    let ticket = client
+        .acquire("k", ms(100), Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(
+        client.acquire("k", Duration::ZERO, ms(1)).unwrap_err(),
+        AcquireError::Timeout
+    );
+    assert_eq!(
+        client.acquire("k", ms(200), ms(1)).unwrap_err(),
+        AcquireError::Timeout
+    );
+
+    let waiter = client.clone();
+    let waiting = thread::spawn(move || waiter.acquire("k", Duration::from_secs(5), ms(1)));
+    thread::sleep(ms(200));
+    assert_eq!(client.query("k").unwrap().waiters, 1);
+    assert_eq!(
+        client.acquire("k", ms(100), ms(1)).unwrap_err(),
+        AcquireError::Busy
+    );
+    let first_token = ticket.token();
+    assert_eq!(ticket.release().unwrap(), ReleaseOutcome::Released);
+    let second = waiting.join().unwrap().unwrap();
+    assert!(second.token() > first_token, "fencing tokens grow per key");
+}
+
+#[test]
+fn a_server_shutting_down_answers_its_waiters_busy() {
+    let server = start_server(|_| {});
+    let client = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let _holder = client
+        .acquire("k", ms(100), Duration::from_secs(30))
+        .unwrap();
+    let waiter = client.clone();
+    let waiting = thread::spawn(move || waiter.acquire("k", Duration::from_secs(5), ms(1)));
+    thread::sleep(ms(200));
+    server.shutdown();
+    assert_eq!(waiting.join().unwrap().unwrap_err(), AcquireError::Busy);
+}
+
+#[test]
+fn a_request_the_server_refuses_is_rejected_with_its_code() {
+    let server = start_server(|config| config.limits.max_key_bytes = 8);
+    let client = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let result = client.acquire("123456789", ms(100), ms(1));
+    assert_eq!(
+        result.unwrap_err(),
+        AcquireError::Rejected(ErrorCode::KeyTooLong)
+    );
+    let again = client.acquire("12345678", ms(100), ms(1));
+    assert!(again.is_ok(), "a new session is used: {again:?}");
+}
+
+#[test]
+fn a_full_server_refuses_sessions_and_a_freed_slot_is_used_before_the_deadline() {
+    let server = start_server(|config| config.limits.max_connections = 1);
+    let first = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    first.ping().unwrap();
+    let second = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let start = Instant::now();
+    let result = second.acquire("full", ms(500), ms(1000));
+    assert_eq!(
+        result.unwrap_err(),
+        AcquireError::Unavailable,
+        "X 7 means never sent"
+    );
+    assert!(start.elapsed() >= ms(500));
+    let acquiring = thread::spawn(move || second.acquire("full", Duration::from_secs(5), ms(1000)));
+    thread::sleep(ms(500));
+    drop(first);
+    assert!(
+        acquiring.join().unwrap().is_ok(),
+        "retried until a session was accepted"
+    );
+}
+
+#[test]
+fn a_release_after_the_lease_ran_out_is_not_held() {
+    let server = start_server(|_| {});
+    let client = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let ticket = client.acquire("short", ms(100), ms(1)).unwrap();
+    assert!(ticket.valid_until() <= Instant::now() + ms(900));
+    thread::sleep(ms(1200));
+    assert!(!ticket.is_valid());
+    assert_eq!(ticket.extend(ms(1)).unwrap(), ExtendOutcome::NotHeld);
+    assert_eq!(ticket.release().unwrap(), ReleaseOutcome::NotHeld);
+}
+
+#[test]
+fn dropping_a_ticket_releases_it_in_the_background() {
+    let server = start_server(|_| {});
+    let client = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let ticket = client
+        .acquire("dropped", ms(100), Duration::from_secs(60))
+        .unwrap();
+    drop(ticket);
+    assert!(wait_until_free(&client, "dropped", Duration::from_secs(2)));
+}
+
+#[test]
+fn dropping_the_last_handle_still_sends_the_background_release() {
+    let server = start_server(|_| {});
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    for round in 0..5 {
+        let key = format!("last-{round}");
+        let client = client(&[server.local_addr()], 1, Duration::from_secs(2));
+        let ticket = client
+            .acquire(&key, ms(100), Duration::from_secs(60))
+            .unwrap();
+        drop(client);
+        drop(ticket);
+        assert!(
+            wait_until_free(&observer, &key, Duration::from_secs(2)),
+            "round {round}"
+        );
+    }
+}
+
+#[test]
+fn answers_naming_one_token_are_matched_first_in_first_out() {
+    let server = FakeServer::start();
+    let client = client(&[server.addr()], 1, Duration::from_secs(2));
+    let mut conn = server.accept();
+    let acquiring = {
+        let client = client.clone();
+        thread::spawn(move || client.acquire("fifo", ms(500), Duration::from_secs(10)))
+    };
+    let (owner, _, _, _) = conn.acquire();
+    conn.send(Response::Acquired { owner, token: 31 });
+    let ticket = Arc::new(acquiring.join().unwrap().unwrap());
+    let extend = |ticket: &Arc<_>| {
+        let ticket: Arc<latchkey::client::Ticket> = Arc::clone(ticket);
+        thread::spawn(move || ticket.extend(Duration::from_secs(10)))
+    };
+    let first = extend(&ticket);
+    assert!(matches!(conn.frame(), Frame::Extend { token: 31, .. }));
+    let second = extend(&ticket);
+    assert!(matches!(conn.frame(), Frame::Extend { token: 31, .. }));
+    conn.send(Response::Extended { token: 31 });
+    conn.send(Response::NotHeld { token: 31 });
+    assert_eq!(first.join().unwrap().unwrap(), ExtendOutcome::Extended);
+    assert_eq!(second.join().unwrap().unwrap(), ExtendOutcome::NotHeld);
+}
+
+#[test]
+fn many_threads_pipelining_get_exactly_one_result_each() {
+    const THREADS: usize = 8;
+    const CALLS: usize = 40;
+    let server = start_server(|_| {});
+    let client = client(&[server.local_addr()], 3, Duration::from_secs(2));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|worker| {
+            let client = client.clone();
+            thread::spawn(move || {
+                let mut tokens = Vec::new();
+                let mut timeouts = 0;
+                for call in 0..CALLS {
+                    let key = format!("k{}", (worker + call) % 4);
+                    let wait = ms((call % 3) as u64 * 50);
+                    match client.acquire(&key, wait, Duration::from_secs(5)) {
+                        Ok(ticket) => {
+                            assert_eq!(ticket.key(), key);
+                            tokens.push(ticket.token());
+                            assert_eq!(ticket.release().unwrap(), ReleaseOutcome::Released);
+                        }
+                        Err(AcquireError::Timeout) => timeouts += 1,
+                        Err(other) => panic!("unexpected {other:?}"),
+                    }
+                }
+                (tokens, timeouts)
+            })
+        })
+        .collect();
+    let mut tokens = HashSet::new();
+    let mut results = 0;
+    for worker in workers {
+        let (granted, timeouts) = worker.join().unwrap();
+        results += granted.len() + timeouts;
+        for token in granted {
+            assert!(tokens.insert(token), "token {token} delivered twice");
+        }
+    }
+    assert_eq!(results, THREADS * CALLS);
+    assert!(!tokens.is_empty());
+}

@@ -1,0 +1,388 @@
+//! `latchkey lock`, `query` and `ping`: in-process through their `run_*` functions (against
+//! the real server, or a scripted one to force a lost lease), as the `latchkey` binary, and
+//! their argument parsing through clap.
+
+mod common;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use common::{client, dead_addr, start_server, FakeServer, Frame, Got};
+use latchkey::client::cli::{self, LockArgs, PingArgs, QueryArgs};
+use latchkey::protocol::Response;
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+fn same(code: ExitCode, expected: u8) -> bool {
+    format!("{code:?}") == format!("{:?}", ExitCode::from(expected))
+}
+
+#[track_caller]
+fn assert_exit(code: ExitCode, expected: u8) {
+    assert!(same(code, expected), "exit {code:?}, expected {expected}");
+}
+
+fn lock_args(server: String, key: &str, wait: Duration, lease: Duration, script: &str) -> LockArgs {
+    LockArgs {
+        server,
+        wait,
+        lease,
+        grace: ms(500),
+        key: key.to_owned(),
+        command: ["sh", "-c", script].iter().map(OsString::from).collect(),
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("latchkey-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+#[test]
+fn lock_runs_the_command_with_key_and_token_and_exits_with_its_status() {
+    let server = start_server(|_| {});
+    let out = scratch("env");
+    let script = format!(
+        "echo \"$LATCHKEY_KEY $LATCHKEY_TOKEN\" > {}; exit 3",
+        out.display()
+    );
+    let args = lock_args(
+        server.local_addr().to_string(),
+        "jobs/x",
+        ms(500),
+        ms(5000),
+        &script,
+    );
+    assert_exit(cli::run_lock(args), 3);
+    let written = std::fs::read_to_string(&out).unwrap();
+    let (key, token) = written.trim().split_once(' ').unwrap();
+    assert_eq!(key, "jobs/x");
+    assert!(token.parse::<u64>().unwrap() > 0);
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    assert!(
+        !observer.query("jobs/x").unwrap().held,
+        "released when the command exited"
+    );
+}
+
+#[test]
+fn lock_extends_the_lease_while_the_command_runs() {
+    let server = start_server(|_| {});
+    let args = lock_args(
+        server.local_addr().to_string(),
+        "long",
+        ms(500),
+        ms(1000),
+        "sleep 2.5",
+    );
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let running = thread::spawn(move || cli::run_lock(args));
+    thread::sleep(ms(1800));
+    assert!(
+        observer.query("long").unwrap().held,
+        "still held past the first lease"
+    );
+    assert_exit(running.join().unwrap(), 0);
+}
+
+#[test]
+fn lock_exit_codes_for_timeout_busy_unavailable_and_missing_command() {
+    let server = start_server(|config| config.limits.max_waiters_per_key = 1);
+    let addr = server.local_addr().to_string();
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let holder = observer
+        .acquire("taken", ms(100), Duration::from_secs(30))
+        .unwrap();
+    let ran = scratch("ran");
+    let script = format!("touch {}", ran.display());
+    let args = lock_args(addr.clone(), "taken", ms(300), ms(5000), &script);
+    assert_exit(cli::run_lock(args), cli::EXIT_TIMEOUT);
+    assert!(!ran.exists(), "the command never ran");
+
+    let queued = {
+        let observer = observer.clone();
+        thread::spawn(move || observer.acquire("taken", Duration::from_secs(3), ms(1000)))
+    };
+    thread::sleep(ms(200));
+    let args = lock_args(addr.clone(), "taken", ms(300), ms(5000), "true");
+    assert_exit(cli::run_lock(args), cli::EXIT_BUSY);
+    drop(holder);
+    drop(queued.join().unwrap());
+
+    let args = lock_args(dead_addr().to_string(), "k", ms(300), ms(5000), "true");
+    assert_exit(cli::run_lock(args), cli::EXIT_UNAVAILABLE);
+
+    let mut args = lock_args(addr, "missing", ms(300), ms(5000), "true");
+    args.command = vec![OsString::from("/nonexistent/latchkey-test-command")];
+    assert_exit(cli::run_lock(args), cli::EXIT_NOT_FOUND);
+    assert!(
+        !observer.query("missing").unwrap().held,
+        "released after the failed spawn"
+    );
+}
+
+/// Serves one lock call: grants, then answers the first Extend with `extend_answer` (or
+/// never, when `None`). Returns the frames read after that.
+fn grant_then(server: FakeServer, extend_answer: Option<fn(u64) -> Response>) -> Vec<Frame> {
+    let mut conn = server.accept();
+    let (owner, _, _, _) = conn.acquire();
+    conn.send(Response::Acquired { owner, token: 501 });
+    let Frame::Extend { token, .. } = conn.frame() else {
+        panic!("expected an extend")
+    };
+    if let Some(answer) = extend_answer {
+        conn.send(answer(token));
+    }
+    let mut rest = Vec::new();
+    while let Got::Frame(frame) = conn.read_frame(ms(2500)) {
+        rest.push(frame);
+    }
+    rest
+}
+
+#[test]
+fn a_lost_lease_terminates_the_command_and_exits_85() {
+    let server = FakeServer::start();
+    let addr = server.addr().to_string();
+    let serving =
+        thread::spawn(move || grant_then(server, Some(|token| Response::NotHeld { token })));
+    let start = Instant::now();
+    let args = lock_args(addr, "lost", ms(500), ms(1000), "exec sleep 30");
+    assert_exit(cli::run_lock(args), cli::EXIT_LEASE_LOST);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "SIGTERM ended the command"
+    );
+    serving.join().unwrap();
+}
+
+#[test]
+fn no_confirmed_extend_before_the_validity_bound_counts_as_lost() {
+    let server = FakeServer::start();
+    let addr = server.addr().to_string();
+    let serving = thread::spawn(move || grant_then(server, None));
+    let start = Instant::now();
+    let args = lock_args(addr, "silent", ms(500), ms(1000), "exec sleep 30");
+    assert_exit(cli::run_lock(args), cli::EXIT_LEASE_LOST);
+    // Bound: the A's read + 1 s - 100 ms; the command is signalled then, not before.
+    assert!(start.elapsed() >= ms(900));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    serving.join().unwrap();
+}
+
+#[test]
+fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
+    let server = FakeServer::start();
+    let addr = server.addr().to_string();
+    let serving =
+        thread::spawn(move || grant_then(server, Some(|token| Response::NotHeld { token })));
+    let start = Instant::now();
+    let args = lock_args(
+        addr,
+        "stubborn",
+        ms(500),
+        ms(1000),
+        "trap '' TERM; exec sleep 30",
+    );
+    assert_exit(cli::run_lock(args), cli::EXIT_LEASE_LOST);
+    // Lost at the first extend (lease/3), then the 500 ms grace before SIGKILL.
+    assert!(start.elapsed() >= ms(333 + 500));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    serving.join().unwrap();
+}
+
+#[test]
+fn query_and_ping_exit_codes() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let query = QueryArgs {
+        server: addr.clone(),
+        key: "q".into(),
+    };
+    assert_exit(cli::run_query(query), 0);
+    assert_exit(
+        cli::run_ping(PingArgs {
+            server: addr,
+            count: 2,
+        }),
+        0,
+    );
+    let dead = dead_addr().to_string();
+    let query = QueryArgs {
+        server: dead.clone(),
+        key: "q".into(),
+    };
+    assert_exit(cli::run_query(query), cli::EXIT_UNAVAILABLE);
+    assert_exit(
+        cli::run_ping(PingArgs {
+            server: dead,
+            count: 1,
+        }),
+        cli::EXIT_UNAVAILABLE,
+    );
+    let bad = QueryArgs {
+        server: "not an address".into(),
+        key: "q".into(),
+    };
+    assert_exit(cli::run_query(bad), cli::EXIT_USAGE);
+}
+
+#[derive(Parser, Debug)]
+struct Lock {
+    #[command(flatten)]
+    args: LockArgs,
+}
+
+#[test]
+fn lock_arguments_parse_as_documented() {
+    let parsed = Lock::try_parse_from(["lock", "--wait", "500ms", "k", "--", "echo", "-n", "hi"])
+        .unwrap()
+        .args;
+    assert_eq!(parsed.server, "127.0.0.1:7420");
+    assert_eq!(parsed.wait, ms(500));
+    assert_eq!(parsed.lease, Duration::from_secs(30));
+    assert_eq!(parsed.key, "k");
+    assert_eq!(parsed.command, ["echo", "-n", "hi"].map(OsString::from));
+    let defaults = Lock::try_parse_from(["lock", "k", "--", "true"])
+        .unwrap()
+        .args;
+    assert_eq!(defaults.wait, Duration::from_secs(10));
+
+    let refused = [
+        vec!["lock", "k"],
+        vec!["lock", "k", "true"],
+        vec!["lock", "--wait", "1.5s", "k", "--", "true"],
+        vec!["lock", "--wait", "256s", "k", "--", "true"],
+        vec!["lock", "--lease", "0s", "k", "--", "true"],
+        vec!["lock", "--lease", "5m", "k", "--", "true"],
+        vec!["lock", "", "--", "true"],
+    ];
+    for argv in refused {
+        let error = Lock::try_parse_from(&argv).unwrap_err();
+        assert_eq!(error.exit_code(), i32::from(cli::EXIT_USAGE), "{argv:?}");
+    }
+}
+
+#[test]
+fn durations_parse() {
+    assert_eq!(cli::parse_duration("10s"), Ok(Duration::from_secs(10)));
+    assert_eq!(cli::parse_duration("500ms"), Ok(ms(500)));
+    assert_eq!(cli::parse_duration("2m"), Ok(Duration::from_secs(120)));
+    assert_eq!(cli::parse_duration("1h"), Ok(Duration::from_secs(3600)));
+    assert_eq!(cli::parse_duration("0"), Ok(Duration::ZERO));
+    for bad in [
+        "",
+        "s",
+        "-1s",
+        "1.5s",
+        "10 s",
+        "1d",
+        "99999999999999999999h",
+    ] {
+        assert!(cli::parse_duration(bad).is_err(), "{bad}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary.
+
+fn latchkey(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    command.args(args);
+    command
+}
+
+#[test]
+fn the_binary_runs_a_command_under_a_lock_and_reports_state() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let script = "echo \"$LATCHKEY_KEY:$LATCHKEY_TOKEN\"; exit 7";
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "2s", "--lease", "5s"])
+        .args(["jobs/bin", "--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(7));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let (key, token) = stdout.trim().split_once(':').unwrap();
+    assert_eq!(key, "jobs/bin");
+    assert!(token.parse::<u64>().unwrap() > 0);
+
+    let output = latchkey(&["query", "--server", &addr, "jobs/bin"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "held=0 lease_ms=0 waiters=0\n"
+    );
+    let output = latchkey(&["ping", "--server", &addr]).output().unwrap();
+    assert!(output.status.success());
+    assert!(String::from_utf8(output.stdout)
+        .unwrap()
+        .starts_with("pong from "));
+}
+
+#[test]
+fn the_binary_exit_codes_for_usage_and_timeout() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let status = latchkey(&["lock", "--server", &addr, "k"])
+        .status()
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(i32::from(cli::EXIT_USAGE)),
+        "no command"
+    );
+    let status = latchkey(&["lock", "--wait", "1.5s", "k", "--", "true"])
+        .status()
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(i32::from(cli::EXIT_USAGE)),
+        "bad duration"
+    );
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let _holder = observer
+        .acquire("k", ms(100), Duration::from_secs(30))
+        .unwrap();
+    let status = latchkey(&[
+        "lock", "--server", &addr, "--wait", "300ms", "k", "--", "true",
+    ])
+    .status()
+    .unwrap();
+    assert_eq!(status.code(), Some(i32::from(cli::EXIT_TIMEOUT)));
+}
+
+#[test]
+fn the_binary_forwards_sigterm_to_the_command_then_releases() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let script = "trap 'exit 9' TERM; while :; do sleep 0.05; done";
+    let mut lock = latchkey(&["lock", "--server", &addr, "--lease", "5s", "sig"])
+        .args(["--", "sh", "-c", script])
+        .spawn()
+        .unwrap();
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let until = Instant::now() + Duration::from_secs(10);
+    while !observer.query("sig").unwrap().held {
+        assert!(Instant::now() < until, "the lock was never taken");
+        thread::sleep(ms(20));
+    }
+    thread::sleep(ms(200));
+    // SAFETY: kill has no memory effects; the pid is our own unreaped child.
+    unsafe { libc::kill(lock.id() as libc::pid_t, libc::SIGTERM) };
+    let status = lock.wait().unwrap();
+    assert_eq!(status.code(), Some(9), "the command's own status");
+    assert!(
+        !observer.query("sig").unwrap().held,
+        "released after the command exited"
+    );
+}

@@ -1,0 +1,244 @@
+//! Fault injection: the client behind a TCP fault proxy, in front of the real server.
+//!
+//! Each test proves one rule of PROTOCOL.md §4 from the outside: what the proxy saw the
+//! client send (Acquire and Cancel frames per owner, connections) and what the server shows
+//! afterwards (through a second client that does not go through the proxy).
+
+mod common;
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::proxy::Proxy;
+use common::{assert_between, client, start_server};
+use latchkey::client::{AcquireError, Client};
+use latchkey::server::ServerHandle;
+
+const LATE: Duration = Duration::from_millis(1500);
+const LEASE: Duration = Duration::from_secs(30);
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+/// The server under the proxy.
+struct Upstream {
+    server: ServerHandle,
+}
+
+impl Upstream {
+    fn start() -> Upstream {
+        Upstream {
+            server: start_server(|_| {}),
+        }
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// A client that talks to the server directly, to observe it.
+    fn observer(&self) -> Client {
+        client(&[self.addr()], 1, Duration::from_secs(2))
+    }
+}
+
+/// Polls `key` until it is free; returns how long that took, or `None` after `within`.
+fn freed_within(observer: &Client, key: &str, within: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if !observer.query(key).unwrap().held {
+            return Some(start.elapsed());
+        }
+        thread::sleep(ms(10));
+    }
+    None
+}
+
+#[test]
+fn unsent_retry_on_another_session_keeps_owner_and_deadline() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(upstream.addr());
+    proxy.refuse_next(1, ms(800));
+    let client = client(&[proxy.addr()], 1, Duration::from_secs(2));
+    let ticket = client.acquire("retry", ms(2500), LEASE).unwrap();
+    let frames = proxy.acquire_frames();
+    assert_eq!(
+        frames.len(),
+        2,
+        "sent to the refused session, then once more: {frames:?}"
+    );
+    assert_eq!(frames[0].0, frames[1].0, "same owner");
+    assert_eq!(frames[0].1, 3, "2.5 s rounds up to 3");
+    assert_eq!(frames[1].1, 2, "same deadline: at most 1.7 s were left");
+    assert_eq!(proxy.connections(), 2);
+    assert!(upstream.observer().query("retry").unwrap().held);
+    drop(ticket);
+}
+
+#[test]
+fn a_cut_after_a_partial_frame_is_indeterminate_and_never_resent() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(upstream.addr());
+    proxy.cut_after(5);
+    let client = client(&[proxy.addr()], 2, Duration::from_secs(1));
+    let result = client.acquire("cut", ms(1000), LEASE);
+    assert_eq!(result.unwrap_err(), AcquireError::Indeterminate);
+    thread::sleep(ms(300));
+    let acquires = proxy.acquires();
+    assert_eq!(acquires.len(), 1);
+    assert_eq!(
+        acquires.values().copied().collect::<Vec<_>>(),
+        vec![1],
+        "zero resends"
+    );
+    assert!(
+        !upstream.observer().query("cut").unwrap().held,
+        "half a frame grants nothing"
+    );
+}
+
+#[test]
+fn a_cut_after_the_whole_frame_is_indeterminate_and_the_lease_recovers_the_grant() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(upstream.addr());
+    proxy.cut_after(12 + "cut-whole".len());
+    let client = client(&[proxy.addr()], 1, Duration::from_secs(1));
+    let result = client.acquire("cut-whole", ms(1000), Duration::from_secs(1));
+    assert_eq!(result.unwrap_err(), AcquireError::Indeterminate);
+    assert_eq!(
+        proxy.acquires().values().copied().collect::<Vec<_>>(),
+        vec![1]
+    );
+    let observer = upstream.observer();
+    assert!(freed_within(&observer, "cut-whole", Duration::from_secs(1) + LATE).is_some());
+}
+
+#[test]
+fn a_grant_held_past_the_deadline_is_indeterminate_and_released_promptly() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(upstream.addr());
+    let client = client(&[proxy.addr()], 1, Duration::from_secs(3));
+    proxy.hold();
+    let acquiring = {
+        let client = client.clone();
+        thread::spawn(move || client.acquire("held", ms(600), LEASE))
+    };
+    // The A stays in the proxy past the deadline; the Cancel goes through and does nothing.
+    thread::sleep(ms(1200));
+    let observer = upstream.observer();
+    assert!(
+        observer.query("held").unwrap().held,
+        "the server granted at once"
+    );
+    proxy.release();
+    assert_eq!(
+        acquiring.join().unwrap().unwrap_err(),
+        AcquireError::Indeterminate
+    );
+    let freed = freed_within(&observer, "held", LATE).expect("released well before the lease");
+    assert!(freed < LATE);
+    assert_eq!(proxy.acquires().len(), 1);
+}
+
+#[test]
+fn a_deadline_while_queued_cancels_to_timeout_and_the_session_stays_open() {
+    let upstream = Upstream::start();
+    let observer = upstream.observer();
+    let holder = observer.acquire("queued", ms(100), LEASE).unwrap();
+    let proxy = Proxy::start(upstream.addr());
+    let client = client(&[proxy.addr()], 1, Duration::from_secs(2));
+    let start = Instant::now();
+    let result = client.acquire("queued", ms(1100), LEASE);
+    assert_eq!(result.unwrap_err(), AcquireError::Timeout);
+    // The wire wait was 2 s: a Timeout at 1.1 s is the Cancel's doing.
+    assert_between(start.elapsed(), ms(1100), ms(1100) + LATE);
+    let cancels = proxy.cancels();
+    assert_eq!(cancels.len(), 1);
+    assert_eq!(
+        cancels.keys().collect::<Vec<_>>(),
+        proxy.acquires().keys().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        observer.query("queued").unwrap().waiters,
+        0,
+        "nothing left queued"
+    );
+    client.ping().unwrap();
+    assert_eq!(proxy.connections(), 1, "the session stayed open");
+    drop(holder);
+}
+
+#[test]
+fn a_late_timeout_is_a_timeout() {
+    let upstream = Upstream::start();
+    let observer = upstream.observer();
+    let holder = observer.acquire("late", ms(100), LEASE).unwrap();
+    let proxy = Proxy::start(upstream.addr());
+    let client = client(&[proxy.addr()], 1, Duration::from_secs(3));
+    proxy.hold();
+    let acquiring = {
+        let client = client.clone();
+        thread::spawn(move || {
+            let start = Instant::now();
+            (client.acquire("late", ms(500), LEASE), start.elapsed())
+        })
+    };
+    thread::sleep(ms(1500));
+    proxy.release();
+    let (result, elapsed) = acquiring.join().unwrap();
+    assert_eq!(result.unwrap_err(), AcquireError::Timeout);
+    assert!(elapsed >= ms(1400), "the T came late: {elapsed:?}");
+    drop(holder);
+}
+
+#[test]
+fn a_server_refusing_every_session_is_unavailable_and_nothing_was_executed() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(upstream.addr());
+    proxy.refuse_next(usize::MAX, ms(50));
+    let client = client(&[proxy.addr()], 2, Duration::from_secs(1));
+    let start = Instant::now();
+    let result = client.acquire("refused", ms(800), LEASE);
+    assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
+    assert_between(start.elapsed(), ms(800), ms(800) + LATE);
+    let acquires = proxy.acquires();
+    assert!(
+        acquires.len() <= 1,
+        "one owner across all retries: {acquires:?}"
+    );
+}
+
+#[test]
+fn many_threads_through_a_slow_proxy_each_send_once_and_get_one_result() {
+    const THREADS: usize = 6;
+    const CALLS: usize = 25;
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(upstream.addr());
+    proxy.delay_up(ms(1));
+    proxy.delay_down(ms(1));
+    let client = client(&[proxy.addr()], 2, Duration::from_secs(2));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|worker| {
+            let client = client.clone();
+            thread::spawn(move || {
+                let mut results = 0;
+                for call in 0..CALLS {
+                    let key = format!("m{}", (worker * 7 + call) % 5);
+                    match client.acquire(&key, ms(200), LEASE) {
+                        Ok(ticket) => drop(ticket.release().unwrap()),
+                        Err(AcquireError::Timeout) => {}
+                        Err(other) => panic!("unexpected {other:?}"),
+                    }
+                    results += 1;
+                }
+                results
+            })
+        })
+        .collect();
+    let results: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert_eq!(results, THREADS * CALLS);
+    let acquires = proxy.acquires();
+    assert_eq!(acquires.len(), THREADS * CALLS);
+    assert!(acquires.values().all(|&count| count == 1));
+}

@@ -1,0 +1,310 @@
+//! Shared helpers of the client tests.
+//!
+//! * [`FakeServer`]: a scripted server. The test accepts each connection itself, reads the
+//!   client's frames and writes whatever answer it wants, when it wants: the way to force an
+//!   exact interleaving (an `A` just late, a `T` after a Cancel, an `X` 7, silence).
+//! * [`start_server`]: the real server, in-process.
+//! * [`proxy`]: a TCP fault proxy (delay, hold, cut after N bytes, frame counts).
+//!
+//! * [`server`]: raw-frame connections and the server binary as a child process.
+//!
+//! Everything binds 127.0.0.1 ephemeral ports; every wait is bounded.
+#![allow(dead_code)]
+
+pub mod proxy;
+pub mod server;
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use latchkey::client::{Client, ClientConfig};
+use latchkey::config::Config;
+use latchkey::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
+use latchkey::server::ServerHandle;
+
+/// The longest any helper waits for something that should happen.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A client of `addrs` with one session per address by default and a short transport timeout.
+pub fn client(addrs: &[SocketAddr], sessions: usize, transport_timeout: Duration) -> Client {
+    let config = ClientConfig {
+        addrs: addrs.to_vec(),
+        sessions,
+        connect_timeout: Duration::from_secs(2),
+        transport_timeout,
+        ..ClientConfig::default()
+    };
+    Client::with_config(config).expect("client")
+}
+
+/// An address on which nothing listens (bound, then closed).
+pub fn dead_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Asserts `elapsed` is not before `at_least` and not absurdly late.
+#[track_caller]
+pub fn assert_between(elapsed: Duration, at_least: Duration, at_most: Duration) {
+    assert!(elapsed >= at_least, "too early: {elapsed:?} < {at_least:?}");
+    assert!(elapsed <= at_most, "too late: {elapsed:?} > {at_most:?}");
+}
+
+/// An owned request frame as the server received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// `A`.
+    Acquire {
+        wait_s: u8,
+        lease_s: u8,
+        owner: u64,
+        key: String,
+    },
+    /// `R`.
+    Release { token: u64, key: String },
+    /// `E`.
+    Extend {
+        lease_s: u8,
+        token: u64,
+        key: String,
+    },
+    /// `C`.
+    Cancel { owner: u64, key: String },
+    /// `Q`.
+    Query { nonce: u64, key: String },
+    /// `P`.
+    Ping { nonce: u64 },
+}
+
+impl Frame {
+    /// Copies a parsed request.
+    pub fn from_request(request: &Request<'_>) -> Frame {
+        let text = |key: &[u8]| String::from_utf8(key.to_vec()).unwrap();
+        match *request {
+            Request::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key,
+            } => Frame::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key: text(key),
+            },
+            Request::Release { token, key } => Frame::Release {
+                token,
+                key: text(key),
+            },
+            Request::Extend {
+                lease_s,
+                token,
+                key,
+            } => Frame::Extend {
+                lease_s,
+                token,
+                key: text(key),
+            },
+            Request::Cancel { owner, key } => Frame::Cancel {
+                owner,
+                key: text(key),
+            },
+            Request::Query { nonce, key } => Frame::Query {
+                nonce,
+                key: text(key),
+            },
+            Request::Ping { nonce } => Frame::Ping { nonce },
+        }
+    }
+}
+
+/// What [`FakeConn::read_frame`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Got {
+    /// A complete frame.
+    Frame(Frame),
+    /// The client closed the connection.
+    Eof,
+    /// Nothing within the time given.
+    Quiet,
+}
+
+/// A scripted server: the test accepts and answers by hand.
+pub struct FakeServer {
+    listener: TcpListener,
+}
+
+impl FakeServer {
+    /// Listens on an ephemeral port of 127.0.0.1.
+    pub fn start() -> FakeServer {
+        FakeServer::start_on("127.0.0.1:0".parse().unwrap())
+    }
+
+    /// Listens on `addr` (e.g. one that was dead until now).
+    pub fn start_on(addr: SocketAddr) -> FakeServer {
+        let listener = TcpListener::bind(addr).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        FakeServer { listener }
+    }
+
+    /// Listens on an ephemeral port with a small, fixed receive buffer on accepted
+    /// connections, so a client's writes back up soon once the test stops reading.
+    pub fn start_small_buffer() -> FakeServer {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        socket.bind(&addr.into()).unwrap();
+        socket.listen(16).unwrap();
+        let listener: TcpListener = socket.into();
+        listener.set_nonblocking(true).unwrap();
+        FakeServer { listener }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap()
+    }
+
+    /// The next connection; panics if none comes within [`PATIENCE`].
+    pub fn accept(&self) -> FakeConn {
+        self.try_accept(PATIENCE).expect("no connection came")
+    }
+
+    /// The next connection within `within`, if any.
+    pub fn try_accept(&self, within: Duration) -> Option<FakeConn> {
+        let until = Instant::now() + within;
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    stream.set_nonblocking(false).unwrap();
+                    stream.set_nodelay(true).unwrap();
+                    return Some(FakeConn {
+                        stream,
+                        input: Vec::new(),
+                    });
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => panic!("accept: {error}"),
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// One accepted connection of a [`FakeServer`].
+pub struct FakeConn {
+    stream: TcpStream,
+    input: Vec<u8>,
+}
+
+impl FakeConn {
+    /// The next frame, end of input, or nothing within `within`.
+    pub fn read_frame(&mut self, within: Duration) -> Got {
+        let until = Instant::now() + within;
+        loop {
+            if let Some((request, used)) = parse_request(&self.input, KEY_BYTES_MAX).unwrap() {
+                let frame = Frame::from_request(&request);
+                self.input.drain(..used);
+                return Got::Frame(frame);
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Got::Quiet;
+            }
+            self.stream.set_read_timeout(Some(left)).unwrap();
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Got::Eof,
+                Ok(read) => self.input.extend_from_slice(&chunk[..read]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Got::Eof,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    /// The next frame; panics on end of input or silence.
+    #[track_caller]
+    pub fn frame(&mut self) -> Frame {
+        match self.read_frame(PATIENCE) {
+            Got::Frame(frame) => frame,
+            other => panic!("expected a frame, got {other:?}"),
+        }
+    }
+
+    /// The next frame, which must be an Acquire: (owner, wait_s, lease_s, key).
+    #[track_caller]
+    pub fn acquire(&mut self) -> (u64, u8, u8, String) {
+        match self.frame() {
+            Frame::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+                key,
+            } => (owner, wait_s, lease_s, key),
+            other => panic!("expected an acquire, got {other:?}"),
+        }
+    }
+
+    /// Writes one response.
+    pub fn send(&mut self, response: Response) {
+        let mut bytes = Vec::new();
+        response.encode(&mut bytes);
+        self.stream.write_all(&bytes).unwrap();
+    }
+
+    /// Reads frames until the client closes the connection; panics if it does not within
+    /// `within`. Returns the frames read meanwhile.
+    #[track_caller]
+    pub fn expect_eof(&mut self, within: Duration) -> Vec<Frame> {
+        let until = Instant::now() + within;
+        let mut frames = Vec::new();
+        loop {
+            match self.read_frame(until.saturating_duration_since(Instant::now())) {
+                Got::Frame(frame) => frames.push(frame),
+                Got::Eof => return frames,
+                Got::Quiet => panic!("the client did not close the session; read {frames:?}"),
+            }
+        }
+    }
+
+    /// Refuses the session like a server at `max_connections`: `X` 7, then end of output,
+    /// then drains the client's bytes until it closes (so the close is clean, not a reset).
+    pub fn refuse(mut self) -> Vec<Frame> {
+        self.send(Response::Error {
+            code: ErrorCode::SessionRefused,
+            id: 0,
+        });
+        self.stream.shutdown(Shutdown::Write).unwrap();
+        self.expect_eof(PATIENCE)
+    }
+
+    /// Closes the connection at once.
+    pub fn close(self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Starts the real server in-process on an ephemeral port of 127.0.0.1 with two cores, after
+/// `configure` adjusted the limits. Dropping the handle shuts it down.
+pub fn start_server(configure: impl FnOnce(&mut Config)) -> ServerHandle {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.cores = 2;
+    configure(&mut config);
+    latchkey::server::start(config).expect("server starts")
+}

@@ -1,0 +1,236 @@
+//! Starting a real server for a test (in-process or as the binary) and talking raw frames to it.
+#![allow(dead_code)]
+
+use latchkey::config::Config;
+use latchkey::protocol::{parse_response, Request, Response};
+use latchkey::server::ServerHandle;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a test waits for an answer that must come (generous: shared 2-core machines).
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A config for tests: loopback, ephemeral port, `cores` cores.
+pub fn test_config(cores: usize) -> Config {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.cores = cores;
+    config
+}
+
+/// Starts an in-process server with `cores` cores and default limits.
+pub fn start(cores: usize) -> ServerHandle {
+    start_with(test_config(cores))
+}
+
+/// Starts an in-process server with `config`.
+pub fn start_with(config: Config) -> ServerHandle {
+    latchkey::server::start(config).expect("server starts")
+}
+
+/// The `latchkey` binary running as a child process.
+pub struct ServerProcess {
+    /// The child; killed on drop if still running.
+    pub child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+impl ServerProcess {
+    /// Runs `latchkey serve --listen 127.0.0.1:0 ARGS...` and waits for its address line.
+    pub fn spawn(args: &[&str]) -> ServerProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn latchkey");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read address line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .expect("address");
+        ServerProcess { child, addr }
+    }
+
+    /// Sends a signal (e.g. `libc::SIGTERM`).
+    pub fn signal(&self, signal: i32) {
+        let pid = self.child.id() as i32;
+        // SAFETY: kill(2) with a pid we spawned and a valid signal number has no memory effects.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+
+    /// Waits up to `limit` for the exit status.
+    pub fn wait_timeout(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A raw protocol connection: write frames, read parsed responses.
+pub struct Conn {
+    /// The socket.
+    pub stream: TcpStream,
+    buffer: Vec<u8>,
+}
+
+impl Conn {
+    /// Connects to `addr`.
+    pub fn connect(addr: SocketAddr) -> Conn {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_nodelay(true).unwrap();
+        Conn {
+            stream,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// Writes raw bytes.
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("write");
+    }
+
+    /// Writes one request frame.
+    pub fn send(&mut self, request: Request<'_>) {
+        let mut frame = Vec::new();
+        request.encode(&mut frame);
+        self.send_raw(&frame);
+    }
+
+    /// Reads the next response, waiting up to `limit`; `None` on timeout.
+    pub fn recv_within(&mut self, limit: Duration) -> Option<Response> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some((response, used)) = parse_response(&self.buffer).expect("valid response") {
+                self.buffer.drain(..used);
+                return Some(response);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            self.stream
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => panic!("connection closed while waiting for a response"),
+                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    return None
+                }
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
+    }
+
+    /// Reads the next response, which must come within [`ANSWER_TIMEOUT`].
+    pub fn recv(&mut self) -> Response {
+        self.recv_within(ANSWER_TIMEOUT)
+            .expect("a response within the timeout")
+    }
+
+    /// Asserts nothing arrives for `quiet`.
+    pub fn expect_silence(&mut self, quiet: Duration) {
+        if let Some(response) = self.recv_within(quiet) {
+            panic!("unexpected response {response:?}");
+        }
+    }
+
+    /// Waits until the server closes the connection (after reading any remaining responses,
+    /// which are returned).
+    pub fn recv_until_closed(&mut self) -> Vec<Response> {
+        let mut responses = Vec::new();
+        self.stream.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+        loop {
+            while let Some((response, used)) = parse_response(&self.buffer).expect("valid") {
+                self.buffer.drain(..used);
+                responses.push(response);
+            }
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return responses,
+                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return responses,
+                Err(e) => panic!("waiting for close: {e}"),
+            }
+        }
+    }
+
+    /// Acquire and wait for its answer.
+    pub fn acquire(&mut self, key: &str, wait_s: u8, lease_s: u8, owner: u64) -> Response {
+        self.send(Request::Acquire {
+            wait_s,
+            lease_s,
+            owner,
+            key: key.as_bytes(),
+        });
+        self.recv()
+    }
+
+    /// Acquire that must be granted; returns the token.
+    pub fn acquire_ok(&mut self, key: &str, lease_s: u8, owner: u64) -> u64 {
+        match self.acquire(key, 0, lease_s, owner) {
+            Response::Acquired {
+                owner: echoed,
+                token,
+            } if echoed == owner => token,
+            other => panic!("expected A for owner {owner}, got {other:?}"),
+        }
+    }
+
+    /// Release and wait for its answer.
+    pub fn release(&mut self, key: &str, token: u64) -> Response {
+        self.send(Request::Release {
+            token,
+            key: key.as_bytes(),
+        });
+        self.recv()
+    }
+
+    /// Query and wait for its answer.
+    pub fn query(&mut self, key: &str, nonce: u64) -> Response {
+        self.send(Request::Query {
+            nonce,
+            key: key.as_bytes(),
+        });
+        self.recv()
+    }
+}
+
+/// Keys that `partition_of` puts on partition `partition` of `cores`, named `prefix-N`.
+pub fn keys_on_partition(
+    prefix: &str,
+    partition: usize,
+    cores: usize,
+    count: usize,
+) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .filter(|key| latchkey::server::route::partition_of(key.as_bytes(), cores) == partition)
+        .take(count)
+        .collect()
+}
