@@ -121,6 +121,51 @@ fn a_request_the_server_refuses_is_rejected_with_its_code() {
     assert!(again.is_ok(), "a new session is used: {again:?}");
 }
 
+/// PROTOCOL.md §2.3: `X` 2 closes the session. The client retires that session before the
+/// caller sees `Rejected`, so a call made right after it goes to a new session. Even rounds:
+/// the server closes right after the `X`, as the real one does. Odd rounds: it keeps the
+/// connection open until the client closes it, so a call wrongly written to the dying session
+/// would be seen here rather than lost in a race with the server's close.
+#[test]
+fn a_closing_rejection_retires_its_session_before_the_caller_sees_it() {
+    for round in 0..50 {
+        let server = FakeServer::start();
+        let client = client(&[server.addr()], 1, Duration::from_secs(2));
+        let script = thread::spawn(move || {
+            let mut first = server.accept();
+            let (owner, _, _, key) = first.acquire();
+            first.send(Response::Error {
+                code: ErrorCode::KeyTooLong,
+                id: owner,
+            });
+            if round % 2 == 0 {
+                first.close();
+            } else {
+                let written = first.expect_eof(PATIENCE);
+                assert_eq!(written, [], "round {round}: written after the X");
+            }
+            let mut second = server.accept();
+            let (owner, _, _, retried_key) = second.acquire();
+            second.send(Response::Acquired { owner, token: 77 });
+            (key, retried_key, second)
+        });
+        let result = client.acquire("123456789", ms(2000), ms(1000));
+        assert_eq!(
+            result.unwrap_err(),
+            AcquireError::Rejected(ErrorCode::KeyTooLong),
+            "round {round}"
+        );
+        let again = client.acquire("12345678", ms(2000), ms(1000));
+        let (key, retried_key, _second) = script
+            .join()
+            .unwrap_or_else(|_| panic!("round {round}: the fake server's script failed"));
+        assert_eq!(key, "123456789");
+        assert_eq!(retried_key, "12345678", "round {round}");
+        let ticket = again.unwrap_or_else(|error| panic!("round {round}: {error:?}"));
+        assert_eq!(ticket.token(), 77);
+    }
+}
+
 #[test]
 fn a_full_server_refuses_sessions_and_a_freed_slot_is_used_before_the_deadline() {
     let server = start_server(|config| config.limits.max_connections = 1);

@@ -10,7 +10,8 @@ use common::{assert_between, client, dead_addr, FakeServer, Frame, Got};
 use latchkey::client::{AcquireError, Client, ClientConfig, Ticket};
 use latchkey::protocol::Response;
 
-const LATE: Duration = Duration::from_millis(1500);
+/// Slack for "not too late" on a shared, noisy 2-core machine (never-early bounds stay strict).
+const LATE: Duration = Duration::from_millis(3000);
 const LEASE: Duration = Duration::from_secs(30);
 
 fn ms(millis: u64) -> Duration {

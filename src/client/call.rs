@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crossbeam_channel::Sender;
 
-use crate::protocol::{Request, Response, ResponseError};
+use crate::protocol::{ErrorCode, Request, Response, ResponseError};
 
 /// One request as the client wants it sent. Keys are shared with the caller's ticket.
 #[derive(Clone, Debug)]
@@ -127,6 +127,8 @@ pub(crate) enum CloseReason {
     Refused,
     /// The server closed the connection.
     Eof,
+    /// The server sent an `X` whose code closes the session (1, 2 or 6; PROTOCOL.md §2.3).
+    ServerError(ErrorCode),
     /// A socket error.
     Io(io::ErrorKind),
     /// The server sent bytes that are not a response frame.
@@ -146,6 +148,7 @@ impl fmt::Display for CloseReason {
             CloseReason::ConnectTimeout => f.write_str("connect timed out"),
             CloseReason::Refused => f.write_str("session refused by the server (X 7)"),
             CloseReason::Eof => f.write_str("closed by the server"),
+            CloseReason::ServerError(code) => write!(f, "the server closes it after X: {code}"),
             CloseReason::Io(kind) => write!(f, "socket error: {kind}"),
             CloseReason::Protocol(error) => write!(f, "protocol error: {error}"),
             CloseReason::DeadlineMidFrame => f.write_str("deadline passed mid-frame"),

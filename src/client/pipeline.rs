@@ -22,6 +22,10 @@
 //!   encoded again, with a fresh wire wait, when they really go out.
 //! * Nothing here ever encodes a request again once a byte of it was handed to the socket.
 //! * Every call with a reply channel gets exactly one [`Outcome`].
+//! * An `X` whose code closes the session (1, 2, 6) ends the session at once, and the answer
+//!   it carries is held back until [`finish`](Pipeline::finish): the driver retires the
+//!   session (no new call can be submitted to it) before calling `finish`, so a caller who
+//!   sees that `Rejected` never hands its next call to the dying session.
 //! * Answers to Release and Extend carry only the token, so requests naming one token are
 //!   matched first-in first-out, in the order their first byte was handed to the socket
 //!   (the server answers same-key requests of a session in the order sent).
@@ -109,6 +113,8 @@ pub(crate) struct Pipeline {
     nonces: HashMap<u64, Handle>,
     tokens: HashMap<u64, VecDeque<Handle>>,
     timers: BinaryHeap<Reverse<(Instant, Handle)>>,
+    /// Answers correlated with an `X` that closed the session; delivered by `finish`.
+    held: Vec<(Sender<Outcome>, Outcome)>,
 }
 
 fn reply(tx: Option<Sender<Outcome>>, outcome: Outcome) -> bool {
@@ -132,6 +138,7 @@ impl Pipeline {
             nonces: HashMap::new(),
             tokens: HashMap::new(),
             timers: BinaryHeap::new(),
+            held: Vec::new(),
         }
     }
 
@@ -398,15 +405,50 @@ impl Pipeline {
                 code: ErrorCode::SessionRefused,
                 ..
             } => self.close(CloseReason::Refused),
-            Response::Error { id, .. } => {
-                if self.owners.contains_key(&id) {
-                    self.answer_owner(id, response, now);
-                } else if self.nonces.contains_key(&id) {
-                    self.answer_nonce(id, response, now);
-                } else {
-                    self.answer_token(id, response, now);
+            Response::Error { code, id } if code.closes_session() => {
+                // The session ends first; the answer waits for `finish`, which the driver
+                // calls only after no new call can reach this session any more.
+                self.close(CloseReason::ServerError(code));
+                let entry = match code {
+                    ErrorCode::UnknownOp => None,
+                    _ => self.take_error_target(id),
+                };
+                match entry {
+                    Some(entry) => self.hold(entry, response, now),
+                    None => log::debug!("X {code} for id {id:#x} closes the session"),
                 }
             }
+            Response::Error { id, .. } => match self.take_error_target(id) {
+                Some(entry) => {
+                    Self::answer(entry, response, now);
+                }
+                None => log::debug!("error for unknown id {id:#x} ignored"),
+            },
+        }
+    }
+
+    /// The request an `X` carrying `id` answers: the acquire of that owner, the query or
+    /// ping of that nonce, else the oldest release or extend of that token.
+    fn take_error_target(&mut self, id: u64) -> Option<Entry> {
+        if let Some(&handle) = self.owners.get(&id) {
+            Some(self.take(handle))
+        } else if let Some(&handle) = self.nonces.get(&id) {
+            Some(self.take(handle))
+        } else {
+            self.take_token(id)
+        }
+    }
+
+    /// Keeps the answer for [`finish`](Self::finish) instead of delivering it now.
+    fn hold(&mut self, entry: Entry, response: Response, now: Instant) {
+        if let Some(tx) = entry.call.reply {
+            let sent_at = entry.sent_at.unwrap_or(now);
+            let outcome = Outcome::Answer {
+                response,
+                sent_at,
+                read_at: now,
+            };
+            self.held.push((tx, outcome));
         }
     }
 
@@ -443,16 +485,22 @@ impl Pipeline {
     }
 
     fn answer_token(&mut self, token: u64, response: Response, now: Instant) {
-        let Some(fifo) = self.tokens.get_mut(&token) else {
-            log::debug!("answer for unknown token {token} ignored");
-            return;
-        };
+        match self.take_token(token) {
+            Some(entry) => {
+                Self::answer(entry, response, now);
+            }
+            None => log::debug!("answer for unknown token {token} ignored"),
+        }
+    }
+
+    /// Removes the oldest handed release or extend of `token`, which its next answer is for.
+    fn take_token(&mut self, token: u64) -> Option<Entry> {
+        let fifo = self.tokens.get_mut(&token)?;
         let handle = fifo.pop_front().expect("token queues are never left empty");
         if fifo.is_empty() {
             self.tokens.remove(&token);
         }
-        let entry = self.take(handle);
-        Self::answer(entry, response, now);
+        Some(self.take(handle))
     }
 
     /// An `A`: delivered when in time; else (found at or after the deadline, or after the
@@ -593,9 +641,16 @@ impl Pipeline {
     }
 
     /// Resolves every open call once the session has ended: `NotSent` while no byte was handed
-    /// to the socket (or always, after `X` code 7), else `Indeterminate`. Returns the
-    /// fire-and-forget releases that were never sent, for another session.
+    /// to the socket (or always, after `X` code 7), else `Indeterminate`; and delivers the
+    /// answer held back from an `X` that closed the session. Returns the fire-and-forget
+    /// releases that were never sent, for another session.
+    ///
+    /// The driver calls this only after the session was retired (marked failed, inbox
+    /// closed), so nobody who hears back from it can hand it another call.
     pub(crate) fn finish(&mut self) -> Vec<Call> {
+        for (tx, outcome) in self.held.drain(..) {
+            let _ = tx.try_send(outcome);
+        }
         let refused = self.close == Some(CloseReason::Refused);
         let mut unsent_releases = Vec::new();
         for entry in self.entries.drain() {

@@ -12,7 +12,11 @@
 //!
 //! Invariants: once the session ends, its inbox is closed under the same lock that callers
 //! submit under, so a call is either resolved by this thread or refused at submission, never
-//! lost. A session never reconnects: the pool replaces a failed session by a new one.
+//! lost. The session is marked failed and its inbox closed before any of its calls is resolved
+//! at the end, so a caller who hears back never hands its next call to this session; this is
+//! also how an `X` that closes the session (codes 1, 2, 6) reaches its caller: the pipeline
+//! ends the session at once and holds that answer back until [`Pipeline::finish`]. A session
+//! never reconnects: the pool replaces a failed session by a new one.
 //!
 //! Deliberately not here: choosing a session and retrying elsewhere (see [`super::pool`]).
 
@@ -351,7 +355,9 @@ impl Driver {
             }
             _ => log::warn!("session {} to {} ended: {reason}", self.id, self.addr),
         }
-        // Marked failed before any call hears back, so a retry never picks this session.
+        // Marked failed and closed before any call hears back (including the `Rejected` of an
+        // `X` that closed the session, held by the pipeline until `finish`), so neither a
+        // retry nor the caller's next call picks this session.
         self.shared.failed.store(true, Ordering::Release);
         let leftovers = {
             let mut inbox = self.shared.inbox.lock();
@@ -378,3 +384,6 @@ impl Driver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -567,6 +567,11 @@ fn errors_are_correlated_by_owner_nonce_or_token() {
             t0,
         );
     }
+    assert_eq!(
+        pipeline.close_reason(),
+        None,
+        "code 5 does not close the session"
+    );
     for rx in [rx_acquire, rx_query, rx_release] {
         assert!(matches!(
             answered(&rx),
@@ -585,5 +590,135 @@ fn garbage_from_the_server_closes_the_session() {
     assert!(matches!(
         pipeline.close_reason(),
         Some(CloseReason::Protocol(_))
+    ));
+}
+
+#[test]
+fn a_closing_error_ends_the_session_and_its_answer_waits_for_finish() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (rejected, rx_rejected) = acquire(1, false, t0 + ms(3000));
+    let (sent, rx_sent) = acquire(2, false, t0 + ms(3000));
+    let (unsent, rx_unsent) = acquire(3, false, t0 + ms(3000));
+    pipeline.submit(rejected);
+    pipeline.submit(sent);
+    write_all(&mut pipeline, t0);
+    pipeline.submit(unsent);
+    let rejection = Response::Error {
+        code: ErrorCode::KeyTooLong,
+        id: 1,
+    };
+    feed(&mut pipeline, rejection, t0 + ms(10));
+    assert_eq!(
+        pipeline.close_reason(),
+        Some(&CloseReason::ServerError(ErrorCode::KeyTooLong))
+    );
+    assert!(
+        rx_rejected.try_recv().is_err(),
+        "held until the driver has retired the session"
+    );
+    assert!(
+        pipeline.output(t0 + ms(10)).is_empty(),
+        "nothing more is sent"
+    );
+    let (late, rx_late) = acquire(4, false, t0 + ms(3000));
+    pipeline.submit(late);
+    assert_eq!(
+        rx_late.try_recv(),
+        Ok(Outcome::NotSent),
+        "a call reaching the closed pipeline is given back unsent"
+    );
+    assert!(pipeline.finish().is_empty());
+    assert_eq!(
+        rx_rejected.try_recv(),
+        Ok(Outcome::Answer {
+            response: rejection,
+            sent_at: t0,
+            read_at: t0 + ms(10),
+        })
+    );
+    assert_eq!(rx_sent.try_recv(), Ok(Outcome::Indeterminate));
+    assert_eq!(rx_unsent.try_recv(), Ok(Outcome::NotSent));
+}
+
+#[test]
+fn closing_errors_correlate_by_nonce_and_token_and_code_1_by_nothing() {
+    let t0 = Instant::now();
+    let key: Arc<str> = Arc::from("k");
+    let cases = [
+        (ErrorCode::MissingNewline, 44, Some(0)),
+        (ErrorCode::KeyTooLong, 55, Some(1)),
+        (ErrorCode::UnknownOp, 0, None),
+    ];
+    for (code, id, answered_index) in cases {
+        let mut pipeline = established();
+        let (query, rx_query) = call(
+            Op::Query {
+                key: Arc::clone(&key),
+                nonce: 44,
+            },
+            t0 + TRANSPORT,
+        );
+        let (release, rx_release) = call(
+            Op::Release {
+                key: Arc::clone(&key),
+                token: 55,
+            },
+            t0 + TRANSPORT,
+        );
+        pipeline.submit(query);
+        pipeline.submit(release);
+        write_all(&mut pipeline, t0);
+        let error = Response::Error { code, id };
+        feed(&mut pipeline, error, t0);
+        assert_eq!(
+            pipeline.close_reason(),
+            Some(&CloseReason::ServerError(code))
+        );
+        assert!(rx_query.try_recv().is_err() && rx_release.try_recv().is_err());
+        pipeline.finish();
+        for (index, rx) in [rx_query, rx_release].iter().enumerate() {
+            let outcome = rx.try_recv().unwrap();
+            if answered_index == Some(index) {
+                assert!(
+                    matches!(outcome, Outcome::Answer { response, .. } if response == error),
+                    "{code}: {outcome:?}"
+                );
+            } else {
+                assert_eq!(outcome, Outcome::Indeterminate, "{code}");
+            }
+        }
+    }
+}
+
+#[test]
+fn answers_read_before_a_closing_error_are_delivered_at_once() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (granted, rx_granted) = acquire(1, false, t0 + ms(3000));
+    let (rejected, rx_rejected) = acquire(2, false, t0 + ms(3000));
+    pipeline.submit(granted);
+    pipeline.submit(rejected);
+    write_all(&mut pipeline, t0);
+    let mut bytes = Vec::new();
+    Response::Acquired { owner: 1, token: 7 }.encode(&mut bytes);
+    Response::Error {
+        code: ErrorCode::KeyTooLong,
+        id: 2,
+    }
+    .encode(&mut bytes);
+    assert_eq!(pipeline.handle_read(&bytes, t0), bytes.len());
+    assert_eq!(
+        answered(&rx_granted),
+        Response::Acquired { owner: 1, token: 7 }
+    );
+    assert!(rx_rejected.try_recv().is_err());
+    pipeline.finish();
+    assert!(matches!(
+        answered(&rx_rejected),
+        Response::Error {
+            code: ErrorCode::KeyTooLong,
+            id: 2
+        }
     ));
 }
