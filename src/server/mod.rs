@@ -15,6 +15,7 @@
 //! A core that panics marks the server failed and stops the others; [`ServerHandle::join`]
 //! reports it and the binary exits non-zero, so a half-alive server never lingers.
 
+pub mod alarm;
 pub mod reactor;
 pub mod route;
 pub mod session;

@@ -20,6 +20,7 @@
 //!
 //! Not here: frame syntax ([`crate::protocol`]), lock semantics ([`crate::lock_table`]).
 
+use super::alarm::Alarm;
 use super::route::{partition_of, Msg, Outbox, RemoteOp};
 use super::session::{BufferPool, Phase, ReadOutcome, Session};
 use super::Shared;
@@ -39,8 +40,10 @@ use std::time::{Duration, Instant};
 const LISTENER: Token = Token(0);
 /// Token of the waker other cores (and shutdown) use.
 pub const WAKER: Token = Token(1);
+/// Token of the timer alarm.
+const ALARM: Token = Token(2);
 /// Session tokens are slab slots plus this.
-const SESSION_TOKEN_BASE: usize = 2;
+const SESSION_TOKEN_BASE: usize = 3;
 /// Readiness events taken per poll.
 const EVENTS_MAX: usize = 1024;
 /// Inbox messages handled per iteration before the loop polls again.
@@ -96,6 +99,7 @@ pub struct CoreSettings {
 pub struct Core {
     settings: CoreSettings,
     poll: Poll,
+    alarm: Alarm,
     listener: Option<TcpListener>,
     sessions: Slab<Session>,
     generation: u32,
@@ -131,9 +135,11 @@ impl Core {
         let mut listener = listener;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let alarm = Alarm::new(poll.registry(), ALARM)?;
         Ok(Core {
             settings,
             poll,
+            alarm,
             listener: Some(listener),
             sessions: Slab::new(),
             generation: 0,
@@ -158,6 +164,17 @@ impl Core {
         let mut events = Events::with_capacity(EVENTS_MAX);
         loop {
             let timeout = self.poll_timeout();
+            let deadline = self.table.next_deadline_us();
+            if let Err(e) = self
+                .alarm
+                .arm(deadline, || self.epoch.elapsed().as_micros() as u64)
+            {
+                // The poll timeout still wakes the loop, only up to a millisecond later.
+                log::warn!(
+                    "core {}: cannot arm the timer alarm: {e}",
+                    self.settings.index
+                );
+            }
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -168,6 +185,7 @@ impl Core {
                 match event.token() {
                     LISTENER => self.accept_all(),
                     WAKER => {}
+                    ALARM => self.alarm.acknowledge(),
                     Token(token) => self.on_session_event(token - SESSION_TOKEN_BASE, event),
                 }
             }
@@ -185,6 +203,8 @@ impl Core {
         }
     }
 
+    /// The poll timeout: zero when work is left, else the next timer (a millisecond-rounded
+    /// backstop: the alarm rings on time).
     fn poll_timeout(&self) -> Option<Duration> {
         let busy = !self.scheduled.is_empty()
             || self.more_inbox
