@@ -5,8 +5,10 @@ use latchkey::config::Config;
 use latchkey::protocol::{parse_response, Request, Response};
 use latchkey::server::ServerHandle;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a test waits for an answer that must come (generous: shared 2-core machines).
@@ -218,6 +220,151 @@ impl Conn {
             key: key.as_bytes(),
         });
         self.recv()
+    }
+
+    /// Sends an Acquire without waiting for its answer.
+    pub fn send_acquire(&mut self, key: &str, wait_s: u8, lease_s: u8, owner: u64) {
+        self.send(Request::Acquire {
+            wait_s,
+            lease_s,
+            owner,
+            key: key.as_bytes(),
+        });
+    }
+
+    /// Extend and wait for its answer.
+    pub fn extend(&mut self, key: &str, lease_s: u8, token: u64) -> Response {
+        self.send(Request::Extend {
+            lease_s,
+            token,
+            key: key.as_bytes(),
+        });
+        self.recv()
+    }
+
+    /// Sends a Cancel (an executed Cancel has no answer of its own).
+    pub fn cancel(&mut self, key: &str, owner: u64) {
+        self.send(Request::Cancel {
+            owner,
+            key: key.as_bytes(),
+        });
+    }
+
+    /// Ping and wait for its answer.
+    pub fn ping(&mut self, nonce: u64) -> Response {
+        self.send(Request::Ping { nonce });
+        self.recv()
+    }
+
+    /// Queries `key` with a fresh nonce and returns its state. Because requests of one session
+    /// for one key are executed in order, this also confirms that every earlier request of
+    /// this session for `key` has been executed.
+    #[track_caller]
+    pub fn state(&mut self, key: &str) -> KeyState {
+        let nonce = fresh_id();
+        match self.query(key, nonce) {
+            Response::State {
+                nonce: echoed,
+                held,
+                lease_ms,
+                waiters,
+            } if echoed == nonce => KeyState {
+                held,
+                lease_ms,
+                waiters,
+            },
+            other => panic!("expected Q for nonce {nonce}, got {other:?}"),
+        }
+    }
+
+    /// Reads `count` responses, each within [`ANSWER_TIMEOUT`].
+    pub fn recv_n(&mut self, count: usize) -> Vec<Response> {
+        (0..count).map(|_| self.recv()).collect()
+    }
+
+    /// Ends this side's output (half-close); reading still works.
+    pub fn shutdown_write(&self) {
+        self.stream
+            .shutdown(Shutdown::Write)
+            .expect("shutdown write");
+    }
+}
+
+/// What a Query reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyState {
+    /// Whether the key is held.
+    pub held: bool,
+    /// Milliseconds left on the lease.
+    pub lease_ms: u32,
+    /// Queued acquires.
+    pub waiters: u32,
+}
+
+impl KeyState {
+    /// A free key.
+    pub const FREE: KeyState = KeyState {
+        held: false,
+        lease_ms: 0,
+        waiters: 0,
+    };
+}
+
+/// A process-wide unique id for owners and nonces (never 0), so answers are never confused.
+pub fn fresh_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1_000_000);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The frames of `requests`, back to back.
+pub fn encode_all(requests: &[Request<'_>]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for request in requests {
+        request.encode(&mut bytes);
+    }
+    bytes
+}
+
+/// Polls `condition` every few milliseconds until it holds or `limit` passes; whether it held.
+pub fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + limit;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A fresh directory under the system temp dir, removed (with its contents) on drop.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates `latchkey-<label>-<pid>-<n>`.
+    pub fn new(label: &str) -> TempDir {
+        static COUNT: AtomicU64 = AtomicU64::new(0);
+        let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("latchkey-{label}-{}-{n}", std::process::id());
+        let path = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        TempDir { path }
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
     }
 }
 
