@@ -110,6 +110,21 @@ impl Conn {
         }
     }
 
+    /// Connects to `addr` with a small, fixed receive buffer, so that the server's answers
+    /// back up soon while the test does not read (a slow reader).
+    pub fn connect_small_buffer(addr: SocketAddr) -> Conn {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        socket.connect(&addr.into()).expect("connect");
+        let stream: TcpStream = socket.into();
+        stream.set_nodelay(true).unwrap();
+        Conn {
+            stream,
+            buffer: Vec::new(),
+        }
+    }
+
     /// Writes raw bytes.
     pub fn send_raw(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("write");
@@ -280,6 +295,15 @@ impl Conn {
     /// Reads `count` responses, each within [`ANSWER_TIMEOUT`].
     pub fn recv_n(&mut self, count: usize) -> Vec<Response> {
         (0..count).map(|_| self.recv()).collect()
+    }
+
+    /// Writes `bytes` and ends this side's output so that the end of input travels with the
+    /// data (TCP_CORK holds the bytes until the FIN): the server sees both in one read.
+    pub fn send_raw_then_half_close(&mut self, bytes: &[u8]) {
+        let socket = socket2::SockRef::from(&self.stream);
+        socket.set_cork(true).expect("TCP_CORK");
+        self.send_raw(bytes);
+        self.shutdown_write();
     }
 
     /// Ends this side's output (half-close); reading still works.
