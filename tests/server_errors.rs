@@ -6,12 +6,12 @@
 mod common;
 
 use common::server::{
-    encode_all, fresh_id, keys_on_partition, start, start_with, test_config, Conn, KeyState,
+    encode_all, fresh_id, keys_on_partition, start, start_with, test_config, Conn, Expect,
+    KeyState, Script,
 };
 use latchkey::protocol::{ErrorCode, Request, Response};
 use latchkey::server::route::partition_of;
 use latchkey::server::ServerHandle;
-use std::collections::HashMap;
 use std::thread;
 use std::time::Duration;
 
@@ -393,151 +393,74 @@ fn fixed_headers_full_of_newline_bytes_are_parsed_by_length() {
     }
 }
 
-/// One answer a [`Batch`] expects.
-#[derive(Clone, Copy, Debug)]
-enum Expect {
-    /// Exactly this response.
-    Exact(Response),
-    /// An `A` for this owner (the token is not known in advance).
-    Granted(u64),
-    /// A `Q` for this nonce: held by the batch's own grant, no waiters.
-    Held(u64),
-}
-
-impl Expect {
-    fn id(&self) -> u64 {
-        match *self {
-            Expect::Exact(response) => response.correlation_id(),
-            Expect::Granted(id) | Expect::Held(id) => id,
+/// A pipelined batch of every request kind (and refused frames that continue) on `keys`.
+fn mixed_batch(keys: &[String]) -> Script {
+    let mut script = Script::default();
+    for (stream, key) in keys.iter().enumerate() {
+        let k = key.as_bytes();
+        let ids: [u64; 8] = std::array::from_fn(|_| fresh_id());
+        // The granted owner is mostly newline bytes, like a hostile fixed header.
+        let granted = NEWLINES ^ ids[0];
+        let requests = [
+            Request::Ping { nonce: ids[1] },
+            Request::Acquire {
+                wait_s: 0,
+                lease_s: 1,
+                owner: granted,
+                key: k,
+            },
+            Request::Acquire {
+                wait_s: 0,
+                lease_s: 1,
+                owner: ids[2],
+                key: k,
+            },
+            Request::Extend {
+                lease_s: 1,
+                token: ids[3],
+                key: k,
+            },
+            Request::Release {
+                token: ids[4],
+                key: k,
+            },
+            Request::Acquire {
+                wait_s: 5,
+                lease_s: 1,
+                owner: ids[5],
+                key: k,
+            },
+            Request::Cancel {
+                owner: ids[5],
+                key: k,
+            },
+            Request::Query {
+                nonce: ids[6],
+                key: k,
+            },
+            Request::Query {
+                nonce: ids[7],
+                key: b"",
+            },
+        ];
+        for request in requests {
+            script.request(request);
         }
+        script.expect(stream, Expect::Granted(granted));
+        script.expect(stream, Expect::Exact(Response::Timeout { owner: ids[2] }));
+        script.expect(stream, Expect::Exact(Response::NotHeld { token: ids[3] }));
+        script.expect(stream, Expect::Exact(Response::NotHeld { token: ids[4] }));
+        script.expect(stream, Expect::Exact(Response::Timeout { owner: ids[5] }));
+        let held = Expect::State {
+            nonce: ids[6],
+            held: true,
+            waiters: 0,
+        };
+        script.expect(stream, held);
+        script.expect_any_order(Response::Pong { nonce: ids[1] });
+        script.expect_any_order(error(ErrorCode::EmptyKey, ids[7]));
     }
-
-    fn matches(&self, answer: &Response) -> bool {
-        match (*self, *answer) {
-            (Expect::Exact(expected), answer) => expected == answer,
-            (Expect::Granted(owner), Response::Acquired { owner: o, token }) => {
-                o == owner && token != 0
-            }
-            (
-                Expect::Held(nonce),
-                Response::State {
-                    nonce: n,
-                    held,
-                    lease_ms,
-                    waiters,
-                },
-            ) => n == nonce && held && lease_ms <= 1000 && waiters == 0,
-            _ => false,
-        }
-    }
-}
-
-/// A pipelined batch of every request kind (and refused frames that continue) on `keys`,
-/// with the answers it must produce: per key in order, Pongs and errors in any order.
-struct Batch {
-    bytes: Vec<u8>,
-    per_key: Vec<Vec<Expect>>,
-    unordered: Vec<Response>,
-}
-
-impl Batch {
-    fn new(keys: &[String]) -> Batch {
-        let mut requests = Vec::new();
-        let mut per_key = Vec::new();
-        let mut unordered = Vec::new();
-        for key in keys {
-            let k = key.as_bytes();
-            let ids: [u64; 8] = std::array::from_fn(|_| fresh_id());
-            // The granted owner is mostly newline bytes, like a hostile fixed header.
-            let granted = NEWLINES ^ ids[0];
-            requests.extend([
-                Request::Ping { nonce: ids[1] },
-                Request::Acquire {
-                    wait_s: 0,
-                    lease_s: 1,
-                    owner: granted,
-                    key: k,
-                },
-                Request::Acquire {
-                    wait_s: 0,
-                    lease_s: 1,
-                    owner: ids[2],
-                    key: k,
-                },
-                Request::Extend {
-                    lease_s: 1,
-                    token: ids[3],
-                    key: k,
-                },
-                Request::Release {
-                    token: ids[4],
-                    key: k,
-                },
-                Request::Acquire {
-                    wait_s: 5,
-                    lease_s: 1,
-                    owner: ids[5],
-                    key: k,
-                },
-                Request::Cancel {
-                    owner: ids[5],
-                    key: k,
-                },
-                Request::Query {
-                    nonce: ids[6],
-                    key: k,
-                },
-                Request::Query {
-                    nonce: ids[7],
-                    key: b"",
-                },
-            ]);
-            per_key.push(vec![
-                Expect::Granted(granted),
-                Expect::Exact(Response::Timeout { owner: ids[2] }),
-                Expect::Exact(Response::NotHeld { token: ids[3] }),
-                Expect::Exact(Response::NotHeld { token: ids[4] }),
-                Expect::Exact(Response::Timeout { owner: ids[5] }),
-                Expect::Held(ids[6]),
-            ]);
-            unordered.push(Response::Pong { nonce: ids[1] });
-            unordered.push(error(ErrorCode::EmptyKey, ids[7]));
-        }
-        Batch {
-            bytes: encode_all(&requests),
-            per_key,
-            unordered,
-        }
-    }
-
-    /// Reads the batch's answers from `conn` and checks them.
-    #[track_caller]
-    fn check(&self, conn: &mut Conn) {
-        let mut stream_of = HashMap::new();
-        for (stream, expects) in self.per_key.iter().enumerate() {
-            for expect in expects {
-                stream_of.insert(expect.id(), stream);
-            }
-        }
-        let total = stream_of.len() + self.unordered.len();
-        let mut unordered = self.unordered.clone();
-        let mut cursors = vec![0; self.per_key.len()];
-        for answer in conn.recv_n(total) {
-            if let Some(at) = unordered.iter().position(|u| *u == answer) {
-                unordered.swap_remove(at);
-                continue;
-            }
-            let stream = *stream_of
-                .get(&answer.correlation_id())
-                .unwrap_or_else(|| panic!("unexpected answer {answer:?}"));
-            let expect = self.per_key[stream][cursors[stream]];
-            assert!(
-                expect.matches(&answer),
-                "expected {expect:?}, got {answer:?}"
-            );
-            cursors[stream] += 1;
-        }
-    }
+    script
 }
 
 #[test]
@@ -547,7 +470,7 @@ fn a_pipelined_batch_sent_one_byte_at_a_time_is_parsed_and_answered() {
     let keys: Vec<String> = (0..CORES)
         .flat_map(|partition| keys_on_partition("bytewise", partition, CORES, 2))
         .collect();
-    let batch = Batch::new(&keys);
+    let batch = mixed_batch(&keys);
     for byte in &batch.bytes {
         conn.send_raw(std::slice::from_ref(byte));
         thread::sleep(Duration::from_micros(300));
@@ -562,7 +485,7 @@ fn a_pipelined_batch_split_in_two_at_every_byte_offset_is_parsed_and_answered() 
     let mut conn = Conn::connect(server.local_addr());
     // Bounded: every pass moves the split one byte further into a batch of similar length.
     for offset in 1.. {
-        let batch = Batch::new(&keys(&format!("split{offset}")));
+        let batch = mixed_batch(&keys(&format!("split{offset}")));
         if offset >= batch.bytes.len() {
             break;
         }

@@ -405,3 +405,129 @@ pub fn keys_on_partition(
         .take(count)
         .collect()
 }
+
+/// One answer a [`Script`] expects.
+#[derive(Clone, Copy, Debug)]
+pub enum Expect {
+    /// Exactly this response.
+    Exact(Response),
+    /// An `A` for this owner (its token is not known in advance).
+    Granted(u64),
+    /// A `Q` for this nonce with these fields (`lease_ms` is not checked).
+    State {
+        /// The query's nonce.
+        nonce: u64,
+        /// Whether the key is held.
+        held: bool,
+        /// Queued acquires.
+        waiters: u32,
+    },
+}
+
+impl Expect {
+    /// The correlation id of the expected answer.
+    pub fn id(&self) -> u64 {
+        match *self {
+            Expect::Exact(response) => response.correlation_id(),
+            Expect::Granted(id) | Expect::State { nonce: id, .. } => id,
+        }
+    }
+
+    /// Whether `answer` is the expected one.
+    pub fn matches(&self, answer: &Response) -> bool {
+        match (*self, *answer) {
+            (Expect::Exact(expected), answer) => expected == answer,
+            (Expect::Granted(owner), Response::Acquired { owner: o, token }) => {
+                o == owner && token != 0
+            }
+            (
+                Expect::State {
+                    nonce,
+                    held,
+                    waiters,
+                },
+                Response::State {
+                    nonce: n,
+                    held: h,
+                    lease_ms,
+                    waiters: w,
+                },
+            ) => n == nonce && h == held && w == waiters && (held || lease_ms == 0),
+            _ => false,
+        }
+    }
+}
+
+/// Pipelined requests and the answers they must produce: in order per stream (a key),
+/// Pongs and other unkeyed answers in any order. Every correlation id must be unique.
+#[derive(Default)]
+pub struct Script {
+    /// The frames, back to back.
+    pub bytes: Vec<u8>,
+    per_stream: Vec<Vec<Expect>>,
+    unordered: Vec<Response>,
+}
+
+impl Script {
+    /// Appends a request frame.
+    pub fn request(&mut self, request: Request<'_>) {
+        request.encode(&mut self.bytes);
+    }
+
+    /// Expects `expect` as the next answer of `stream` (e.g. a key's index).
+    pub fn expect(&mut self, stream: usize, expect: Expect) {
+        if self.per_stream.len() <= stream {
+            self.per_stream.resize_with(stream + 1, Vec::new);
+        }
+        self.per_stream[stream].push(expect);
+    }
+
+    /// Expects `response` at any point.
+    pub fn expect_any_order(&mut self, response: Response) {
+        self.unordered.push(response);
+    }
+
+    /// The number of answers expected.
+    pub fn answers(&self) -> usize {
+        self.per_stream.iter().map(Vec::len).sum::<usize>() + self.unordered.len()
+    }
+
+    /// Reads exactly [`answers`](Self::answers) answers from `conn` and checks each is the next
+    /// one of its stream (or an expected unordered one). Returns the tokens of the grants by
+    /// owner.
+    #[track_caller]
+    pub fn check(&self, conn: &mut Conn) -> std::collections::HashMap<u64, u64> {
+        let mut stream_of = std::collections::HashMap::new();
+        for (stream, expects) in self.per_stream.iter().enumerate() {
+            for expect in expects {
+                let earlier = stream_of.insert(expect.id(), stream);
+                assert!(earlier.is_none(), "id {} used twice", expect.id());
+            }
+        }
+        let mut unordered = self.unordered.clone();
+        let mut cursors = vec![0; self.per_stream.len()];
+        let mut grants = std::collections::HashMap::new();
+        for _ in 0..self.answers() {
+            let answer = conn.recv();
+            if let Some(at) = unordered.iter().position(|u| *u == answer) {
+                unordered.swap_remove(at);
+                continue;
+            }
+            let stream = *stream_of
+                .get(&answer.correlation_id())
+                .unwrap_or_else(|| panic!("unexpected answer {answer:?}"));
+            let expect = self.per_stream[stream]
+                .get(cursors[stream])
+                .unwrap_or_else(|| panic!("answer {answer:?} after its stream ended"));
+            assert!(
+                expect.matches(&answer),
+                "stream {stream}: expected {expect:?}, got {answer:?}"
+            );
+            if let Response::Acquired { owner, token } = answer {
+                grants.insert(owner, token);
+            }
+            cursors[stream] += 1;
+        }
+        grants
+    }
+}
