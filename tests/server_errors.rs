@@ -525,8 +525,9 @@ fn half_close_answers_every_complete_frame_then_withdraws_waiters_and_closes() {
             key: held.as_bytes(),
         },
     ]);
-    bytes.extend_from_slice(b"Q\x00\x00"); // an incomplete frame: dropped
-                                           // The end of input travels with the data, as from `printf … | nc -N`.
+    // An incomplete frame at the end: dropped with the session.
+    bytes.extend_from_slice(b"Q\x00\x00");
+    // The end of input travels with the data, as from `printf … | nc -N`.
     conn.send_raw_then_half_close(&bytes);
     let mut answers = conn.recv_until_closed();
     answers.sort_by_key(Response::correlation_id);

@@ -157,13 +157,11 @@ fn each_cell(prefix: &str, states: &[Start], cell: impl Fn(Start, &mut Fixture) 
 fn acquire_wait_zero_grants_a_free_key_and_times_out_on_a_held_one() {
     each_cell("a0", &STATES, |state, f| {
         let owner = fresh_id();
-        let answer = f.client.acquire(&f.key, 0, LONG_S, owner);
         if state == Start::F {
-            assert!(
-                matches!(answer, Response::Acquired { owner: o, token } if o == owner && token != 0)
-            );
+            f.client.acquire_ok(&f.key, LONG_S, owner);
             f.expect_state(Start::H0);
         } else {
+            let answer = f.client.acquire(&f.key, 0, LONG_S, owner);
             assert_eq!(answer, Response::Timeout { owner }, "{state:?}");
             f.expect_state(state);
         }
@@ -177,9 +175,7 @@ fn acquire_with_wait_grants_enqueues_at_the_tail_or_is_busy_when_full() {
         f.client.send_acquire(&f.key, LONG_S, LONG_S, owner);
         match state {
             Start::F => {
-                assert!(
-                    matches!(f.client.recv(), Response::Acquired { owner: o, .. } if o == owner)
-                );
+                f.client.recv_granted(owner);
                 f.expect_state(Start::H0);
             }
             Start::H0 | Start::Hq => {
@@ -192,19 +188,14 @@ fn acquire_with_wait_grants_enqueues_at_the_tail_or_is_busy_when_full() {
                         f.holder.release(&f.key, token),
                         Response::Released { token }
                     );
-                    token = match f.queue.recv() {
-                        Response::Acquired { owner: o, token: t } if o == earlier => t,
-                        other => panic!("expected A for {earlier}, got {other:?}"),
-                    };
+                    token = f.queue.recv_granted(earlier);
                     f.client.expect_silence(QUIET);
                 }
                 assert_eq!(
                     f.holder.release(&f.key, token),
                     Response::Released { token }
                 );
-                assert!(
-                    matches!(f.client.recv(), Response::Acquired { owner: o, token: t } if o == owner && t > token)
-                );
+                assert!(f.client.recv_granted(owner) > token);
             }
             Start::Hf => {
                 assert_eq!(f.client.recv(), Response::Busy { owner });
@@ -225,14 +216,8 @@ fn release_by_the_holders_token_frees_or_hands_off_from_any_session() {
         if state == Start::H0 {
             return f.expect_state(Start::F);
         }
-        let head = f.queued[0];
-        match f.queue.recv() {
-            Response::Acquired { owner, token: next } => {
-                assert_eq!(owner, head, "the queue head is granted");
-                assert!(next > token, "handoff token {next} not above {token}");
-            }
-            other => panic!("expected the handoff A, got {other:?}"),
-        }
+        let next = f.queue.recv_granted(f.queued[0]);
+        assert!(next > token, "handoff token {next} not above {token}");
         let seen = f.client.state(&f.key);
         assert!(seen.held);
         assert_eq!(seen.waiters, state.waiters() - 1);
@@ -311,7 +296,7 @@ fn cancel_of_a_queued_owner_removes_it_and_answers_timeout() {
                 Response::Released { token }
             );
             let head = f.queued[0];
-            assert!(matches!(f.queue.recv(), Response::Acquired { owner, .. } if owner == head));
+            f.queue.recv_granted(head);
         }
     });
 }
@@ -376,16 +361,7 @@ fn lease_running_out_hands_the_key_to_the_queue_head_with_a_larger_token() {
         let owner = fresh_id();
         waiter.send_acquire(&key, 10, LONG_S, owner);
         assert_eq!(waiter.state(&key).waiters, 1);
-        match waiter.recv() {
-            Response::Acquired {
-                owner: o,
-                token: next,
-            } => {
-                assert_eq!(o, owner);
-                assert!(next > token);
-            }
-            other => panic!("expected the handoff A, got {other:?}"),
-        }
+        assert!(waiter.recv_granted(owner) > token);
         assert_between(before_grant.elapsed(), secs(1), secs(2));
         assert_eq!(holder.release(&key, token), Response::NotHeld { token });
         let seen = holder.state(&key);
@@ -427,7 +403,7 @@ fn extend_pushes_the_lease_end_from_the_time_of_the_extend() {
         thread::sleep(Duration::from_millis(500));
         let before_extend = Instant::now();
         assert_eq!(holder.extend(&key, 1, token), Response::Extended { token });
-        assert!(matches!(waiter.recv(), Response::Acquired { owner: o, .. } if o == owner));
+        waiter.recv_granted(owner);
         assert_between(before_extend.elapsed(), secs(1), secs(2));
         assert!(before_grant.elapsed() >= Duration::from_millis(1500));
     });
@@ -491,9 +467,7 @@ fn session_close_withdraws_its_waiters_silently_and_keeps_its_holds() {
             third.release(&held_key, held_token),
             Response::Released { token: held_token }
         );
-        assert!(
-            matches!(other.recv(), Response::Acquired { owner: o, token } if o == owner && token > held_token)
-        );
+        assert!(other.recv_granted(owner) > held_token);
         other.expect_silence(QUIET);
         third.expect_silence(QUIET);
     }
@@ -550,9 +524,7 @@ fn a_release_answer_is_written_before_the_grant_it_causes_on_the_same_session() 
         });
         // The Acquire was sent first, so it is queued before the Release executes.
         assert_eq!(session.recv(), Response::Released { token });
-        assert!(
-            matches!(session.recv(), Response::Acquired { owner: o, token: next } if o == owner && next > token)
-        );
+        assert!(session.recv_granted(owner) > token);
         session.expect_silence(QUIET);
     });
 }
@@ -574,7 +546,7 @@ fn cancel_withdraws_every_acquire_of_that_owner_each_answered_timeout() {
         }
         assert_eq!(session.state(&key).waiters, 1);
         assert_eq!(holder.release(&key, token), Response::Released { token });
-        assert!(matches!(session.recv(), Response::Acquired { owner, .. } if owner == kept));
+        session.recv_granted(kept);
         session.expect_silence(QUIET);
     });
 }

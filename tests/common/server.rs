@@ -219,6 +219,18 @@ impl Conn {
         }
     }
 
+    /// Reads the next response, which must be an `A` for `owner`; returns its token.
+    #[track_caller]
+    pub fn recv_granted(&mut self, owner: u64) -> u64 {
+        match self.recv() {
+            Response::Acquired {
+                owner: echoed,
+                token,
+            } if echoed == owner && token != 0 => token,
+            other => panic!("expected A for owner {owner}, got {other:?}"),
+        }
+    }
+
     /// Release and wait for its answer.
     pub fn release(&mut self, key: &str, token: u64) -> Response {
         self.send(Request::Release {
