@@ -346,8 +346,13 @@ impl Core {
                 }
                 ReadOutcome::Full => {}
                 ReadOutcome::Eof => {
-                    self.parse_session(slot);
-                    return self.begin_close(slot, Phase::Draining);
+                    // The end of input may come with the last data. Close only once every
+                    // complete frame was executed: a session paused over its bounds resumes
+                    // later, and its next read sees the end of input again.
+                    if self.parse_session(slot) {
+                        self.begin_close(slot, Phase::Draining);
+                    }
+                    return;
                 }
                 ReadOutcome::Failed => return self.begin_close(slot, Phase::Dead),
             }

@@ -173,31 +173,25 @@ impl Session {
             self.read_end -= self.read_start;
             self.read_start = 0;
         }
-        let space = &mut self.read_buffer[self.read_end..];
-        if space.is_empty() {
-            // A full buffer always holds a complete frame, which the reactor parses first.
-            return ReadOutcome::Full;
-        }
-        let wanted = space.len();
+        // Bounded: every pass fills part of the buffer, or returns.
         loop {
-            return match self.socket.read(space) {
-                Ok(0) => ReadOutcome::Eof,
-                Ok(n) => {
-                    self.read_end += n;
-                    // A short read means the socket was empty: a new edge comes with new data.
-                    if n == wanted {
-                        ReadOutcome::Full
-                    } else {
-                        ReadOutcome::Drained
-                    }
-                }
+            let space = &mut self.read_buffer[self.read_end..];
+            if space.is_empty() {
+                // A full buffer always holds a complete frame, which the reactor parses first.
+                return ReadOutcome::Full;
+            }
+            // Read until `WouldBlock`: a short read does not prove the socket empty, because
+            // an end of input that arrived with the data raises no further readiness event.
+            match self.socket.read(space) {
+                Ok(0) => return ReadOutcome::Eof,
+                Ok(n) => self.read_end += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => ReadOutcome::Drained,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadOutcome::Drained,
                 Err(e) => {
                     log::debug!("session {:#x}: read failed: {e}", self.id);
-                    ReadOutcome::Failed
+                    return ReadOutcome::Failed;
                 }
-            };
+            }
         }
     }
 

@@ -5,8 +5,10 @@ use latchkey::config::Config;
 use latchkey::protocol::{parse_response, Request, Response};
 use latchkey::server::ServerHandle;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a test waits for an answer that must come (generous: shared 2-core machines).
@@ -108,6 +110,21 @@ impl Conn {
         }
     }
 
+    /// Connects to `addr` with a small, fixed receive buffer, so that the server's answers
+    /// back up soon while the test does not read (a slow reader).
+    pub fn connect_small_buffer(addr: SocketAddr) -> Conn {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        socket.connect(&addr.into()).expect("connect");
+        let stream: TcpStream = socket.into();
+        stream.set_nodelay(true).unwrap();
+        Conn {
+            stream,
+            buffer: Vec::new(),
+        }
+    }
+
     /// Writes raw bytes.
     pub fn send_raw(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("write");
@@ -202,6 +219,18 @@ impl Conn {
         }
     }
 
+    /// Reads the next response, which must be an `A` for `owner`; returns its token.
+    #[track_caller]
+    pub fn recv_granted(&mut self, owner: u64) -> u64 {
+        match self.recv() {
+            Response::Acquired {
+                owner: echoed,
+                token,
+            } if echoed == owner && token != 0 => token,
+            other => panic!("expected A for owner {owner}, got {other:?}"),
+        }
+    }
+
     /// Release and wait for its answer.
     pub fn release(&mut self, key: &str, token: u64) -> Response {
         self.send(Request::Release {
@@ -219,6 +248,160 @@ impl Conn {
         });
         self.recv()
     }
+
+    /// Sends an Acquire without waiting for its answer.
+    pub fn send_acquire(&mut self, key: &str, wait_s: u8, lease_s: u8, owner: u64) {
+        self.send(Request::Acquire {
+            wait_s,
+            lease_s,
+            owner,
+            key: key.as_bytes(),
+        });
+    }
+
+    /// Extend and wait for its answer.
+    pub fn extend(&mut self, key: &str, lease_s: u8, token: u64) -> Response {
+        self.send(Request::Extend {
+            lease_s,
+            token,
+            key: key.as_bytes(),
+        });
+        self.recv()
+    }
+
+    /// Sends a Cancel (an executed Cancel has no answer of its own).
+    pub fn cancel(&mut self, key: &str, owner: u64) {
+        self.send(Request::Cancel {
+            owner,
+            key: key.as_bytes(),
+        });
+    }
+
+    /// Ping and wait for its answer.
+    pub fn ping(&mut self, nonce: u64) -> Response {
+        self.send(Request::Ping { nonce });
+        self.recv()
+    }
+
+    /// Queries `key` with a fresh nonce and returns its state. Because requests of one session
+    /// for one key are executed in order, this also confirms that every earlier request of
+    /// this session for `key` has been executed.
+    #[track_caller]
+    pub fn state(&mut self, key: &str) -> KeyState {
+        let nonce = fresh_id();
+        match self.query(key, nonce) {
+            Response::State {
+                nonce: echoed,
+                held,
+                lease_ms,
+                waiters,
+            } if echoed == nonce => KeyState {
+                held,
+                lease_ms,
+                waiters,
+            },
+            other => panic!("expected Q for nonce {nonce}, got {other:?}"),
+        }
+    }
+
+    /// Reads `count` responses, each within [`ANSWER_TIMEOUT`].
+    pub fn recv_n(&mut self, count: usize) -> Vec<Response> {
+        (0..count).map(|_| self.recv()).collect()
+    }
+
+    /// Writes `bytes` and ends this side's output so that the end of input travels with the
+    /// data (TCP_CORK holds the bytes until the FIN): the server sees both in one read.
+    pub fn send_raw_then_half_close(&mut self, bytes: &[u8]) {
+        let socket = socket2::SockRef::from(&self.stream);
+        socket.set_cork(true).expect("TCP_CORK");
+        self.send_raw(bytes);
+        self.shutdown_write();
+    }
+
+    /// Ends this side's output (half-close); reading still works.
+    pub fn shutdown_write(&self) {
+        self.stream
+            .shutdown(Shutdown::Write)
+            .expect("shutdown write");
+    }
+}
+
+/// What a Query reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyState {
+    /// Whether the key is held.
+    pub held: bool,
+    /// Milliseconds left on the lease.
+    pub lease_ms: u32,
+    /// Queued acquires.
+    pub waiters: u32,
+}
+
+impl KeyState {
+    /// A free key.
+    pub const FREE: KeyState = KeyState {
+        held: false,
+        lease_ms: 0,
+        waiters: 0,
+    };
+}
+
+/// A process-wide unique id for owners and nonces (never 0), so answers are never confused.
+pub fn fresh_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1_000_000);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The frames of `requests`, back to back.
+pub fn encode_all(requests: &[Request<'_>]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for request in requests {
+        request.encode(&mut bytes);
+    }
+    bytes
+}
+
+/// Polls `condition` every few milliseconds until it holds or `limit` passes; whether it held.
+pub fn wait_until(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + limit;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A fresh directory under the system temp dir, removed (with its contents) on drop.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates `latchkey-<label>-<pid>-<n>`.
+    pub fn new(label: &str) -> TempDir {
+        static COUNT: AtomicU64 = AtomicU64::new(0);
+        let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("latchkey-{label}-{}-{n}", std::process::id());
+        let path = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        TempDir { path }
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
 }
 
 /// Keys that `partition_of` puts on partition `partition` of `cores`, named `prefix-N`.
@@ -233,4 +416,130 @@ pub fn keys_on_partition(
         .filter(|key| latchkey::server::route::partition_of(key.as_bytes(), cores) == partition)
         .take(count)
         .collect()
+}
+
+/// One answer a [`Script`] expects.
+#[derive(Clone, Copy, Debug)]
+pub enum Expect {
+    /// Exactly this response.
+    Exact(Response),
+    /// An `A` for this owner (its token is not known in advance).
+    Granted(u64),
+    /// A `Q` for this nonce with these fields (`lease_ms` is not checked).
+    State {
+        /// The query's nonce.
+        nonce: u64,
+        /// Whether the key is held.
+        held: bool,
+        /// Queued acquires.
+        waiters: u32,
+    },
+}
+
+impl Expect {
+    /// The correlation id of the expected answer.
+    pub fn id(&self) -> u64 {
+        match *self {
+            Expect::Exact(response) => response.correlation_id(),
+            Expect::Granted(id) | Expect::State { nonce: id, .. } => id,
+        }
+    }
+
+    /// Whether `answer` is the expected one.
+    pub fn matches(&self, answer: &Response) -> bool {
+        match (*self, *answer) {
+            (Expect::Exact(expected), answer) => expected == answer,
+            (Expect::Granted(owner), Response::Acquired { owner: o, token }) => {
+                o == owner && token != 0
+            }
+            (
+                Expect::State {
+                    nonce,
+                    held,
+                    waiters,
+                },
+                Response::State {
+                    nonce: n,
+                    held: h,
+                    lease_ms,
+                    waiters: w,
+                },
+            ) => n == nonce && h == held && w == waiters && (held || lease_ms == 0),
+            _ => false,
+        }
+    }
+}
+
+/// Pipelined requests and the answers they must produce: in order per stream (a key),
+/// Pongs and other unkeyed answers in any order. Every correlation id must be unique.
+#[derive(Default)]
+pub struct Script {
+    /// The frames, back to back.
+    pub bytes: Vec<u8>,
+    per_stream: Vec<Vec<Expect>>,
+    unordered: Vec<Response>,
+}
+
+impl Script {
+    /// Appends a request frame.
+    pub fn request(&mut self, request: Request<'_>) {
+        request.encode(&mut self.bytes);
+    }
+
+    /// Expects `expect` as the next answer of `stream` (e.g. a key's index).
+    pub fn expect(&mut self, stream: usize, expect: Expect) {
+        if self.per_stream.len() <= stream {
+            self.per_stream.resize_with(stream + 1, Vec::new);
+        }
+        self.per_stream[stream].push(expect);
+    }
+
+    /// Expects `response` at any point.
+    pub fn expect_any_order(&mut self, response: Response) {
+        self.unordered.push(response);
+    }
+
+    /// The number of answers expected.
+    pub fn answers(&self) -> usize {
+        self.per_stream.iter().map(Vec::len).sum::<usize>() + self.unordered.len()
+    }
+
+    /// Reads exactly [`answers`](Self::answers) answers from `conn` and checks each is the next
+    /// one of its stream (or an expected unordered one). Returns the tokens of the grants by
+    /// owner.
+    #[track_caller]
+    pub fn check(&self, conn: &mut Conn) -> std::collections::HashMap<u64, u64> {
+        let mut stream_of = std::collections::HashMap::new();
+        for (stream, expects) in self.per_stream.iter().enumerate() {
+            for expect in expects {
+                let earlier = stream_of.insert(expect.id(), stream);
+                assert!(earlier.is_none(), "id {} used twice", expect.id());
+            }
+        }
+        let mut unordered = self.unordered.clone();
+        let mut cursors = vec![0; self.per_stream.len()];
+        let mut grants = std::collections::HashMap::new();
+        for _ in 0..self.answers() {
+            let answer = conn.recv();
+            if let Some(at) = unordered.iter().position(|u| *u == answer) {
+                unordered.swap_remove(at);
+                continue;
+            }
+            let stream = *stream_of
+                .get(&answer.correlation_id())
+                .unwrap_or_else(|| panic!("unexpected answer {answer:?}"));
+            let expect = self.per_stream[stream]
+                .get(cursors[stream])
+                .unwrap_or_else(|| panic!("answer {answer:?} after its stream ended"));
+            assert!(
+                expect.matches(&answer),
+                "stream {stream}: expected {expect:?}, got {answer:?}"
+            );
+            if let Response::Acquired { owner, token } = answer {
+                grants.insert(owner, token);
+            }
+            cursors[stream] += 1;
+        }
+        grants
+    }
 }

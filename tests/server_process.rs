@@ -1,0 +1,240 @@
+//! The `latchkey` binary as a process: SIGTERM and SIGINT (queued waiters get `B`, exit 0
+//! within 5 s), the token floor across restarts (wall clock and persisted high-water mark),
+//! config errors naming the key, and plain `latchkey` serving on 127.0.0.1:7420.
+
+mod common;
+
+use common::server::{fresh_id, keys_on_partition, Conn, ServerProcess, TempDir};
+use latchkey::protocol::Response;
+use latchkey::tokens::wall_clock_floor;
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+const CORES: usize = 2;
+/// The contract's shutdown bound.
+const STOP_BOUND: Duration = Duration::from_secs(5);
+/// Slack on top of it for a noisy machine.
+const STOP_SLACK: Duration = Duration::from_millis(500);
+
+fn keys(prefix: &str) -> Vec<String> {
+    (0..CORES)
+        .map(|partition| keys_on_partition(prefix, partition, CORES, 1).remove(0))
+        .collect()
+}
+
+fn spawn(extra: &[&str]) -> ServerProcess {
+    let mut args = vec!["--cores", "2"];
+    args.extend_from_slice(extra);
+    ServerProcess::spawn(&args)
+}
+
+/// Sends `signal` and asserts a clean exit within the bound.
+fn stop(mut server: ServerProcess, signal: i32) {
+    let sent = Instant::now();
+    server.signal(signal);
+    let status = server
+        .wait_timeout(STOP_BOUND + STOP_SLACK)
+        .expect("the server did not exit within 5 s");
+    assert!(status.success(), "exit status {status}");
+    assert!(sent.elapsed() < STOP_BOUND + STOP_SLACK);
+}
+
+fn signal_answers_waiters_busy_and_exits_zero(signal: i32) {
+    let mut server = spawn(&[]);
+    let mut holder = Conn::connect(server.addr);
+    let mut waiter = Conn::connect(server.addr);
+    let keys = keys("signal");
+    let mut owners = Vec::new();
+    for key in &keys {
+        holder.acquire_ok(key, 60, fresh_id());
+        let owner = fresh_id();
+        waiter.send_acquire(key, 60, 60, owner);
+        assert_eq!(waiter.state(key).waiters, 1);
+        owners.push(owner);
+    }
+    let sent = Instant::now();
+    server.signal(signal);
+    let mut busy: Vec<u64> = waiter
+        .recv_n(owners.len())
+        .into_iter()
+        .map(|answer| match answer {
+            Response::Busy { owner } => owner,
+            other => panic!("expected B, got {other:?}"),
+        })
+        .collect();
+    busy.sort_unstable();
+    owners.sort_unstable();
+    assert_eq!(busy, owners);
+    let status = server
+        .wait_timeout(STOP_BOUND + STOP_SLACK)
+        .expect("the server did not exit within 5 s");
+    assert!(status.success(), "exit status {status}");
+    assert!(sent.elapsed() < STOP_BOUND + STOP_SLACK);
+    // The sessions end with the process.
+    assert!(waiter.recv_until_closed().is_empty());
+    assert!(holder.recv_until_closed().is_empty());
+}
+
+#[test]
+fn sigterm_answers_queued_waiters_busy_and_exits_0_within_5_s() {
+    signal_answers_waiters_busy_and_exits_zero(libc::SIGTERM);
+}
+
+#[test]
+fn sigint_answers_queued_waiters_busy_and_exits_0_within_5_s() {
+    signal_answers_waiters_busy_and_exits_zero(libc::SIGINT);
+}
+
+/// Takes one token on each partition.
+fn take_tokens(server: &ServerProcess, prefix: &str) -> Vec<u64> {
+    let mut conn = Conn::connect(server.addr);
+    keys(prefix)
+        .iter()
+        .map(|key| conn.acquire_ok(key, 60, fresh_id()))
+        .collect()
+}
+
+/// A config file in `dir` that sets `[tokens] state_dir` to `state`.
+fn config_with_state_dir(dir: &TempDir, state: &Path) -> PathBuf {
+    let path = dir.path().join("latchkey.toml");
+    let text = format!("[tokens]\nstate_dir = {:?}\n", state.to_str().unwrap());
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn mark(state: &Path, partition: usize) -> u64 {
+    let path = state.join(format!("tokens-{partition}.hwm"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.trim().parse().expect("a number")
+}
+
+#[test]
+fn tokens_after_a_restart_exceed_the_previous_run_with_a_state_dir() {
+    let dir = TempDir::new("restart-state");
+    let state = dir.path().join("state");
+    let config = config_with_state_dir(&dir, &state);
+    let config = config.to_str().unwrap();
+    let first = spawn(&["--config", config]);
+    let before = take_tokens(&first, "restart");
+    stop(first, libc::SIGTERM);
+    // Every partition persisted a mark at or above what it issued.
+    for partition in 0..CORES {
+        assert!(mark(&state, partition) >= *before.iter().max().unwrap());
+    }
+    let second = spawn(&["--config", config]);
+    let after = take_tokens(&second, "restart");
+    let highest = before.iter().max().unwrap();
+    assert!(
+        after.iter().all(|token| token > highest),
+        "{before:?} then {after:?}"
+    );
+    stop(second, libc::SIGTERM);
+}
+
+#[test]
+fn a_persisted_mark_far_above_the_wall_clock_raises_the_tokens() {
+    let dir = TempDir::new("restart-mark");
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let far = wall_clock_floor(SystemTime::now()) * 2;
+    std::fs::write(state.join("tokens-0.hwm"), format!("{far}\n")).unwrap();
+    let config = config_with_state_dir(&dir, &state);
+    let server = spawn(&["--config", config.to_str().unwrap()]);
+    let tokens = take_tokens(&server, "far-mark");
+    assert!(
+        tokens.iter().all(|&token| token > far),
+        "{tokens:?} not above {far}"
+    );
+    stop(server, libc::SIGTERM);
+}
+
+#[test]
+fn tokens_after_a_restart_exceed_the_previous_run_without_a_state_dir() {
+    let first = spawn(&[]);
+    let before = take_tokens(&first, "restart-clock");
+    stop(first, libc::SIGTERM);
+    let second = spawn(&[]);
+    let after = take_tokens(&second, "restart-clock");
+    let highest = before.iter().max().unwrap();
+    assert!(
+        after.iter().all(|token| token > highest),
+        "{before:?} then {after:?}"
+    );
+    stop(second, libc::SIGTERM);
+}
+
+/// Runs `latchkey serve --config FILE` with `text` in FILE; returns (success, stderr).
+fn serve_with_config_text(text: &str) -> (bool, String) {
+    let dir = TempDir::new("bad-config");
+    let path = dir.path().join("latchkey.toml");
+    std::fs::write(&path, text).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn latchkey");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("latchkey kept running with a bad config");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.success(), stderr)
+}
+
+#[test]
+fn an_unknown_config_key_is_a_startup_error_that_names_it() {
+    let (success, stderr) = serve_with_config_text("[limits]\nmax_lockz = 5\n");
+    assert!(!success);
+    assert!(stderr.contains("max_lockz"), "stderr: {stderr}");
+    let (success, stderr) = serve_with_config_text("[limits]\nmax_waiters_per_key = 0\n");
+    assert!(!success);
+    assert!(stderr.contains("max_waiters_per_key"), "stderr: {stderr}");
+}
+
+#[test]
+fn latchkey_without_arguments_serves_on_127_0_0_1_7420() {
+    const DEFAULT: &str = "127.0.0.1:7420";
+    match TcpListener::bind(DEFAULT) {
+        Ok(probe) => drop(probe),
+        Err(e) => {
+            eprintln!("skipped: {DEFAULT} is busy ({e})");
+            return;
+        }
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn latchkey");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("read the address line");
+    let server = ServerProcess {
+        child,
+        addr: DEFAULT.parse().unwrap(),
+    };
+    assert_eq!(line.trim(), format!("listening on {DEFAULT}"));
+    let mut conn = Conn::connect(server.addr);
+    assert_eq!(conn.ping(7), Response::Pong { nonce: 7 });
+    stop(server, libc::SIGTERM);
+}
