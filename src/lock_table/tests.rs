@@ -631,6 +631,31 @@ fn timers_never_fire_early_and_at_most_one_tick_late() {
 }
 
 #[test]
+fn longest_lease_and_wait_fire_on_time_after_a_long_jump() {
+    let start_us = START_US + 1234;
+    let tokens = TokenRange {
+        next: 1,
+        step: 1,
+        limit: 100,
+    };
+    let mut fixture = Fixture::with_tokens(4, 4, start_us, tokens);
+    fixture.grant(1, 255, 1, KEY);
+    assert!(fixture.advance(500_000).is_empty());
+    fixture.enqueue(2, 255, 255, 2, KEY);
+    fixture.enqueue(3, 255, 255, 3, KEY);
+    // The first call jumps 254 s across the wheel's levels; then every microsecond.
+    let lease_end_us = start_us + 255 * SECOND_US;
+    let (fired_us, answers) = first_firing(&mut fixture, lease_end_us - 1500, 1);
+    assert_eq!(fired_us, lease_end_us.div_ceil(TICK_US) * TICK_US);
+    assert_eq!(answers, vec![granted(2, 2, 2, true, KEY)]);
+    let wait_end_us = lease_end_us + 500_000;
+    let (fired_us, answers) = first_firing(&mut fixture, wait_end_us - 1500, 1);
+    assert_eq!(fired_us, wait_end_us.div_ceil(TICK_US) * TICK_US);
+    assert_eq!(answers, vec![timeout(3, 3, true)]);
+    assert_eq!(fixture.query(KEY).2, 0);
+}
+
+#[test]
 fn wait_and_lease_ending_in_the_same_tick_time_out_the_waiter() {
     let mut fixture = Fixture::new(4, 4);
     fixture.now_us += 100;
