@@ -297,8 +297,10 @@ impl Core {
         if event.is_writable() && session.unsent() > 0 {
             self.mark_dirty(slot);
         }
-        if event.is_readable() || event.is_read_closed() || event.is_error() {
-            self.read_session(slot);
+        if event.is_read_closed() || event.is_error() {
+            self.read_session(slot, true);
+        } else if event.is_readable() {
+            self.read_session(slot, false);
         }
     }
 
@@ -307,7 +309,7 @@ impl Core {
         for &slot in &scheduled {
             if let Some(session) = self.sessions.get_mut(slot) {
                 session.scheduled = false;
-                self.read_session(slot);
+                self.read_session(slot, true);
             }
         }
         let mut scheduled = scheduled;
@@ -333,13 +335,14 @@ impl Core {
         }
     }
 
-    /// Parses what is buffered, then reads, a bounded number of buffer fills.
-    fn read_session(&mut self, slot: usize) {
+    /// Parses what is buffered, then reads, a bounded number of buffer fills. `eager` reads
+    /// until `WouldBlock` (see [`Session::read`]).
+    fn read_session(&mut self, slot: usize, eager: bool) {
         for _ in 0..READS_PER_PASS_MAX {
             if !self.parse_session(slot) {
                 return;
             }
-            match self.sessions[slot].read() {
+            match self.sessions[slot].read(eager) {
                 ReadOutcome::Drained => {
                     self.parse_session(slot);
                     return;

@@ -165,8 +165,14 @@ impl Session {
             || self.remote_unanswered >= REMOTE_IN_FLIGHT_MAX + pending_max
     }
 
-    /// One `read` into the free part of the buffer (moving a partial frame to the front first).
-    pub fn read(&mut self) -> ReadOutcome {
+    /// Reads into the free part of the buffer (moving a partial frame to the front first).
+    ///
+    /// With `until_would_block` false, a short read ends the pass: it proves the socket was
+    /// empty at that moment, and with edge-triggered readiness anything arriving later raises
+    /// a new event. That saves one `read` per readiness on the request path. The caller must
+    /// pass true when the readiness said the peer closed its side (an end of input that came
+    /// with the data raises no further event) and when there is no readiness event at all.
+    pub fn read(&mut self, until_would_block: bool) -> ReadOutcome {
         if self.read_start > 0 {
             self.read_buffer
                 .copy_within(self.read_start..self.read_end, 0);
@@ -180,11 +186,15 @@ impl Session {
                 // A full buffer always holds a complete frame, which the reactor parses first.
                 return ReadOutcome::Full;
             }
-            // Read until `WouldBlock`: a short read does not prove the socket empty, because
-            // an end of input that arrived with the data raises no further readiness event.
+            let wanted = space.len();
             match self.socket.read(space) {
                 Ok(0) => return ReadOutcome::Eof,
-                Ok(n) => self.read_end += n,
+                Ok(n) => {
+                    self.read_end += n;
+                    if n < wanted && !until_would_block {
+                        return ReadOutcome::Drained;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return ReadOutcome::Drained,
                 Err(e) => {
