@@ -381,7 +381,7 @@ fn a_slow_reader_is_not_disconnected_and_gets_every_answer() {
 /// has not answered yet, including those in flight to another core that will be granted at
 /// once, so a session with no queued acquire can get `B` here (seen: `B` for the last acquire).
 #[test]
-#[ignore = "server counts unanswered cross-core acquires as queued; see the report"]
+#[ignore = "known deviation: in-flight cross-core acquires count as pending (README)"]
 fn acquires_granted_at_once_do_not_count_as_queued() {
     let mut config = test_config(CORES);
     config.limits.max_pending_per_session = 2;
