@@ -11,7 +11,9 @@
 //! Everything binds 127.0.0.1 ephemeral ports; every wait is bounded.
 #![allow(dead_code)]
 
+pub mod partition_model;
 pub mod proxy;
+pub mod rng;
 pub mod server;
 
 use std::io::{self, Read, Write};
