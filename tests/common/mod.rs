@@ -15,6 +15,7 @@ pub mod partition_model;
 pub mod proxy;
 pub mod rng;
 pub mod server;
+pub mod session_driver;
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
