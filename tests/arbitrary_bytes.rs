@@ -360,3 +360,34 @@ fn random_streams_against_the_real_server() {
     );
     assert!(!server.failed());
 }
+
+/// The committed fuzz seeds replay through the same driver (so they stay meaningful), and the
+/// handoff seeds do hand off.
+#[test]
+fn committed_fuzz_seeds_replay() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/session");
+    let mut replayed = 0;
+    for entry in std::fs::read_dir(dir).expect("the session seed corpus") {
+        let path = entry.unwrap().path();
+        let script = std::fs::read(&path).unwrap();
+        let driver = Driver::run_script(&script);
+        driver.check_consumed();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let answers = |index: usize| driver.sessions[index].answers.clone();
+        let granted = |index: usize| answers(index).iter().any(|r| r.op() == b'A');
+        match name.as_str() {
+            "release_hands_off" | "lease_expiry_hands_off" => assert!(granted(1), "{name}"),
+            "cancel_withdraws" => {
+                let timeouts = answers(1).iter().filter(|r| r.op() == b'T').count();
+                assert_eq!(timeouts, 2, "{name}");
+            }
+            "every_frame" => {
+                let ops: Vec<u8> = answers(0).iter().map(Response::op).collect();
+                assert_eq!(ops, b"AEQPR", "{name}");
+            }
+            _ => {}
+        }
+        replayed += 1;
+    }
+    assert!(replayed >= 10, "only {replayed} seeds");
+}
