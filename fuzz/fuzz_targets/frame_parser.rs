@@ -39,7 +39,9 @@ fuzz_target!(|data: &[u8]| {
 
 /// A few prefixes of a frame that is `used` bytes long: every one must be incomplete.
 fn short_prefixes(used: usize) -> impl Iterator<Item = usize> {
-    (0..used.min(13)).chain([used / 2, used.saturating_sub(1)]).filter(move |&k| k < used)
+    (0..used.min(13))
+        .chain([used / 2, used.saturating_sub(1)])
+        .filter(move |&k| k < used)
 }
 
 fn check_frame(buf: &[u8], key_bytes_max: usize, request: &Request<'_>, used: usize) {
@@ -47,7 +49,11 @@ fn check_frame(buf: &[u8], key_bytes_max: usize, request: &Request<'_>, used: us
     assert_eq!(used, request.encoded_len());
     let mut encoded = Vec::new();
     request.encode(&mut encoded);
-    assert_eq!(&encoded[..], &buf[..used], "a parsed frame re-encodes to its bytes");
+    assert_eq!(
+        &encoded[..],
+        &buf[..used],
+        "a parsed frame re-encodes to its bytes"
+    );
     if let Some(key) = request.key() {
         assert!(!key.is_empty() && key.len() <= key_bytes_max);
         assert!(std::str::from_utf8(key).is_ok() && !key.contains(&b'\n'));
@@ -56,32 +62,55 @@ fn check_frame(buf: &[u8], key_bytes_max: usize, request: &Request<'_>, used: us
         assert!(lease_s > 0);
     }
     let alone = parse_request(&buf[..used], key_bytes_max);
-    assert_eq!(alone, Ok(Some((*request, used))), "the frame alone parses the same");
+    assert_eq!(
+        alone,
+        Ok(Some((*request, used))),
+        "the frame alone parses the same"
+    );
     for k in short_prefixes(used) {
-        assert_eq!(parse_request(&buf[..k], key_bytes_max), Ok(None), "prefix {k}");
+        assert_eq!(
+            parse_request(&buf[..k], key_bytes_max),
+            Ok(None),
+            "prefix {k}"
+        );
     }
 }
 
 fn check_refused(buf: &[u8], key_bytes_max: usize, error: FrameError) {
     assert!(error.consumed > 0 && error.consumed <= buf.len());
     if error.code.closes_session() {
-        assert_eq!(error.consumed, buf.len(), "a closing error consumes everything");
+        assert_eq!(
+            error.consumed,
+            buf.len(),
+            "a closing error consumes everything"
+        );
         return;
     }
     // A refused frame that lets the session go on is a whole frame: it ends at its newline,
     // and it is refused the same way with nothing after it.
     assert_eq!(buf[error.consumed - 1], b'\n');
     let alone = parse_request(&buf[..error.consumed], key_bytes_max);
-    assert_eq!(alone, Err(error), "the refused frame alone is refused the same");
+    assert_eq!(
+        alone,
+        Err(error),
+        "the refused frame alone is refused the same"
+    );
     for k in short_prefixes(error.consumed) {
-        assert_eq!(parse_request(&buf[..k], key_bytes_max), Ok(None), "prefix {k}");
+        assert_eq!(
+            parse_request(&buf[..k], key_bytes_max),
+            Ok(None),
+            "prefix {k}"
+        );
     }
 }
 
 /// An incomplete frame stays incomplete on its prefixes, and never holds a full key's worth
 /// of bytes without a newline.
 fn check_incomplete(buf: &[u8], key_bytes_max: usize) {
-    assert!(buf.len() <= 1 + 10 + key_bytes_max, "an incomplete frame longer than any frame");
+    assert!(
+        buf.len() <= 1 + 10 + key_bytes_max,
+        "an incomplete frame longer than any frame"
+    );
     if let Some(k) = buf.len().checked_sub(1) {
         assert_eq!(parse_request(&buf[..k], key_bytes_max), Ok(None));
     }
