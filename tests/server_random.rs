@@ -4,7 +4,8 @@
 //! granted), extends, queries, and sessions killed in the middle of a frame.
 //!
 //! An observer checks from the answers alone, with the client's clock (the server's lease never
-//! starts before the acquire was sent nor after its `A` was read):
+//! starts after its `A` was read, nor before the acquire was sent, less the length of one
+//! server loop iteration, see [`CLOCK_SLACK`]):
 //! * no two grants of a key are both certainly held at the same instant: a grant is certainly
 //!   held from the moment its `A` was read until its release was sent (when `R` confirmed it)
 //!   or until the earliest its lease could end (acquire sent + lease, or a confirmed extend
@@ -30,6 +31,10 @@ use std::time::{Duration, Instant};
 
 /// Every lease the clients ask for is one second; extends ask for one or two.
 const LEASE_S: u8 = 1;
+/// The server reads its clock once per loop iteration, before it reads the sockets, so the
+/// instant it stamps on a grant or an extend may precede the client's send by up to one
+/// iteration. Lease ends are counted from the send minus this (generous for a debug build).
+const CLOCK_SLACK: Duration = Duration::from_millis(100);
 const EXTEND_MAX_S: u8 = 2;
 
 /// One grant as the client saw it.
@@ -42,7 +47,8 @@ struct Grant {
     /// When its `A` was read (the grant is not later).
     read: Instant,
     /// The earliest the lease can end: acquire sent + lease, or after a confirmed extend, that
-    /// extend sent + its lease (an extend replaces the lease, so it may also shorten it).
+    /// extend sent + its lease (an extend replaces the lease, so it may also shorten it); both
+    /// less [`CLOCK_SLACK`].
     lease_floor: Instant,
     /// When a confirmed release was sent.
     released: Option<Instant>,
@@ -166,7 +172,7 @@ impl Client {
                 token,
                 sent,
                 read,
-                lease_floor: sent + Duration::from_secs(LEASE_S.into()),
+                lease_floor: sent + Duration::from_secs(LEASE_S.into()) - CLOCK_SLACK,
                 released: None,
                 client: self.index,
             });
@@ -219,7 +225,8 @@ impl Client {
         match response {
             Response::Extended { .. } => {
                 // The server's new lease is (the instant it read the Extend) + lease_s.
-                self.grants[index].lease_floor = sent + Duration::from_secs(lease_s.into());
+                let lease = Duration::from_secs(lease_s.into());
+                self.grants[index].lease_floor = sent + lease - CLOCK_SLACK;
             }
             _ => {
                 self.holding.swap_remove(slot);
