@@ -128,8 +128,13 @@ fn script_for(rng: &mut Rng, stream: &[u8]) -> Vec<u8> {
     script
 }
 
+/// Cases per local property: `PROPTEST_CASES`, else 512.
+fn local_cases() -> u32 {
+    std::env::var("PROPTEST_CASES").map_or(512, |v| v.parse().expect("PROPTEST_CASES"))
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: local_cases(), ..ProptestConfig::default() })]
 
     /// Any bytes at all, as a script: sessions, chunks, time jumps, ends.
     #[test]
