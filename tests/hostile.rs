@@ -635,16 +635,14 @@ fn frames_split_at_every_offset_on_many_sessions_at_once() {
 /// and reads nothing until the server has closed. Every pong and the `X` must still arrive:
 /// the contract says the server flushes the `X` and answers are never dropped.
 ///
-/// Fails today: the server closes the socket with the bytes after the bad frame still unread
-/// in the kernel, so Linux answers the close with a reset (RFC 1122 §4.2.2.13) and discards
-/// every answer still queued in the server's send buffer, the `X` included; the client reads
+/// Without care the server would close the socket with the bytes after the bad frame still
+/// unread in the kernel; Linux answers such a close with a reset (RFC 1122 §4.2.2.13), which
+/// discards every answer still queued in the server's send buffer, the `X` included; the client reads
 /// only what had already reached it, then `ECONNRESET`. Without the trailing bytes the same
-/// exchange delivers everything (second half of this test). A fix is a lingering close: after
-/// a closing error, `shutdown(Write)` once the output is flushed, then read and discard until
-/// end of input or a short deadline before closing.
+/// exchange delivers everything (second half of this test). The server therefore lingers:
+/// after a closing error it shuts its side once the output is flushed, then reads and drops
+/// input until the peer ends or a short deadline passes, and only then closes.
 #[test]
-#[ignore = "bug: a closing error followed by unread input resets the connection and loses \
-            queued answers (needs a lingering close)"]
 fn a_closing_error_followed_by_more_bytes_loses_no_answer() {
     let _serial = serial();
     let server = server(|_| {});

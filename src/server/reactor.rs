@@ -61,6 +61,8 @@ pub const CORES_MAX: usize = 1 << (64 - SLOT_BITS - GENERATION_BITS);
 const NOBODY: SessionId = u64::MAX;
 /// How long a shutdown may take before the core stops regardless (the contract says 5 s).
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(4500);
+/// How long a closed session keeps dropping the peer's unread input before the socket closes.
+const LINGER: Duration = Duration::from_secs(2);
 
 const _: () = assert!(SLOTS_MAX > super::CONNECTIONS_MAX);
 
@@ -114,6 +116,7 @@ pub struct Core {
     scheduled: Vec<usize>,
     closing: Vec<usize>,
     more_inbox: bool,
+    lingering: usize,
     stop_deadline: Option<u64>,
     refusals_logged_us: u64,
 }
@@ -154,6 +157,7 @@ impl Core {
             scheduled: Vec::new(),
             closing: Vec::new(),
             more_inbox: false,
+            lingering: 0,
             stop_deadline: None,
             refusals_logged_us: 0,
         })
@@ -220,7 +224,8 @@ impl Core {
             .table
             .next_deadline_us()
             .map(|deadline| Duration::from_micros(deadline.saturating_sub(self.now_us)));
-        match (timer, self.stop_deadline.is_some()) {
+        // Stopping and lingering sessions are checked every few milliseconds.
+        match (timer, self.stop_deadline.is_some() || self.lingering > 0) {
             (Some(timer), true) => Some(timer.min(Duration::from_millis(10))),
             (None, true) => Some(Duration::from_millis(10)),
             (timer, false) => timer,
@@ -503,7 +508,7 @@ impl Core {
             .pending
             .saturating_sub(u32::from(answer.ends_pending));
         session.remote_unanswered = session.remote_unanswered.saturating_sub(u32::from(remote));
-        if session.phase == Phase::Dead {
+        if matches!(session.phase, Phase::Dead | Phase::Lingering) {
             return false;
         }
         answer.response.encode(session.output());
@@ -617,13 +622,28 @@ impl Core {
         self.closing.push(slot);
     }
 
+    /// Ends the closing sessions that are done: acknowledged everywhere, output flushed, and
+    /// (unless dead) the peer's unread input drained or the linger deadline passed.
     fn end_closed_sessions(&mut self) {
         let mut index = 0;
+        self.lingering = 0;
         while index < self.closing.len() {
             let slot = self.closing[index];
-            let session = &self.sessions[slot];
+            let now_us = self.now_us;
+            let session = &mut self.sessions[slot];
             let flushed = session.phase == Phase::Dead || session.unsent() == 0;
             if session.acks_awaited > 0 || !flushed {
+                index += 1;
+                continue;
+            }
+            if session.phase == Phase::Draining {
+                session.linger(now_us + LINGER.as_micros() as u64);
+            }
+            let done = session.phase == Phase::Dead
+                || session.drop_incoming()
+                || now_us >= session.linger_until_us;
+            if !done {
+                self.lingering += 1;
                 index += 1;
                 continue;
             }
@@ -735,8 +755,11 @@ impl Core {
             && self.outboxes.iter().flatten().all(Outbox::is_empty)
             && self.sessions.iter().all(|(_, session)| {
                 session.acks_awaited == 0
-                    && session.remote_unanswered == 0
-                    && (session.phase == Phase::Dead || session.unsent() == 0)
+                    && match session.phase {
+                        Phase::Open => session.remote_unanswered == 0 && session.unsent() == 0,
+                        Phase::Draining => session.unsent() == 0,
+                        Phase::Lingering | Phase::Dead => true,
+                    }
             })
     }
 }

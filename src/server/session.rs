@@ -21,6 +21,8 @@ pub const READ_BUFFER_BYTES: usize = 16 * 1024;
 pub const OUTPUT_BOUND_BYTES: usize = 64 * 1024;
 /// Requests one session may have in flight to other cores (besides its pending acquires).
 pub const REMOTE_IN_FLIGHT_MAX: u32 = 4096;
+/// Buffer fills of input a lingering session drops per loop iteration.
+const LINGER_READS_MAX: usize = 16;
 /// Write capacity kept after a burst drains; more is given back to the allocator.
 const WRITE_CAPACITY_KEPT_BYTES: usize = 4 * OUTPUT_BOUND_BYTES;
 
@@ -66,6 +68,11 @@ pub enum Phase {
     /// No more reading (end of input, or a closing error): answers still get written, and the
     /// session ends once every partition has withdrawn its waiters and the output is flushed.
     Draining,
+    /// Everything was written and our side is shut: unread input is read and dropped until
+    /// the peer ends or a short deadline passes. Closing a socket with unread input makes the
+    /// kernel reset the connection, which would discard answers not yet delivered (the `X` of
+    /// a closing error among them).
+    Lingering,
     /// The socket failed: nothing more is written; ends once the partitions acknowledged.
     Dead,
 }
@@ -103,6 +110,8 @@ pub struct Session {
     pub dirty: bool,
     /// Set when reading stopped because the session was over its bounds.
     pub paused: bool,
+    /// While [`Phase::Lingering`]: when to close regardless.
+    pub linger_until_us: u64,
     read_buffer: Box<[u8]>,
     read_start: usize,
     read_end: usize,
@@ -124,6 +133,7 @@ impl Session {
             scheduled: false,
             dirty: false,
             paused: false,
+            linger_until_us: 0,
             read_buffer,
             read_start: 0,
             read_end: 0,
@@ -203,6 +213,29 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Shuts our side and starts [`Phase::Lingering`] until `until_us`.
+    pub fn linger(&mut self, until_us: u64) {
+        debug_assert_eq!(self.unsent(), 0);
+        let _ = self.socket.shutdown(std::net::Shutdown::Write);
+        self.phase = Phase::Lingering;
+        self.linger_until_us = until_us;
+    }
+
+    /// Reads and drops incoming bytes, a bounded amount per call. True when the peer ended its
+    /// side (or the socket failed): the session can be closed without a reset.
+    pub fn drop_incoming(&mut self) -> bool {
+        for _ in 0..LINGER_READS_MAX {
+            match self.socket.read(&mut self.read_buffer) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
+        }
+        false
     }
 
     /// The output buffer, to encode answers into.
