@@ -271,15 +271,20 @@ fn pump_up(mut client: TcpStream, mut server: TcpStream, shared: &Shared) {
         };
         thread::sleep(delay);
         let allowed = cut_after.map_or(read, |cut| cut.saturating_sub(forwarded).min(read));
+        let cut_now = allowed < read || cut_after == Some(forwarded + allowed);
+        if cut_now {
+            // The client loses the connection before the last bytes go up, so no answer they
+            // cause can reach it (pump_down's write fails).
+            let _ = client.shutdown(Shutdown::Both);
+        }
         if server.write_all(&chunk[..allowed]).is_err() {
             let _ = client.shutdown(Shutdown::Both);
             return;
         }
         forwarded += allowed;
-        if allowed < read || cut_after == Some(forwarded) {
+        if cut_now {
             // The cut: both sides lose the connection mid-stream.
             let _ = server.shutdown(Shutdown::Both);
-            let _ = client.shutdown(Shutdown::Both);
             return;
         }
     }
