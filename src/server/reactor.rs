@@ -512,9 +512,7 @@ impl Core {
             return false;
         }
         answer.response.encode(session.output());
-        let resume = session.paused
-            && session.phase == Phase::Open
-            && !session.over_bounds(self.settings.max_pending_per_session);
+        let resume = session.may_resume(self.settings.max_pending_per_session);
         self.mark_dirty(slot);
         if resume {
             self.sessions[slot].paused = false;
@@ -674,10 +672,7 @@ impl Core {
             }
             match session.flush() {
                 Ok(_) => {
-                    let resume = session.paused
-                        && session.phase == Phase::Open
-                        && !session.over_bounds(self.settings.max_pending_per_session);
-                    if resume {
+                    if session.may_resume(self.settings.max_pending_per_session) {
                         session.paused = false;
                         self.schedule(slot);
                     }

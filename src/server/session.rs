@@ -175,6 +175,11 @@ impl Session {
             || self.remote_unanswered >= REMOTE_IN_FLIGHT_MAX + pending_max
     }
 
+    /// Whether a session paused over its bounds is back under them and may be read again.
+    pub fn may_resume(&self, pending_max: u32) -> bool {
+        self.paused && self.phase == Phase::Open && !self.over_bounds(pending_max)
+    }
+
     /// Reads into the free part of the buffer (moving a partial frame to the front first).
     ///
     /// With `until_would_block` false, a short read ends the pass: it proves the socket was
