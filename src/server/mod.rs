@@ -62,10 +62,24 @@ impl Shared {
     }
 
     /// Records whether core `index` has nothing left to do; true when every core is so.
+    ///
+    /// Once every core was quiescent at the same moment, the shutdown is complete for all of
+    /// them: the answer stays true even if a core later sees new input (a client closing), which
+    /// otherwise would wait for an acknowledgement from a core that has already stopped.
     fn mark_quiescent(&self, index: usize, quiescent: bool) -> bool {
         let mut marks = self.quiescent.lock();
+        if marks.iter().all(|&mark| mark) {
+            return true;
+        }
         marks[index] = quiescent;
-        marks.iter().all(|&mark| mark)
+        let all = marks.iter().all(|&mark| mark);
+        drop(marks);
+        if all {
+            for waker in &self.wakers {
+                let _ = waker.wake();
+            }
+        }
+        all
     }
 }
 
