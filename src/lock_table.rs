@@ -373,9 +373,7 @@ impl LockTable {
         let mut cursor = list.head;
         // Bounded by the session's waiter count in this partition.
         for _ in 0..list.count {
-            let next = self.waiters[cursor as usize].session_next;
-            self.remove_waiter(cursor);
-            cursor = next;
+            cursor = self.remove_waiter(cursor).session_next;
         }
         debug_assert!(!self.sessions.contains_key(&session));
     }
@@ -385,12 +383,11 @@ impl LockTable {
         self.shutting_down = true;
         let queued: Vec<u32> = self.waiters.iter().map(|(index, _)| index as u32).collect();
         for waiter in queued {
-            let (session, owner) = {
-                let waiter = &self.waiters[waiter as usize];
-                (waiter.session, waiter.owner)
+            let removed = self.remove_waiter(waiter);
+            let busy = Response::Busy {
+                owner: removed.owner,
             };
-            self.remove_waiter(waiter);
-            self.answer(session, Response::Busy { owner }, true);
+            self.answer(removed.session, busy, true);
         }
     }
 
@@ -404,12 +401,11 @@ impl LockTable {
         self.wheel.advance(now_us / self.config.tick_us, &mut fired);
         for &timer in &fired {
             if let Timer::Wait(waiter) = timer {
-                let (session, owner) = {
-                    let waiter = &self.waiters[waiter as usize];
-                    (waiter.session, waiter.owner)
+                let removed = self.remove_waiter(waiter);
+                let timeout = Response::Timeout {
+                    owner: removed.owner,
                 };
-                self.remove_waiter(waiter);
-                self.answer(session, Response::Timeout { owner }, true);
+                self.answer(removed.session, timeout, true);
             }
         }
         for &timer in &fired {
@@ -539,11 +535,8 @@ impl LockTable {
             if head == NIL {
                 return self.remove_entry(entry);
             }
-            let (session, owner, lease_s) = {
-                let waiter = &self.waiters[head as usize];
-                (waiter.session, waiter.owner, waiter.lease_s)
-            };
-            self.remove_waiter(head);
+            let removed = self.remove_waiter(head);
+            let (session, owner, lease_s) = (removed.session, removed.owner, removed.lease_s);
             let Some(token) = self.tokens.issue() else {
                 self.answer(session, Response::Busy { owner }, true);
                 continue;
@@ -610,8 +603,8 @@ impl LockTable {
         held.waiters += 1;
     }
 
-    /// Unlinks a waiter from its key queue and session list and cancels its timer.
-    fn remove_waiter(&mut self, waiter: u32) {
+    /// Unlinks a waiter from its key queue and session list, cancels its timer, and returns it.
+    fn remove_waiter(&mut self, waiter: u32) -> Waiter {
         let removed = self.waiters.remove(waiter as usize);
         // Already fired when called from handle_timers; cancel is then a no-op.
         self.wheel.cancel(removed.timer);
@@ -642,6 +635,7 @@ impl LockTable {
         if list.count == 0 {
             self.sessions.remove(&removed.session);
         }
+        removed
     }
 
     #[cfg(debug_assertions)]
