@@ -307,7 +307,9 @@ pub fn parse_request(buf: &[u8], key_bytes_max: usize) -> ParseResult<'_> {
     if key.is_empty() {
         return refuse(ErrorCode::EmptyKey);
     }
-    if std::str::from_utf8(key).is_err() {
+    // Keys are nearly always ASCII: the inlined word-at-a-time check skips the general
+    // validator's call (a measurable share of a pipelined request's parse).
+    if !key.is_ascii() && std::str::from_utf8(key).is_err() {
         return refuse(ErrorCode::KeyNotUtf8);
     }
     let request = match op {
