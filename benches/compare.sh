@@ -8,10 +8,10 @@
 # latchkey/Redis and latchkey/echo ratios. `hold` runs get a fresh server each (so the RSS
 # reading starts from an empty one). Raw JSON lines go to $OUT/results.jsonl.
 #
-# Usage: benches/compare.sh            (about 3 minutes after the build)
+# Usage: benches/compare.sh            (about 5 minutes after the build)
 # Environment (defaults in brackets):
 #   ROUNDS [3]  DURATION [3s]  WARMUP [1s]  CONNECTIONS [50]  HOT_KEYS [8]
-#   HOLD_KEYS [200000]  HOLD_LEASE [5s, longer than the grant phase]  SKIP_HOLD [0]  SKIP_REDIS [0]
+#   HOLD_KEYS [1000000]  HOLD_LEASE [5s, longer than the grant phase]  SKIP_HOLD [0]  SKIP_REDIS [0]
 #   SERVER_CPU [0]  LOAD_CPU [1]  LATCHKEY_CORES [1]  REDIS_PORT [6390]  OUT [target/compare]
 # A quick look: ROUNDS=1 DURATION=1s WARMUP=200ms HOLD_KEYS=20000 HOLD_LEASE=1s benches/compare.sh
 #
@@ -24,7 +24,7 @@ DURATION=${DURATION:-3s}
 WARMUP=${WARMUP:-1s}
 CONNECTIONS=${CONNECTIONS:-50}
 HOT_KEYS=${HOT_KEYS:-8}
-HOLD_KEYS=${HOLD_KEYS:-200000}
+HOLD_KEYS=${HOLD_KEYS:-1000000}
 HOLD_LEASE=${HOLD_LEASE:-5s}
 SKIP_HOLD=${SKIP_HOLD:-0}
 SKIP_REDIS=${SKIP_REDIS:-0}

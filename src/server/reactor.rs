@@ -4,8 +4,10 @@
 //!
 //! poll → read and parse every ready session, executing local requests at once and queueing
 //! remote ones → drain the inbox (bounded) → advance the timers → flush the outboxes (one
-//! wake per destination) → flush every session with output (one `write` pass each) → end the
-//! sessions whose close completed → shutdown bookkeeping. `Instant::now()` is read once per
+//! wake per destination) → flush every session with output (one `write` pass each; a session
+//! still waiting for prompt answers from other cores is held back, by at most
+//! `REMOTE_HOLD_US`, so that a pipelined batch leaves in one write) → end the sessions whose
+//! close completed → shutdown bookkeeping. `Instant::now()` is read once per
 //! iteration; the lock table only ever sees that `now_us`.
 //!
 //! # Invariants
@@ -63,6 +65,10 @@ const NOBODY: SessionId = u64::MAX;
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(4500);
 /// How long a closed session keeps dropping the peer's unread input before the socket closes.
 const LINGER: Duration = Duration::from_secs(2);
+/// Longest a session's answers wait for the prompt answers of its requests to other cores, so
+/// that they leave in one `write` (see `flush_sessions`). Normally the wait ends sooner: when
+/// those answers arrive, one cross-core round trip later.
+const REMOTE_HOLD_US: u64 = 100;
 
 const _: () = assert!(SLOTS_MAX > super::CONNECTIONS_MAX);
 
@@ -113,12 +119,16 @@ pub struct Core {
     epoch: Instant,
     now_us: u64,
     dirty: Vec<usize>,
+    /// Scratch list of the sessions whose output `flush_sessions` holds back.
+    held: Vec<usize>,
     scheduled: Vec<usize>,
     closing: Vec<usize>,
     more_inbox: bool,
     lingering: usize,
     stop_deadline: Option<u64>,
     refusals_logged_us: u64,
+    /// Earliest `hold_until_us` of the sessions whose output is held.
+    hold_wake_us: Option<u64>,
 }
 
 impl Core {
@@ -154,12 +164,14 @@ impl Core {
             epoch,
             now_us: 0,
             dirty: Vec::new(),
+            held: Vec::new(),
             scheduled: Vec::new(),
             closing: Vec::new(),
             more_inbox: false,
             lingering: 0,
             stop_deadline: None,
             refusals_logged_us: 0,
+            hold_wake_us: None,
         })
     }
 
@@ -168,7 +180,7 @@ impl Core {
         let mut events = Events::with_capacity(EVENTS_MAX);
         loop {
             let timeout = self.poll_timeout();
-            let deadline = self.table.next_deadline_us();
+            let deadline = self.wake_at_us();
             if let Err(e) = self
                 .alarm
                 .arm(deadline, || self.epoch.elapsed().as_micros() as u64)
@@ -221,14 +233,22 @@ impl Core {
             return Some(Duration::ZERO);
         }
         let timer = self
-            .table
-            .next_deadline_us()
+            .wake_at_us()
             .map(|deadline| Duration::from_micros(deadline.saturating_sub(self.now_us)));
         // Stopping and lingering sessions are checked every few milliseconds.
         match (timer, self.stop_deadline.is_some() || self.lingering > 0) {
             (Some(timer), true) => Some(timer.min(Duration::from_millis(10))),
             (None, true) => Some(Duration::from_millis(10)),
             (timer, false) => timer,
+        }
+    }
+
+    /// When the loop must run again without an event: the next timer, or the end of an
+    /// output hold. The alarm rings then, to the microsecond.
+    fn wake_at_us(&self) -> Option<u64> {
+        match (self.table.next_deadline_us(), self.hold_wake_us) {
+            (Some(timer), Some(hold)) => Some(timer.min(hold)),
+            (timer, hold) => timer.or(hold),
         }
     }
 
@@ -450,6 +470,7 @@ impl Core {
         session.consume(used);
         session.pending += u32::from(waits);
         session.remote_unanswered += u32::from(remote);
+        session.remote_prompt += u32::from(remote && !waits);
         Step::Executed
     }
 
@@ -508,6 +529,11 @@ impl Core {
             .pending
             .saturating_sub(u32::from(answer.ends_pending));
         session.remote_unanswered = session.remote_unanswered.saturating_sub(u32::from(remote));
+        // Only answers to acquires that may wait end a pending acquire; every other remote
+        // answer is the answer of a prompt request.
+        let prompt = remote && !answer.ends_pending;
+        debug_assert!(session.remote_prompt >= u32::from(prompt));
+        session.remote_prompt = session.remote_prompt.saturating_sub(u32::from(prompt));
         if matches!(session.phase, Phase::Dead | Phase::Lingering) {
             return false;
         }
@@ -660,12 +686,31 @@ impl Core {
         }
     }
 
+    /// Writes every session with output, once each, except an open session still waiting for
+    /// prompt answers from other cores: its output is held until they arrive or for at most
+    /// [`REMOTE_HOLD_US`]. Without the hold, a pipelined batch split over partitions would
+    /// leave in one `write` per partition and per loop iteration, and the client would then
+    /// send its next requests in as many pieces: measured on 2 cores, 4.5 requests per `write`
+    /// instead of 16, which costs more than the cross-core hop saves.
     fn flush_sessions(&mut self) {
         let dirty = std::mem::take(&mut self.dirty);
+        let mut held = std::mem::take(&mut self.held);
+        self.hold_wake_us = None;
         for &slot in &dirty {
             let Some(session) = self.sessions.get_mut(slot) else {
                 continue;
             };
+            if session.remote_prompt > 0 && session.phase == Phase::Open {
+                let until = *session
+                    .hold_until_us
+                    .get_or_insert(self.now_us + REMOTE_HOLD_US);
+                if self.now_us < until {
+                    held.push(slot);
+                    self.hold_wake_us = Some(self.hold_wake_us.map_or(until, |t| t.min(until)));
+                    continue;
+                }
+            }
+            session.hold_until_us = None;
             session.dirty = false;
             if session.phase == Phase::Dead {
                 continue;
@@ -683,11 +728,13 @@ impl Core {
                 }
             }
         }
+        // Held sessions stay dirty and are looked at again next iteration.
         let mut dirty = dirty;
         dirty.clear();
-        if self.dirty.is_empty() {
-            self.dirty = dirty;
-        }
+        dirty.append(&mut held);
+        dirty.append(&mut self.dirty);
+        self.dirty = dirty;
+        self.held = held;
     }
 
     fn top_up_tokens(&mut self) {

@@ -102,6 +102,12 @@ pub struct Session {
     pub pending: u32,
     /// Requests sent to other cores whose answer has not come back.
     pub remote_unanswered: u32,
+    /// Of those, the ones answered as soon as the other core handles them (all but acquires
+    /// that may wait): while some are out, the session's output is held back a little so that
+    /// their answers leave in the same `write` (see the reactor's `flush_sessions`).
+    pub remote_prompt: u32,
+    /// While output is held for prompt remote answers: the time it is written regardless.
+    pub hold_until_us: Option<u64>,
     /// Partitions that have not yet acknowledged the session's close.
     pub acks_awaited: u32,
     /// Set when the session is in the reactor's list of sessions to read without an event.
@@ -129,6 +135,8 @@ impl Session {
             phase: Phase::Open,
             pending: 0,
             remote_unanswered: 0,
+            remote_prompt: 0,
+            hold_until_us: None,
             acks_awaited: 0,
             scheduled: false,
             dirty: false,
