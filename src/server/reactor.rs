@@ -23,7 +23,7 @@
 //! Not here: frame syntax ([`crate::protocol`]), lock semantics ([`crate::lock_table`]).
 
 use super::alarm::Alarm;
-use super::route::{partition_of, Msg, Outbox, RemoteOp};
+use super::route::{partition_of, Msg, MsgKey, Outbox, RemoteOp};
 use super::session::{BufferPool, Phase, ReadOutcome, Session};
 use super::Shared;
 use crate::lock_table::{Answer, LockTable, SessionId};
@@ -456,7 +456,7 @@ impl Core {
                     let msg = Msg::Request {
                         session: id,
                         op,
-                        key: key.into(),
+                        key: MsgKey::new(key),
                         pending_at_limit: at_limit,
                     };
                     self.outboxes[partition]
@@ -501,7 +501,7 @@ impl Core {
             return;
         }
         let key = match answer.response {
-            Response::Acquired { .. } => self.table.entry_key(answer.entry).map(Box::from),
+            Response::Acquired { .. } => self.table.entry_key(answer.entry).map(MsgKey::new),
             _ => None,
         };
         match self.outboxes.get_mut(core).and_then(Option::as_mut) {
