@@ -2,10 +2,11 @@
 //!
 //! [`partition_of`] is a pure function of the key bytes and the core count, so every core
 //! agrees on the owner without sharing anything. A request whose key belongs to another core
-//! travels as a [`Msg`] (its key copied once into the message, inline when short); the answer travels back the same
-//! way. Each destination has an [`Outbox`]: messages are queued during a loop iteration and
-//! flushed at its end with one `Waker::wake` per destination at most. A bounded channel that is
-//! full never blocks a core: the rest of the outbox waits for the next iteration, in order.
+//! travels as a [`Msg`] (its key copied once into the message, inline when short); the answer
+//! travels back the same way. Each destination has an [`Outbox`]: messages are queued during a
+//! loop iteration and flushed at its end with one `Waker::wake` per destination at most. A
+//! bounded channel that is full never blocks a core: the rest of the outbox waits for the next
+//! iteration, in order.
 //!
 //! Ordering: one channel per (source, destination) pair in effect (crossbeam keeps each
 //! sender's messages in order), so requests of one session for one key reach the partition in
