@@ -13,6 +13,12 @@
 #   ROUNDS [3]  DURATION [3s]  WARMUP [1s]  CONNECTIONS [50]  HOT_KEYS [8]
 #   HOLD_KEYS [1000000]  HOLD_LEASE [5s, longer than the grant phase]  SKIP_HOLD [0]  SKIP_REDIS [0]
 #   SERVER_CPU [0]  LOAD_CPU [1]  LATCHKEY_CORES [1]  REDIS_PORT [6390]  OUT [target/compare]
+#   SCALE_CORES [2 with >= 4 CPUs, else 0 = skipped]  SCALE_SERVER_CPUS [0-(N-1)]
+#   SCALE_LOAD_CPUS [N-(2N-1)]
+# Scaling: with SCALE_CORES=N, each round also runs uncontended at pipeline 16 and 1 against a
+# `--cores 1` server pinned to the first of SCALE_SERVER_CPUS and a `--cores N` server pinned to
+# all of them, both driven by the same load (one thread per CPU of SCALE_LOAD_CPUS), and prints
+# the N/1 ratio. Server and load CPUs must not overlap for the ratio to mean anything.
 # A quick look: ROUNDS=1 DURATION=1s WARMUP=200ms HOLD_KEYS=20000 HOLD_LEASE=1s benches/compare.sh
 #
 # Redis is the Debian package: `apt-get install -y redis-server`. Without it the Redis column
@@ -32,6 +38,9 @@ SERVER_CPU=${SERVER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 LATCHKEY_CORES=${LATCHKEY_CORES:-1}
 REDIS_PORT=${REDIS_PORT:-6390}
+if [ "$(nproc)" -ge 4 ]; then SCALE_CORES=${SCALE_CORES:-2}; else SCALE_CORES=${SCALE_CORES:-0}; fi
+SCALE_SERVER_CPUS=${SCALE_SERVER_CPUS:-0-$((SCALE_CORES - 1))}
+SCALE_LOAD_CPUS=${SCALE_LOAD_CPUS:-$SCALE_CORES-$((2 * SCALE_CORES - 1))}
 
 cd "$(dirname "$0")/.."
 OUT=${OUT:-target/compare}
@@ -132,6 +141,12 @@ stop_server() { # pid
     wait "$1" 2>/dev/null || true
 }
 start_latchkey() { start_listening latchkey "$LATCHKEY" serve --listen 127.0.0.1:0 --cores "$LATCHKEY_CORES"; }
+start_scaled() { # cores cpus: a latchkey for the scaling runs, pinned to cpus
+    local cores=$1 cpus=$2
+    PIN_SERVER=(taskset -c "$cpus")
+    start_listening "latchkey-cores$cores" "$LATCHKEY" serve --listen 127.0.0.1:0 --cores "$cores"
+    PIN_SERVER=(taskset -c "$SERVER_CPU")
+}
 start_echo() { start_listening echo "$ECHO" --listen 127.0.0.1:0; }
 
 # --- runs --------------------------------------------------------------------------------
@@ -159,6 +174,31 @@ CONFIGS=(
 )
 HOLD=(--workload hold --pipeline 16 --keys "$HOLD_KEYS" --lease "$HOLD_LEASE")
 
+cpu_list() { # "0-2,5" → "0 1 2 5"
+    local part
+    for part in ${1//,/ }; do
+        if [[ $part == *-* ]]; then seq "${part%-*}" "${part#*-}"; else echo "$part"; fi
+    done
+}
+SCALE=0
+shared_cpus=
+if [ "$SCALE_CORES" -gt 1 ] && [ ${#PIN_SERVER[@]} -gt 0 ]; then
+    SCALE=1
+    shared_cpus=$(comm -12 <(cpu_list "$SCALE_SERVER_CPUS" | sort) <(cpu_list "$SCALE_LOAD_CPUS" | sort) |
+        tr '\n' ' ')
+    if [ -n "$shared_cpus" ]; then
+        say "warning: scaling servers and load share CPUs $shared_cpus: the scaling ratio measures"
+        say "  that competition, not the server"
+    fi
+    start_scaled 1 "${SCALE_SERVER_CPUS%%[-,]*}"
+    S1_ADDR=$SERVER_ADDR
+    start_scaled "$SCALE_CORES" "$SCALE_SERVER_CPUS"
+    SN_ADDR=$SERVER_ADDR
+elif [ "$SCALE_CORES" -gt 1 ]; then
+    say "scaling skipped: it needs taskset and separate CPUs for the servers and the load"
+else
+    say "scaling skipped: set SCALE_CORES=N (it needs 2N CPUs: N for the servers, N for the load)"
+fi
 start_latchkey
 L_PID=$SERVER_PID L_ADDR=$SERVER_ADDR
 start_echo
@@ -181,6 +221,17 @@ for round in $(seq 1 "$ROUNDS"); do
             run "$name echo" "latchkey://$E_ADDR" "${flags[@]}" "${TIMED[@]}"
         fi
     done
+    if [ $SCALE = 1 ]; then
+        saved_pin=("${PIN_LOAD[@]}")
+        PIN_LOAD=(taskset -c "$SCALE_LOAD_CPUS")
+        for config in "s16|--pipeline 16" "s1|--pipeline 1"; do
+            name=${config%%|*}
+            read -r -a flags <<<"${config#*|}"
+            run "$name cores1" "latchkey://$S1_ADDR" --workload uncontended "${flags[@]}" "${TIMED[@]}"
+            run "$name coresN" "latchkey://$SN_ADDR" --workload uncontended "${flags[@]}" "${TIMED[@]}"
+        done
+        PIN_LOAD=("${saved_pin[@]}")
+    fi
     if [ "$SKIP_HOLD" != 1 ]; then
         start_latchkey
         run "hold latchkey" "latchkey://$SERVER_ADDR" "${HOLD[@]}" --server-pid "$SERVER_PID"
@@ -263,6 +314,23 @@ for spec in "${ROWS[@]}"; do
     IFS='|' read -r workload metric label path <<<"$spec"
     row "$workload" "$metric" "$label" "$path"
 done
+if [ $SCALE = 1 ]; then
+    echo
+    echo "Scaling: servers on CPUs $SCALE_SERVER_CPUS (--cores 1 on the first), load on CPUs $SCALE_LOAD_CPUS."
+    if [ -n "$shared_cpus" ]; then
+        echo "Servers and load SHARE CPUs $shared_cpus: the ratio measures that competition, not scaling."
+    fi
+    echo
+    echo "| workload | metric | --cores 1 | --cores $SCALE_CORES | ratio |"
+    echo "|---|---|---|---|---|"
+    for spec in "uncontended, pipeline 16|s16" "uncontended, pipeline 1|s1"; do
+        IFS='|' read -r workload label <<<"$spec"
+        one=$(median "$label cores1" requests_per_sec)
+        many=$(median "$label coresN" requests_per_sec)
+        printf '| %s | requests/s | %s | %s | %s |\n' "$workload" "$(fmt "$one")" "$(fmt "$many")" \
+            "$(ratio "$many" "$one")"
+    done
+fi
 echo
 echo "Spread across the rounds (min-max): a wide one means the machine was busy; rerun with more"
 echo "ROUNDS before trusting a ratio."
