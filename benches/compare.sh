@@ -10,7 +10,7 @@
 #
 # Usage: benches/compare.sh            (about 5 minutes after the build)
 # Environment (defaults in brackets):
-#   ROUNDS [3]  DURATION [3s]  WARMUP [1s]  CONNECTIONS [50]  HOT_KEYS [8]
+#   ROUNDS [5]  DURATION [3s]  WARMUP [1s]  CONNECTIONS [50]  HOT_KEYS [8]
 #   HOLD_KEYS [1000000]  HOLD_LEASE [5s, longer than the grant phase]  SKIP_HOLD [0]  SKIP_REDIS [0]
 #   SERVER_CPU [0]  LOAD_CPU [1]  LATCHKEY_CORES [1]  REDIS_PORT [6390]  OUT [target/compare]
 #   SCALE_CORES [2 with >= 4 CPUs, else 0 = skipped]  SCALE_SERVER_CPUS [0-(N-1)]
@@ -25,7 +25,7 @@
 # is skipped (with a message), not faked.
 set -euo pipefail
 
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-3s}
 WARMUP=${WARMUP:-1s}
 CONNECTIONS=${CONNECTIONS:-50}
