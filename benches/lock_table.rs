@@ -24,6 +24,7 @@ fn table() -> LockTable {
         max_keys: KEYS,
         max_waiters_per_key: WAITERS_PER_KEY as u32,
         tick_us: 1000,
+        max_pending_per_session: u32::MAX,
     };
     let tokens = TokenRange {
         next: 1,
@@ -71,7 +72,7 @@ fn acquire_release_distinct(c: &mut Criterion) {
     group.bench_function("acquire_release_distinct_10k", |b| {
         b.iter(|| {
             for (owner, key) in keys.iter().enumerate() {
-                table.handle_acquire(NOW_US, 1, acquire(0, owner as u64), key, false);
+                table.handle_acquire(NOW_US, 1, acquire(0, owner as u64), key);
             }
             tokens.clear();
             take_tokens(&mut table, &mut tokens);
@@ -98,12 +99,12 @@ fn handoff_queue(c: &mut Criterion) {
     group.bench_function("acquire_queue_release_handoff_1k_x5", |b| {
         b.iter(|| {
             for (owner, key) in keys.iter().enumerate() {
-                table.handle_acquire(NOW_US, 1, acquire(0, owner as u64), key, false);
+                table.handle_acquire(NOW_US, 1, acquire(0, owner as u64), key);
             }
             for waiter in 0..WAITERS_PER_KEY as u64 {
                 for key in &keys {
                     let session = 2 + waiter;
-                    table.handle_acquire(NOW_US, session, acquire(LEASE_S, waiter), key, false);
+                    table.handle_acquire(NOW_US, session, acquire(LEASE_S, waiter), key);
                 }
             }
             tokens.clear();
@@ -129,9 +130,9 @@ fn query(c: &mut Criterion) {
     let mut table = table();
     let mut tokens = Vec::new();
     for (owner, key) in keys.iter().enumerate() {
-        table.handle_acquire(NOW_US, 1, acquire(0, owner as u64), key, false);
-        table.handle_acquire(NOW_US, 2, acquire(LEASE_S, owner as u64), key, false);
-        table.handle_acquire(NOW_US, 3, acquire(LEASE_S, owner as u64), key, false);
+        table.handle_acquire(NOW_US, 1, acquire(0, owner as u64), key);
+        table.handle_acquire(NOW_US, 2, acquire(LEASE_S, owner as u64), key);
+        table.handle_acquire(NOW_US, 3, acquire(LEASE_S, owner as u64), key);
     }
     take_tokens(&mut table, &mut tokens);
     let mut group = c.benchmark_group("lock_table");

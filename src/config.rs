@@ -120,8 +120,8 @@ pub struct LimitsConfig {
     /// Queued acquires per key at most; one more gets `B`. `1..=WAITERS_PER_KEY_MAX`,
     /// default 1024.
     pub max_waiters_per_key: u32,
-    /// Acquires with `wait > 0` submitted by one session and not yet answered, at most; one
-    /// more gets `B`. `1..=PENDING_PER_SESSION_MAX`, default 1024.
+    /// Acquires one session may have queued, across all partitions; one more that would
+    /// queue gets `B`. `1..=PENDING_PER_SESSION_MAX`, default 1024.
     pub max_pending_per_session: u32,
     /// The longest key accepted, in bytes; `1..=KEY_BYTES_MAX`, default 1024.
     pub max_key_bytes: usize,

@@ -22,6 +22,8 @@
 //!   one session list.
 //! * Tokens issued by this partition strictly increase, so they strictly increase per key.
 //! * Nothing fires early: a lease or wait timer fires at the first tick at or after its end.
+//! * No session has more than `max_pending_per_session` acquires queued here (nor, with shared
+//!   [`QueueCounts`], in all partitions together).
 //!
 //! # Not here
 //!
@@ -34,6 +36,7 @@ use crate::wheel::{TimerHandle, Wheel};
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 use slab::Slab;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 /// An opaque session identity chosen by the reactor (unique for the life of the process).
 pub type SessionId = u64;
@@ -52,8 +55,24 @@ pub struct TableConfig {
     pub max_keys: usize,
     /// Waiters one key may have queued; at least 1.
     pub max_waiters_per_key: u32,
+    /// Acquires one session may have queued: in this partition, or across every partition
+    /// sharing a [`QueueCounts`] (see [`LockTable::share_queue_counts`]).
+    pub max_pending_per_session: u32,
     /// Length of one timer tick in microseconds; at least 1.
     pub tick_us: u64,
+}
+
+/// Per-session counts of queued acquires shared by the partitions of one server, so that
+/// `max_pending_per_session` bounds a session's queued acquires across all of them (its
+/// acquires may queue in several). Without one, a table counts its own waiters of the session,
+/// which is exact when there is one partition.
+pub trait QueueCounts: Send + Sync {
+    /// Counts one more queued acquire of `session`, unless it already has `max`: then counts
+    /// nothing and returns false. Atomic: two partitions never both take the last place.
+    fn try_add(&self, session: SessionId, max: u32) -> bool;
+    /// One queued acquire of `session` left its queue (granted, timed out, cancelled,
+    /// withdrawn or refused at shutdown).
+    fn remove(&self, session: SessionId);
 }
 
 /// One answer the table produced, addressed to a session.
@@ -166,6 +185,8 @@ pub struct LockTable {
     shutting_down: bool,
     answers: Vec<Answer>,
     fired: Vec<Timer>,
+    /// Counts shared with the other partitions, if any.
+    shared_counts: Option<Arc<dyn QueueCounts>>,
 }
 
 impl LockTable {
@@ -175,7 +196,7 @@ impl LockTable {
             config.max_waiters_per_key >= 1,
             "max_waiters_per_key must be at least 1"
         );
-        assert!(config.tick_us >= 1 && config.max_keys >= 1);
+        assert!(config.tick_us >= 1 && config.max_keys >= 1 && config.max_pending_per_session >= 1);
         assert!(tokens.next > 0 && tokens.step > 0);
         LockTable {
             config,
@@ -189,18 +210,19 @@ impl LockTable {
             shutting_down: false,
             answers: Vec::new(),
             fired: Vec::new(),
+            shared_counts: None,
         }
     }
 
-    /// Executes one parsed request from `session`. `pending_at_limit` says the session
-    /// already has `max_pending_per_session` acquires with wait > 0 unanswered.
-    pub fn handle_request(
-        &mut self,
-        now_us: u64,
-        session: SessionId,
-        request: &Request<'_>,
-        pending_at_limit: bool,
-    ) {
+    /// Makes `max_pending_per_session` count this session's queued acquires in every partition
+    /// sharing `counts`, not only here. Call before the table queues anything.
+    pub fn share_queue_counts(&mut self, counts: Arc<dyn QueueCounts>) {
+        assert!(self.waiters.is_empty(), "queue counts shared too late");
+        self.shared_counts = Some(counts);
+    }
+
+    /// Executes one parsed request from `session`.
+    pub fn handle_request(&mut self, now_us: u64, session: SessionId, request: &Request<'_>) {
         match *request {
             Request::Acquire {
                 wait_s,
@@ -213,7 +235,7 @@ impl LockTable {
                     lease_s,
                     owner,
                 };
-                self.handle_acquire(now_us, session, acquire, key, pending_at_limit);
+                self.handle_acquire(now_us, session, acquire, key);
             }
             Request::Release { token, key } => self.handle_release(now_us, session, token, key),
             Request::Extend {
@@ -227,14 +249,14 @@ impl LockTable {
         }
     }
 
-    /// Acquire: grant a free key, queue on a held one (wait > 0), or answer `T`/`B`.
+    /// Acquire: grant a free key, queue on a held one (wait > 0), or answer `T`/`B` (`B` when
+    /// the key's queue or the session's queued acquires are at their limit).
     pub fn handle_acquire(
         &mut self,
         now_us: u64,
         session: SessionId,
         acquire: Acquire,
         key: &[u8],
-        pending_at_limit: bool,
     ) {
         debug_assert!(acquire.lease_s > 0 && !key.is_empty());
         let ends_pending = acquire.wait_s > 0;
@@ -275,7 +297,8 @@ impl LockTable {
             );
         }
         let queue_full = self.entries[entry as usize].waiters >= self.config.max_waiters_per_key;
-        if queue_full || pending_at_limit {
+        // Counted last: a place taken in shared counts is always followed by the enqueue.
+        if queue_full || !self.take_queue_place(session) {
             return self.answer(session, busy, true);
         }
         self.enqueue(now_us, session, acquire, entry);
@@ -559,6 +582,15 @@ impl LockTable {
         }
     }
 
+    /// Whether `session` may queue one more acquire; with shared counts, takes the place.
+    fn take_queue_place(&self, session: SessionId) -> bool {
+        let max = self.config.max_pending_per_session;
+        match &self.shared_counts {
+            Some(counts) => counts.try_add(session, max),
+            None => self.sessions.get(&session).map_or(0, |list| list.count) < max,
+        }
+    }
+
     fn remove_entry(&mut self, entry: u32) {
         let removed = self.entries.remove(entry as usize);
         debug_assert_eq!(removed.waiters, 0);
@@ -635,6 +667,9 @@ impl LockTable {
         if list.count == 0 {
             self.sessions.remove(&removed.session);
         }
+        if let Some(counts) = &self.shared_counts {
+            counts.remove(removed.session);
+        }
         removed
     }
 
@@ -701,6 +736,10 @@ impl LockTable {
         assert_eq!(self.wheel.len(), self.entries.len() + self.waiters.len());
         let mut listed = 0usize;
         for (&session, list) in &self.sessions {
+            assert!(
+                list.count <= self.config.max_pending_per_session,
+                "session {session} has more queued acquires than the limit"
+            );
             let (mut cursor, mut prev) = (list.head, NIL);
             for _ in 0..list.count {
                 let waiter = &self.waiters[cursor as usize];

@@ -169,6 +169,8 @@ impl Sim {
             max_keys: rng.between(1, key_count as u64 + 1) as usize,
             max_waiters_per_key: rng.between(1, 6) as u32,
             tick_us: rng.pick(&[1000, 1000, 1000, 1, 250, 10_000, 1_000_000]),
+            // Set from `params` below, once drawn.
+            max_pending_per_session: 1,
         };
         let params = Params {
             keys: (0..key_count)
@@ -188,7 +190,14 @@ impl Sim {
         let tokens = TokenRange { next, step, limit };
         Sim {
             rng,
-            table: LockTable::new(config, now_us, tokens),
+            table: LockTable::new(
+                TableConfig {
+                    max_pending_per_session: params.max_pending,
+                    ..config
+                },
+                now_us,
+                tokens,
+            ),
             model: Model::new(config, tokens, key_count, now_us),
             last_token: vec![0; key_count],
             params,
@@ -364,7 +373,7 @@ impl Sim {
             key: &self.params.keys[key],
         };
         self.table
-            .handle_request(self.model.now_us, session, &request, at_limit);
+            .handle_request(self.model.now_us, session, &request);
         self.compare(expected, true)
     }
 
@@ -393,7 +402,7 @@ impl Sim {
             key: &self.params.keys[key],
         };
         self.table
-            .handle_request(self.model.now_us, session, &request, false);
+            .handle_request(self.model.now_us, session, &request);
         self.compare(expected, true)
     }
 
@@ -414,7 +423,7 @@ impl Sim {
             key: &self.params.keys[key],
         };
         self.table
-            .handle_request(self.model.now_us, session, &request, false);
+            .handle_request(self.model.now_us, session, &request);
         self.compare(vec![expected], true)
     }
 
@@ -437,7 +446,7 @@ impl Sim {
             key: &self.params.keys[key],
         };
         self.table
-            .handle_request(self.model.now_us, session, &request, false);
+            .handle_request(self.model.now_us, session, &request);
         self.compare(expected, true)
     }
 
@@ -452,7 +461,7 @@ impl Sim {
             key: &self.params.keys[key],
         };
         self.table
-            .handle_request(self.model.now_us, session, &request, false);
+            .handle_request(self.model.now_us, session, &request);
         self.compare(vec![expected], true)
     }
 
@@ -460,8 +469,7 @@ impl Sim {
         self.record(Op::Ping { session });
         let nonce = self.rng.next_u64();
         let ping = Request::Ping { nonce };
-        self.table
-            .handle_request(self.model.now_us, session, &ping, false);
+        self.table.handle_request(self.model.now_us, session, &ping);
         let pong = Response::Pong { nonce };
         self.compare(vec![expect_plain(session, pong)], true)
     }

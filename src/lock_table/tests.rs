@@ -100,6 +100,7 @@ impl Fixture {
             max_keys,
             max_waiters_per_key: waiters,
             tick_us: TICK_US,
+            max_pending_per_session: u32::MAX,
         };
         Fixture {
             table: LockTable::new(config, now_us, tokens),
@@ -108,8 +109,7 @@ impl Fixture {
     }
 
     fn request(&mut self, session: SessionId, request: Request<'_>) -> Vec<Seen> {
-        self.table
-            .handle_request(self.now_us, session, &request, false);
+        self.table.handle_request(self.now_us, session, &request);
         drain(&mut self.table)
     }
 
@@ -472,26 +472,96 @@ fn max_keys_refuses_new_keys_only() {
     );
 }
 
+/// A table whose sessions may queue `max_pending` acquires each.
+fn with_pending_limit(max_pending: u32) -> Fixture {
+    let mut fixture = Fixture::new(8, 8);
+    fixture.table.config.max_pending_per_session = max_pending;
+    fixture
+}
+
 #[test]
-fn pending_at_limit_refuses_only_what_would_queue() {
-    let mut fixture = Fixture::new(4, 4);
-    let request = |owner, wait_s, key| Request::Acquire {
-        wait_s,
-        lease_s: 5,
-        owner,
-        key,
-    };
-    let table = &mut fixture.table;
-    table.handle_request(START_US, 2, &request(1, 3, b"free"), true);
+fn pending_limit_refuses_only_what_would_queue() {
+    let mut fixture = with_pending_limit(1);
+    let holder = fixture.grant(1, 9, 1, KEY);
+    fixture.grant(1, 9, 2, b"other");
+    fixture.enqueue(2, 3, 5, 3, KEY);
+    // At the limit: a second acquire that would queue is refused, whatever the key...
     assert_eq!(
-        drain(table),
-        vec![granted(2, 1, FIRST_TOKEN, true, b"free")]
+        fixture.acquire(2, 3, 5, 4, b"other"),
+        vec![busy(2, 4, true)]
     );
-    table.handle_request(START_US, 2, &request(2, 3, b"free"), true);
-    assert_eq!(drain(table), vec![busy(2, 2, true)]);
-    table.handle_request(START_US, 2, &request(3, 0, b"free"), true);
-    assert_eq!(drain(table), vec![timeout(2, 3, false)]);
-    assert_eq!(table.waiter_count(), 0);
+    // ...but one that is granted at once, or does not wait, is executed as usual.
+    assert_eq!(
+        fixture.acquire(2, 3, 5, 5, b"free"),
+        vec![granted(2, 5, FIRST_TOKEN + 2, true, b"free")]
+    );
+    assert_eq!(fixture.acquire(2, 0, 5, 6, KEY), vec![timeout(2, 6, false)]);
+    // Another session has its own count.
+    fixture.enqueue(3, 3, 5, 7, KEY);
+    // Once its waiter is granted, the session may queue again.
+    let answers = fixture.release(1, holder, KEY);
+    assert_eq!(answers[1], granted(2, 3, FIRST_TOKEN + 3, true, KEY));
+    fixture.enqueue(2, 3, 5, 8, b"other");
+    fixture.table.check_invariants();
+}
+
+/// Shared counts of a test "server": a session's places across partitions.
+#[derive(Default)]
+struct Places(std::sync::Mutex<HashMap<SessionId, u32>>);
+
+impl QueueCounts for Places {
+    fn try_add(&self, session: SessionId, max: u32) -> bool {
+        let mut places = self.0.lock().unwrap();
+        let queued = places.entry(session).or_insert(0);
+        let free = *queued < max;
+        *queued += u32::from(free);
+        free
+    }
+
+    fn remove(&self, session: SessionId) {
+        let mut places = self.0.lock().unwrap();
+        let queued = places.get_mut(&session).expect("removed more than added");
+        *queued -= 1;
+    }
+}
+
+#[test]
+fn shared_counts_bound_a_session_across_partitions() {
+    let places = Arc::new(Places::default());
+    let mut left = with_pending_limit(2);
+    let mut right = with_pending_limit(2);
+    left.table.share_queue_counts(places.clone());
+    right.table.share_queue_counts(places.clone());
+    let held_left = left.grant(1, 9, 1, KEY);
+    right.grant(1, 9, 2, KEY);
+    left.enqueue(2, 3, 5, 3, KEY);
+    right.enqueue(2, 3, 5, 4, KEY);
+    // Two queued in total: the next one that would queue is refused in either partition.
+    assert_eq!(left.acquire(2, 3, 5, 5, KEY), vec![busy(2, 5, true)]);
+    assert_eq!(right.acquire(2, 3, 5, 6, KEY), vec![busy(2, 6, true)]);
+    // Granted at once does not take a place.
+    assert_eq!(
+        right.acquire(2, 3, 5, 7, b"free").len(),
+        1,
+        "a free key is granted at the limit"
+    );
+    // Every way out of a queue gives the place back: a grant...
+    left.release(1, held_left, KEY);
+    right.acquire(2, 3, 5, 8, KEY);
+    assert_eq!(places.0.lock().unwrap()[&2], 2);
+    // ...a timeout (both of `right`'s waiters), a close and a shutdown.
+    right.advance(3 * SECOND_US + TICK_US);
+    assert_eq!(places.0.lock().unwrap()[&2], 0);
+    left.enqueue(2, 3, 5, 9, KEY);
+    assert_eq!(places.0.lock().unwrap()[&2], 1);
+    left.table.handle_session_closed(2);
+    assert_eq!(places.0.lock().unwrap()[&2], 0);
+    right.enqueue(2, 3, 5, 10, KEY);
+    assert_eq!(places.0.lock().unwrap()[&2], 1);
+    right.table.handle_shutdown();
+    assert_eq!(places.0.lock().unwrap()[&2], 0);
+    left.table.check_invariants();
+    right.table.check_invariants();
 }
 
 #[test]
@@ -1255,6 +1325,7 @@ impl Sim {
             max_keys: config.max_keys,
             max_waiters_per_key: config.max_waiters_per_key,
             tick_us: TICK_US,
+            max_pending_per_session: config.max_pending,
         };
         let now_us = START_US + config.start_offset_us;
         Sim {
@@ -1292,8 +1363,9 @@ impl Sim {
         }
     }
 
-    /// Sends an acquire from the session in `slot`, computing `pending_at_limit` as the
-    /// reactor does.
+    /// Sends an acquire from the session in `slot`. The model is told the session is at its
+    /// pending limit when its unanswered waiting acquires reach it (in one partition those are
+    /// exactly its queued ones, which is what the table counts itself).
     fn acquire(&mut self, slot: usize, key: usize, acquire: Acquire) -> (Want, Step) {
         let session = self.sessions[slot];
         let key = KEYS[key];
@@ -1308,8 +1380,7 @@ impl Sim {
             key,
         };
         let now_us = self.now_us;
-        self.table
-            .handle_request(now_us, session, &request, at_limit);
+        self.table.handle_request(now_us, session, &request);
         let want = self.model.acquire(now_us, session, acquire, key, at_limit);
         let (owner, lease_s) = (acquire.owner, acquire.lease_s);
         let key = key.to_vec();
@@ -1350,7 +1421,7 @@ impl Sim {
                 )
             }
         };
-        self.table.handle_request(now_us, session, &request, false);
+        self.table.handle_request(now_us, session, &request);
         let key = key.to_vec();
         (Want::InOrder(want), Step::Holder { key, lease_s })
     }
@@ -1364,8 +1435,7 @@ impl Sim {
         let guess = queued.or(last).unwrap_or(0);
         let owner = owner.map_or(guess, |owner| owner % self.next_owner);
         let request = Request::Cancel { owner, key };
-        self.table
-            .handle_request(self.now_us, session, &request, false);
+        self.table.handle_request(self.now_us, session, &request);
         let want = self.model.cancel(session, owner, key);
         (Want::InOrder(want), Step::Cancel { key: key.to_vec() })
     }
@@ -1373,8 +1443,7 @@ impl Sim {
     fn query(&mut self, slot: usize, key: usize) -> (Want, Step) {
         let (session, key) = (self.sessions[slot], KEYS[key]);
         let request = Request::Query { nonce: 3, key };
-        self.table
-            .handle_request(self.now_us, session, &request, false);
+        self.table.handle_request(self.now_us, session, &request);
         let (held, lease_ms, waiters) = self.model.state(self.now_us, key);
         let state = Response::State {
             nonce: 3,

@@ -16,12 +16,13 @@
 //! reports it and the binary exits non-zero, so a half-alive server never lingers.
 
 pub mod alarm;
+pub mod queued;
 pub mod reactor;
 pub mod route;
 pub mod session;
 
 use crate::config::Config;
-use crate::lock_table::{LockTable, TableConfig};
+use crate::lock_table::{LockTable, QueueCounts, TableConfig};
 use crate::tokens::{self, StateDir, TokenRange, RESERVATION_TOKENS};
 use mio::{Poll, Waker};
 use parking_lot::Mutex;
@@ -48,6 +49,8 @@ pub struct Shared {
     quiescent: Mutex<Vec<bool>>,
     wakers: Vec<Arc<Waker>>,
     notify: Option<Arc<Waker>>,
+    /// Queued acquires per session across partitions (with more than one core).
+    queues: Option<Arc<queued::SessionQueues>>,
 }
 
 impl Shared {
@@ -204,6 +207,9 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
     let channels: Vec<_> = (0..cores)
         .map(|_| crossbeam_channel::bounded(CHANNEL_DEPTH))
         .collect();
+    // One partition counts a session's queued acquires exactly by itself.
+    let queues =
+        (cores > 1).then(|| Arc::new(queued::SessionQueues::new(cores, limits.max_connections)));
     let shared = Arc::new(Shared {
         shutdown: AtomicBool::new(false),
         failed: AtomicBool::new(false),
@@ -211,11 +217,13 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         quiescent: Mutex::new(vec![false; cores]),
         wakers: wakers.clone(),
         notify,
+        queues: queues.clone(),
     });
     let table_config = TableConfig {
         max_keys: (limits.max_keys / cores).max(1),
         max_waiters_per_key: limits.max_waiters_per_key,
         tick_us: u64::from(config.timer.tick_ms) * 1000,
+        max_pending_per_session: limits.max_pending_per_session,
     };
     let mut threads = Vec::with_capacity(cores);
     for (index, (poll, listener)) in polls.into_iter().zip(listeners).enumerate() {
@@ -229,7 +237,7 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
             }
             None => u64::MAX,
         };
-        let table = LockTable::new(
+        let mut table = LockTable::new(
             table_config,
             0,
             TokenRange {
@@ -238,6 +246,9 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
                 limit,
             },
         );
+        if let Some(queues) = &queues {
+            table.share_queue_counts(Arc::clone(queues) as Arc<dyn QueueCounts>);
+        }
         let outboxes = (0..cores)
             .map(|peer| {
                 (peer != index)

@@ -72,7 +72,8 @@ const REMOTE_HOLD_US: u64 = 100;
 
 const _: () = assert!(SLOTS_MAX > super::CONNECTIONS_MAX);
 
-fn session_id(core: usize, slot: usize, generation: u32) -> SessionId {
+/// The id of the session in `slot` of `core`, `generation`-th use of that slot.
+pub fn session_id(core: usize, slot: usize, generation: u32) -> SessionId {
     ((core as u64) << (SLOT_BITS + GENERATION_BITS))
         | ((slot as u64) << GENERATION_BITS)
         | u64::from(generation)
@@ -83,7 +84,8 @@ pub fn core_of(session: SessionId) -> usize {
     (session >> (SLOT_BITS + GENERATION_BITS)) as usize
 }
 
-fn slot_of(session: SessionId) -> usize {
+/// The slab slot of a session id within its core.
+pub fn slot_of(session: SessionId) -> usize {
     ((session >> GENERATION_BITS) & ((1 << SLOT_BITS) - 1)) as usize
 }
 
@@ -95,7 +97,8 @@ pub struct CoreSettings {
     pub cores: usize,
     /// Sessions the whole server may have.
     pub max_connections: usize,
-    /// Pending acquires per session.
+    /// Queued acquires per session at most (the lock tables enforce it; here it sizes the
+    /// bound on requests in flight to other cores).
     pub max_pending_per_session: u32,
     /// Longest key accepted.
     pub max_key_bytes: usize,
@@ -431,7 +434,6 @@ impl Core {
             }
         };
         let waits = matches!(request, Request::Acquire { wait_s: 1.., .. });
-        let at_limit = waits && session.pending >= self.settings.max_pending_per_session;
         let id = session.id;
         let mut remote = false;
         match request.key() {
@@ -448,8 +450,7 @@ impl Core {
             Some(key) => {
                 let partition = partition_of(key, self.settings.cores);
                 if partition == self.settings.index {
-                    self.table
-                        .handle_request(self.now_us, id, &request, at_limit);
+                    self.table.handle_request(self.now_us, id, &request);
                 } else {
                     let op = RemoteOp::of(&request).expect("keyed request");
                     remote = op.expects_answer();
@@ -457,7 +458,6 @@ impl Core {
                         session: id,
                         op,
                         key: MsgKey::new(key),
-                        pending_at_limit: at_limit,
                     };
                     self.outboxes[partition]
                         .as_mut()
@@ -576,15 +576,9 @@ impl Core {
 
     fn handle_msg(&mut self, msg: Msg) {
         match msg {
-            Msg::Request {
-                session,
-                op,
-                key,
-                pending_at_limit,
-            } => {
+            Msg::Request { session, op, key } => {
                 let request = op.with_key(&key);
-                self.table
-                    .handle_request(self.now_us, session, &request, pending_at_limit);
+                self.table.handle_request(self.now_us, session, &request);
                 self.route_answers();
             }
             Msg::Answer { answer, key } => {
@@ -673,6 +667,16 @@ impl Core {
             }
             self.closing.swap_remove(index);
             let mut session = self.sessions.remove(slot);
+            // Every partition withdrew the session's waiters before acknowledging its close.
+            debug_assert_eq!(
+                self.shared
+                    .queues
+                    .as_ref()
+                    .map_or(0, |q| q.queued(session.id)),
+                0,
+                "session {:#x} freed with acquires counted as queued",
+                session.id
+            );
             let _ = self.poll.registry().deregister(&mut session.socket);
             log::debug!("session {:#x}: closed", session.id);
             self.pool.give(session.into_read_buffer());

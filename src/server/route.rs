@@ -192,8 +192,6 @@ pub enum Msg {
         op: RemoteOp,
         /// The key, copied once out of the session's read buffer.
         key: MsgKey,
-        /// The session already has `max_pending_per_session` pending acquires.
-        pending_at_limit: bool,
     },
     /// An answer from the source's partition for a session of the destination core.
     Answer {

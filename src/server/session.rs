@@ -98,7 +98,9 @@ pub struct Session {
     pub socket: TcpStream,
     /// Life phase.
     pub phase: Phase,
-    /// Acquires with wait > 0 submitted and not yet answered.
+    /// Acquires with wait > 0 submitted and not yet answered: bookkeeping checked against the
+    /// answers in debug builds. The limit on *queued* acquires is the lock tables' (shared
+    /// counts across cores, see `server::queued`).
     pub pending: u32,
     /// Requests sent to other cores whose answer has not come back.
     pub remote_unanswered: u32,

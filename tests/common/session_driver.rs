@@ -89,6 +89,7 @@ impl Driver {
             max_keys,
             max_waiters_per_key: max_waiters,
             tick_us: 1000,
+            max_pending_per_session: max_pending,
         };
         let now_us = 1_000_000_007;
         let tokens = TokenRange {
@@ -230,7 +231,6 @@ impl Driver {
         session.frames += 1;
         let id = session.id;
         let waits = matches!(request, Request::Acquire { wait_s: 1.., .. });
-        let at_limit = waits && session.pending >= self.max_pending;
         session.pending += u32::from(waits);
         if let Request::Acquire { owner, .. } = request {
             *session.unanswered.entry(owner).or_insert(0) += 1;
@@ -240,8 +240,7 @@ impl Driver {
             session.answers.push(Response::Pong { nonce });
             return;
         }
-        self.table
-            .handle_request(self.now_us, id, &request, at_limit);
+        self.table.handle_request(self.now_us, id, &request);
         self.table.check_invariants();
         self.route(Some((index, request)));
     }
