@@ -1069,6 +1069,9 @@ impl Model {
     }
 }
 
+/// An acquire the observer saw queued: (session, owner, lease, end of the wait in µs).
+type Queued = (SessionId, u64, u8, u64);
+
 /// Checks that only use the answers, the requests and the clock: one holder at most, tokens
 /// strictly increasing per key and never repeated, FIFO grants, every acquire answered once.
 #[derive(Default)]
@@ -1078,8 +1081,10 @@ struct Observer {
     /// Every token granted, in order.
     tokens: Vec<u64>,
     tokens_seen: HashSet<u64>,
-    /// Per key, the acquires that got no answer yet, in order: (session, owner, lease).
-    queues: HashMap<Vec<u8>, VecDeque<(SessionId, u64, u8)>>,
+    /// Per key, the acquires that got no answer yet, in order: (session, owner, lease, end of
+    /// the wait in µs). A client may queue one owner twice (a resend): the wait end tells
+    /// which of the two a timeout was for.
+    queues: HashMap<Vec<u8>, VecDeque<Queued>>,
 }
 
 impl Observer {
@@ -1117,19 +1122,35 @@ impl Observer {
     }
 
     /// Removes a queued acquire answered later; `fifo` demands it was its queue's head.
+    /// Removes the queued acquire an answer was for and returns its lease. `expired_at`: the
+    /// answer is a wait that ran out by then, so among duplicates of the same owner it is the
+    /// one whose wait ended first; otherwise the first queued.
     fn unqueue(
         &mut self,
         seen: &Seen,
         key: Option<&[u8]>,
         fifo: bool,
+        expired_at: Option<u64>,
     ) -> Result<u8, TestCaseError> {
         let owner = seen.response.correlation_id();
-        let wanted = |&(session, queued_owner, _): &(SessionId, u64, u8)| {
-            session == seen.session && queued_owner == owner
+        let wanted = |&(session, queued_owner, _, wait_end_us): &Queued| {
+            session == seen.session
+                && queued_owner == owner
+                && expired_at.is_none_or(|now_us| wait_end_us <= now_us)
         };
         let found = self.queues.iter_mut().find_map(|(queued_key, queue)| {
-            let matches = key.is_none() || key == Some(&queued_key[..]);
-            let position = queue.iter().position(wanted).filter(|_| matches)?;
+            if key.is_some_and(|key| key != &queued_key[..]) {
+                return None;
+            }
+            let position = match expired_at {
+                Some(_) => queue
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, entry)| wanted(entry))
+                    .min_by_key(|(position, entry)| (entry.3, *position))
+                    .map(|(position, _)| position),
+                None => queue.iter().position(wanted),
+            }?;
             Some((queue, position))
         });
         let Some((queue, position)) = found else {
@@ -1151,11 +1172,11 @@ impl Observer {
         match seen.response {
             Response::Acquired { token, .. } => {
                 let key = seen.key.as_deref().expect("grants name a key");
-                let lease_s = self.unqueue(seen, Some(key), fifo)?;
+                let lease_s = self.unqueue(seen, Some(key), fifo, None)?;
                 self.grant(now_us, key, token, lease_s)
             }
-            Response::Busy { .. } => self.unqueue(seen, None, fifo).map(drop),
-            Response::Timeout { .. } => self.unqueue(seen, None, false).map(drop),
+            Response::Busy { .. } => self.unqueue(seen, None, fifo, None).map(drop),
+            Response::Timeout { .. } => self.unqueue(seen, None, false, Some(now_us)).map(drop),
             _ => Err(TestCaseError::fail(format!("unexpected answer {seen:?}"))),
         }
     }
@@ -1271,6 +1292,8 @@ enum Step {
         key: Vec<u8>,
         waits: bool,
         lease_s: u8,
+        /// When the acquire's wait ends, in µs.
+        wait_end_us: u64,
     },
     Holder {
         key: Vec<u8>,
@@ -1390,6 +1413,7 @@ impl Sim {
             key,
             waits,
             lease_s,
+            wait_end_us: now_us + u64::from(acquire.wait_s) * SECOND_US,
         };
         (Want::InOrder(want), step)
     }
@@ -1578,13 +1602,14 @@ impl Sim {
                 key,
                 waits,
                 lease_s,
+                wait_end_us,
             } => {
                 prop_assert!(seen.len() <= 1, "one answer at most: {:?}", seen);
                 let Some(answer) = seen.first() else {
                     prop_assert!(waits, "an acquire with wait 0 always gets an answer");
                     prop_assert!(observer.holds.get(&key).is_some_and(|hold| !hold.2));
                     let queue = observer.queues.entry(key).or_default();
-                    queue.push_back((session, owner, lease_s));
+                    queue.push_back((session, owner, lease_s, wait_end_us));
                     return Ok(());
                 };
                 prop_assert_eq!(
@@ -1611,7 +1636,7 @@ impl Sim {
                 for answer in seen {
                     let is_timeout = matches!(answer.response, Response::Timeout { .. });
                     prop_assert!(is_timeout, "cancel answered {:?}", answer);
-                    observer.unqueue(answer, Some(&key), false)?;
+                    observer.unqueue(answer, Some(&key), false, None)?;
                 }
             }
             Step::Query { key } => {
