@@ -6,7 +6,7 @@
 //! | file | responsibility |
 //! |---|---|
 //! | `mod.rs` | command-line arguments, their validation into a [`BenchConfig`], [`run`] |
-//! | `wire.rs` | the [`wire::Wire`] interface and the latchkey dialect (uses [`crate::protocol`]) |
+//! | `wire.rs` | the `Wire` interface and the latchkey dialect (uses [`crate::protocol`]) |
 //! | `redis.rs` | a minimal RESP encoder/decoder and the Redis dialect (`SET NX PX`, `EVALSHA`) |
 //! | `workload.rs` | the per-connection state machine: slots, cycles, timers, key choice. No I/O |
 //! | `stats.rs` | counters and HDR histograms one worker thread fills |

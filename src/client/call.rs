@@ -110,7 +110,8 @@ pub(crate) struct Call {
     /// The call's deadline: an unsent request is not sent after it.
     pub deadline: Instant,
     /// Where the single outcome goes; `None` for fire-and-forget requests (background
-    /// releases), which are handed back by [`Pipeline::finish`] when never sent.
+    /// releases), which are handed back by [`Pipeline::finish`](super::pipeline::Pipeline::finish)
+    /// when never sent.
     pub reply: Option<Sender<Outcome>>,
     /// How many sessions a fire-and-forget request was already handed back by.
     pub attempts: u8,
