@@ -73,8 +73,6 @@ pub struct Driver {
     pub now_us: u64,
     /// The longest key accepted.
     pub key_bytes_max: usize,
-    /// Pending acquires per session at most.
-    pub max_pending: u32,
     /// The live sessions (an ended one is replaced by a new one at the next chunk).
     pub sessions: Vec<SessionLog>,
     /// Sessions that ended, in order.
@@ -101,7 +99,6 @@ impl Driver {
             table: LockTable::new(config, now_us, tokens),
             now_us,
             key_bytes_max,
-            max_pending,
             sessions: Vec::new(),
             ended: Vec::new(),
             next_id: 1,
