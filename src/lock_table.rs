@@ -99,18 +99,24 @@ pub struct Acquire {
     pub owner: u64,
 }
 
-/// A key stored inline when short, on the heap when long.
+/// A key stored inline when short, on the heap when long: how the table keeps its keys and
+/// how messages between cores carry them (no allocation per request for a short key).
 #[derive(Debug)]
-enum KeyBytes {
+pub enum KeyBytes {
+    /// A key of at most `INLINE_KEY_BYTES` bytes: `bytes[..len]`.
     Inline {
+        /// Length of the key.
         len: u8,
+        /// The key, then zeros.
         bytes: [u8; INLINE_KEY_BYTES],
     },
+    /// A longer key.
     Heap(Box<[u8]>),
 }
 
 impl KeyBytes {
-    fn new(key: &[u8]) -> KeyBytes {
+    /// A copy of `key`.
+    pub fn new(key: &[u8]) -> KeyBytes {
         if key.len() <= INLINE_KEY_BYTES {
             let mut bytes = [0u8; INLINE_KEY_BYTES];
             bytes[..key.len()].copy_from_slice(key);
@@ -123,11 +129,20 @@ impl KeyBytes {
         }
     }
 
-    fn as_slice(&self) -> &[u8] {
+    /// The key.
+    pub fn as_slice(&self) -> &[u8] {
         match self {
             KeyBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
             KeyBytes::Heap(bytes) => bytes,
         }
+    }
+}
+
+impl std::ops::Deref for KeyBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
     }
 }
 

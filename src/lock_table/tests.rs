@@ -442,6 +442,25 @@ fn grants_name_their_entry_inline_and_long_keys() {
 }
 
 #[test]
+fn key_bytes_keep_their_bytes_inline_or_not() {
+    for len in [
+        1,
+        INLINE_KEY_BYTES - 1,
+        INLINE_KEY_BYTES,
+        INLINE_KEY_BYTES + 1,
+        1024,
+    ] {
+        let key: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+        let kept = KeyBytes::new(&key);
+        assert_eq!(&*kept, key.as_slice());
+        assert_eq!(
+            matches!(kept, KeyBytes::Inline { .. }),
+            len <= INLINE_KEY_BYTES
+        );
+    }
+}
+
+#[test]
 fn ping_is_answered_by_the_table() {
     let mut fixture = Fixture::new(1, 1);
     let answers = fixture.request(3, Request::Ping { nonce: 0x0A0A });

@@ -23,10 +23,10 @@
 //! Not here: frame syntax ([`crate::protocol`]), lock semantics ([`crate::lock_table`]).
 
 use super::alarm::Alarm;
-use super::route::{partition_of, Msg, MsgKey, Outbox, RemoteOp};
+use super::route::{partition_of, Msg, Outbox, RemoteOp};
 use super::session::{BufferPool, Phase, ReadOutcome, Session};
 use super::Shared;
-use crate::lock_table::{Answer, LockTable, SessionId};
+use crate::lock_table::{Answer, KeyBytes, LockTable, SessionId};
 use crate::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
 use crate::tokens::{StateDir, RESERVATION_TOKENS};
 use crossbeam_channel::Receiver;
@@ -457,7 +457,7 @@ impl Core {
                     let msg = Msg::Request {
                         session: id,
                         op,
-                        key: MsgKey::new(key),
+                        key: KeyBytes::new(key),
                     };
                     self.outboxes[partition]
                         .as_mut()
@@ -501,7 +501,7 @@ impl Core {
             return;
         }
         let key = match answer.response {
-            Response::Acquired { .. } => self.table.entry_key(answer.entry).map(MsgKey::new),
+            Response::Acquired { .. } => self.table.entry_key(answer.entry).map(KeyBytes::new),
             _ => None,
         };
         match self.outboxes.get_mut(core).and_then(Option::as_mut) {

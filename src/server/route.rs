@@ -12,7 +12,7 @@
 //! sender's messages in order), so requests of one session for one key reach the partition in
 //! the order sent, and the answers come back in the order produced.
 
-use crate::lock_table::{Answer, SessionId};
+use crate::lock_table::{Answer, KeyBytes, SessionId};
 use crate::protocol::Request;
 use crossbeam_channel::{Sender, TrySendError};
 use mio::Waker;
@@ -130,57 +130,6 @@ impl RemoteOp {
     }
 }
 
-/// Key bytes a [`MsgKey`] holds without allocating: most keys are short.
-pub const KEY_INLINE_BYTES: usize = 30;
-
-/// A key carried by a message: inline when short (no allocation on the request path), on the
-/// heap otherwise.
-#[derive(Clone)]
-pub enum MsgKey {
-    /// A key of at most [`KEY_INLINE_BYTES`] bytes: `bytes[..len]`.
-    Inline {
-        /// Length of the key.
-        len: u8,
-        /// The key, then zeros.
-        bytes: [u8; KEY_INLINE_BYTES],
-    },
-    /// A longer key.
-    Heap(Box<[u8]>),
-}
-
-impl MsgKey {
-    /// A copy of `key`.
-    pub fn new(key: &[u8]) -> MsgKey {
-        if key.len() <= KEY_INLINE_BYTES {
-            let mut bytes = [0; KEY_INLINE_BYTES];
-            bytes[..key.len()].copy_from_slice(key);
-            MsgKey::Inline {
-                len: key.len() as u8,
-                bytes,
-            }
-        } else {
-            MsgKey::Heap(key.into())
-        }
-    }
-}
-
-impl std::ops::Deref for MsgKey {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            MsgKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            MsgKey::Heap(bytes) => bytes,
-        }
-    }
-}
-
-impl std::fmt::Debug for MsgKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(self))
-    }
-}
-
 /// A message between cores.
 #[derive(Debug)]
 pub enum Msg {
@@ -191,14 +140,14 @@ pub enum Msg {
         /// The request's fixed fields.
         op: RemoteOp,
         /// The key, copied once out of the session's read buffer.
-        key: MsgKey,
+        key: KeyBytes,
     },
     /// An answer from the source's partition for a session of the destination core.
     Answer {
         /// The answer.
         answer: Answer,
         /// For `Acquired`: the key, so a grant to a session found closed can be released.
-        key: Option<MsgKey>,
+        key: Option<KeyBytes>,
     },
     /// The session ended: withdraw its waiters, then acknowledge.
     SessionClosed {
@@ -215,7 +164,7 @@ pub enum Msg {
         /// The granted token.
         token: u64,
         /// The key.
-        key: MsgKey,
+        key: KeyBytes,
     },
 }
 
@@ -323,24 +272,5 @@ mod tests {
             assert_eq!(op.with_key(key), request);
         }
         assert!(RemoteOp::of(&Request::Ping { nonce: 1 }).is_none());
-    }
-
-    #[test]
-    fn msg_keys_keep_their_bytes_inline_or_not() {
-        for len in [
-            1,
-            KEY_INLINE_BYTES - 1,
-            KEY_INLINE_BYTES,
-            KEY_INLINE_BYTES + 1,
-            1024,
-        ] {
-            let key: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
-            let carried = MsgKey::new(&key);
-            assert_eq!(&*carried, key.as_slice());
-            assert_eq!(
-                matches!(carried, MsgKey::Inline { .. }),
-                len <= KEY_INLINE_BYTES
-            );
-        }
     }
 }
