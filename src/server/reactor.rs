@@ -182,8 +182,8 @@ impl Core {
     pub fn run(mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(EVENTS_MAX);
         loop {
-            let timeout = self.poll_timeout();
             let deadline = self.wake_at_us();
+            let timeout = self.poll_timeout(deadline);
             if let Err(e) = self
                 .alarm
                 .arm(deadline, || self.epoch.elapsed().as_micros() as u64)
@@ -222,9 +222,9 @@ impl Core {
         }
     }
 
-    /// The poll timeout: zero when work is left, else the next timer (a millisecond-rounded
+    /// The poll timeout: zero when work is left, else until `wake_at_us` (a millisecond-rounded
     /// backstop: the alarm rings on time).
-    fn poll_timeout(&self) -> Option<Duration> {
+    fn poll_timeout(&self, wake_at_us: Option<u64>) -> Option<Duration> {
         let busy = !self.scheduled.is_empty()
             || self.more_inbox
             || self
@@ -235,9 +235,8 @@ impl Core {
         if busy {
             return Some(Duration::ZERO);
         }
-        let timer = self
-            .wake_at_us()
-            .map(|deadline| Duration::from_micros(deadline.saturating_sub(self.now_us)));
+        let timer =
+            wake_at_us.map(|deadline| Duration::from_micros(deadline.saturating_sub(self.now_us)));
         // Stopping and lingering sessions are checked every few milliseconds.
         match (timer, self.stop_deadline.is_some() || self.lingering > 0) {
             (Some(timer), true) => Some(timer.min(Duration::from_millis(10))),
