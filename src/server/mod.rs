@@ -31,7 +31,7 @@ use route::{Outbox, CHANNEL_DEPTH};
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime};
@@ -51,6 +51,29 @@ pub struct Shared {
     notify: Option<Arc<Waker>>,
     /// Queued acquires per session across partitions (with more than one core).
     queues: Option<Arc<queued::SessionQueues>>,
+    /// Per core, the longest loop iteration (poll excluded) since the last
+    /// [`ServerHandle::take_worst_loop_us`]: the stall detector.
+    worst_loop_us: Box<[StallGauge]>,
+}
+
+/// One core's worst loop iteration in microseconds, alone on its cache line: a core reads it
+/// once per iteration and writes it only when an iteration is the slowest so far.
+#[repr(align(64))]
+#[derive(Default)]
+pub struct StallGauge(AtomicU64);
+
+impl StallGauge {
+    /// Records an iteration of `busy_us`; a store only when it beats the worst so far.
+    pub fn record(&self, busy_us: u64) {
+        if busy_us > self.0.load(Ordering::Relaxed) {
+            self.0.fetch_max(busy_us, Ordering::Relaxed);
+        }
+    }
+
+    /// The worst iteration since the last take, and starts over.
+    pub fn take(&self) -> u64 {
+        self.0.swap(0, Ordering::Relaxed)
+    }
 }
 
 impl Shared {
@@ -145,6 +168,13 @@ impl ServerHandle {
         self.shared.connections.load(Ordering::Relaxed)
     }
 
+    /// The longest event-loop iteration of any core (time spent working between two polls,
+    /// in microseconds) since the previous call; resets it. For stall benchmarks and tests.
+    pub fn take_worst_loop_us(&self) -> u64 {
+        let gauges = self.shared.worst_loop_us.iter();
+        gauges.map(StallGauge::take).max().unwrap_or(0)
+    }
+
     /// Waits for every core to stop; the first failure, if any.
     pub fn join(mut self) -> Result<(), ServerError> {
         self.join_threads()
@@ -218,6 +248,7 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         wakers: wakers.clone(),
         notify,
         queues: queues.clone(),
+        worst_loop_us: (0..cores).map(|_| StallGauge::default()).collect(),
     });
     let table_config = TableConfig {
         max_keys: (limits.max_keys / cores).max(1),

@@ -219,6 +219,8 @@ impl Core {
             if self.shutdown_step() {
                 return Ok(());
             }
+            let busy_us = (self.epoch.elapsed().as_micros() as u64).saturating_sub(self.now_us);
+            self.shared.worst_loop_us[self.settings.index].record(busy_us);
         }
     }
 

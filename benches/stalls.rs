@@ -1,0 +1,252 @@
+//! Loop stalls while a partition grows and while a million leases expire.
+//!
+//! A latchkey promise is low latency for every session, even while one core does bulk work.
+//! This benchmark starts a one-core server in-process and runs two scenarios; in each, a probe
+//! session pings the core every 250 µs and records how long each answer took, and the server
+//! reports its worst event-loop iteration (the time one iteration held the core):
+//!
+//! * `grow`: the partition grows to `STALL_GROW_KEYS` held keys (default 4,000,000, the
+//!   default `max_keys` of one core), taken by pipelined acquires as fast as the core goes.
+//! * `expire`: `STALL_EXPIRE_KEYS` leases (default 1,000,000) of random length (1 s to
+//!   `STALL_LEASE_MAX_S`, default 8 s) are taken in random order, then expire; the figures cover
+//!   the expiry window, from the end of the fill until the last lease has run out.
+//!
+//! Run with `cargo bench --bench stalls`. Randomness comes from a fixed, printed seed
+//! (`STALL_SEED` changes it). The figures are for comparing two builds on one machine in
+//! one run, not absolute targets.
+
+use hdrhistogram::Histogram;
+use latchkey::config::Config;
+use latchkey::protocol::{parse_response, Request, Response};
+use latchkey::server::ServerHandle;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Requests each load connection keeps outstanding.
+const WINDOW: usize = 256;
+/// Load connections.
+const CONNECTIONS: usize = 4;
+/// Time between two probe pings.
+const PROBE_PERIOD: Duration = Duration::from_micros(250);
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A small deterministic generator (xorshift64*), so every run draws the same leases.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn start_server(max_keys: usize) -> ServerHandle {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().expect("address");
+    config.server.cores = 1;
+    config.limits.max_keys = max_keys;
+    latchkey::server::start(config).expect("server starts")
+}
+
+/// What one probe saw: latencies of its pings in microseconds.
+struct Probe {
+    stop: Arc<AtomicBool>,
+    thread: thread::JoinHandle<Histogram<u64>>,
+}
+
+impl Probe {
+    fn start(addr: SocketAddr) -> Probe {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = thread::spawn(move || probe(addr, &flag));
+        Probe { stop, thread }
+    }
+
+    fn finish(self) -> Histogram<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("probe thread")
+    }
+}
+
+fn probe(addr: SocketAddr, stop: &AtomicBool) -> Histogram<u64> {
+    let mut stream = TcpStream::connect(addr).expect("probe connects");
+    stream.set_nodelay(true).expect("nodelay");
+    let mut histogram = Histogram::<u64>::new(3).expect("histogram");
+    let mut frame = Vec::new();
+    let mut answer = [0u8; 10];
+    let mut nonce = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        nonce += 1;
+        frame.clear();
+        Request::Ping { nonce }.encode(&mut frame);
+        let sent = Instant::now();
+        stream.write_all(&frame).expect("probe writes");
+        stream.read_exact(&mut answer).expect("probe reads");
+        let latency_us = sent.elapsed().as_micros() as u64;
+        histogram.record(latency_us.max(1)).expect("record");
+        let next = sent + PROBE_PERIOD;
+        if let Some(left) = next.checked_duration_since(Instant::now()) {
+            thread::sleep(left);
+        }
+    }
+    histogram
+}
+
+/// Takes every key of `keys` with its lease (seconds) over `CONNECTIONS` pipelined
+/// connections; returns how many were granted.
+fn fill(addr: SocketAddr, keys: Vec<(String, u8)>) -> usize {
+    let per = keys.len().div_ceil(CONNECTIONS);
+    let chunks: Vec<Vec<(String, u8)>> = keys.chunks(per).map(<[_]>::to_vec).collect();
+    let threads: Vec<_> = chunks
+        .into_iter()
+        .map(|chunk| thread::spawn(move || fill_one(addr, &chunk)))
+        .collect();
+    threads
+        .into_iter()
+        .map(|thread| thread.join().expect("load thread"))
+        .sum()
+}
+
+fn fill_one(addr: SocketAddr, keys: &[(String, u8)]) -> usize {
+    let mut stream = TcpStream::connect(addr).expect("load connects");
+    stream.set_nodelay(true).expect("nodelay");
+    let (mut granted, mut input, mut filled) = (0, vec![0u8; 64 * 1024], 0usize);
+    let mut frame = Vec::new();
+    for batch in keys.chunks(WINDOW) {
+        frame.clear();
+        for (index, (key, lease_s)) in batch.iter().enumerate() {
+            let owner = index as u64 + 1;
+            let request = Request::Acquire {
+                wait_s: 0,
+                lease_s: *lease_s,
+                owner,
+                key: key.as_bytes(),
+            };
+            request.encode(&mut frame);
+        }
+        stream.write_all(&frame).expect("load writes");
+        let mut answered = 0;
+        while answered < batch.len() {
+            let read = stream.read(&mut input[filled..]).expect("load reads");
+            assert!(read > 0, "server closed a load connection");
+            filled += read;
+            let mut used = 0;
+            while let Some((response, len)) = parse_response(&input[used..filled]).expect("frame") {
+                used += len;
+                answered += 1;
+                granted += usize::from(matches!(response, Response::Acquired { .. }));
+            }
+            input.copy_within(used..filled, 0);
+            filled -= used;
+        }
+    }
+    granted
+}
+
+/// One line of the report.
+fn report(
+    scenario: &str,
+    phase: &str,
+    elapsed: Duration,
+    worst_loop_us: u64,
+    probe: &Histogram<u64>,
+) {
+    println!(
+        "{scenario:<7} {phase:<7} {:>8.2} s  worst loop {:>8} us  probe: pings {:>7}  \
+         p50 {:>6} us  p99 {:>6} us  p99.9 {:>7} us  max {:>8} us",
+        elapsed.as_secs_f64(),
+        worst_loop_us,
+        probe.len(),
+        probe.value_at_quantile(0.5),
+        probe.value_at_quantile(0.99),
+        probe.value_at_quantile(0.999),
+        probe.max(),
+    );
+}
+
+fn grow(keys: usize) {
+    let server = start_server(keys);
+    let addr = server.local_addr();
+    let wanted: Vec<(String, u8)> = (0..keys).map(|i| (format!("grow/{i:09}"), 255)).collect();
+    server.take_worst_loop_us();
+    let probe = Probe::start(addr);
+    let start = Instant::now();
+    let granted = fill(addr, wanted);
+    let elapsed = start.elapsed();
+    let worst = server.take_worst_loop_us();
+    let histogram = probe.finish();
+    assert_eq!(granted, keys, "every acquire of a new key is granted");
+    report("grow", "fill", elapsed, worst, &histogram);
+}
+
+fn expire(keys: usize, lease_max_s: u64, seed: u64) {
+    let server = start_server(keys.max(1));
+    let addr = server.local_addr();
+    let mut rng = Rng(seed | 1);
+    let mut wanted: Vec<(String, u8)> = (0..keys)
+        .map(|i| (format!("expire/{i:09}"), 1 + rng.below(lease_max_s) as u8))
+        .collect();
+    // Random insertion order, so deadlines arrive at the wheel out of order.
+    for i in (1..wanted.len()).rev() {
+        wanted.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    server.take_worst_loop_us();
+    let probe = Probe::start(addr);
+    let start = Instant::now();
+    let granted = fill(addr, wanted);
+    let fill_elapsed = start.elapsed();
+    let fill_worst = server.take_worst_loop_us();
+    let fill_histogram = probe.finish();
+    assert_eq!(granted, keys, "every acquire of a new key is granted");
+    report("expire", "fill", fill_elapsed, fill_worst, &fill_histogram);
+    let probe = Probe::start(addr);
+    let window_start = Instant::now();
+    // Every lease ends by the fill's start + the longest lease; then one more second.
+    thread::sleep(
+        (start + Duration::from_secs(lease_max_s + 1)).saturating_duration_since(window_start),
+    );
+    let worst = server.take_worst_loop_us();
+    let histogram = probe.finish();
+    report(
+        "expire",
+        "expiry",
+        window_start.elapsed(),
+        worst,
+        &histogram,
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` runs it with no such flag: then
+    // do nothing, the build is the test.
+    if !std::env::args().any(|arg| arg == "--bench") {
+        return;
+    }
+    let seed = env_u64("STALL_SEED", 0x5eed_2026);
+    let grow_keys = env_u64("STALL_GROW_KEYS", 4_000_000) as usize;
+    let expire_keys = env_u64("STALL_EXPIRE_KEYS", 1_000_000) as usize;
+    let lease_max_s = env_u64("STALL_LEASE_MAX_S", 8).clamp(1, 255);
+    println!(
+        "stalls: seed {seed:#x}, grow {grow_keys} keys, expire {expire_keys} leases of 1..={lease_max_s} s, \
+         probe every {} us",
+        PROBE_PERIOD.as_micros()
+    );
+    grow(grow_keys);
+    expire(expire_keys, lease_max_s, seed);
+}
