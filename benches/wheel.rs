@@ -21,7 +21,7 @@ fn offsets(horizon_ticks: u64) -> Vec<u64> {
 /// Insert 10k timers, then cancel them all: a lease granted and released before it expires.
 fn insert_cancel(c: &mut Criterion) {
     let offsets = offsets(HORIZON_TICKS);
-    let mut wheel = Wheel::with_capacity(0, TIMERS);
+    let mut wheel = Wheel::with_horizon(0, HORIZON_TICKS);
     let mut handles: Vec<TimerHandle> = Vec::with_capacity(TIMERS);
     let mut group = c.benchmark_group("wheel");
     group.throughput(Throughput::Elements(TIMERS as u64));
@@ -42,7 +42,7 @@ fn insert_cancel(c: &mut Criterion) {
 /// Insert 10k timers and advance in one jump past the horizon: every timer cascades and fires.
 fn insert_advance_jump(c: &mut Criterion) {
     let offsets = offsets(HORIZON_TICKS);
-    let mut wheel = Wheel::with_capacity(0, TIMERS);
+    let mut wheel = Wheel::with_horizon(0, HORIZON_TICKS);
     let mut expired = Vec::with_capacity(TIMERS);
     let mut group = c.benchmark_group("wheel");
     group.throughput(Throughput::Elements(TIMERS as u64));
@@ -65,7 +65,7 @@ fn insert_advance_jump(c: &mut Criterion) {
 fn insert_advance_ticks(c: &mut Criterion) {
     let horizon_ticks = 10_000;
     let offsets = offsets(horizon_ticks);
-    let mut wheel = Wheel::with_capacity(0, TIMERS);
+    let mut wheel = Wheel::with_horizon(0, HORIZON_TICKS);
     let mut expired = Vec::with_capacity(TIMERS);
     let mut group = c.benchmark_group("wheel");
     group.throughput(Throughput::Elements(TIMERS as u64));

@@ -13,7 +13,8 @@
 //! | [`config`] | the TOML config file, defaults, validation (errors name the key) |
 //! | [`protocol`] | request and response frames: parse in place, encode; error codes. No I/O |
 //! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
-//! | [`wheel`] | hierarchical timing wheel over `u64` ticks. No I/O |
+//! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
+//! | [`chunked`] | arrays and slabs that grow by chunks and never move what they hold |
 //! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
 //! | [`client`] | the official client of PROTOCOL.md §4 and the `lock`/`query`/`ping` commands |
@@ -21,6 +22,7 @@
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod chunked;
 pub mod client;
 pub mod config;
 pub mod lock_table;

@@ -171,18 +171,22 @@ fn big_jumps_fire_everything_due_and_nothing_else() {
 }
 
 #[test]
-fn deadlines_across_all_levels() {
-    // Non-zero digits at every level, so slot starts must keep now's upper digits.
+fn deadlines_across_ring_and_pages() {
+    // Deadlines at, around and far beyond the ring's edge and page boundaries.
     let start_tick = 0x9123_4567_89AB_CDEF;
-    let mut wheel = Wheel::new(start_tick);
+    let mut wheel = Wheel::with_horizon(start_tick, 100);
+    let ring = wheel.ring_ticks();
+    assert_eq!(ring, 128);
     let mut deadlines = Vec::new();
-    for level in 0..LEVELS as u32 {
-        let span = 1u64.checked_shl(level * SLOT_BITS).unwrap_or(0);
+    for shift in 0..64u32 {
+        let span = 1u64 << shift;
         for delta in [
-            span.saturating_sub(1),
+            span - 1,
             span,
-            span.saturating_add(1),
+            span + 1,
             span.saturating_mul(5),
+            ring - 1,
+            ring + 1,
         ] {
             deadlines.push(start_tick.saturating_add(delta.max(1)));
         }
@@ -211,6 +215,64 @@ fn deadlines_across_all_levels() {
 }
 
 #[test]
+fn bounded_advance_fires_whole_ticks_in_order_and_catches_up() {
+    let mut wheel = Wheel::with_horizon(0, 1000);
+    // Ten timers at each of the ticks 1..=100.
+    for tick in 1..=100u64 {
+        for i in 0..10 {
+            insert(&mut wheel, tick, tick * 100 + i);
+        }
+    }
+    let mut expired = Vec::new();
+    let mut calls = 0;
+    let mut last_tick = 0;
+    while !wheel.advance_bounded(100, &mut expired, 25) {
+        calls += 1;
+        wheel.check_invariants();
+        // At least 25 fired, never a split tick: a multiple of ten, in tick order.
+        assert_eq!(expired.len(), 30, "three whole ticks reach the bound of 25");
+        let ticks: Vec<u64> = expired.iter().map(|payload| payload / 100).collect();
+        assert!(ticks.windows(2).all(|pair| pair[0] <= pair[1]));
+        assert!(ticks[0] > last_tick);
+        last_tick = *ticks.last().unwrap();
+        assert_eq!(wheel.now(), last_tick);
+        assert!(wheel.next_deadline().unwrap() <= 100, "the rest is due");
+        expired.clear();
+    }
+    assert_eq!(calls, 33);
+    assert_eq!(expired.len(), 10, "the last call fires the last tick");
+    assert!(wheel.is_empty());
+    assert_eq!(wheel.now(), 100);
+}
+
+#[test]
+fn timers_far_beyond_the_ring_move_in_by_page_and_fire_on_time() {
+    let mut wheel = Wheel::with_horizon(10, 63);
+    assert_eq!(wheel.ring_ticks(), 64);
+    let deadlines = [70, 74, 128, 129, 191, 192, 1000, 5000];
+    for (payload, &deadline_tick) in deadlines.iter().enumerate() {
+        insert(&mut wheel, deadline_tick, payload as u64);
+    }
+    assert_eq!(wheel.far_count, 6, "all but 70 and 74 are beyond now + 64");
+    let mut fired = Vec::new();
+    for tick in 11..=5000 {
+        let expired = advance_sorted(&mut wheel, tick);
+        for &payload in &expired {
+            assert_eq!(
+                deadlines[payload as usize], tick,
+                "fired exactly at its deadline"
+            );
+        }
+        fired.extend(expired);
+        if let Some(next) = wheel.next_deadline() {
+            assert!(next > tick, "nothing left due");
+        }
+    }
+    fired.sort_unstable();
+    assert_eq!(fired, (0..deadlines.len() as u64).collect::<Vec<_>>());
+}
+
+#[test]
 fn next_deadline_is_a_lower_bound_and_makes_progress() {
     let mut random = 42;
     for round in 0..200u64 {
@@ -225,8 +287,8 @@ fn next_deadline_is_a_lower_bound_and_makes_progress() {
             earliest = earliest.min(deadline_tick);
             insert(&mut wheel, deadline_tick, payload);
         }
-        // Following next_deadline() reaches the earliest deadline within LEVELS steps, and no
-        // step fires anything before its deadline.
+        // Following next_deadline() reaches the earliest deadline within a few steps (a page
+        // start, then the deadline), and no step fires anything before its deadline.
         let mut steps = 0;
         loop {
             let next_tick = wheel.next_deadline().expect("timers are pending");
@@ -237,7 +299,7 @@ fn next_deadline_is_a_lower_bound_and_makes_progress() {
             assert!(next_tick > wheel.now(), "no timer is due at now");
             let fired = advance_sorted(&mut wheel, next_tick);
             steps += 1;
-            assert!(steps <= LEVELS, "no progress after {steps} steps");
+            assert!(steps <= 3, "no progress after {steps} steps");
             if !fired.is_empty() {
                 assert_eq!(next_tick, earliest);
                 break;
@@ -247,8 +309,8 @@ fn next_deadline_is_a_lower_bound_and_makes_progress() {
 }
 
 #[test]
-fn slab_is_reused_without_growing() {
-    let mut wheel = Wheel::with_capacity(0, 64);
+fn entries_are_reused_without_growing() {
+    let mut wheel = Wheel::with_horizon(0, 300_000);
     let mut expired = Vec::with_capacity(64);
     for round in 0..100u64 {
         let base_tick = wheel.now();
@@ -266,21 +328,8 @@ fn slab_is_reused_without_growing() {
     assert_eq!(
         wheel.entries.len(),
         64,
-        "the slab never grew past the live high-water mark"
+        "the entries never grew past the live high-water mark"
     );
-    assert_eq!(wheel.entries.capacity(), 64);
-}
-
-#[test]
-fn helpers_agree_with_layout() {
-    assert_eq!(level_for(0, 1), 0);
-    assert_eq!(level_for(0, 63), 0);
-    assert_eq!(level_for(0, 64), 1);
-    assert_eq!(level_for(63, 64), 1);
-    assert_eq!(level_for(0, u64::MAX), LEVELS - 1);
-    assert_eq!(slot_start(0x1234, 1, 5), 0x1000 | (5 << 6));
-    assert_eq!(slot_start(u64::MAX, LEVELS - 1, 15), 15 << 60);
-    assert_eq!(digit(u64::MAX, LEVELS - 1), 15);
 }
 
 /// One step of the property test.
@@ -340,8 +389,8 @@ impl Model {
     }
 }
 
-fn run_ops(start_tick: u64, ops: &[Op]) -> Result<(), TestCaseError> {
-    let mut wheel = Wheel::new(start_tick);
+fn run_ops(start_tick: u64, ring_horizon: u64, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut wheel = Wheel::with_horizon(start_tick, ring_horizon);
     let mut model = Model {
         live: BTreeMap::new(),
     };
@@ -402,8 +451,9 @@ proptest! {
             any::<u64>(),
             (u64::MAX - (1 << 44))..=u64::MAX,
         ],
+        ring_horizon in prop_oneof![Just(63u64), 0u64..5000, Just(300_000)],
         ops in proptest::collection::vec(op_strategy(), 1..200),
     ) {
-        run_ops(start_tick, &ops)?;
+        run_ops(start_tick, ring_horizon, &ops)?;
     }
 }
