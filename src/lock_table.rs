@@ -30,11 +30,12 @@
 //! Sessions, sockets and cross-core routing (the reactor owns those; a session is an opaque
 //! [`SessionId`] here), and token persistence ([`crate::tokens`]).
 
+use crate::chunked::ChunkedSlab;
 use crate::protocol::{Request, Response};
 use crate::tokens::TokenRange;
 use crate::wheel::{TimerHandle, Wheel};
-use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
-use slab::Slab;
+use hashbrown::DefaultHashBuilder;
+use index::SegmentedTable;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -47,6 +48,12 @@ const NIL: u32 = u32::MAX;
 const INLINE_KEY_BYTES: usize = 22;
 /// Microseconds in one second of wait or lease.
 const MICROS_PER_SECOND: u64 = 1_000_000;
+/// The longest wait or lease the wire can carry, in microseconds.
+const TIMER_US_MAX: u64 = 255 * MICROS_PER_SECOND;
+/// Timers one [`LockTable::handle_timers`] call takes from the wheel at most (whole ticks
+/// past it): a few hundred microseconds of expiries, so that a burst of them never holds a
+/// loop iteration for long. The rest, already late, follow in the next iterations.
+const TIMERS_PER_STEP_MAX: usize = 2048;
 
 /// Static parameters of one partition.
 #[derive(Clone, Copy, Debug)]
@@ -166,6 +173,8 @@ struct Waiter {
     session: SessionId,
     lease_s: u8,
     entry: u32,
+    /// When the wait runs out (its timer fires at the first tick at or after it).
+    wait_end_us: u64,
     timer: TimerHandle,
     queue_prev: u32,
     queue_next: u32,
@@ -191,10 +200,12 @@ enum Timer {
 pub struct LockTable {
     config: TableConfig,
     hasher: DefaultHashBuilder,
-    index: HashTable<u32>,
-    entries: Slab<KeyEntry>,
-    waiters: Slab<Waiter>,
-    sessions: HashMap<SessionId, SessionWaiters>,
+    /// Entry index by key hash.
+    index: SegmentedTable<u32>,
+    entries: ChunkedSlab<KeyEntry>,
+    waiters: ChunkedSlab<Waiter>,
+    /// Each session's list of waiters here, by session hash.
+    sessions: SegmentedTable<(SessionId, SessionWaiters)>,
     wheel: Wheel<Timer>,
     tokens: TokenRange,
     shutting_down: bool,
@@ -216,11 +227,15 @@ impl LockTable {
         LockTable {
             config,
             hasher: DefaultHashBuilder::default(),
-            index: HashTable::new(),
-            entries: Slab::new(),
-            waiters: Slab::new(),
-            sessions: HashMap::new(),
-            wheel: Wheel::new(now_us / config.tick_us),
+            index: SegmentedTable::new(),
+            entries: ChunkedSlab::new(),
+            waiters: ChunkedSlab::new(),
+            sessions: SegmentedTable::new(),
+            // Every wait and lease fits the ring: timers never move once armed.
+            wheel: Wheel::with_horizon(
+                now_us / config.tick_us,
+                TIMER_US_MAX.div_ceil(config.tick_us) + 1,
+            ),
             tokens,
             shutting_down: false,
             answers: Vec::new(),
@@ -311,7 +326,7 @@ impl LockTable {
                 false,
             );
         }
-        let queue_full = self.entries[entry as usize].waiters >= self.config.max_waiters_per_key;
+        let queue_full = self.entries[entry].waiters >= self.config.max_waiters_per_key;
         // Counted last: a place taken in shared counts is always followed by the enqueue.
         if queue_full || !self.take_queue_place(session) {
             return self.answer(session, busy, true);
@@ -326,6 +341,7 @@ impl LockTable {
             Some(entry) => {
                 self.answer(session, Response::Released { token }, false);
                 self.end_hold(now_us, entry);
+                self.debug_check_entry(entry);
             }
             None => self.answer(session, Response::NotHeld { token }, false),
         }
@@ -345,13 +361,13 @@ impl LockTable {
             return self.answer(session, Response::NotHeld { token }, false);
         };
         let lease_end_us = now_us + u64::from(lease_s) * MICROS_PER_SECOND;
-        let old_timer = self.entries[entry as usize].lease_timer;
+        let old_timer = self.entries[entry].lease_timer;
         let cancelled = self.wheel.cancel(old_timer);
         debug_assert_eq!(cancelled, Some(Timer::Lease(entry)));
         let timer = self
             .wheel
             .insert(self.tick_at_or_after(lease_end_us), Timer::Lease(entry));
-        let held = &mut self.entries[entry as usize];
+        let held = &mut self.entries[entry];
         held.lease_end_us = lease_end_us;
         held.lease_timer = timer;
         self.answer(session, Response::Extended { token }, false);
@@ -359,17 +375,30 @@ impl LockTable {
     }
 
     /// Cancel: withdraw this session's acquires of `key` with `owner`, each answered `T`.
+    ///
+    /// Walks the shorter of the key's queue and the session's waiters in this partition, so a
+    /// Cancel costs at most the session's own queued acquires, whatever the queue's length.
     pub fn handle_cancel(&mut self, session: SessionId, owner: u64, key: &[u8]) {
         let hash = self.hasher.hash_one(key);
         let Some(entry) = self.find(hash, key) else {
             return;
         };
-        let mut cursor = self.entries[entry as usize].queue_head;
-        // Bounded: the queue holds at most max_waiters_per_key waiters.
+        let Some(list) = self.session_list(session) else {
+            return;
+        };
+        let by_session = list.count <= self.entries[entry].waiters;
+        let mut cursor = match by_session {
+            true => list.head,
+            false => self.entries[entry].queue_head,
+        };
+        // Bounded: the shorter list is at most max_pending_per_session long.
         while cursor != NIL {
-            let next = self.waiters[cursor as usize].queue_next;
-            let waiter = &self.waiters[cursor as usize];
-            if waiter.session == session && waiter.owner == owner {
+            let waiter = &self.waiters[cursor];
+            let next = match by_session {
+                true => waiter.session_next,
+                false => waiter.queue_next,
+            };
+            if waiter.entry == entry && waiter.session == session && waiter.owner == owner {
                 self.remove_waiter(cursor);
                 self.answer(session, Response::Timeout { owner }, true);
             }
@@ -389,7 +418,7 @@ impl LockTable {
                 waiters: 0,
             },
             Some(entry) => {
-                let held = &self.entries[entry as usize];
+                let held = &self.entries[entry];
                 let left_ms = held.lease_end_us.saturating_sub(now_us) / 1000;
                 let lease_ms = u32::try_from(left_ms).unwrap_or(u32::MAX);
                 Response::State {
@@ -405,7 +434,7 @@ impl LockTable {
 
     /// A session ended: its waiters leave silently; its holds stay.
     pub fn handle_session_closed(&mut self, session: SessionId) {
-        let Some(list) = self.sessions.get(&session).copied() else {
+        let Some(list) = self.session_list(session) else {
             return;
         };
         let mut cursor = list.head;
@@ -413,13 +442,13 @@ impl LockTable {
         for _ in 0..list.count {
             cursor = self.remove_waiter(cursor).session_next;
         }
-        debug_assert!(!self.sessions.contains_key(&session));
+        debug_assert!(self.session_list(session).is_none());
     }
 
     /// Shutdown: every queued waiter is answered `B`, and so is every later Acquire.
     pub fn handle_shutdown(&mut self) {
         self.shutting_down = true;
-        let queued: Vec<u32> = self.waiters.iter().map(|(index, _)| index as u32).collect();
+        let queued: Vec<u32> = self.waiters.iter().map(|(index, _)| index).collect();
         for waiter in queued {
             let removed = self.remove_waiter(waiter);
             let busy = Response::Busy {
@@ -429,31 +458,58 @@ impl LockTable {
         }
     }
 
-    /// Fires every lease and wait timer that has run out by `now_us`.
+    /// Fires the lease and wait timers that have run out by `now_us`, in deadline order.
     ///
-    /// Waits are processed before leases: a waiter whose wait ran out in the same tick as the
-    /// holder's lease gets `T`, and is gone before the handoff looks at the queue. Neither
-    /// kind creates a timer due in this batch, so every fired payload is live when processed.
+    /// At most about [`TIMERS_PER_STEP_MAX`] per call (whole ticks): when more are due,
+    /// [`next_deadline_us`](Self::next_deadline_us) stays at or before `now_us` and the next
+    /// call continues with the earliest left. Within a call, timers take effect in the order of
+    /// their exact ends (PROTOCOL.md §3): a wait that ended before the holder's lease is
+    /// answered `T`; one that ended after it (or a waiter behind it) gets the key. On equal
+    /// ends the wait goes first. A wait timer whose waiter was granted the key earlier in the
+    /// same call is skipped: the waiter is gone (nothing is queued while timers fire, so its
+    /// slot is still vacant).
     pub fn handle_timers(&mut self, now_us: u64) {
         let mut fired = std::mem::take(&mut self.fired);
-        self.wheel.advance(now_us / self.config.tick_us, &mut fired);
+        let tick = now_us / self.config.tick_us;
+        self.wheel
+            .advance_bounded(tick, &mut fired, TIMERS_PER_STEP_MAX);
+        self.sort_by_deadline(&mut fired);
         for &timer in &fired {
-            if let Timer::Wait(waiter) = timer {
-                let removed = self.remove_waiter(waiter);
-                let timeout = Response::Timeout {
-                    owner: removed.owner,
-                };
-                self.answer(removed.session, timeout, true);
+            match timer {
+                Timer::Wait(waiter) if self.waiters.contains(waiter) => {
+                    let removed = self.remove_waiter(waiter);
+                    let timeout = Response::Timeout {
+                        owner: removed.owner,
+                    };
+                    self.answer(removed.session, timeout, true);
+                }
+                Timer::Wait(_) => {}
+                Timer::Lease(entry) => {
+                    debug_assert!(self.entries[entry].lease_end_us <= now_us);
+                    self.end_hold(now_us, entry);
+                }
             }
         }
+        // Checked once the batch is done: mid-batch, a waiter whose wait timer fired in it
+        // may still sit in a queue without a live timer.
         for &timer in &fired {
             if let Timer::Lease(entry) = timer {
-                debug_assert!(self.entries[entry as usize].lease_end_us <= now_us);
-                self.end_hold(now_us, entry);
+                self.debug_check_entry(entry);
             }
         }
         fired.clear();
         self.fired = fired;
+    }
+
+    /// Orders fired timers by their exact end, waits before leases on a tie.
+    fn sort_by_deadline(&self, fired: &mut [Timer]) {
+        let key = |timer: &Timer| match *timer {
+            Timer::Wait(waiter) => (self.waiters[waiter].wait_end_us, 0u8),
+            Timer::Lease(entry) => (self.entries[entry].lease_end_us, 1u8),
+        };
+        if !fired.windows(2).all(|pair| key(&pair[0]) <= key(&pair[1])) {
+            fired.sort_unstable_by_key(key);
+        }
     }
 
     /// The earliest time at which [`handle_timers`](Self::handle_timers) may have work.
@@ -478,9 +534,7 @@ impl LockTable {
 
     /// The key of a live entry (as named in [`Answer::entry`]).
     pub fn entry_key(&self, entry: u32) -> Option<&[u8]> {
-        self.entries
-            .get(entry as usize)
-            .map(|held| held.key.as_slice())
+        self.entries.get(entry).map(|held| held.key.as_slice())
     }
 
     /// Tokens left in the current reservation.
@@ -525,13 +579,26 @@ impl LockTable {
     fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
         let entries = &self.entries;
         self.index
-            .find(hash, |&index| entries[index as usize].key.as_slice() == key)
+            .find(hash, |&index| entries[index].key.as_slice() == key)
             .copied()
+    }
+
+    /// `session`'s list of waiters in this partition, if it has any.
+    fn session_list(&self, session: SessionId) -> Option<SessionWaiters> {
+        let hash = self.hasher.hash_one(session);
+        let found = self.sessions.find(hash, |&(id, _)| id == session);
+        found.map(|&(_, list)| list)
+    }
+
+    fn session_list_mut(&mut self, session: SessionId) -> Option<&mut SessionWaiters> {
+        let hash = self.hasher.hash_one(session);
+        let found = self.sessions.find_mut(hash, |&(id, _)| id == session);
+        found.map(|(_, list)| list)
     }
 
     fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
         let entry = self.find(self.hasher.hash_one(key), key)?;
-        (self.entries[entry as usize].token == token).then_some(entry)
+        (self.entries[entry].token == token).then_some(entry)
     }
 
     /// The first tick whose start is at or after `at_us`: a timer there never fires early.
@@ -541,11 +608,10 @@ impl LockTable {
 
     fn insert_entry(&mut self, now_us: u64, key: &[u8], hash: u64, token: u64, lease_s: u8) -> u32 {
         let lease_end_us = now_us + u64::from(lease_s) * MICROS_PER_SECOND;
-        let slot = self.entries.vacant_entry();
-        let entry = slot.key() as u32;
-        let deadline = lease_end_us.div_ceil(self.config.tick_us);
+        let entry = self.entries.vacant_key();
+        let deadline = self.tick_at_or_after(lease_end_us);
         let lease_timer = self.wheel.insert(deadline, Timer::Lease(entry));
-        slot.insert(KeyEntry {
+        self.entries.insert(KeyEntry {
             key: KeyBytes::new(key),
             hash,
             token,
@@ -555,21 +621,19 @@ impl LockTable {
             queue_tail: NIL,
             waiters: 0,
         });
-        let entries = &self.entries;
-        self.index
-            .insert_unique(hash, entry, |&index| entries[index as usize].hash);
+        self.index.insert_unique(hash, entry);
         entry
     }
 
     /// The holder of `entry` is gone (released or expired): grant the queue head in the same
-    /// step, or remove the entry so the key is free.
+    /// step, or remove the entry so the key is free. The caller checks the entry after.
     fn end_hold(&mut self, now_us: u64, entry: u32) {
-        let old_timer = self.entries[entry as usize].lease_timer;
+        let old_timer = self.entries[entry].lease_timer;
         // Already fired when called from handle_timers; cancel is then a no-op.
         self.wheel.cancel(old_timer);
         // Bounded: each pass removes one waiter; a waiter is skipped only if no token is left.
         loop {
-            let head = self.entries[entry as usize].queue_head;
+            let head = self.entries[entry].queue_head;
             if head == NIL {
                 return self.remove_entry(entry);
             }
@@ -582,7 +646,7 @@ impl LockTable {
             let lease_end_us = now_us + u64::from(lease_s) * MICROS_PER_SECOND;
             let deadline = self.tick_at_or_after(lease_end_us);
             let lease_timer = self.wheel.insert(deadline, Timer::Lease(entry));
-            let held = &mut self.entries[entry as usize];
+            let held = &mut self.entries[entry];
             held.token = token;
             held.lease_end_us = lease_end_us;
             held.lease_timer = lease_timer;
@@ -593,7 +657,7 @@ impl LockTable {
                 ends_pending: true,
                 entry,
             });
-            return self.debug_check_entry(entry);
+            return;
         }
     }
 
@@ -602,49 +666,55 @@ impl LockTable {
         let max = self.config.max_pending_per_session;
         match &self.shared_counts {
             Some(counts) => counts.try_add(session, max),
-            None => self.sessions.get(&session).map_or(0, |list| list.count) < max,
+            None => self.session_list(session).map_or(0, |list| list.count) < max,
         }
     }
 
     fn remove_entry(&mut self, entry: u32) {
-        let removed = self.entries.remove(entry as usize);
+        let removed = self.entries.remove(entry);
         debug_assert_eq!(removed.waiters, 0);
-        let found = self.index.find_entry(removed.hash, |&index| index == entry);
-        found.expect("a live entry is indexed").remove();
+        let found = self.index.remove(removed.hash, |&index| index == entry);
+        found.expect("a live entry is indexed");
     }
 
     fn enqueue(&mut self, now_us: u64, session: SessionId, acquire: Acquire, entry: u32) {
         let wait_end_us = now_us + u64::from(acquire.wait_s) * MICROS_PER_SECOND;
         let deadline = self.tick_at_or_after(wait_end_us);
-        let slot = self.waiters.vacant_entry();
-        let waiter = slot.key() as u32;
+        let waiter = self.waiters.vacant_key();
         let timer = self.wheel.insert(deadline, Timer::Wait(waiter));
-        let held = &mut self.entries[entry as usize];
-        let queue_prev = held.queue_tail;
-        let list = self.sessions.entry(session).or_insert(SessionWaiters {
-            head: NIL,
-            count: 0,
-        });
-        slot.insert(Waiter {
+        let queue_prev = self.entries[entry].queue_tail;
+        if self.session_list(session).is_none() {
+            let hash = self.hasher.hash_one(session);
+            let empty = SessionWaiters {
+                head: NIL,
+                count: 0,
+            };
+            self.sessions.insert_unique(hash, (session, empty));
+        }
+        let list = self.session_list_mut(session).expect("listed above");
+        let session_next = list.head;
+        list.head = waiter;
+        list.count += 1;
+        self.waiters.insert(Waiter {
             owner: acquire.owner,
             session,
             lease_s: acquire.lease_s,
             entry,
+            wait_end_us,
             timer,
             queue_prev,
             queue_next: NIL,
             session_prev: NIL,
-            session_next: list.head,
+            session_next,
         });
-        if list.head != NIL {
-            self.waiters[list.head as usize].session_prev = waiter;
+        if session_next != NIL {
+            self.waiters[session_next].session_prev = waiter;
         }
-        list.head = waiter;
-        list.count += 1;
+        let held = &mut self.entries[entry];
         if queue_prev == NIL {
             held.queue_head = waiter;
         } else {
-            self.waiters[queue_prev as usize].queue_next = waiter;
+            self.waiters[queue_prev].queue_next = waiter;
         }
         held.queue_tail = waiter;
         held.waiters += 1;
@@ -652,35 +722,36 @@ impl LockTable {
 
     /// Unlinks a waiter from its key queue and session list, cancels its timer, and returns it.
     fn remove_waiter(&mut self, waiter: u32) -> Waiter {
-        let removed = self.waiters.remove(waiter as usize);
+        let removed = self.waiters.remove(waiter);
         // Already fired when called from handle_timers; cancel is then a no-op.
         self.wheel.cancel(removed.timer);
-        let held = &mut self.entries[removed.entry as usize];
+        let held = &mut self.entries[removed.entry];
         match removed.queue_prev {
             NIL => held.queue_head = removed.queue_next,
-            prev => self.waiters[prev as usize].queue_next = removed.queue_next,
+            prev => self.waiters[prev].queue_next = removed.queue_next,
         }
         match removed.queue_next {
             NIL => held.queue_tail = removed.queue_prev,
-            next => self.waiters[next as usize].queue_prev = removed.queue_prev,
+            next => self.waiters[next].queue_prev = removed.queue_prev,
         }
         held.waiters -= 1;
         if removed.session_next != NIL {
-            self.waiters[removed.session_next as usize].session_prev = removed.session_prev;
+            self.waiters[removed.session_next].session_prev = removed.session_prev;
         }
         if removed.session_prev != NIL {
-            self.waiters[removed.session_prev as usize].session_next = removed.session_next;
+            self.waiters[removed.session_prev].session_next = removed.session_next;
         }
+        let session = removed.session;
         let list = self
-            .sessions
-            .get_mut(&removed.session)
+            .session_list_mut(session)
             .expect("a waiter's session is listed");
         if list.head == waiter {
             list.head = removed.session_next;
         }
         list.count -= 1;
         if list.count == 0 {
-            self.sessions.remove(&removed.session);
+            let hash = self.hasher.hash_one(session);
+            self.sessions.remove(hash, |&(id, _)| id == session);
         }
         if let Some(counts) = &self.shared_counts {
             counts.remove(removed.session);
@@ -690,7 +761,7 @@ impl LockTable {
 
     #[cfg(debug_assertions)]
     fn debug_check_entry(&self, entry: u32) {
-        if self.entries.contains(entry as usize) {
+        if self.entries.contains(entry) {
             self.check_entry(entry);
         }
     }
@@ -700,7 +771,7 @@ impl LockTable {
 
     /// Checks one entry and its queue; panics on a broken invariant.
     fn check_entry(&self, entry: u32) {
-        let held = &self.entries[entry as usize];
+        let held = &self.entries[entry];
         assert!(
             held.token != 0 && held.token < self.tokens.next,
             "token out of range"
@@ -713,7 +784,7 @@ impl LockTable {
         assert_eq!(deadline, self.tick_at_or_after(held.lease_end_us));
         let (mut cursor, mut prev, mut count) = (held.queue_head, NIL, 0u32);
         while cursor != NIL {
-            let waiter = &self.waiters[cursor as usize];
+            let waiter = &self.waiters[cursor];
             assert_eq!(waiter.entry, entry, "waiter linked in another key's queue");
             assert_eq!(waiter.queue_prev, prev, "broken queue back link");
             assert!(
@@ -734,30 +805,28 @@ impl LockTable {
     /// Checks every invariant of the module docs; panics on a broken one. O(keys + waiters).
     pub fn check_invariants(&self) {
         self.wheel.check_invariants();
+        self.entries.check_invariants();
+        self.waiters.check_invariants();
         assert!(self.entries.len() <= self.config.max_keys);
         assert_eq!(self.index.len(), self.entries.len());
         let mut queued = 0usize;
-        for (entry, held) in &self.entries {
-            self.check_entry(entry as u32);
+        for (entry, held) in self.entries.iter() {
+            self.check_entry(entry);
             let indexed = self.find(held.hash, held.key.as_slice());
-            assert_eq!(
-                indexed,
-                Some(entry as u32),
-                "entry not indexed under its key"
-            );
+            assert_eq!(indexed, Some(entry), "entry not indexed under its key");
             queued += held.waiters as usize;
         }
         assert_eq!(queued, self.waiters.len());
         assert_eq!(self.wheel.len(), self.entries.len() + self.waiters.len());
         let mut listed = 0usize;
-        for (&session, list) in &self.sessions {
+        for &(session, list) in self.sessions.iter() {
             assert!(
                 list.count <= self.config.max_pending_per_session,
                 "session {session} has more queued acquires than the limit"
             );
             let (mut cursor, mut prev) = (list.head, NIL);
             for _ in 0..list.count {
-                let waiter = &self.waiters[cursor as usize];
+                let waiter = &self.waiters[cursor];
                 assert_eq!(waiter.session, session);
                 assert_eq!(waiter.session_prev, prev);
                 (prev, cursor) = (cursor, waiter.session_next);
@@ -771,6 +840,8 @@ impl LockTable {
         }
     }
 }
+
+mod index;
 
 #[cfg(test)]
 mod tests;

@@ -745,17 +745,87 @@ fn longest_lease_and_wait_fire_on_time_after_a_long_jump() {
 }
 
 #[test]
-fn wait_and_lease_ending_in_the_same_tick_time_out_the_waiter() {
+fn a_wait_ending_after_the_lease_in_the_same_tick_gets_the_key() {
     let mut fixture = Fixture::new(4, 4);
     fixture.now_us += 100;
-    fixture.grant(1, 1, 1, KEY);
+    let token = fixture.grant(1, 1, 1, KEY);
     fixture.now_us += 300;
     // The lease ends at +1 s 100 µs, the wait at +1 s 400 µs: both in the tick ending +1.001 s.
+    // Processed in one step, they take effect in the order of their ends: the key is handed
+    // to the waiter before its wait runs out.
     fixture.enqueue(2, 1, 5, 2, KEY);
     assert!(fixture.run_timers_at(START_US + SECOND_US + 999).is_empty());
     let answers = fixture.run_timers_at(START_US + SECOND_US + TICK_US);
+    assert_eq!(answers, vec![granted(2, 2, token + 1, true, KEY)]);
+    assert!(fixture.query(KEY).0);
+}
+
+#[test]
+fn a_wait_ending_before_the_lease_in_the_same_tick_times_out() {
+    let mut fixture = Fixture::new(4, 4);
+    fixture.now_us += 400;
+    fixture.grant(1, 1, 1, KEY);
+    fixture.now_us -= 300;
+    // The wait ends at +1 s 100 µs, the lease at +1 s 400 µs: the wait is answered `T` first,
+    // and the key is free after the lease.
+    fixture.enqueue(2, 1, 5, 2, KEY);
+    let answers = fixture.run_timers_at(START_US + SECOND_US + TICK_US);
     assert_eq!(answers, vec![timeout(2, 2, true)]);
     assert_eq!(fixture.query(KEY), (false, 0, 0));
+}
+
+#[test]
+fn timers_late_by_many_ticks_take_effect_in_deadline_order_across_keys() {
+    // Two keys; on each, the waiter's wait ends after the lease but before the next tick the
+    // reactor runs: one late step must hand both keys to their waiters.
+    let mut fixture = Fixture::new(4, 4);
+    fixture.grant(1, 1, 1, b"a");
+    let token = fixture.grant(1, 2, 2, b"b");
+    fixture.now_us += 10_000;
+    fixture.enqueue(2, 1, 5, 3, b"a");
+    let answers = fixture.run_timers_at(START_US + 3 * SECOND_US);
+    // Key a: lease ends at +1 s, the wait at +1.01 s: granted, then its new lease runs.
+    // Key b: lease ends at +2 s, nobody waits: freed.
+    assert_eq!(answers, vec![granted(2, 3, token + 1, true, b"a")]);
+    assert_eq!(fixture.query(b"b"), (false, 0, 0));
+}
+
+#[test]
+fn a_burst_of_expiries_is_handled_over_several_bounded_steps_in_order() {
+    // 1,000 leases end in each of five consecutive ticks; all are due by the time timers run.
+    let keys: Vec<Vec<u8>> = (0..5000)
+        .map(|i| format!("burst/{i}").into_bytes())
+        .collect();
+    let mut fixture = Fixture::new(keys.len(), 1);
+    for (i, key) in keys.iter().enumerate() {
+        // Straight to the table: checking every invariant after each grant is quadratic.
+        let now_us = START_US + (i as u64 / 1000) * TICK_US;
+        let acquire = Acquire {
+            wait_s: 0,
+            lease_s: 1,
+            owner: i as u64 + 1,
+        };
+        fixture.table.handle_acquire(now_us, 1, acquire, key);
+    }
+    let answers = fixture.table.take_answers();
+    assert!(answers
+        .iter()
+        .all(|a| matches!(a.response, Response::Acquired { .. })));
+    fixture.table.check_invariants();
+    let late_us = START_US + 10 * SECOND_US;
+    let mut freed_per_step = Vec::new();
+    while fixture.table.key_count() > 0 {
+        let before = fixture.table.key_count();
+        assert!(fixture.run_timers_at(late_us).is_empty());
+        freed_per_step.push(before - fixture.table.key_count());
+        if fixture.table.key_count() > 0 {
+            let next = fixture.table.next_deadline_us().expect("more is due");
+            assert!(next <= late_us, "the rest is due now: {next} > {late_us}");
+        }
+        assert!(freed_per_step.len() <= 5, "no progress");
+    }
+    // Whole ticks, earliest first, until at least TIMERS_PER_STEP_MAX were fired.
+    assert_eq!(freed_per_step, vec![3000, 2000]);
 }
 
 #[test]
@@ -895,7 +965,7 @@ struct ModelHold {
 }
 
 /// PROTOCOL.md §3 for one partition, written plainly: a map of held keys with FIFO queues.
-/// Timers fire at the first tick at or after their end; a batch handles waits before leases.
+/// Timers fire at the first tick at or after their end, in the order of their ends.
 struct Model {
     config: TableConfig,
     holds: BTreeMap<Vec<u8>, ModelHold>,
@@ -1032,22 +1102,22 @@ impl Model {
             .collect()
     }
 
-    /// Runs the timers. The order in which leases ending in one batch are handled is the
-    /// table's own (the wheel's); it decides which key gets which token and, when the tokens
-    /// run out mid-batch, which keys still get a grant. `granted_first` are the keys the table
-    /// granted, in its order: the model handles those leases first, in that order.
+    /// Runs the timers. Per key, what ran out takes effect in the order of the ends (waits
+    /// first on a tie): waits that ended before the lease answer `T`, then the lease hands
+    /// off, then the later waits of those still queued answer `T`. The order in which leases
+    /// ending in one batch are handled is the table's own (by their ends, then the wheel's);
+    /// it decides which key gets which token and, when the tokens run out mid-batch, which
+    /// keys still get a grant. `granted_first` are the keys the table granted, in its order:
+    /// the model handles those leases first, in that order.
     fn timers(&mut self, now_us: u64, granted_first: &[Vec<u8>]) -> Vec<Seen> {
         let now_tick = now_us / self.config.tick_us;
         let tick_us = self.config.tick_us;
         let due = |end_us: u64| end_us.div_ceil(tick_us) <= now_tick;
         let mut out = Vec::new();
         for hold in self.holds.values_mut() {
-            hold.queue.retain(|waiter| {
-                if due(waiter.wait_end_us) {
-                    out.push(timeout(waiter.session, waiter.owner, true));
-                }
-                !due(waiter.wait_end_us)
-            });
+            let lease_end_us = Some(hold.lease_end_us).filter(|&end_us| due(end_us));
+            let first = |end_us: u64| due(end_us) && lease_end_us.is_none_or(|l| end_us <= l);
+            expire_waits(hold, first, &mut out);
         }
         let mut expired: Vec<Vec<u8>> = (self.holds.iter())
             .filter(|(_, hold)| due(hold.lease_end_us))
@@ -1057,6 +1127,9 @@ impl Model {
         expired.sort_by_key(|key| rank(key).unwrap_or(usize::MAX));
         for key in expired {
             self.end_hold(now_us, &key, &mut out);
+            if let Some(hold) = self.holds.get_mut(&key) {
+                expire_waits(hold, due, &mut out);
+            }
         }
         out
     }
@@ -1086,6 +1159,16 @@ impl Model {
         });
         ends.map(|end_us| end_us.div_ceil(tick_us) * tick_us).min()
     }
+}
+
+/// Answers `T` to the waiters of `hold` whose wait end passes `select`, and removes them.
+fn expire_waits(hold: &mut ModelHold, select: impl Fn(u64) -> bool, out: &mut Vec<Seen>) {
+    hold.queue.retain(|waiter| {
+        if select(waiter.wait_end_us) {
+            out.push(timeout(waiter.session, waiter.owner, true));
+        }
+        !select(waiter.wait_end_us)
+    });
 }
 
 /// An acquire the observer saw queued: (session, owner, lease, end of the wait in µs).

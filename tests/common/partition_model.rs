@@ -311,8 +311,10 @@ impl Model {
         expected
     }
 
-    /// `handle_timers` at the current time: expired waits answer `T`, then every key whose
-    /// lease ran out is handed off.
+    /// `handle_timers` at the current time. Per key, what ran out takes effect in the order of
+    /// the ends: a wait that ended before the holder's lease (or at the same instant) answers
+    /// `T`; then the lease hands the key off; then the waits that ended after it answer `T`
+    /// unless their waiter was just granted the key.
     ///
     /// When fewer tokens are left than contended keys, which keys still get one depends on
     /// the wheel's order, which is unspecified: `granted_owners` (the owners of the `A`s the
@@ -320,20 +322,6 @@ impl Model {
     /// there are tokens left.
     pub fn timers(&mut self, granted_owners: &[u64]) -> Result<Vec<Expect>, String> {
         let mut expected = Vec::new();
-        let (now_us, tick_us) = (self.now_us, self.tick_us);
-        for held in self.held.iter_mut().flatten() {
-            let due = |waiter: &Waiter| waiter.wait_end_us.div_ceil(tick_us) <= now_us / tick_us;
-            for waiter in held.queue.iter().filter(|waiter| due(waiter)) {
-                if waiter.wait_end_us > now_us {
-                    return Err("a wait would fire early".into());
-                }
-                let timeout = Response::Timeout {
-                    owner: waiter.owner,
-                };
-                expected.push(expect(waiter.session, timeout, true));
-            }
-            held.queue.retain(|waiter| !due(waiter));
-        }
         let expiring: Vec<usize> = (0..self.held.len())
             .filter(|&key| {
                 self.held[key]
@@ -341,9 +329,17 @@ impl Model {
                     .is_some_and(|h| self.due(h.lease_end_us))
             })
             .collect();
+        for key in 0..self.held.len() {
+            let lease_end_us = self.held[key].as_ref().map(|h| h.lease_end_us);
+            let ends_first = |wait_end_us: u64| match lease_end_us {
+                Some(lease_end_us) if expiring.contains(&key) => wait_end_us <= lease_end_us,
+                _ => true,
+            };
+            self.expire_waits(key, ends_first, &mut expected)?;
+        }
         let starved = self.starved_keys(&expiring, granted_owners)?;
         for key in expiring {
-            if self.held[key].as_ref().unwrap().lease_end_us > now_us {
+            if self.held[key].as_ref().unwrap().lease_end_us > self.now_us {
                 return Err("a lease would fire early".into());
             }
             if starved.contains(&key) {
@@ -353,8 +349,37 @@ impl Model {
             } else {
                 self.hand_off(key, &mut expected);
             }
+            self.expire_waits(key, |_| true, &mut expected)?;
         }
         Ok(expected)
+    }
+
+    /// Answers `T` to the waiters of `key` whose wait timer is due now and whose end passes
+    /// `select`, and removes them.
+    fn expire_waits(
+        &mut self,
+        key: usize,
+        select: impl Fn(u64) -> bool,
+        expected: &mut Vec<Expect>,
+    ) -> Result<(), String> {
+        let (now_us, tick_us) = (self.now_us, self.tick_us);
+        let Some(held) = self.held[key].as_mut() else {
+            return Ok(());
+        };
+        let due = |waiter: &Waiter| {
+            waiter.wait_end_us.div_ceil(tick_us) <= now_us / tick_us && select(waiter.wait_end_us)
+        };
+        for waiter in held.queue.iter().filter(|waiter| due(waiter)) {
+            if waiter.wait_end_us > now_us {
+                return Err("a wait would fire early".into());
+            }
+            let timeout = Response::Timeout {
+                owner: waiter.owner,
+            };
+            expected.push(expect(waiter.session, timeout, true));
+        }
+        held.queue.retain(|waiter| !due(waiter));
+        Ok(())
     }
 
     /// The contended keys among `expiring` that the table handed off after its tokens ran
