@@ -213,6 +213,9 @@ pub struct LockTable {
     fired: Vec<Timer>,
     /// Counts shared with the other partitions, if any.
     shared_counts: Option<Arc<dyn QueueCounts>>,
+    /// Waiters the last Cancel looked at (tests check its bound).
+    #[cfg(test)]
+    cancel_steps: usize,
 }
 
 impl LockTable {
@@ -241,6 +244,8 @@ impl LockTable {
             answers: Vec::new(),
             fired: Vec::new(),
             shared_counts: None,
+            #[cfg(test)]
+            cancel_steps: 0,
         }
     }
 
@@ -379,6 +384,10 @@ impl LockTable {
     /// Walks the shorter of the key's queue and the session's waiters in this partition, so a
     /// Cancel costs at most the session's own queued acquires, whatever the queue's length.
     pub fn handle_cancel(&mut self, session: SessionId, owner: u64, key: &[u8]) {
+        #[cfg(test)]
+        {
+            self.cancel_steps = 0;
+        }
         let hash = self.hasher.hash_one(key);
         let Some(entry) = self.find(hash, key) else {
             return;
@@ -393,6 +402,10 @@ impl LockTable {
         };
         // Bounded: the shorter list is at most max_pending_per_session long.
         while cursor != NIL {
+            #[cfg(test)]
+            {
+                self.cancel_steps += 1;
+            }
             let waiter = &self.waiters[cursor];
             let next = match by_session {
                 true => waiter.session_next,

@@ -829,6 +829,39 @@ fn a_burst_of_expiries_is_handled_over_several_bounded_steps_in_order() {
 }
 
 #[test]
+fn cancel_costs_at_most_the_sessions_own_waiters() {
+    let mut fixture = Fixture::new(4, 5_000);
+    fixture.grant(1, 255, 1, KEY);
+    for owner in 0..2_000 {
+        let acquire = Acquire {
+            wait_s: 255,
+            lease_s: 1,
+            owner: 100 + owner,
+        };
+        fixture
+            .table
+            .handle_acquire(START_US, 2 + owner % 4, acquire, KEY);
+    }
+    fixture.enqueue(99, 255, 1, 7, KEY);
+    assert!(fixture
+        .request(99, Request::Cancel { owner: 8, key: KEY })
+        .is_empty());
+    assert_eq!(
+        fixture.table.cancel_steps, 1,
+        "one waiter of session 99 looked at"
+    );
+    let answers = fixture.request(99, Request::Cancel { owner: 7, key: KEY });
+    assert_eq!(answers, vec![timeout(99, 7, true)]);
+    assert_eq!(fixture.table.cancel_steps, 1);
+    // A session with nothing queued here costs nothing; a short queue is walked instead.
+    assert!(fixture
+        .request(98, Request::Cancel { owner: 7, key: KEY })
+        .is_empty());
+    assert_eq!(fixture.table.cancel_steps, 0);
+    assert_eq!(fixture.query(KEY).2, 2_000);
+}
+
+#[test]
 fn next_deadline_leads_the_reactor_to_each_expiry() {
     let mut fixture = Fixture::new(4, 4);
     assert_eq!(fixture.table.next_deadline_us(), None);
