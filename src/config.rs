@@ -50,6 +50,11 @@ const WAITERS_PER_KEY_DEFAULT: u32 = 1024;
 const PENDING_PER_SESSION_DEFAULT: u32 = 1024;
 const KEY_BYTES_DEFAULT: usize = KEY_BYTES_MAX;
 const TICK_MS_DEFAULT: u32 = 1;
+const RESERVATION_DEFAULT: u64 = 1 << 24;
+/// The fewest tokens `tokens.reservation` may reserve at once.
+pub const RESERVATION_MIN: u64 = 64;
+/// The most tokens `tokens.reservation` may reserve at once.
+pub const RESERVATION_MAX: u64 = 1 << 40;
 
 // The defaults must pass the same validation as a file does.
 const _: () = assert!(CONNECTIONS_DEFAULT >= 1 && CONNECTIONS_DEFAULT <= CONNECTIONS_MAX);
@@ -64,6 +69,8 @@ const _: () = assert!(
 );
 const _: () = assert!(KEY_BYTES_DEFAULT >= 1 && KEY_BYTES_DEFAULT <= KEY_BYTES_MAX);
 const _: () = assert!(TICK_MS_DEFAULT >= 1 && TICK_MS_DEFAULT <= TICK_MS_MAX);
+const _: () =
+    assert!(RESERVATION_DEFAULT >= RESERVATION_MIN && RESERVATION_DEFAULT <= RESERVATION_MAX);
 
 /// The sections of the file and the keys each accepts, in the order the example file lists them.
 const SECTIONS: [(&str, &[&str]); 5] = [
@@ -79,7 +86,7 @@ const SECTIONS: [(&str, &[&str]); 5] = [
         ],
     ),
     ("timer", &["tick_ms"]),
-    ("tokens", &["state_dir"]),
+    ("tokens", &["state_dir", "reservation"]),
     ("log", &["level"]),
 ];
 
@@ -136,11 +143,24 @@ pub struct TimerConfig {
 }
 
 /// `[tokens]`.
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TokensConfig {
     /// The directory holding the persisted token high-water mark, or `None` (the file's `""`,
     /// the default) to rely on the wall clock alone.
     pub state_dir: Option<PathBuf>,
+    /// Tokens a partition reserves with one persisted write (with a `state_dir`): fewer means
+    /// more writes, more means a larger jump of the tokens after a crash.
+    /// `RESERVATION_MIN..=RESERVATION_MAX`, default 2^24.
+    pub reservation: u64,
+}
+
+impl Default for TokensConfig {
+    fn default() -> TokensConfig {
+        TokensConfig {
+            state_dir: None,
+            reservation: RESERVATION_DEFAULT,
+        }
+    }
 }
 
 /// `[log]`.
@@ -294,6 +314,9 @@ impl Config {
             ("tokens", "state_dir") => {
                 let dir = setting.string()?;
                 self.tokens.state_dir = (!dir.is_empty()).then(|| PathBuf::from(dir));
+            }
+            ("tokens", "reservation") => {
+                self.tokens.reservation = setting.integer_in(RESERVATION_MIN, RESERVATION_MAX)?;
             }
             ("log", "level") => self.log.level = setting.level()?,
             _ => return Err(setting.unknown()),

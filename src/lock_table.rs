@@ -36,6 +36,8 @@ use crate::tokens::TokenRange;
 use crate::wheel::{TimerHandle, Wheel};
 use hashbrown::DefaultHashBuilder;
 use index::SegmentedTable;
+pub use keys::{KeyBytes, KeyStore, INLINE_KEY_BYTES};
+pub use op::Op;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -44,8 +46,6 @@ pub type SessionId = u64;
 
 /// Marks "no index" in the intrusive lists.
 const NIL: u32 = u32::MAX;
-/// Keys up to this many bytes are stored inline in their entry, without an allocation.
-const INLINE_KEY_BYTES: usize = 22;
 /// Microseconds in one second of wait or lease.
 const MICROS_PER_SECOND: u64 = 1_000_000;
 /// The longest wait or lease the wire can carry, in microseconds.
@@ -106,53 +106,6 @@ pub struct Acquire {
     pub owner: u64,
 }
 
-/// A key stored inline when short, on the heap when long: how the table keeps its keys and
-/// how messages between cores carry them (no allocation per request for a short key).
-#[derive(Debug)]
-pub enum KeyBytes {
-    /// A key of at most `INLINE_KEY_BYTES` bytes: `bytes[..len]`.
-    Inline {
-        /// Length of the key.
-        len: u8,
-        /// The key, then zeros.
-        bytes: [u8; INLINE_KEY_BYTES],
-    },
-    /// A longer key.
-    Heap(Box<[u8]>),
-}
-
-impl KeyBytes {
-    /// A copy of `key`.
-    pub fn new(key: &[u8]) -> KeyBytes {
-        if key.len() <= INLINE_KEY_BYTES {
-            let mut bytes = [0u8; INLINE_KEY_BYTES];
-            bytes[..key.len()].copy_from_slice(key);
-            KeyBytes::Inline {
-                len: key.len() as u8,
-                bytes,
-            }
-        } else {
-            KeyBytes::Heap(key.into())
-        }
-    }
-
-    /// The key.
-    pub fn as_slice(&self) -> &[u8] {
-        match self {
-            KeyBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            KeyBytes::Heap(bytes) => bytes,
-        }
-    }
-}
-
-impl std::ops::Deref for KeyBytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
 /// A held key: its holder's token and lease, and its queue of waiters.
 #[derive(Debug)]
 struct KeyEntry {
@@ -211,6 +164,7 @@ pub struct LockTable {
     shutting_down: bool,
     answers: Vec<Answer>,
     fired: Vec<Timer>,
+    keys: KeyStore,
     /// Counts shared with the other partitions, if any.
     shared_counts: Option<Arc<dyn QueueCounts>>,
     /// Waiters the last Cancel looked at (tests check its bound).
@@ -243,6 +197,7 @@ impl LockTable {
             shutting_down: false,
             answers: Vec::new(),
             fired: Vec::new(),
+            keys: KeyStore::default(),
             shared_counts: None,
             #[cfg(test)]
             cancel_steps: 0,
@@ -256,14 +211,13 @@ impl LockTable {
         self.shared_counts = Some(counts);
     }
 
-    /// Executes one parsed request from `session`.
-    pub fn handle_request(&mut self, now_us: u64, session: SessionId, request: &Request<'_>) {
-        match *request {
-            Request::Acquire {
+    /// Executes one keyed request from `session`.
+    pub fn handle(&mut self, now_us: u64, session: SessionId, op: Op, key: &[u8]) {
+        match op {
+            Op::Acquire {
                 wait_s,
                 lease_s,
                 owner,
-                key,
             } => {
                 let acquire = Acquire {
                     wait_s,
@@ -272,15 +226,21 @@ impl LockTable {
                 };
                 self.handle_acquire(now_us, session, acquire, key);
             }
-            Request::Release { token, key } => self.handle_release(now_us, session, token, key),
-            Request::Extend {
-                lease_s,
-                token,
-                key,
-            } => self.handle_extend(now_us, session, lease_s, token, key),
-            Request::Cancel { owner, key } => self.handle_cancel(session, owner, key),
-            Request::Query { nonce, key } => self.handle_query(now_us, session, nonce, key),
-            Request::Ping { nonce } => self.answer(session, Response::Pong { nonce }, false),
+            Op::Release { token } => self.handle_release(now_us, session, token, key),
+            Op::Extend { lease_s, token } => {
+                self.handle_extend(now_us, session, lease_s, token, key)
+            }
+            Op::Cancel { owner } => self.handle_cancel(session, owner, key),
+            Op::Query { nonce } => self.handle_query(now_us, session, nonce, key),
+        }
+    }
+
+    /// Executes one parsed request from `session`: [`handle`](Self::handle) for a keyed one.
+    /// A Ping names no key and is not a partition's business (the reactor answers it): it
+    /// changes nothing and produces no answer here.
+    pub fn handle_request(&mut self, now_us: u64, session: SessionId, request: &Request<'_>) {
+        if let Some((op, key)) = Op::of(request) {
+            self.handle(now_us, session, op, key);
         }
     }
 
@@ -350,6 +310,22 @@ impl LockTable {
             }
             None => self.answer(session, Response::NotHeld { token }, false),
         }
+    }
+
+    /// Releases the grant of `token` on `entry` if it still holds it, answering nobody: the
+    /// grant's `A` never reached its session (PROTOCOL.md §3). Returns whether it was held.
+    /// Tokens are unique server-wide, so entry and token name that one grant exactly.
+    pub fn release_granted(&mut self, now_us: u64, entry: u32, token: u64) -> bool {
+        if self
+            .entries
+            .get(entry)
+            .map_or(true, |held| held.token != token)
+        {
+            return false;
+        }
+        self.end_hold(now_us, entry);
+        self.debug_check_entry(entry);
+        true
     }
 
     /// Extend: `E` and a new lease of `lease_s` from now when `token` holds `key`.
@@ -625,7 +601,7 @@ impl LockTable {
         let deadline = self.tick_at_or_after(lease_end_us);
         let lease_timer = self.wheel.insert(deadline, Timer::Lease(entry));
         self.entries.insert(KeyEntry {
-            key: KeyBytes::new(key),
+            key: self.keys.store(key),
             hash,
             token,
             lease_end_us,
@@ -688,6 +664,7 @@ impl LockTable {
         debug_assert_eq!(removed.waiters, 0);
         let found = self.index.remove(removed.hash, |&index| index == entry);
         found.expect("a live entry is indexed");
+        self.keys.recycle(removed.key);
     }
 
     fn enqueue(&mut self, now_us: u64, session: SessionId, acquire: Acquire, entry: u32) {
@@ -771,90 +748,12 @@ impl LockTable {
         }
         removed
     }
-
-    #[cfg(debug_assertions)]
-    fn debug_check_entry(&self, entry: u32) {
-        if self.entries.contains(entry) {
-            self.check_entry(entry);
-        }
-    }
-
-    #[cfg(not(debug_assertions))]
-    fn debug_check_entry(&self, _entry: u32) {}
-
-    /// Checks one entry and its queue; panics on a broken invariant.
-    fn check_entry(&self, entry: u32) {
-        let held = &self.entries[entry];
-        assert!(
-            held.token != 0 && held.token < self.tokens.next,
-            "token out of range"
-        );
-        assert_eq!(self.hasher.hash_one(held.key.as_slice()), held.hash);
-        let deadline = self
-            .wheel
-            .deadline(held.lease_timer)
-            .expect("lease timer is live");
-        assert_eq!(deadline, self.tick_at_or_after(held.lease_end_us));
-        let (mut cursor, mut prev, mut count) = (held.queue_head, NIL, 0u32);
-        while cursor != NIL {
-            let waiter = &self.waiters[cursor];
-            assert_eq!(waiter.entry, entry, "waiter linked in another key's queue");
-            assert_eq!(waiter.queue_prev, prev, "broken queue back link");
-            assert!(
-                self.wheel.deadline(waiter.timer).is_some(),
-                "waiter without live timer"
-            );
-            count += 1;
-            assert!(
-                count <= self.config.max_waiters_per_key,
-                "queue longer than its limit"
-            );
-            (prev, cursor) = (cursor, waiter.queue_next);
-        }
-        assert_eq!(held.queue_tail, prev);
-        assert_eq!(held.waiters, count);
-    }
-
-    /// Checks every invariant of the module docs; panics on a broken one. O(keys + waiters).
-    pub fn check_invariants(&self) {
-        self.wheel.check_invariants();
-        self.entries.check_invariants();
-        self.waiters.check_invariants();
-        assert!(self.entries.len() <= self.config.max_keys);
-        assert_eq!(self.index.len(), self.entries.len());
-        let mut queued = 0usize;
-        for (entry, held) in self.entries.iter() {
-            self.check_entry(entry);
-            let indexed = self.find(held.hash, held.key.as_slice());
-            assert_eq!(indexed, Some(entry), "entry not indexed under its key");
-            queued += held.waiters as usize;
-        }
-        assert_eq!(queued, self.waiters.len());
-        assert_eq!(self.wheel.len(), self.entries.len() + self.waiters.len());
-        let mut listed = 0usize;
-        for &(session, list) in self.sessions.iter() {
-            assert!(
-                list.count <= self.config.max_pending_per_session,
-                "session {session} has more queued acquires than the limit"
-            );
-            let (mut cursor, mut prev) = (list.head, NIL);
-            for _ in 0..list.count {
-                let waiter = &self.waiters[cursor];
-                assert_eq!(waiter.session, session);
-                assert_eq!(waiter.session_prev, prev);
-                (prev, cursor) = (cursor, waiter.session_next);
-            }
-            assert_eq!(cursor, NIL, "session list longer than its count");
-            listed += list.count as usize;
-        }
-        assert_eq!(listed, self.waiters.len());
-        if self.shutting_down {
-            assert!(self.waiters.is_empty(), "waiters queued during shutdown");
-        }
-    }
 }
 
+mod check;
 mod index;
+mod keys;
+mod op;
 
 #[cfg(test)]
 mod tests;

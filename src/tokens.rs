@@ -21,9 +21,10 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Tokens a partition reserves at once in the state file. At a million grants per second this
-/// is one small fsync every 16 s per partition; the wall-clock floor grows 1024 per µs anyway.
-pub const RESERVATION_TOKENS: u64 = 1 << 24;
+/// Tokens that must be left above a run's floor, or it refuses to start: 2^62, decades of
+/// grants at any rate, so no arithmetic on tokens can come near `u64::MAX` while it runs. The
+/// wall-clock floor alone reaches it in the year 2398; a hand-edited high-water file sooner.
+pub const TOKEN_HEADROOM_MIN: u64 = 1 << 62;
 
 /// The wall-clock floor: microseconds since the Unix epoch × 1024 (0 before the epoch).
 pub fn wall_clock_floor(now: SystemTime) -> u64 {
@@ -60,10 +61,36 @@ impl TokenRange {
 }
 
 /// The first token of partition `partition` of `partitions`, strictly above `floor`.
+///
+/// # Panics
+///
+/// When `floor` leaves no room (the start refuses such a floor with [`check_floor`]).
 pub fn first_token(floor: u64, partition: usize, partitions: usize) -> u64 {
     let step = partitions as u64;
-    let base = (floor / step + 1) * step;
-    base + partition as u64
+    (floor / step + 1)
+        .checked_mul(step)
+        .and_then(|base| base.checked_add(partition as u64))
+        .expect("a floor checked by check_floor")
+}
+
+/// Refuses a floor that leaves fewer than [`TOKEN_HEADROOM_MIN`] tokens before `u64::MAX`:
+/// tokens must never wrap. The error says where the floor came from.
+pub fn check_floor(floor: u64, state: Option<&StateDir>) -> io::Result<()> {
+    if floor <= u64::MAX - TOKEN_HEADROOM_MIN {
+        return Ok(());
+    }
+    let source = match state {
+        Some(state) => format!(
+            "the token high-water mark persisted in tokens.state_dir {}",
+            state.path().display()
+        ),
+        None => "the wall clock".to_string(),
+    };
+    let message = format!(
+        "tokens: {source} is {floor}, which leaves fewer than 2^62 tokens before they would \
+         wrap around u64::MAX; refusing to start (a hand-edited high-water file?)"
+    );
+    Err(io::Error::new(io::ErrorKind::InvalidData, message))
 }
 
 /// The persisted high-water marks of a state directory: one file per partition.
@@ -75,10 +102,21 @@ pub struct StateDir {
 impl StateDir {
     /// Opens (creating if needed) the state directory.
     pub fn open(dir: &Path) -> io::Result<StateDir> {
-        fs::create_dir_all(dir)?;
+        fs::create_dir_all(dir).map_err(|error| {
+            let message = format!(
+                "tokens.state_dir {}: cannot create it: {error}",
+                dir.display()
+            );
+            io::Error::new(error.kind(), message)
+        })?;
         Ok(StateDir {
             dir: dir.to_path_buf(),
         })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
     }
 
     fn partition_path(&self, partition: usize) -> PathBuf {
@@ -125,10 +163,17 @@ impl StateDir {
 pub fn run_floor(state: Option<&StateDir>, now: SystemTime) -> io::Result<u64> {
     let wall = wall_clock_floor(now);
     let persisted = match state {
-        Some(state) => state.high_water()?,
+        Some(state) => state.high_water().map_err(|error| {
+            let path = state.path().display();
+            let message =
+                format!("tokens.state_dir {path}: cannot read the high-water mark: {error}");
+            io::Error::new(error.kind(), message)
+        })?,
         None => 0,
     };
-    Ok(wall.max(persisted))
+    let floor = wall.max(persisted);
+    check_floor(floor, state)?;
+    Ok(floor)
 }
 
 #[cfg(test)]
@@ -182,5 +227,32 @@ mod tests {
         fs::write(dir.join("tokens-9.hwm"), "garbage").unwrap();
         assert!(state.high_water().is_err());
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_floor_near_the_top_of_u64_is_refused_before_anything_wraps() {
+        let dir = std::env::temp_dir().join(format!("latchkey-top-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let state = StateDir::open(&dir).unwrap();
+        state.persist(0, u64::MAX - 5).unwrap();
+        let error = run_floor(Some(&state), SystemTime::now()).unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains("18446744073709551610"), "{message}");
+        assert!(message.contains(&dir.display().to_string()), "{message}");
+        assert!(message.contains("wrap"), "{message}");
+        state.persist(0, u64::MAX - TOKEN_HEADROOM_MIN).unwrap();
+        let floor = run_floor(Some(&state), SystemTime::now()).unwrap();
+        assert_eq!(floor, u64::MAX - TOKEN_HEADROOM_MIN);
+        // The arithmetic of a run from that floor stays in range.
+        let first = first_token(floor, 1023, 1024);
+        assert!(first > floor);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_unusable_state_dir_is_named_with_its_key() {
+        let error = StateDir::open(Path::new("/proc/nope/latchkey")).unwrap_err();
+        let message = error.to_string();
+        assert!(message.starts_with("tokens.state_dir /proc/nope/latchkey: cannot create it: "));
     }
 }

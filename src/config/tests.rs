@@ -99,6 +99,7 @@ fn full_file() {
         tick_ms = 1000
         [tokens]
         state_dir = "/var/lib/latchkey"
+        reservation = 4096
         [log]
         level = "DeBuG"
     "#;
@@ -118,6 +119,7 @@ fn full_file() {
         timer: TimerConfig { tick_ms: 1000 },
         tokens: TokensConfig {
             state_dir: Some(PathBuf::from("/var/lib/latchkey")),
+            reservation: 4096,
         },
         log: LogConfig {
             level: LevelFilter::Debug,

@@ -1,33 +1,60 @@
 //! The server: a synchronous thread-per-core runtime on `mio`.
 //!
-//! [`start`] binds one `SO_REUSEPORT` listener per core (the kernel spreads new connections
-//! over them, so no acceptor thread hands sockets around and each core owns the sessions it
-//! accepted), computes where tokens start, and spawns one thread per core running a
-//! [`reactor::Core`]. Each core owns one partition of the key space
-//! ([`route::partition_of`]); requests for another core's keys travel over bounded
-//! `crossbeam-channel`s.
+//! [`start`] takes the address for this process and binds one `SO_REUSEPORT` listener per core
+//! ([`bind`]: the kernel spreads new connections over them, so no acceptor thread hands sockets
+//! around and each core owns the sessions it accepted), computes where tokens start, and spawns
+//! one thread per core running a [`reactor::Reactor`] around a [`core::Core`]. Each core owns
+//! one partition of the key space ([`route::partition_of`]); requests for another core's keys
+//! travel over bounded `crossbeam-channel`s.
 //!
-//! Shared between cores, and only for admission, shutdown and failure: the connection count
-//! (one atomic add per accepted connection, so `max_connections` holds server-wide), the
-//! shutdown and failure flags, and the shutdown quiescence marks (a `parking_lot` mutex
-//! touched only while stopping). Nothing on the request path is shared.
+//! Shared between cores, and only for admission, shutdown, failure and statistics: the
+//! connection count (one atomic add per accepted connection, so `max_connections` holds
+//! server-wide), the shutdown and failure flags, the shutdown quiescence marks (a `parking_lot`
+//! mutex touched only while stopping), the queued-acquire counts of sessions (touched only when
+//! an acquire queues or a waiter leaves), the long-key buffer pool, and one stall gauge per
+//! core. Nothing on the request path of a short key is shared.
 //!
 //! A core that panics marks the server failed and stops the others; [`ServerHandle::join`]
 //! reports it and the binary exits non-zero, so a half-alive server never lingers.
+//!
+//! # Layout
+//!
+//! | file | responsibility |
+//! |---|---|
+//! | `mod.rs` | start and stop, what the cores share |
+//! | `bind.rs` | the listeners, and the guard that no other process serves the address |
+//! | `reactor.rs` | one core's mio loop: poll, accept, alarm, readiness into its core |
+//! | `core.rs` | one core's logic: read, parse, execute or route, answer, flush |
+//! | `close.rs` | the close protocol of sessions, and shutdown |
+//! | `session.rs` | one connection's stream, input, output and accounting |
+//! | `buffers.rs` | the read buffers lent to sessions |
+//! | `route.rs` | which core owns a key, the messages between cores, their bounded outboxes |
+//! | `queued.rs` | queued-acquire counts per session, shared by the partitions |
+//! | `persist.rs` | token reservations persisted off the event loops |
+//! | `alarm.rs` | the timerfd that wakes a loop on its next timer |
+//! | `net.rs` | the stream and registration traits the core runs over |
 
 pub mod alarm;
+pub mod bind;
+pub mod buffers;
+pub mod close;
+pub mod core;
+pub mod net;
+pub mod persist;
 pub mod queued;
 pub mod reactor;
 pub mod route;
 pub mod session;
 
-use crate::config::Config;
+use crate::config::{Config, CORES_MAX};
 use crate::lock_table::{LockTable, QueueCounts, TableConfig};
-use crate::tokens::{self, StateDir, TokenRange, RESERVATION_TOKENS};
+use crate::tokens::{self, StateDir, TokenRange};
+use bind::AddressGuard;
 use mio::{Poll, Waker};
 use parking_lot::Mutex;
-use reactor::{Core, CoreSettings, WAKER};
-use route::{Outbox, CHANNEL_DEPTH};
+use persist::{Persister, TokenKeeper};
+use reactor::{CoreSettings, Links, Reactor, WAKER};
+use route::{KeyPool, Msg, Outbox, CHANNEL_DEPTH};
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
@@ -35,11 +62,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime};
-
-/// The most sessions a server may be configured for.
-pub const CONNECTIONS_MAX: usize = 1_000_000;
-/// Pending connections the kernel queues per listener.
-const LISTEN_BACKLOG: i32 = 1024;
 
 /// State the cores share (see the module docs for why each piece is shared).
 pub struct Shared {
@@ -134,6 +156,9 @@ pub struct ServerHandle {
     addr: SocketAddr,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<Result<(), ServerError>>>,
+    persister: Option<Persister>,
+    /// Keeps the address ours until the server is gone.
+    _guard: AddressGuard,
 }
 
 impl ServerHandle {
@@ -190,6 +215,9 @@ impl ServerHandle {
                 outcome = result;
             }
         }
+        if let Some(persister) = self.persister.take() {
+            persister.join();
+        }
         outcome
     }
 }
@@ -208,17 +236,88 @@ pub fn start(config: Config) -> io::Result<ServerHandle> {
     start_with_notify(config, None)
 }
 
+/// What [`start_with_notify`] prepares before it spawns the cores.
+struct Plan {
+    table_config: TableConfig,
+    state_dir: Option<StateDir>,
+    floor: u64,
+    polls: Vec<Poll>,
+    shared: Arc<Shared>,
+}
+
 /// Starts a server; `notify` is woken when a core stops (normally or not) or on shutdown.
 pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Result<ServerHandle> {
     let cores = config.server.cores;
-    if cores == 0 || cores > reactor::CORES_MAX {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "cores out of range",
-        ));
+    if cores == 0 || cores > CORES_MAX {
+        let message = format!("server.cores must be in 1..={CORES_MAX}, got {cores}");
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
     }
+    let bound = bind::bind(config.server.listen, cores)?;
+    let plan = plan(&config, notify)?;
+    let persister = match &plan.state_dir {
+        Some(state) => Some(Persister::start(state.clone(), Arc::clone(&plan.shared))?),
+        None => None,
+    };
+    let channels: Vec<_> = (0..cores)
+        .map(|_| crossbeam_channel::bounded(CHANNEL_DEPTH))
+        .collect();
+    let key_pool = KeyPool::default();
+    let epoch = Instant::now();
+    let mut threads = Vec::with_capacity(cores);
+    let polls_listeners = plan.polls.into_iter().zip(bound.listeners);
+    for (index, (poll, listener)) in polls_listeners.enumerate() {
+        let step = cores as u64;
+        let first = tokens::first_token(plan.floor, index, cores);
+        let (limit, keeper) = match (&plan.state_dir, &persister) {
+            (Some(state), Some(persister)) => {
+                let reservation = config.tokens.reservation;
+                let limit = first.saturating_add(reservation.saturating_mul(step));
+                state
+                    .persist(index, limit)
+                    .map_err(|e| state_error(state, e))?;
+                (limit, persister.keeper(index, step, reservation))
+            }
+            _ => (u64::MAX, TokenKeeper::none()),
+        };
+        let range = TokenRange {
+            next: first,
+            step,
+            limit,
+        };
+        let mut table = LockTable::new(plan.table_config, 0, range);
+        if let Some(queues) = &plan.shared.queues {
+            table.share_queue_counts(Arc::clone(queues) as Arc<dyn QueueCounts>);
+        }
+        let links = Links {
+            inbox: channels[index].1.clone(),
+            outboxes: outboxes(index, &channels, &plan.shared.wakers),
+            shared: Arc::clone(&plan.shared),
+            key_pool: key_pool.clone(),
+            tokens: keeper,
+        };
+        let settings = CoreSettings {
+            index,
+            cores,
+            max_connections: config.limits.max_connections,
+            max_pending_per_session: config.limits.max_pending_per_session,
+            max_key_bytes: config.limits.max_key_bytes,
+        };
+        let reactor = Reactor::new(settings, poll, listener, table, links, epoch)?;
+        threads.push(spawn_core(index, reactor, Arc::clone(&plan.shared))?);
+    }
+    Ok(ServerHandle {
+        addr: bound.addr,
+        shared: plan.shared,
+        threads,
+        persister,
+        _guard: bound.guard,
+    })
+}
+
+/// The token floor, the polls and wakers, and what the cores share.
+fn plan(config: &Config, notify: Option<Arc<Waker>>) -> io::Result<Plan> {
+    let cores = config.server.cores;
     let limits = &config.limits;
-    let (listeners, addr) = bind_listeners(config.server.listen, cores)?;
     let state_dir = config
         .tokens
         .state_dir
@@ -226,7 +325,6 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         .map(StateDir::open)
         .transpose()?;
     let floor = tokens::run_floor(state_dir.as_ref(), SystemTime::now())?;
-    let epoch = Instant::now();
     let mut polls = Vec::with_capacity(cores);
     let mut wakers = Vec::with_capacity(cores);
     for _ in 0..cores {
@@ -234,9 +332,6 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         wakers.push(Arc::new(Waker::new(poll.registry(), WAKER)?));
         polls.push(poll);
     }
-    let channels: Vec<_> = (0..cores)
-        .map(|_| crossbeam_channel::bounded(CHANNEL_DEPTH))
-        .collect();
     // One partition counts a session's queued acquires exactly by itself.
     let queues =
         (cores > 1).then(|| Arc::new(queued::SessionQueues::new(cores, limits.max_connections)));
@@ -245,9 +340,9 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         failed: AtomicBool::new(false),
         connections: AtomicUsize::new(0),
         quiescent: Mutex::new(vec![false; cores]),
-        wakers: wakers.clone(),
+        wakers,
         notify,
-        queues: queues.clone(),
+        queues,
         worst_loop_us: (0..cores).map(|_| StallGauge::default()).collect(),
     });
     let table_config = TableConfig {
@@ -256,74 +351,49 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         tick_us: u64::from(config.timer.tick_ms) * 1000,
         max_pending_per_session: limits.max_pending_per_session,
     };
-    let mut threads = Vec::with_capacity(cores);
-    for (index, (poll, listener)) in polls.into_iter().zip(listeners).enumerate() {
-        let step = cores as u64;
-        let first = tokens::first_token(floor, index, cores);
-        let limit = match &state_dir {
-            Some(state) => {
-                let limit = first + RESERVATION_TOKENS * step;
-                state.persist(index, limit)?;
-                limit
-            }
-            None => u64::MAX,
-        };
-        let mut table = LockTable::new(
-            table_config,
-            0,
-            TokenRange {
-                next: first,
-                step,
-                limit,
-            },
-        );
-        if let Some(queues) = &queues {
-            table.share_queue_counts(Arc::clone(queues) as Arc<dyn QueueCounts>);
-        }
-        let outboxes = (0..cores)
-            .map(|peer| {
-                (peer != index)
-                    .then(|| Outbox::new(channels[peer].0.clone(), Arc::clone(&wakers[peer])))
-            })
-            .collect();
-        let settings = CoreSettings {
-            index,
-            cores,
-            max_connections: limits.max_connections,
-            max_pending_per_session: limits.max_pending_per_session,
-            max_key_bytes: limits.max_key_bytes,
-            state_dir: state_dir.clone(),
-        };
-        let inbox = channels[index].1.clone();
-        let core = Core::new(
-            settings,
-            poll,
-            listener,
-            table,
-            inbox,
-            outboxes,
-            shared.clone(),
-            epoch,
-        )?;
-        threads.push(spawn_core(index, core, Arc::clone(&shared))?);
-    }
-    Ok(ServerHandle {
-        addr,
+    Ok(Plan {
+        table_config,
+        state_dir,
+        floor,
+        polls,
         shared,
-        threads,
     })
+}
+
+/// `tokens.state_dir PATH: cause`.
+fn state_error(state: &StateDir, error: io::Error) -> io::Error {
+    let message = format!(
+        "tokens.state_dir {}: cannot persist the token high-water mark: {error}",
+        state.path().display()
+    );
+    io::Error::new(error.kind(), message)
+}
+
+/// Core `index`'s outboxes: one per other core.
+fn outboxes(
+    index: usize,
+    channels: &[(
+        crossbeam_channel::Sender<Msg>,
+        crossbeam_channel::Receiver<Msg>,
+    )],
+    wakers: &[Arc<Waker>],
+) -> Vec<Option<Outbox>> {
+    let outbox = |peer: usize| Outbox::new(channels[peer].0.clone(), Arc::clone(&wakers[peer]));
+    (0..channels.len())
+        .map(|peer| (peer != index).then(|| outbox(peer)))
+        .collect()
 }
 
 fn spawn_core(
     index: usize,
-    core: Core,
+    reactor: Reactor,
     shared: Arc<Shared>,
 ) -> io::Result<JoinHandle<Result<(), ServerError>>> {
     std::thread::Builder::new()
         .name(format!("latchkey-core-{index}"))
         .spawn(move || {
             let guard = FailureGuard { index, shared };
-            let result = core.run().map_err(|e| {
+            let result = reactor.run().map_err(|e| {
                 log::error!("core {index}: event loop failed: {e}");
                 guard.shared.failed.store(true, Ordering::Release);
                 ServerError::Io(index, e)
@@ -351,26 +421,4 @@ impl Drop for FailureGuard {
             let _ = notify.wake();
         }
     }
-}
-
-/// One nonblocking `SO_REUSEPORT` listener per core, all on the same address.
-fn bind_listeners(
-    listen: SocketAddr,
-    cores: usize,
-) -> io::Result<(Vec<mio::net::TcpListener>, SocketAddr)> {
-    let mut addr = listen;
-    let mut listeners = Vec::with_capacity(cores);
-    for _ in 0..cores {
-        let domain = socket2::Domain::for_address(addr);
-        let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
-        socket.set_reuse_address(true)?;
-        socket.set_reuse_port(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&addr.into())?;
-        socket.listen(LISTEN_BACKLOG)?;
-        let listener = std::net::TcpListener::from(socket);
-        addr = listener.local_addr()?;
-        listeners.push(mio::net::TcpListener::from_std(listener));
-    }
-    Ok((listeners, addr))
 }

@@ -2,19 +2,21 @@
 //!
 //! [`partition_of`] is a pure function of the key bytes and the core count, so every core
 //! agrees on the owner without sharing anything. A request whose key belongs to another core
-//! travels as a [`Msg`] (its key copied once into the message, inline when short); the answer
-//! travels back the same way. Each destination has an [`Outbox`]: messages are queued during a
-//! loop iteration and flushed at its end with one `Waker::wake` per destination at most. A
-//! bounded channel that is full never blocks a core: the rest of the outbox waits for the next
-//! iteration, in order.
+//! travels as a [`Msg`] (its key copied once into the message: inline when short, in a buffer
+//! of the shared [`KeyPool`] when long, so nothing allocates per request); the answer travels
+//! back the same way. Each destination has an [`Outbox`]: messages are queued during a loop
+//! iteration and flushed at its end with one `Waker::wake` per destination at most. A bounded
+//! channel that is full never blocks a core: the rest of the outbox waits for the next
+//! iteration, in order, and an outbox holding [`OUTBOX_REQUESTS_MAX`] requests takes no more
+//! until it drains.
 //!
 //! Ordering: one channel per (source, destination) pair in effect (crossbeam keeps each
 //! sender's messages in order), so requests of one session for one key reach the partition in
 //! the order sent, and the answers come back in the order produced.
 
-use crate::lock_table::{Answer, KeyBytes, SessionId};
-use crate::protocol::Request;
-use crossbeam_channel::{Sender, TrySendError};
+use crate::lock_table::{Answer, Op, SessionId, INLINE_KEY_BYTES};
+use crate::protocol::KEY_BYTES_MAX;
+use crossbeam_channel::{Receiver, Sender, TrySendError};
 use mio::Waker;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -42,91 +44,88 @@ pub fn partition_of(key: &[u8], cores: usize) -> usize {
     ((u128::from(hash) * cores as u128) >> 64) as usize
 }
 
-/// A request without its key: the fixed fields of the frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RemoteOp {
-    /// See [`Request::Acquire`].
-    Acquire {
-        /// Seconds the acquire may queue.
-        wait_s: u8,
-        /// Seconds of lease.
-        lease_s: u8,
-        /// Correlation id.
-        owner: u64,
+/// A key as a message carries it: inline when short, in a pooled buffer when long.
+#[derive(Debug)]
+pub enum MsgKey {
+    /// A key of at most [`INLINE_KEY_BYTES`] bytes: `bytes[..len]`.
+    Inline {
+        /// Length of the key.
+        len: u8,
+        /// The key, then zeros.
+        bytes: [u8; INLINE_KEY_BYTES],
     },
-    /// See [`Request::Release`].
-    Release {
-        /// Token named by the request.
-        token: u64,
-    },
-    /// See [`Request::Extend`].
-    Extend {
-        /// Seconds of lease.
-        lease_s: u8,
-        /// Token named by the request.
-        token: u64,
-    },
-    /// See [`Request::Cancel`].
-    Cancel {
-        /// Owner to withdraw.
-        owner: u64,
-    },
-    /// See [`Request::Query`].
-    Query {
-        /// Correlation id.
-        nonce: u64,
+    /// A longer key: `buffer[..len]`, from a [`KeyPool`].
+    Pooled {
+        /// Length of the key.
+        len: u16,
+        /// A buffer of the longest key's size.
+        buffer: Box<[u8; KEY_BYTES_MAX]>,
     },
 }
 
-impl RemoteOp {
-    /// The fixed fields of a keyed request; `None` for Ping.
-    pub fn of(request: &Request<'_>) -> Option<RemoteOp> {
-        Some(match *request {
-            Request::Acquire {
-                wait_s,
-                lease_s,
-                owner,
-                ..
-            } => RemoteOp::Acquire {
-                wait_s,
-                lease_s,
-                owner,
-            },
-            Request::Release { token, .. } => RemoteOp::Release { token },
-            Request::Extend { lease_s, token, .. } => RemoteOp::Extend { lease_s, token },
-            Request::Cancel { owner, .. } => RemoteOp::Cancel { owner },
-            Request::Query { nonce, .. } => RemoteOp::Query { nonce },
-            Request::Ping { .. } => return None,
-        })
-    }
+impl std::ops::Deref for MsgKey {
+    type Target = [u8];
 
-    /// The request again, borrowing `key`.
-    pub fn with_key<'a>(&self, key: &'a [u8]) -> Request<'a> {
-        match *self {
-            RemoteOp::Acquire {
-                wait_s,
-                lease_s,
-                owner,
-            } => Request::Acquire {
-                wait_s,
-                lease_s,
-                owner,
-                key,
-            },
-            RemoteOp::Release { token } => Request::Release { token, key },
-            RemoteOp::Extend { lease_s, token } => Request::Extend {
-                lease_s,
-                token,
-                key,
-            },
-            RemoteOp::Cancel { owner } => Request::Cancel { owner, key },
-            RemoteOp::Query { nonce } => Request::Query { nonce, key },
+    fn deref(&self) -> &[u8] {
+        match self {
+            MsgKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            MsgKey::Pooled { len, buffer } => &buffer[..usize::from(*len)],
+        }
+    }
+}
+
+/// Key buffers shared by every core, so that a request with a long key crosses cores without
+/// an allocation: any core takes a buffer, any core gives it back after handling the request.
+/// A bounded channel (lock-free for these uses): when it is empty a buffer is allocated, when
+/// full a returned buffer is freed, so it holds at most [`KEY_POOL_BUFFERS`] idle ones.
+#[derive(Clone)]
+pub struct KeyPool {
+    give: Sender<Box<[u8; KEY_BYTES_MAX]>>,
+    take: Receiver<Box<[u8; KEY_BYTES_MAX]>>,
+}
+
+/// Idle long-key buffers kept server-wide (4 MiB).
+pub const KEY_POOL_BUFFERS: usize = 4096;
+
+impl Default for KeyPool {
+    fn default() -> KeyPool {
+        let (give, take) = crossbeam_channel::bounded(KEY_POOL_BUFFERS);
+        KeyPool { give, take }
+    }
+}
+
+impl KeyPool {
+    /// A copy of `key` for a message.
+    pub fn copy(&self, key: &[u8]) -> MsgKey {
+        if key.len() <= INLINE_KEY_BYTES {
+            let mut bytes = [0u8; INLINE_KEY_BYTES];
+            bytes[..key.len()].copy_from_slice(key);
+            return MsgKey::Inline {
+                len: key.len() as u8,
+                bytes,
+            };
+        }
+        let mut buffer = self
+            .take
+            .try_recv()
+            .unwrap_or_else(|_| Box::new([0u8; KEY_BYTES_MAX]));
+        buffer[..key.len()].copy_from_slice(key);
+        MsgKey::Pooled {
+            len: key.len() as u16,
+            buffer,
         }
     }
 
-    /// Whether the partition will send exactly one answer for this request (Cancel: none).
-    pub fn expects_answer(&self) -> bool {
-        !matches!(self, RemoteOp::Cancel { .. })
+    /// Takes back a message's key buffer, if it has one.
+    pub fn give(&self, key: MsgKey) {
+        if let MsgKey::Pooled { buffer, .. } = key {
+            let _ = self.give.try_send(buffer);
+        }
+    }
+
+    /// Idle buffers in the pool.
+    pub fn idle(&self) -> usize {
+        self.take.len()
     }
 }
 
@@ -138,16 +137,16 @@ pub enum Msg {
         /// The requesting session.
         session: SessionId,
         /// The request's fixed fields.
-        op: RemoteOp,
+        op: Op,
         /// The key, copied once out of the session's read buffer.
-        key: KeyBytes,
+        key: MsgKey,
     },
     /// An answer from the source's partition for a session of the destination core.
     Answer {
-        /// The answer.
+        /// The answer (for `Acquired`, with the granted key's entry in the source).
         answer: Answer,
-        /// For `Acquired`: the key, so a grant to a session found closed can be released.
-        key: Option<KeyBytes>,
+        /// The source core: where a grant that cannot be delivered is released.
+        from: u32,
     },
     /// The session ended: withdraw its waiters, then acknowledge.
     SessionClosed {
@@ -159,20 +158,28 @@ pub enum Msg {
         /// The session.
         session: SessionId,
     },
-    /// A grant reached a session that had already closed: release it at once.
+    /// A grant never reached its session: release it at once (if it still holds the key).
     OrphanRelease {
+        /// The granted key's entry in the destination's partition.
+        entry: u32,
         /// The granted token.
         token: u64,
-        /// The key.
-        key: KeyBytes,
     },
 }
+
+/// Requests an outbox takes at most while waiting for room in the channel: a session whose
+/// next request would go to a full outbox stops being read until it drains (answers,
+/// acknowledgements and releases are never held back; their number is bounded by the requests
+/// and waiters that cause them).
+pub const OUTBOX_REQUESTS_MAX: usize = 4096;
 
 /// The way to one other core: its channel, its waker, and what waits to be sent.
 pub struct Outbox {
     sender: Sender<Msg>,
     waker: Arc<Waker>,
     queued: VecDeque<Msg>,
+    /// Requests among `queued`.
+    requests: usize,
 }
 
 impl Outbox {
@@ -182,12 +189,23 @@ impl Outbox {
             sender,
             waker,
             queued: VecDeque::new(),
+            requests: 0,
         }
     }
 
-    /// Queues a message; it is sent at the next [`flush`](Self::flush).
+    /// Queues a message; it is sent at the next [`flush`](Self::flush). A request only while
+    /// the outbox is not [full](Self::is_full).
     pub fn push(&mut self, msg: Msg) {
+        if matches!(msg, Msg::Request { .. }) {
+            debug_assert!(!self.is_full(), "a request pushed to a full outbox");
+            self.requests += 1;
+        }
         self.queued.push_back(msg);
+    }
+
+    /// Whether no more requests may be queued until a flush makes room.
+    pub fn is_full(&self) -> bool {
+        self.requests >= OUTBOX_REQUESTS_MAX
     }
 
     /// Whether nothing waits to be sent.
@@ -195,19 +213,29 @@ impl Outbox {
         self.queued.is_empty()
     }
 
+    /// Messages waiting to be sent.
+    pub fn len(&self) -> usize {
+        self.queued.len()
+    }
+
     /// Sends what the channel takes, in order, and wakes the destination once if anything
     /// was sent. Returns false when the destination is gone (its core stopped).
     pub fn flush(&mut self) -> bool {
         let mut sent = false;
         while let Some(msg) = self.queued.pop_front() {
+            let request = matches!(msg, Msg::Request { .. });
             match self.sender.try_send(msg) {
-                Ok(()) => sent = true,
+                Ok(()) => {
+                    sent = true;
+                    self.requests -= usize::from(request);
+                }
                 Err(TrySendError::Full(msg)) => {
                     self.queued.push_front(msg);
                     break;
                 }
                 Err(TrySendError::Disconnected(_)) => {
                     self.queued.clear();
+                    self.requests = 0;
                     return false;
                 }
             }
@@ -249,28 +277,25 @@ mod tests {
     }
 
     #[test]
-    fn remote_op_round_trips() {
-        let key = b"k";
-        let requests = [
-            Request::Acquire {
-                wait_s: 1,
-                lease_s: 2,
-                owner: 3,
-                key,
-            },
-            Request::Release { token: 4, key },
-            Request::Extend {
-                lease_s: 5,
-                token: 6,
-                key,
-            },
-            Request::Cancel { owner: 7, key },
-            Request::Query { nonce: 8, key },
-        ];
-        for request in requests {
-            let op = RemoteOp::of(&request).unwrap();
-            assert_eq!(op.with_key(key), request);
-        }
-        assert!(RemoteOp::of(&Request::Ping { nonce: 1 }).is_none());
+    fn long_keys_travel_in_pooled_buffers() {
+        let pool = KeyPool::default();
+        let short = pool.copy(b"orders/42");
+        assert!(matches!(short, MsgKey::Inline { .. }));
+        assert_eq!(&*short, b"orders/42");
+        let long = vec![b'k'; 300];
+        let first = pool.copy(&long);
+        assert_eq!(&*first, &long[..]);
+        let MsgKey::Pooled { ref buffer, .. } = first else {
+            panic!("a long key is pooled")
+        };
+        let address = buffer.as_ptr();
+        pool.give(first);
+        assert_eq!(pool.idle(), 1);
+        let second = pool.copy(&[b'z'; 1024]);
+        let MsgKey::Pooled { ref buffer, .. } = second else {
+            panic!("pooled")
+        };
+        assert_eq!(buffer.as_ptr(), address, "the returned buffer is reused");
+        assert_eq!(pool.idle(), 0);
     }
 }

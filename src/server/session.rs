@@ -1,22 +1,31 @@
-//! One client connection: its socket, its read and write buffers, and its accounting.
+//! One client connection: its stream, its input and output, and its accounting.
 //!
-//! The read buffer comes from a [`BufferPool`] and is reused for the life of the session and
-//! then by later sessions; frames are parsed in place from it (see [`crate::protocol`]) and it
-//! is compacted only after the borrowed frames are consumed. The write buffer collects encoded
-//! answers until the reactor flushes it with one `write` per pass.
+//! Input is read into a buffer lent by the core's [`ReadBuffers`] and parsed in place; the
+//! buffer goes back as soon as every byte read was parsed. Output collects encoded answers until
+//! the core flushes it with one `write` per pass. Every `A` still in the output is remembered
+//! with where it ends in the output stream, so that when the session dies before writing it
+//! ([`Session::discard_output`]) the core can release that grant: an `A` never written was never
+//! received (PROTOCOL.md §3).
 //!
 //! Limits: a session stops being *read* (not disconnected) while its unsent output passes
-//! [`OUTPUT_BOUND_BYTES`] or while too many of its requests wait for other cores; it resumes
-//! when they drain. Answers are never dropped.
+//! [`OUTPUT_BOUND_BYTES`], while too many of its requests wait for other cores, or while the
+//! way to the core one of its requests must go to is full; it resumes when they drain. Answers
+//! are never dropped while the session lives.
 //!
-//! Not here: what a frame means (the reactor hands requests to the lock table).
+//! Invariants: the counts never go negative (each decrement matches an earlier increment);
+//! `unsent_grants` is ordered by end offset and every end lies in the unsent output; a session
+//! holds a read buffer only while it has unparsed bytes.
+//!
+//! Not here: what a frame means (the core hands requests to the lock table).
 
+use super::buffers::{BufferId, ReadBuffers, READ_BUFFER_BYTES};
+use super::net::Stream;
 use crate::lock_table::SessionId;
-use mio::net::TcpStream;
-use std::io::{self, Read, Write};
+use crate::protocol::Response;
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddr;
 
-/// Bytes of a session's read buffer. Holds many frames, and at least two of the longest.
-pub const READ_BUFFER_BYTES: usize = 16 * 1024;
 /// Unsent output past which a session is not read until it drains.
 pub const OUTPUT_BOUND_BYTES: usize = 64 * 1024;
 /// Requests one session may have in flight to other cores (besides its pending acquires).
@@ -26,39 +35,7 @@ const LINGER_READS_MAX: usize = 16;
 /// Write capacity kept after a burst drains; more is given back to the allocator.
 const WRITE_CAPACITY_KEPT_BYTES: usize = 4 * OUTPUT_BOUND_BYTES;
 
-const _: () = assert!(READ_BUFFER_BYTES >= 2 * crate::protocol::REQUEST_BYTES_MAX);
 const _: () = assert!(OUTPUT_BOUND_BYTES >= 64 * crate::protocol::RESPONSE_BYTES_MAX);
-
-/// Reusable read buffers, so that sessions coming and going do not allocate.
-#[derive(Default)]
-pub struct BufferPool {
-    free: Vec<Box<[u8]>>,
-    kept_max: usize,
-}
-
-impl BufferPool {
-    /// A pool that keeps at most `kept_max` idle buffers.
-    pub fn new(kept_max: usize) -> BufferPool {
-        BufferPool {
-            free: Vec::new(),
-            kept_max,
-        }
-    }
-
-    /// A buffer of [`READ_BUFFER_BYTES`].
-    pub fn take(&mut self) -> Box<[u8]> {
-        self.free
-            .pop()
-            .unwrap_or_else(|| vec![0u8; READ_BUFFER_BYTES].into_boxed_slice())
-    }
-
-    /// Returns a buffer for reuse.
-    pub fn give(&mut self, buffer: Box<[u8]>) {
-        if self.free.len() < self.kept_max {
-            self.free.push(buffer);
-        }
-    }
-}
 
 /// Where a session is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,50 +67,63 @@ pub enum ReadOutcome {
     Failed,
 }
 
+/// A grant whose `A` is in a session's output and not yet wholly written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnsentGrant {
+    /// Where the `A` ends in the session's output stream (bytes since the session began).
+    end: u64,
+    /// The partition that granted it.
+    pub partition: u32,
+    /// The granted key's entry in that partition.
+    pub entry: u32,
+    /// The granted token.
+    pub token: u64,
+}
+
 /// One client connection.
-pub struct Session {
-    /// The session's identity in lock tables and messages.
-    pub id: SessionId,
-    /// The socket.
-    pub socket: TcpStream,
-    /// Life phase.
-    pub phase: Phase,
-    /// Acquires with wait > 0 submitted and not yet answered: bookkeeping checked against the
-    /// answers in debug builds. The limit on *queued* acquires is the lock tables' (shared
-    /// counts across cores, see `server::queued`).
-    pub pending: u32,
+pub struct Session<S> {
+    id: SessionId,
+    socket: S,
+    peer: Option<SocketAddr>,
+    phase: Phase,
+    /// Acquires with wait > 0 submitted and not yet answered.
+    pending: u32,
     /// Requests sent to other cores whose answer has not come back.
-    pub remote_unanswered: u32,
+    remote_unanswered: u32,
     /// Of those, the ones answered as soon as the other core handles them (all but acquires
-    /// that may wait): while some are out, the session's output is held back a little so that
-    /// their answers leave in the same `write` (see the reactor's `flush_sessions`).
-    pub remote_prompt: u32,
+    /// that may wait): while some are out, the output is held back a little so that their
+    /// answers leave in the same `write`.
+    remote_prompt: u32,
     /// While output is held for prompt remote answers: the time it is written regardless.
-    pub hold_until_us: Option<u64>,
+    hold_until_us: Option<u64>,
     /// Partitions that have not yet acknowledged the session's close.
-    pub acks_awaited: u32,
-    /// Set when the session is in the reactor's list of sessions to read without an event.
-    pub scheduled: bool,
-    /// Set when the session is in the reactor's list of sessions to flush.
-    pub dirty: bool,
-    /// Set when reading stopped because the session was over its bounds.
-    pub paused: bool,
+    acks_awaited: u32,
+    /// In the core's list of sessions to read without an event.
+    scheduled: bool,
+    /// In the core's list of sessions to flush.
+    dirty: bool,
+    /// Reading stopped because the session was over a bound.
+    paused: bool,
     /// While [`Phase::Lingering`]: when to close regardless.
-    pub linger_until_us: u64,
-    read_buffer: Box<[u8]>,
+    linger_until_us: u64,
+    buffer: Option<BufferId>,
     read_start: usize,
     read_end: usize,
     write_buffer: Vec<u8>,
     write_start: usize,
+    /// Output bytes handed to the socket since the session began.
+    written_total: u64,
+    unsent_grants: VecDeque<UnsentGrant>,
 }
 
-impl Session {
-    /// A new open session on `socket` reading into `read_buffer`.
-    pub fn new(id: SessionId, socket: TcpStream, read_buffer: Box<[u8]>) -> Session {
-        debug_assert_eq!(read_buffer.len(), READ_BUFFER_BYTES);
+impl<S: Stream> Session<S> {
+    /// A new open session on `socket`.
+    pub fn new(id: SessionId, socket: S) -> Session<S> {
+        let peer = socket.peer();
         Session {
             id,
             socket,
+            peer,
             phase: Phase::Open,
             pending: 0,
             remote_unanswered: 0,
@@ -144,71 +134,96 @@ impl Session {
             dirty: false,
             paused: false,
             linger_until_us: 0,
-            read_buffer,
+            buffer: None,
             read_start: 0,
             read_end: 0,
             write_buffer: Vec::new(),
             write_start: 0,
+            written_total: 0,
+            unsent_grants: VecDeque::new(),
         }
     }
 
-    /// Gives the read buffer back (at the end of the session).
-    pub fn into_read_buffer(self) -> Box<[u8]> {
-        self.read_buffer
+    /// The session's identity in lock tables and messages.
+    pub fn id(&self) -> SessionId {
+        self.id
     }
+
+    /// The peer's address, when known.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// Where the session is in its life.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The stream, to deregister it.
+    pub fn socket_mut(&mut self) -> &mut S {
+        &mut self.socket
+    }
+
+    // ----- input ------------------------------------------------------------------------------
 
     /// Received bytes not yet parsed.
-    pub fn unparsed(&self) -> &[u8] {
-        &self.read_buffer[self.read_start..self.read_end]
+    pub fn unparsed<'a>(&self, buffers: &'a ReadBuffers) -> &'a [u8] {
+        match self.buffer {
+            Some(id) => &buffers.get(id)[self.read_start..self.read_end],
+            None => &[],
+        }
     }
 
-    /// Marks `bytes` of the unparsed input as consumed.
-    pub fn consume(&mut self, bytes: usize) {
+    /// Marks `bytes` of the unparsed input as consumed; the buffer goes back once empty.
+    pub fn consume(&mut self, bytes: usize, buffers: &mut ReadBuffers) {
         debug_assert!(self.read_start + bytes <= self.read_end);
         self.read_start += bytes;
         if self.read_start == self.read_end {
-            self.read_start = 0;
-            self.read_end = 0;
+            self.discard_input(buffers);
         }
     }
 
-    /// Drops every unparsed byte (after a closing error).
-    pub fn discard_input(&mut self) {
+    /// Drops every unparsed byte and gives the buffer back.
+    pub fn discard_input(&mut self, buffers: &mut ReadBuffers) {
         self.read_start = 0;
         self.read_end = 0;
+        if let Some(id) = self.buffer.take() {
+            buffers.give(id);
+        }
     }
 
-    /// Whether the session must not be read or parsed now: its output or its requests to other
-    /// cores are over their bounds.
-    pub fn over_bounds(&self, pending_max: u32) -> bool {
-        self.unsent() >= OUTPUT_BOUND_BYTES
-            || self.remote_unanswered >= REMOTE_IN_FLIGHT_MAX + pending_max
-    }
-
-    /// Whether a session paused over its bounds is back under them and may be read again.
-    pub fn may_resume(&self, pending_max: u32) -> bool {
-        self.paused && self.phase == Phase::Open && !self.over_bounds(pending_max)
-    }
-
-    /// Reads into the free part of the buffer (moving a partial frame to the front first).
+    /// Reads into the free part of a buffer (moving a partial frame to the front first).
     ///
     /// With `until_would_block` false, a short read ends the pass: it proves the socket was
     /// empty at that moment, and with edge-triggered readiness anything arriving later raises
     /// a new event. That saves one `read` per readiness on the request path. The caller must
     /// pass true when the readiness said the peer closed its side (an end of input that came
     /// with the data raises no further event) and when there is no readiness event at all.
-    pub fn read(&mut self, until_would_block: bool) -> ReadOutcome {
+    pub fn read(&mut self, buffers: &mut ReadBuffers, until_would_block: bool) -> ReadOutcome {
+        let id = *self.buffer.get_or_insert_with(|| buffers.take());
+        let buffer = buffers.get_mut(id);
         if self.read_start > 0 {
-            self.read_buffer
-                .copy_within(self.read_start..self.read_end, 0);
+            buffer.copy_within(self.read_start..self.read_end, 0);
             self.read_end -= self.read_start;
             self.read_start = 0;
         }
+        let outcome = self.read_into(buffer, until_would_block);
+        if self.read_end == 0 {
+            self.discard_input(buffers);
+        }
+        outcome
+    }
+
+    fn read_into(
+        &mut self,
+        buffer: &mut [u8; READ_BUFFER_BYTES],
+        until_would_block: bool,
+    ) -> ReadOutcome {
         // Bounded: every pass fills part of the buffer, or returns.
         loop {
-            let space = &mut self.read_buffer[self.read_end..];
+            let space = &mut buffer[self.read_end..];
             if space.is_empty() {
-                // A full buffer always holds a complete frame, which the reactor parses first.
+                // A full buffer always holds a complete frame, which the core parses first.
                 return ReadOutcome::Full;
             }
             let wanted = space.len();
@@ -230,19 +245,226 @@ impl Session {
         }
     }
 
+    // ----- bounds and scheduling --------------------------------------------------------------
+
+    /// Whether the session must not be read or parsed now: its output or its requests to other
+    /// cores are over their bounds.
+    pub fn over_bounds(&self, pending_max: u32) -> bool {
+        self.unsent() >= OUTPUT_BOUND_BYTES
+            || self.remote_unanswered >= REMOTE_IN_FLIGHT_MAX + pending_max
+    }
+
+    /// Stops reading until [`resume`](Self::resume).
+    pub fn pause(&mut self) {
+        self.paused = true;
+    }
+
+    /// Whether a paused session is back under its bounds: then it is unpaused and the caller
+    /// schedules a read.
+    pub fn resume(&mut self, pending_max: u32) -> bool {
+        let resume = self.paused && self.phase == Phase::Open && !self.over_bounds(pending_max);
+        if resume {
+            self.paused = false;
+        }
+        resume
+    }
+
+    /// Enters the core's read list; false when already in it.
+    pub fn mark_scheduled(&mut self) -> bool {
+        !std::mem::replace(&mut self.scheduled, true)
+    }
+
+    /// Leaves the core's read list.
+    pub fn clear_scheduled(&mut self) {
+        self.scheduled = false;
+    }
+
+    /// Enters the core's flush list; false when already in it.
+    pub fn mark_dirty(&mut self) -> bool {
+        !std::mem::replace(&mut self.dirty, true)
+    }
+
+    /// Leaves the core's flush list.
+    pub fn clear_dirty(&mut self) {
+        self.dirty = false;
+    }
+
+    /// Whether nothing is owed to or by this session now: no close acknowledgement awaited,
+    /// and, while it is written to, no output unsent (and, while open, no answer from another
+    /// core outstanding).
+    pub fn is_settled(&self) -> bool {
+        self.acks_awaited == 0
+            && match self.phase {
+                Phase::Open => self.remote_unanswered == 0 && self.unsent() == 0,
+                Phase::Draining => self.unsent() == 0,
+                Phase::Lingering | Phase::Dead => true,
+            }
+    }
+
+    // ----- accounting -------------------------------------------------------------------------
+
+    /// One request executed: `waits` for an acquire that may queue, `remote` when it went to
+    /// another core and will be answered.
+    pub fn note_request(&mut self, waits: bool, remote: bool) {
+        self.pending += u32::from(waits);
+        self.remote_unanswered += u32::from(remote);
+        self.remote_prompt += u32::from(remote && !waits);
+    }
+
+    /// One answer arrived: `ends_pending` for the answer of an acquire that may have queued,
+    /// `remote` when it came from another core.
+    pub fn note_answer(&mut self, ends_pending: bool, remote: bool) {
+        debug_assert!(self.pending >= u32::from(ends_pending));
+        debug_assert!(self.remote_unanswered >= u32::from(remote));
+        self.pending = self.pending.saturating_sub(u32::from(ends_pending));
+        self.remote_unanswered = self.remote_unanswered.saturating_sub(u32::from(remote));
+        // Only answers to acquires that may wait end a pending acquire; every other remote
+        // answer is the answer of a prompt request.
+        let prompt = remote && !ends_pending;
+        debug_assert!(self.remote_prompt >= u32::from(prompt));
+        self.remote_prompt = self.remote_prompt.saturating_sub(u32::from(prompt));
+    }
+
+    /// Requests sent to other cores and not answered yet.
+    pub fn remote_unanswered(&self) -> u32 {
+        self.remote_unanswered
+    }
+
+    /// Acquires that may queue, not answered yet.
+    pub fn pending(&self) -> u32 {
+        self.pending
+    }
+
+    /// Whether its output must wait for prompt answers from other cores: the instant until
+    /// which it is held (set on the first call), or `None` to write now.
+    pub fn hold_output(&mut self, now_us: u64, hold_us: u64) -> Option<u64> {
+        if self.remote_prompt == 0 || self.phase != Phase::Open {
+            self.hold_until_us = None;
+            return None;
+        }
+        let until = *self.hold_until_us.get_or_insert(now_us + hold_us);
+        if now_us < until {
+            return Some(until);
+        }
+        self.hold_until_us = None;
+        None
+    }
+
+    // ----- output -----------------------------------------------------------------------------
+
+    /// Appends an answer.
+    pub fn push_answer(&mut self, response: &Response) {
+        response.encode(&mut self.write_buffer);
+    }
+
+    /// Appends the `A` of a grant by `partition` of its `entry`, remembering it until written.
+    pub fn push_grant(&mut self, response: &Response, partition: usize, entry: u32) {
+        let Response::Acquired { token, .. } = *response else {
+            return self.push_answer(response);
+        };
+        self.push_answer(response);
+        self.unsent_grants.push_back(UnsentGrant {
+            end: self.written_total + self.unsent() as u64,
+            partition: partition as u32,
+            entry,
+            token,
+        });
+    }
+
+    /// Bytes encoded but not yet written.
+    pub fn unsent(&self) -> usize {
+        self.write_buffer.len() - self.write_start
+    }
+
+    /// Writes what the socket takes. `Ok(true)` when everything was written.
+    pub fn flush(&mut self) -> io::Result<bool> {
+        let before = self.write_start;
+        let result = self.write_out();
+        self.written_total += (self.write_start - before) as u64;
+        while let Some(grant) = self.unsent_grants.front() {
+            if grant.end > self.written_total {
+                break;
+            }
+            self.unsent_grants.pop_front();
+        }
+        let done = result?;
+        if done {
+            self.write_buffer.clear();
+            self.write_start = 0;
+            if self.write_buffer.capacity() > WRITE_CAPACITY_KEPT_BYTES {
+                self.write_buffer.shrink_to(OUTPUT_BOUND_BYTES);
+            }
+        } else if self.write_start >= self.write_buffer.len() / 2 {
+            self.write_buffer.drain(..self.write_start);
+            self.write_start = 0;
+        }
+        Ok(done)
+    }
+
+    fn write_out(&mut self) -> io::Result<bool> {
+        while self.write_start < self.write_buffer.len() {
+            match self.socket.write(&self.write_buffer[self.write_start..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.write_start += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The socket is gone: forgets the unsent output and returns the grants whose `A` was not
+    /// wholly written (a partial frame cannot be read either). The caller releases them.
+    pub fn discard_output(&mut self) -> VecDeque<UnsentGrant> {
+        self.write_buffer.clear();
+        self.write_start = 0;
+        std::mem::take(&mut self.unsent_grants)
+    }
+
+    // ----- the close protocol -----------------------------------------------------------------
+
+    /// Enters `phase` (not [`Phase::Open`]); the partitions' acknowledgements are awaited.
+    pub fn set_phase(&mut self, phase: Phase) {
+        debug_assert!(phase != Phase::Open);
+        self.phase = phase;
+    }
+
+    /// Awaits `acks` acknowledgements of the close.
+    pub fn await_acks(&mut self, acks: u32) {
+        self.acks_awaited = acks;
+    }
+
+    /// One partition acknowledged the close.
+    pub fn ack(&mut self) {
+        debug_assert!(self.acks_awaited > 0);
+        self.acks_awaited = self.acks_awaited.saturating_sub(1);
+    }
+
+    /// Partitions that have not acknowledged the close yet.
+    pub fn acks_awaited(&self) -> u32 {
+        self.acks_awaited
+    }
+
     /// Shuts our side and starts [`Phase::Lingering`] until `until_us`.
     pub fn linger(&mut self, until_us: u64) {
         debug_assert_eq!(self.unsent(), 0);
-        let _ = self.socket.shutdown(std::net::Shutdown::Write);
+        let _ = self.socket.shutdown_write();
         self.phase = Phase::Lingering;
         self.linger_until_us = until_us;
+    }
+
+    /// While lingering: when to close regardless.
+    pub fn linger_until_us(&self) -> u64 {
+        self.linger_until_us
     }
 
     /// Reads and drops incoming bytes, a bounded amount per call. True when the peer ended its
     /// side (or the socket failed): the session can be closed without a reset.
     pub fn drop_incoming(&mut self) -> bool {
+        let mut sink = [0u8; 4096];
         for _ in 0..LINGER_READS_MAX {
-            match self.socket.read(&mut self.read_buffer) {
+            match self.socket.read(&mut sink) {
                 Ok(0) => return true,
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -253,45 +475,8 @@ impl Session {
         false
     }
 
-    /// The output buffer, to encode answers into.
-    pub fn output(&mut self) -> &mut Vec<u8> {
-        &mut self.write_buffer
-    }
-
-    /// Bytes encoded but not yet written.
-    pub fn unsent(&self) -> usize {
-        self.write_buffer.len() - self.write_start
-    }
-
-    /// Writes what the socket takes. `Ok(true)` when everything was written.
-    pub fn flush(&mut self) -> io::Result<bool> {
-        while self.write_start < self.write_buffer.len() {
-            match self.socket.write(&self.write_buffer[self.write_start..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => self.write_start += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
-            }
-        }
-        if self.write_start == self.write_buffer.len() {
-            self.write_buffer.clear();
-            self.write_start = 0;
-            if self.write_buffer.capacity() > WRITE_CAPACITY_KEPT_BYTES {
-                self.write_buffer.shrink_to(OUTPUT_BOUND_BYTES);
-            }
-            return Ok(true);
-        }
-        if self.write_start >= self.write_buffer.len() / 2 {
-            self.write_buffer.drain(..self.write_start);
-            self.write_start = 0;
-        }
-        Ok(false)
-    }
-
-    /// Forgets unsent output (the socket is gone).
-    pub fn discard_output(&mut self) {
-        self.write_buffer.clear();
-        self.write_start = 0;
+    /// The stream, once the session ends.
+    pub fn into_socket(self) -> S {
+        self.socket
     }
 }

@@ -1,0 +1,160 @@
+//! The close protocol of a core's sessions, and the core's shutdown.
+//!
+//! # A session's end
+//!
+//! [`Core::begin_close`] stops reading the session, withdraws its waiters in the local
+//! partition and asks every other core to withdraw them in theirs (`SessionClosed`, answered
+//! by `ClosedAck`). A session whose socket failed ([`Phase::Dead`]) loses its unsent output,
+//! and every grant whose `A` was in it is released by the partition that made it: that `A` was
+//! never written (PROTOCOL.md §3). A session that ends normally ([`Phase::Draining`]: end of
+//! input, or a closing error) writes all its answers first. [`Core::end_closed_sessions`] frees
+//! a session once every partition acknowledged, its output is flushed and, after a half-close,
+//! the peer's unread input was drained ([`Phase::Lingering`], at most [`LINGER`]), so that a
+//! reset cannot destroy answers in flight.
+//!
+//! # Shutdown
+//!
+//! A core stops accepting, answers every queued waiter `B` (and the table answers `B` to any
+//! later Acquire), flushes, and stops once every core was quiescent at the same moment or
+//! [`SHUTDOWN_GRACE`] passed (the contract gives 5 s).
+//!
+//! Invariant: a slot is freed only after its session's id can no longer appear in any message.
+
+use super::core::Core;
+use super::net::Net;
+use super::route::Msg;
+use super::session::Phase;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// How long a shutdown may take before the core stops regardless (the contract says 5 s).
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(4500);
+/// How long a closed session keeps dropping the peer's unread input before the socket closes.
+pub const LINGER: Duration = Duration::from_secs(2);
+
+impl<N: Net> Core<N> {
+    /// Stops reading a session and withdraws its waiters everywhere; it ends once every
+    /// partition acknowledged and (unless dead) its output is flushed.
+    pub(super) fn begin_close(&mut self, slot: usize, phase: Phase) {
+        if phase == Phase::Dead {
+            self.release_unsent_grants(slot);
+        }
+        let session = &mut self.sessions[slot];
+        if session.phase() != Phase::Open {
+            if phase == Phase::Dead {
+                session.set_phase(Phase::Dead);
+            }
+            return;
+        }
+        session.set_phase(phase);
+        session.discard_input(&mut self.buffers);
+        let id = session.id();
+        log::debug!(
+            "session {id:#x} ({:?}): closing ({phase:?})",
+            session.peer()
+        );
+        let mut acks = 0;
+        for outbox in self.links.outboxes.iter_mut().flatten() {
+            outbox.push(Msg::SessionClosed { session: id });
+            acks += 1;
+        }
+        self.sessions[slot].await_acks(acks);
+        self.table.handle_session_closed(id);
+        self.route_answers();
+        self.closing.push(slot);
+    }
+
+    /// The session's socket failed: its unsent output is gone, and so are the grants in it.
+    fn release_unsent_grants(&mut self, slot: usize) {
+        let unsent = self.sessions[slot].discard_output();
+        for grant in unsent {
+            self.release_grant(grant.partition as usize, grant.entry, grant.token);
+        }
+        self.route_answers();
+    }
+
+    /// Ends the closing sessions that are done: acknowledged everywhere, output flushed, and
+    /// (unless dead) the peer's unread input drained or the linger deadline passed.
+    pub(super) fn end_closed_sessions(&mut self) {
+        let mut index = 0;
+        self.lingering = 0;
+        while index < self.closing.len() {
+            let slot = self.closing[index];
+            if !self.is_done_closing(slot) {
+                index += 1;
+                continue;
+            }
+            self.closing.swap_remove(index);
+            self.free_session(slot);
+        }
+    }
+
+    /// Whether the closing session in `slot` can be freed now; starts its linger when its
+    /// output is out.
+    fn is_done_closing(&mut self, slot: usize) -> bool {
+        let now_us = self.now_us;
+        let session = &mut self.sessions[slot];
+        let flushed = session.phase() == Phase::Dead || session.unsent() == 0;
+        if session.acks_awaited() > 0 || !flushed {
+            return false;
+        }
+        if session.phase() == Phase::Draining {
+            session.linger(now_us + LINGER.as_micros() as u64);
+        }
+        let done = session.phase() == Phase::Dead
+            || session.drop_incoming()
+            || now_us >= session.linger_until_us();
+        self.lingering += usize::from(!done);
+        done
+    }
+
+    fn free_session(&mut self, slot: usize) {
+        let mut session = self.sessions.remove(slot);
+        // Every partition withdrew the session's waiters before acknowledging its close.
+        debug_assert_eq!(
+            self.links
+                .shared
+                .queues
+                .as_ref()
+                .map_or(0, |q| q.queued(session.id())),
+            0,
+            "session {:#x} freed with acquires counted as queued",
+            session.id()
+        );
+        session.discard_input(&mut self.buffers);
+        self.net.deregister(session.socket_mut());
+        log::debug!("session {:#x}: closed", session.id());
+        drop(session.into_socket());
+        self.links
+            .shared
+            .connections
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Shutdown bookkeeping. Returns true when this core should stop now.
+    pub(super) fn shutdown_step(&mut self) -> bool {
+        if self.stop_deadline.is_none() {
+            if !self.links.shared.shutdown.load(Ordering::Acquire) {
+                return false;
+            }
+            self.begin_shutdown();
+        }
+        let quiescent = self.is_quiescent();
+        let index = self.settings.index;
+        let all = self.links.shared.mark_quiescent(index, quiescent);
+        let late = self.stop_deadline.is_some_and(|at| self.now_us >= at);
+        if late && !all {
+            log::warn!("core {index}: shutdown grace ran out");
+        }
+        all || late
+    }
+
+    fn begin_shutdown(&mut self) {
+        log::debug!("core {}: shutting down", self.settings.index);
+        self.stop_deadline = Some(self.now_us + SHUTDOWN_GRACE.as_micros() as u64);
+        self.table.handle_shutdown();
+        self.route_answers();
+        self.flush_outboxes();
+        self.flush_sessions();
+    }
+}
