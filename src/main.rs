@@ -1,13 +1,14 @@
 //! The `latchkey` binary: command line → config → server (or a client command).
 //!
 //! `latchkey` with no arguments serves on the embedded defaults; `latchkey serve` takes a
-//! config file and overrides. SIGTERM/SIGINT start a graceful shutdown; a failed core makes the
-//! process exit non-zero at once.
+//! config file and overrides. SIGTERM/SIGINT start a graceful shutdown; SIGHUP is logged and
+//! ignored (a closed terminal or a log rotation must not take the lock space down); a failed
+//! core makes the process exit non-zero at once.
 
 use clap::{Parser, Subcommand};
 use latchkey::config::Config;
 use mio::{Events, Interest, Poll, Token, Waker};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -34,6 +35,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve the lock protocol (the default with no subcommand).
+    #[command(after_help = SERVE_HELP)]
     Serve(ServeArgs),
     /// Run a command while holding a lock.
     Lock(latchkey::client::cli::LockArgs),
@@ -44,6 +46,20 @@ enum Command {
     /// Drive load against latchkey or Redis and report throughput and latency.
     Bench(latchkey::bench::BenchArgs),
 }
+
+/// Signals and exit codes of `latchkey serve`, shown by `serve --help`.
+const SERVE_HELP: &str = "\
+Signals:
+  SIGTERM, SIGINT  graceful shutdown: stop accepting, answer every queued waiter B, flush,
+                   exit 0 within 5 s
+  SIGHUP           logged and ignored: the server keeps serving (nothing is reloaded;
+                   restart to apply a changed config file)
+
+Exit codes:
+  0   stopped after SIGTERM or SIGINT
+  70  could not start (address in use, cannot listen, tokens.state_dir unusable) or a core
+      failed while serving
+  78  the configuration was refused (the message names the key)";
 
 #[derive(clap::Args, Debug, Default)]
 struct ServeArgs {
@@ -111,7 +127,7 @@ fn run_server(config: Config) -> std::io::Result<ExitCode> {
     const SIGNALS: Token = Token(0);
     const NOTIFY: Token = Token(1);
     let mut poll = Poll::new()?;
-    let mut signals = Signals::new([SIGTERM, SIGINT])?;
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     poll.registry()
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
     let notify = Arc::new(Waker::new(poll.registry(), NOTIFY)?);
@@ -136,6 +152,12 @@ fn run_server(config: Config) -> std::io::Result<ExitCode> {
         for event in events.iter() {
             if event.token() == SIGNALS {
                 for signal in signals.pending() {
+                    if signal == SIGHUP {
+                        log::info!(
+                            "SIGHUP: ignored, still serving (restart to apply a changed config)"
+                        );
+                        continue;
+                    }
                     log::info!("signal {signal}: shutting down");
                     server.shutdown();
                     stopping = true;

@@ -1,6 +1,7 @@
 //! The `latchkey` binary as a process: SIGTERM and SIGINT (queued waiters get `B`, exit 0
-//! within 5 s), the token floor across restarts (wall clock and persisted high-water mark),
-//! config errors naming the key, and plain `latchkey` serving on 127.0.0.1:7420.
+//! within 5 s), SIGHUP (ignored), the token floor across restarts (wall clock and persisted
+//! high-water mark), startup errors naming the key, the address or the directory (a second
+//! server on an address in use exits 70), and plain `latchkey` serving on 127.0.0.1:7420.
 
 mod common;
 
@@ -11,6 +12,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 const CORES: usize = 2;
@@ -166,14 +168,12 @@ fn tokens_after_a_restart_exceed_the_previous_run_without_a_state_dir() {
     stop(second, libc::SIGTERM);
 }
 
-/// Runs `latchkey serve --config FILE` with `text` in FILE; returns (success, stderr).
-fn serve_with_config_text(text: &str) -> (bool, String) {
-    let dir = TempDir::new("bad-config");
-    let path = dir.path().join("latchkey.toml");
-    std::fs::write(&path, text).unwrap();
+/// Runs `latchkey serve ARGS` until it exits by itself (at most 5 s); returns its exit code
+/// and stderr.
+fn serve_until_exit(args: &[&str]) -> (Option<i32>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&path)
+        .arg("serve")
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -186,7 +186,7 @@ fn serve_with_config_text(text: &str) -> (bool, String) {
         if started.elapsed() > Duration::from_secs(5) {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("latchkey kept running with a bad config");
+            panic!("latchkey {args:?} kept running");
         }
         std::thread::sleep(Duration::from_millis(10));
     };
@@ -197,7 +197,82 @@ fn serve_with_config_text(text: &str) -> (bool, String) {
         .unwrap()
         .read_to_string(&mut stderr)
         .unwrap();
-    (status.success(), stderr)
+    (status.code(), stderr)
+}
+
+/// Runs `latchkey serve --config FILE` with `text` in FILE; returns (success, stderr).
+fn serve_with_config_text(text: &str) -> (bool, String) {
+    let dir = TempDir::new("bad-config");
+    let path = dir.path().join("latchkey.toml");
+    std::fs::write(&path, text).unwrap();
+    let path = path.to_str().unwrap();
+    let (code, stderr) = serve_until_exit(&["--listen", "127.0.0.1:0", "--config", path]);
+    (code == Some(0), stderr)
+}
+
+#[test]
+fn a_second_server_on_an_address_in_use_exits_70_and_says_so() {
+    let first = spawn(&[]);
+    let addr = first.addr.to_string();
+    let (code, stderr) = serve_until_exit(&["--listen", &addr, "--cores", "2"]);
+    assert_eq!(code, Some(70), "stderr: {stderr}");
+    assert!(
+        stderr.contains(&format!("address {addr} is already in use")),
+        "stderr: {stderr}"
+    );
+    // The first one still serves the whole lock space alone.
+    let mut conn = Conn::connect(first.addr);
+    assert_eq!(conn.ping(1), Response::Pong { nonce: 1 });
+    // Any other program on the address stops it too.
+    let other = TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = other.local_addr().unwrap().to_string();
+    let (code, stderr) = serve_until_exit(&["--listen", &taken]);
+    assert_eq!(code, Some(70), "stderr: {stderr}");
+    assert!(
+        stderr.contains(&format!("address {taken} is already in use")),
+        "{stderr}"
+    );
+    stop(first, libc::SIGTERM);
+}
+
+#[test]
+fn startup_errors_name_the_address_or_the_state_dir() {
+    let (code, stderr) = serve_until_exit(&["--listen", "8.8.8.8:7604"]);
+    assert_eq!(code, Some(70), "stderr: {stderr}");
+    assert!(
+        stderr.contains("cannot listen on 8.8.8.8:7604: "),
+        "stderr: {stderr}"
+    );
+    let (success, stderr) = serve_with_config_text("[tokens]\nstate_dir = \"/proc/nope\"\n");
+    assert!(!success);
+    assert!(
+        stderr.contains("tokens.state_dir /proc/nope: cannot create it: "),
+        "stderr: {stderr}"
+    );
+}
+
+#[test]
+fn sighup_is_logged_and_the_server_keeps_serving() {
+    let server = spawn(&[]);
+    let mut holder = Conn::connect(server.addr);
+    let mut waiter = Conn::connect(server.addr);
+    let key = &keys("hup")[0];
+    holder.acquire_ok(key, 60, fresh_id());
+    let owner = fresh_id();
+    waiter.send_acquire(key, 30, 60, owner);
+    assert_eq!(waiter.state(key).waiters, 1);
+    server.signal(libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(300));
+    // Still serving, the waiter still queued and the hold still there.
+    assert_eq!(holder.ping(2), Response::Pong { nonce: 2 });
+    let state = holder.state(key);
+    assert!(state.held && state.waiters == 1, "{state:?}");
+    // A graceful stop still answers the waiter B.
+    let mut server = server;
+    server.signal(libc::SIGTERM);
+    assert_eq!(waiter.recv(), Response::Busy { owner });
+    let status = server.wait_timeout(STOP_BOUND + STOP_SLACK).expect("exits");
+    assert!(status.success(), "exit status {status}");
 }
 
 #[test]
@@ -236,5 +311,118 @@ fn latchkey_without_arguments_serves_on_127_0_0_1_7420() {
     assert_eq!(line.trim(), format!("listening on {DEFAULT}"));
     let mut conn = Conn::connect(server.addr);
     assert_eq!(conn.ping(7), Response::Pong { nonce: 7 });
+    stop(server, libc::SIGTERM);
+}
+
+/// `latchkey serve ARGS` with its stderr collected in the background.
+fn spawn_collecting_stderr(args: &[&str]) -> (ServerProcess, Arc<Mutex<String>>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn latchkey");
+    let log = Arc::new(Mutex::new(String::new()));
+    let sink = Arc::clone(&log);
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            let mut log = sink.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("read the address line");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("address line");
+    let addr = addr.parse().expect("address");
+    (ServerProcess { child, addr }, log)
+}
+
+/// Acquires `key` (wait 0) and releases it at once; the acquire's answer.
+fn take_and_give_back(conn: &mut Conn, key: &str) -> Response {
+    let owner = fresh_id();
+    let answer = conn.acquire(key, 0, 60, owner);
+    if let Response::Acquired { token, .. } = answer {
+        assert_eq!(conn.release(key, token), Response::Released { token });
+    }
+    answer
+}
+
+#[test]
+fn a_failing_state_dir_is_retried_off_the_loop_and_acquires_get_busy_until_it_recovers() {
+    let dir = TempDir::new("failing-state");
+    let state = dir.path().join("state");
+    let path = dir.path().join("latchkey.toml");
+    let text = format!(
+        "[tokens]\nstate_dir = {:?}\nreservation = 64\n",
+        state.to_str().unwrap()
+    );
+    std::fs::write(&path, text).unwrap();
+    let (server, log) =
+        spawn_collecting_stderr(&["--cores", "1", "--config", path.to_str().unwrap()]);
+    let mut conn = Conn::connect(server.addr);
+    let first_mark = mark(&state, 0);
+    // Half a reservation used: a new mark is persisted (off the loop) and seen on disk.
+    for _ in 0..40 {
+        assert!(matches!(
+            take_and_give_back(&mut conn, "tokens/fail"),
+            Response::Acquired { .. }
+        ));
+    }
+    assert!(common::server::wait_until(
+        Duration::from_secs(10),
+        || mark(&state, 0) > first_mark
+    ));
+    // The directory becomes unusable: a file where it was.
+    let moved = dir.path().join("state.moved");
+    std::fs::rename(&state, &moved).unwrap();
+    std::fs::write(&state, "not a directory").unwrap();
+    let mut granted = 0;
+    let busy = loop {
+        match take_and_give_back(&mut conn, "tokens/fail") {
+            Response::Acquired { .. } => granted += 1,
+            Response::Busy { .. } => break true,
+            other => panic!("unexpected {other:?}"),
+        }
+        if granted > 200 {
+            break false;
+        }
+    };
+    assert!(
+        busy,
+        "tokens were issued past the persisted mark: {granted} grants"
+    );
+    // The loop is not blocked by the retries: pings answer, and the failure is logged once
+    // (it used to be retried and logged on every loop iteration).
+    for nonce in 0..100 {
+        assert_eq!(conn.ping(nonce), Response::Pong { nonce });
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let failures = log
+        .lock()
+        .unwrap()
+        .matches("cannot persist the token high-water mark")
+        .count();
+    assert_eq!(failures, 1, "log:\n{}", log.lock().unwrap());
+    // Repaired: grants resume once the thread's next retry persists the mark.
+    std::fs::remove_file(&state).unwrap();
+    std::fs::rename(&moved, &state).unwrap();
+    assert!(common::server::wait_until(Duration::from_secs(15), || {
+        matches!(
+            take_and_give_back(&mut conn, "tokens/fail"),
+            Response::Acquired { .. }
+        )
+    }));
+    assert!(log.lock().unwrap().contains("persisted again"));
     stop(server, libc::SIGTERM);
 }

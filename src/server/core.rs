@@ -255,7 +255,10 @@ impl<N: Net> Core<N> {
         }
         let slot = self.sessions.vacant_key();
         let id = session_id(self.settings.index, slot, self.generation.wrapping_add(1));
-        let counted = shared.queues.as_ref().map_or(true, |queues| queues.admit(id));
+        let counted = shared
+            .queues
+            .as_ref()
+            .map_or(true, |queues| queues.admit(id));
         if let Err(e) = self.net.register(&mut stream, slot) {
             log::warn!(
                 "core {}: cannot register a session: {e}",
