@@ -541,6 +541,13 @@ impl LockTable {
         self.tokens.limit = self.tokens.limit.max(limit);
     }
 
+    /// Every held key with its holder's token and the end of its lease (µs), in no
+    /// particular order. O(held keys).
+    pub fn holds(&self) -> impl Iterator<Item = (&[u8], u64, u64)> {
+        let entries = self.entries.iter();
+        entries.map(|(_, held)| (held.key.as_slice(), held.token, held.lease_end_us))
+    }
+
     /// Held keys in this partition.
     pub fn key_count(&self) -> usize {
         self.entries.len()

@@ -46,6 +46,9 @@ pub mod reactor;
 pub mod route;
 pub mod session;
 
+#[cfg(test)]
+mod harness;
+
 use crate::config::{Config, CORES_MAX};
 use crate::lock_table::{LockTable, QueueCounts, TableConfig};
 use crate::tokens::{self, StateDir, TokenRange};
