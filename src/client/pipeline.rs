@@ -22,6 +22,10 @@
 //!   encoded again, with a fresh wire wait, when they really go out.
 //! * Nothing here ever encodes a request again once a byte of it was handed to the socket.
 //! * Every call with a reply channel gets exactly one [`Outcome`].
+//! * An entry whose deadline still matters has exactly one live timer on the timing wheel
+//!   (whole milliseconds since the pipeline's epoch, checked against the exact `Instant` when
+//!   it fires); removing or re-arming an entry cancels its timer, so answered calls leave
+//!   nothing behind to wake the driver.
 //! * An `X` whose code closes the session (1, 2, 6) ends the session at once, and the answer
 //!   it carries is held back until [`finish`](Pipeline::finish): the driver retires the
 //!   session (no new call can be submitted to it) before calling `finish`, so a caller who
@@ -33,8 +37,7 @@
 //! Deliberately not here: sockets, threads, and retrying on another session (the client does
 //! that with the [`Outcome::NotSent`] it gets back).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +47,7 @@ use slab::Slab;
 use super::args::wire_wait_s;
 pub(crate) use super::call::{Call, CloseReason, Op, Outcome};
 use crate::protocol::{parse_response, ErrorCode, Response};
+use crate::wheel::{TimerHandle, Wheel};
 
 /// Bytes of frames encoded ahead of the socket at most; the rest stay queued, so their wire
 /// wait is computed later.
@@ -94,7 +98,8 @@ struct Entry {
     call: Call,
     stage: Stage,
     sent_at: Option<Instant>,
-    timer_at: Option<Instant>,
+    /// The live timer of this entry and the exact instant it stands for.
+    timer: Option<(TimerHandle, Instant)>,
 }
 
 /// The requests of one session. See the module docs for the call order.
@@ -112,7 +117,19 @@ pub(crate) struct Pipeline {
     owners: HashMap<u64, Handle>,
     nonces: HashMap<u64, Handle>,
     tokens: HashMap<u64, VecDeque<Handle>>,
-    timers: BinaryHeap<Reverse<(Instant, Handle)>>,
+    /// Tick 0 of `timers`; a tick is one whole millisecond after it.
+    epoch: Instant,
+    /// One live timer per armed entry, cancelled whenever the entry is removed or re-armed.
+    timers: Wheel<Handle>,
+    /// The tick `timers` was last advanced to.
+    wheel_tick: u64,
+    /// The earliest exact instant of the timers armed at or behind `wheel_tick` since that
+    /// advance: the wheel holds them as due, so without this the next wake-up would be at once
+    /// rather than at their instant, inside the current millisecond (possibly stale-early
+    /// after a cancel, which only costs one early wake-up).
+    soon: Option<Instant>,
+    /// What one `advance` of `timers` fired; kept to reuse its allocation.
+    fired: Vec<Handle>,
     /// Answers correlated with an `X` that closed the session; delivered by `finish`.
     held: Vec<(Sender<Outcome>, Outcome)>,
 }
@@ -122,8 +139,9 @@ fn reply(tx: Option<Sender<Outcome>>, outcome: Outcome) -> bool {
 }
 
 impl Pipeline {
-    /// An empty pipeline for a session that is not connected yet.
-    pub(crate) fn new(transport_timeout: Duration) -> Pipeline {
+    /// An empty pipeline for a session that is not connected yet. Instants before `epoch`
+    /// count as `epoch` on the timer wheel (they are still compared exactly).
+    pub(crate) fn new(transport_timeout: Duration, epoch: Instant) -> Pipeline {
         Pipeline {
             transport_timeout,
             established: false,
@@ -137,7 +155,11 @@ impl Pipeline {
             owners: HashMap::new(),
             nonces: HashMap::new(),
             tokens: HashMap::new(),
-            timers: BinaryHeap::new(),
+            epoch,
+            timers: Wheel::new(0),
+            wheel_tick: 0,
+            soon: None,
+            fired: Vec::new(),
             held: Vec::new(),
         }
     }
@@ -170,10 +192,25 @@ impl Pipeline {
         self.out_written == self.out.len() && self.queue.iter().all(|&h| self.entry(h).is_none())
     }
 
-    /// The earliest instant at which [`handle_deadlines`](Self::handle_deadlines) has work
-    /// (possibly a stale timer: waking early is harmless).
+    /// The earliest instant at which [`handle_deadlines`](Self::handle_deadlines) may have
+    /// work: never later than the earliest armed deadline, possibly earlier (the wheel's whole
+    /// millisecond, or a cascade point of it; waking early is harmless). `None` when no
+    /// deadline is armed.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.timers.peek().map(|Reverse((at, _))| *at)
+        let tick = self.timers.next_deadline()?;
+        let at = self.epoch + Duration::from_millis(tick);
+        if tick <= self.wheel_tick {
+            // Only timers armed at or behind the wheel's tick are due there; `soon` says when.
+            return Some(self.soon.unwrap_or(at));
+        }
+        Some(at)
+    }
+
+    /// The wheel tick of `at`: whole milliseconds since the epoch, rounded down, so a timer
+    /// never fires after the first `handle_deadlines` that has reached its instant.
+    fn tick_of(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.epoch).as_millis();
+        u64::try_from(since).unwrap_or(u64::MAX)
     }
 
     /// Queues a call. Its deadline is armed; an unsent call is never sent after it.
@@ -208,7 +245,7 @@ impl Pipeline {
             call,
             stage: Stage::Queued,
             sent_at: None,
-            timer_at: None,
+            timer: None,
         };
         Handle {
             slot: self.entries.insert(entry),
@@ -216,10 +253,21 @@ impl Pipeline {
         }
     }
 
+    /// Arms the entry's single timer for the exact instant `at`, replacing any armed one.
     fn arm(&mut self, handle: Handle, at: Instant) {
-        if let Some(entry) = self.entry_mut(handle) {
-            entry.timer_at = Some(at);
-            self.timers.push(Reverse((at, handle)));
+        let tick = self.tick_of(at);
+        let Some(entry) = self.entries.get_mut(handle.slot) else {
+            return;
+        };
+        if entry.seq != handle.seq {
+            return;
+        }
+        if let Some((old, _)) = entry.timer.take() {
+            self.timers.cancel(old);
+        }
+        entry.timer = Some((self.timers.insert(tick, handle), at));
+        if tick <= self.wheel_tick {
+            self.soon = Some(self.soon.map_or(at, |soon| soon.min(at)));
         }
     }
 
@@ -239,6 +287,9 @@ impl Pipeline {
     fn take(&mut self, handle: Handle) -> Entry {
         let entry = self.entries.remove(handle.slot);
         debug_assert_eq!(entry.seq, handle.seq);
+        if let Some((timer, _)) = entry.timer {
+            self.timers.cancel(timer);
+        }
         match entry.call.op {
             Op::Acquire { owner, .. } if self.owners.get(&owner) == Some(&handle) => {
                 self.owners.remove(&owner);
@@ -549,22 +600,39 @@ impl Pipeline {
         });
     }
 
-    /// Applies every deadline that has passed at `now` (see the module docs and §4.2–§4.4).
+    /// Applies every deadline that has passed at `now` (see the module docs and §4.2–§4.4),
+    /// earliest first. A timer the wheel fires in the millisecond of its deadline but before
+    /// the exact instant is armed again in that millisecond (as due, with `soon` saying when):
+    /// never early, and the first call at or after the instant applies it.
     pub(crate) fn handle_deadlines(&mut self, now: Instant) {
-        while let Some(&Reverse((at, handle))) = self.timers.peek() {
-            if at > now || self.close.is_some() {
-                break;
-            }
-            self.timers.pop();
+        let mut fired = std::mem::take(&mut self.fired);
+        // Never behind the last tick: that would not even fire the timers held as due.
+        self.wheel_tick = self.wheel_tick.max(self.tick_of(now));
+        self.soon = None;
+        self.timers.advance(self.wheel_tick, &mut fired);
+        // Every fired handle names a live entry: removing an entry cancels its timer.
+        let instant = |entry: Option<&Entry>| entry.and_then(|e| e.timer).map(|(_, at)| at);
+        fired.sort_unstable_by_key(|&handle| (instant(self.entry(handle)), handle));
+        for &handle in &fired {
+            // An earlier deadline of this batch may have removed the entry or ended the session
+            // (then `finish` resolves everything left).
             let Some(entry) = self.entry_mut(handle) else {
                 continue;
             };
-            if entry.timer_at != Some(at) {
+            let Some((_, at)) = entry.timer.take() else {
+                continue;
+            };
+            if self.close.is_some() {
                 continue;
             }
-            entry.timer_at = None;
+            if at > now {
+                self.arm(handle, at);
+                continue;
+            }
             self.handle_deadline(handle, now);
         }
+        fired.clear();
+        self.fired = fired;
         self.check_invariants();
     }
 
@@ -681,8 +749,15 @@ impl Pipeline {
         self.owners.clear();
         self.nonces.clear();
         self.tokens.clear();
-        self.timers.clear();
+        self.timers = Wheel::new(self.wheel_tick);
+        self.soon = None;
         unsent_releases
+    }
+
+    /// Timers armed on the wheel, for tests.
+    #[cfg(test)]
+    fn timers_len(&self) -> usize {
+        self.timers.len()
     }
 
     /// Panics when a structural invariant is broken (debug builds and tests only).
@@ -711,6 +786,18 @@ impl Pipeline {
             }
         }
         assert_eq!(previous_end, self.out.len());
+        // Exactly one live wheel timer per armed entry, and none for anything else.
+        let mut armed = 0;
+        for (_, entry) in &self.entries {
+            if let Some((timer, _)) = entry.timer {
+                assert!(
+                    self.timers.deadline(timer).is_some(),
+                    "an armed timer is live"
+                );
+                armed += 1;
+            }
+        }
+        assert_eq!(armed, self.timers.len(), "no timer outlives its entry");
         for (owner, &handle) in &self.owners {
             let entry = self.entry(handle).expect("owners map live entries");
             assert!(matches!(entry.call.op, Op::Acquire { owner: o, .. } if o == *owner));

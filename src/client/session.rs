@@ -105,7 +105,7 @@ impl Session {
             poll,
             events: Events::with_capacity(EVENTS_MAX),
             stream: None,
-            pipeline: Pipeline::new(config.transport_timeout),
+            pipeline: Pipeline::new(config.transport_timeout, Instant::now()),
             input: vec![0; INPUT_BYTES],
             input_len: 0,
             orphans,

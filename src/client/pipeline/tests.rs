@@ -96,8 +96,24 @@ fn feed(pipeline: &mut Pipeline, response: Response, now: Instant) {
     assert_eq!(pipeline.handle_read(&bytes, now), bytes.len());
 }
 
+/// Wakes up as a driver would, at every instant `next_deadline` names before `deadline`, the
+/// earliest armed deadline: each wake-up is at most that deadline, does nothing observable,
+/// and they converge on the deadline's own millisecond.
+fn follow_wake_ups(pipeline: &mut Pipeline, deadline: Instant) {
+    for _ in 0..64 {
+        let at = pipeline.next_deadline().expect("a deadline is armed");
+        assert!(at <= deadline, "a wake-up after the deadline");
+        if deadline - at < ms(1) {
+            return;
+        }
+        pipeline.handle_deadlines(at);
+        assert_eq!(pipeline.close_reason(), None, "nothing happens early");
+    }
+    panic!("the wake-ups never reached the deadline's millisecond");
+}
+
 fn established() -> Pipeline {
-    let mut pipeline = Pipeline::new(TRANSPORT);
+    let mut pipeline = Pipeline::new(TRANSPORT, Instant::now());
     pipeline.set_established();
     pipeline
 }
@@ -135,7 +151,7 @@ fn answered(rx: &Receiver<Outcome>) -> Response {
 #[test]
 fn wire_wait_is_computed_when_the_frame_is_encoded_not_when_submitted() {
     let t0 = Instant::now();
-    let mut pipeline = Pipeline::new(TRANSPORT);
+    let mut pipeline = Pipeline::new(TRANSPORT, Instant::now());
     let (call, _rx) = acquire(OWNER, false, t0 + ms(3000));
     pipeline.submit(call);
     assert!(
@@ -211,13 +227,13 @@ fn a_wait_zero_acquire_goes_out_with_wire_wait_zero() {
 fn an_unsent_request_at_its_deadline_expires_and_is_never_encoded() {
     let t0 = Instant::now();
     for up in [false, true] {
-        let mut pipeline = Pipeline::new(TRANSPORT);
+        let mut pipeline = Pipeline::new(TRANSPORT, Instant::now());
         if up {
             pipeline.set_established();
         }
         let (call, rx) = acquire(OWNER, false, t0 + ms(100));
         pipeline.submit(call);
-        assert_eq!(pipeline.next_deadline(), Some(t0 + ms(100)));
+        follow_wake_ups(&mut pipeline, t0 + ms(100));
         pipeline.handle_deadlines(t0 + ms(99));
         assert!(rx.try_recv().is_err(), "never early");
         pipeline.handle_deadlines(t0 + ms(100));
@@ -397,7 +413,7 @@ fn an_unanswered_cancel_closes_the_session_at_the_transport_allowance() {
     write_all(&mut pipeline, t0);
     pipeline.handle_deadlines(t0 + ms(1000));
     write_all(&mut pipeline, t0 + ms(1000));
-    assert_eq!(pipeline.next_deadline(), Some(t0 + ms(1000) + TRANSPORT));
+    follow_wake_ups(&mut pipeline, t0 + ms(1000) + TRANSPORT);
     pipeline.handle_deadlines(t0 + ms(999) + TRANSPORT);
     assert_eq!(pipeline.close_reason(), None, "never early");
     pipeline.handle_deadlines(t0 + ms(1000) + TRANSPORT);
@@ -721,4 +737,98 @@ fn answers_read_before_a_closing_error_are_delivered_at_once() {
             id: 2
         }
     ));
+}
+
+#[test]
+fn answered_and_expired_calls_leave_no_timer_behind() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let key: Arc<str> = Arc::from("k");
+    for round in 1..=2_000u64 {
+        let deadline = t0 + ms(10_000);
+        let (granted, rx_granted) = acquire(round, false, deadline);
+        let (query, rx_query) = call(
+            Op::Query {
+                key: Arc::clone(&key),
+                nonce: round,
+            },
+            deadline,
+        );
+        let (extend, rx_extend) = call(
+            Op::Extend {
+                key: Arc::clone(&key),
+                lease_s: 5,
+                token: round,
+            },
+            deadline,
+        );
+        pipeline.submit(granted);
+        pipeline.submit(query);
+        pipeline.submit(extend);
+        write_all(&mut pipeline, t0);
+        let token = round;
+        feed(
+            &mut pipeline,
+            Response::Acquired {
+                owner: round,
+                token,
+            },
+            t0,
+        );
+        feed(&mut pipeline, Response::Pong { nonce: round }, t0);
+        feed(&mut pipeline, Response::Extended { token }, t0);
+        answered(&rx_granted);
+        answered(&rx_query);
+        answered(&rx_extend);
+    }
+    // An expired call and a cancelled acquire answered after its Cancel leave none either.
+    let (unsent, rx_unsent) = acquire(u64::MAX, false, t0 + ms(100));
+    pipeline.submit(unsent);
+    pipeline.handle_deadlines(t0 + ms(100));
+    assert_eq!(
+        rx_unsent.try_recv(),
+        Ok(Outcome::Expired { established: true })
+    );
+    let (cancelled, rx_cancelled) = acquire(u64::MAX - 1, false, t0 + ms(200));
+    pipeline.submit(cancelled);
+    write_all(&mut pipeline, t0);
+    pipeline.handle_deadlines(t0 + ms(200));
+    write_all(&mut pipeline, t0 + ms(200));
+    let owner = u64::MAX - 1;
+    feed(&mut pipeline, Response::Timeout { owner }, t0 + ms(300));
+    assert_eq!(answered(&rx_cancelled), Response::Timeout { owner });
+    assert_eq!(
+        pipeline.timers_len(),
+        0,
+        "every answered call's timer was cancelled"
+    );
+    assert_eq!(pipeline.next_deadline(), None, "nothing to wake up for");
+}
+
+#[test]
+fn a_deadline_inside_a_millisecond_fires_at_its_exact_instant_never_before() {
+    let epoch = Instant::now();
+    let mut pipeline = Pipeline::new(TRANSPORT, epoch);
+    pipeline.set_established();
+    let deadline = epoch + Duration::from_micros(100_500);
+    let (call, rx) = acquire(OWNER, false, deadline);
+    pipeline.submit(call);
+    pipeline.handle_deadlines(epoch + Duration::from_micros(100_200));
+    assert!(
+        rx.try_recv().is_err(),
+        "the wheel's millisecond is not the deadline"
+    );
+    assert_eq!(
+        pipeline.timers_len(),
+        1,
+        "armed again for its exact instant"
+    );
+    let wake = pipeline.next_deadline().unwrap();
+    assert_eq!(
+        wake, deadline,
+        "the next wake-up is the exact instant, not at once"
+    );
+    pipeline.handle_deadlines(deadline);
+    assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: true }));
+    assert_eq!(pipeline.timers_len(), 0);
 }
