@@ -7,10 +7,11 @@
 //! 1. [`handle_read`](Pipeline::handle_read) with the bytes read (answers are correlated);
 //! 2. [`submit`](Pipeline::submit) for every new call;
 //! 3. [`handle_deadlines`](Pipeline::handle_deadlines);
-//! 4. around every socket write: [`output`](Pipeline::output) (encodes queued frames *now*,
-//!    so the wire wait is the time left just before the bytes go out), then
-//!    [`handle_written`](Pipeline::handle_written) with the count the socket took, and
-//!    [`handle_write_blocked`](Pipeline::handle_write_blocked) when it took no more;
+//! 4. for every socket write: [`output`](Pipeline::output) with the instant read just before
+//!    it, which encodes queued frames *now* (so the wire wait is the time left just before the
+//!    bytes go out) and returns an [`Output`] guard; the driver writes
+//!    [`Output::bytes`], tells the guard how many the socket took
+//!    ([`Output::handed`]), and drops it;
 //! 5. [`next_deadline`](Pipeline::next_deadline) feeds the poll timeout.
 //!
 //! Once [`close_reason`](Pipeline::close_reason) is set, the driver stops using the socket
@@ -18,8 +19,12 @@
 //!
 //! Invariants:
 //! * A request is *unsent* (stage `Queued` or `Encoded`) exactly while no byte of it has been
-//!   handed to the socket; frames of which no byte was taken go back to the queue, so they are
-//!   encoded again, with a fresh wire wait, when they really go out.
+//!   handed to the socket. A frame is `Encoded` only while an [`Output`] guard lives: the
+//!   guard borrows the whole pipeline, so no answer, deadline or call can be handled meanwhile,
+//!   and when it ends, frames of which no byte was handed go back to the queue, to be encoded
+//!   again, with a fresh wire wait, when they really go out. So no frame can reach the socket
+//!   after its caller was told it expired: outside a write attempt, the output buffer holds at
+//!   most the rest of one frame already partly on the wire.
 //! * Nothing here ever encodes a request again once a byte of it was handed to the socket.
 //! * Every call with a reply channel gets exactly one [`Outcome`].
 //! * An entry whose deadline still matters has exactly one live timer on the timing wheel
@@ -132,6 +137,37 @@ pub(crate) struct Pipeline {
     fired: Vec<Handle>,
     /// Answers correlated with an `X` that closed the session; delivered by `finish`.
     held: Vec<(Sender<Outcome>, Outcome)>,
+}
+
+/// One write attempt, from [`Pipeline::output`]: the bytes to hand to the socket.
+///
+/// It borrows the pipeline mutably, so nothing else (answers, deadlines, new calls) is handled
+/// while it lives. Tell it how many bytes the socket took with [`handed`](Output::handed);
+/// when it is dropped, every frame of which no byte was handed goes back to the queue. That is
+/// what makes "encoded but not handed" a state no frame can keep past one write attempt.
+#[must_use = "the bytes are offered to the socket through the guard"]
+pub(crate) struct Output<'a> {
+    pipeline: &'a mut Pipeline,
+    now: Instant,
+}
+
+impl Output<'_> {
+    /// The bytes to write: empty when there is nothing to send or the session must end.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.pipeline.offered()
+    }
+
+    /// The socket took the first `written` bytes of [`bytes`](Self::bytes); they count as
+    /// sent at the instant this write attempt started.
+    pub(crate) fn handed(&mut self, written: usize) {
+        self.pipeline.handle_written(written, self.now);
+    }
+}
+
+impl Drop for Output<'_> {
+    fn drop(&mut self) {
+        self.pipeline.requeue_unhanded();
+    }
 }
 
 fn reply(tx: Option<Sender<Outcome>>, outcome: Outcome) -> bool {
@@ -304,19 +340,47 @@ impl Pipeline {
         entry
     }
 
-    /// The bytes to hand to the socket next. When the previous output is all written, encodes
-    /// queued frames with `now` (read just before the write), so each acquire's wire wait is
-    /// the time left until its deadline at this instant, rounded up to whole seconds. Queued
-    /// requests already past their deadline are expired instead of sent.
-    pub(crate) fn output(&mut self, now: Instant) -> &[u8] {
-        if self.close.is_some() || !self.established {
-            return &[];
-        }
-        if self.out_written == self.out.len() {
-            self.out.clear();
-            self.out_written = 0;
+    /// Starts one write attempt at `now`, read just before the write: encodes queued frames
+    /// behind the rest of a frame already partly written, so each acquire's wire wait is the
+    /// time left until its deadline at this instant, rounded up to whole seconds. Queued
+    /// requests already past their deadline are expired instead of sent. The guard offers the
+    /// bytes; see [`Output`].
+    pub(crate) fn output(&mut self, now: Instant) -> Output<'_> {
+        if self.close.is_none() && self.established {
+            self.compact();
             self.encode_queued(now);
             self.check_invariants();
+        }
+        Output {
+            pipeline: self,
+            now,
+        }
+    }
+
+    /// Drops the frames wholly handed to the socket from the front of the output buffer. A
+    /// frame partly handed keeps its handed bytes, so that its span still starts before
+    /// `out_written`: that is how [`requeue_unhanded`](Self::requeue_unhanded) tells it from a
+    /// frame of which no byte was handed.
+    fn compact(&mut self) {
+        let cut = self
+            .spans
+            .front()
+            .map_or(self.out_written, |span| span.start);
+        if cut == 0 {
+            return;
+        }
+        self.out.drain(..cut);
+        self.out_written -= cut;
+        for span in &mut self.spans {
+            span.start -= cut;
+            span.end -= cut;
+        }
+    }
+
+    /// The bytes of the current write attempt: nothing once the session must end.
+    fn offered(&self) -> &[u8] {
+        if self.close.is_some() || !self.established {
+            return &[];
         }
         &self.out[self.out_written..]
     }
@@ -360,9 +424,9 @@ impl Pipeline {
         }
     }
 
-    /// The socket took `written` more bytes of [`output`](Self::output); `now` is the instant
-    /// read before that write.
-    pub(crate) fn handle_written(&mut self, written: usize, now: Instant) {
+    /// The socket took `written` more bytes of the offered output; `now` is the instant read
+    /// before that write.
+    fn handle_written(&mut self, written: usize, now: Instant) {
         self.out_written += written;
         assert!(
             self.out_written <= self.out.len(),
@@ -406,9 +470,9 @@ impl Pipeline {
         }
     }
 
-    /// The socket took no more bytes: frames of which no byte was handed go back to the front
-    /// of the queue, to be encoded again (with a fresh wire wait) when they really go out.
-    pub(crate) fn handle_write_blocked(&mut self) {
+    /// The write attempt is over: frames of which no byte was handed go back to the front of
+    /// the queue, to be encoded again (with a fresh wire wait) when they really go out.
+    fn requeue_unhanded(&mut self) {
         while let Some(&span) = self.spans.back() {
             if span.start < self.out_written {
                 break;
@@ -420,6 +484,10 @@ impl Pipeline {
                 self.queue.push_front(span.handle);
             }
         }
+        debug_assert!(
+            self.spans.len() <= 1 && self.spans.iter().all(|s| s.start < self.out_written),
+            "only the rest of a frame partly handed to the socket outlives a write attempt"
+        );
         self.check_invariants();
     }
 

@@ -297,26 +297,25 @@ impl Driver {
         self.shared.inbox.lock().calls.is_empty() && self.pipeline.output_idle()
     }
 
-    /// Writes until the socket takes no more. The instant is read before every write: it is
-    /// both the wire-wait reference for frames encoded now and the `sent_at` of their bytes.
+    /// Writes until the socket takes no more, one [`Output`](super::pipeline::Output) guard
+    /// per write. The instant is read before every write: it is both the wire-wait reference
+    /// for frames encoded now and the `sent_at` of their bytes. Frames the socket did not take
+    /// go back to the pipeline's queue when the guard ends.
     fn flush(&mut self) {
         let Some(stream) = self.stream.as_mut() else {
             return;
         };
         loop {
-            let now = Instant::now();
-            let output = self.pipeline.output(now);
-            if output.is_empty() {
+            let mut output = self.pipeline.output(Instant::now());
+            if output.bytes().is_empty() {
                 return;
             }
-            match stream.write(output) {
-                Ok(written) => self.pipeline.handle_written(written, now),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    return self.pipeline.handle_write_blocked();
-                }
+            match stream.write(output.bytes()) {
+                Ok(written) => output.handed(written),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(error) => {
-                    self.pipeline.handle_write_blocked();
+                    drop(output);
                     return self.pipeline.close(CloseReason::Io(error.kind()));
                 }
             }

@@ -85,9 +85,20 @@ fn decode(mut bytes: &[u8]) -> Vec<Sent> {
 
 /// Writes everything the pipeline offers at `now`, as a socket that takes it all would.
 fn write_all(pipeline: &mut Pipeline, now: Instant) -> Vec<Sent> {
-    let bytes = pipeline.output(now).to_vec();
-    pipeline.handle_written(bytes.len(), now);
+    let mut output = pipeline.output(now);
+    let bytes = output.bytes().to_vec();
+    output.handed(bytes.len());
+    drop(output);
     decode(&bytes)
+}
+
+/// One write attempt at `now` in which the socket takes `taken` bytes; returns how many bytes
+/// were offered.
+fn write_some(pipeline: &mut Pipeline, now: Instant, taken: usize) -> usize {
+    let mut output = pipeline.output(now);
+    let offered = output.bytes().len();
+    output.handed(taken);
+    offered
 }
 
 fn feed(pipeline: &mut Pipeline, response: Response, now: Instant) {
@@ -155,7 +166,7 @@ fn wire_wait_is_computed_when_the_frame_is_encoded_not_when_submitted() {
     let (call, _rx) = acquire(OWNER, false, t0 + ms(3000));
     pipeline.submit(call);
     assert!(
-        pipeline.output(t0).is_empty(),
+        pipeline.output(t0).bytes().is_empty(),
         "nothing goes out before the connection is up"
     );
     pipeline.set_established();
@@ -177,21 +188,17 @@ fn frames_the_socket_did_not_take_are_encoded_again_with_a_fresh_wait() {
     let (second, _rx2) = acquire(2, false, t0 + ms(10_000));
     pipeline.submit(first);
     pipeline.submit(second);
-    let offered = pipeline.output(t0).len();
     // The socket takes the first frame and three bytes of the second, then blocks.
-    pipeline.handle_written(12 + 1 + 3, t0);
-    pipeline.handle_write_blocked();
+    let offered = write_some(&mut pipeline, t0, 12 + 1 + 3);
     assert_eq!(
-        pipeline.output(t0).len(),
+        write_some(&mut pipeline, t0, offered - 16),
         offered - 16,
         "a started frame is never re-encoded"
     );
-    pipeline.handle_written(offered - 16, t0);
     // A third frame offered but not taken at all goes back to the queue...
     let (third, rx3) = acquire(3, false, t0 + ms(3000));
     pipeline.submit(third);
-    assert!(!pipeline.output(t0).is_empty());
-    pipeline.handle_write_blocked();
+    assert!(write_some(&mut pipeline, t0, 0) > 0);
     // ...and is still definitely unsent: at its deadline it expires.
     pipeline.handle_deadlines(t0 + ms(3000));
     assert_eq!(rx3.try_recv(), Ok(Outcome::Expired { established: true }));
@@ -239,7 +246,7 @@ fn an_unsent_request_at_its_deadline_expires_and_is_never_encoded() {
         pipeline.handle_deadlines(t0 + ms(100));
         assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: up }));
         pipeline.set_established();
-        assert!(pipeline.output(t0 + ms(100)).is_empty());
+        assert!(pipeline.output(t0 + ms(100)).bytes().is_empty());
     }
 }
 
@@ -249,7 +256,7 @@ fn a_queued_request_found_expired_by_the_writer_is_not_sent() {
     let mut pipeline = established();
     let (call, rx) = acquire(OWNER, false, t0 + ms(100));
     pipeline.submit(call);
-    assert!(pipeline.output(t0 + ms(100)).is_empty());
+    assert!(pipeline.output(t0 + ms(100)).bytes().is_empty());
     assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: true }));
 }
 
@@ -432,7 +439,7 @@ fn a_sent_wait_zero_acquire_at_its_deadline_closes_the_session_without_cancel() 
     pipeline.handle_deadlines(t0 + TRANSPORT);
     assert_eq!(pipeline.close_reason(), Some(&CloseReason::Unanswered));
     assert!(
-        pipeline.output(t0 + TRANSPORT).is_empty(),
+        pipeline.output(t0 + TRANSPORT).bytes().is_empty(),
         "no Cancel: it was never queued"
     );
     pipeline.finish();
@@ -445,9 +452,7 @@ fn a_deadline_with_part_of_the_frame_on_the_wire_closes_the_session() {
     let mut pipeline = established();
     let (call, rx) = acquire(OWNER, false, t0 + ms(1000));
     pipeline.submit(call);
-    pipeline.output(t0);
-    pipeline.handle_written(1, t0);
-    pipeline.handle_write_blocked();
+    write_some(&mut pipeline, t0, 1);
     pipeline.handle_deadlines(t0 + ms(1000));
     assert_eq!(
         pipeline.close_reason(),
@@ -466,9 +471,7 @@ fn a_failed_session_separates_possibly_sent_from_definitely_unsent() {
     let (unsent, rx_unsent) = acquire(3, false, t0 + ms(3000));
     pipeline.submit(sent);
     pipeline.submit(partial);
-    pipeline.output(t0);
-    pipeline.handle_written(12 + 1 + 1, t0);
-    pipeline.handle_write_blocked();
+    write_some(&mut pipeline, t0, 12 + 1 + 1);
     pipeline.submit(unsent);
     pipeline.close(CloseReason::Eof);
     assert!(pipeline.finish().is_empty());
@@ -634,7 +637,7 @@ fn a_closing_error_ends_the_session_and_its_answer_waits_for_finish() {
         "held until the driver has retired the session"
     );
     assert!(
-        pipeline.output(t0 + ms(10)).is_empty(),
+        pipeline.output(t0 + ms(10)).bytes().is_empty(),
         "nothing more is sent"
     );
     let (late, rx_late) = acquire(4, false, t0 + ms(3000));
@@ -831,4 +834,78 @@ fn a_deadline_inside_a_millisecond_fires_at_its_exact_instant_never_before() {
     pipeline.handle_deadlines(deadline);
     assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: true }));
     assert_eq!(pipeline.timers_len(), 0);
+}
+
+#[test]
+fn an_encoded_frame_the_socket_did_not_take_never_outlives_its_write_attempt() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(100));
+    pipeline.submit(call);
+    {
+        let output = pipeline.output(t0);
+        assert!(!output.bytes().is_empty());
+        // The socket took nothing (it would block): the guard ends without `handed`.
+    }
+    pipeline.handle_deadlines(t0 + ms(100));
+    assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: true }));
+    assert!(
+        pipeline.output(t0 + ms(100)).bytes().is_empty(),
+        "a caller told Expired: its bytes never reach the socket"
+    );
+}
+
+#[test]
+fn after_a_partial_write_only_the_started_frame_stays_and_the_rest_is_encoded_afresh() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (first, _rx1) = acquire(1, false, t0 + ms(10_000));
+    let (second, rx2) = acquire(2, false, t0 + ms(2_000));
+    pipeline.submit(first);
+    pipeline.submit(second);
+    write_some(&mut pipeline, t0, 5);
+    // The second frame went back to the queue: its deadline passes before the next write.
+    pipeline.handle_deadlines(t0 + ms(2_000));
+    assert_eq!(rx2.try_recv(), Ok(Outcome::Expired { established: true }));
+    let mut output = pipeline.output(t0 + ms(2_500));
+    let rest = output.bytes().to_vec();
+    assert_eq!(rest.len(), 12 + 1 - 5, "only the rest of the started frame");
+    output.handed(rest.len());
+}
+
+#[test]
+fn a_frame_partly_handed_is_never_encoded_again_even_when_the_next_write_takes_nothing() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (first, _rx1) = acquire(1, false, t0 + ms(10_000));
+    pipeline.submit(first);
+    let mut wire = Vec::new();
+    let mut output = pipeline.output(t0);
+    wire.extend_from_slice(&output.bytes()[..5]);
+    output.handed(5);
+    drop(output);
+    let (second, _rx2) = acquire(2, false, t0 + ms(10_000));
+    pipeline.submit(second);
+    assert_eq!(
+        write_some(&mut pipeline, t0, 0),
+        13 - 5 + 13,
+        "the rest, then the next"
+    );
+    assert_eq!(
+        write_some(&mut pipeline, t0, 0),
+        13 - 5 + 13,
+        "nothing encoded twice"
+    );
+    let mut output = pipeline.output(t0 + ms(1));
+    wire.extend_from_slice(output.bytes());
+    output.handed(13 - 5 + 13);
+    drop(output);
+    let owners: Vec<u64> = decode(&wire)
+        .into_iter()
+        .map(|frame| match frame {
+            Sent::Acquire { owner, .. } => owner,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(owners, [1, 2], "the stream is the two frames, each once");
 }
