@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{client, start_server, FakeServer, Frame, PATIENCE};
-use latchkey::client::{AcquireError, Client, ExtendOutcome, ReleaseOutcome};
+use common::{client, start_server, FakeConn, FakeServer, Frame, Got, PATIENCE};
+use latchkey::client::{AcquireError, Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
 use latchkey::protocol::{ErrorCode, Response};
 
 fn ms(millis: u64) -> Duration {
@@ -231,30 +231,179 @@ fn dropping_the_last_handle_still_sends_the_background_release() {
     }
 }
 
+/// Has the client's next acquire of `key` granted on `conn` with `token`.
+fn granted(client: &Client, conn: &mut FakeConn, key: &str, lease: Duration, token: u64) -> Ticket {
+    let acquiring = {
+        let (client, key) = (client.clone(), key.to_owned());
+        thread::spawn(move || client.acquire(&key, ms(500), lease))
+    };
+    let (owner, _, _, _) = conn.acquire();
+    conn.send(Response::Acquired { owner, token });
+    acquiring.join().unwrap().unwrap()
+}
+
+fn extend_in_background(
+    ticket: &Arc<Ticket>,
+    lease: Duration,
+) -> thread::JoinHandle<Result<ExtendOutcome, RequestError>> {
+    let ticket = Arc::clone(ticket);
+    thread::spawn(move || ticket.extend(lease))
+}
+
+/// Two holds the scripted server gave the same token (a real server never does) put two
+/// requests naming one token on the wire at once; their answers go first in, first out.
 #[test]
 fn answers_naming_one_token_are_matched_first_in_first_out() {
     let server = FakeServer::start();
     let client = client(&[server.addr()], 1, Duration::from_secs(2));
     let mut conn = server.accept();
-    let acquiring = {
-        let client = client.clone();
-        thread::spawn(move || client.acquire("fifo", ms(500), Duration::from_secs(10)))
-    };
-    let (owner, _, _, _) = conn.acquire();
-    conn.send(Response::Acquired { owner, token: 31 });
-    let ticket = Arc::new(acquiring.join().unwrap().unwrap());
-    let extend = |ticket: &Arc<_>| {
-        let ticket: Arc<latchkey::client::Ticket> = Arc::clone(ticket);
-        thread::spawn(move || ticket.extend(Duration::from_secs(10)))
-    };
-    let first = extend(&ticket);
+    let first = Arc::new(granted(
+        &client,
+        &mut conn,
+        "fifo-1",
+        Duration::from_secs(10),
+        31,
+    ));
+    let second = Arc::new(granted(
+        &client,
+        &mut conn,
+        "fifo-2",
+        Duration::from_secs(10),
+        31,
+    ));
+    let first = extend_in_background(&first, Duration::from_secs(10));
     assert!(matches!(conn.frame(), Frame::Extend { token: 31, .. }));
-    let second = extend(&ticket);
+    let second = extend_in_background(&second, Duration::from_secs(10));
     assert!(matches!(conn.frame(), Frame::Extend { token: 31, .. }));
     conn.send(Response::Extended { token: 31 });
     conn.send(Response::NotHeld { token: 31 });
     assert_eq!(first.join().unwrap().unwrap(), ExtendOutcome::Extended);
     assert_eq!(second.join().unwrap().unwrap(), ExtendOutcome::NotHeld);
+}
+
+/// PROTOCOL.md §4.5: an Extend sets the lease to now + its lease, which may be shorter than
+/// what was left; the bound follows it, and already while the Extend is unanswered.
+#[test]
+fn a_shorter_extend_moves_the_bound_earlier_already_while_unanswered() {
+    let server = FakeServer::start();
+    let client = client(&[server.addr()], 1, Duration::from_secs(2));
+    let mut conn = server.accept();
+    let ticket = Arc::new(granted(
+        &client,
+        &mut conn,
+        "short",
+        Duration::from_secs(3),
+        41,
+    ));
+    assert!(ticket.valid_until() > Instant::now() + ms(2000));
+    let before = Instant::now();
+    let extending = extend_in_background(&ticket, ms(1000));
+    assert!(matches!(
+        conn.frame(),
+        Frame::Extend {
+            lease_s: 1,
+            token: 41,
+            ..
+        }
+    ));
+    assert!(
+        ticket.valid_until() <= Instant::now() + ms(900),
+        "unanswered: the earlier of the old bound and what the Extend would give"
+    );
+    conn.send(Response::Extended { token: 41 });
+    assert_eq!(extending.join().unwrap().unwrap(), ExtendOutcome::Extended);
+    let after = Instant::now();
+    // The Extend's send instant + 1 s - 100 ms.
+    assert!(ticket.valid_until() >= before + ms(900));
+    assert!(ticket.valid_until() <= after + ms(900));
+}
+
+/// An Extend whose outcome stays unknown may still execute later and set the lease to that
+/// time + its lease: it keeps the earlier bound and caps every later confirmed Extend.
+#[test]
+fn an_extend_of_unknown_outcome_caps_every_later_confirmed_extend() {
+    let server = FakeServer::start();
+    let client = client(&[server.addr()], 1, Duration::from_secs(2));
+    let mut conn = server.accept();
+    let ticket = Arc::new(granted(
+        &client,
+        &mut conn,
+        "unknown",
+        Duration::from_secs(10),
+        42,
+    ));
+    let extending = extend_in_background(&ticket, Duration::from_secs(2));
+    assert!(matches!(conn.frame(), Frame::Extend { lease_s: 2, .. }));
+    conn.close();
+    assert_eq!(extending.join().unwrap(), Err(RequestError::NoAnswer));
+    assert!(ticket.valid_until() <= Instant::now() + ms(1800));
+
+    let before = Instant::now();
+    let extending = extend_in_background(&ticket, Duration::from_secs(20));
+    let mut conn = server.accept();
+    assert!(matches!(conn.frame(), Frame::Extend { lease_s: 20, .. }));
+    conn.send(Response::Extended { token: 42 });
+    assert_eq!(extending.join().unwrap().unwrap(), ExtendOutcome::Extended);
+    let after = Instant::now();
+    // Capped by the unknown 2 s Extend: its send instant + 2 s - 200 ms, not + 18 s.
+    assert!(ticket.valid_until() >= before + ms(1800));
+    assert!(ticket.valid_until() <= after + ms(1800));
+}
+
+#[test]
+fn a_refused_extend_leaves_the_bound_as_it_was() {
+    let server = FakeServer::start();
+    let client = client(&[server.addr()], 1, Duration::from_secs(2));
+    let mut conn = server.accept();
+    let ticket = Arc::new(granted(
+        &client,
+        &mut conn,
+        "refused",
+        Duration::from_secs(10),
+        43,
+    ));
+    let bound = ticket.valid_until();
+    let extending = extend_in_background(&ticket, Duration::from_secs(1));
+    assert!(matches!(conn.frame(), Frame::Extend { lease_s: 1, .. }));
+    assert!(ticket.valid_until() < bound, "lowered while unanswered");
+    conn.send(Response::Error {
+        code: ErrorCode::LeaseZero,
+        id: 43,
+    });
+    let refused = extending.join().unwrap();
+    assert_eq!(refused, Err(RequestError::Rejected(ErrorCode::LeaseZero)));
+    assert_eq!(
+        ticket.valid_until(),
+        bound,
+        "a refused request had no effect"
+    );
+}
+
+#[test]
+fn extends_of_one_ticket_from_two_threads_are_serialized() {
+    let server = FakeServer::start();
+    let client = client(&[server.addr()], 1, Duration::from_secs(2));
+    let mut conn = server.accept();
+    let ticket = Arc::new(granted(
+        &client,
+        &mut conn,
+        "serial",
+        Duration::from_secs(10),
+        44,
+    ));
+    let first = extend_in_background(&ticket, Duration::from_secs(5));
+    assert!(matches!(conn.frame(), Frame::Extend { lease_s: 5, .. }));
+    let second = extend_in_background(&ticket, Duration::from_secs(6));
+    assert_eq!(
+        conn.read_frame(ms(300)),
+        Got::Quiet,
+        "the second Extend waits for the first one's outcome"
+    );
+    conn.send(Response::Extended { token: 44 });
+    assert!(matches!(conn.frame(), Frame::Extend { lease_s: 6, .. }));
+    conn.send(Response::Extended { token: 44 });
+    assert_eq!(first.join().unwrap().unwrap(), ExtendOutcome::Extended);
+    assert_eq!(second.join().unwrap().unwrap(), ExtendOutcome::Extended);
 }
 
 #[test]
