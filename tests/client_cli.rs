@@ -11,8 +11,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use common::proxy::Proxy;
 use common::{client, dead_addr, start_server, FakeServer, Frame, Got};
-use latchkey::client::cli::{self, LockArgs, PingArgs, QueryArgs};
+use latchkey::client::cli::{self, ConnectArgs, LockArgs, PingArgs, QueryArgs};
 use latchkey::protocol::Response;
 
 fn ms(millis: u64) -> Duration {
@@ -30,7 +31,7 @@ fn assert_exit(code: ExitCode, expected: u8) {
 
 fn lock_args(server: String, key: &str, wait: Duration, lease: Duration, script: &str) -> LockArgs {
     LockArgs {
-        server,
+        connect: ConnectArgs::new(server),
         wait,
         lease,
         grace: ms(500),
@@ -203,32 +204,32 @@ fn query_and_ping_exit_codes() {
     let server = start_server(|_| {});
     let addr = server.local_addr().to_string();
     let query = QueryArgs {
-        server: addr.clone(),
+        connect: ConnectArgs::new(addr.clone()),
         key: "q".into(),
     };
     assert_exit(cli::run_query(query), 0);
     assert_exit(
         cli::run_ping(PingArgs {
-            server: addr,
+            connect: ConnectArgs::new(addr),
             count: 2,
         }),
         0,
     );
     let dead = dead_addr().to_string();
     let query = QueryArgs {
-        server: dead.clone(),
+        connect: ConnectArgs::new(dead.clone()),
         key: "q".into(),
     };
     assert_exit(cli::run_query(query), cli::EXIT_UNAVAILABLE);
     assert_exit(
         cli::run_ping(PingArgs {
-            server: dead,
+            connect: ConnectArgs::new(dead),
             count: 1,
         }),
         cli::EXIT_UNAVAILABLE,
     );
     let bad = QueryArgs {
-        server: "not an address".into(),
+        connect: ConnectArgs::new("not an address"),
         key: "q".into(),
     };
     assert_exit(cli::run_query(bad), cli::EXIT_USAGE);
@@ -245,7 +246,8 @@ fn lock_arguments_parse_as_documented() {
     let parsed = Lock::try_parse_from(["lock", "--wait", "500ms", "k", "--", "echo", "-n", "hi"])
         .unwrap()
         .args;
-    assert_eq!(parsed.server, "127.0.0.1:7420");
+    assert_eq!(parsed.connect.server, "127.0.0.1:7420");
+    assert_eq!(parsed.connect.transport_timeout, Duration::from_secs(5));
     assert_eq!(parsed.wait, ms(500));
     assert_eq!(parsed.lease, Duration::from_secs(30));
     assert_eq!(parsed.key, "k");
@@ -385,4 +387,58 @@ fn the_binary_forwards_sigterm_to_the_command_then_releases() {
         !observer.query("sig").unwrap().held,
         "released after the command exited"
     );
+}
+
+/// Every answer comes 2.5 s late: within the 5 s transport timeout of PROTOCOL.md §4.
+fn slow_link(server: &latchkey::server::ServerHandle) -> Proxy {
+    let proxy = Proxy::start(server.local_addr());
+    proxy.delay_down(ms(2500));
+    proxy
+}
+
+#[test]
+fn over_a_slow_link_wait_zero_gets_its_five_second_transport_deadline() {
+    let server = start_server(|_| {});
+    let proxy = slow_link(&server);
+    let addr = proxy.addr().to_string();
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "0", "free"])
+        .args(["--", "sh", "-c", "echo ran"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "ran\n");
+    // A shorter transport timeout than the link needs: the grant is not seen in time.
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "0"])
+        .args(["--transport-timeout", "2s", "free2", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_INDETERMINATE))
+    );
+}
+
+#[test]
+fn over_a_slow_link_a_timeout_read_after_the_cancel_is_definitive() {
+    let server = start_server(|_| {});
+    let proxy = slow_link(&server);
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let _holder = observer
+        .acquire("held", ms(100), Duration::from_secs(30))
+        .unwrap();
+    let addr = proxy.addr().to_string();
+    let start = Instant::now();
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "1s", "held"])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_TIMEOUT)),
+        "{stderr}"
+    );
+    // The T is read about 2.5 s after the deadline, well within its 5 s allowance.
+    assert!(start.elapsed() >= ms(3500), "{:?}", start.elapsed());
 }

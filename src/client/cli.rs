@@ -1,6 +1,7 @@
 //! `latchkey lock`, `latchkey query` and `latchkey ping`: the client on the command line.
 //!
-//! `latchkey lock [--server ADDR] [--wait 10s] [--lease 30s] [--grace 5s] KEY -- CMD [ARGS..]`
+//! `latchkey lock [--server ADDR] [--transport-timeout 5s] [--wait 10s] [--lease 30s]
+//! [--grace 5s] KEY -- CMD [ARGS..]`
 //! takes the lock, runs CMD with `LATCHKEY_KEY` and `LATCHKEY_TOKEN` in its environment,
 //! extends the lease every lease/3 while CMD runs, releases the lock when CMD exits and exits
 //! with CMD's status. If the lease is lost (the server says the token no longer holds the key,
@@ -58,17 +59,38 @@ pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// Exit code when CMD was not found.
 pub const EXIT_NOT_FOUND: u8 = 127;
 
-/// How long the CLI waits for the transport (connect, small requests, a Cancel's answer).
-const CLI_TRANSPORT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How soon a failed extend is tried again (never later than lease/3).
 const EXTEND_RETRY: Duration = Duration::from_millis(500);
+
+/// Where the server is and how long its transport may take: shared by every client command.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConnectArgs {
+    /// Server address (host:port).
+    #[arg(long, default_value = DEFAULT_ADDR)]
+    pub server: String,
+    /// How long the transport may take (PROTOCOL.md §4): a connect, the answer to a release,
+    /// extend, query or ping, a `--wait 0` acquire, and the answer to the Cancel sent when
+    /// `--wait` runs out.
+    #[arg(long, default_value = "5s", value_parser = parse_transport_timeout)]
+    pub transport_timeout: Duration,
+}
+
+impl ConnectArgs {
+    /// `--server ADDR` with the default transport timeout.
+    pub fn new(server: impl Into<String>) -> ConnectArgs {
+        ConnectArgs {
+            server: server.into(),
+            transport_timeout: ClientConfig::default().transport_timeout,
+        }
+    }
+}
 
 /// Arguments of `latchkey lock`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LockArgs {
-    /// Server address (host:port).
-    #[arg(long, default_value = DEFAULT_ADDR)]
-    pub server: String,
+    /// The server and its transport timeout.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// How long to wait for the lock, e.g. 10s, 500ms, 2m; 0 is one immediate attempt.
     #[arg(long, default_value = "10s", value_parser = parse_wait)]
     pub wait: Duration,
@@ -89,9 +111,9 @@ pub struct LockArgs {
 /// Arguments of `latchkey query`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct QueryArgs {
-    /// Server address (host:port).
-    #[arg(long, default_value = DEFAULT_ADDR)]
-    pub server: String,
+    /// The server and its transport timeout.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// The lock's name.
     #[arg(value_parser = parse_key)]
     pub key: String,
@@ -100,9 +122,9 @@ pub struct QueryArgs {
 /// Arguments of `latchkey ping`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PingArgs {
-    /// Server address (host:port).
-    #[arg(long, default_value = DEFAULT_ADDR)]
-    pub server: String,
+    /// The server and its transport timeout.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// How many pings to send, one after the other.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub count: u32,
@@ -151,6 +173,14 @@ fn parse_lease(text: &str) -> Result<Duration, String> {
     Ok(lease)
 }
 
+fn parse_transport_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = parse_duration(text)?;
+    if timeout.is_zero() {
+        return Err("the transport timeout must be more than 0".into());
+    }
+    Ok(timeout)
+}
+
 fn parse_key(text: &str) -> Result<String, String> {
     super::args::check_key(text).map_err(|error| error.to_string())?;
     Ok(text.to_owned())
@@ -178,8 +208,10 @@ pub fn request_exit_code(error: &RequestError) -> u8 {
     }
 }
 
-/// The client of the command-line tools: one session, short transport timeout.
-fn cli_client(command: &str, server: &str) -> Result<(Client, SocketAddr), ExitCode> {
+/// The client of the command-line tools: one session; the transport timeout also bounds the
+/// connect.
+fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAddr), ExitCode> {
+    let server = &connect.server;
     let addrs: Vec<SocketAddr> = match server.to_socket_addrs() {
         Ok(addrs) => addrs.collect(),
         Err(error) => {
@@ -195,8 +227,8 @@ fn cli_client(command: &str, server: &str) -> Result<(Client, SocketAddr), ExitC
     let config = ClientConfig {
         addrs: addrs.clone(),
         sessions: 1,
-        connect_timeout: CLI_TRANSPORT_TIMEOUT,
-        transport_timeout: CLI_TRANSPORT_TIMEOUT,
+        connect_timeout: connect.transport_timeout,
+        transport_timeout: connect.transport_timeout,
         ..ClientConfig::default()
     };
     match Client::with_config(config) {
@@ -210,7 +242,7 @@ fn cli_client(command: &str, server: &str) -> Result<(Client, SocketAddr), ExitC
 
 /// `latchkey query KEY`: prints `held=0|1 lease_ms=N waiters=N` and exits 0.
 pub fn run_query(args: QueryArgs) -> ExitCode {
-    let client = match cli_client("query", &args.server) {
+    let client = match cli_client("query", &args.connect) {
         Ok((client, _)) => client,
         Err(code) => return code,
     };
@@ -230,7 +262,7 @@ pub fn run_query(args: QueryArgs) -> ExitCode {
 
 /// `latchkey ping`: prints one line per answer and exits 0 when every ping was answered.
 pub fn run_ping(args: PingArgs) -> ExitCode {
-    let (client, addr) = match cli_client("ping", &args.server) {
+    let (client, addr) = match cli_client("ping", &args.connect) {
         Ok(found) => found,
         Err(code) => return code,
     };
@@ -251,7 +283,7 @@ pub fn run_ping(args: PingArgs) -> ExitCode {
 
 /// `latchkey lock KEY -- CMD [ARGS..]`: see the module docs.
 pub fn run_lock(args: LockArgs) -> ExitCode {
-    let client = match cli_client("lock", &args.server) {
+    let client = match cli_client("lock", &args.connect) {
         Ok((client, _)) => client,
         Err(code) => return code,
     };
