@@ -447,3 +447,45 @@ fn many_threads_pipelining_get_exactly_one_result_each() {
     assert_eq!(results, THREADS * CALLS);
     assert!(!tokens.is_empty());
 }
+
+#[test]
+fn the_client_remembers_why_its_last_session_failed() {
+    let dead = common::dead_addr();
+    let client = client(&[dead], 1, Duration::from_secs(2));
+    assert_eq!(
+        client.acquire("k", ms(300), ms(1000)).unwrap_err(),
+        AcquireError::Unavailable
+    );
+    let failure = client
+        .last_session_failure()
+        .expect("a failure was recorded");
+    assert_eq!(failure.addr(), dead);
+    assert!(!failure.connected());
+    assert_eq!(
+        failure.to_string(),
+        format!("{dead}: cannot connect: connection refused")
+    );
+
+    // Something that answers, but not in latchkey frames (here: like Redis).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut chunk = [0u8; 64];
+        let _ = stream.read(&mut chunk);
+        let _ = stream.write_all(b"-ERR unknown command\r\n");
+        thread::sleep(ms(500));
+    });
+    let client = common::client(&[addr], 1, Duration::from_secs(2));
+    assert_eq!(client.ping(), Err(RequestError::NoAnswer));
+    let failure = client
+        .last_session_failure()
+        .expect("a failure was recorded");
+    assert!(failure.connected());
+    assert!(
+        failure.cause().starts_with("not a latchkey server"),
+        "{failure}"
+    );
+    serving.join().unwrap();
+}

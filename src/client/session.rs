@@ -33,6 +33,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
 use super::call::{Call, CloseReason, Outcome};
+use super::error::SessionFailure;
 use super::pipeline::Pipeline;
 
 const STREAM: Token = Token(0);
@@ -56,6 +57,9 @@ pub(crate) struct SessionConfig {
 
 /// Where a session hands the background releases it could not send.
 pub(crate) type Orphans = Box<dyn Fn(Call) + Send>;
+
+/// Where sessions record why the latest of them failed (shared by a pool's sessions).
+pub(crate) type FailureLog = Arc<Mutex<Option<SessionFailure>>>;
 
 /// The caller's side of a session: submit calls; dropping it shuts the session down after
 /// its queued writes (background releases) went out.
@@ -84,6 +88,7 @@ impl Session {
         addr: SocketAddr,
         config: SessionConfig,
         orphans: Orphans,
+        failures: FailureLog,
     ) -> io::Result<Session> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
@@ -109,6 +114,7 @@ impl Session {
             input: vec![0; INPUT_BYTES],
             input_len: 0,
             orphans,
+            failures,
         };
         thread::Builder::new()
             .name(format!("latchkey-session-{id}"))
@@ -163,6 +169,7 @@ struct Driver {
     input: Vec<u8>,
     input_len: usize,
     orphans: Orphans,
+    failures: FailureLog,
 }
 
 impl Driver {
@@ -353,6 +360,12 @@ impl Driver {
                 log::debug!("session {} to {}: {reason}", self.id, self.addr)
             }
             _ => log::warn!("session {} to {} ended: {reason}", self.id, self.addr),
+        }
+        if reason != CloseReason::Shutdown {
+            // Recorded before any call hears back, so a caller that asks why sees this.
+            let connected = self.pipeline.is_established();
+            let failure = SessionFailure::new(self.addr, reason.to_string(), connected);
+            *self.failures.lock() = Some(failure);
         }
         // Marked failed and closed before any call hears back (including the `Rejected` of an
         // `X` that closed the session, held by the pipeline until `finish`), so neither a
