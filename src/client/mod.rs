@@ -79,7 +79,8 @@
 //! | `session.rs` | one connection: its thread, its inbox, the socket (mio) |
 //! | `call.rs` | a call, its outcome, why a session ended |
 //! | `pipeline.rs` | one session's requests without I/O: encoding, correlation, deadlines |
-//! | `cli.rs` | `latchkey lock`, `latchkey query`, `latchkey ping` |
+//! | `cli.rs` | `latchkey lock`, `latchkey query`, `latchkey ping`: arguments, messages, exit codes |
+//! | `cli/supervise.rs` | running `latchkey lock`'s command: extending, signals, a lost lease |
 //!
 //! Deliberately not here: reconnecting a session in place (a failed session is replaced by a
 //! new one), resending anything that may have been sent, and renewing leases on its own.
