@@ -256,6 +256,15 @@ fn lock_arguments_parse_as_documented() {
         .unwrap()
         .args;
     assert_eq!(defaults.wait, Duration::from_secs(10));
+    let bare = Lock::try_parse_from([
+        "lock", "--wait", "10", "--grace", "500us", "k", "--", "true",
+    ])
+    .unwrap()
+    .args;
+    assert_eq!(
+        (bare.wait, bare.grace),
+        (Duration::from_secs(10), Duration::from_micros(500))
+    );
 
     let refused = [
         vec!["lock", "k"],
@@ -279,6 +288,8 @@ fn durations_parse() {
     assert_eq!(cli::parse_duration("2m"), Ok(Duration::from_secs(120)));
     assert_eq!(cli::parse_duration("1h"), Ok(Duration::from_secs(3600)));
     assert_eq!(cli::parse_duration("0"), Ok(Duration::ZERO));
+    assert_eq!(cli::parse_duration("10"), Ok(Duration::from_secs(10)));
+    assert_eq!(cli::parse_duration("500us"), Ok(Duration::from_micros(500)));
     for bad in [
         "",
         "s",

@@ -52,6 +52,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
+pub use crate::client::cli::parse_duration;
 pub use driver::{execute, BenchError};
 pub use report::Report;
 
@@ -116,30 +117,6 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
         dialect,
         address: address.to_string(),
     })
-}
-
-/// Parses a duration such as `5s`, `500ms`, `1m`, `250us`, `1h` or `0`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits_end);
-    let value: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}`: expected e.g. 5s, 500ms, 1m"))?;
-    let scale_us: u64 = match unit {
-        "" if value == 0 => 0,
-        "us" => 1,
-        "ms" => 1_000,
-        "s" => 1_000_000,
-        "m" => 60_000_000,
-        "h" => 3_600_000_000,
-        _ => return Err(format!("`{text}`: unit must be one of us, ms, s, m, h")),
-    };
-    let micros = value
-        .checked_mul(scale_us)
-        .ok_or_else(|| format!("`{text}`: too long"))?;
-    Ok(Duration::from_micros(micros))
 }
 
 /// The three workloads; see the module docs.

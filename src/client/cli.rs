@@ -34,8 +34,10 @@ use std::time::Duration;
 
 use super::{AcquireError, Client, ClientConfig, RequestError, DEFAULT_ADDR};
 
+mod duration;
 mod supervise;
 
+pub use duration::{format_duration, parse_duration};
 use supervise::{release, supervise};
 
 /// Exit code for bad arguments (the code clap uses for its own usage errors).
@@ -123,37 +125,6 @@ pub struct PingArgs {
     /// How many pings to send, one after the other.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub count: u32,
-}
-
-/// Parses a duration: a whole number followed by `ms`, `s`, `m` or `h` (`10s`, `500ms`,
-/// `2m`); a bare number is seconds.
-///
-/// ```
-/// use std::time::Duration;
-/// use latchkey::client::cli::parse_duration;
-///
-/// assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-/// assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-/// assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-/// assert!(parse_duration("1.5s").is_err());
-/// ```
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    let bad = || format!("`{text}` is not a duration like 10s, 500ms, 2m or 1h");
-    let value: u64 = number.parse().map_err(|_| bad())?;
-    let unit_ms: u64 = match unit {
-        "ms" => 1,
-        "" | "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(bad()),
-    };
-    let millis = value.checked_mul(unit_ms).ok_or_else(bad)?;
-    Ok(Duration::from_millis(millis))
 }
 
 fn parse_wait(text: &str) -> Result<Duration, String> {
