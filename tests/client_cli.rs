@@ -453,3 +453,100 @@ fn over_a_slow_link_a_timeout_read_after_the_cancel_is_definitive() {
     // The T is read about 2.5 s after the deadline, well within its 5 s allowance.
     assert!(start.elapsed() >= ms(3500), "{:?}", start.elapsed());
 }
+
+#[test]
+fn lock_against_a_stopped_server_says_where_and_why_at_once_and_at_the_end() {
+    use std::io::{BufRead, BufReader};
+    let dead = dead_addr().to_string();
+    let start = Instant::now();
+    let mut lock = latchkey(&["lock", "--server", &dead, "--wait", "2s", "k", "--", "true"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(lock.stderr.take().unwrap()).lines();
+    let notice = lines.next().unwrap().unwrap();
+    let noticed_after = start.elapsed();
+    assert_eq!(
+        notice,
+        format!(
+            "latchkey lock: {dead}: cannot connect: connection refused; \
+             retrying until --wait 2s runs out"
+        )
+    );
+    assert!(noticed_after < ms(1500), "said at once: {noticed_after:?}");
+    let last: Vec<String> = lines.map(Result::unwrap).collect();
+    assert_eq!(
+        last,
+        [format!(
+            "latchkey lock: k: cannot reach the server within --wait 2s: \
+             {dead}: cannot connect: connection refused"
+        )]
+    );
+    let status = lock.wait().unwrap();
+    assert_eq!(status.code(), Some(i32::from(cli::EXIT_UNAVAILABLE)));
+    assert!(
+        start.elapsed() >= ms(2000),
+        "§4.2: retried until the deadline"
+    );
+}
+
+#[test]
+fn ping_and_query_against_something_else_say_it_is_not_a_latchkey_server() {
+    let addr = common::not_latchkey_server(Duration::from_secs(5)).to_string();
+    let cause = "not a latchkey server: it answered bytes that are not latchkey frames";
+    let output = latchkey(&["ping", "--server", &addr]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(&format!("latchkey ping: {addr}: {cause}")),
+        "{stderr}"
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_INDETERMINATE))
+    );
+    let output = latchkey(&["query", "--server", &addr, "k"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(&format!("latchkey query: k: {addr}: {cause}")),
+        "{stderr}"
+    );
+    let output = latchkey(&["query", "--server", &dead_addr().to_string(), "k"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot reach the server: 127.0.0.1:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("connection refused"), "{stderr}");
+}
+
+#[test]
+fn a_held_key_is_said_to_be_held() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let _holder = observer
+        .acquire("held", ms(100), Duration::from_secs(30))
+        .unwrap();
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "0", "held"])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_TIMEOUT)));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "latchkey lock: held: the lock is held by someone else (--wait 0 tries once)\n"
+    );
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "300ms", "held"])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_TIMEOUT)));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "latchkey lock: held: the lock is held by someone else: not acquired within --wait 300ms\n"
+    );
+}

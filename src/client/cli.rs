@@ -30,9 +30,12 @@ use std::ffi::OsString;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::{Command, ExitCode};
+use std::thread;
 use std::time::Duration;
 
-use super::{AcquireError, Client, ClientConfig, RequestError, DEFAULT_ADDR};
+use crossbeam_channel::RecvTimeoutError;
+
+use super::{AcquireError, Client, ClientConfig, RequestError, Ticket, DEFAULT_ADDR};
 
 mod duration;
 mod supervise;
@@ -58,6 +61,11 @@ pub const EXIT_LEASE_LOST: u8 = 85;
 pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// Exit code when CMD was not found.
 pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// An acquire allowed at least this long says at once that it cannot connect (and retries).
+const NOTICE_ALLOWANCE_MIN: Duration = Duration::from_secs(1);
+/// How often `latchkey lock` looks for a failed connect while its acquire waits.
+const NOTICE_POLL: Duration = Duration::from_millis(50);
 
 /// Where the server is and how long its transport may take: shared by every client command.
 #[derive(clap::Args, Debug, Clone)]
@@ -206,10 +214,103 @@ fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAdd
     }
 }
 
+/// Why the server could not be reached or talked to: the failure the client remembers (address
+/// and cause), else the address and `fallback`.
+fn failure_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
+    match client.last_session_failure() {
+        Some(failure) => failure.to_string(),
+        None => format!("{addr}: {fallback}"),
+    }
+}
+
+/// What to say about a query or ping that got no answer.
+fn request_message(client: &Client, addr: SocketAddr, error: &RequestError) -> String {
+    match error {
+        RequestError::Unavailable => {
+            let cause = failure_text(client, addr, "no connection within --transport-timeout");
+            format!("cannot reach the server: {cause}")
+        }
+        RequestError::NoAnswer => {
+            failure_text(client, addr, "no answer within --transport-timeout")
+        }
+        other => format!("{addr}: {other}"),
+    }
+}
+
+/// How long an acquire of `latchkey lock` may take, as its flags say it.
+fn allowance_text(args: &LockArgs) -> String {
+    if args.wait.is_zero() {
+        let timeout = format_duration(args.connect.transport_timeout);
+        format!("--transport-timeout {timeout} (--wait 0)")
+    } else {
+        format!("--wait {}", format_duration(args.wait))
+    }
+}
+
+/// What to say about an acquire of `latchkey lock` that did not return a ticket.
+fn acquire_message(
+    client: &Client,
+    addr: SocketAddr,
+    args: &LockArgs,
+    error: &AcquireError,
+) -> String {
+    match error {
+        AcquireError::Timeout if args.wait.is_zero() => {
+            "the lock is held by someone else (--wait 0 tries once)".to_owned()
+        }
+        AcquireError::Timeout => format!(
+            "the lock is held by someone else: not acquired within --wait {}",
+            format_duration(args.wait)
+        ),
+        AcquireError::Unavailable => {
+            let cause = failure_text(client, addr, "no connection was established");
+            format!(
+                "cannot reach the server within {}: {cause}",
+                allowance_text(args)
+            )
+        }
+        AcquireError::Indeterminate => match client.last_session_failure() {
+            Some(failure) => format!("{error}; the session failed: {failure}"),
+            None => error.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Acquires for `latchkey lock`. When the acquire may take a while, the first failed connect is
+/// said at once (the client keeps retrying until the deadline, PROTOCOL.md §4.2), rather than
+/// only when the whole wait has run out.
+fn acquire_with_notice(client: &Client, args: &LockArgs) -> Result<Ticket, AcquireError> {
+    let allowance = if args.wait.is_zero() {
+        args.connect.transport_timeout
+    } else {
+        args.wait
+    };
+    if allowance < NOTICE_ALLOWANCE_MIN {
+        return client.acquire(&args.key, args.wait, args.lease);
+    }
+    let (done_tx, done) = crossbeam_channel::bounded::<()>(0);
+    thread::scope(|scope| {
+        scope.spawn(move || {
+            while done.recv_timeout(NOTICE_POLL) == Err(RecvTimeoutError::Timeout) {
+                // Only a session that never connected: nothing was sent, a retry follows.
+                if let Some(failure) = client.last_session_failure().filter(|f| !f.connected()) {
+                    let until = allowance_text(args);
+                    eprintln!("latchkey lock: {failure}; retrying until {until} runs out");
+                    return;
+                }
+            }
+        });
+        let result = client.acquire(&args.key, args.wait, args.lease);
+        drop(done_tx);
+        result
+    })
+}
+
 /// `latchkey query KEY`: prints `held=0|1 lease_ms=N waiters=N` and exits 0.
 pub fn run_query(args: QueryArgs) -> ExitCode {
-    let client = match cli_client("query", &args.connect) {
-        Ok((client, _)) => client,
+    let (client, addr) = match cli_client("query", &args.connect) {
+        Ok(found) => found,
         Err(code) => return code,
     };
     match client.query(&args.key) {
@@ -220,7 +321,8 @@ pub fn run_query(args: QueryArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!("latchkey query: {}: {error}", args.key);
+            let message = request_message(&client, addr, &error);
+            eprintln!("latchkey query: {}: {message}", args.key);
             ExitCode::from(request_exit_code(&error))
         }
     }
@@ -239,7 +341,7 @@ pub fn run_ping(args: PingArgs) -> ExitCode {
                 println!("pong from {addr}: time={millis:.3} ms");
             }
             Err(error) => {
-                eprintln!("latchkey ping: {addr}: {error}");
+                eprintln!("latchkey ping: {}", request_message(&client, addr, &error));
                 return ExitCode::from(request_exit_code(&error));
             }
         }
@@ -249,14 +351,15 @@ pub fn run_ping(args: PingArgs) -> ExitCode {
 
 /// `latchkey lock KEY -- CMD [ARGS..]`: see the module docs.
 pub fn run_lock(args: LockArgs) -> ExitCode {
-    let client = match cli_client("lock", &args.connect) {
-        Ok((client, _)) => client,
+    let (client, addr) = match cli_client("lock", &args.connect) {
+        Ok(found) => found,
         Err(code) => return code,
     };
-    let ticket = match client.acquire(&args.key, args.wait, args.lease) {
+    let ticket = match acquire_with_notice(&client, &args) {
         Ok(ticket) => ticket,
         Err(error) => {
-            eprintln!("latchkey lock: {}: {error}", args.key);
+            let message = acquire_message(&client, addr, &args, &error);
+            eprintln!("latchkey lock: {}: {message}", args.key);
             return ExitCode::from(acquire_exit_code(&error));
         }
     };
