@@ -74,3 +74,22 @@ fn bench_drives_a_server_without_errors() {
     server.shutdown();
     server.join().expect("the server stops cleanly");
 }
+
+#[test]
+fn bench_takes_its_target_from_latchkey_server() {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.cores = 1;
+    let server = latchkey::server::start(config).expect("server starts");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .args(["bench", "--workload", "uncontended", "--duration", "200ms"])
+        .args(["--warmup", "0", "--connections", "1", "--pipeline", "1"])
+        .args(["--keys", "10", "--threads", "1", "--json"])
+        .env("LATCHKEY_SERVER", server.local_addr().to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    let target = format!("\"target\":\"latchkey://{}\"", server.local_addr());
+    assert!(stdout.contains(&target), "{stdout}");
+}

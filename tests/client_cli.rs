@@ -246,7 +246,8 @@ fn lock_arguments_parse_as_documented() {
     let parsed = Lock::try_parse_from(["lock", "--wait", "500ms", "k", "--", "echo", "-n", "hi"])
         .unwrap()
         .args;
-    assert_eq!(parsed.connect.server, "127.0.0.1:7420");
+    let server = std::env::var("LATCHKEY_SERVER").unwrap_or("127.0.0.1:7420".into());
+    assert_eq!(parsed.connect.server, server);
     assert_eq!(parsed.connect.transport_timeout, Duration::from_secs(5));
     assert_eq!(parsed.wait, ms(500));
     assert_eq!(parsed.lease, Duration::from_secs(30));
@@ -308,7 +309,8 @@ fn durations_parse() {
 
 fn latchkey(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
-    command.args(args);
+    // Whatever the environment of the test run says, the tests name their servers.
+    command.env_remove("LATCHKEY_SERVER").args(args);
     command
 }
 
@@ -549,4 +551,28 @@ fn a_held_key_is_said_to_be_held() {
         String::from_utf8_lossy(&output.stderr),
         "latchkey lock: held: the lock is held by someone else: not acquired within --wait 300ms\n"
     );
+}
+
+#[test]
+fn latchkey_server_in_the_environment_is_the_default_server() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let output = latchkey(&["ping"])
+        .env("LATCHKEY_SERVER", &addr)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let pong = format!("pong from {addr}:");
+    assert!(String::from_utf8_lossy(&output.stdout).starts_with(&pong));
+    let output = latchkey(&["lock", "envkey", "--", "true"])
+        .env("LATCHKEY_SERVER", &addr)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    // --server wins over the environment.
+    let output = latchkey(&["query", "--server", &addr, "envkey"])
+        .env("LATCHKEY_SERVER", dead_addr().to_string())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
 }

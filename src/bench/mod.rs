@@ -95,12 +95,15 @@ impl fmt::Display for Target {
     }
 }
 
-/// Parses `latchkey://HOST:PORT` or `redis://HOST:PORT`.
+/// Parses `latchkey://HOST:PORT` or `redis://HOST:PORT`; a bare `HOST:PORT` is latchkey (the
+/// form `LATCHKEY_SERVER` and `--server` take).
 pub fn parse_target(text: &str) -> Result<Target, String> {
     let (dialect, rest) = if let Some(rest) = text.strip_prefix("latchkey://") {
         (Dialect::Latchkey, rest)
     } else if let Some(rest) = text.strip_prefix("redis://") {
         (Dialect::Redis, rest)
+    } else if !text.contains("://") {
+        (Dialect::Latchkey, text)
     } else {
         return Err(format!(
             "`{text}`: expected latchkey://HOST:PORT or redis://HOST:PORT"
@@ -144,8 +147,9 @@ impl Workload {
 /// `latchkey bench` arguments.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// latchkey://HOST:PORT (also the echo baseline) or redis://HOST:PORT.
-    #[arg(long, value_parser = parse_target)]
+    /// latchkey://HOST:PORT (also the echo baseline) or redis://HOST:PORT; a bare HOST:PORT is
+    /// latchkey. Defaults to the latchkey server in LATCHKEY_SERVER.
+    #[arg(long, env = "LATCHKEY_SERVER", value_parser = parse_target)]
     pub target: Target,
     /// What each connection does.
     #[arg(long, value_enum)]

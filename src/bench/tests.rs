@@ -39,8 +39,14 @@ fn targets_name_a_dialect_and_an_address() {
         (Dialect::Redis, "localhost:6379")
     );
     assert_eq!(target.to_string(), "redis://localhost:6379");
+    let bare = parse_target("127.0.0.1:1").unwrap();
+    assert_eq!(
+        bare.to_string(),
+        "latchkey://127.0.0.1:1",
+        "as LATCHKEY_SERVER says it"
+    );
     for bad in [
-        "127.0.0.1:1",
+        "127.0.0.1",
         "http://a:1",
         "redis://",
         "redis://host",

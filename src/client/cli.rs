@@ -70,8 +70,8 @@ const NOTICE_POLL: Duration = Duration::from_millis(50);
 /// Where the server is and how long its transport may take: shared by every client command.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConnectArgs {
-    /// Server address (host:port).
-    #[arg(long, default_value = DEFAULT_ADDR)]
+    /// Server address (host:port); defaults to LATCHKEY_SERVER when it is set.
+    #[arg(long, env = "LATCHKEY_SERVER", default_value = DEFAULT_ADDR)]
     pub server: String,
     /// How long the transport may take (PROTOCOL.md §4): a connect, the answer to a release,
     /// extend, query or ping, a `--wait 0` acquire, and the answer to the Cancel sent when
