@@ -35,6 +35,8 @@ fn lock_args(server: String, key: &str, wait: Duration, lease: Duration, script:
         wait,
         lease,
         grace: ms(500),
+        conflict_exit_code: None,
+        quiet: false,
         key: key.to_owned(),
         command: ["sh", "-c", script].iter().map(OsString::from).collect(),
     }
@@ -575,4 +577,78 @@ fn latchkey_server_in_the_environment_is_the_default_server() {
         .output()
         .unwrap();
     assert!(output.status.success(), "{output:?}");
+}
+
+#[test]
+fn a_cron_guard_picks_the_conflict_exit_code_and_can_be_quiet() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let _holder = observer
+        .acquire("cron", ms(100), Duration::from_secs(30))
+        .unwrap();
+    let guard = |extra: &[&str]| {
+        latchkey(&["lock", "--server", &addr, "--wait", "0"])
+            .args(extra)
+            .args(["cron", "--", "true"])
+            .output()
+            .unwrap()
+    };
+    let output = guard(&["--conflict-exit-code", "0", "--quiet"]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(output.stderr.is_empty(), "{output:?}");
+    let output = guard(&["--conflict-exit-code", "3"]);
+    assert_eq!(output.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("held by someone else"));
+    let output = guard(&["-q"]);
+    assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_TIMEOUT)));
+    assert!(output.stderr.is_empty(), "{output:?}");
+    // Errors other than the conflict keep their code and are still said.
+    let dead = dead_addr().to_string();
+    let output = latchkey(&["lock", "--server", &dead, "--wait", "200ms", "--quiet"])
+        .args(["--conflict-exit-code", "3", "cron", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_UNAVAILABLE)));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("connection refused"));
+}
+
+#[test]
+fn a_lease_rounded_up_to_whole_seconds_is_said() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let run = |quiet: &[&str]| {
+        latchkey(&["lock", "--server", &addr, "--lease", "500ms"])
+            .args(quiet)
+            .args(["round", "--", "true"])
+            .output()
+            .unwrap()
+    };
+    let output = run(&[]);
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "latchkey lock: --lease 500ms is rounded up to 1s: leases are whole seconds\n"
+    );
+    let output = run(&["--quiet"]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(output.stderr.is_empty(), "{output:?}");
+}
+
+#[test]
+fn a_long_key_is_not_echoed_whole() {
+    let long = "k".repeat(2000);
+    for command in ["lock", "query"] {
+        let mut args = vec![command, long.as_str()];
+        if command == "lock" {
+            args.extend(["--", "true"]);
+        }
+        let output = latchkey(&args).output().unwrap();
+        assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_USAGE)));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let shown = format!("{}… (2000 bytes)", "k".repeat(64));
+        assert!(stderr.contains(&shown), "{stderr}");
+        assert!(stderr.contains("longer than 1024 bytes"), "{stderr}");
+        assert!(stderr.len() < 400, "{} bytes: {stderr}", stderr.len());
+    }
 }

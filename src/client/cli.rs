@@ -1,13 +1,19 @@
 //! `latchkey lock`, `latchkey query` and `latchkey ping`: the client on the command line.
 //!
 //! `latchkey lock [--server ADDR] [--transport-timeout 5s] [--wait 10s] [--lease 30s]
-//! [--grace 5s] KEY -- CMD [ARGS..]`
+//! [--grace 5s] [--conflict-exit-code N] [--quiet] KEY -- CMD [ARGS..]`
 //! takes the lock, runs CMD with `LATCHKEY_KEY` and `LATCHKEY_TOKEN` in its environment,
 //! extends the lease every lease/3 while CMD runs, releases the lock when CMD exits and exits
 //! with CMD's status. If the lease is lost (the server says the token no longer holds the key,
 //! or the ticket's validity bound passes without a confirmed extend), CMD gets SIGTERM, then
 //! SIGKILL after the grace, and `latchkey lock` exits [`EXIT_LEASE_LOST`]. SIGINT, SIGTERM and
 //! SIGHUP received by `latchkey lock` are forwarded to CMD.
+//!
+//! Every command's `--server` defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
+//! `--transport-timeout` (5 s) is the transport allowance of PROTOCOL.md §4. Durations are
+//! one syntax everywhere ([`parse_duration`]). Messages name the server's address and why its
+//! session failed when the client knows ([`Client::last_session_failure`]), and show at most
+//! the first 64 characters of a key ([`shown_key`]).
 //!
 //! Exit codes (the same for `query` and `ping` where they apply):
 //!
@@ -16,7 +22,7 @@
 //! | CMD's | CMD ran under the lock and exited with this status |
 //! | 128 + N | CMD was killed by signal N |
 //! | 2 | usage: bad arguments (as for every command-line error) |
-//! | 80 | timeout: the lock was not acquired within `--wait` |
+//! | 80 | timeout: the lock is held by someone else (not acquired within `--wait`); `--conflict-exit-code N` makes it N |
 //! | 81 | busy: the server refused for capacity or shutdown |
 //! | 82 | indeterminate: the request may have reached the server, no definitive answer |
 //! | 83 | unavailable: no session to the server could be established |
@@ -73,7 +79,7 @@ pub struct ConnectArgs {
     /// Server address (host:port); defaults to LATCHKEY_SERVER when it is set.
     #[arg(long, env = "LATCHKEY_SERVER", default_value = DEFAULT_ADDR)]
     pub server: String,
-    /// How long the transport may take (PROTOCOL.md §4): a connect, the answer to a release,
+    /// How long the transport may take: a connect, the answer to a release,
     /// extend, query or ping, a `--wait 0` acquire, and the answer to the Cancel sent when
     /// `--wait` runs out.
     #[arg(long, default_value = "5s", value_parser = parse_transport_timeout)]
@@ -105,8 +111,15 @@ pub struct LockArgs {
     /// How long CMD has between SIGTERM and SIGKILL once the lease is lost.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Exit N, instead of 80, when the lock is held by someone else (like `flock -E N`).
+    #[arg(long, value_name = "N")]
+    pub conflict_exit_code: Option<u8>,
+    /// Say nothing when the lock is held by someone else, nor that the lease was rounded up
+    /// (errors are still said).
+    #[arg(long, short)]
+    pub quiet: bool,
     /// The lock's name.
-    #[arg(value_parser = parse_key)]
+    #[arg(value_parser = KeyParser)]
     pub key: String,
     /// The command to run under the lock, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
@@ -120,7 +133,7 @@ pub struct QueryArgs {
     #[command(flatten)]
     pub connect: ConnectArgs,
     /// The lock's name.
-    #[arg(value_parser = parse_key)]
+    #[arg(value_parser = KeyParser)]
     pub key: String,
 }
 
@@ -155,9 +168,62 @@ fn parse_transport_timeout(text: &str) -> Result<Duration, String> {
     Ok(timeout)
 }
 
-fn parse_key(text: &str) -> Result<String, String> {
-    super::args::check_key(text).map_err(|error| error.to_string())?;
-    Ok(text.to_owned())
+/// Keys in messages: at most this many characters of them.
+const KEY_SHOWN_CHARS_MAX: usize = 64;
+
+/// A key as messages show it: control characters escaped, and a long key cut to its first
+/// 64 characters followed by its length, so that an error about a
+/// 2,000-byte key is one short line.
+///
+/// ```
+/// use latchkey::client::cli::shown_key;
+///
+/// assert_eq!(shown_key("jobs/a"), "jobs/a");
+/// assert_eq!(shown_key("a\nb"), "a\\nb");
+/// let long = "k".repeat(2000);
+/// assert_eq!(shown_key(&long), format!("{}… (2000 bytes)", "k".repeat(64)));
+/// ```
+pub fn shown_key(key: &str) -> String {
+    let mut shown = String::new();
+    for c in key.chars().take(KEY_SHOWN_CHARS_MAX) {
+        if c.is_control() {
+            shown.extend(c.escape_debug());
+        } else {
+            shown.push(c);
+        }
+    }
+    if key.chars().nth(KEY_SHOWN_CHARS_MAX).is_some() {
+        shown.push_str(&format!("… ({} bytes)", key.len()));
+    }
+    shown
+}
+
+/// Parses KEY without echoing it whole: clap's own message for a refused value repeats the
+/// value, which for a long key is a wall of text.
+#[derive(Clone, Copy, Debug)]
+struct KeyParser;
+
+impl clap::builder::TypedValueParser for KeyParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        command: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let refuse = |message: String| {
+            let kind = clap::error::ErrorKind::ValueValidation;
+            clap::Error::raw(kind, format!("invalid KEY {message}\n")).with_cmd(command)
+        };
+        let Some(text) = value.to_str() else {
+            return Err(refuse("(not valid UTF-8)".into()));
+        };
+        match super::args::check_key(text) {
+            Ok(()) => Ok(text.to_owned()),
+            Err(error) => Err(refuse(format!("`{}`: {error}", shown_key(text)))),
+        }
+    }
 }
 
 /// The exit code for an acquire that did not return a ticket.
@@ -322,7 +388,7 @@ pub fn run_query(args: QueryArgs) -> ExitCode {
         }
         Err(error) => {
             let message = request_message(&client, addr, &error);
-            eprintln!("latchkey query: {}: {message}", args.key);
+            eprintln!("latchkey query: {}: {message}", shown_key(&args.key));
             ExitCode::from(request_exit_code(&error))
         }
     }
@@ -349,18 +415,39 @@ pub fn run_ping(args: PingArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Says that the lease goes out rounded up to whole seconds, unless it is whole or `--quiet`.
+fn note_lease_rounding(args: &LockArgs) {
+    let Ok(lease_s) = super::args::lease_s(args.lease) else {
+        return;
+    };
+    let sent = Duration::from_secs(u64::from(lease_s));
+    if sent != args.lease && !args.quiet {
+        let (asked, sent) = (format_duration(args.lease), format_duration(sent));
+        eprintln!(
+            "latchkey lock: --lease {asked} is rounded up to {sent}: leases are whole seconds"
+        );
+    }
+}
+
 /// `latchkey lock KEY -- CMD [ARGS..]`: see the module docs.
 pub fn run_lock(args: LockArgs) -> ExitCode {
     let (client, addr) = match cli_client("lock", &args.connect) {
         Ok(found) => found,
         Err(code) => return code,
     };
+    note_lease_rounding(&args);
     let ticket = match acquire_with_notice(&client, &args) {
         Ok(ticket) => ticket,
+        Err(AcquireError::Timeout) if args.quiet => {
+            return ExitCode::from(args.conflict_exit_code.unwrap_or(EXIT_TIMEOUT));
+        }
         Err(error) => {
             let message = acquire_message(&client, addr, &args, &error);
-            eprintln!("latchkey lock: {}: {message}", args.key);
-            return ExitCode::from(acquire_exit_code(&error));
+            eprintln!("latchkey lock: {}: {message}", shown_key(&args.key));
+            let conflict = args
+                .conflict_exit_code
+                .filter(|_| error == AcquireError::Timeout);
+            return ExitCode::from(conflict.unwrap_or_else(|| acquire_exit_code(&error)));
         }
     };
     let child = Command::new(&args.command[0])
