@@ -341,8 +341,8 @@ impl BenchArgs {
     }
 }
 
-/// Runs `latchkey bench`: exit 0 on a clean run, 1 when anything unexpected was counted, 2 when
-/// the run could not be made.
+/// Runs `latchkey bench`: exit 0 on a clean run, 1 when anything unexpected was counted or no
+/// cycle completed in the measured window, 2 when the run could not be made.
 pub fn run(args: BenchArgs) -> ExitCode {
     let config = match args.to_config() {
         Ok(config) => config,
@@ -363,10 +363,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
     } else {
         print!("{}", report.to_table());
     }
-    if report.unexpected() == 0 {
+    let Some(alarm) = report.failure() else {
         return ExitCode::SUCCESS;
-    }
-    let alarm = report.alarm();
+    };
     if std::io::stderr().is_terminal() {
         eprintln!("\x1b[1;31m{alarm}\x1b[0m");
     } else {
