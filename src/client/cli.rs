@@ -22,7 +22,7 @@
 //! | CMD's | CMD ran under the lock and exited with this status |
 //! | 128 + N | CMD was killed by signal N |
 //! | 2 | usage: bad arguments (as for every command-line error) |
-//! | 80 | timeout: the lock is held by someone else (not acquired within `--wait`); `--conflict-exit-code N` makes it N |
+//! | 80 | held by someone else: not acquired within `--wait` (`--conflict-exit-code N`: N) |
 //! | 81 | busy: the server refused for capacity or shutdown |
 //! | 82 | indeterminate: the request may have reached the server, no definitive answer |
 //! | 83 | unavailable: no session to the server could be established |

@@ -78,8 +78,10 @@
 //! | `pool.rs` | the session slots; replacing a failed session |
 //! | `session.rs` | one connection: its thread, its inbox, the socket (mio) |
 //! | `call.rs` | a call, its outcome, why a session ended |
-//! | `pipeline.rs` | one session's requests without I/O: encoding, correlation, deadlines |
-//! | `cli.rs` | `latchkey lock`, `latchkey query`, `latchkey ping`: arguments, messages, exit codes |
+//! | `pipeline.rs` | one session's requests without I/O: correlation, what deadlines do |
+//! | `pipeline/output.rs` | encoding just before the write; the guard of one write attempt |
+//! | `pipeline/deadlines.rs` | exact deadlines on the timing wheel, cancelled with their call |
+//! | `cli.rs` | `latchkey lock`, `query`, `ping`: arguments, messages, exit codes |
 //! | `cli/supervise.rs` | running `latchkey lock`'s command: extending, signals, a lost lease |
 //!
 //! Deliberately not here: reconnecting a session in place (a failed session is replaced by a

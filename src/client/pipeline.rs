@@ -9,9 +9,9 @@
 //! 3. [`handle_deadlines`](Pipeline::handle_deadlines);
 //! 4. for every socket write: [`output`](Pipeline::output) with the instant read just before
 //!    it, which encodes queued frames *now* (so the wire wait is the time left just before the
-//!    bytes go out) and returns an [`Output`] guard; the driver writes
-//!    [`Output::bytes`], tells the guard how many the socket took
-//!    ([`Output::handed`]), and drops it;
+//!    bytes go out) and returns an [`Output`](output::Output) guard; the driver writes
+//!    [`Output::bytes`](output::Output::bytes), tells the guard how many the socket took
+//!    ([`Output::handed`](output::Output::handed)), and drops it;
 //! 5. [`next_deadline`](Pipeline::next_deadline) feeds the poll timeout.
 //!
 //! Once [`close_reason`](Pipeline::close_reason) is set, the driver stops using the socket
@@ -19,12 +19,12 @@
 //!
 //! Invariants:
 //! * A request is *unsent* (stage `Queued` or `Encoded`) exactly while no byte of it has been
-//!   handed to the socket. A frame is `Encoded` only while an [`Output`] guard lives: the
-//!   guard borrows the whole pipeline, so no answer, deadline or call can be handled meanwhile,
-//!   and when it ends, frames of which no byte was handed go back to the queue, to be encoded
-//!   again, with a fresh wire wait, when they really go out. So no frame can reach the socket
-//!   after its caller was told it expired: outside a write attempt, the output buffer holds at
-//!   most the rest of one frame already partly on the wire.
+//!   handed to the socket. A frame is `Encoded` only while an [`Output`](output::Output)
+//!   guard lives: the guard borrows the whole pipeline, so no answer, deadline or call can be
+//!   handled meanwhile, and when it ends, frames of which no byte was handed go back to the
+//!   queue, to be encoded again, with a fresh wire wait, when they really go out. So no frame
+//!   can reach the socket after its caller was told it expired: outside a write attempt, the
+//!   output buffer holds at most the rest of one frame already partly on the wire.
 //! * Nothing here ever encodes a request again once a byte of it was handed to the socket.
 //! * Every call with a reply channel gets exactly one [`Outcome`].
 //! * An entry whose deadline still matters has exactly one live timer on the timing wheel
@@ -49,10 +49,14 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use slab::Slab;
 
-use super::args::wire_wait_s;
 pub(crate) use super::call::{Call, CloseReason, Op, Outcome};
 use crate::protocol::{parse_response, ErrorCode, Response};
-use crate::wheel::{TimerHandle, Wheel};
+use crate::wheel::TimerHandle;
+
+mod deadlines;
+pub(crate) mod output;
+
+use deadlines::Deadlines;
 
 /// Bytes of frames encoded ahead of the socket at most; the rest stay queued, so their wire
 /// wait is computed later.
@@ -122,52 +126,12 @@ pub(crate) struct Pipeline {
     owners: HashMap<u64, Handle>,
     nonces: HashMap<u64, Handle>,
     tokens: HashMap<u64, VecDeque<Handle>>,
-    /// Tick 0 of `timers`; a tick is one whole millisecond after it.
-    epoch: Instant,
     /// One live timer per armed entry, cancelled whenever the entry is removed or re-armed.
-    timers: Wheel<Handle>,
-    /// The tick `timers` was last advanced to.
-    wheel_tick: u64,
-    /// The earliest exact instant of the timers armed at or behind `wheel_tick` since that
-    /// advance: the wheel holds them as due, so without this the next wake-up would be at once
-    /// rather than at their instant, inside the current millisecond (possibly stale-early
-    /// after a cancel, which only costs one early wake-up).
-    soon: Option<Instant>,
+    timers: Deadlines<Handle>,
     /// What one `advance` of `timers` fired; kept to reuse its allocation.
     fired: Vec<Handle>,
     /// Answers correlated with an `X` that closed the session; delivered by `finish`.
     held: Vec<(Sender<Outcome>, Outcome)>,
-}
-
-/// One write attempt, from [`Pipeline::output`]: the bytes to hand to the socket.
-///
-/// It borrows the pipeline mutably, so nothing else (answers, deadlines, new calls) is handled
-/// while it lives. Tell it how many bytes the socket took with [`handed`](Output::handed);
-/// when it is dropped, every frame of which no byte was handed goes back to the queue. That is
-/// what makes "encoded but not handed" a state no frame can keep past one write attempt.
-#[must_use = "the bytes are offered to the socket through the guard"]
-pub(crate) struct Output<'a> {
-    pipeline: &'a mut Pipeline,
-    now: Instant,
-}
-
-impl Output<'_> {
-    /// The bytes to write: empty when there is nothing to send or the session must end.
-    pub(crate) fn bytes(&self) -> &[u8] {
-        self.pipeline.offered()
-    }
-
-    /// The socket took the first `written` bytes of [`bytes`](Self::bytes); they count as
-    /// sent at the instant this write attempt started.
-    pub(crate) fn handed(&mut self, written: usize) {
-        self.pipeline.handle_written(written, self.now);
-    }
-}
-
-impl Drop for Output<'_> {
-    fn drop(&mut self) {
-        self.pipeline.requeue_unhanded();
-    }
 }
 
 fn reply(tx: Option<Sender<Outcome>>, outcome: Outcome) -> bool {
@@ -191,10 +155,7 @@ impl Pipeline {
             owners: HashMap::new(),
             nonces: HashMap::new(),
             tokens: HashMap::new(),
-            epoch,
-            timers: Wheel::new(0),
-            wheel_tick: 0,
-            soon: None,
+            timers: Deadlines::new(epoch),
             fired: Vec::new(),
             held: Vec::new(),
         }
@@ -233,20 +194,7 @@ impl Pipeline {
     /// millisecond, or a cascade point of it; waking early is harmless). `None` when no
     /// deadline is armed.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        let tick = self.timers.next_deadline()?;
-        let at = self.epoch + Duration::from_millis(tick);
-        if tick <= self.wheel_tick {
-            // Only timers armed at or behind the wheel's tick are due there; `soon` says when.
-            return Some(self.soon.unwrap_or(at));
-        }
-        Some(at)
-    }
-
-    /// The wheel tick of `at`: whole milliseconds since the epoch, rounded down, so a timer
-    /// never fires after the first `handle_deadlines` that has reached its instant.
-    fn tick_of(&self, at: Instant) -> u64 {
-        let since = at.saturating_duration_since(self.epoch).as_millis();
-        u64::try_from(since).unwrap_or(u64::MAX)
+        self.timers.next_deadline()
     }
 
     /// Queues a call. Its deadline is armed; an unsent call is never sent after it.
@@ -291,7 +239,6 @@ impl Pipeline {
 
     /// Arms the entry's single timer for the exact instant `at`, replacing any armed one.
     fn arm(&mut self, handle: Handle, at: Instant) {
-        let tick = self.tick_of(at);
         let Some(entry) = self.entries.get_mut(handle.slot) else {
             return;
         };
@@ -301,10 +248,7 @@ impl Pipeline {
         if let Some((old, _)) = entry.timer.take() {
             self.timers.cancel(old);
         }
-        entry.timer = Some((self.timers.insert(tick, handle), at));
-        if tick <= self.wheel_tick {
-            self.soon = Some(self.soon.map_or(at, |soon| soon.min(at)));
-        }
+        entry.timer = Some((self.timers.insert(at, handle), at));
     }
 
     fn entry(&self, handle: Handle) -> Option<&Entry> {
@@ -338,157 +282,6 @@ impl Pipeline {
             _ => {}
         }
         entry
-    }
-
-    /// Starts one write attempt at `now`, read just before the write: encodes queued frames
-    /// behind the rest of a frame already partly written, so each acquire's wire wait is the
-    /// time left until its deadline at this instant, rounded up to whole seconds. Queued
-    /// requests already past their deadline are expired instead of sent. The guard offers the
-    /// bytes; see [`Output`].
-    pub(crate) fn output(&mut self, now: Instant) -> Output<'_> {
-        if self.close.is_none() && self.established {
-            self.compact();
-            self.encode_queued(now);
-            self.check_invariants();
-        }
-        Output {
-            pipeline: self,
-            now,
-        }
-    }
-
-    /// Drops the frames wholly handed to the socket from the front of the output buffer. A
-    /// frame partly handed keeps its handed bytes, so that its span still starts before
-    /// `out_written`: that is how [`requeue_unhanded`](Self::requeue_unhanded) tells it from a
-    /// frame of which no byte was handed.
-    fn compact(&mut self) {
-        let cut = self
-            .spans
-            .front()
-            .map_or(self.out_written, |span| span.start);
-        if cut == 0 {
-            return;
-        }
-        self.out.drain(..cut);
-        self.out_written -= cut;
-        for span in &mut self.spans {
-            span.start -= cut;
-            span.end -= cut;
-        }
-    }
-
-    /// The bytes of the current write attempt: nothing once the session must end.
-    fn offered(&self) -> &[u8] {
-        if self.close.is_some() || !self.established {
-            return &[];
-        }
-        &self.out[self.out_written..]
-    }
-
-    fn encode_queued(&mut self, now: Instant) {
-        while self.out.len() < OUTPUT_BYTES_MAX {
-            let Some(handle) = self.queue.pop_front() else {
-                break;
-            };
-            let Some(entry) = self.entries.get_mut(handle.slot) else {
-                continue;
-            };
-            if entry.seq != handle.seq || entry.stage != Stage::Queued {
-                continue;
-            }
-            let wait_s = match entry.call.op {
-                Op::Cancel { .. } => 0,
-                Op::Acquire {
-                    wait_zero: false, ..
-                } => match wire_wait_s(entry.call.deadline, now) {
-                    Some(wait_s) => wait_s,
-                    None => {
-                        self.expire(handle);
-                        continue;
-                    }
-                },
-                _ if now >= entry.call.deadline => {
-                    self.expire(handle);
-                    continue;
-                }
-                _ => 0,
-            };
-            let start = self.out.len();
-            entry.call.op.request(wait_s).encode(&mut self.out);
-            entry.stage = Stage::Encoded;
-            self.spans.push_back(Span {
-                handle,
-                start,
-                end: self.out.len(),
-            });
-        }
-    }
-
-    /// The socket took `written` more bytes of the offered output; `now` is the instant read
-    /// before that write.
-    fn handle_written(&mut self, written: usize, now: Instant) {
-        self.out_written += written;
-        assert!(
-            self.out_written <= self.out.len(),
-            "socket took more bytes than offered"
-        );
-        while let Some(&span) = self.spans.front() {
-            if span.start >= self.out_written {
-                break;
-            }
-            let complete = span.end <= self.out_written;
-            self.mark_handed(span.handle, complete, now);
-            if !complete {
-                break;
-            }
-            self.spans.pop_front();
-        }
-        self.check_invariants();
-    }
-
-    fn mark_handed(&mut self, handle: Handle, complete: bool, now: Instant) {
-        // A hostile server may have answered a request before it was fully written.
-        let Some(entry) = self.entry_mut(handle) else {
-            return;
-        };
-        if entry.stage == Stage::Encoded {
-            entry.stage = Stage::Partial;
-            entry.sent_at = Some(now);
-            if let Op::Release { token, .. } | Op::Extend { token, .. } = entry.call.op {
-                self.tokens.entry(token).or_default().push_back(handle);
-            }
-        }
-        let Some(entry) = self.entry_mut(handle) else {
-            return;
-        };
-        if complete && entry.stage == Stage::Partial {
-            entry.stage = Stage::Sent;
-            if let Op::Cancel { .. } = entry.call.op {
-                // A Cancel gets no answer of its own; the acquire's entry waits for the `T`.
-                self.take(handle);
-            }
-        }
-    }
-
-    /// The write attempt is over: frames of which no byte was handed go back to the front of
-    /// the queue, to be encoded again (with a fresh wire wait) when they really go out.
-    fn requeue_unhanded(&mut self) {
-        while let Some(&span) = self.spans.back() {
-            if span.start < self.out_written {
-                break;
-            }
-            self.spans.pop_back();
-            self.out.truncate(span.start);
-            if let Some(entry) = self.entry_mut(span.handle) {
-                entry.stage = Stage::Queued;
-                self.queue.push_front(span.handle);
-            }
-        }
-        debug_assert!(
-            self.spans.len() <= 1 && self.spans.iter().all(|s| s.start < self.out_written),
-            "only the rest of a frame partly handed to the socket outlives a write attempt"
-        );
-        self.check_invariants();
     }
 
     /// Correlates the answers at the start of `input`, read at `now`; returns the bytes used.
@@ -669,15 +462,12 @@ impl Pipeline {
     }
 
     /// Applies every deadline that has passed at `now` (see the module docs and §4.2–§4.4),
-    /// earliest first. A timer the wheel fires in the millisecond of its deadline but before
-    /// the exact instant is armed again in that millisecond (as due, with `soon` saying when):
-    /// never early, and the first call at or after the instant applies it.
+    /// earliest first. A timer fired in the millisecond of its deadline but before the exact
+    /// instant is armed again for that instant: never early, and the first call at or after
+    /// the instant applies it.
     pub(crate) fn handle_deadlines(&mut self, now: Instant) {
         let mut fired = std::mem::take(&mut self.fired);
-        // Never behind the last tick: that would not even fire the timers held as due.
-        self.wheel_tick = self.wheel_tick.max(self.tick_of(now));
-        self.soon = None;
-        self.timers.advance(self.wheel_tick, &mut fired);
+        self.timers.advance(now, &mut fired);
         // Every fired handle names a live entry: removing an entry cancels its timer.
         let instant = |entry: Option<&Entry>| entry.and_then(|e| e.timer).map(|(_, at)| at);
         fired.sort_unstable_by_key(|&handle| (instant(self.entry(handle)), handle));
@@ -817,8 +607,7 @@ impl Pipeline {
         self.owners.clear();
         self.nonces.clear();
         self.tokens.clear();
-        self.timers = Wheel::new(self.wheel_tick);
-        self.soon = None;
+        self.timers.clear();
         unsent_releases
     }
 
@@ -858,10 +647,7 @@ impl Pipeline {
         let mut armed = 0;
         for (_, entry) in &self.entries {
             if let Some((timer, _)) = entry.timer {
-                assert!(
-                    self.timers.deadline(timer).is_some(),
-                    "an armed timer is live"
-                );
+                assert!(self.timers.is_armed(timer), "an armed timer is live");
                 armed += 1;
             }
         }

@@ -304,9 +304,10 @@ impl Driver {
         self.shared.inbox.lock().calls.is_empty() && self.pipeline.output_idle()
     }
 
-    /// Writes until the socket takes no more, one [`Output`](super::pipeline::Output) guard
-    /// per write. The instant is read before every write: it is both the wire-wait reference
-    /// for frames encoded now and the `sent_at` of their bytes. Frames the socket did not take
+    /// Writes until the socket takes no more, one
+    /// [`Output`](super::pipeline::output::Output) guard per write. The instant is read before
+    /// every write: it is both the wire-wait reference for frames encoded now and the `sent_at`
+    /// of their bytes. Frames the socket did not take
     /// go back to the pipeline's queue when the guard ends.
     fn flush(&mut self) {
         let Some(stream) = self.stream.as_mut() else {

@@ -4,16 +4,16 @@ use super::*;
 use crate::protocol::{parse_request, Request, KEY_BYTES_MAX};
 use crossbeam_channel::Receiver;
 
-const TRANSPORT: Duration = Duration::from_secs(5);
-const OWNER: u64 = 0xa11ce;
+pub(super) const TRANSPORT: Duration = Duration::from_secs(5);
+pub(super) const OWNER: u64 = 0xa11ce;
 
-fn ms(millis: u64) -> Duration {
+pub(super) fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
 }
 
 /// An owned copy of a request frame, for assertions.
 #[derive(Debug, PartialEq, Eq)]
-enum Sent {
+pub(super) enum Sent {
     Acquire {
         wait_s: u8,
         lease_s: u8,
@@ -41,7 +41,7 @@ enum Sent {
     },
 }
 
-fn decode(mut bytes: &[u8]) -> Vec<Sent> {
+pub(super) fn decode(mut bytes: &[u8]) -> Vec<Sent> {
     let mut frames = Vec::new();
     while let Some((request, used)) = parse_request(bytes, KEY_BYTES_MAX).unwrap() {
         let text = |key: &[u8]| String::from_utf8(key.to_vec()).unwrap();
@@ -84,7 +84,7 @@ fn decode(mut bytes: &[u8]) -> Vec<Sent> {
 }
 
 /// Writes everything the pipeline offers at `now`, as a socket that takes it all would.
-fn write_all(pipeline: &mut Pipeline, now: Instant) -> Vec<Sent> {
+pub(super) fn write_all(pipeline: &mut Pipeline, now: Instant) -> Vec<Sent> {
     let mut output = pipeline.output(now);
     let bytes = output.bytes().to_vec();
     output.handed(bytes.len());
@@ -94,14 +94,14 @@ fn write_all(pipeline: &mut Pipeline, now: Instant) -> Vec<Sent> {
 
 /// One write attempt at `now` in which the socket takes `taken` bytes; returns how many bytes
 /// were offered.
-fn write_some(pipeline: &mut Pipeline, now: Instant, taken: usize) -> usize {
+pub(super) fn write_some(pipeline: &mut Pipeline, now: Instant, taken: usize) -> usize {
     let mut output = pipeline.output(now);
     let offered = output.bytes().len();
     output.handed(taken);
     offered
 }
 
-fn feed(pipeline: &mut Pipeline, response: Response, now: Instant) {
+pub(super) fn feed(pipeline: &mut Pipeline, response: Response, now: Instant) {
     let mut bytes = Vec::new();
     response.encode(&mut bytes);
     assert_eq!(pipeline.handle_read(&bytes, now), bytes.len());
@@ -123,13 +123,13 @@ fn follow_wake_ups(pipeline: &mut Pipeline, deadline: Instant) {
     panic!("the wake-ups never reached the deadline's millisecond");
 }
 
-fn established() -> Pipeline {
+pub(super) fn established() -> Pipeline {
     let mut pipeline = Pipeline::new(TRANSPORT, Instant::now());
     pipeline.set_established();
     pipeline
 }
 
-fn call(op: Op, deadline: Instant) -> (Call, Receiver<Outcome>) {
+pub(super) fn call(op: Op, deadline: Instant) -> (Call, Receiver<Outcome>) {
     let (tx, rx) = crossbeam_channel::bounded(1);
     (
         Call {
@@ -142,7 +142,7 @@ fn call(op: Op, deadline: Instant) -> (Call, Receiver<Outcome>) {
     )
 }
 
-fn acquire(owner: u64, wait_zero: bool, deadline: Instant) -> (Call, Receiver<Outcome>) {
+pub(super) fn acquire(owner: u64, wait_zero: bool, deadline: Instant) -> (Call, Receiver<Outcome>) {
     let op = Op::Acquire {
         key: Arc::from("k"),
         wait_zero,
@@ -152,82 +152,11 @@ fn acquire(owner: u64, wait_zero: bool, deadline: Instant) -> (Call, Receiver<Ou
     call(op, deadline)
 }
 
-fn answered(rx: &Receiver<Outcome>) -> Response {
+pub(super) fn answered(rx: &Receiver<Outcome>) -> Response {
     match rx.try_recv() {
         Ok(Outcome::Answer { response, .. }) => response,
         other => panic!("expected an answer, got {other:?}"),
     }
-}
-
-#[test]
-fn wire_wait_is_computed_when_the_frame_is_encoded_not_when_submitted() {
-    let t0 = Instant::now();
-    let mut pipeline = Pipeline::new(TRANSPORT, Instant::now());
-    let (call, _rx) = acquire(OWNER, false, t0 + ms(3000));
-    pipeline.submit(call);
-    assert!(
-        pipeline.output(t0).bytes().is_empty(),
-        "nothing goes out before the connection is up"
-    );
-    pipeline.set_established();
-    let frames = write_all(&mut pipeline, t0 + ms(1500));
-    let expected = Sent::Acquire {
-        wait_s: 2,
-        lease_s: 30,
-        owner: OWNER,
-        key: "k".into(),
-    };
-    assert_eq!(frames, vec![expected]);
-}
-
-#[test]
-fn frames_the_socket_did_not_take_are_encoded_again_with_a_fresh_wait() {
-    let t0 = Instant::now();
-    let mut pipeline = established();
-    let (first, _rx1) = acquire(1, false, t0 + ms(10_000));
-    let (second, _rx2) = acquire(2, false, t0 + ms(10_000));
-    pipeline.submit(first);
-    pipeline.submit(second);
-    // The socket takes the first frame and three bytes of the second, then blocks.
-    let offered = write_some(&mut pipeline, t0, 12 + 1 + 3);
-    assert_eq!(
-        write_some(&mut pipeline, t0, offered - 16),
-        offered - 16,
-        "a started frame is never re-encoded"
-    );
-    // A third frame offered but not taken at all goes back to the queue...
-    let (third, rx3) = acquire(3, false, t0 + ms(3000));
-    pipeline.submit(third);
-    assert!(write_some(&mut pipeline, t0, 0) > 0);
-    // ...and is still definitely unsent: at its deadline it expires.
-    pipeline.handle_deadlines(t0 + ms(3000));
-    assert_eq!(rx3.try_recv(), Ok(Outcome::Expired { established: true }));
-    let (fourth, _rx4) = acquire(4, false, t0 + ms(3000));
-    pipeline.submit(fourth);
-    let frames = write_all(&mut pipeline, t0 + ms(1200));
-    let expected = Sent::Acquire {
-        wait_s: 2,
-        lease_s: 30,
-        owner: 4,
-        key: "k".into(),
-    };
-    assert_eq!(frames, vec![expected]);
-}
-
-#[test]
-fn a_wait_zero_acquire_goes_out_with_wire_wait_zero() {
-    let t0 = Instant::now();
-    let mut pipeline = established();
-    let (call, _rx) = acquire(OWNER, true, t0 + TRANSPORT);
-    pipeline.submit(call);
-    let frames = write_all(&mut pipeline, t0 + ms(4000));
-    let expected = Sent::Acquire {
-        wait_s: 0,
-        lease_s: 30,
-        owner: OWNER,
-        key: "k".into(),
-    };
-    assert_eq!(frames, vec![expected]);
 }
 
 #[test]
@@ -248,16 +177,6 @@ fn an_unsent_request_at_its_deadline_expires_and_is_never_encoded() {
         pipeline.set_established();
         assert!(pipeline.output(t0 + ms(100)).bytes().is_empty());
     }
-}
-
-#[test]
-fn a_queued_request_found_expired_by_the_writer_is_not_sent() {
-    let t0 = Instant::now();
-    let mut pipeline = established();
-    let (call, rx) = acquire(OWNER, false, t0 + ms(100));
-    pipeline.submit(call);
-    assert!(pipeline.output(t0 + ms(100)).bytes().is_empty());
-    assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: true }));
 }
 
 #[test]
@@ -834,78 +753,4 @@ fn a_deadline_inside_a_millisecond_fires_at_its_exact_instant_never_before() {
     pipeline.handle_deadlines(deadline);
     assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: true }));
     assert_eq!(pipeline.timers_len(), 0);
-}
-
-#[test]
-fn an_encoded_frame_the_socket_did_not_take_never_outlives_its_write_attempt() {
-    let t0 = Instant::now();
-    let mut pipeline = established();
-    let (call, rx) = acquire(OWNER, false, t0 + ms(100));
-    pipeline.submit(call);
-    {
-        let output = pipeline.output(t0);
-        assert!(!output.bytes().is_empty());
-        // The socket took nothing (it would block): the guard ends without `handed`.
-    }
-    pipeline.handle_deadlines(t0 + ms(100));
-    assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: true }));
-    assert!(
-        pipeline.output(t0 + ms(100)).bytes().is_empty(),
-        "a caller told Expired: its bytes never reach the socket"
-    );
-}
-
-#[test]
-fn after_a_partial_write_only_the_started_frame_stays_and_the_rest_is_encoded_afresh() {
-    let t0 = Instant::now();
-    let mut pipeline = established();
-    let (first, _rx1) = acquire(1, false, t0 + ms(10_000));
-    let (second, rx2) = acquire(2, false, t0 + ms(2_000));
-    pipeline.submit(first);
-    pipeline.submit(second);
-    write_some(&mut pipeline, t0, 5);
-    // The second frame went back to the queue: its deadline passes before the next write.
-    pipeline.handle_deadlines(t0 + ms(2_000));
-    assert_eq!(rx2.try_recv(), Ok(Outcome::Expired { established: true }));
-    let mut output = pipeline.output(t0 + ms(2_500));
-    let rest = output.bytes().to_vec();
-    assert_eq!(rest.len(), 12 + 1 - 5, "only the rest of the started frame");
-    output.handed(rest.len());
-}
-
-#[test]
-fn a_frame_partly_handed_is_never_encoded_again_even_when_the_next_write_takes_nothing() {
-    let t0 = Instant::now();
-    let mut pipeline = established();
-    let (first, _rx1) = acquire(1, false, t0 + ms(10_000));
-    pipeline.submit(first);
-    let mut wire = Vec::new();
-    let mut output = pipeline.output(t0);
-    wire.extend_from_slice(&output.bytes()[..5]);
-    output.handed(5);
-    drop(output);
-    let (second, _rx2) = acquire(2, false, t0 + ms(10_000));
-    pipeline.submit(second);
-    assert_eq!(
-        write_some(&mut pipeline, t0, 0),
-        13 - 5 + 13,
-        "the rest, then the next"
-    );
-    assert_eq!(
-        write_some(&mut pipeline, t0, 0),
-        13 - 5 + 13,
-        "nothing encoded twice"
-    );
-    let mut output = pipeline.output(t0 + ms(1));
-    wire.extend_from_slice(output.bytes());
-    output.handed(13 - 5 + 13);
-    drop(output);
-    let owners: Vec<u64> = decode(&wire)
-        .into_iter()
-        .map(|frame| match frame {
-            Sent::Acquire { owner, .. } => owner,
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    assert_eq!(owners, [1, 2], "the stream is the two frames, each once");
 }
