@@ -250,6 +250,28 @@ fn extend_in_background(
     thread::spawn(move || ticket.extend(lease))
 }
 
+/// A hold of `key` with `lease` and `token`, granted by a scripted server to a client with
+/// one session.
+struct ScriptedHold {
+    server: FakeServer,
+    conn: FakeConn,
+    ticket: Arc<Ticket>,
+}
+
+impl ScriptedHold {
+    fn start(key: &str, lease: Duration, token: u64) -> ScriptedHold {
+        let server = FakeServer::start();
+        let client = client(&[server.addr()], 1, Duration::from_secs(2));
+        let mut conn = server.accept();
+        let ticket = Arc::new(granted(&client, &mut conn, key, lease, token));
+        ScriptedHold {
+            server,
+            conn,
+            ticket,
+        }
+    }
+}
+
 /// Two holds the scripted server gave the same token (a real server never does) put two
 /// requests naming one token on the wire at once; their answers go first in, first out.
 #[test]
@@ -285,16 +307,11 @@ fn answers_naming_one_token_are_matched_first_in_first_out() {
 /// what was left; the bound follows it, and already while the Extend is unanswered.
 #[test]
 fn a_shorter_extend_moves_the_bound_earlier_already_while_unanswered() {
-    let server = FakeServer::start();
-    let client = client(&[server.addr()], 1, Duration::from_secs(2));
-    let mut conn = server.accept();
-    let ticket = Arc::new(granted(
-        &client,
-        &mut conn,
-        "short",
-        Duration::from_secs(3),
-        41,
-    ));
+    let ScriptedHold {
+        server: _server,
+        mut conn,
+        ticket,
+    } = ScriptedHold::start("short", Duration::from_secs(3), 41);
     assert!(ticket.valid_until() > Instant::now() + ms(2000));
     let before = Instant::now();
     let extending = extend_in_background(&ticket, ms(1000));
@@ -322,16 +339,11 @@ fn a_shorter_extend_moves_the_bound_earlier_already_while_unanswered() {
 /// time + its lease: it keeps the earlier bound and caps every later confirmed Extend.
 #[test]
 fn an_extend_of_unknown_outcome_caps_every_later_confirmed_extend() {
-    let server = FakeServer::start();
-    let client = client(&[server.addr()], 1, Duration::from_secs(2));
-    let mut conn = server.accept();
-    let ticket = Arc::new(granted(
-        &client,
-        &mut conn,
-        "unknown",
-        Duration::from_secs(10),
-        42,
-    ));
+    let ScriptedHold {
+        server,
+        mut conn,
+        ticket,
+    } = ScriptedHold::start("unknown", Duration::from_secs(10), 42);
     let extending = extend_in_background(&ticket, Duration::from_secs(2));
     assert!(matches!(conn.frame(), Frame::Extend { lease_s: 2, .. }));
     conn.close();
@@ -352,16 +364,11 @@ fn an_extend_of_unknown_outcome_caps_every_later_confirmed_extend() {
 
 #[test]
 fn a_refused_extend_leaves_the_bound_as_it_was() {
-    let server = FakeServer::start();
-    let client = client(&[server.addr()], 1, Duration::from_secs(2));
-    let mut conn = server.accept();
-    let ticket = Arc::new(granted(
-        &client,
-        &mut conn,
-        "refused",
-        Duration::from_secs(10),
-        43,
-    ));
+    let ScriptedHold {
+        server: _server,
+        mut conn,
+        ticket,
+    } = ScriptedHold::start("refused", Duration::from_secs(10), 43);
     let bound = ticket.valid_until();
     let extending = extend_in_background(&ticket, Duration::from_secs(1));
     assert!(matches!(conn.frame(), Frame::Extend { lease_s: 1, .. }));
@@ -381,16 +388,11 @@ fn a_refused_extend_leaves_the_bound_as_it_was() {
 
 #[test]
 fn extends_of_one_ticket_from_two_threads_are_serialized() {
-    let server = FakeServer::start();
-    let client = client(&[server.addr()], 1, Duration::from_secs(2));
-    let mut conn = server.accept();
-    let ticket = Arc::new(granted(
-        &client,
-        &mut conn,
-        "serial",
-        Duration::from_secs(10),
-        44,
-    ));
+    let ScriptedHold {
+        server: _server,
+        mut conn,
+        ticket,
+    } = ScriptedHold::start("serial", Duration::from_secs(10), 44);
     let first = extend_in_background(&ticket, Duration::from_secs(5));
     assert!(matches!(conn.frame(), Frame::Extend { lease_s: 5, .. }));
     let second = extend_in_background(&ticket, Duration::from_secs(6));

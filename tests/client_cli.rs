@@ -42,6 +42,16 @@ fn lock_args(server: String, key: &str, wait: Duration, lease: Duration, script:
     }
 }
 
+/// The real server with `key` held for 30 s by another client (the ticket).
+fn server_holding(key: &str) -> (latchkey::server::ServerHandle, latchkey::client::Ticket) {
+    let server = start_server(|_| {});
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let holder = observer
+        .acquire(key, ms(100), Duration::from_secs(30))
+        .unwrap();
+    (server, holder)
+}
+
 fn scratch(name: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("latchkey-cli-{}-{name}", std::process::id()));
     let _ = std::fs::remove_file(&path);
@@ -284,28 +294,6 @@ fn lock_arguments_parse_as_documented() {
     }
 }
 
-#[test]
-fn durations_parse() {
-    assert_eq!(cli::parse_duration("10s"), Ok(Duration::from_secs(10)));
-    assert_eq!(cli::parse_duration("500ms"), Ok(ms(500)));
-    assert_eq!(cli::parse_duration("2m"), Ok(Duration::from_secs(120)));
-    assert_eq!(cli::parse_duration("1h"), Ok(Duration::from_secs(3600)));
-    assert_eq!(cli::parse_duration("0"), Ok(Duration::ZERO));
-    assert_eq!(cli::parse_duration("10"), Ok(Duration::from_secs(10)));
-    assert_eq!(cli::parse_duration("500us"), Ok(Duration::from_micros(500)));
-    for bad in [
-        "",
-        "s",
-        "-1s",
-        "1.5s",
-        "10 s",
-        "1d",
-        "99999999999999999999h",
-    ] {
-        assert!(cli::parse_duration(bad).is_err(), "{bad}");
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The binary.
 
@@ -436,12 +424,8 @@ fn over_a_slow_link_wait_zero_gets_its_five_second_transport_deadline() {
 
 #[test]
 fn over_a_slow_link_a_timeout_read_after_the_cancel_is_definitive() {
-    let server = start_server(|_| {});
+    let (server, _holder) = server_holding("held");
     let proxy = slow_link(&server);
-    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
-    let _holder = observer
-        .acquire("held", ms(100), Duration::from_secs(30))
-        .unwrap();
     let addr = proxy.addr().to_string();
     let start = Instant::now();
     let output = latchkey(&["lock", "--server", &addr, "--wait", "1s", "held"])
@@ -529,32 +513,28 @@ fn ping_and_query_against_something_else_say_it_is_not_a_latchkey_server() {
 
 #[test]
 fn a_held_key_is_said_to_be_held() {
-    let server = start_server(|_| {});
+    let (server, _holder) = server_holding("held");
     let addr = server.local_addr().to_string();
-    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
-    let _holder = observer
-        .acquire("held", ms(100), Duration::from_secs(30))
-        .unwrap();
-    let output = latchkey(&["lock", "--server", &addr, "--wait", "0", "held"])
-        .args(["--", "true"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_TIMEOUT)));
-    assert_eq!(
-        String::from_utf8_lossy(&output.stderr),
-        "latchkey lock: held: the lock is held by someone else (--wait 0 tries once)\n"
-    );
-    let output = latchkey(&["lock", "--server", &addr, "--wait", "300ms", "held"])
-        .args(["--", "true"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_TIMEOUT)));
-    assert_eq!(
-        String::from_utf8_lossy(&output.stderr),
-        "latchkey lock: held: the lock is held by someone else: not acquired within --wait 300ms\n"
-    );
+    let cases = [
+        (
+            "0",
+            "the lock is held by someone else (--wait 0 tries once)",
+        ),
+        (
+            "300ms",
+            "the lock is held by someone else: not acquired within --wait 300ms",
+        ),
+    ];
+    for (wait, message) in cases {
+        let output = latchkey(&["lock", "--server", &addr, "--wait", wait, "held"])
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_TIMEOUT)));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(stderr, format!("latchkey lock: held: {message}\n"));
+    }
 }
-
 #[test]
 fn latchkey_server_in_the_environment_is_the_default_server() {
     let server = start_server(|_| {});
@@ -581,12 +561,8 @@ fn latchkey_server_in_the_environment_is_the_default_server() {
 
 #[test]
 fn a_cron_guard_picks_the_conflict_exit_code_and_can_be_quiet() {
-    let server = start_server(|_| {});
+    let (server, _holder) = server_holding("cron");
     let addr = server.local_addr().to_string();
-    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
-    let _holder = observer
-        .acquire("cron", ms(100), Duration::from_secs(30))
-        .unwrap();
     let guard = |extra: &[&str]| {
         latchkey(&["lock", "--server", &addr, "--wait", "0"])
             .args(extra)
