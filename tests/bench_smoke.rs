@@ -1,6 +1,9 @@
 //! Smoke test of `latchkey bench` against an in-process server: about two seconds of each
 //! lock workload with small parameters must complete cycles with no unexpected answer and no
-//! connection error.
+//! connection error. And the binary: its target from `LATCHKEY_SERVER`, and a run against
+//! something that never completes a cycle fails.
+
+mod common;
 
 use std::time::Duration;
 
@@ -73,4 +76,56 @@ fn bench_drives_a_server_without_errors() {
 
     server.shutdown();
     server.join().expect("the server stops cleanly");
+}
+
+#[test]
+fn bench_takes_its_target_from_latchkey_server() {
+    let mut config = Config::default();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.cores = 1;
+    let server = latchkey::server::start(config).expect("server starts");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .args(["bench", "--workload", "uncontended", "--duration", "200ms"])
+        .args(["--warmup", "0", "--connections", "1", "--pipeline", "1"])
+        .args(["--keys", "10", "--threads", "1", "--json"])
+        .env("LATCHKEY_SERVER", server.local_addr().to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    let target = format!("\"target\":\"latchkey://{}\"", server.local_addr());
+    assert!(stdout.contains(&target), "{stdout}");
+}
+
+/// `latchkey bench` with small, fast parameters against `target`.
+fn bench_binary(target: &str) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .args(["bench", "--target", target, "--workload", "uncontended"])
+        .args(["--duration", "300ms", "--warmup", "0", "--connections", "1"])
+        .args(["--pipeline", "1", "--keys", "10", "--threads", "1"])
+        .env_remove("LATCHKEY_SERVER")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_run_that_completed_no_cycle_fails() {
+    // Accepts (the kernel's backlog does) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = format!("latchkey://{}", silent.local_addr().unwrap());
+    let output = bench_binary(&target);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("NOTHING MEASURED: no uncontended cycle completed"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("is it a latchkey server"), "{stderr}");
+
+    // Answers, but like Redis, not in latchkey frames.
+    let resp = common::not_latchkey_server(Duration::from_secs(10));
+    let output = bench_binary(&format!("latchkey://{resp}"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no cycle completed"), "{stderr}");
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{client, start_server, FakeServer, Frame, PATIENCE};
-use latchkey::client::{AcquireError, Client, ExtendOutcome, ReleaseOutcome};
+use common::{client, start_server, FakeConn, FakeServer, Frame, Got, PATIENCE};
+use latchkey::client::{AcquireError, Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
 use latchkey::protocol::{ErrorCode, Response};
 
 fn ms(millis: u64) -> Duration {
@@ -231,30 +231,181 @@ fn dropping_the_last_handle_still_sends_the_background_release() {
     }
 }
 
+/// Has the client's next acquire of `key` granted on `conn` with `token`.
+fn granted(client: &Client, conn: &mut FakeConn, key: &str, lease: Duration, token: u64) -> Ticket {
+    let acquiring = {
+        let (client, key) = (client.clone(), key.to_owned());
+        thread::spawn(move || client.acquire(&key, ms(500), lease))
+    };
+    let (owner, _, _, _) = conn.acquire();
+    conn.send(Response::Acquired { owner, token });
+    acquiring.join().unwrap().unwrap()
+}
+
+fn extend_in_background(
+    ticket: &Arc<Ticket>,
+    lease: Duration,
+) -> thread::JoinHandle<Result<ExtendOutcome, RequestError>> {
+    let ticket = Arc::clone(ticket);
+    thread::spawn(move || ticket.extend(lease))
+}
+
+/// A hold of `key` with `lease` and `token`, granted by a scripted server to a client with
+/// one session.
+struct ScriptedHold {
+    server: FakeServer,
+    conn: FakeConn,
+    ticket: Arc<Ticket>,
+}
+
+impl ScriptedHold {
+    fn start(key: &str, lease: Duration, token: u64) -> ScriptedHold {
+        let server = FakeServer::start();
+        let client = client(&[server.addr()], 1, Duration::from_secs(2));
+        let mut conn = server.accept();
+        let ticket = Arc::new(granted(&client, &mut conn, key, lease, token));
+        ScriptedHold {
+            server,
+            conn,
+            ticket,
+        }
+    }
+}
+
+/// Two holds the scripted server gave the same token (a real server never does) put two
+/// requests naming one token on the wire at once; their answers go first in, first out.
 #[test]
 fn answers_naming_one_token_are_matched_first_in_first_out() {
     let server = FakeServer::start();
     let client = client(&[server.addr()], 1, Duration::from_secs(2));
     let mut conn = server.accept();
-    let acquiring = {
-        let client = client.clone();
-        thread::spawn(move || client.acquire("fifo", ms(500), Duration::from_secs(10)))
-    };
-    let (owner, _, _, _) = conn.acquire();
-    conn.send(Response::Acquired { owner, token: 31 });
-    let ticket = Arc::new(acquiring.join().unwrap().unwrap());
-    let extend = |ticket: &Arc<_>| {
-        let ticket: Arc<latchkey::client::Ticket> = Arc::clone(ticket);
-        thread::spawn(move || ticket.extend(Duration::from_secs(10)))
-    };
-    let first = extend(&ticket);
+    let first = Arc::new(granted(
+        &client,
+        &mut conn,
+        "fifo-1",
+        Duration::from_secs(10),
+        31,
+    ));
+    let second = Arc::new(granted(
+        &client,
+        &mut conn,
+        "fifo-2",
+        Duration::from_secs(10),
+        31,
+    ));
+    let first = extend_in_background(&first, Duration::from_secs(10));
     assert!(matches!(conn.frame(), Frame::Extend { token: 31, .. }));
-    let second = extend(&ticket);
+    let second = extend_in_background(&second, Duration::from_secs(10));
     assert!(matches!(conn.frame(), Frame::Extend { token: 31, .. }));
     conn.send(Response::Extended { token: 31 });
     conn.send(Response::NotHeld { token: 31 });
     assert_eq!(first.join().unwrap().unwrap(), ExtendOutcome::Extended);
     assert_eq!(second.join().unwrap().unwrap(), ExtendOutcome::NotHeld);
+}
+
+/// PROTOCOL.md §4.5: an Extend sets the lease to now + its lease, which may be shorter than
+/// what was left; the bound follows it, and already while the Extend is unanswered.
+#[test]
+fn a_shorter_extend_moves_the_bound_earlier_already_while_unanswered() {
+    let ScriptedHold {
+        server: _server,
+        mut conn,
+        ticket,
+    } = ScriptedHold::start("short", Duration::from_secs(3), 41);
+    assert!(ticket.valid_until() > Instant::now() + ms(2000));
+    let before = Instant::now();
+    let extending = extend_in_background(&ticket, ms(1000));
+    assert!(matches!(
+        conn.frame(),
+        Frame::Extend {
+            lease_s: 1,
+            token: 41,
+            ..
+        }
+    ));
+    assert!(
+        ticket.valid_until() <= Instant::now() + ms(900),
+        "unanswered: the earlier of the old bound and what the Extend would give"
+    );
+    conn.send(Response::Extended { token: 41 });
+    assert_eq!(extending.join().unwrap().unwrap(), ExtendOutcome::Extended);
+    let after = Instant::now();
+    // The Extend's send instant + 1 s - 100 ms.
+    assert!(ticket.valid_until() >= before + ms(900));
+    assert!(ticket.valid_until() <= after + ms(900));
+}
+
+/// An Extend whose outcome stays unknown may still execute later and set the lease to that
+/// time + its lease: it keeps the earlier bound and caps every later confirmed Extend.
+#[test]
+fn an_extend_of_unknown_outcome_caps_every_later_confirmed_extend() {
+    let ScriptedHold {
+        server,
+        mut conn,
+        ticket,
+    } = ScriptedHold::start("unknown", Duration::from_secs(10), 42);
+    let extending = extend_in_background(&ticket, Duration::from_secs(2));
+    assert!(matches!(conn.frame(), Frame::Extend { lease_s: 2, .. }));
+    conn.close();
+    assert_eq!(extending.join().unwrap(), Err(RequestError::NoAnswer));
+    assert!(ticket.valid_until() <= Instant::now() + ms(1800));
+
+    let before = Instant::now();
+    let extending = extend_in_background(&ticket, Duration::from_secs(20));
+    let mut conn = server.accept();
+    assert!(matches!(conn.frame(), Frame::Extend { lease_s: 20, .. }));
+    conn.send(Response::Extended { token: 42 });
+    assert_eq!(extending.join().unwrap().unwrap(), ExtendOutcome::Extended);
+    let after = Instant::now();
+    // Capped by the unknown 2 s Extend: its send instant + 2 s - 200 ms, not + 18 s.
+    assert!(ticket.valid_until() >= before + ms(1800));
+    assert!(ticket.valid_until() <= after + ms(1800));
+}
+
+#[test]
+fn a_refused_extend_leaves_the_bound_as_it_was() {
+    let ScriptedHold {
+        server: _server,
+        mut conn,
+        ticket,
+    } = ScriptedHold::start("refused", Duration::from_secs(10), 43);
+    let bound = ticket.valid_until();
+    let extending = extend_in_background(&ticket, Duration::from_secs(1));
+    assert!(matches!(conn.frame(), Frame::Extend { lease_s: 1, .. }));
+    assert!(ticket.valid_until() < bound, "lowered while unanswered");
+    conn.send(Response::Error {
+        code: ErrorCode::LeaseZero,
+        id: 43,
+    });
+    let refused = extending.join().unwrap();
+    assert_eq!(refused, Err(RequestError::Rejected(ErrorCode::LeaseZero)));
+    assert_eq!(
+        ticket.valid_until(),
+        bound,
+        "a refused request had no effect"
+    );
+}
+
+#[test]
+fn extends_of_one_ticket_from_two_threads_are_serialized() {
+    let ScriptedHold {
+        server: _server,
+        mut conn,
+        ticket,
+    } = ScriptedHold::start("serial", Duration::from_secs(10), 44);
+    let first = extend_in_background(&ticket, Duration::from_secs(5));
+    assert!(matches!(conn.frame(), Frame::Extend { lease_s: 5, .. }));
+    let second = extend_in_background(&ticket, Duration::from_secs(6));
+    assert_eq!(
+        conn.read_frame(ms(300)),
+        Got::Quiet,
+        "the second Extend waits for the first one's outcome"
+    );
+    conn.send(Response::Extended { token: 44 });
+    assert!(matches!(conn.frame(), Frame::Extend { lease_s: 6, .. }));
+    conn.send(Response::Extended { token: 44 });
+    assert_eq!(first.join().unwrap().unwrap(), ExtendOutcome::Extended);
+    assert_eq!(second.join().unwrap().unwrap(), ExtendOutcome::Extended);
 }
 
 #[test]
@@ -297,4 +448,46 @@ fn many_threads_pipelining_get_exactly_one_result_each() {
     }
     assert_eq!(results, THREADS * CALLS);
     assert!(!tokens.is_empty());
+}
+
+#[test]
+fn the_client_remembers_why_its_last_session_failed() {
+    let dead = common::dead_addr();
+    let client = client(&[dead], 1, Duration::from_secs(2));
+    assert_eq!(
+        client.acquire("k", ms(300), ms(1000)).unwrap_err(),
+        AcquireError::Unavailable
+    );
+    let failure = client
+        .last_session_failure()
+        .expect("a failure was recorded");
+    assert_eq!(failure.addr(), dead);
+    assert!(!failure.connected());
+    assert_eq!(
+        failure.to_string(),
+        format!("{dead}: cannot connect: connection refused")
+    );
+
+    // Something that answers, but not in latchkey frames (here: like Redis).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut chunk = [0u8; 64];
+        let _ = stream.read(&mut chunk);
+        let _ = stream.write_all(b"-ERR unknown command\r\n");
+        thread::sleep(ms(500));
+    });
+    let client = common::client(&[addr], 1, Duration::from_secs(2));
+    assert_eq!(client.ping(), Err(RequestError::NoAnswer));
+    let failure = client
+        .last_session_failure()
+        .expect("a failure was recorded");
+    assert!(failure.connected());
+    assert!(
+        failure.cause().starts_with("not a latchkey server"),
+        "{failure}"
+    );
+    serving.join().unwrap();
 }

@@ -11,8 +11,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use common::proxy::Proxy;
 use common::{client, dead_addr, start_server, FakeServer, Frame, Got};
-use latchkey::client::cli::{self, LockArgs, PingArgs, QueryArgs};
+use latchkey::client::cli::{self, ConnectArgs, LockArgs, PingArgs, QueryArgs};
 use latchkey::protocol::Response;
 
 fn ms(millis: u64) -> Duration {
@@ -30,13 +31,25 @@ fn assert_exit(code: ExitCode, expected: u8) {
 
 fn lock_args(server: String, key: &str, wait: Duration, lease: Duration, script: &str) -> LockArgs {
     LockArgs {
-        server,
+        connect: ConnectArgs::new(server),
         wait,
         lease,
         grace: ms(500),
+        conflict_exit_code: None,
+        quiet: false,
         key: key.to_owned(),
         command: ["sh", "-c", script].iter().map(OsString::from).collect(),
     }
+}
+
+/// The real server with `key` held for 30 s by another client (the ticket).
+fn server_holding(key: &str) -> (latchkey::server::ServerHandle, latchkey::client::Ticket) {
+    let server = start_server(|_| {});
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let holder = observer
+        .acquire(key, ms(100), Duration::from_secs(30))
+        .unwrap();
+    (server, holder)
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -203,32 +216,32 @@ fn query_and_ping_exit_codes() {
     let server = start_server(|_| {});
     let addr = server.local_addr().to_string();
     let query = QueryArgs {
-        server: addr.clone(),
+        connect: ConnectArgs::new(addr.clone()),
         key: "q".into(),
     };
     assert_exit(cli::run_query(query), 0);
     assert_exit(
         cli::run_ping(PingArgs {
-            server: addr,
+            connect: ConnectArgs::new(addr),
             count: 2,
         }),
         0,
     );
     let dead = dead_addr().to_string();
     let query = QueryArgs {
-        server: dead.clone(),
+        connect: ConnectArgs::new(dead.clone()),
         key: "q".into(),
     };
     assert_exit(cli::run_query(query), cli::EXIT_UNAVAILABLE);
     assert_exit(
         cli::run_ping(PingArgs {
-            server: dead,
+            connect: ConnectArgs::new(dead),
             count: 1,
         }),
         cli::EXIT_UNAVAILABLE,
     );
     let bad = QueryArgs {
-        server: "not an address".into(),
+        connect: ConnectArgs::new("not an address"),
         key: "q".into(),
     };
     assert_exit(cli::run_query(bad), cli::EXIT_USAGE);
@@ -245,7 +258,9 @@ fn lock_arguments_parse_as_documented() {
     let parsed = Lock::try_parse_from(["lock", "--wait", "500ms", "k", "--", "echo", "-n", "hi"])
         .unwrap()
         .args;
-    assert_eq!(parsed.server, "127.0.0.1:7420");
+    let server = std::env::var("LATCHKEY_SERVER").unwrap_or("127.0.0.1:7420".into());
+    assert_eq!(parsed.connect.server, server);
+    assert_eq!(parsed.connect.transport_timeout, Duration::from_secs(5));
     assert_eq!(parsed.wait, ms(500));
     assert_eq!(parsed.lease, Duration::from_secs(30));
     assert_eq!(parsed.key, "k");
@@ -254,6 +269,15 @@ fn lock_arguments_parse_as_documented() {
         .unwrap()
         .args;
     assert_eq!(defaults.wait, Duration::from_secs(10));
+    let bare = Lock::try_parse_from([
+        "lock", "--wait", "10", "--grace", "500us", "k", "--", "true",
+    ])
+    .unwrap()
+    .args;
+    assert_eq!(
+        (bare.wait, bare.grace),
+        (Duration::from_secs(10), Duration::from_micros(500))
+    );
 
     let refused = [
         vec!["lock", "k"],
@@ -270,32 +294,13 @@ fn lock_arguments_parse_as_documented() {
     }
 }
 
-#[test]
-fn durations_parse() {
-    assert_eq!(cli::parse_duration("10s"), Ok(Duration::from_secs(10)));
-    assert_eq!(cli::parse_duration("500ms"), Ok(ms(500)));
-    assert_eq!(cli::parse_duration("2m"), Ok(Duration::from_secs(120)));
-    assert_eq!(cli::parse_duration("1h"), Ok(Duration::from_secs(3600)));
-    assert_eq!(cli::parse_duration("0"), Ok(Duration::ZERO));
-    for bad in [
-        "",
-        "s",
-        "-1s",
-        "1.5s",
-        "10 s",
-        "1d",
-        "99999999999999999999h",
-    ] {
-        assert!(cli::parse_duration(bad).is_err(), "{bad}");
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The binary.
 
 fn latchkey(args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
-    command.args(args);
+    // Whatever the environment of the test run says, the tests name their servers.
+    command.env_remove("LATCHKEY_SERVER").args(args);
     command
 }
 
@@ -385,4 +390,241 @@ fn the_binary_forwards_sigterm_to_the_command_then_releases() {
         !observer.query("sig").unwrap().held,
         "released after the command exited"
     );
+}
+
+/// Every answer comes 2.5 s late: within the 5 s transport timeout of PROTOCOL.md §4.
+fn slow_link(server: &latchkey::server::ServerHandle) -> Proxy {
+    let proxy = Proxy::start(server.local_addr());
+    proxy.delay_down(ms(2500));
+    proxy
+}
+
+#[test]
+fn over_a_slow_link_wait_zero_gets_its_five_second_transport_deadline() {
+    let server = start_server(|_| {});
+    let proxy = slow_link(&server);
+    let addr = proxy.addr().to_string();
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "0", "free"])
+        .args(["--", "sh", "-c", "echo ran"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "ran\n");
+    // A shorter transport timeout than the link needs: the grant is not seen in time.
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "0"])
+        .args(["--transport-timeout", "2s", "free2", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_INDETERMINATE))
+    );
+}
+
+#[test]
+fn over_a_slow_link_a_timeout_read_after_the_cancel_is_definitive() {
+    let (server, _holder) = server_holding("held");
+    let proxy = slow_link(&server);
+    let addr = proxy.addr().to_string();
+    let start = Instant::now();
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "1s", "held"])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_TIMEOUT)),
+        "{stderr}"
+    );
+    // The T is read about 2.5 s after the deadline, well within its 5 s allowance.
+    assert!(start.elapsed() >= ms(3500), "{:?}", start.elapsed());
+}
+
+#[test]
+fn lock_against_a_stopped_server_says_where_and_why_at_once_and_at_the_end() {
+    use std::io::{BufRead, BufReader};
+    let dead = dead_addr().to_string();
+    let start = Instant::now();
+    let mut lock = latchkey(&["lock", "--server", &dead, "--wait", "2s", "k", "--", "true"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(lock.stderr.take().unwrap()).lines();
+    let notice = lines.next().unwrap().unwrap();
+    let noticed_after = start.elapsed();
+    assert_eq!(
+        notice,
+        format!(
+            "latchkey lock: {dead}: cannot connect: connection refused; \
+             retrying until --wait 2s runs out"
+        )
+    );
+    assert!(noticed_after < ms(1500), "said at once: {noticed_after:?}");
+    let last: Vec<String> = lines.map(Result::unwrap).collect();
+    assert_eq!(
+        last,
+        [format!(
+            "latchkey lock: k: cannot reach the server within --wait 2s: \
+             {dead}: cannot connect: connection refused"
+        )]
+    );
+    let status = lock.wait().unwrap();
+    assert_eq!(status.code(), Some(i32::from(cli::EXIT_UNAVAILABLE)));
+    assert!(
+        start.elapsed() >= ms(2000),
+        "§4.2: retried until the deadline"
+    );
+}
+
+#[test]
+fn ping_and_query_against_something_else_say_it_is_not_a_latchkey_server() {
+    let addr = common::not_latchkey_server(Duration::from_secs(5)).to_string();
+    let cause = "not a latchkey server: it answered bytes that are not latchkey frames";
+    let output = latchkey(&["ping", "--server", &addr]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(&format!("latchkey ping: {addr}: {cause}")),
+        "{stderr}"
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_INDETERMINATE))
+    );
+    let output = latchkey(&["query", "--server", &addr, "k"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(&format!("latchkey query: k: {addr}: {cause}")),
+        "{stderr}"
+    );
+    let output = latchkey(&["query", "--server", &dead_addr().to_string(), "k"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot reach the server: 127.0.0.1:"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("connection refused"), "{stderr}");
+}
+
+#[test]
+fn a_held_key_is_said_to_be_held() {
+    let (server, _holder) = server_holding("held");
+    let addr = server.local_addr().to_string();
+    let cases = [
+        (
+            "0",
+            "the lock is held by someone else (--wait 0 tries once)",
+        ),
+        (
+            "300ms",
+            "the lock is held by someone else: not acquired within --wait 300ms",
+        ),
+    ];
+    for (wait, message) in cases {
+        let output = latchkey(&["lock", "--server", &addr, "--wait", wait, "held"])
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_TIMEOUT)));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(stderr, format!("latchkey lock: held: {message}\n"));
+    }
+}
+#[test]
+fn latchkey_server_in_the_environment_is_the_default_server() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let output = latchkey(&["ping"])
+        .env("LATCHKEY_SERVER", &addr)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let pong = format!("pong from {addr}:");
+    assert!(String::from_utf8_lossy(&output.stdout).starts_with(&pong));
+    let output = latchkey(&["lock", "envkey", "--", "true"])
+        .env("LATCHKEY_SERVER", &addr)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    // --server wins over the environment.
+    let output = latchkey(&["query", "--server", &addr, "envkey"])
+        .env("LATCHKEY_SERVER", dead_addr().to_string())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+}
+
+#[test]
+fn a_cron_guard_picks_the_conflict_exit_code_and_can_be_quiet() {
+    let (server, _holder) = server_holding("cron");
+    let addr = server.local_addr().to_string();
+    let guard = |extra: &[&str]| {
+        latchkey(&["lock", "--server", &addr, "--wait", "0"])
+            .args(extra)
+            .args(["cron", "--", "true"])
+            .output()
+            .unwrap()
+    };
+    let output = guard(&["--conflict-exit-code", "0", "--quiet"]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(output.stderr.is_empty(), "{output:?}");
+    let output = guard(&["--conflict-exit-code", "3"]);
+    assert_eq!(output.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("held by someone else"));
+    let output = guard(&["-q"]);
+    assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_TIMEOUT)));
+    assert!(output.stderr.is_empty(), "{output:?}");
+    // Errors other than the conflict keep their code and are still said.
+    let dead = dead_addr().to_string();
+    let output = latchkey(&["lock", "--server", &dead, "--wait", "200ms", "--quiet"])
+        .args(["--conflict-exit-code", "3", "cron", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_UNAVAILABLE)));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("connection refused"));
+}
+
+#[test]
+fn a_lease_rounded_up_to_whole_seconds_is_said() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let run = |quiet: &[&str]| {
+        latchkey(&["lock", "--server", &addr, "--lease", "500ms"])
+            .args(quiet)
+            .args(["round", "--", "true"])
+            .output()
+            .unwrap()
+    };
+    let output = run(&[]);
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "latchkey lock: --lease 500ms is rounded up to 1s: leases are whole seconds\n"
+    );
+    let output = run(&["--quiet"]);
+    assert_eq!(output.status.code(), Some(0));
+    assert!(output.stderr.is_empty(), "{output:?}");
+}
+
+#[test]
+fn a_long_key_is_not_echoed_whole() {
+    let long = "k".repeat(2000);
+    for command in ["lock", "query"] {
+        let mut args = vec![command, long.as_str()];
+        if command == "lock" {
+            args.extend(["--", "true"]);
+        }
+        let output = latchkey(&args).output().unwrap();
+        assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_USAGE)));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let shown = format!("{}… (2000 bytes)", "k".repeat(64));
+        assert!(stderr.contains(&shown), "{stderr}");
+        assert!(stderr.contains("longer than 1024 bytes"), "{stderr}");
+        assert!(stderr.len() < 400, "{} bytes: {stderr}", stderr.len());
+    }
 }

@@ -52,6 +52,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
+pub use crate::client::cli::parse_duration;
 pub use driver::{execute, BenchError};
 pub use report::Report;
 
@@ -94,12 +95,15 @@ impl fmt::Display for Target {
     }
 }
 
-/// Parses `latchkey://HOST:PORT` or `redis://HOST:PORT`.
+/// Parses `latchkey://HOST:PORT` or `redis://HOST:PORT`; a bare `HOST:PORT` is latchkey (the
+/// form `LATCHKEY_SERVER` and `--server` take).
 pub fn parse_target(text: &str) -> Result<Target, String> {
     let (dialect, rest) = if let Some(rest) = text.strip_prefix("latchkey://") {
         (Dialect::Latchkey, rest)
     } else if let Some(rest) = text.strip_prefix("redis://") {
         (Dialect::Redis, rest)
+    } else if !text.contains("://") {
+        (Dialect::Latchkey, text)
     } else {
         return Err(format!(
             "`{text}`: expected latchkey://HOST:PORT or redis://HOST:PORT"
@@ -116,30 +120,6 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
         dialect,
         address: address.to_string(),
     })
-}
-
-/// Parses a duration such as `5s`, `500ms`, `1m`, `250us`, `1h` or `0`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits_end);
-    let value: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}`: expected e.g. 5s, 500ms, 1m"))?;
-    let scale_us: u64 = match unit {
-        "" if value == 0 => 0,
-        "us" => 1,
-        "ms" => 1_000,
-        "s" => 1_000_000,
-        "m" => 60_000_000,
-        "h" => 3_600_000_000,
-        _ => return Err(format!("`{text}`: unit must be one of us, ms, s, m, h")),
-    };
-    let micros = value
-        .checked_mul(scale_us)
-        .ok_or_else(|| format!("`{text}`: too long"))?;
-    Ok(Duration::from_micros(micros))
 }
 
 /// The three workloads; see the module docs.
@@ -167,8 +147,9 @@ impl Workload {
 /// `latchkey bench` arguments.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// latchkey://HOST:PORT (also the echo baseline) or redis://HOST:PORT.
-    #[arg(long, value_parser = parse_target)]
+    /// latchkey://HOST:PORT (also the echo baseline) or redis://HOST:PORT; a bare HOST:PORT is
+    /// latchkey. Defaults to the latchkey server in LATCHKEY_SERVER.
+    #[arg(long, env = "LATCHKEY_SERVER", value_parser = parse_target)]
     pub target: Target,
     /// What each connection does.
     #[arg(long, value_enum)]
@@ -360,8 +341,8 @@ impl BenchArgs {
     }
 }
 
-/// Runs `latchkey bench`: exit 0 on a clean run, 1 when anything unexpected was counted, 2 when
-/// the run could not be made.
+/// Runs `latchkey bench`: exit 0 on a clean run, 1 when anything unexpected was counted or no
+/// cycle completed in the measured window, 2 when the run could not be made.
 pub fn run(args: BenchArgs) -> ExitCode {
     let config = match args.to_config() {
         Ok(config) => config,
@@ -382,10 +363,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
     } else {
         print!("{}", report.to_table());
     }
-    if report.unexpected() == 0 {
+    let Some(alarm) = report.failure() else {
         return ExitCode::SUCCESS;
-    }
-    let alarm = report.alarm();
+    };
     if std::io::stderr().is_terminal() {
         eprintln!("\x1b[1;31m{alarm}\x1b[0m");
     } else {

@@ -127,6 +127,34 @@ impl Report {
             + stats.errors.protocol
     }
 
+    /// Whether the run measured something and saw nothing unexpected. A run that completed no
+    /// cycle in its window measured nothing (e.g. the target never answered, or is not the
+    /// server its scheme names), so it is not ok even when nothing unexpected was counted.
+    pub fn ok(&self) -> bool {
+        self.unexpected() == 0 && self.stats.cycles > 0
+    }
+
+    /// Why the run is not [`ok`](Self::ok), for the loud line on stderr; `None` when it is.
+    pub fn failure(&self) -> Option<String> {
+        if self.unexpected() > 0 {
+            return Some(self.alarm());
+        }
+        if self.stats.cycles > 0 {
+            return None;
+        }
+        let server = match self.config.target.dialect {
+            Dialect::Latchkey => "latchkey",
+            Dialect::Redis => "Redis",
+        };
+        Some(format!(
+            "NOTHING MEASURED: no {} cycle completed in the measured window against {} \
+             ({} requests answered in all): is it a {server} server, and does it answer?",
+            self.config.workload.name(),
+            self.config.target,
+            self.stats.requests_total,
+        ))
+    }
+
     /// The loud message for a run with unexpected answers or errors.
     pub fn alarm(&self) -> String {
         let stats = &self.stats;
@@ -151,6 +179,9 @@ impl Report {
         }
         if let Some(first) = &stats.errors.first {
             let _ = write!(text, "; first error: {first}");
+        }
+        if stats.cycles == 0 {
+            text.push_str("; no cycle completed in the measured window");
         }
         text
     }
@@ -293,7 +324,7 @@ impl Report {
             stats.unexpected_outside_window,
             json_optional(stats.errors.first.as_deref().map(json_string)),
             self.unexpected(),
-            self.unexpected() == 0,
+            self.ok(),
         );
         self.write_workload_json(&mut out);
         out.push('}');

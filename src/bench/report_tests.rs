@@ -289,3 +289,30 @@ fn the_table_is_short_and_complete() {
     assert_eq!(grouped(1_234_567.8), "1,234,568");
     assert_eq!(grouped(999.0), "999");
 }
+
+#[test]
+fn a_run_that_completed_no_cycle_is_not_ok() {
+    let mut report = report("latchkey://127.0.0.1:1", Workload::Uncontended);
+    assert!(report.ok() && report.failure().is_none());
+    report.stats.cycles = 0;
+    assert_eq!(report.unexpected(), 0);
+    assert!(!report.ok());
+    let failure = report.failure().expect("nothing measured is a failure");
+    assert!(
+        failure.starts_with("NOTHING MEASURED: no uncontended cycle completed"),
+        "{failure}"
+    );
+    assert!(failure.contains("is it a latchkey server"), "{failure}");
+    let json = report.to_json();
+    assert!(json.contains("\"unexpected\":0,\"ok\":false"), "{json}");
+    report
+        .stats
+        .errors
+        .protocol(|| "connection 0: bad frame".into());
+    let alarm = report.failure().unwrap();
+    assert!(alarm.starts_with("UNEXPECTED: 1"), "{alarm}");
+    assert!(
+        alarm.ends_with("no cycle completed in the measured window"),
+        "{alarm}"
+    );
+}

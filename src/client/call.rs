@@ -145,13 +145,20 @@ pub(crate) enum CloseReason {
 impl fmt::Display for CloseReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CloseReason::ConnectFailed(kind) => write!(f, "connect failed: {kind}"),
-            CloseReason::ConnectTimeout => f.write_str("connect timed out"),
-            CloseReason::Refused => f.write_str("session refused by the server (X 7)"),
-            CloseReason::Eof => f.write_str("closed by the server"),
-            CloseReason::ServerError(code) => write!(f, "the server closes it after X: {code}"),
+            CloseReason::ConnectFailed(kind) => write!(f, "cannot connect: {kind}"),
+            CloseReason::ConnectTimeout => f.write_str("cannot connect: timed out"),
+            CloseReason::Refused => {
+                f.write_str("the server refused the session: it has too many (X 7)")
+            }
+            CloseReason::Eof => f.write_str("the server closed the connection"),
+            CloseReason::ServerError(code) => {
+                write!(f, "the server closed the session after error {code}")
+            }
             CloseReason::Io(kind) => write!(f, "socket error: {kind}"),
-            CloseReason::Protocol(error) => write!(f, "protocol error: {error}"),
+            CloseReason::Protocol(error) => write!(
+                f,
+                "not a latchkey server: it answered bytes that are not latchkey frames ({error})"
+            ),
             CloseReason::DeadlineMidFrame => f.write_str("deadline passed mid-frame"),
             CloseReason::Unanswered => f.write_str("no answer within the transport timeout"),
             CloseReason::Shutdown => f.write_str("client dropped"),

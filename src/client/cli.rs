@@ -1,12 +1,19 @@
 //! `latchkey lock`, `latchkey query` and `latchkey ping`: the client on the command line.
 //!
-//! `latchkey lock [--server ADDR] [--wait 10s] [--lease 30s] [--grace 5s] KEY -- CMD [ARGS..]`
+//! `latchkey lock [--server ADDR] [--transport-timeout 5s] [--wait 10s] [--lease 30s]
+//! [--grace 5s] [--conflict-exit-code N] [--quiet] KEY -- CMD [ARGS..]`
 //! takes the lock, runs CMD with `LATCHKEY_KEY` and `LATCHKEY_TOKEN` in its environment,
 //! extends the lease every lease/3 while CMD runs, releases the lock when CMD exits and exits
 //! with CMD's status. If the lease is lost (the server says the token no longer holds the key,
 //! or the ticket's validity bound passes without a confirmed extend), CMD gets SIGTERM, then
 //! SIGKILL after the grace, and `latchkey lock` exits [`EXIT_LEASE_LOST`]. SIGINT, SIGTERM and
 //! SIGHUP received by `latchkey lock` are forwarded to CMD.
+//!
+//! Every command's `--server` defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
+//! `--transport-timeout` (5 s) is the transport allowance of PROTOCOL.md §4. Durations are
+//! one syntax everywhere ([`parse_duration`]). Messages name the server's address and why its
+//! session failed when the client knows ([`Client::last_session_failure`]), and show at most
+//! the first 64 characters of a key ([`shown_key`]).
 //!
 //! Exit codes (the same for `query` and `ping` where they apply):
 //!
@@ -15,7 +22,7 @@
 //! | CMD's | CMD ran under the lock and exited with this status |
 //! | 128 + N | CMD was killed by signal N |
 //! | 2 | usage: bad arguments (as for every command-line error) |
-//! | 80 | timeout: the lock was not acquired within `--wait` |
+//! | 80 | held by someone else: not acquired within `--wait` (`--conflict-exit-code N`: N) |
 //! | 81 | busy: the server refused for capacity or shutdown |
 //! | 82 | indeterminate: the request may have reached the server, no definitive answer |
 //! | 83 | unavailable: no session to the server could be established |
@@ -28,16 +35,19 @@
 use std::ffi::OsString;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, Command, ExitCode, ExitStatus};
-use std::sync::Arc;
+use std::process::{Command, ExitCode};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::RecvTimeoutError;
 
-use super::{AcquireError, Client, ClientConfig, ExtendOutcome, RequestError, Ticket};
-use super::{ReleaseOutcome, DEFAULT_ADDR};
+use super::{AcquireError, Client, ClientConfig, RequestError, Ticket, DEFAULT_ADDR};
+
+mod duration;
+mod supervise;
+
+pub use duration::{format_duration, parse_duration};
+use supervise::{release, supervise};
 
 /// Exit code for bad arguments (the code clap uses for its own usage errors).
 pub const EXIT_USAGE: u8 = 2;
@@ -58,17 +68,40 @@ pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// Exit code when CMD was not found.
 pub const EXIT_NOT_FOUND: u8 = 127;
 
-/// How long the CLI waits for the transport (connect, small requests, a Cancel's answer).
-const CLI_TRANSPORT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How soon a failed extend is tried again (never later than lease/3).
-const EXTEND_RETRY: Duration = Duration::from_millis(500);
+/// An acquire allowed at least this long says at once that it cannot connect (and retries).
+const NOTICE_ALLOWANCE_MIN: Duration = Duration::from_secs(1);
+/// How often `latchkey lock` looks for a failed connect while its acquire waits.
+const NOTICE_POLL: Duration = Duration::from_millis(50);
+
+/// Where the server is and how long its transport may take: shared by every client command.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConnectArgs {
+    /// Server address (host:port); defaults to LATCHKEY_SERVER when it is set.
+    #[arg(long, env = "LATCHKEY_SERVER", default_value = DEFAULT_ADDR)]
+    pub server: String,
+    /// How long the transport may take: a connect, the answer to a release,
+    /// extend, query or ping, a `--wait 0` acquire, and the answer to the Cancel sent when
+    /// `--wait` runs out.
+    #[arg(long, default_value = "5s", value_parser = parse_transport_timeout)]
+    pub transport_timeout: Duration,
+}
+
+impl ConnectArgs {
+    /// `--server ADDR` with the default transport timeout.
+    pub fn new(server: impl Into<String>) -> ConnectArgs {
+        ConnectArgs {
+            server: server.into(),
+            transport_timeout: ClientConfig::default().transport_timeout,
+        }
+    }
+}
 
 /// Arguments of `latchkey lock`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LockArgs {
-    /// Server address (host:port).
-    #[arg(long, default_value = DEFAULT_ADDR)]
-    pub server: String,
+    /// The server and its transport timeout.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// How long to wait for the lock, e.g. 10s, 500ms, 2m; 0 is one immediate attempt.
     #[arg(long, default_value = "10s", value_parser = parse_wait)]
     pub wait: Duration,
@@ -78,8 +111,15 @@ pub struct LockArgs {
     /// How long CMD has between SIGTERM and SIGKILL once the lease is lost.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Exit N, instead of 80, when the lock is held by someone else (like `flock -E N`).
+    #[arg(long, value_name = "N")]
+    pub conflict_exit_code: Option<u8>,
+    /// Say nothing when the lock is held by someone else, nor that the lease was rounded up
+    /// (errors are still said).
+    #[arg(long, short)]
+    pub quiet: bool,
     /// The lock's name.
-    #[arg(value_parser = parse_key)]
+    #[arg(value_parser = KeyParser)]
     pub key: String,
     /// The command to run under the lock, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
@@ -89,54 +129,23 @@ pub struct LockArgs {
 /// Arguments of `latchkey query`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct QueryArgs {
-    /// Server address (host:port).
-    #[arg(long, default_value = DEFAULT_ADDR)]
-    pub server: String,
+    /// The server and its transport timeout.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// The lock's name.
-    #[arg(value_parser = parse_key)]
+    #[arg(value_parser = KeyParser)]
     pub key: String,
 }
 
 /// Arguments of `latchkey ping`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PingArgs {
-    /// Server address (host:port).
-    #[arg(long, default_value = DEFAULT_ADDR)]
-    pub server: String,
+    /// The server and its transport timeout.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// How many pings to send, one after the other.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub count: u32,
-}
-
-/// Parses a duration: a whole number followed by `ms`, `s`, `m` or `h` (`10s`, `500ms`,
-/// `2m`); a bare number is seconds.
-///
-/// ```
-/// use std::time::Duration;
-/// use latchkey::client::cli::parse_duration;
-///
-/// assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-/// assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-/// assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-/// assert!(parse_duration("1.5s").is_err());
-/// ```
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    let bad = || format!("`{text}` is not a duration like 10s, 500ms, 2m or 1h");
-    let value: u64 = number.parse().map_err(|_| bad())?;
-    let unit_ms: u64 = match unit {
-        "ms" => 1,
-        "" | "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(bad()),
-    };
-    let millis = value.checked_mul(unit_ms).ok_or_else(bad)?;
-    Ok(Duration::from_millis(millis))
 }
 
 fn parse_wait(text: &str) -> Result<Duration, String> {
@@ -151,9 +160,70 @@ fn parse_lease(text: &str) -> Result<Duration, String> {
     Ok(lease)
 }
 
-fn parse_key(text: &str) -> Result<String, String> {
-    super::args::check_key(text).map_err(|error| error.to_string())?;
-    Ok(text.to_owned())
+fn parse_transport_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = parse_duration(text)?;
+    if timeout.is_zero() {
+        return Err("the transport timeout must be more than 0".into());
+    }
+    Ok(timeout)
+}
+
+/// Keys in messages: at most this many characters of them.
+const KEY_SHOWN_CHARS_MAX: usize = 64;
+
+/// A key as messages show it: control characters escaped, and a long key cut to its first
+/// 64 characters followed by its length, so that an error about a
+/// 2,000-byte key is one short line.
+///
+/// ```
+/// use latchkey::client::cli::shown_key;
+///
+/// assert_eq!(shown_key("jobs/a"), "jobs/a");
+/// assert_eq!(shown_key("a\nb"), "a\\nb");
+/// let long = "k".repeat(2000);
+/// assert_eq!(shown_key(&long), format!("{}… (2000 bytes)", "k".repeat(64)));
+/// ```
+pub fn shown_key(key: &str) -> String {
+    let mut shown = String::new();
+    for c in key.chars().take(KEY_SHOWN_CHARS_MAX) {
+        if c.is_control() {
+            shown.extend(c.escape_debug());
+        } else {
+            shown.push(c);
+        }
+    }
+    if key.chars().nth(KEY_SHOWN_CHARS_MAX).is_some() {
+        shown.push_str(&format!("… ({} bytes)", key.len()));
+    }
+    shown
+}
+
+/// Parses KEY without echoing it whole: clap's own message for a refused value repeats the
+/// value, which for a long key is a wall of text.
+#[derive(Clone, Copy, Debug)]
+struct KeyParser;
+
+impl clap::builder::TypedValueParser for KeyParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        command: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let refuse = |message: String| {
+            let kind = clap::error::ErrorKind::ValueValidation;
+            clap::Error::raw(kind, format!("invalid KEY {message}\n")).with_cmd(command)
+        };
+        let Some(text) = value.to_str() else {
+            return Err(refuse("(not valid UTF-8)".into()));
+        };
+        match super::args::check_key(text) {
+            Ok(()) => Ok(text.to_owned()),
+            Err(error) => Err(refuse(format!("`{}`: {error}", shown_key(text)))),
+        }
+    }
 }
 
 /// The exit code for an acquire that did not return a ticket.
@@ -178,8 +248,10 @@ pub fn request_exit_code(error: &RequestError) -> u8 {
     }
 }
 
-/// The client of the command-line tools: one session, short transport timeout.
-fn cli_client(command: &str, server: &str) -> Result<(Client, SocketAddr), ExitCode> {
+/// The client of the command-line tools: one session; the transport timeout also bounds the
+/// connect.
+fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAddr), ExitCode> {
+    let server = &connect.server;
     let addrs: Vec<SocketAddr> = match server.to_socket_addrs() {
         Ok(addrs) => addrs.collect(),
         Err(error) => {
@@ -195,8 +267,8 @@ fn cli_client(command: &str, server: &str) -> Result<(Client, SocketAddr), ExitC
     let config = ClientConfig {
         addrs: addrs.clone(),
         sessions: 1,
-        connect_timeout: CLI_TRANSPORT_TIMEOUT,
-        transport_timeout: CLI_TRANSPORT_TIMEOUT,
+        connect_timeout: connect.transport_timeout,
+        transport_timeout: connect.transport_timeout,
         ..ClientConfig::default()
     };
     match Client::with_config(config) {
@@ -208,10 +280,103 @@ fn cli_client(command: &str, server: &str) -> Result<(Client, SocketAddr), ExitC
     }
 }
 
+/// Why the server could not be reached or talked to: the failure the client remembers (address
+/// and cause), else the address and `fallback`.
+fn failure_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
+    match client.last_session_failure() {
+        Some(failure) => failure.to_string(),
+        None => format!("{addr}: {fallback}"),
+    }
+}
+
+/// What to say about a query or ping that got no answer.
+fn request_message(client: &Client, addr: SocketAddr, error: &RequestError) -> String {
+    match error {
+        RequestError::Unavailable => {
+            let cause = failure_text(client, addr, "no connection within --transport-timeout");
+            format!("cannot reach the server: {cause}")
+        }
+        RequestError::NoAnswer => {
+            failure_text(client, addr, "no answer within --transport-timeout")
+        }
+        other => format!("{addr}: {other}"),
+    }
+}
+
+/// How long an acquire of `latchkey lock` may take, as its flags say it.
+fn allowance_text(args: &LockArgs) -> String {
+    if args.wait.is_zero() {
+        let timeout = format_duration(args.connect.transport_timeout);
+        format!("--transport-timeout {timeout} (--wait 0)")
+    } else {
+        format!("--wait {}", format_duration(args.wait))
+    }
+}
+
+/// What to say about an acquire of `latchkey lock` that did not return a ticket.
+fn acquire_message(
+    client: &Client,
+    addr: SocketAddr,
+    args: &LockArgs,
+    error: &AcquireError,
+) -> String {
+    match error {
+        AcquireError::Timeout if args.wait.is_zero() => {
+            "the lock is held by someone else (--wait 0 tries once)".to_owned()
+        }
+        AcquireError::Timeout => format!(
+            "the lock is held by someone else: not acquired within --wait {}",
+            format_duration(args.wait)
+        ),
+        AcquireError::Unavailable => {
+            let cause = failure_text(client, addr, "no connection was established");
+            format!(
+                "cannot reach the server within {}: {cause}",
+                allowance_text(args)
+            )
+        }
+        AcquireError::Indeterminate => match client.last_session_failure() {
+            Some(failure) => format!("{error}; the session failed: {failure}"),
+            None => error.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Acquires for `latchkey lock`. When the acquire may take a while, the first failed connect is
+/// said at once (the client keeps retrying until the deadline, PROTOCOL.md §4.2), rather than
+/// only when the whole wait has run out.
+fn acquire_with_notice(client: &Client, args: &LockArgs) -> Result<Ticket, AcquireError> {
+    let allowance = if args.wait.is_zero() {
+        args.connect.transport_timeout
+    } else {
+        args.wait
+    };
+    if allowance < NOTICE_ALLOWANCE_MIN {
+        return client.acquire(&args.key, args.wait, args.lease);
+    }
+    let (done_tx, done) = crossbeam_channel::bounded::<()>(0);
+    thread::scope(|scope| {
+        scope.spawn(move || {
+            while done.recv_timeout(NOTICE_POLL) == Err(RecvTimeoutError::Timeout) {
+                // Only a session that never connected: nothing was sent, a retry follows.
+                if let Some(failure) = client.last_session_failure().filter(|f| !f.connected()) {
+                    let until = allowance_text(args);
+                    eprintln!("latchkey lock: {failure}; retrying until {until} runs out");
+                    return;
+                }
+            }
+        });
+        let result = client.acquire(&args.key, args.wait, args.lease);
+        drop(done_tx);
+        result
+    })
+}
+
 /// `latchkey query KEY`: prints `held=0|1 lease_ms=N waiters=N` and exits 0.
 pub fn run_query(args: QueryArgs) -> ExitCode {
-    let client = match cli_client("query", &args.server) {
-        Ok((client, _)) => client,
+    let (client, addr) = match cli_client("query", &args.connect) {
+        Ok(found) => found,
         Err(code) => return code,
     };
     match client.query(&args.key) {
@@ -222,7 +387,8 @@ pub fn run_query(args: QueryArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!("latchkey query: {}: {error}", args.key);
+            let message = request_message(&client, addr, &error);
+            eprintln!("latchkey query: {}: {message}", shown_key(&args.key));
             ExitCode::from(request_exit_code(&error))
         }
     }
@@ -230,7 +396,7 @@ pub fn run_query(args: QueryArgs) -> ExitCode {
 
 /// `latchkey ping`: prints one line per answer and exits 0 when every ping was answered.
 pub fn run_ping(args: PingArgs) -> ExitCode {
-    let (client, addr) = match cli_client("ping", &args.server) {
+    let (client, addr) = match cli_client("ping", &args.connect) {
         Ok(found) => found,
         Err(code) => return code,
     };
@@ -241,7 +407,7 @@ pub fn run_ping(args: PingArgs) -> ExitCode {
                 println!("pong from {addr}: time={millis:.3} ms");
             }
             Err(error) => {
-                eprintln!("latchkey ping: {addr}: {error}");
+                eprintln!("latchkey ping: {}", request_message(&client, addr, &error));
                 return ExitCode::from(request_exit_code(&error));
             }
         }
@@ -249,17 +415,39 @@ pub fn run_ping(args: PingArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Says that the lease goes out rounded up to whole seconds, unless it is whole or `--quiet`.
+fn note_lease_rounding(args: &LockArgs) {
+    let Ok(lease_s) = super::args::lease_s(args.lease) else {
+        return;
+    };
+    let sent = Duration::from_secs(u64::from(lease_s));
+    if sent != args.lease && !args.quiet {
+        let (asked, sent) = (format_duration(args.lease), format_duration(sent));
+        eprintln!(
+            "latchkey lock: --lease {asked} is rounded up to {sent}: leases are whole seconds"
+        );
+    }
+}
+
 /// `latchkey lock KEY -- CMD [ARGS..]`: see the module docs.
 pub fn run_lock(args: LockArgs) -> ExitCode {
-    let client = match cli_client("lock", &args.server) {
-        Ok((client, _)) => client,
+    let (client, addr) = match cli_client("lock", &args.connect) {
+        Ok(found) => found,
         Err(code) => return code,
     };
-    let ticket = match client.acquire(&args.key, args.wait, args.lease) {
+    note_lease_rounding(&args);
+    let ticket = match acquire_with_notice(&client, &args) {
         Ok(ticket) => ticket,
+        Err(AcquireError::Timeout) if args.quiet => {
+            return ExitCode::from(args.conflict_exit_code.unwrap_or(EXIT_TIMEOUT));
+        }
         Err(error) => {
-            eprintln!("latchkey lock: {}: {error}", args.key);
-            return ExitCode::from(acquire_exit_code(&error));
+            let message = acquire_message(&client, addr, &args, &error);
+            eprintln!("latchkey lock: {}: {message}", shown_key(&args.key));
+            let conflict = args
+                .conflict_exit_code
+                .filter(|_| error == AcquireError::Timeout);
+            return ExitCode::from(conflict.unwrap_or_else(|| acquire_exit_code(&error)));
         }
     };
     let child = Command::new(&args.command[0])
@@ -280,182 +468,5 @@ pub fn run_lock(args: LockArgs) -> ExitCode {
                 EXIT_CANNOT_EXECUTE
             })
         }
-    }
-}
-
-/// What the supervisor hears about.
-enum Event {
-    /// CMD has exited (not reaped yet, so its pid cannot be reused meanwhile).
-    Exited,
-    /// The extender learned the lease is lost.
-    Lost(String),
-    /// `latchkey lock` received this signal; forward it.
-    Signal(i32),
-}
-
-/// Runs CMD to its end under the lock; returns the exit code.
-fn supervise(mut child: Child, ticket: Ticket, args: &LockArgs) -> ExitCode {
-    let pid = child.id() as libc::pid_t;
-    let ticket = Arc::new(ticket);
-    let (events_tx, events) = crossbeam_channel::unbounded();
-    let (stop_tx, stop) = crossbeam_channel::bounded::<()>(0);
-    let waiter_tx = events_tx.clone();
-    thread::spawn(move || {
-        wait_for_exit(pid);
-        let _ = waiter_tx.send(Event::Exited);
-    });
-    let extender = {
-        let (ticket, lease, events_tx) = (Arc::clone(&ticket), args.lease, events_tx.clone());
-        thread::spawn(move || extend_until_stopped(&ticket, lease, &stop, &events_tx))
-    };
-    let signals = forward_signals(events_tx);
-    let lost = watch(&events, &ticket, pid, args.grace);
-    drop(stop_tx);
-    let _ = extender.join();
-    if let Some(handle) = signals {
-        handle.close();
-    }
-    let status = child.wait();
-    let ticket = Arc::into_inner(ticket).expect("the extender has ended");
-    if lost {
-        drop(ticket);
-        return ExitCode::from(EXIT_LEASE_LOST);
-    }
-    release(ticket);
-    match status {
-        Ok(status) => ExitCode::from(status_code(status)),
-        Err(error) => {
-            eprintln!("latchkey lock: waiting for the command: {error}");
-            ExitCode::from(EXIT_INDETERMINATE)
-        }
-    }
-}
-
-/// Waits for events until CMD exits; on a lost lease sends SIGTERM, then SIGKILL after
-/// `grace`. Returns whether the lease was lost.
-fn watch(events: &Receiver<Event>, ticket: &Ticket, pid: libc::pid_t, grace: Duration) -> bool {
-    let mut lost = false;
-    let mut kill_at: Option<Instant> = None;
-    loop {
-        let wake_at = kill_at.or((!lost).then(|| ticket.valid_until()));
-        let event = match wake_at {
-            Some(at) => events.recv_deadline(at),
-            None => events.recv().map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        let why = match event {
-            Ok(Event::Exited) | Err(RecvTimeoutError::Disconnected) => return lost,
-            Ok(Event::Signal(signal)) => {
-                send_signal(pid, signal);
-                continue;
-            }
-            Ok(Event::Lost(why)) => why,
-            Err(RecvTimeoutError::Timeout) if kill_at.is_some() => {
-                eprintln!("latchkey lock: the command outlived its grace: SIGKILL");
-                send_signal(pid, libc::SIGKILL);
-                kill_at = None;
-                continue;
-            }
-            Err(RecvTimeoutError::Timeout) if ticket.is_valid() => continue,
-            Err(RecvTimeoutError::Timeout) => "no extend was confirmed in time".to_owned(),
-        };
-        if !lost {
-            eprintln!("latchkey lock: lease lost ({why}): SIGTERM to the command");
-            send_signal(pid, libc::SIGTERM);
-            kill_at = Some(Instant::now() + grace);
-            lost = true;
-        }
-    }
-}
-
-/// Extends the lease every lease/3 (sooner after a failure) until stopped or lost.
-fn extend_until_stopped(
-    ticket: &Ticket,
-    lease: Duration,
-    stop: &Receiver<()>,
-    events: &Sender<Event>,
-) {
-    let period = (Duration::from_secs(lease.as_secs_f64().ceil() as u64) / 3)
-        .max(Duration::from_millis(100));
-    let mut next = Instant::now() + period;
-    loop {
-        if stop.recv_deadline(next) != Err(RecvTimeoutError::Timeout) {
-            return;
-        }
-        match ticket.extend(lease) {
-            Ok(ExtendOutcome::Extended) => next = Instant::now() + period,
-            Ok(ExtendOutcome::NotHeld) => {
-                let _ = events.send(Event::Lost(
-                    "the server no longer holds it for this token".into(),
-                ));
-                return;
-            }
-            Err(error) => {
-                eprintln!("latchkey lock: extend failed: {error}; retrying");
-                next = Instant::now() + period.min(EXTEND_RETRY);
-            }
-        }
-    }
-}
-
-/// Forwards SIGINT, SIGTERM and SIGHUP to the supervisor; `None` if they cannot be caught.
-fn forward_signals(events: Sender<Event>) -> Option<signal_hook::iterator::Handle> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
-        Ok(signals) => signals,
-        Err(error) => {
-            eprintln!("latchkey lock: cannot forward signals: {error}");
-            return None;
-        }
-    };
-    let handle = signals.handle();
-    thread::spawn(move || {
-        for signal in signals.forever() {
-            if events.send(Event::Signal(signal)).is_err() {
-                return;
-            }
-        }
-    });
-    Some(handle)
-}
-
-/// Blocks until process `pid` has exited, without reaping it: until the supervisor reaps
-/// it, the pid stays reserved, so a signal can never reach an unrelated process.
-fn wait_for_exit(pid: libc::pid_t) {
-    loop {
-        // SAFETY: `siginfo_t` is plain data for which all-zero bytes are a valid value.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let options = libc::WEXITED | libc::WNOWAIT;
-        // SAFETY: `info` is a valid, writable `siginfo_t`; waitid does not retain it.
-        let result = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, options) };
-        if result == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return;
-        }
-    }
-}
-
-fn send_signal(pid: libc::pid_t, signal: i32) {
-    // SAFETY: kill has no memory effects; `pid` is our unreaped child (see wait_for_exit).
-    unsafe {
-        libc::kill(pid, signal);
-    }
-}
-
-/// CMD's exit status as an exit code: its code, or 128 + the signal that killed it.
-fn status_code(status: ExitStatus) -> u8 {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => code as u8,
-        (None, Some(signal)) => 128u8.wrapping_add(signal as u8),
-        (None, None) => EXIT_INDETERMINATE,
-    }
-}
-
-/// Releases the lock after CMD; a failure only means the lease will recover it.
-fn release(ticket: Ticket) {
-    match ticket.release() {
-        Ok(ReleaseOutcome::Released) => {}
-        Ok(ReleaseOutcome::NotHeld) => {
-            eprintln!("latchkey lock: the lock was no longer held when released")
-        }
-        Err(error) => eprintln!("latchkey lock: release failed ({error}); the lease recovers it"),
     }
 }

@@ -1,14 +1,59 @@
 //! The results a caller can get back that are not a lock: argument errors found before anything
 //! is sent, the non-`Acquired` results of PROTOCOL.md §4.1, and the failures of the small
-//! requests (release, extend, query, ping).
+//! requests (release, extend, query, ping); and [`SessionFailure`], why a session ended, which
+//! the client remembers so that a message can name the address and the cause.
 //!
 //! Every variant says whether the request may have reached the server: that is the one fact a
 //! caller needs to decide what to do next. Deliberately not here: retry policy (the client
 //! already retried everything that was definitely not sent, see [`super`]).
 
 use std::fmt;
+use std::net::SocketAddr;
 
 use crate::protocol::ErrorCode;
+
+/// Why a session to a server ended without the client ending it, as
+/// [`Client::last_session_failure`](super::Client::last_session_failure) reports it: the
+/// address and the cause, for messages to a person (`127.0.0.1:7420: cannot connect:
+/// connection refused`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionFailure {
+    addr: SocketAddr,
+    cause: String,
+    connected: bool,
+}
+
+impl SessionFailure {
+    pub(crate) fn new(addr: SocketAddr, cause: String, connected: bool) -> SessionFailure {
+        SessionFailure {
+            addr,
+            cause,
+            connected,
+        }
+    }
+
+    /// The server address of the session.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Why it ended, in words.
+    pub fn cause(&self) -> &str {
+        &self.cause
+    }
+
+    /// Whether the connection had been established. A session that never connected sent
+    /// nothing, so the calls it held are tried again on another session until their deadline.
+    pub fn connected(&self) -> bool {
+        self.connected
+    }
+}
+
+impl fmt::Display for SessionFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.addr, self.cause)
+    }
+}
 
 /// An argument the client refused before sending anything.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -73,13 +73,16 @@
 //! |---|---|
 //! | `mod.rs` | [`Client`], [`ClientConfig`]: calls, retrying unsent requests, delivery gate |
 //! | `ticket.rs` | [`Ticket`]: token, validity bound, extend, release, release on drop |
-//! | `error.rs` | [`AcquireError`], [`RequestError`], [`ArgumentError`] |
+//! | `error.rs` | [`AcquireError`], [`RequestError`], [`ArgumentError`], [`SessionFailure`] |
 //! | `args.rs` | rounding waits and leases, the wire wait, margins, owner and nonce ids |
 //! | `pool.rs` | the session slots; replacing a failed session |
 //! | `session.rs` | one connection: its thread, its inbox, the socket (mio) |
 //! | `call.rs` | a call, its outcome, why a session ended |
-//! | `pipeline.rs` | one session's requests without I/O: encoding, correlation, deadlines |
-//! | `cli.rs` | `latchkey lock`, `latchkey query`, `latchkey ping` |
+//! | `pipeline.rs` | one session's requests without I/O: correlation, what deadlines do |
+//! | `pipeline/output.rs` | encoding just before the write; the guard of one write attempt |
+//! | `pipeline/deadlines.rs` | exact deadlines on the timing wheel, cancelled with their call |
+//! | `cli.rs` | `latchkey lock`, `query`, `ping`: arguments, messages, exit codes |
+//! | `cli/supervise.rs` | running `latchkey lock`'s command: extending, signals, a lost lease |
 //!
 //! Deliberately not here: reconnecting a session in place (a failed session is replaced by a
 //! new one), resending anything that may have been sent, and renewing leases on its own.
@@ -103,7 +106,7 @@ mod pool;
 mod session;
 mod ticket;
 
-pub use error::{AcquireError, ArgumentError, RequestError};
+pub use error::{AcquireError, ArgumentError, RequestError, SessionFailure};
 pub use ticket::{ExtendOutcome, ReleaseOutcome, Ticket};
 
 use call::{Call, Op, Outcome};
@@ -213,6 +216,15 @@ impl Client {
     /// The configuration this client was built with.
     pub fn config(&self) -> &ClientConfig {
         &self.shared.config
+    }
+
+    /// Why the latest of this client's sessions that ended without the client ending it did:
+    /// the address and the cause (connect refused, not a latchkey server, closed by the
+    /// server...). `None` while none has. For messages to a person: with many threads it may
+    /// belong to another thread's call, and it stays after later sessions succeed. The
+    /// results of the calls themselves are unchanged (PROTOCOL.md §4.1).
+    pub fn last_session_failure(&self) -> Option<SessionFailure> {
+        self.shared.pool.last_failure()
     }
 
     /// Takes the lock on `key`, waiting at most `wait` for it, holding it at most `lease`.

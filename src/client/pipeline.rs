@@ -7,10 +7,11 @@
 //! 1. [`handle_read`](Pipeline::handle_read) with the bytes read (answers are correlated);
 //! 2. [`submit`](Pipeline::submit) for every new call;
 //! 3. [`handle_deadlines`](Pipeline::handle_deadlines);
-//! 4. around every socket write: [`output`](Pipeline::output) (encodes queued frames *now*,
-//!    so the wire wait is the time left just before the bytes go out), then
-//!    [`handle_written`](Pipeline::handle_written) with the count the socket took, and
-//!    [`handle_write_blocked`](Pipeline::handle_write_blocked) when it took no more;
+//! 4. for every socket write: [`output`](Pipeline::output) with the instant read just before
+//!    it, which encodes queued frames *now* (so the wire wait is the time left just before the
+//!    bytes go out) and returns an [`Output`](output::Output) guard; the driver writes
+//!    [`Output::bytes`](output::Output::bytes), tells the guard how many the socket took
+//!    ([`Output::handed`](output::Output::handed)), and drops it;
 //! 5. [`next_deadline`](Pipeline::next_deadline) feeds the poll timeout.
 //!
 //! Once [`close_reason`](Pipeline::close_reason) is set, the driver stops using the socket
@@ -18,10 +19,18 @@
 //!
 //! Invariants:
 //! * A request is *unsent* (stage `Queued` or `Encoded`) exactly while no byte of it has been
-//!   handed to the socket; frames of which no byte was taken go back to the queue, so they are
-//!   encoded again, with a fresh wire wait, when they really go out.
+//!   handed to the socket. A frame is `Encoded` only while an [`Output`](output::Output)
+//!   guard lives: the guard borrows the whole pipeline, so no answer, deadline or call can be
+//!   handled meanwhile, and when it ends, frames of which no byte was handed go back to the
+//!   queue, to be encoded again, with a fresh wire wait, when they really go out. So no frame
+//!   can reach the socket after its caller was told it expired: outside a write attempt, the
+//!   output buffer holds at most the rest of one frame already partly on the wire.
 //! * Nothing here ever encodes a request again once a byte of it was handed to the socket.
 //! * Every call with a reply channel gets exactly one [`Outcome`].
+//! * An entry whose deadline still matters has exactly one live timer on the timing wheel
+//!   (whole milliseconds since the pipeline's epoch, checked against the exact `Instant` when
+//!   it fires); removing or re-arming an entry cancels its timer, so answered calls leave
+//!   nothing behind to wake the driver.
 //! * An `X` whose code closes the session (1, 2, 6) ends the session at once, and the answer
 //!   it carries is held back until [`finish`](Pipeline::finish): the driver retires the
 //!   session (no new call can be submitted to it) before calling `finish`, so a caller who
@@ -33,17 +42,21 @@
 //! Deliberately not here: sockets, threads, and retrying on another session (the client does
 //! that with the [`Outcome::NotSent`] it gets back).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use slab::Slab;
 
-use super::args::wire_wait_s;
 pub(crate) use super::call::{Call, CloseReason, Op, Outcome};
 use crate::protocol::{parse_response, ErrorCode, Response};
+use crate::wheel::TimerHandle;
+
+mod deadlines;
+pub(crate) mod output;
+
+use deadlines::Deadlines;
 
 /// Bytes of frames encoded ahead of the socket at most; the rest stay queued, so their wire
 /// wait is computed later.
@@ -94,7 +107,8 @@ struct Entry {
     call: Call,
     stage: Stage,
     sent_at: Option<Instant>,
-    timer_at: Option<Instant>,
+    /// The live timer of this entry and the exact instant it stands for.
+    timer: Option<(TimerHandle, Instant)>,
 }
 
 /// The requests of one session. See the module docs for the call order.
@@ -112,7 +126,10 @@ pub(crate) struct Pipeline {
     owners: HashMap<u64, Handle>,
     nonces: HashMap<u64, Handle>,
     tokens: HashMap<u64, VecDeque<Handle>>,
-    timers: BinaryHeap<Reverse<(Instant, Handle)>>,
+    /// One live timer per armed entry, cancelled whenever the entry is removed or re-armed.
+    timers: Deadlines<Handle>,
+    /// What one `advance` of `timers` fired; kept to reuse its allocation.
+    fired: Vec<Handle>,
     /// Answers correlated with an `X` that closed the session; delivered by `finish`.
     held: Vec<(Sender<Outcome>, Outcome)>,
 }
@@ -122,8 +139,9 @@ fn reply(tx: Option<Sender<Outcome>>, outcome: Outcome) -> bool {
 }
 
 impl Pipeline {
-    /// An empty pipeline for a session that is not connected yet.
-    pub(crate) fn new(transport_timeout: Duration) -> Pipeline {
+    /// An empty pipeline for a session that is not connected yet. Instants before `epoch`
+    /// count as `epoch` on the timer wheel (they are still compared exactly).
+    pub(crate) fn new(transport_timeout: Duration, epoch: Instant) -> Pipeline {
         Pipeline {
             transport_timeout,
             established: false,
@@ -137,7 +155,8 @@ impl Pipeline {
             owners: HashMap::new(),
             nonces: HashMap::new(),
             tokens: HashMap::new(),
-            timers: BinaryHeap::new(),
+            timers: Deadlines::new(epoch),
+            fired: Vec::new(),
             held: Vec::new(),
         }
     }
@@ -170,10 +189,12 @@ impl Pipeline {
         self.out_written == self.out.len() && self.queue.iter().all(|&h| self.entry(h).is_none())
     }
 
-    /// The earliest instant at which [`handle_deadlines`](Self::handle_deadlines) has work
-    /// (possibly a stale timer: waking early is harmless).
+    /// The earliest instant at which [`handle_deadlines`](Self::handle_deadlines) may have
+    /// work: never later than the earliest armed deadline, possibly earlier (the wheel's whole
+    /// millisecond, or a cascade point of it; waking early is harmless). `None` when no
+    /// deadline is armed.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.timers.peek().map(|Reverse((at, _))| *at)
+        self.timers.next_deadline()
     }
 
     /// Queues a call. Its deadline is armed; an unsent call is never sent after it.
@@ -208,7 +229,7 @@ impl Pipeline {
             call,
             stage: Stage::Queued,
             sent_at: None,
-            timer_at: None,
+            timer: None,
         };
         Handle {
             slot: self.entries.insert(entry),
@@ -216,11 +237,18 @@ impl Pipeline {
         }
     }
 
+    /// Arms the entry's single timer for the exact instant `at`, replacing any armed one.
     fn arm(&mut self, handle: Handle, at: Instant) {
-        if let Some(entry) = self.entry_mut(handle) {
-            entry.timer_at = Some(at);
-            self.timers.push(Reverse((at, handle)));
+        let Some(entry) = self.entries.get_mut(handle.slot) else {
+            return;
+        };
+        if entry.seq != handle.seq {
+            return;
         }
+        if let Some((old, _)) = entry.timer.take() {
+            self.timers.cancel(old);
+        }
+        entry.timer = Some((self.timers.insert(at, handle), at));
     }
 
     fn entry(&self, handle: Handle) -> Option<&Entry> {
@@ -239,6 +267,9 @@ impl Pipeline {
     fn take(&mut self, handle: Handle) -> Entry {
         let entry = self.entries.remove(handle.slot);
         debug_assert_eq!(entry.seq, handle.seq);
+        if let Some((timer, _)) = entry.timer {
+            self.timers.cancel(timer);
+        }
         match entry.call.op {
             Op::Acquire { owner, .. } if self.owners.get(&owner) == Some(&handle) => {
                 self.owners.remove(&owner);
@@ -251,125 +282,6 @@ impl Pipeline {
             _ => {}
         }
         entry
-    }
-
-    /// The bytes to hand to the socket next. When the previous output is all written, encodes
-    /// queued frames with `now` (read just before the write), so each acquire's wire wait is
-    /// the time left until its deadline at this instant, rounded up to whole seconds. Queued
-    /// requests already past their deadline are expired instead of sent.
-    pub(crate) fn output(&mut self, now: Instant) -> &[u8] {
-        if self.close.is_some() || !self.established {
-            return &[];
-        }
-        if self.out_written == self.out.len() {
-            self.out.clear();
-            self.out_written = 0;
-            self.encode_queued(now);
-            self.check_invariants();
-        }
-        &self.out[self.out_written..]
-    }
-
-    fn encode_queued(&mut self, now: Instant) {
-        while self.out.len() < OUTPUT_BYTES_MAX {
-            let Some(handle) = self.queue.pop_front() else {
-                break;
-            };
-            let Some(entry) = self.entries.get_mut(handle.slot) else {
-                continue;
-            };
-            if entry.seq != handle.seq || entry.stage != Stage::Queued {
-                continue;
-            }
-            let wait_s = match entry.call.op {
-                Op::Cancel { .. } => 0,
-                Op::Acquire {
-                    wait_zero: false, ..
-                } => match wire_wait_s(entry.call.deadline, now) {
-                    Some(wait_s) => wait_s,
-                    None => {
-                        self.expire(handle);
-                        continue;
-                    }
-                },
-                _ if now >= entry.call.deadline => {
-                    self.expire(handle);
-                    continue;
-                }
-                _ => 0,
-            };
-            let start = self.out.len();
-            entry.call.op.request(wait_s).encode(&mut self.out);
-            entry.stage = Stage::Encoded;
-            self.spans.push_back(Span {
-                handle,
-                start,
-                end: self.out.len(),
-            });
-        }
-    }
-
-    /// The socket took `written` more bytes of [`output`](Self::output); `now` is the instant
-    /// read before that write.
-    pub(crate) fn handle_written(&mut self, written: usize, now: Instant) {
-        self.out_written += written;
-        assert!(
-            self.out_written <= self.out.len(),
-            "socket took more bytes than offered"
-        );
-        while let Some(&span) = self.spans.front() {
-            if span.start >= self.out_written {
-                break;
-            }
-            let complete = span.end <= self.out_written;
-            self.mark_handed(span.handle, complete, now);
-            if !complete {
-                break;
-            }
-            self.spans.pop_front();
-        }
-        self.check_invariants();
-    }
-
-    fn mark_handed(&mut self, handle: Handle, complete: bool, now: Instant) {
-        // A hostile server may have answered a request before it was fully written.
-        let Some(entry) = self.entry_mut(handle) else {
-            return;
-        };
-        if entry.stage == Stage::Encoded {
-            entry.stage = Stage::Partial;
-            entry.sent_at = Some(now);
-            if let Op::Release { token, .. } | Op::Extend { token, .. } = entry.call.op {
-                self.tokens.entry(token).or_default().push_back(handle);
-            }
-        }
-        let Some(entry) = self.entry_mut(handle) else {
-            return;
-        };
-        if complete && entry.stage == Stage::Partial {
-            entry.stage = Stage::Sent;
-            if let Op::Cancel { .. } = entry.call.op {
-                // A Cancel gets no answer of its own; the acquire's entry waits for the `T`.
-                self.take(handle);
-            }
-        }
-    }
-
-    /// The socket took no more bytes: frames of which no byte was handed go back to the front
-    /// of the queue, to be encoded again (with a fresh wire wait) when they really go out.
-    pub(crate) fn handle_write_blocked(&mut self) {
-        while let Some(&span) = self.spans.back() {
-            if span.start < self.out_written {
-                break;
-            }
-            self.spans.pop_back();
-            self.out.truncate(span.start);
-            if let Some(entry) = self.entry_mut(span.handle) {
-                entry.stage = Stage::Queued;
-                self.queue.push_front(span.handle);
-            }
-        }
-        self.check_invariants();
     }
 
     /// Correlates the answers at the start of `input`, read at `now`; returns the bytes used.
@@ -549,22 +461,36 @@ impl Pipeline {
         });
     }
 
-    /// Applies every deadline that has passed at `now` (see the module docs and §4.2–§4.4).
+    /// Applies every deadline that has passed at `now` (see the module docs and §4.2–§4.4),
+    /// earliest first. A timer fired in the millisecond of its deadline but before the exact
+    /// instant is armed again for that instant: never early, and the first call at or after
+    /// the instant applies it.
     pub(crate) fn handle_deadlines(&mut self, now: Instant) {
-        while let Some(&Reverse((at, handle))) = self.timers.peek() {
-            if at > now || self.close.is_some() {
-                break;
-            }
-            self.timers.pop();
+        let mut fired = std::mem::take(&mut self.fired);
+        self.timers.advance(now, &mut fired);
+        // Every fired handle names a live entry: removing an entry cancels its timer.
+        let instant = |entry: Option<&Entry>| entry.and_then(|e| e.timer).map(|(_, at)| at);
+        fired.sort_unstable_by_key(|&handle| (instant(self.entry(handle)), handle));
+        for &handle in &fired {
+            // An earlier deadline of this batch may have removed the entry or ended the session
+            // (then `finish` resolves everything left).
             let Some(entry) = self.entry_mut(handle) else {
                 continue;
             };
-            if entry.timer_at != Some(at) {
+            let Some((_, at)) = entry.timer.take() else {
+                continue;
+            };
+            if self.close.is_some() {
                 continue;
             }
-            entry.timer_at = None;
+            if at > now {
+                self.arm(handle, at);
+                continue;
+            }
             self.handle_deadline(handle, now);
         }
+        fired.clear();
+        self.fired = fired;
         self.check_invariants();
     }
 
@@ -685,6 +611,12 @@ impl Pipeline {
         unsent_releases
     }
 
+    /// Timers armed on the wheel, for tests.
+    #[cfg(test)]
+    fn timers_len(&self) -> usize {
+        self.timers.len()
+    }
+
     /// Panics when a structural invariant is broken (debug builds and tests only).
     fn check_invariants(&self) {
         if !cfg!(debug_assertions) {
@@ -711,6 +643,15 @@ impl Pipeline {
             }
         }
         assert_eq!(previous_end, self.out.len());
+        // Exactly one live wheel timer per armed entry, and none for anything else.
+        let mut armed = 0;
+        for (_, entry) in &self.entries {
+            if let Some((timer, _)) = entry.timer {
+                assert!(self.timers.is_armed(timer), "an armed timer is live");
+                armed += 1;
+            }
+        }
+        assert_eq!(armed, self.timers.len(), "no timer outlives its entry");
         for (owner, &handle) in &self.owners {
             let entry = self.entry(handle).expect("owners map live entries");
             assert!(matches!(entry.call.op, Op::Acquire { owner: o, .. } if o == *owner));

@@ -18,7 +18,8 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use super::call::Call;
-use super::session::{Session, SessionConfig};
+use super::error::SessionFailure;
+use super::session::{FailureLog, Session, SessionConfig};
 
 /// Session slots over a list of server addresses.
 pub(crate) struct Pool {
@@ -28,6 +29,7 @@ pub(crate) struct Pool {
     next_slot: AtomicUsize,
     next_addr: AtomicUsize,
     next_session_id: AtomicU64,
+    failures: FailureLog,
     this: Weak<Pool>,
 }
 
@@ -49,6 +51,7 @@ impl Pool {
             next_slot: AtomicUsize::new(0),
             next_addr: AtomicUsize::new(0),
             next_session_id: AtomicU64::new(1),
+            failures: FailureLog::default(),
             this: this.clone(),
         });
         for slot in 0..sessions {
@@ -71,7 +74,9 @@ impl Pool {
                 pool.submit_background(call);
             }
         });
-        let session = Arc::new(Session::spawn(id, addr, self.session_config, orphans)?);
+        let failures = Arc::clone(&self.failures);
+        let session = Session::spawn(id, addr, self.session_config, orphans, failures)?;
+        let session = Arc::new(session);
         *guard = Some(Arc::clone(&session));
         Ok(session)
     }
@@ -89,6 +94,11 @@ impl Pool {
             fallback = Some(session);
         }
         Ok(fallback.expect("a pool has at least one slot"))
+    }
+
+    /// Why the latest session that failed did, if one did.
+    pub(crate) fn last_failure(&self) -> Option<SessionFailure> {
+        self.failures.lock().clone()
     }
 
     /// Hands a fire-and-forget call (a background release) to some session; dropped if none

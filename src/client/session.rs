@@ -33,6 +33,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
 use super::call::{Call, CloseReason, Outcome};
+use super::error::SessionFailure;
 use super::pipeline::Pipeline;
 
 const STREAM: Token = Token(0);
@@ -56,6 +57,9 @@ pub(crate) struct SessionConfig {
 
 /// Where a session hands the background releases it could not send.
 pub(crate) type Orphans = Box<dyn Fn(Call) + Send>;
+
+/// Where sessions record why the latest of them failed (shared by a pool's sessions).
+pub(crate) type FailureLog = Arc<Mutex<Option<SessionFailure>>>;
 
 /// The caller's side of a session: submit calls; dropping it shuts the session down after
 /// its queued writes (background releases) went out.
@@ -84,6 +88,7 @@ impl Session {
         addr: SocketAddr,
         config: SessionConfig,
         orphans: Orphans,
+        failures: FailureLog,
     ) -> io::Result<Session> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
@@ -105,10 +110,11 @@ impl Session {
             poll,
             events: Events::with_capacity(EVENTS_MAX),
             stream: None,
-            pipeline: Pipeline::new(config.transport_timeout),
+            pipeline: Pipeline::new(config.transport_timeout, Instant::now()),
             input: vec![0; INPUT_BYTES],
             input_len: 0,
             orphans,
+            failures,
         };
         thread::Builder::new()
             .name(format!("latchkey-session-{id}"))
@@ -163,6 +169,7 @@ struct Driver {
     input: Vec<u8>,
     input_len: usize,
     orphans: Orphans,
+    failures: FailureLog,
 }
 
 impl Driver {
@@ -297,26 +304,26 @@ impl Driver {
         self.shared.inbox.lock().calls.is_empty() && self.pipeline.output_idle()
     }
 
-    /// Writes until the socket takes no more. The instant is read before every write: it is
-    /// both the wire-wait reference for frames encoded now and the `sent_at` of their bytes.
+    /// Writes until the socket takes no more, one
+    /// [`Output`](super::pipeline::output::Output) guard per write. The instant is read before
+    /// every write: it is both the wire-wait reference for frames encoded now and the `sent_at`
+    /// of their bytes. Frames the socket did not take
+    /// go back to the pipeline's queue when the guard ends.
     fn flush(&mut self) {
         let Some(stream) = self.stream.as_mut() else {
             return;
         };
         loop {
-            let now = Instant::now();
-            let output = self.pipeline.output(now);
-            if output.is_empty() {
+            let mut output = self.pipeline.output(Instant::now());
+            if output.bytes().is_empty() {
                 return;
             }
-            match stream.write(output) {
-                Ok(written) => self.pipeline.handle_written(written, now),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    return self.pipeline.handle_write_blocked();
-                }
+            match stream.write(output.bytes()) {
+                Ok(written) => output.handed(written),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(error) => {
-                    self.pipeline.handle_write_blocked();
+                    drop(output);
                     return self.pipeline.close(CloseReason::Io(error.kind()));
                 }
             }
@@ -354,6 +361,12 @@ impl Driver {
                 log::debug!("session {} to {}: {reason}", self.id, self.addr)
             }
             _ => log::warn!("session {} to {} ended: {reason}", self.id, self.addr),
+        }
+        if reason != CloseReason::Shutdown {
+            // Recorded before any call hears back, so a caller that asks why sees this.
+            let connected = self.pipeline.is_established();
+            let failure = SessionFailure::new(self.addr, reason.to_string(), connected);
+            *self.failures.lock() = Some(failure);
         }
         // Marked failed and closed before any call hears back (including the `Rejected` of an
         // `X` that closed the session, held by the pipeline until `finish`), so neither a

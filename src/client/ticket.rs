@@ -2,8 +2,28 @@
 //!
 //! The token is the authority: a caller passes it to every resource the lock protects, which
 //! rejects writes carrying an older token. The validity bound (PROTOCOL.md §4.5) is advice:
-//! the instant the `A` was read plus the lease, minus a margin of max(100 ms, lease / 10);
-//! after a confirmed Extend it counts from the instant that Extend was handed to the socket.
+//! the instant the `A` was read plus the lease, minus a margin of max(100 ms, lease / 10).
+//!
+//! An Extend sets the server's lease to *its execution time* + its lease, which may be shorter
+//! than what was left, so the bound follows the lease wherever the Extend puts it:
+//!
+//! * while an Extend is unanswered, the bound is the earlier of the old bound and what the
+//!   Extend would give counted from the start of the call (which is before its send, and so
+//!   before its execution);
+//! * after a confirmed Extend, the bound is the instant it was handed to the socket plus its
+//!   lease minus its margin, earlier or later than before;
+//! * an Extend whose outcome stays unknown may still execute on the server at any later time
+//!   (its bytes may be in flight on a session the client gave up), and whenever it does, the
+//!   lease becomes that time plus *its* lease. So it keeps the bound at the earlier of the two
+//!   for good, and every later confirmed Extend gives at most its send instant plus the
+//!   shortest lease of all such unknown Extends (minus that lease's margin): if an unknown one
+//!   executes after the confirmed one, it executes after that send instant.
+//! * A refused (`X`) or never-sent Extend had no effect: the bound goes back to what it was.
+//!
+//! Extends of one ticket are serialized: a second thread's `extend` waits until the first
+//! has its outcome (at most the transport timeout). That is what makes "the confirmed Extend
+//! is the last one that executed, unless an unknown one executes later" true; pipelining two
+//! Extends of one token would leave their execution order to the network.
 //!
 //! Invariants: a ticket releases its hold at most once on purpose (`release`, or in the
 //! background when dropped), except that a release that was never sent is tried again in the
@@ -63,8 +83,27 @@ pub struct Ticket {
     client: Client,
     key: Arc<str>,
     token: u64,
-    valid_until: Mutex<Instant>,
+    bound: Mutex<Bound>,
+    /// Held for the whole of an `extend`: extends of one ticket never overlap.
+    extending: Mutex<()>,
     released: bool,
+}
+
+/// The validity bound and what constrains it.
+#[derive(Clone, Copy, Debug)]
+struct Bound {
+    valid_until: Instant,
+    /// The shortest lease (seconds) of the Extends whose outcome stayed unknown.
+    unknown_lease_s: Option<u8>,
+}
+
+impl Bound {
+    /// An Extend of `lease_s` may or may not have executed, and may still execute later: the
+    /// bound stays the earlier one it already is, and the lease caps later confirmed Extends.
+    fn outcome_unknown(&mut self, lease_s: u8) {
+        let shortest = self.unknown_lease_s.map_or(lease_s, |s| s.min(lease_s));
+        self.unknown_lease_s = Some(shortest);
+    }
 }
 
 impl Ticket {
@@ -75,12 +114,16 @@ impl Ticket {
         lease_s: u8,
         read_at: Instant,
     ) -> Ticket {
-        let valid_until = Mutex::new(valid_until(read_at, lease_s));
+        let bound = Bound {
+            valid_until: valid_until(read_at, lease_s),
+            unknown_lease_s: None,
+        };
         Ticket {
             client,
             key,
             token,
-            valid_until,
+            bound: Mutex::new(bound),
+            extending: Mutex::new(()),
             released: false,
         }
     }
@@ -95,9 +138,10 @@ impl Ticket {
         self.token
     }
 
-    /// The local bound until which the hold is believed valid (PROTOCOL.md §4.5).
+    /// The local bound until which the hold is believed valid (PROTOCOL.md §4.5; see the
+    /// module docs for how extends move it).
     pub fn valid_until(&self) -> Instant {
-        *self.valid_until.lock()
+        self.bound.lock().valid_until
     }
 
     /// Whether the local validity bound has not passed yet.
@@ -105,30 +149,59 @@ impl Ticket {
         Instant::now() < self.valid_until()
     }
 
-    /// Renews the lease to `lease` (rounded up to whole seconds) from now.
+    /// Sets the lease to `lease` (rounded up to whole seconds) from now, which may shorten it.
     ///
-    /// On [`ExtendOutcome::Extended`] the validity bound counts from the instant the Extend
-    /// was handed to the socket. On [`ExtendOutcome::NotHeld`] the lock is lost and the bound
-    /// is moved to the past.
+    /// While the call runs, [`valid_until`](Self::valid_until) is already the earlier of the
+    /// old bound and what this Extend would give. On [`ExtendOutcome::Extended`] the bound
+    /// counts from the instant the Extend was handed to the socket, earlier or later than
+    /// before (capped by any earlier Extend whose outcome stayed unknown; see the module
+    /// docs). On [`ExtendOutcome::NotHeld`] the lock is lost and the bound is moved to the
+    /// past. On [`RequestError::NoAnswer`] the outcome is unknown and the bound stays the
+    /// earlier of the two; on any other error nothing was executed and the bound is as before.
+    ///
+    /// Extends of one ticket are serialized: a call made while another thread's extend of
+    /// this ticket runs waits for its outcome first.
     pub fn extend(&self, lease: Duration) -> Result<ExtendOutcome, RequestError> {
         let lease_s = lease_s(lease)?;
+        let _serialized = self.extending.lock();
         let op = Op::Extend {
             key: Arc::clone(&self.key),
             lease_s,
             token: self.token,
         };
-        match self.client.exchange_small(op)? {
-            (Response::Extended { .. }, sent_at) => {
-                let mut bound = self.valid_until.lock();
-                *bound = (*bound).max(valid_until(sent_at, lease_s));
+        // Before anything is sent, so no execution of this Extend can precede it.
+        let before = {
+            let mut bound = self.bound.lock();
+            let before = *bound;
+            let would_give = valid_until(Instant::now(), lease_s);
+            bound.valid_until = before.valid_until.min(would_give);
+            before
+        };
+        let result = self.client.exchange_small(op);
+        let mut bound = self.bound.lock();
+        match result {
+            Ok((Response::Extended { .. }, sent_at)) => {
+                let shortest = before.unknown_lease_s.map_or(lease_s, |s| s.min(lease_s));
+                bound.valid_until = valid_until(sent_at, shortest);
                 Ok(ExtendOutcome::Extended)
             }
-            (Response::NotHeld { .. }, sent_at) => {
-                let mut bound = self.valid_until.lock();
-                *bound = (*bound).min(sent_at);
+            Ok((Response::NotHeld { .. }, sent_at)) => {
+                bound.valid_until = bound.valid_until.min(sent_at);
                 Ok(ExtendOutcome::NotHeld)
             }
-            (response, _) => Err(unexpected(response)),
+            Ok((response, _)) => {
+                bound.outcome_unknown(lease_s);
+                Err(unexpected(response))
+            }
+            Err(RequestError::NoAnswer) => {
+                bound.outcome_unknown(lease_s);
+                Err(RequestError::NoAnswer)
+            }
+            Err(error) => {
+                // Refused or never sent: it had no effect on the server.
+                *bound = before;
+                Err(error)
+            }
         }
     }
 

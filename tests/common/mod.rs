@@ -311,3 +311,43 @@ pub fn start_server(configure: impl FnOnce(&mut Config)) -> ServerHandle {
     configure(&mut config);
     latchkey::server::start(config).expect("server starts")
 }
+
+/// A server that is not latchkey: for `within`, it answers every chunk any client sends with
+/// a Redis-style error line, as Redis does to bytes it cannot parse. Returns its address.
+pub fn not_latchkey_server(within: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    thread::spawn(move || answer_like_redis(stream, until));
+                }
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    thread::sleep(Duration::from_millis(2));
+                }
+                Err(error) => panic!("accept: {error}"),
+            }
+        }
+    });
+    addr
+}
+
+fn answer_like_redis(mut stream: TcpStream, until: Instant) {
+    let mut chunk = [0u8; 4096];
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.read(&mut chunk) {
+            Ok(1..) => {
+                if stream.write_all(b"-ERR unknown command\r\n").is_err() {
+                    return;
+                }
+            }
+            _ => return,
+        }
+    }
+}

@@ -4,16 +4,16 @@ use super::*;
 use crate::protocol::{parse_request, Request, KEY_BYTES_MAX};
 use crossbeam_channel::Receiver;
 
-const TRANSPORT: Duration = Duration::from_secs(5);
-const OWNER: u64 = 0xa11ce;
+pub(super) const TRANSPORT: Duration = Duration::from_secs(5);
+pub(super) const OWNER: u64 = 0xa11ce;
 
-fn ms(millis: u64) -> Duration {
+pub(super) fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
 }
 
 /// An owned copy of a request frame, for assertions.
 #[derive(Debug, PartialEq, Eq)]
-enum Sent {
+pub(super) enum Sent {
     Acquire {
         wait_s: u8,
         lease_s: u8,
@@ -41,7 +41,7 @@ enum Sent {
     },
 }
 
-fn decode(mut bytes: &[u8]) -> Vec<Sent> {
+pub(super) fn decode(mut bytes: &[u8]) -> Vec<Sent> {
     let mut frames = Vec::new();
     while let Some((request, used)) = parse_request(bytes, KEY_BYTES_MAX).unwrap() {
         let text = |key: &[u8]| String::from_utf8(key.to_vec()).unwrap();
@@ -84,25 +84,52 @@ fn decode(mut bytes: &[u8]) -> Vec<Sent> {
 }
 
 /// Writes everything the pipeline offers at `now`, as a socket that takes it all would.
-fn write_all(pipeline: &mut Pipeline, now: Instant) -> Vec<Sent> {
-    let bytes = pipeline.output(now).to_vec();
-    pipeline.handle_written(bytes.len(), now);
+pub(super) fn write_all(pipeline: &mut Pipeline, now: Instant) -> Vec<Sent> {
+    let mut output = pipeline.output(now);
+    let bytes = output.bytes().to_vec();
+    output.handed(bytes.len());
+    drop(output);
     decode(&bytes)
 }
 
-fn feed(pipeline: &mut Pipeline, response: Response, now: Instant) {
+/// One write attempt at `now` in which the socket takes `taken` bytes; returns how many bytes
+/// were offered.
+pub(super) fn write_some(pipeline: &mut Pipeline, now: Instant, taken: usize) -> usize {
+    let mut output = pipeline.output(now);
+    let offered = output.bytes().len();
+    output.handed(taken);
+    offered
+}
+
+pub(super) fn feed(pipeline: &mut Pipeline, response: Response, now: Instant) {
     let mut bytes = Vec::new();
     response.encode(&mut bytes);
     assert_eq!(pipeline.handle_read(&bytes, now), bytes.len());
 }
 
-fn established() -> Pipeline {
-    let mut pipeline = Pipeline::new(TRANSPORT);
+/// Wakes up as a driver would, at every instant `next_deadline` names before `deadline`, the
+/// earliest armed deadline: each wake-up is at most that deadline, does nothing observable,
+/// and they converge on the deadline's own millisecond.
+fn follow_wake_ups(pipeline: &mut Pipeline, deadline: Instant) {
+    for _ in 0..64 {
+        let at = pipeline.next_deadline().expect("a deadline is armed");
+        assert!(at <= deadline, "a wake-up after the deadline");
+        if deadline - at < ms(1) {
+            return;
+        }
+        pipeline.handle_deadlines(at);
+        assert_eq!(pipeline.close_reason(), None, "nothing happens early");
+    }
+    panic!("the wake-ups never reached the deadline's millisecond");
+}
+
+pub(super) fn established() -> Pipeline {
+    let mut pipeline = Pipeline::new(TRANSPORT, Instant::now());
     pipeline.set_established();
     pipeline
 }
 
-fn call(op: Op, deadline: Instant) -> (Call, Receiver<Outcome>) {
+pub(super) fn call(op: Op, deadline: Instant) -> (Call, Receiver<Outcome>) {
     let (tx, rx) = crossbeam_channel::bounded(1);
     (
         Call {
@@ -115,7 +142,7 @@ fn call(op: Op, deadline: Instant) -> (Call, Receiver<Outcome>) {
     )
 }
 
-fn acquire(owner: u64, wait_zero: bool, deadline: Instant) -> (Call, Receiver<Outcome>) {
+pub(super) fn acquire(owner: u64, wait_zero: bool, deadline: Instant) -> (Call, Receiver<Outcome>) {
     let op = Op::Acquire {
         key: Arc::from("k"),
         wait_zero,
@@ -125,7 +152,7 @@ fn acquire(owner: u64, wait_zero: bool, deadline: Instant) -> (Call, Receiver<Ou
     call(op, deadline)
 }
 
-fn answered(rx: &Receiver<Outcome>) -> Response {
+pub(super) fn answered(rx: &Receiver<Outcome>) -> Response {
     match rx.try_recv() {
         Ok(Outcome::Answer { response, .. }) => response,
         other => panic!("expected an answer, got {other:?}"),
@@ -133,108 +160,23 @@ fn answered(rx: &Receiver<Outcome>) -> Response {
 }
 
 #[test]
-fn wire_wait_is_computed_when_the_frame_is_encoded_not_when_submitted() {
-    let t0 = Instant::now();
-    let mut pipeline = Pipeline::new(TRANSPORT);
-    let (call, _rx) = acquire(OWNER, false, t0 + ms(3000));
-    pipeline.submit(call);
-    assert!(
-        pipeline.output(t0).is_empty(),
-        "nothing goes out before the connection is up"
-    );
-    pipeline.set_established();
-    let frames = write_all(&mut pipeline, t0 + ms(1500));
-    let expected = Sent::Acquire {
-        wait_s: 2,
-        lease_s: 30,
-        owner: OWNER,
-        key: "k".into(),
-    };
-    assert_eq!(frames, vec![expected]);
-}
-
-#[test]
-fn frames_the_socket_did_not_take_are_encoded_again_with_a_fresh_wait() {
-    let t0 = Instant::now();
-    let mut pipeline = established();
-    let (first, _rx1) = acquire(1, false, t0 + ms(10_000));
-    let (second, _rx2) = acquire(2, false, t0 + ms(10_000));
-    pipeline.submit(first);
-    pipeline.submit(second);
-    let offered = pipeline.output(t0).len();
-    // The socket takes the first frame and three bytes of the second, then blocks.
-    pipeline.handle_written(12 + 1 + 3, t0);
-    pipeline.handle_write_blocked();
-    assert_eq!(
-        pipeline.output(t0).len(),
-        offered - 16,
-        "a started frame is never re-encoded"
-    );
-    pipeline.handle_written(offered - 16, t0);
-    // A third frame offered but not taken at all goes back to the queue...
-    let (third, rx3) = acquire(3, false, t0 + ms(3000));
-    pipeline.submit(third);
-    assert!(!pipeline.output(t0).is_empty());
-    pipeline.handle_write_blocked();
-    // ...and is still definitely unsent: at its deadline it expires.
-    pipeline.handle_deadlines(t0 + ms(3000));
-    assert_eq!(rx3.try_recv(), Ok(Outcome::Expired { established: true }));
-    let (fourth, _rx4) = acquire(4, false, t0 + ms(3000));
-    pipeline.submit(fourth);
-    let frames = write_all(&mut pipeline, t0 + ms(1200));
-    let expected = Sent::Acquire {
-        wait_s: 2,
-        lease_s: 30,
-        owner: 4,
-        key: "k".into(),
-    };
-    assert_eq!(frames, vec![expected]);
-}
-
-#[test]
-fn a_wait_zero_acquire_goes_out_with_wire_wait_zero() {
-    let t0 = Instant::now();
-    let mut pipeline = established();
-    let (call, _rx) = acquire(OWNER, true, t0 + TRANSPORT);
-    pipeline.submit(call);
-    let frames = write_all(&mut pipeline, t0 + ms(4000));
-    let expected = Sent::Acquire {
-        wait_s: 0,
-        lease_s: 30,
-        owner: OWNER,
-        key: "k".into(),
-    };
-    assert_eq!(frames, vec![expected]);
-}
-
-#[test]
 fn an_unsent_request_at_its_deadline_expires_and_is_never_encoded() {
     let t0 = Instant::now();
     for up in [false, true] {
-        let mut pipeline = Pipeline::new(TRANSPORT);
+        let mut pipeline = Pipeline::new(TRANSPORT, Instant::now());
         if up {
             pipeline.set_established();
         }
         let (call, rx) = acquire(OWNER, false, t0 + ms(100));
         pipeline.submit(call);
-        assert_eq!(pipeline.next_deadline(), Some(t0 + ms(100)));
+        follow_wake_ups(&mut pipeline, t0 + ms(100));
         pipeline.handle_deadlines(t0 + ms(99));
         assert!(rx.try_recv().is_err(), "never early");
         pipeline.handle_deadlines(t0 + ms(100));
         assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: up }));
         pipeline.set_established();
-        assert!(pipeline.output(t0 + ms(100)).is_empty());
+        assert!(pipeline.output(t0 + ms(100)).bytes().is_empty());
     }
-}
-
-#[test]
-fn a_queued_request_found_expired_by_the_writer_is_not_sent() {
-    let t0 = Instant::now();
-    let mut pipeline = established();
-    let (call, rx) = acquire(OWNER, false, t0 + ms(100));
-    pipeline.submit(call);
-    assert!(pipeline.output(t0 + ms(100)).is_empty());
-    assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: true }));
 }
 
 #[test]
@@ -397,7 +339,7 @@ fn an_unanswered_cancel_closes_the_session_at_the_transport_allowance() {
     write_all(&mut pipeline, t0);
     pipeline.handle_deadlines(t0 + ms(1000));
     write_all(&mut pipeline, t0 + ms(1000));
-    assert_eq!(pipeline.next_deadline(), Some(t0 + ms(1000) + TRANSPORT));
+    follow_wake_ups(&mut pipeline, t0 + ms(1000) + TRANSPORT);
     pipeline.handle_deadlines(t0 + ms(999) + TRANSPORT);
     assert_eq!(pipeline.close_reason(), None, "never early");
     pipeline.handle_deadlines(t0 + ms(1000) + TRANSPORT);
@@ -416,7 +358,7 @@ fn a_sent_wait_zero_acquire_at_its_deadline_closes_the_session_without_cancel() 
     pipeline.handle_deadlines(t0 + TRANSPORT);
     assert_eq!(pipeline.close_reason(), Some(&CloseReason::Unanswered));
     assert!(
-        pipeline.output(t0 + TRANSPORT).is_empty(),
+        pipeline.output(t0 + TRANSPORT).bytes().is_empty(),
         "no Cancel: it was never queued"
     );
     pipeline.finish();
@@ -429,9 +371,7 @@ fn a_deadline_with_part_of_the_frame_on_the_wire_closes_the_session() {
     let mut pipeline = established();
     let (call, rx) = acquire(OWNER, false, t0 + ms(1000));
     pipeline.submit(call);
-    pipeline.output(t0);
-    pipeline.handle_written(1, t0);
-    pipeline.handle_write_blocked();
+    write_some(&mut pipeline, t0, 1);
     pipeline.handle_deadlines(t0 + ms(1000));
     assert_eq!(
         pipeline.close_reason(),
@@ -450,9 +390,7 @@ fn a_failed_session_separates_possibly_sent_from_definitely_unsent() {
     let (unsent, rx_unsent) = acquire(3, false, t0 + ms(3000));
     pipeline.submit(sent);
     pipeline.submit(partial);
-    pipeline.output(t0);
-    pipeline.handle_written(12 + 1 + 1, t0);
-    pipeline.handle_write_blocked();
+    write_some(&mut pipeline, t0, 12 + 1 + 1);
     pipeline.submit(unsent);
     pipeline.close(CloseReason::Eof);
     assert!(pipeline.finish().is_empty());
@@ -618,7 +556,7 @@ fn a_closing_error_ends_the_session_and_its_answer_waits_for_finish() {
         "held until the driver has retired the session"
     );
     assert!(
-        pipeline.output(t0 + ms(10)).is_empty(),
+        pipeline.output(t0 + ms(10)).bytes().is_empty(),
         "nothing more is sent"
     );
     let (late, rx_late) = acquire(4, false, t0 + ms(3000));
@@ -721,4 +659,98 @@ fn answers_read_before_a_closing_error_are_delivered_at_once() {
             id: 2
         }
     ));
+}
+
+#[test]
+fn answered_and_expired_calls_leave_no_timer_behind() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let key: Arc<str> = Arc::from("k");
+    for round in 1..=2_000u64 {
+        let deadline = t0 + ms(10_000);
+        let (granted, rx_granted) = acquire(round, false, deadline);
+        let (query, rx_query) = call(
+            Op::Query {
+                key: Arc::clone(&key),
+                nonce: round,
+            },
+            deadline,
+        );
+        let (extend, rx_extend) = call(
+            Op::Extend {
+                key: Arc::clone(&key),
+                lease_s: 5,
+                token: round,
+            },
+            deadline,
+        );
+        pipeline.submit(granted);
+        pipeline.submit(query);
+        pipeline.submit(extend);
+        write_all(&mut pipeline, t0);
+        let token = round;
+        feed(
+            &mut pipeline,
+            Response::Acquired {
+                owner: round,
+                token,
+            },
+            t0,
+        );
+        feed(&mut pipeline, Response::Pong { nonce: round }, t0);
+        feed(&mut pipeline, Response::Extended { token }, t0);
+        answered(&rx_granted);
+        answered(&rx_query);
+        answered(&rx_extend);
+    }
+    // An expired call and a cancelled acquire answered after its Cancel leave none either.
+    let (unsent, rx_unsent) = acquire(u64::MAX, false, t0 + ms(100));
+    pipeline.submit(unsent);
+    pipeline.handle_deadlines(t0 + ms(100));
+    assert_eq!(
+        rx_unsent.try_recv(),
+        Ok(Outcome::Expired { established: true })
+    );
+    let (cancelled, rx_cancelled) = acquire(u64::MAX - 1, false, t0 + ms(200));
+    pipeline.submit(cancelled);
+    write_all(&mut pipeline, t0);
+    pipeline.handle_deadlines(t0 + ms(200));
+    write_all(&mut pipeline, t0 + ms(200));
+    let owner = u64::MAX - 1;
+    feed(&mut pipeline, Response::Timeout { owner }, t0 + ms(300));
+    assert_eq!(answered(&rx_cancelled), Response::Timeout { owner });
+    assert_eq!(
+        pipeline.timers_len(),
+        0,
+        "every answered call's timer was cancelled"
+    );
+    assert_eq!(pipeline.next_deadline(), None, "nothing to wake up for");
+}
+
+#[test]
+fn a_deadline_inside_a_millisecond_fires_at_its_exact_instant_never_before() {
+    let epoch = Instant::now();
+    let mut pipeline = Pipeline::new(TRANSPORT, epoch);
+    pipeline.set_established();
+    let deadline = epoch + Duration::from_micros(100_500);
+    let (call, rx) = acquire(OWNER, false, deadline);
+    pipeline.submit(call);
+    pipeline.handle_deadlines(epoch + Duration::from_micros(100_200));
+    assert!(
+        rx.try_recv().is_err(),
+        "the wheel's millisecond is not the deadline"
+    );
+    assert_eq!(
+        pipeline.timers_len(),
+        1,
+        "armed again for its exact instant"
+    );
+    let wake = pipeline.next_deadline().unwrap();
+    assert_eq!(
+        wake, deadline,
+        "the next wake-up is the exact instant, not at once"
+    );
+    pipeline.handle_deadlines(deadline);
+    assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: true }));
+    assert_eq!(pipeline.timers_len(), 0);
 }

@@ -20,7 +20,7 @@ fn config() -> SessionConfig {
 
 fn spawn(listener: &TcpListener) -> Session {
     let addr = listener.local_addr().unwrap();
-    Session::spawn(1, addr, config(), Box::new(|_| {})).unwrap()
+    Session::spawn(1, addr, config(), Box::new(|_| {}), FailureLog::default()).unwrap()
 }
 
 fn call(op: Op) -> (Call, Receiver<Outcome>) {
