@@ -2,8 +2,10 @@
 //!
 //! Services take a named lock for a bounded time and get a *fencing token* their storage can
 //! check, so that a paused or partitioned client can never corrupt what the lock protects. The
-//! wire contract is `PROTOCOL.md` (binary frames: Acquire, Release, Extend, Cancel, Query,
-//! Ping); this crate is the server, the official client and the benchmark harness.
+//! wire protocol (binary frames: Acquire, Release, Extend, Cancel, Query, Ping) is specified in
+//! `docs/protocol.md`, which restates the contract `PROTOCOL.md` with the same section numbers
+//! (the "PROTOCOL.md §N" of these docs); this crate is the server, the official client and the
+//! benchmark harness.
 //!
 //! # Layout
 //!

@@ -272,47 +272,93 @@ pub fn parse_request(buf: &[u8], key_bytes_max: usize) -> ParseResult<'_> {
         return Ok(None);
     }
     let header = &buf[1..body_start];
-    let id = match op {
-        b'A' => be_u64(&header[2..]),
-        b'E' => be_u64(&header[1..]),
-        _ => be_u64(header),
-    };
+    let id = header_id(op, header);
     if op == b'P' {
-        return match buf.get(body_start) {
-            None => Ok(None),
-            Some(b'\n') => Ok(Some((Request::Ping { nonce: id }, body_start + 1))),
-            Some(_) => Err(FrameError {
-                code: ErrorCode::MissingNewline,
-                id,
-                consumed: buf.len(),
-            }),
-        };
+        return parse_ping_end(buf, body_start, id);
     }
-    // The key ends at the first `\n` after the fixed header; limit + 1 bytes without one is
-    // code 2, so never search further than that.
-    let search_end = buf.len().min(body_start + key_bytes_max + 1);
-    let Some(key_len) = buf[body_start..search_end].iter().position(|&b| b == b'\n') else {
-        if search_end - body_start > key_bytes_max {
-            return Err(FrameError {
-                code: ErrorCode::KeyTooLong,
-                id,
-                consumed: buf.len(),
-            });
-        }
+    let Some(key_len) = find_key_end(buf, body_start, key_bytes_max, id)? else {
         return Ok(None);
     };
     let key = &buf[body_start..body_start + key_len];
     let consumed = body_start + key_len + 1;
     let refuse = |code| Err(FrameError { code, id, consumed });
+    if let Err(code) = check_key(key) {
+        return refuse(code);
+    }
+    match keyed_request(op, header, id, key) {
+        Request::Acquire { lease_s: 0, .. } | Request::Extend { lease_s: 0, .. } => {
+            refuse(ErrorCode::LeaseZero)
+        }
+        request => Ok(Some((request, consumed))),
+    }
+}
+
+/// The correlation id in a complete fixed header: the `u64` that ends it.
+#[inline]
+fn header_id(op: u8, header: &[u8]) -> u64 {
+    match op {
+        b'A' => be_u64(&header[2..]),
+        b'E' => be_u64(&header[1..]),
+        _ => be_u64(header),
+    }
+}
+
+/// The end of a Ping, whose fixed header (`nonce`) ends at `body_start`: `\n` or code 6.
+#[inline]
+fn parse_ping_end(buf: &[u8], body_start: usize, nonce: u64) -> ParseResult<'static> {
+    match buf.get(body_start) {
+        None => Ok(None),
+        Some(b'\n') => Ok(Some((Request::Ping { nonce }, body_start + 1))),
+        Some(_) => Err(FrameError {
+            code: ErrorCode::MissingNewline,
+            id: nonce,
+            consumed: buf.len(),
+        }),
+    }
+}
+
+/// The length of the key that starts at `body_start`: `Ok(None)` while its `\n` may still
+/// come, code 2 once `key_bytes_max + 1` bytes have come without one.
+#[inline]
+fn find_key_end(
+    buf: &[u8],
+    body_start: usize,
+    key_bytes_max: usize,
+    id: u64,
+) -> Result<Option<usize>, FrameError> {
+    // The key ends at the first `\n` after the fixed header; limit + 1 bytes without one is
+    // code 2, so never search further than that.
+    let search_end = buf.len().min(body_start + key_bytes_max + 1);
+    match buf[body_start..search_end].iter().position(|&b| b == b'\n') {
+        Some(key_len) => Ok(Some(key_len)),
+        None if search_end - body_start > key_bytes_max => Err(FrameError {
+            code: ErrorCode::KeyTooLong,
+            id,
+            consumed: buf.len(),
+        }),
+        None => Ok(None),
+    }
+}
+
+/// Codes 3 and 4, in that order: the key is empty, or not valid UTF-8.
+#[inline]
+fn check_key(key: &[u8]) -> Result<(), ErrorCode> {
     if key.is_empty() {
-        return refuse(ErrorCode::EmptyKey);
+        return Err(ErrorCode::EmptyKey);
     }
     // Keys are nearly always ASCII: the inlined word-at-a-time check skips the general
     // validator's call (a measurable share of a pipelined request's parse).
     if !key.is_ascii() && std::str::from_utf8(key).is_err() {
-        return refuse(ErrorCode::KeyNotUtf8);
+        return Err(ErrorCode::KeyNotUtf8);
     }
-    let request = match op {
+    Ok(())
+}
+
+/// The request a keyed `op` (not `P`) names, from its fixed header, id and key. The lease is
+/// not checked here.
+#[inline]
+fn keyed_request<'a>(op: u8, header: &[u8], id: u64, key: &'a [u8]) -> Request<'a> {
+    match op {
         b'A' => Request::Acquire {
             wait_s: header[0],
             lease_s: header[1],
@@ -327,12 +373,6 @@ pub fn parse_request(buf: &[u8], key_bytes_max: usize) -> ParseResult<'_> {
         },
         b'C' => Request::Cancel { owner: id, key },
         _ => Request::Query { nonce: id, key },
-    };
-    match request {
-        Request::Acquire { lease_s: 0, .. } | Request::Extend { lease_s: 0, .. } => {
-            refuse(ErrorCode::LeaseZero)
-        }
-        _ => Ok(Some((request, consumed))),
     }
 }
 

@@ -46,6 +46,24 @@ fn state(nonce: u64, held: bool, waiters: u32) -> Expect {
 /// 3. release of the handed-off token, query (free), a new grant with a larger token.
 fn three_phases(addr: SocketAddr, keys: &[String]) -> usize {
     let mut conn = Conn::connect(addr);
+    let (mut frames, one) = phase_one(&mut conn, keys);
+    let (two_frames, handoffs) = phase_two(&mut conn, keys, &one);
+    frames += two_frames;
+    frames += phase_three(&mut conn, keys, &one, &handoffs);
+    conn.expect_silence(Duration::from_millis(50));
+    frames
+}
+
+/// What phase 1 leaves for the others, per key in order: the owner granted at once and the
+/// owner queued behind it; and the tokens granted, per owner.
+struct PhaseOne {
+    first: Vec<u64>,
+    queued: Vec<u64>,
+    grants: HashMap<u64, u64>,
+}
+
+/// Phase 1 of [`three_phases`]; returns the frames sent and what the next phases need.
+fn phase_one(conn: &mut Conn, keys: &[String]) -> (usize, PhaseOne) {
     let mut frames = 0;
     let mut script = Script::default();
     let mut first = Vec::new();
@@ -95,12 +113,22 @@ fn three_phases(addr: SocketAddr, keys: &[String]) -> usize {
         queued.push(ids[3]);
     }
     conn.send_raw(&script.bytes);
-    let grants = script.check(&mut conn);
+    let grants = script.check(conn);
+    let one = PhaseOne {
+        first,
+        queued,
+        grants,
+    };
+    (frames, one)
+}
 
+/// Phase 2 of [`three_phases`]; returns the frames sent and the tokens of the handoffs.
+fn phase_two(conn: &mut Conn, keys: &[String], one: &PhaseOne) -> (usize, HashMap<u64, u64>) {
+    let mut frames = 0;
     let mut script = Script::default();
     for (stream, key) in keys.iter().enumerate() {
         let k = key.as_bytes();
-        let token = grants[&first[stream]];
+        let token = one.grants[&one.first[stream]];
         let ids: [u64; 3] = std::array::from_fn(|_| fresh_id());
         let requests = [
             Request::Release { token, key: k },
@@ -120,20 +148,32 @@ fn three_phases(addr: SocketAddr, keys: &[String]) -> usize {
             script.request(request);
         }
         script.expect(stream, exact(Response::Released { token }));
-        script.expect(stream, Expect::Granted(queued[stream]));
+        script.expect(stream, Expect::Granted(one.queued[stream]));
         script.expect(stream, state(ids[0], true, 0));
         script.expect(stream, exact(Response::Timeout { owner: ids[1] }));
         script.expect(stream, exact(Response::Timeout { owner: ids[2] }));
     }
     conn.send_raw(&script.bytes);
-    let handoffs = script.check(&mut conn);
+    (frames, script.check(conn))
+}
 
+/// Phase 3 of [`three_phases`]; returns the frames sent.
+fn phase_three(
+    conn: &mut Conn,
+    keys: &[String],
+    one: &PhaseOne,
+    handoffs: &HashMap<u64, u64>,
+) -> usize {
+    let mut frames = 0;
     let mut script = Script::default();
     let mut last = Vec::new();
     for (stream, key) in keys.iter().enumerate() {
         let k = key.as_bytes();
-        let token = handoffs[&queued[stream]];
-        assert!(token > grants[&first[stream]], "handoff token not larger");
+        let token = handoffs[&one.queued[stream]];
+        assert!(
+            token > one.grants[&one.first[stream]],
+            "handoff token not larger"
+        );
         let ids: [u64; 2] = std::array::from_fn(|_| fresh_id());
         let requests = [
             Request::Release { token, key: k },
@@ -153,14 +193,13 @@ fn three_phases(addr: SocketAddr, keys: &[String]) -> usize {
         last.push((ids[1], token));
     }
     conn.send_raw(&script.bytes);
-    let regrants = script.check(&mut conn);
+    let regrants = script.check(conn);
     for (owner, previous) in last {
         assert!(
             regrants[&owner] > previous,
             "a new grant's token not larger"
         );
     }
-    conn.expect_silence(Duration::from_millis(50));
     frames
 }
 
