@@ -12,13 +12,21 @@
 //!   the expiry window, from the end of the fill until the last lease has run out.
 //!
 //! Run with `cargo bench --bench stalls`. Randomness comes from a fixed, printed seed
-//! (`STALL_SEED` changes it). The figures are for comparing two builds on one machine in
-//! one run, not absolute targets.
+//! (`STALL_SEED` changes it). With two CPUs or more, the server's core runs alone on CPU 0 and
+//! the load and the probe on CPU 1, so that an iteration is not stretched by the load
+//! generator taking the server's CPU (`STALL_PIN=0` turns that off). The figures are for
+//! comparing two builds on one machine in one run, not absolute targets.
+//!
+//! The worst loop iteration is in wall-clock time by default: what a client waits, which
+//! includes any time the machine did not run the server's thread. Run with
+//! `LATCHKEY_STALL_CLOCK=cpu` to count the thread's CPU time per iteration instead: the work an
+//! iteration did, whatever the machine did meanwhile. The machine's floor is reported first:
+//! the worst gap a thread spinning alone on the server's CPU saw in two seconds.
 
 use hdrhistogram::Histogram;
 use latchkey::config::Config;
 use latchkey::protocol::{parse_response, Request, Response};
-use latchkey::server::ServerHandle;
+use latchkey::server::{ServerHandle, LOOP_BUCKETS_US};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,12 +64,32 @@ impl Rng {
     }
 }
 
+/// Pins the calling thread (and the threads it spawns later) to `cpu`; false if it cannot.
+fn pin(cpu: usize) -> bool {
+    // SAFETY: cpu_set_t is plain data, zeroed is an empty set; the call only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// A one-core server; when pinning, its core thread on CPU 0 and the caller then on CPU 1.
 fn start_server(max_keys: usize) -> ServerHandle {
     let mut config = Config::default();
     config.server.listen = "127.0.0.1:0".parse().expect("address");
     config.server.cores = 1;
     config.limits.max_keys = max_keys;
-    latchkey::server::start(config).expect("server starts")
+    let pinning = env_u64("STALL_PIN", 1) == 1
+        && std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
+    if pinning {
+        pin(0);
+    }
+    let server = latchkey::server::start(config).expect("server starts");
+    if pinning {
+        pin(1);
+    }
+    server
 }
 
 /// What one probe saw: latencies of its pings in microseconds.
@@ -159,19 +187,38 @@ fn fill_one(addr: SocketAddr, keys: &[(String, u8)]) -> usize {
     granted
 }
 
+/// The server's loop iterations over one phase: worst, how many, how many over 1 ms.
+struct Loops {
+    worst_us: u64,
+    iterations: u64,
+    over_1ms: u64,
+}
+
+/// Loop statistics since `before` (a histogram taken at the phase's start).
+fn loops_since(server: &ServerHandle, before: &[u64]) -> Loops {
+    let now = server.loop_histogram();
+    let delta: Vec<u64> = now.iter().zip(before).map(|(n, b)| n - b).collect();
+    let over = LOOP_BUCKETS_US
+        .iter()
+        .position(|&bound| bound == 1_000)
+        .expect("1 ms")
+        + 1;
+    Loops {
+        worst_us: server.take_worst_loop_us(),
+        iterations: delta.iter().sum(),
+        over_1ms: delta[over..].iter().sum(),
+    }
+}
+
 /// One line of the report.
-fn report(
-    scenario: &str,
-    phase: &str,
-    elapsed: Duration,
-    worst_loop_us: u64,
-    probe: &Histogram<u64>,
-) {
+fn report(scenario: &str, phase: &str, elapsed: Duration, loops: &Loops, probe: &Histogram<u64>) {
     println!(
-        "{scenario:<7} {phase:<7} {:>8.2} s  worst loop {:>8} us  probe: pings {:>7}  \
-         p50 {:>6} us  p99 {:>6} us  p99.9 {:>7} us  max {:>8} us",
+        "{scenario:<7} {phase:<7} {:>6.2} s  loop: worst {:>7} us, {:>4} of {:>7} over 1 ms  \
+         probe: {:>6} pings, p50 {:>5} us, p99 {:>5} us, p99.9 {:>6} us, max {:>7} us",
         elapsed.as_secs_f64(),
-        worst_loop_us,
+        loops.worst_us,
+        loops.over_1ms,
+        loops.iterations,
         probe.len(),
         probe.value_at_quantile(0.5),
         probe.value_at_quantile(0.99),
@@ -185,14 +232,15 @@ fn grow(keys: usize) {
     let addr = server.local_addr();
     let wanted: Vec<(String, u8)> = (0..keys).map(|i| (format!("grow/{i:09}"), 255)).collect();
     server.take_worst_loop_us();
+    let before = server.loop_histogram();
     let probe = Probe::start(addr);
     let start = Instant::now();
     let granted = fill(addr, wanted);
     let elapsed = start.elapsed();
-    let worst = server.take_worst_loop_us();
+    let loops = loops_since(&server, &before);
     let histogram = probe.finish();
     assert_eq!(granted, keys, "every acquire of a new key is granted");
-    report("grow", "fill", elapsed, worst, &histogram);
+    report("grow", "fill", elapsed, &loops, &histogram);
 }
 
 fn expire(keys: usize, lease_max_s: u64, seed: u64) {
@@ -207,29 +255,49 @@ fn expire(keys: usize, lease_max_s: u64, seed: u64) {
         wanted.swap(i, rng.below(i as u64 + 1) as usize);
     }
     server.take_worst_loop_us();
+    let before = server.loop_histogram();
     let probe = Probe::start(addr);
     let start = Instant::now();
     let granted = fill(addr, wanted);
     let fill_elapsed = start.elapsed();
-    let fill_worst = server.take_worst_loop_us();
+    let fill_loops = loops_since(&server, &before);
     let fill_histogram = probe.finish();
     assert_eq!(granted, keys, "every acquire of a new key is granted");
-    report("expire", "fill", fill_elapsed, fill_worst, &fill_histogram);
+    report("expire", "fill", fill_elapsed, &fill_loops, &fill_histogram);
+    let before = server.loop_histogram();
     let probe = Probe::start(addr);
     let window_start = Instant::now();
     // Every lease ends by the fill's start + the longest lease; then one more second.
-    thread::sleep(
-        (start + Duration::from_secs(lease_max_s + 1)).saturating_duration_since(window_start),
-    );
-    let worst = server.take_worst_loop_us();
+    let window_end = start + Duration::from_secs(lease_max_s + 1);
+    thread::sleep(window_end.saturating_duration_since(window_start));
+    let loops = loops_since(&server, &before);
     let histogram = probe.finish();
     report(
         "expire",
         "expiry",
         window_start.elapsed(),
-        worst,
+        &loops,
         &histogram,
     );
+}
+
+/// What a thread spinning for `span` alone on CPU 0 sees: the worst gap between two clock
+/// readings, and how many gaps were over 1 ms. Nothing of the server runs then.
+fn jitter_floor(span: Duration) -> (u64, u64) {
+    thread::spawn(move || {
+        pin(0);
+        let start = Instant::now();
+        let (mut last, mut worst, mut over) = (start, Duration::ZERO, 0);
+        while last - start < span {
+            let now = Instant::now();
+            worst = worst.max(now - last);
+            over += u64::from(now - last > Duration::from_millis(1));
+            last = now;
+        }
+        (worst.as_micros() as u64, over)
+    })
+    .join()
+    .expect("spinner")
 }
 
 fn main() {
@@ -246,6 +314,12 @@ fn main() {
         "stalls: seed {seed:#x}, grow {grow_keys} keys, expire {expire_keys} leases of 1..={lease_max_s} s, \
          probe every {} us",
         PROBE_PERIOD.as_micros()
+    );
+    let clock = std::env::var("LATCHKEY_STALL_CLOCK").unwrap_or_else(|_| "wall".into());
+    let (floor_us, floor_over) = jitter_floor(Duration::from_secs(5));
+    println!(
+        "loop iterations in {clock} time; machine floor: a thread spinning alone on CPU 0 for \
+         5 s saw a worst gap of {floor_us} us and {floor_over} gaps over 1 ms"
     );
     grow(grow_keys);
     expire(expire_keys, lease_max_s, seed);

@@ -51,9 +51,10 @@ const MICROS_PER_SECOND: u64 = 1_000_000;
 /// The longest wait or lease the wire can carry, in microseconds.
 const TIMER_US_MAX: u64 = 255 * MICROS_PER_SECOND;
 /// Timers one [`LockTable::handle_timers`] call takes from the wheel at most (whole ticks
-/// past it): a few hundred microseconds of expiries, so that a burst of them never holds a
-/// loop iteration for long. The rest, already late, follow in the next iterations.
-const TIMERS_PER_STEP_MAX: usize = 2048;
+/// past it): under a millisecond of expiries even when the table is too large for the caches
+/// (about 1 µs each then), so that a burst of them never holds a loop iteration for long. The
+/// rest, already late, follow in the next iterations.
+const TIMERS_PER_STEP_MAX: usize = 512;
 
 /// Static parameters of one partition.
 #[derive(Clone, Copy, Debug)]

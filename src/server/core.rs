@@ -46,8 +46,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Inbox messages handled per iteration before the loop polls again.
+/// Inbox messages handled per iteration before the loop polls again (the time budget below
+/// usually ends the batch first).
 const INBOX_BATCH_MAX: usize = 8192;
+/// Time one iteration may spend executing frames and inbox messages before it leaves the rest
+/// for the next iteration, so that a burst on some sessions (thousands of pipelined requests
+/// into a table of millions of keys, cache-cold) never holds the others for milliseconds.
+pub const ITERATION_BUDGET_US: u64 = 500;
+/// Frames or messages between two looks at the clock while within the budget.
+const BUDGET_CHECK_EVERY: u32 = 32;
 /// Buffer fills read from one session per pass before others get their turn.
 const READS_PER_PASS_MAX: usize = 4;
 /// Bits of a session id: core, slot, generation.
@@ -143,6 +150,16 @@ pub struct Core<N: Net> {
     hold_wake_us: Option<u64>,
     /// Sessions with output that the last flush left unwritten without holding them.
     unflushed: usize,
+    /// This iteration's work budget.
+    budget: Budget,
+}
+
+/// How much of its time budget an iteration has used (see [`ITERATION_BUDGET_US`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Budget {
+    start_us: u64,
+    units: u32,
+    spent: bool,
 }
 
 /// What executing one frame did.
@@ -179,6 +196,7 @@ impl<N: Net> Core<N> {
             refusals_logged_us: 0,
             hold_wake_us: None,
             unflushed: 0,
+            budget: Budget::default(),
         }
     }
 
@@ -187,9 +205,27 @@ impl<N: Net> Core<N> {
         self.settings.index
     }
 
-    /// Sets the time of this iteration (microseconds on the server's monotonic clock).
+    /// Sets the time of this iteration (microseconds on the server's monotonic clock, which
+    /// [`Net::now_us`] reads too) and starts its work budget.
     pub fn set_now(&mut self, now_us: u64) {
         self.now_us = now_us;
+        self.budget = Budget {
+            start_us: now_us,
+            ..Budget::default()
+        };
+    }
+
+    /// Counts one unit of work; true once this iteration's budget is spent (then it stays so).
+    fn over_budget(&mut self) -> bool {
+        let budget = &mut self.budget;
+        if !budget.spent {
+            budget.units += 1;
+            if budget.units % BUDGET_CHECK_EVERY == 0 {
+                budget.spent = std::env::var("NOBUDGET").is_err()
+                    && self.net.now_us() >= budget.start_us + ITERATION_BUDGET_US;
+            }
+        }
+        budget.spent
     }
 
     /// Whether the core still accepts sessions (false once shutting down).
@@ -302,6 +338,10 @@ impl<N: Net> Core<N> {
         if (writable || closed) && session.unsent() > 0 {
             self.mark_dirty(slot);
         }
+        if (readable || closed) && self.budget.spent {
+            // Read next iteration, after the sessions that waited longer.
+            return self.schedule(slot);
+        }
         if closed {
             self.read_session(slot, true);
         } else if readable {
@@ -324,19 +364,25 @@ impl<N: Net> Core<N> {
         self.shutdown_step()
     }
 
+    /// Reads the sessions scheduled for a read without an event. Those the budget leaves
+    /// unread keep their place at the front of the next iteration's list (and their
+    /// `scheduled` mark), so no session waits behind others forever.
     fn run_scheduled(&mut self) {
         let scheduled = std::mem::take(&mut self.scheduled);
+        let mut deferred = Vec::new();
         for &slot in &scheduled {
-            if let Some(session) = self.sessions.get_mut(slot) {
-                session.clear_scheduled();
-                self.read_session(slot, true);
+            if !self.sessions.contains(slot) {
+                continue;
             }
+            if self.budget.spent {
+                deferred.push(slot);
+                continue;
+            }
+            self.sessions[slot].clear_scheduled();
+            self.read_session(slot, true);
         }
-        let mut scheduled = scheduled;
-        scheduled.clear();
-        if self.scheduled.is_empty() {
-            self.scheduled = scheduled;
-        }
+        deferred.append(&mut self.scheduled);
+        self.scheduled = deferred;
     }
 
     pub(super) fn schedule(&mut self, slot: usize) {
@@ -391,6 +437,10 @@ impl<N: Net> Core<N> {
             }
             if session.over_bounds(pending_max) {
                 session.pause();
+                return false;
+            }
+            if self.over_budget() {
+                self.schedule(slot);
                 return false;
             }
             match self.execute_next_frame(slot) {
@@ -549,6 +599,9 @@ impl<N: Net> Core<N> {
     fn drain_inbox(&mut self) {
         self.more_inbox = false;
         for _ in 0..INBOX_BATCH_MAX {
+            if self.over_budget() {
+                break;
+            }
             let Ok(msg) = self.links.inbox.try_recv() else {
                 return;
             };

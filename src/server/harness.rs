@@ -21,7 +21,7 @@ use crate::server::persist::TokenKeeper;
 use crate::tokens::{first_token, TokenRange};
 use mio::{Poll, Waker};
 use parking_lot::Mutex;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -101,8 +101,12 @@ impl Stream for PipeStream {
     }
 }
 
-/// Registration is a no-op: the test delivers readiness itself.
-pub struct PipeNet;
+/// Registration is a no-op: the test delivers readiness itself. The clock is the harness's,
+/// plus `drift_us` more at every reading (0 by default: an iteration takes no time).
+pub struct PipeNet {
+    clock: Rc<Cell<u64>>,
+    drift_us: Rc<Cell<u64>>,
+}
 
 impl Net for PipeNet {
     type Stream = PipeStream;
@@ -112,6 +116,11 @@ impl Net for PipeNet {
     }
 
     fn deregister(&self, _stream: &mut PipeStream) {}
+
+    fn now_us(&self) -> u64 {
+        self.clock.set(self.clock.get() + self.drift_us.get());
+        self.clock.get()
+    }
 }
 
 /// Limits of the harness's server.
@@ -135,6 +144,10 @@ pub struct Harness {
     pub shared: Arc<Shared>,
     /// The virtual time in microseconds.
     pub now_us: u64,
+    /// The clock the cores' [`PipeNet`]s read.
+    clock: Rc<Cell<u64>>,
+    /// How much each reading of that clock moves it (to spend the cores' work budgets).
+    pub drift_us: Rc<Cell<u64>>,
     /// Kept alive for the wakers.
     _polls: Vec<Poll>,
 }
@@ -171,12 +184,14 @@ impl Harness {
             wakers: wakers.clone(),
             notify: None,
             queues,
-            worst_loop_us: (0..cores).map(|_| StallGauge::default()).collect(),
+            loop_gauges: (0..cores).map(|_| StallGauge::default()).collect(),
         });
         let channels: Vec<_> = (0..cores)
             .map(|_| crossbeam_channel::bounded::<Msg>(CHANNEL_DEPTH))
             .collect();
         let key_pool = KeyPool::default();
+        let clock = Rc::new(Cell::new(0));
+        let drift_us = Rc::new(Cell::new(0));
         let cores_built = (0..cores)
             .map(|index| {
                 let outboxes = (0..cores)
@@ -201,13 +216,19 @@ impl Harness {
                     max_pending_per_session: limits.max_pending_per_session,
                     max_key_bytes: crate::protocol::KEY_BYTES_MAX,
                 };
-                Core::new(settings, PipeNet, table, links)
+                let net = PipeNet {
+                    clock: Rc::clone(&clock),
+                    drift_us: Rc::clone(&drift_us),
+                };
+                Core::new(settings, net, table, links)
             })
             .collect();
         let mut harness = Harness {
             cores: cores_built,
             shared,
             now_us: 1_000_000,
+            clock,
+            drift_us,
             _polls: polls,
         };
         harness.set_now(harness.now_us);
@@ -216,6 +237,7 @@ impl Harness {
 
     fn set_now(&mut self, now_us: u64) {
         self.now_us = now_us;
+        self.clock.set(now_us);
         for core in &mut self.cores {
             core.set_now(now_us);
         }
@@ -246,8 +268,11 @@ impl Harness {
         }
     }
 
-    /// One loop iteration of `core` (after whatever events the test delivered).
+    /// One loop iteration of `core` (after whatever events the test delivered), with a
+    /// fresh work budget.
     pub fn step(&mut self, core: usize) -> bool {
+        self.clock.set(self.now_us);
+        self.cores[core].set_now(self.now_us);
         self.cores[core].step()
     }
 

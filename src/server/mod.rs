@@ -76,28 +76,43 @@ pub struct Shared {
     notify: Option<Arc<Waker>>,
     /// Queued acquires per session across partitions (with more than one core).
     queues: Option<Arc<queued::SessionQueues>>,
-    /// Per core, the longest loop iteration (poll excluded) since the last
-    /// [`ServerHandle::take_worst_loop_us`]: the stall detector.
-    worst_loop_us: Box<[StallGauge]>,
+    /// Per core, its loop iterations (poll excluded): the worst since the last
+    /// [`ServerHandle::take_worst_loop_us`] and a histogram. The stall detector.
+    loop_gauges: Box<[StallGauge]>,
 }
 
-/// One core's worst loop iteration in microseconds, alone on its cache line: a core reads it
-/// once per iteration and writes it only when an iteration is the slowest so far.
+/// Upper bounds of the loop-iteration histogram's buckets, in microseconds; one more bucket
+/// counts the iterations above the last bound.
+pub const LOOP_BUCKETS_US: [u64; 9] = [64, 128, 256, 512, 1_000, 2_000, 4_000, 8_000, 16_000];
+
+/// One core's loop iterations: the worst one since the last take, and a histogram of all, in
+/// microseconds. Written only by its core (the worst only when beaten; one relaxed add per
+/// iteration to a line no other core writes), read by anyone.
 #[repr(align(64))]
 #[derive(Default)]
-pub struct StallGauge(AtomicU64);
+pub struct StallGauge {
+    worst_us: AtomicU64,
+    buckets: [AtomicU64; LOOP_BUCKETS_US.len() + 1],
+}
 
 impl StallGauge {
-    /// Records an iteration of `busy_us`; a store only when it beats the worst so far.
+    /// Records an iteration of `busy_us`.
     pub fn record(&self, busy_us: u64) {
-        if busy_us > self.0.load(Ordering::Relaxed) {
-            self.0.fetch_max(busy_us, Ordering::Relaxed);
+        if busy_us > self.worst_us.load(Ordering::Relaxed) {
+            self.worst_us.fetch_max(busy_us, Ordering::Relaxed);
         }
+        let bucket = LOOP_BUCKETS_US.partition_point(|&bound| bound < busy_us);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The worst iteration since the last take, and starts over.
     pub fn take(&self) -> u64 {
-        self.0.swap(0, Ordering::Relaxed)
+        self.worst_us.swap(0, Ordering::Relaxed)
+    }
+
+    /// Iterations so far per bucket of [`LOOP_BUCKETS_US`] (the last: above its last bound).
+    pub fn histogram(&self) -> [u64; LOOP_BUCKETS_US.len() + 1] {
+        std::array::from_fn(|bucket| self.buckets[bucket].load(Ordering::Relaxed))
     }
 }
 
@@ -199,8 +214,20 @@ impl ServerHandle {
     /// The longest event-loop iteration of any core (time spent working between two polls,
     /// in microseconds) since the previous call; resets it. For stall benchmarks and tests.
     pub fn take_worst_loop_us(&self) -> u64 {
-        let gauges = self.shared.worst_loop_us.iter();
+        let gauges = self.shared.loop_gauges.iter();
         gauges.map(StallGauge::take).max().unwrap_or(0)
+    }
+
+    /// Loop iterations of all cores so far, per bucket of [`LOOP_BUCKETS_US`] (the last
+    /// bucket: longer than its last bound).
+    pub fn loop_histogram(&self) -> [u64; LOOP_BUCKETS_US.len() + 1] {
+        let mut total = [0; LOOP_BUCKETS_US.len() + 1];
+        for gauge in self.shared.loop_gauges.iter() {
+            for (sum, count) in total.iter_mut().zip(gauge.histogram()) {
+                *sum += count;
+            }
+        }
+        total
     }
 
     /// Waits for every core to stop; the first failure, if any.
@@ -346,7 +373,7 @@ fn plan(config: &Config, notify: Option<Arc<Waker>>) -> io::Result<Plan> {
         wakers,
         notify,
         queues,
-        worst_loop_us: (0..cores).map(|_| StallGauge::default()).collect(),
+        loop_gauges: (0..cores).map(|_| StallGauge::default()).collect(),
     });
     let table_config = TableConfig {
         max_keys: (limits.max_keys / cores).max(1),

@@ -10,6 +10,7 @@ use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
+use std::time::Instant;
 
 /// A connected, non-blocking byte stream.
 pub trait Stream: Read + Write {
@@ -37,6 +38,9 @@ pub trait Net {
     fn register(&self, stream: &mut Self::Stream, slot: usize) -> io::Result<()>;
     /// Stops reporting readiness of `stream` (it is about to be closed).
     fn deregister(&self, stream: &mut Self::Stream);
+    /// The server's clock in microseconds (the clock of the core's `now_us`), read to keep an
+    /// iteration within its work budget.
+    fn now_us(&self) -> u64;
 }
 
 /// Session tokens in the poll are slab slots plus this (the lower tokens are the listener's,
@@ -46,12 +50,13 @@ pub const SESSION_TOKEN_BASE: usize = 3;
 /// Sessions on mio TCP streams, registered in one core's poll.
 pub struct MioNet {
     registry: Registry,
+    epoch: Instant,
 }
 
 impl MioNet {
-    /// Registers in the poll that `registry` belongs to.
-    pub fn new(registry: Registry) -> MioNet {
-        MioNet { registry }
+    /// Registers in the poll that `registry` belongs to; time counts from `epoch`.
+    pub fn new(registry: Registry, epoch: Instant) -> MioNet {
+        MioNet { registry, epoch }
     }
 }
 
@@ -66,5 +71,9 @@ impl Net for MioNet {
 
     fn deregister(&self, stream: &mut TcpStream) {
         let _ = self.registry.deregister(stream);
+    }
+
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
     }
 }
