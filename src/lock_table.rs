@@ -587,12 +587,6 @@ impl LockTable {
         found.map(|&(_, list)| list)
     }
 
-    fn session_list_mut(&mut self, session: SessionId) -> Option<&mut SessionWaiters> {
-        let hash = self.hasher.hash_one(session);
-        let found = self.sessions.find_mut(hash, |&(id, _)| id == session);
-        found.map(|(_, list)| list)
-    }
-
     fn find_holder(&self, key: &[u8], token: u64) -> Option<u32> {
         let entry = self.find(self.hasher.hash_one(key), key)?;
         (self.entries[entry].token == token).then_some(entry)
@@ -681,15 +675,19 @@ impl LockTable {
         let waiter = self.waiters.vacant_key();
         let timer = self.wheel.insert(deadline, Timer::Wait(waiter));
         let queue_prev = self.entries[entry].queue_tail;
-        if self.session_list(session).is_none() {
-            let hash = self.hasher.hash_one(session);
-            let empty = SessionWaiters {
-                head: NIL,
-                count: 0,
-            };
-            self.sessions.insert_unique(hash, (session, empty));
-        }
-        let list = self.session_list_mut(session).expect("listed above");
+        let hash = self.hasher.hash_one(session);
+        let empty = || {
+            (
+                session,
+                SessionWaiters {
+                    head: NIL,
+                    count: 0,
+                },
+            )
+        };
+        let (_, list) = self
+            .sessions
+            .find_or_insert(hash, |&(id, _)| id == session, empty);
         let session_next = list.head;
         list.head = waiter;
         list.count += 1;
@@ -740,17 +738,19 @@ impl LockTable {
             self.waiters[removed.session_prev].session_next = removed.session_next;
         }
         let session = removed.session;
-        let list = self
-            .session_list_mut(session)
-            .expect("a waiter's session is listed");
-        if list.head == waiter {
-            list.head = removed.session_next;
-        }
-        list.count -= 1;
-        if list.count == 0 {
-            let hash = self.hasher.hash_one(session);
-            self.sessions.remove(hash, |&(id, _)| id == session);
-        }
+        let hash = self.hasher.hash_one(session);
+        let listed = self.sessions.update_or_remove(
+            hash,
+            |&(id, _)| id == session,
+            |(_, list)| {
+                if list.head == waiter {
+                    list.head = removed.session_next;
+                }
+                list.count -= 1;
+                list.count > 0
+            },
+        );
+        debug_assert!(listed, "a waiter's session is listed");
         if let Some(counts) = &self.shared_counts {
             counts.remove(removed.session);
         }

@@ -53,6 +53,8 @@ impl LockTable {
         self.wheel.check_invariants();
         self.entries.check_invariants();
         self.waiters.check_invariants();
+        self.index.check_invariants();
+        self.sessions.check_invariants();
         assert!(self.entries.len() <= self.config.max_keys);
         assert_eq!(self.index.len(), self.entries.len());
         let mut queued = 0usize;
