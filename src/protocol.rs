@@ -164,6 +164,9 @@ pub enum ErrorCode {
     MissingNewline = 6,
     /// 7: the server already has `max_connections` sessions. Closes the session.
     SessionRefused = 7,
+    /// 8: the session's identity may not use this key (only where authorization rules are
+    /// configured; this server has none and never sends it). The session continues.
+    Forbidden = 8,
 }
 
 impl ErrorCode {
@@ -188,6 +191,7 @@ impl ErrorCode {
             5 => ErrorCode::LeaseZero,
             6 => ErrorCode::MissingNewline,
             7 => ErrorCode::SessionRefused,
+            8 => ErrorCode::Forbidden,
             _ => return None,
         })
     }
@@ -203,6 +207,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::LeaseZero => "lease 0",
             ErrorCode::MissingNewline => "byte after a fixed-size frame is not a newline",
             ErrorCode::SessionRefused => "session refused: too many connections",
+            ErrorCode::Forbidden => "forbidden: this identity may not use this key",
         };
         write!(f, "{text} (code {})", *self as u8)
     }

@@ -127,6 +127,33 @@ fn a_request_the_server_refuses_is_rejected_with_its_code() {
 /// connection open until the client closes it, so a call wrongly written to the dying session
 /// would be seen here rather than lost in a race with the server's close.
 #[test]
+fn code_8_is_rejected_8_and_the_session_goes_on() {
+    // PROTOCOL.md §5: X code 8 (forbidden) is Rejected(8); it does not close the session.
+    let server = FakeServer::start();
+    let client = client(&[server.addr()], 1, Duration::from_secs(2));
+    let script = thread::spawn(move || {
+        let mut conn = server.accept();
+        let (owner, _, _, _) = conn.acquire();
+        conn.send(Response::Error {
+            code: ErrorCode::Forbidden,
+            id: owner,
+        });
+        let Frame::Ping { nonce } = conn.frame() else {
+            panic!("a ping on the same session")
+        };
+        conn.send(Response::Pong { nonce });
+        server
+    });
+    let result = client.acquire("billing/invoices", ms(1000), ms(1000));
+    assert_eq!(
+        result.unwrap_err(),
+        AcquireError::Rejected(ErrorCode::Forbidden)
+    );
+    assert!(client.ping().is_ok(), "the same session answers");
+    let _server = script.join().unwrap();
+}
+
+#[test]
 fn a_closing_rejection_retires_its_session_before_the_caller_sees_it() {
     for round in 0..50 {
         let server = FakeServer::start();

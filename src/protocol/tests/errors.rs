@@ -240,7 +240,7 @@ fn response_parser_errors() {
         assert_eq!(parse_response(&held), Err(ResponseError::BadHeld(byte)));
     }
     let mut code = frames[3].clone();
-    for byte in [0, 8, 0xFF] {
+    for byte in [0, 9, 0xFF] {
         code[1] = byte;
         assert_eq!(
             parse_response(&code),
@@ -250,10 +250,23 @@ fn response_parser_errors() {
     let errors = [
         ResponseError::UnknownOp(0x5A),
         ResponseError::MissingNewline(0x78),
-        ResponseError::UnknownErrorCode(8),
+        ResponseError::UnknownErrorCode(9),
         ResponseError::BadHeld(2),
     ];
-    for (error, shown) in errors.iter().zip(["0x5a", "0x78", "code 8", "byte 2"]) {
+    for (error, shown) in errors.iter().zip(["0x5a", "0x78", "code 9", "byte 2"]) {
         assert!(error.to_string().contains(shown), "{error}");
     }
+}
+
+#[test]
+fn code_8_is_a_known_error_that_does_not_close() {
+    // PROTOCOL.md §5: a client treats X code 8 as Rejected(8); the session goes on.
+    let frame = [b'X', 8, 0, 0, 0, 0, 0, 0, 0, 42, b'\n'];
+    let expected = Response::Error {
+        code: ErrorCode::Forbidden,
+        id: 42,
+    };
+    assert_eq!(parse_response(&frame), Ok(Some((expected, frame.len()))));
+    assert!(!ErrorCode::Forbidden.closes_session());
+    assert_eq!(ErrorCode::from_u8(8), Some(ErrorCode::Forbidden));
 }
