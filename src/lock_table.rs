@@ -450,7 +450,7 @@ impl LockTable {
 
     /// Fires the lease and wait timers that have run out by `now_us`, in deadline order.
     ///
-    /// At most about [`TIMERS_PER_STEP_MAX`] per call (whole ticks): when more are due,
+    /// At most about `TIMERS_PER_STEP_MAX` (512) per call (whole ticks): when more are due,
     /// [`next_deadline_us`](Self::next_deadline_us) stays at or before `now_us` and the next
     /// call continues with the earliest left. Within a call, timers take effect in the order of
     /// their exact ends (PROTOCOL.md §3): a wait that ended before the holder's lease is

@@ -2,12 +2,12 @@
 //!
 //! # A session's end
 //!
-//! [`Core::begin_close`] stops reading the session, withdraws its waiters in the local
+//! `Core::begin_close` stops reading the session, withdraws its waiters in the local
 //! partition and asks every other core to withdraw them in theirs (`SessionClosed`, answered
 //! by `ClosedAck`). A session whose socket failed ([`Phase::Dead`]) loses its unsent output,
 //! and every grant whose `A` was in it is released by the partition that made it: that `A` was
 //! never written (PROTOCOL.md §3). A session that ends normally ([`Phase::Draining`]: end of
-//! input, or a closing error) writes all its answers first. [`Core::end_closed_sessions`] frees
+//! input, or a closing error) writes all its answers first. `Core::end_closed_sessions` frees
 //! a session once every partition acknowledged, its output is flushed and, after a half-close,
 //! the peer's unread input was drained ([`Phase::Lingering`], at most [`LINGER`]), so that a
 //! reset cannot destroy answers in flight.
@@ -16,7 +16,7 @@
 //!
 //! A core stops accepting, answers every queued waiter `B` (and the table answers `B` to any
 //! later Acquire), flushes, and stops once every core was quiescent at the same moment or
-//! [`SHUTDOWN_GRACE`] passed (the contract gives 5 s).
+//! `SHUTDOWN_GRACE` (4.5 s) passed (the contract gives 5 s).
 //!
 //! Invariant: a slot is freed only after its session's id can no longer appear in any message.
 
