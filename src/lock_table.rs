@@ -306,7 +306,7 @@ impl LockTable {
         match self.find_holder(key, token) {
             Some(entry) => {
                 self.answer(session, Response::Released { token }, false);
-                self.end_hold(now_us, entry);
+                self.end_hold(now_us, entry, None);
                 self.debug_check_entry(entry);
             }
             None => self.answer(session, Response::NotHeld { token }, false),
@@ -324,7 +324,7 @@ impl LockTable {
         {
             return false;
         }
-        self.end_hold(now_us, entry);
+        self.end_hold(now_us, entry, None);
         self.debug_check_entry(entry);
         true
     }
@@ -452,36 +452,36 @@ impl LockTable {
     ///
     /// At most about `TIMERS_PER_STEP_MAX` (512) per call (whole ticks): when more are due,
     /// [`next_deadline_us`](Self::next_deadline_us) stays at or before `now_us` and the next
-    /// call continues with the earliest left. Within a call, timers take effect in the order of
-    /// their exact ends (PROTOCOL.md §3): a wait that ended before the holder's lease is
-    /// answered `T`; one that ended after it (or a waiter behind it) gets the key. On equal
-    /// ends the wait goes first. A wait timer whose waiter was granted the key earlier in the
-    /// same call is skipped: the waiter is gone (nothing is queued while timers fire, so its
-    /// slot is still vacant).
+    /// call continues with the earliest left. Within a call, timers take effect as if in the
+    /// order of their exact ends (PROTOCOL.md §3), without sorting them: each expired lease
+    /// first answers `T` to the queue heads whose wait ended at or before the lease (on equal
+    /// ends the wait goes first) and gives the key to the first head whose wait ended after it;
+    /// the wait timers then answer `T` to the waiters still queued. A waiter that a lease
+    /// answered or granted is gone by then, and its slot is still vacant (nothing is queued
+    /// while timers fire), so its wait timer is skipped. Only the waiters' own slots are read,
+    /// in the order the wheel fired them: no sort, no random access to other timers.
     pub fn handle_timers(&mut self, now_us: u64) {
         let mut fired = std::mem::take(&mut self.fired);
         let tick = now_us / self.config.tick_us;
         self.wheel
             .advance_bounded(tick, &mut fired, TIMERS_PER_STEP_MAX);
-        self.sort_by_deadline(&mut fired);
         for &timer in &fired {
-            match timer {
-                Timer::Wait(waiter) if self.waiters.contains(waiter) => {
-                    let removed = self.remove_waiter(waiter);
-                    let timeout = Response::Timeout {
-                        owner: removed.owner,
-                    };
-                    self.answer(removed.session, timeout, true);
-                }
-                Timer::Wait(_) => {}
-                Timer::Lease(entry) => {
-                    debug_assert!(self.entries[entry].lease_end_us <= now_us);
-                    self.end_hold(now_us, entry);
+            if let Timer::Lease(entry) = timer {
+                let lease_end_us = self.entries[entry].lease_end_us;
+                debug_assert!(lease_end_us <= now_us);
+                self.end_hold(now_us, entry, Some(lease_end_us));
+            }
+        }
+        for &timer in &fired {
+            if let Timer::Wait(waiter) = timer {
+                if self.waiters.contains(waiter) {
+                    debug_assert!(self.waiters[waiter].wait_end_us <= now_us);
+                    self.time_out(waiter);
                 }
             }
         }
-        // Checked once the batch is done: mid-batch, a waiter whose wait timer fired in it
-        // may still sit in a queue without a live timer.
+        // Checked once the batch is done: between the two passes, a waiter whose wait timer
+        // fired may still sit in a queue without a live timer.
         for &timer in &fired {
             if let Timer::Lease(entry) = timer {
                 self.debug_check_entry(entry);
@@ -491,15 +491,13 @@ impl LockTable {
         self.fired = fired;
     }
 
-    /// Orders fired timers by their exact end, waits before leases on a tie.
-    fn sort_by_deadline(&self, fired: &mut [Timer]) {
-        let key = |timer: &Timer| match *timer {
-            Timer::Wait(waiter) => (self.waiters[waiter].wait_end_us, 0u8),
-            Timer::Lease(entry) => (self.entries[entry].lease_end_us, 1u8),
+    /// Answers `T` to a queued waiter whose wait ran out, and removes it.
+    fn time_out(&mut self, waiter: u32) {
+        let removed = self.remove_waiter(waiter);
+        let timeout = Response::Timeout {
+            owner: removed.owner,
         };
-        if !fired.windows(2).all(|pair| key(&pair[0]) <= key(&pair[1])) {
-            fired.sort_unstable_by_key(key);
-        }
+        self.answer(removed.session, timeout, true);
     }
 
     /// The earliest time at which [`handle_timers`](Self::handle_timers) may have work.
@@ -618,15 +616,23 @@ impl LockTable {
 
     /// The holder of `entry` is gone (released or expired): grant the queue head in the same
     /// step, or remove the entry so the key is free. The caller checks the entry after.
-    fn end_hold(&mut self, now_us: u64, entry: u32) {
+    ///
+    /// `expired_at_us` is the exact end of an expired lease: heads whose wait ended at or
+    /// before it timed out first and are answered `T` (deadline order, PROTOCOL.md §3).
+    fn end_hold(&mut self, now_us: u64, entry: u32, expired_at_us: Option<u64>) {
         let old_timer = self.entries[entry].lease_timer;
         // Already fired when called from handle_timers; cancel is then a no-op.
         self.wheel.cancel(old_timer);
-        // Bounded: each pass removes one waiter; a waiter is skipped only if no token is left.
+        // Bounded: each pass removes one waiter; a waiter is skipped only if its wait ended
+        // before the lease or no token is left.
         loop {
             let head = self.entries[entry].queue_head;
             if head == NIL {
                 return self.remove_entry(entry);
+            }
+            if expired_at_us.is_some_and(|end| self.waiters[head].wait_end_us <= end) {
+                self.time_out(head);
+                continue;
             }
             let removed = self.remove_waiter(head);
             let (session, owner, lease_s) = (removed.session, removed.owner, removed.lease_s);
