@@ -247,37 +247,97 @@ fn a_pipeliner_that_never_reads_is_paused_not_buffered() {
     let addr = server.local_addr();
     let probe = Probe::start(addr);
     let rss_before = rss_bytes();
-    let keys: Vec<String> = (0..CORES)
-        .flat_map(|partition| keys_on_partition("flood", partition, CORES, 4))
-        .collect();
+    let mut pipeliner = Pipeliner {
+        keys: (0..CORES)
+            .flat_map(|partition| keys_on_partition("flood", partition, CORES, 4))
+            .collect(),
+        next_id: 0,
+        ids: Vec::new(),
+    };
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_nonblocking(true).unwrap();
-    let mut next_id = 0u64;
-    let mut batch = |ids: &mut Vec<u64>| {
+    let paused = write_until_paused(&mut stream, &mut pipeliner, rss_before);
+    // It pushed back after a bounded amount (socket buffers and its own bounded buffers), and
+    // memory did not grow with what was sent.
+    let growth = paused.rss_max.saturating_sub(rss_before);
+    assert!(growth < 128 << 20, "memory grew {growth} bytes");
+    // Now read: every request (including the last batch, finished meanwhile) has its answer.
+    stream.set_nonblocking(false).unwrap();
+    let mut reader = stream.try_clone().unwrap();
+    let ids = pipeliner.ids;
+    let expected = ids.len();
+    let reading =
+        thread::spawn(move || read_responses(&mut reader, expected, Duration::from_secs(60)));
+    stream.write_all(&paused.pending[paused.offset..]).unwrap();
+    let answers = reading.join().expect("every answer arrives");
+    let mut answered: Vec<u64> = answers.iter().map(Response::correlation_id).collect();
+    answered.sort_unstable();
+    assert_eq!(answered, ids, "every request answered exactly once");
+    eprintln!(
+        "never-reading pipeliner: {} bytes accepted before the server stopped reading \
+         ({:.1?}), {expected} requests answered, memory growth {} KiB",
+        paused.written,
+        paused.took,
+        growth / 1024
+    );
+    probe.finish("never-reading pipeliner");
+}
+
+/// The never-reading pipeliner's requests: acquires and queries of `keys`, numbered from
+/// `next_id` on, every id sent (or being sent) recorded in `ids`.
+struct Pipeliner {
+    keys: Vec<String>,
+    next_id: u64,
+    ids: Vec<u64>,
+}
+
+impl Pipeliner {
+    /// The next 256 requests, encoded.
+    fn batch(&mut self) -> Vec<u8> {
         let requests: Vec<Request<'_>> = (0..256)
             .map(|i| {
-                next_id += 1;
-                ids.push(next_id);
-                let key = keys[i % keys.len()].as_bytes();
+                self.next_id += 1;
+                self.ids.push(self.next_id);
+                let key = self.keys[i % self.keys.len()].as_bytes();
                 match i % 2 {
                     0 => Request::Acquire {
                         wait_s: 0,
                         lease_s: 1,
-                        owner: next_id,
+                        owner: self.next_id,
                         key,
                     },
                     _ => Request::Query {
-                        nonce: next_id,
+                        nonce: self.next_id,
                         key,
                     },
                 }
             })
             .collect();
         encode(&requests)
-    };
-    let mut ids = Vec::new();
-    let (mut pending, mut offset) = (batch(&mut ids), 0);
-    // Write until the server stops taking anything: no write succeeds for half a second.
+    }
+}
+
+/// Where the never-reading pipeliner stood once the server stopped reading it.
+struct Paused {
+    /// Bytes the server took.
+    written: u64,
+    /// The highest resident memory seen while writes were refused.
+    rss_max: u64,
+    /// From the first write to the last that made progress.
+    took: Duration,
+    /// The batch being written, of which `offset` bytes were.
+    pending: Vec<u8>,
+    offset: usize,
+}
+
+/// Writes batches on the non-blocking `stream` until the server stops taking anything: no
+/// write succeeds for half a second (and that within 15 seconds).
+fn write_until_paused(
+    stream: &mut TcpStream,
+    pipeliner: &mut Pipeliner,
+    rss_before: u64,
+) -> Paused {
+    let (mut pending, mut offset) = (pipeliner.batch(), 0);
     let (mut written, mut rss_max) = (0u64, rss_before);
     let started = Instant::now();
     let mut progress = started;
@@ -290,7 +350,7 @@ fn a_pipeliner_that_never_reads_is_paused_not_buffered() {
             Ok(n) => {
                 (written, offset, progress) = (written + n as u64, offset + n, Instant::now());
                 if offset == pending.len() {
-                    (pending, offset) = (batch(&mut ids), 0);
+                    (pending, offset) = (pipeliner.batch(), 0);
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -300,28 +360,13 @@ fn a_pipeliner_that_never_reads_is_paused_not_buffered() {
             Err(e) => panic!("write: {e}"),
         }
     }
-    // It pushed back after a bounded amount (socket buffers and its own bounded buffers), and
-    // memory did not grow with what was sent.
-    let growth = rss_max.saturating_sub(rss_before);
-    assert!(growth < 128 << 20, "memory grew {growth} bytes");
-    // Now read: every request (including the last batch, finished meanwhile) has its answer.
-    stream.set_nonblocking(false).unwrap();
-    let mut reader = stream.try_clone().unwrap();
-    let expected = ids.len();
-    let reading =
-        thread::spawn(move || read_responses(&mut reader, expected, Duration::from_secs(60)));
-    stream.write_all(&pending[offset..]).unwrap();
-    let answers = reading.join().expect("every answer arrives");
-    let mut answered: Vec<u64> = answers.iter().map(Response::correlation_id).collect();
-    answered.sort_unstable();
-    assert_eq!(answered, ids, "every request answered exactly once");
-    eprintln!(
-        "never-reading pipeliner: {written} bytes accepted before the server stopped reading \
-         ({:.1?}), {expected} requests answered, memory growth {} KiB",
-        progress - started,
-        growth / 1024
-    );
-    probe.finish("never-reading pipeliner");
+    Paused {
+        written,
+        rss_max,
+        took: progress - started,
+        pending,
+        offset,
+    }
 }
 
 /// Rounds of at least this long for the scenarios that are quick, so that the probe measures
@@ -467,8 +512,8 @@ fn max_keys_round(addr: SocketAddr, round: usize, room: usize) {
 }
 
 /// Acquires that would queue past `max_pending_per_session`: `max_pending_per_session` of them
-/// queue, the rest get `B` at once; cancelling answers the queued ones `T`, so every request has its answer; after
-/// that the session can queue again. In rounds.
+/// queue, the rest get `B` at once; cancelling answers the queued ones `T`, so every request has
+/// its answer; after that the session can queue again. In rounds.
 #[test]
 fn an_acquire_flood_past_max_pending_is_all_busy_and_recovers() {
     let _serial = serial();
@@ -513,9 +558,7 @@ fn max_pending_round(addr: SocketAddr, round: usize, max_pending: u32) {
         Duration::from_secs(30),
     );
     flood.expect_silence(Duration::from_millis(50));
-    // Exactly max_pending were queued; all the others are B. The partitions decide
-    // concurrently, so which ones queued depends on how their work interleaved, but on each
-    // key (executed in order, with no place freed meanwhile) the queued ones come first.
+    // Exactly max_pending were queued; all the others are B.
     assert!(
         busy.iter().all(|r| r.op() == b'B'),
         "only B at once: {busy:?}"
@@ -523,6 +566,16 @@ fn max_pending_round(addr: SocketAddr, round: usize, max_pending: u32) {
     let busy_owners: HashSet<u64> = busy.iter().map(Response::correlation_id).collect();
     assert_eq!(busy_owners.len() as u64, total - queued, "one answer each");
     let queued_owners: Vec<u64> = (0..total).filter(|o| !busy_owners.contains(o)).collect();
+    check_queued_first_per_key(&held, total, &busy_owners);
+    cancel_the_queued(&mut flood, &held, &queued_owners, queued as usize);
+    queue_again_and_release(&mut holder, &mut flood, &held, &tokens);
+}
+
+/// Of the `total` flood acquires (owner `o` on `held[o % held.len()]`), the ones refused are
+/// `busy_owners`. The partitions decide concurrently, so which ones queued depends on how their
+/// work interleaved, but on each key (executed in order, with no place freed meanwhile) the
+/// queued ones come first.
+fn check_queued_first_per_key(held: &[String], total: u64, busy_owners: &HashSet<u64>) {
     for (index, key) in held.iter().enumerate() {
         let on_key = (0..total).filter(|owner| *owner as usize % held.len() == index);
         let queued_on_key = on_key.clone().filter(|o| !busy_owners.contains(o)).count();
@@ -533,6 +586,10 @@ fn max_pending_round(addr: SocketAddr, round: usize, max_pending: u32) {
             "{key}: a later acquire queued after an earlier one was refused"
         );
     }
+}
+
+/// Cancels the `queued` flood acquires (`queued_owners`): each is answered `T`, none lost.
+fn cancel_the_queued(flood: &mut Conn, held: &[String], queued_owners: &[u64], queued: usize) {
     let cancels: Vec<Request<'_>> = queued_owners
         .iter()
         .map(|&owner| Request::Cancel {
@@ -541,12 +598,16 @@ fn max_pending_round(addr: SocketAddr, round: usize, max_pending: u32) {
         })
         .collect();
     flood.send_raw(&encode(&cancels));
-    let timeouts = read_responses(&mut flood.stream, queued as usize, Duration::from_secs(10));
+    let timeouts = read_responses(&mut flood.stream, queued, Duration::from_secs(10));
     let mut cancelled: Vec<u64> = timeouts.iter().map(Response::correlation_id).collect();
     cancelled.sort_unstable();
     assert!(timeouts.iter().all(|r| r.op() == b'T'), "{timeouts:?}");
     assert_eq!(cancelled, queued_owners, "none lost");
-    // Recovered: the session queues again and is granted on release.
+}
+
+/// Recovered: the flood's session queues again and is granted on release; then every hold is
+/// released.
+fn queue_again_and_release(holder: &mut Conn, flood: &mut Conn, held: &[String], tokens: &[u64]) {
     flood.send(Request::Acquire {
         wait_s: 30,
         lease_s: 5,
@@ -561,7 +622,7 @@ fn max_pending_round(addr: SocketAddr, round: usize, max_pending: u32) {
         panic!("the queued acquire was not granted");
     };
     assert_eq!(flood.release(&held[0], token), Response::Released { token });
-    for (key, &token) in held.iter().zip(&tokens).skip(1) {
+    for (key, &token) in held.iter().zip(tokens).skip(1) {
         assert_eq!(holder.release(key, token), Response::Released { token });
     }
 }
@@ -574,50 +635,10 @@ fn frames_split_at_every_offset_on_many_sessions_at_once() {
     let server = server(|_| {});
     let addr = server.local_addr();
     let probe = Probe::start(addr);
-    // Keys of one length, so that every stream has the same length and offsets.
-    let keys_for = |k: usize| -> Vec<String> {
-        (0..CORES)
-            .map(|partition| {
-                (0..)
-                    .map(|i| format!("split-{k:04}-{i:04}"))
-                    .find(|key| partition_of(key.as_bytes(), CORES) == partition)
-                    .unwrap()
-            })
-            .collect()
-    };
-    let stream_for = |k: usize| {
-        let keys = keys_for(k);
-        let newlines = 0x0a0a_0a0a_0a0a_0a0a_u64 + k as u64;
-        let mut requests = Vec::new();
-        for key in &keys {
-            let key = key.as_bytes();
-            requests.extend([
-                Request::Acquire {
-                    wait_s: 0,
-                    lease_s: 5,
-                    owner: newlines,
-                    key,
-                },
-                Request::Query {
-                    nonce: newlines,
-                    key,
-                },
-                Request::Extend {
-                    lease_s: 1,
-                    token: newlines,
-                    key,
-                },
-                Request::Cancel { owner: 1, key },
-                Request::Release { token: 0x0a, key },
-            ]);
-        }
-        requests.push(Request::Ping { nonce: newlines });
-        encode(&requests)
-    };
-    let length = stream_for(0).len();
-    assert!((1..length).all(|k| stream_for(k).len() == length));
+    let length = split_stream(0).len();
+    assert!((1..length).all(|k| split_stream(k).len() == length));
     let mut sessions: Vec<Conn> = (1..length).map(|_| Conn::connect(addr)).collect();
-    let streams: Vec<Vec<u8>> = (1..length).map(stream_for).collect();
+    let streams: Vec<Vec<u8>> = (1..length).map(split_stream).collect();
     for (at, (session, bytes)) in (1..length).zip(sessions.iter_mut().zip(&streams)) {
         session.send_raw(&bytes[..at]);
     }
@@ -626,16 +647,7 @@ fn frames_split_at_every_offset_on_many_sessions_at_once() {
         session.send_raw(&bytes[at..]);
     }
     for (k, session) in (1..length).zip(sessions.iter_mut()) {
-        let answers = read_responses(&mut session.stream, 9, Duration::from_secs(10));
-        let newlines = 0x0a0a_0a0a_0a0a_0a0a_u64 + k as u64;
-        let mut ops: Vec<u8> = answers.iter().map(Response::op).collect();
-        ops.sort_unstable();
-        assert_eq!(ops, b"AANNNNPQQ", "split at {k}: {answers:?}");
-        for answer in &answers {
-            let id = answer.correlation_id();
-            assert!(id == newlines || id == 0x0a, "split at {k}: {answer:?}");
-        }
-        session.expect_silence(Duration::from_millis(1));
+        check_split_answers(k, session);
     }
     eprintln!(
         "split frames: {} sessions, each split at its own offset",
@@ -644,14 +656,79 @@ fn frames_split_at_every_offset_on_many_sessions_at_once() {
     probe.finish("split at every offset");
 }
 
+/// The owner, nonce and token of split stream `k`: 0x0A0A_0A0A_0A0A_0A0A + `k`, so that its
+/// headers are full of newline bytes.
+fn split_newlines(k: usize) -> u64 {
+    0x0a0a_0a0a_0a0a_0a0a_u64 + k as u64
+}
+
+/// Split stream `k`'s keys, one per partition; of one length, so that every stream has the
+/// same length and offsets.
+fn split_keys(k: usize) -> Vec<String> {
+    (0..CORES)
+        .map(|partition| {
+            (0..)
+                .map(|i| format!("split-{k:04}-{i:04}"))
+                .find(|key| partition_of(key.as_bytes(), CORES) == partition)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Split stream `k`: on each of its keys an acquire, query, extend, cancel and release, then a
+/// ping; nine answers.
+fn split_stream(k: usize) -> Vec<u8> {
+    let keys = split_keys(k);
+    let newlines = split_newlines(k);
+    let mut requests = Vec::new();
+    for key in &keys {
+        let key = key.as_bytes();
+        requests.extend([
+            Request::Acquire {
+                wait_s: 0,
+                lease_s: 5,
+                owner: newlines,
+                key,
+            },
+            Request::Query {
+                nonce: newlines,
+                key,
+            },
+            Request::Extend {
+                lease_s: 1,
+                token: newlines,
+                key,
+            },
+            Request::Cancel { owner: 1, key },
+            Request::Release { token: 0x0a, key },
+        ]);
+    }
+    requests.push(Request::Ping { nonce: newlines });
+    encode(&requests)
+}
+
+/// The session that sent split stream `k` gets exactly its nine answers, with its ids.
+fn check_split_answers(k: usize, session: &mut Conn) {
+    let answers = read_responses(&mut session.stream, 9, Duration::from_secs(10));
+    let newlines = split_newlines(k);
+    let mut ops: Vec<u8> = answers.iter().map(Response::op).collect();
+    ops.sort_unstable();
+    assert_eq!(ops, b"AANNNNPQQ", "split at {k}: {answers:?}");
+    for answer in &answers {
+        let id = answer.correlation_id();
+        assert!(id == newlines || id == 0x0a, "split at {k}: {answer:?}");
+    }
+    session.expect_silence(Duration::from_millis(1));
+}
+
 /// A client pipelines pings, then sends a frame with a closing error and more bytes after it,
 /// and reads nothing until the server has closed. Every pong and the `X` must still arrive:
 /// the contract says the server flushes the `X` and answers are never dropped.
 ///
 /// Without care the server would close the socket with the bytes after the bad frame still
 /// unread in the kernel; Linux answers such a close with a reset (RFC 1122 §4.2.2.13), which
-/// discards every answer still queued in the server's send buffer, the `X` included; the client reads
-/// only what had already reached it, then `ECONNRESET`. Without the trailing bytes the same
+/// discards every answer still queued in the server's send buffer, the `X` included; the client
+/// reads only what had already reached it, then `ECONNRESET`. Without the trailing bytes the same
 /// exchange delivers everything (second half of this test). The server therefore lingers:
 /// after a closing error it shuts its side once the output is flushed, then reads and drops
 /// input until the peer ends or a short deadline passes, and only then closes.

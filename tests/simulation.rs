@@ -6,7 +6,8 @@
 //! tick, to the wheel's next deadline, to a model deadline or just before it, by seconds or
 //! minutes), a few requests run at that instant, then `handle_timers`. Requests are random
 //! acquires (wait 0 and > 0), releases and extends (right and wrong tokens), cancels, queries,
-//! pings (which the table must ignore), session closes and opens, token-limit raises, and sometimes a shutdown.
+//! pings (which the table must ignore), session closes and opens, token-limit raises, and
+//! sometimes a shutdown. Those random choices are in `simulation/generator.rs`.
 //!
 //! After every step: the answers equal the model's (in order for a request; as a multiset for
 //! a timer batch, whose order the wheel leaves unspecified), and
@@ -26,9 +27,13 @@
 //! seeds, for long runs that explore new ones.
 
 mod common;
+// Not `tests/generator.rs`: Cargo would build that as a test of its own.
+#[path = "simulation/generator.rs"]
+mod generator;
 
 use common::partition_model::{Expect, Model};
 use common::rng::Rng;
+use generator::key_name;
 use latchkey::lock_table::{Answer, LockTable, SessionId, TableConfig};
 use latchkey::protocol::{Request, Response};
 use latchkey::tokens::TokenRange;
@@ -117,16 +122,6 @@ struct Params {
     sessions_max: usize,
     shutdown_at: Option<u64>,
     tight_tokens: bool,
-}
-
-/// Short keys live inline in the table, long ones on the heap: use both.
-fn key_name(rng: &mut Rng, index: usize) -> Vec<u8> {
-    match rng.below(4) {
-        0 => format!("k{index}").into_bytes(),
-        1 => format!("orders/{index}/ünïcödé").into_bytes(),
-        2 => format!("{index}:{}", "x".repeat(rng.between(20, 300) as usize)).into_bytes(),
-        _ => vec![b'a' + index as u8],
-    }
 }
 
 /// An acquire's owner as submitted (an owner is reused only on its session and key).
@@ -255,89 +250,6 @@ impl Sim {
         self.after_step()
     }
 
-    /// How far the next loop iteration moves the clock.
-    fn time_step(&mut self) -> u64 {
-        let (now_us, tick_us) = (self.now_us(), self.model.tick_us);
-        let earliest = self.model.deadlines().min();
-        match self.rng.below(20) {
-            0..=5 => self.rng.between(0, 2 * tick_us),
-            6..=9 => self.rng.between(0, 300_000),
-            10..=12 => match self.table.next_deadline_us() {
-                Some(deadline) => deadline.saturating_sub(now_us),
-                None => 0,
-            },
-            // Exactly at, just before, and at either end of the tick of a model deadline.
-            13..=15 => match earliest {
-                Some(deadline) => {
-                    let at = self.model.fire_at(deadline);
-                    let just_before = deadline.saturating_sub(1);
-                    let target = self
-                        .rng
-                        .pick(&[deadline, just_before, at, at + tick_us - 1]);
-                    target.saturating_sub(now_us)
-                }
-                None => 0,
-            },
-            16..=18 => self.rng.between(0, 3 * MICROS_PER_SECOND),
-            _ => self.rng.between(0, 300 * MICROS_PER_SECOND),
-        }
-    }
-
-    fn random_request(&mut self) -> Checked {
-        let session = self.rng.pick(&self.open);
-        match self.rng.below(100) {
-            0..=39 => self.acquire(session),
-            40..=54 => self.release(session),
-            55..=64 => self.extend(session),
-            65..=76 => self.cancel(session),
-            77..=81 => {
-                let key = self.rng.below(self.params.keys.len() as u64) as usize;
-                self.query(session, key)
-            }
-            82..=84 => self.ping(session),
-            85..=91 => self.close_and_open(session),
-            92..=93 if self.params.tight_tokens => self.raise_limit(),
-            _ if self.open.len() < self.params.sessions_max => self.open_session(),
-            _ => self.ping(session),
-        }
-    }
-
-    fn random_key(&mut self) -> usize {
-        // Skewed towards the first keys, so that queues form.
-        let count = self.params.keys.len() as u64;
-        match self.rng.percent(60) {
-            true => self.rng.below(count.min(2)) as usize,
-            false => self.rng.below(count) as usize,
-        }
-    }
-
-    fn random_lease(&mut self) -> u8 {
-        match self.rng.below(20) {
-            0 => self.rng.between(4, 255) as u8,
-            _ => self.rng.between(1, 3) as u8,
-        }
-    }
-
-    fn random_wait(&mut self) -> u8 {
-        match self.rng.below(20) {
-            0..=5 => 0,
-            6 => self.rng.between(4, 255) as u8,
-            _ => self.rng.between(1, 3) as u8,
-        }
-    }
-
-    /// A token for a release or extend of `key`: usually the holder's, else a wrong one.
-    fn random_token(&mut self, key: usize) -> u64 {
-        let holder = self.model.held[key].as_ref().map(|held| held.token);
-        match (self.rng.below(10), holder) {
-            (0..=5, Some(token)) => token,
-            (6, Some(token)) => token + self.model.tokens.step,
-            (7, _) if !self.recent_tokens.is_empty() => self.rng.pick(&self.recent_tokens),
-            (8, _) => self.last_token[key],
-            _ => self.rng.next_u64() | 1,
-        }
-    }
-
     // ----- requests --------------------------------------------------------------------------
 
     fn acquire(&mut self, session: SessionId) -> Checked {
@@ -375,17 +287,6 @@ impl Sim {
         self.table
             .handle_request(self.model.now_us, session, &request);
         self.compare(expected, true)
-    }
-
-    /// A new owner, or now and then the owner of this session's waiter on this key, so that a
-    /// Cancel has several acquires to withdraw.
-    fn acquire_owner(&mut self, session: SessionId, key: usize) -> u64 {
-        let mine = self.model.queued_owners(session, key);
-        if !mine.is_empty() && self.rng.percent(10) {
-            return self.rng.pick(&mine);
-        }
-        self.next_owner += 1;
-        self.next_owner
     }
 
     fn release(&mut self, session: SessionId) -> Checked {

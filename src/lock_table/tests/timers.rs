@@ -218,7 +218,10 @@ fn one_late_step_answers_a_queue_as_if_each_timer_fired_at_its_end() {
         timeout(5, 5, true),
     ];
     assert_eq!(answers.len(), want.len(), "{answers:?}");
-    assert!(want.iter().all(|seen| answers.contains(seen)), "{answers:?}");
+    assert!(
+        want.iter().all(|seen| answers.contains(seen)),
+        "{answers:?}"
+    );
     // The new lease counts from the step that granted it.
     assert_eq!(fixture.query(KEY), (true, 5_000, 1));
     fixture.table.check_invariants();
