@@ -215,6 +215,11 @@ impl<T> ChunkedSlab<T> {
         }
     }
 
+    /// Slots in use or vacant: every index below it may hold a value (for resumable scans).
+    pub fn slots(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
     /// Whether `index` holds a value.
     pub fn contains(&self, index: u32) -> bool {
         self.get(index).is_some()

@@ -17,6 +17,7 @@
 //! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
 //! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
 //! | [`chunked`] | arrays and slabs that grow by chunks and never move what they hold |
+//! | [`metrics`] | per-core counters and fixed-bucket histograms, merged for `GET /metrics` |
 //! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
 //! | [`client`] | the official client of PROTOCOL.md §4 and the `lock`/`query`/`ping` commands |
@@ -28,6 +29,7 @@ pub mod chunked;
 pub mod client;
 pub mod config;
 pub mod lock_table;
+pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod tokens;

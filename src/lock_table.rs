@@ -38,6 +38,7 @@ use hashbrown::DefaultHashBuilder;
 use index::SegmentedTable;
 pub use keys::{KeyBytes, KeyStore, INLINE_KEY_BYTES};
 pub use op::Op;
+pub use stats::{BusyCounts, BusyReason, HeldKey, TableStats};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -113,6 +114,11 @@ struct KeyEntry {
     key: KeyBytes,
     hash: u64,
     token: u64,
+    /// The holder's owner id and session, and when it was granted (for `GET /keys` and the
+    /// hold histogram).
+    owner: u64,
+    holder: SessionId,
+    granted_us: u64,
     lease_end_us: u64,
     lease_timer: TimerHandle,
     queue_head: u32,
@@ -126,6 +132,7 @@ struct Waiter {
     owner: u64,
     session: SessionId,
     lease_s: u8,
+    wait_s: u8,
     entry: u32,
     /// When the wait runs out (its timer fires at the first tick at or after it).
     wait_end_us: u64,
@@ -168,6 +175,9 @@ pub struct LockTable {
     keys: KeyStore,
     /// Counts shared with the other partitions, if any.
     shared_counts: Option<Arc<dyn QueueCounts>>,
+    stats: TableStats,
+    /// The latest time a call was given (for the figures of calls that take none).
+    now_us: u64,
     /// Waiters the last Cancel looked at (tests check its bound).
     #[cfg(test)]
     cancel_steps: usize,
@@ -200,6 +210,8 @@ impl LockTable {
             fired: Vec::new(),
             keys: KeyStore::default(),
             shared_counts: None,
+            stats: TableStats::default(),
+            now_us,
             #[cfg(test)]
             cancel_steps: 0,
         }
@@ -214,6 +226,7 @@ impl LockTable {
 
     /// Executes one keyed request from `session`.
     pub fn handle(&mut self, now_us: u64, session: SessionId, op: Op, key: &[u8]) {
+        self.now_us = self.now_us.max(now_us);
         match op {
             Op::Acquire {
                 wait_s,
@@ -254,23 +267,29 @@ impl LockTable {
         acquire: Acquire,
         key: &[u8],
     ) {
+        self.now_us = self.now_us.max(now_us);
         debug_assert!(acquire.lease_s > 0 && !key.is_empty());
         let ends_pending = acquire.wait_s > 0;
         let busy = Response::Busy {
             owner: acquire.owner,
         };
         if self.shutting_down {
+            self.stats.busy(BusyReason::Shutdown);
             return self.answer(session, busy, ends_pending);
         }
         let hash = self.hasher.hash_one(key);
         let Some(entry) = self.find(hash, key) else {
             if self.entries.len() >= self.config.max_keys {
+                self.stats.busy(BusyReason::Keys);
                 return self.answer(session, busy, ends_pending);
             }
             let Some(token) = self.tokens.issue() else {
+                self.stats.busy(BusyReason::Tokens);
                 return self.answer(session, busy, ends_pending);
             };
-            let entry = self.insert_entry(now_us, key, hash, token, acquire.lease_s);
+            self.stats.acquired += 1;
+            let holder = (session, acquire.owner);
+            let entry = self.insert_entry(now_us, key, hash, token, acquire.lease_s, holder);
             let granted = Response::Acquired {
                 owner: acquire.owner,
                 token,
@@ -284,6 +303,7 @@ impl LockTable {
             return self.debug_check_entry(entry);
         };
         if acquire.wait_s == 0 {
+            self.stats.timed_out += 1;
             return self.answer(
                 session,
                 Response::Timeout {
@@ -294,7 +314,12 @@ impl LockTable {
         }
         let queue_full = self.entries[entry].waiters >= self.config.max_waiters_per_key;
         // Counted last: a place taken in shared counts is always followed by the enqueue.
-        if queue_full || !self.take_queue_place(session) {
+        if queue_full {
+            self.stats.busy(BusyReason::WaitersPerKey);
+            return self.answer(session, busy, true);
+        }
+        if !self.take_queue_place(session) {
+            self.stats.busy(BusyReason::PendingPerSession);
             return self.answer(session, busy, true);
         }
         self.enqueue(now_us, session, acquire, entry);
@@ -303,13 +328,18 @@ impl LockTable {
 
     /// Release: `R` and hand the key to the queue head (or free it) when `token` holds `key`.
     pub fn handle_release(&mut self, now_us: u64, session: SessionId, token: u64, key: &[u8]) {
+        self.now_us = self.now_us.max(now_us);
         match self.find_holder(key, token) {
             Some(entry) => {
+                self.stats.released += 1;
                 self.answer(session, Response::Released { token }, false);
                 self.end_hold(now_us, entry, None);
                 self.debug_check_entry(entry);
             }
-            None => self.answer(session, Response::NotHeld { token }, false),
+            None => {
+                self.stats.release_not_held += 1;
+                self.answer(session, Response::NotHeld { token }, false);
+            }
         }
     }
 
@@ -317,6 +347,7 @@ impl LockTable {
     /// grant's `A` never reached its session (PROTOCOL.md §3). Returns whether it was held.
     /// Tokens are unique server-wide, so entry and token name that one grant exactly.
     pub fn release_granted(&mut self, now_us: u64, entry: u32, token: u64) -> bool {
+        self.now_us = self.now_us.max(now_us);
         if self
             .entries
             .get(entry)
@@ -338,10 +369,13 @@ impl LockTable {
         token: u64,
         key: &[u8],
     ) {
+        self.now_us = self.now_us.max(now_us);
         debug_assert!(lease_s > 0);
         let Some(entry) = self.find_holder(key, token) else {
+            self.stats.extend_not_held += 1;
             return self.answer(session, Response::NotHeld { token }, false);
         };
+        self.stats.extended += 1;
         let lease_end_us = now_us + u64::from(lease_s) * MICROS_PER_SECOND;
         let old_timer = self.entries[entry].lease_timer;
         let cancelled = self.wheel.cancel(old_timer);
@@ -365,6 +399,7 @@ impl LockTable {
         {
             self.cancel_steps = 0;
         }
+        self.stats.cancels += 1;
         let hash = self.hasher.hash_one(key);
         let Some(entry) = self.find(hash, key) else {
             return;
@@ -389,8 +424,7 @@ impl LockTable {
                 false => waiter.queue_next,
             };
             if waiter.entry == entry && waiter.session == session && waiter.owner == owner {
-                self.remove_waiter(cursor);
-                self.answer(session, Response::Timeout { owner }, true);
+                self.time_out(cursor);
             }
             cursor = next;
         }
@@ -399,6 +433,7 @@ impl LockTable {
 
     /// Query: the key's state; never reveals the token.
     pub fn handle_query(&mut self, now_us: u64, session: SessionId, nonce: u64, key: &[u8]) {
+        self.now_us = self.now_us.max(now_us);
         let hash = self.hasher.hash_one(key);
         let response = match self.find(hash, key) {
             None => Response::State {
@@ -440,11 +475,7 @@ impl LockTable {
         self.shutting_down = true;
         let queued: Vec<u32> = self.waiters.iter().map(|(index, _)| index).collect();
         for waiter in queued {
-            let removed = self.remove_waiter(waiter);
-            let busy = Response::Busy {
-                owner: removed.owner,
-            };
-            self.answer(removed.session, busy, true);
+            self.refuse_waiter(waiter, BusyReason::Shutdown);
         }
     }
 
@@ -461,6 +492,7 @@ impl LockTable {
     /// while timers fire), so its wait timer is skipped. Only the waiters' own slots are read,
     /// in the order the wheel fired them: no sort, no random access to other timers.
     pub fn handle_timers(&mut self, now_us: u64) {
+        self.now_us = self.now_us.max(now_us);
         let mut fired = std::mem::take(&mut self.fired);
         let tick = now_us / self.config.tick_us;
         self.wheel
@@ -469,6 +501,7 @@ impl LockTable {
             if let Timer::Lease(entry) = timer {
                 let lease_end_us = self.entries[entry].lease_end_us;
                 debug_assert!(lease_end_us <= now_us);
+                self.stats.lease_expirations += 1;
                 self.end_hold(now_us, entry, Some(lease_end_us));
             }
         }
@@ -491,13 +524,34 @@ impl LockTable {
         self.fired = fired;
     }
 
-    /// Answers `T` to a queued waiter whose wait ran out, and removes it.
+    /// Answers `T` to a queued waiter (its wait ran out, or it was cancelled), and removes it.
     fn time_out(&mut self, waiter: u32) {
         let removed = self.remove_waiter(waiter);
+        self.stats.timed_out += 1;
+        self.record_wait(&removed);
         let timeout = Response::Timeout {
             owner: removed.owner,
         };
         self.answer(removed.session, timeout, true);
+    }
+
+    /// Answers `B` to a queued waiter, and removes it.
+    fn refuse_waiter(&mut self, waiter: u32, reason: BusyReason) {
+        let removed = self.remove_waiter(waiter);
+        self.stats.busy(reason);
+        self.record_wait(&removed);
+        let busy = Response::Busy {
+            owner: removed.owner,
+        };
+        self.answer(removed.session, busy, true);
+    }
+
+    /// Records how long a queued acquire waited, at its answer (the table's current time).
+    fn record_wait(&mut self, waiter: &Waiter) {
+        let arrived_us = waiter.wait_end_us - u64::from(waiter.wait_s) * MICROS_PER_SECOND;
+        self.stats
+            .acquire_wait
+            .record(self.now_us.saturating_sub(arrived_us));
     }
 
     /// The earliest time at which [`handle_timers`](Self::handle_timers) may have work.
@@ -545,6 +599,43 @@ impl LockTable {
     pub fn holds(&self) -> impl Iterator<Item = (&[u8], u64, u64)> {
         let entries = self.entries.iter();
         entries.map(|(_, held)| (held.key.as_slice(), held.token, held.lease_end_us))
+    }
+
+    /// This partition's counters and histograms since it started.
+    pub fn stats(&self) -> &TableStats {
+        &self.stats
+    }
+
+    /// Scans at most `slots` entry slots from `cursor` for held keys starting with `prefix`,
+    /// giving each to `found` as of `now_us`; returns where the next scan continues, or `None`
+    /// when the scan reached the end. Keys held throughout a scan are listed exactly once;
+    /// keys granted or freed meanwhile may or may not be. Bounded work per call.
+    pub fn scan_held(
+        &self,
+        now_us: u64,
+        cursor: u32,
+        slots: u32,
+        prefix: &[u8],
+        found: &mut impl FnMut(HeldKey),
+    ) -> Option<u32> {
+        let end = self.entries.slots().min(cursor.saturating_add(slots));
+        for index in cursor..end {
+            let Some(held) = self.entries.get(index) else {
+                continue;
+            };
+            if !held.key.as_slice().starts_with(prefix) {
+                continue;
+            }
+            found(HeldKey {
+                key: held.key.as_slice().into(),
+                owner: held.owner,
+                holder: held.holder,
+                held_us: now_us.saturating_sub(held.granted_us),
+                lease_left_us: held.lease_end_us.saturating_sub(now_us),
+                waiters: held.waiters,
+            });
+        }
+        (end < self.entries.slots()).then_some(end)
     }
 
     /// Held keys in this partition.
@@ -595,7 +686,16 @@ impl LockTable {
         at_us.div_ceil(self.config.tick_us)
     }
 
-    fn insert_entry(&mut self, now_us: u64, key: &[u8], hash: u64, token: u64, lease_s: u8) -> u32 {
+    /// A new entry for `key`, held with `token` by `holder` (session, owner).
+    fn insert_entry(
+        &mut self,
+        now_us: u64,
+        key: &[u8],
+        hash: u64,
+        token: u64,
+        lease_s: u8,
+        holder: (SessionId, u64),
+    ) -> u32 {
         let lease_end_us = now_us + u64::from(lease_s) * MICROS_PER_SECOND;
         let entry = self.entries.vacant_key();
         let deadline = self.tick_at_or_after(lease_end_us);
@@ -604,6 +704,9 @@ impl LockTable {
             key: self.keys.store(key),
             hash,
             token,
+            owner: holder.1,
+            holder: holder.0,
+            granted_us: now_us,
             lease_end_us,
             lease_timer,
             queue_head: NIL,
@@ -620,7 +723,12 @@ impl LockTable {
     /// `expired_at_us` is the exact end of an expired lease: heads whose wait ended at or
     /// before it timed out first and are answered `T` (deadline order, PROTOCOL.md §3).
     fn end_hold(&mut self, now_us: u64, entry: u32, expired_at_us: Option<u64>) {
-        let old_timer = self.entries[entry].lease_timer;
+        let ended = &self.entries[entry];
+        let (old_timer, granted_us) = (ended.lease_timer, ended.granted_us);
+        let hold_end_us = expired_at_us.unwrap_or(now_us);
+        self.stats
+            .lock_hold
+            .record(hold_end_us.saturating_sub(granted_us));
         // Already fired when called from handle_timers; cancel is then a no-op.
         self.wheel.cancel(old_timer);
         // Bounded: each pass removes one waiter; a waiter is skipped only if its wait ended
@@ -634,17 +742,23 @@ impl LockTable {
                 self.time_out(head);
                 continue;
             }
+            if !self.tokens.can_issue() {
+                self.refuse_waiter(head, BusyReason::Tokens);
+                continue;
+            }
             let removed = self.remove_waiter(head);
             let (session, owner, lease_s) = (removed.session, removed.owner, removed.lease_s);
-            let Some(token) = self.tokens.issue() else {
-                self.answer(session, Response::Busy { owner }, true);
-                continue;
-            };
+            let token = self.tokens.issue().expect("a token can be issued");
+            self.stats.acquired += 1;
+            self.record_wait(&removed);
             let lease_end_us = now_us + u64::from(lease_s) * MICROS_PER_SECOND;
             let deadline = self.tick_at_or_after(lease_end_us);
             let lease_timer = self.wheel.insert(deadline, Timer::Lease(entry));
             let held = &mut self.entries[entry];
             held.token = token;
+            held.owner = owner;
+            held.holder = session;
+            held.granted_us = now_us;
             held.lease_end_us = lease_end_us;
             held.lease_timer = lease_timer;
             let granted = Response::Acquired { owner, token };
@@ -701,6 +815,7 @@ impl LockTable {
             owner: acquire.owner,
             session,
             lease_s: acquire.lease_s,
+            wait_s: acquire.wait_s,
             entry,
             wait_end_us,
             timer,
@@ -768,6 +883,7 @@ mod check;
 mod index;
 mod keys;
 mod op;
+mod stats;
 
 #[cfg(test)]
 mod tests;

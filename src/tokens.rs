@@ -54,6 +54,11 @@ impl TokenRange {
         Some(token)
     }
 
+    /// Whether [`issue`](Self::issue) would give a token now.
+    pub fn can_issue(&self) -> bool {
+        self.next <= self.limit && self.next.checked_add(self.step).is_some()
+    }
+
     /// Tokens left before the reservation is used up.
     pub fn headroom(&self) -> u64 {
         self.limit.saturating_sub(self.next) / self.step + u64::from(self.next <= self.limit)

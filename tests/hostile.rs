@@ -2,10 +2,10 @@
 //! connection flood past `max_connections`, acquire floods past `max_keys` and
 //! `max_pending_per_session`, and frames split at every byte offset on many sessions at once.
 //!
-//! In every scenario a well-behaved [`Probe`] on its own session holds a lock on each partition
+//! In every scenario a well-behaved `Probe` (tests/common/probe.rs) on its own session holds a lock on each partition
 //! from before the attack until after it; meanwhile it pings, queries both partitions and
 //! extends its holds in a loop. Each scenario checks that its limit holds, that the probe's
-//! p99 latency stays under [`P99_BOUND`] (generous: debug build, shared cores) and that
+//! p99 latency stays under `P99_BOUND` (generous: debug build, shared cores) and that
 //! nothing it held was lost: every extend succeeded and its tokens still release with `R`.
 //!
 //! The scenarios run one at a time (a process-wide lock), so that one's load does not count
@@ -13,6 +13,7 @@
 
 mod common;
 
+use common::probe::{self, Probe};
 use common::server::{keys_on_partition, start_with, test_config, Conn};
 use latchkey::protocol::{parse_response, ErrorCode, Request, Response};
 use latchkey::server::route::partition_of;
@@ -20,16 +21,11 @@ use latchkey::server::ServerHandle;
 use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::{self, JoinHandle};
+use std::sync::{Mutex, MutexGuard};
+use std::thread;
 use std::time::{Duration, Instant};
 
 const CORES: usize = 2;
-/// The probe's p99 latency must stay under this.
-const P99_BOUND: Duration = Duration::from_millis(200);
-/// The probe's holds: longer than any scenario.
-const PROBE_LEASE_S: u8 = 60;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -47,91 +43,7 @@ fn server(configure: impl FnOnce(&mut latchkey::config::Config)) -> ServerHandle
 
 /// One key per partition, named `prefix-N`.
 fn key_per_partition(prefix: &str) -> Vec<String> {
-    (0..CORES)
-        .map(|partition| keys_on_partition(prefix, partition, CORES, 1).remove(0))
-        .collect()
-}
-
-// ----- the well-behaved client ----------------------------------------------------------------
-
-/// A well-behaved session: holds one lock per partition, and until stopped pings, queries both
-/// partitions and extends its holds, timing every request.
-struct Probe {
-    stop: Arc<AtomicBool>,
-    thread: JoinHandle<Vec<Duration>>,
-}
-
-impl Probe {
-    fn start(addr: SocketAddr) -> Probe {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = Arc::clone(&stop);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let thread = thread::spawn(move || {
-            let mut conn = Conn::connect(addr);
-            let keys = key_per_partition("probe-held");
-            let tokens: Vec<u64> = (0..CORES)
-                .map(|p| conn.acquire_ok(&keys[p], PROBE_LEASE_S, 900 + p as u64))
-                .collect();
-            ready_tx.send(()).unwrap();
-            let mut latencies = Vec::new();
-            let mut nonce = 0u64;
-            while !stopping.load(Ordering::Relaxed) {
-                for (key, &token) in keys.iter().zip(&tokens) {
-                    nonce += 1;
-                    let requests = [
-                        Request::Ping { nonce },
-                        Request::Query {
-                            nonce,
-                            key: key.as_bytes(),
-                        },
-                        Request::Extend {
-                            lease_s: PROBE_LEASE_S,
-                            token,
-                            key: key.as_bytes(),
-                        },
-                    ];
-                    for request in requests {
-                        let sent = Instant::now();
-                        conn.send(request);
-                        let response = conn.recv();
-                        latencies.push(sent.elapsed());
-                        assert_eq!(response.correlation_id(), request.correlation_id());
-                        assert_ne!(response.op(), b'N', "the probe lost its hold: {response:?}");
-                    }
-                }
-                thread::sleep(Duration::from_millis(5));
-            }
-            for (key, token) in keys.iter().zip(tokens) {
-                assert_eq!(conn.release(key, token), Response::Released { token });
-            }
-            latencies
-        });
-        ready_rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the probe holds its locks");
-        Probe { stop, thread }
-    }
-
-    /// Stops the probe, releases its holds (each must answer `R`) and checks its p99.
-    fn finish(self, scenario: &str) {
-        self.stop.store(true, Ordering::Relaxed);
-        let mut latencies = self.thread.join().expect("the probe kept working");
-        latencies.sort();
-        assert!(
-            !latencies.is_empty(),
-            "{scenario}: the probe made no request"
-        );
-        let p99 = latencies[(latencies.len() * 99).div_ceil(100) - 1];
-        let max = latencies[latencies.len() - 1];
-        eprintln!(
-            "{scenario}: probe {} requests, p99 {p99:.1?}, max {max:.1?}, holds released",
-            latencies.len()
-        );
-        assert!(
-            p99 < P99_BOUND,
-            "{scenario}: probe p99 {p99:?} over {P99_BOUND:?}"
-        );
-    }
+    probe::key_per_partition(prefix, CORES)
 }
 
 // ----- helpers ----------------------------------------------------------------------------------
@@ -202,7 +114,7 @@ fn slowloris_sessions_are_answered_and_starve_no_one() {
     let _serial = serial();
     let server = server(|_| {});
     let addr = server.local_addr();
-    let probe = Probe::start(addr);
+    let probe = Probe::start(addr, CORES);
     let keys = key_per_partition("slow");
     let mut sessions: Vec<TcpStream> = (0..16).map(|_| TcpStream::connect(addr).unwrap()).collect();
     for session in &sessions {
@@ -245,7 +157,7 @@ fn a_pipeliner_that_never_reads_is_paused_not_buffered() {
     let _serial = serial();
     let server = server(|_| {});
     let addr = server.local_addr();
-    let probe = Probe::start(addr);
+    let probe = Probe::start(addr, CORES);
     let rss_before = rss_bytes();
     let mut pipeliner = Pipeliner {
         keys: (0..CORES)
@@ -381,7 +293,7 @@ fn a_connection_flood_is_refused_past_max_connections_and_recovers() {
     let max_connections = 8;
     let server = server(|config| config.limits.max_connections = max_connections);
     let addr = server.local_addr();
-    let probe = Probe::start(addr);
+    let probe = Probe::start(addr, CORES);
     let started = Instant::now();
     let mut rounds = 0;
     while rounds < 3 || started.elapsed() < ROUNDS_FOR {
@@ -443,7 +355,7 @@ fn an_acquire_flood_past_max_keys_is_all_busy_and_recovers() {
     let max_keys = 64;
     let server = server(|config| config.limits.max_keys = max_keys);
     let addr = server.local_addr();
-    let probe = Probe::start(addr);
+    let probe = Probe::start(addr, CORES);
     let started = Instant::now();
     let mut rounds = 0;
     while rounds < 3 || started.elapsed() < ROUNDS_FOR {
@@ -520,7 +432,7 @@ fn an_acquire_flood_past_max_pending_is_all_busy_and_recovers() {
     let max_pending = 16u32;
     let server = server(|config| config.limits.max_pending_per_session = max_pending);
     let addr = server.local_addr();
-    let probe = Probe::start(addr);
+    let probe = Probe::start(addr, CORES);
     let started = Instant::now();
     let mut rounds = 0;
     while rounds < 3 || started.elapsed() < ROUNDS_FOR {
@@ -634,7 +546,7 @@ fn frames_split_at_every_offset_on_many_sessions_at_once() {
     let _serial = serial();
     let server = server(|_| {});
     let addr = server.local_addr();
-    let probe = Probe::start(addr);
+    let probe = Probe::start(addr, CORES);
     let length = split_stream(0).len();
     assert!((1..length).all(|k| split_stream(k).len() == length));
     let mut sessions: Vec<Conn> = (1..length).map(|_| Conn::connect(addr)).collect();

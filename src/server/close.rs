@@ -32,10 +32,37 @@ const SHUTDOWN_GRACE: Duration = Duration::from_millis(4500);
 /// How long a closed session keeps dropping the peer's unread input before the socket closes.
 pub const LINGER: Duration = Duration::from_secs(2);
 
+/// Why a session closes, for the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The peer ended its input.
+    EndOfInput,
+    /// Reading failed (typically a reset by the peer).
+    ReadFailed,
+    /// Writing failed (typically a reset by the peer).
+    WriteFailed,
+    /// A closing error was answered (`X` with this code).
+    Error(u8),
+    /// An admin HTTP request was answered.
+    Admin,
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CloseReason::EndOfInput => write!(f, "end of input"),
+            CloseReason::ReadFailed => write!(f, "read failed (reset?)"),
+            CloseReason::WriteFailed => write!(f, "write failed (reset?)"),
+            CloseReason::Error(code) => write!(f, "closing error code {code}"),
+            CloseReason::Admin => write!(f, "admin request answered"),
+        }
+    }
+}
+
 impl<N: Net> Core<N> {
     /// Stops reading a session and withdraws its waiters everywhere; it ends once every
     /// partition acknowledged and (unless dead) its output is flushed.
-    pub(super) fn begin_close(&mut self, slot: usize, phase: Phase) {
+    pub(super) fn begin_close(&mut self, slot: usize, phase: Phase, reason: CloseReason) {
         if phase == Phase::Dead {
             self.release_unsent_grants(slot);
         }
@@ -49,10 +76,10 @@ impl<N: Net> Core<N> {
         session.set_phase(phase);
         session.discard_input(&mut self.buffers);
         let id = session.id();
-        log::debug!(
-            "session {id:#x} ({:?}): closing ({phase:?})",
-            session.peer()
-        );
+        match session.peer() {
+            Some(peer) => log::debug!("session {id:#x} from {peer}: closing: {reason}"),
+            None => log::debug!("session {id:#x}: closing: {reason}"),
+        }
         let mut acks = 0;
         for outbox in self.links.outboxes.iter_mut().flatten() {
             outbox.push(Msg::SessionClosed { session: id });
@@ -123,7 +150,7 @@ impl<N: Net> Core<N> {
         );
         session.discard_input(&mut self.buffers);
         self.net.deregister(session.socket_mut());
-        log::debug!("session {:#x}: closed", session.id());
+        log::trace!("session {:#x}: freed", session.id());
         drop(session.into_socket());
         self.links
             .shared
@@ -150,7 +177,14 @@ impl<N: Net> Core<N> {
     }
 
     fn begin_shutdown(&mut self) {
-        log::debug!("core {}: shutting down", self.settings.index);
+        log::info!(
+            "core {}: shutting down: {} queued acquires answered B, {} held locks dropped, \
+             {} sessions to close",
+            self.settings.index,
+            self.table.waiter_count(),
+            self.table.key_count(),
+            self.sessions.len()
+        );
         self.stop_deadline = Some(self.now_us + SHUTDOWN_GRACE.as_micros() as u64);
         self.table.handle_shutdown();
         self.route_answers();

@@ -31,7 +31,9 @@
 //! Not here: frame syntax ([`crate::protocol`]), lock semantics ([`crate::lock_table`]), the
 //! close protocol ([`super::close`]), sockets and polling ([`super::reactor`]).
 
+use super::admin::{AdminJob, KeyScan};
 use super::buffers::ReadBuffers;
+use super::close::CloseReason;
 use super::net::{Net, Stream};
 use super::persist::TokenKeeper;
 use super::route::{partition_of, KeyPool, Msg, Outbox, OUTBOX_REQUESTS_MAX};
@@ -152,6 +154,20 @@ pub struct Core<N: Net> {
     unflushed: usize,
     /// This iteration's work budget.
     budget: Budget,
+    /// Admin HTTP requests this core serves, and `/keys` scans of its partition.
+    pub(super) admin_jobs: Vec<AdminJob>,
+    pub(super) key_scans: Vec<KeyScan>,
+    pub(super) counters: CoreCounters,
+    pub(super) logs: super::logs::CoreLogs,
+}
+
+/// What a core counts besides its partition (see [`super::admin::render::CoreStats`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CoreCounters {
+    /// Sessions refused at `max_connections`.
+    pub sessions_refused: u64,
+    /// Acquire frames answered `X`.
+    pub acquires_rejected: u64,
 }
 
 /// How much of its time budget an iteration has used (see [`ITERATION_BUDGET_US`]).
@@ -197,6 +213,10 @@ impl<N: Net> Core<N> {
             hold_wake_us: None,
             unflushed: 0,
             budget: Budget::default(),
+            admin_jobs: Vec::new(),
+            key_scans: Vec::new(),
+            counters: CoreCounters::default(),
+            logs: super::logs::CoreLogs::default(),
         }
     }
 
@@ -274,10 +294,14 @@ impl<N: Net> Core<N> {
     /// When the loop must run again without an event: the next timer, or the end of an
     /// output hold.
     pub fn wake_at_us(&self) -> Option<u64> {
-        match (self.table.next_deadline_us(), self.hold_wake_us) {
-            (Some(timer), Some(hold)) => Some(timer.min(hold)),
-            (timer, hold) => timer.or(hold),
-        }
+        [
+            self.table.next_deadline_us(),
+            self.hold_wake_us,
+            self.admin_wake_us(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Takes a new connection: a session, or `X` code 7 and a close when the server is full.
@@ -305,12 +329,16 @@ impl<N: Net> Core<N> {
         debug_assert!(counted, "every slot below SLOTS_MAX is counted");
         self.generation = self.generation.wrapping_add(1);
         let session = Session::new(id, stream);
-        log::debug!("session {id:#x}: opened by {:?}", session.peer());
+        match session.peer() {
+            Some(peer) => log::debug!("session {id:#x} from {peer}: opened"),
+            None => log::debug!("session {id:#x}: opened"),
+        }
         self.sessions.insert(session);
     }
 
     /// Sends `X` code 7 (best effort, without reading anything) and closes.
     fn refuse(&mut self, mut stream: N::Stream) {
+        self.counters.sessions_refused += 1;
         let mut frame = Vec::with_capacity(11);
         let refused = Response::Error {
             code: ErrorCode::SessionRefused,
@@ -355,6 +383,9 @@ impl<N: Net> Core<N> {
         self.drain_inbox();
         self.table.handle_timers(self.now_us);
         self.route_answers();
+        self.advance_scans();
+        self.expire_admin_jobs();
+        self.log_busy();
         self.links.tokens.top_up(&mut self.table);
         self.flush_outboxes();
         self.resume_blocked();
@@ -414,11 +445,13 @@ impl<N: Net> Core<N> {
                     // complete frame was executed: a session paused over its bounds resumes
                     // later, and its next read sees the end of input again.
                     if self.parse_session(slot) {
-                        self.begin_close(slot, Phase::Draining);
+                        self.begin_close(slot, Phase::Draining, CloseReason::EndOfInput);
                     }
                     return;
                 }
-                ReadOutcome::Failed => return self.begin_close(slot, Phase::Dead),
+                ReadOutcome::Failed => {
+                    return self.begin_close(slot, Phase::Dead, CloseReason::ReadFailed)
+                }
             }
         }
         self.schedule(slot);
@@ -458,6 +491,13 @@ impl<N: Net> Core<N> {
 
     /// Parses and executes the session's next frame (or answers its error).
     fn execute_next_frame(&mut self, slot: usize) -> Step {
+        if let Some(waiting) = self.admin_read(slot) {
+            return if waiting {
+                Step::Incomplete
+            } else {
+                Step::Closed
+            };
+        }
         let session = &self.sessions[slot];
         let unparsed = session.unparsed(&self.buffers);
         let (request, used) = match parse_request(unparsed, self.settings.max_key_bytes) {
@@ -504,11 +544,17 @@ impl<N: Net> Core<N> {
     /// Answers a refused frame with its `X`; a closing error ends the session.
     fn refuse_frame(&mut self, slot: usize, error: FrameError) -> Step {
         let session = &mut self.sessions[slot];
+        if session.unparsed(&self.buffers).first() == Some(&b'A') {
+            self.counters.acquires_rejected += 1;
+        }
+        self.log_refused_frame(slot, error.code);
+        let session = &mut self.sessions[slot];
         session.push_answer(&error.response());
         self.mark_dirty(slot);
         if error.code.closes_session() {
             self.sessions[slot].discard_input(&mut self.buffers);
-            self.begin_close(slot, Phase::Draining);
+            let reason = CloseReason::Error(error.code as u8);
+            self.begin_close(slot, Phase::Draining, reason);
             return Step::Closed;
         }
         self.sessions[slot].consume(error.consumed, &mut self.buffers);
@@ -636,6 +682,7 @@ impl<N: Net> Core<N> {
             Msg::OrphanRelease { entry, token } => {
                 self.table.release_granted(self.now_us, entry, token);
             }
+            Msg::Admin(msg) => self.handle_admin_msg(*msg),
         }
         self.route_answers();
     }
@@ -724,14 +771,15 @@ impl<N: Net> Core<N> {
             }
             Err(e) => {
                 log::debug!("session {:#x}: write failed: {e}", session.id());
-                self.begin_close(slot, Phase::Dead);
+                self.begin_close(slot, Phase::Dead, CloseReason::WriteFailed);
             }
         }
     }
 
     /// Nothing left to do here unless someone sends something.
     pub(super) fn is_quiescent(&self) -> bool {
-        self.scheduled.is_empty()
+        !self.admin_busy()
+            && self.scheduled.is_empty()
             && !self.more_inbox
             && self.links.inbox.is_empty()
             && self.links.outboxes.iter().flatten().all(Outbox::is_empty)

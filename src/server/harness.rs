@@ -185,6 +185,7 @@ impl Harness {
             notify: None,
             queues,
             loop_gauges: (0..cores).map(|_| StallGauge::default()).collect(),
+            limits: crate::config::Config::default().limits,
         });
         let channels: Vec<_> = (0..cores)
             .map(|_| crossbeam_channel::bounded::<Msg>(CHANNEL_DEPTH))

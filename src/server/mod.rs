@@ -34,11 +34,13 @@
 //! | `alarm.rs` | the timerfd that wakes a loop on its next timer |
 //! | `net.rs` | the stream and registration traits the core runs over |
 
+pub mod admin;
 pub mod alarm;
 pub mod bind;
 pub mod buffers;
 pub mod close;
 pub mod core;
+pub mod logs;
 pub mod net;
 pub mod persist;
 pub mod queued;
@@ -79,6 +81,8 @@ pub struct Shared {
     /// Per core, its loop iterations (poll excluded): the worst since the last
     /// [`ServerHandle::take_worst_loop_us`] and a histogram. The stall detector.
     loop_gauges: Box<[StallGauge]>,
+    /// The limits in force (for `GET /stats`).
+    limits: crate::config::LimitsConfig,
 }
 
 /// Upper bounds of the loop-iteration histogram's buckets, in microseconds; one more bucket
@@ -92,6 +96,8 @@ pub const LOOP_BUCKETS_US: [u64; 9] = [64, 128, 256, 512, 1_000, 2_000, 4_000, 8
 #[derive(Default)]
 pub struct StallGauge {
     worst_us: AtomicU64,
+    max_us: AtomicU64,
+    sum_us: AtomicU64,
     buckets: [AtomicU64; LOOP_BUCKETS_US.len() + 1],
 }
 
@@ -100,7 +106,9 @@ impl StallGauge {
     pub fn record(&self, busy_us: u64) {
         if busy_us > self.worst_us.load(Ordering::Relaxed) {
             self.worst_us.fetch_max(busy_us, Ordering::Relaxed);
+            self.max_us.fetch_max(busy_us, Ordering::Relaxed);
         }
+        self.sum_us.fetch_add(busy_us, Ordering::Relaxed);
         let bucket = LOOP_BUCKETS_US.partition_point(|&bound| bound < busy_us);
         self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
     }
@@ -113,6 +121,13 @@ impl StallGauge {
     /// Iterations so far per bucket of [`LOOP_BUCKETS_US`] (the last: above its last bound).
     pub fn histogram(&self) -> [u64; LOOP_BUCKETS_US.len() + 1] {
         std::array::from_fn(|bucket| self.buckets[bucket].load(Ordering::Relaxed))
+    }
+
+    /// Every iteration so far as a histogram (sum and largest included).
+    pub fn snapshot(&self) -> crate::metrics::Histogram {
+        let sum_us = self.sum_us.load(Ordering::Relaxed);
+        let max_us = self.max_us.load(Ordering::Relaxed);
+        crate::metrics::Histogram::from_counts(&LOOP_BUCKETS_US, &self.histogram(), sum_us, max_us)
     }
 }
 
@@ -374,6 +389,7 @@ fn plan(config: &Config, notify: Option<Arc<Waker>>) -> io::Result<Plan> {
         notify,
         queues,
         loop_gauges: (0..cores).map(|_| StallGauge::default()).collect(),
+        limits: limits.clone(),
     });
     let table_config = TableConfig {
         max_keys: (limits.max_keys / cores).max(1),

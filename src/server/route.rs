@@ -165,6 +165,8 @@ pub enum Msg {
         /// The granted token.
         token: u64,
     },
+    /// A message of an admin HTTP request (rare; boxed to keep the common ones small).
+    Admin(Box<super::admin::AdminMsg>),
 }
 
 /// Requests an outbox takes at most while waiting for room in the channel: a session whose

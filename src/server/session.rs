@@ -114,6 +114,10 @@ pub struct Session<S> {
     /// Output bytes handed to the socket since the session began.
     written_total: u64,
     unsent_grants: VecDeque<UnsentGrant>,
+    /// A frame of the lock protocol was consumed: the session is not an admin request.
+    started: bool,
+    /// The session is an admin HTTP request (see [`super::admin`]).
+    admin: bool,
 }
 
 impl<S: Stream> Session<S> {
@@ -141,7 +145,24 @@ impl<S: Stream> Session<S> {
             write_start: 0,
             written_total: 0,
             unsent_grants: VecDeque::new(),
+            started: false,
+            admin: false,
         }
+    }
+
+    /// Whether no lock-protocol frame was consumed yet (the session may be an admin request).
+    pub fn is_fresh(&self) -> bool {
+        !self.started
+    }
+
+    /// Whether the session is an admin HTTP request.
+    pub fn is_admin(&self) -> bool {
+        self.admin
+    }
+
+    /// Marks the session as an admin HTTP request.
+    pub fn set_admin(&mut self) {
+        self.admin = true;
     }
 
     /// The session's identity in lock tables and messages.
@@ -177,6 +198,7 @@ impl<S: Stream> Session<S> {
     /// Marks `bytes` of the unparsed input as consumed; the buffer goes back once empty.
     pub fn consume(&mut self, bytes: usize, buffers: &mut ReadBuffers) {
         debug_assert!(self.read_start + bytes <= self.read_end);
+        self.started = true;
         self.read_start += bytes;
         if self.read_start == self.read_end {
             self.discard_input(buffers);
@@ -355,6 +377,11 @@ impl<S: Stream> Session<S> {
     /// Appends an answer.
     pub fn push_answer(&mut self, response: &Response) {
         response.encode(&mut self.write_buffer);
+    }
+
+    /// Appends bytes that are not a frame (an admin session's HTTP answer).
+    pub fn push_raw(&mut self, bytes: &[u8]) {
+        self.write_buffer.extend_from_slice(bytes);
     }
 
     /// Appends the `A` of a grant by `partition` of its `entry`, remembering it until written.

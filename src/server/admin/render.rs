@@ -1,0 +1,374 @@
+//! The server's figures, gathered from every core, as Prometheus text and as JSON. No I/O.
+
+use crate::config::LimitsConfig;
+use crate::lock_table::{BusyReason, HeldKey, TableStats};
+use crate::metrics::Histogram;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+
+/// One core's figures, copied at one instant by that core.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoreStats {
+    /// Its partition's counters and histograms.
+    pub table: TableStats,
+    /// Sessions it holds now (open or closing).
+    pub sessions: u64,
+    /// Sessions it refused at `max_connections`.
+    pub sessions_refused: u64,
+    /// Acquires it answered `X` (bad key or lease).
+    pub acquires_rejected: u64,
+    /// Keys its partition holds now.
+    pub locks_held: u64,
+    /// Acquires queued in its partition now.
+    pub waiters: u64,
+}
+
+/// Everything `GET /metrics` and `GET /stats` show.
+#[derive(Clone, Debug)]
+pub struct ServerStats {
+    /// Per core, in core order.
+    pub cores: Vec<CoreStats>,
+    /// Per core, its loop iterations (busy time, poll excluded).
+    pub loops: Vec<Histogram>,
+    /// Since the server started, in microseconds.
+    pub uptime_us: u64,
+    /// The limits in force.
+    pub limits: LimitsConfig,
+    /// Whether the server is shutting down.
+    pub shutting_down: bool,
+}
+
+impl ServerStats {
+    /// The cores' figures added up.
+    pub fn total(&self) -> CoreStats {
+        let mut cores = self.cores.iter();
+        let mut total = cores.next().expect("at least one core").clone();
+        for core in cores {
+            total.table.merge(&core.table);
+            total.sessions += core.sessions;
+            total.sessions_refused += core.sessions_refused;
+            total.acquires_rejected += core.acquires_rejected;
+            total.locks_held += core.locks_held;
+            total.waiters += core.waiters;
+        }
+        total
+    }
+}
+
+/// The build's version and commit.
+pub fn build_info() -> (&'static str, &'static str) {
+    let commit = option_env!("LATCHKEY_COMMIT").unwrap_or("unknown");
+    (env!("CARGO_PKG_VERSION"), commit)
+}
+
+/// Prometheus (OpenMetrics) text of `stats`.
+pub fn metrics_text(stats: &ServerStats) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(Snapshot(stats.clone())));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)
+        .expect("writing to a String cannot fail");
+    text
+}
+
+/// The figures as one collector, encoded once per scrape.
+#[derive(Debug)]
+struct Snapshot(ServerStats);
+
+type Labels = [(&'static str, String); 1];
+
+impl prometheus_client::collector::Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats = &self.0;
+        let total = stats.total();
+        let table = &total.table;
+        let acquires = [
+            ("acquired", table.acquired),
+            ("timeout", table.timed_out),
+            ("busy", table.busy.total()),
+            ("rejected", total.acquires_rejected),
+        ];
+        let busy = BusyReason::ALL.map(|reason| (reason.label(), table.busy.get(reason)));
+        let releases = [
+            ("released", table.released),
+            ("not_held", table.release_not_held),
+        ];
+        let extends = [
+            ("extended", table.extended),
+            ("not_held", table.extend_not_held),
+        ];
+        counters(
+            &mut encoder,
+            "latchkey_acquires",
+            "Acquires answered, by result",
+            "result",
+            &acquires,
+        )?;
+        counters(
+            &mut encoder,
+            "latchkey_releases",
+            "Releases answered, by result",
+            "result",
+            &releases,
+        )?;
+        counters(
+            &mut encoder,
+            "latchkey_extends",
+            "Extends answered, by result",
+            "result",
+            &extends,
+        )?;
+        counter(
+            &mut encoder,
+            "latchkey_cancels",
+            "Cancel requests",
+            table.cancels,
+        )?;
+        counter(
+            &mut encoder,
+            "latchkey_lease_expirations",
+            "Leases that ran out",
+            table.lease_expirations,
+        )?;
+        counters(
+            &mut encoder,
+            "latchkey_busy",
+            "Acquires answered B, by reason",
+            "reason",
+            &busy,
+        )?;
+        counter(
+            &mut encoder,
+            "latchkey_sessions_refused",
+            "Sessions refused at max_connections",
+            total.sessions_refused,
+        )?;
+        gauge(
+            &mut encoder,
+            "latchkey_locks_held",
+            "Keys held now",
+            total.locks_held,
+        )?;
+        gauge(
+            &mut encoder,
+            "latchkey_waiters",
+            "Acquires queued now",
+            total.waiters,
+        )?;
+        gauge(
+            &mut encoder,
+            "latchkey_sessions",
+            "Sessions open now (admin requests included)",
+            total.sessions,
+        )?;
+        let wait_help = "From a queued acquire's arrival to its answer";
+        histogram(
+            &mut encoder,
+            "latchkey_acquire_wait_seconds",
+            wait_help,
+            &[(None, &table.acquire_wait)],
+        )?;
+        let hold_help = "From a grant to its release or expiry";
+        histogram(
+            &mut encoder,
+            "latchkey_lock_hold_seconds",
+            hold_help,
+            &[(None, &table.lock_hold)],
+        )?;
+        let loops: Vec<(Option<Labels>, &Histogram)> = stats
+            .loops
+            .iter()
+            .enumerate()
+            .map(|(core, loops)| (Some([("core", core.to_string())]), loops))
+            .collect();
+        let loop_help =
+            "Event-loop iterations per core, busy time (poll excluded): the stall detector";
+        histogram(
+            &mut encoder,
+            "latchkey_loop_iteration_seconds",
+            loop_help,
+            &loops,
+        )?;
+        let (version, commit) = build_info();
+        let mut info =
+            encoder.encode_descriptor("latchkey_build", "The build", None, MetricType::Info)?;
+        info.encode_info(&[("version", version), ("commit", commit)])
+    }
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    metric.encode_counter::<NoLabelSet, u64, f64>(&value, None)
+}
+
+fn counters(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    label: &'static str,
+    values: &[(&'static str, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for &(value_label, value) in values {
+        let labels = [(label, value_label)];
+        let mut family = metric.encode_family(&labels)?;
+        family.encode_counter::<NoLabelSet, u64, f64>(&value, None)?;
+    }
+    Ok(())
+}
+
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    metric.encode_gauge(&value)
+}
+
+fn histogram(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: &[(Option<Labels>, &Histogram)],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, histogram) in series {
+        let mut buckets: Vec<(f64, u64)> = histogram
+            .bounds_us()
+            .iter()
+            .zip(bucket_counts(histogram))
+            .map(|(&bound, count)| (seconds(bound), count))
+            .collect();
+        buckets.push((
+            f64::INFINITY,
+            histogram.count() - buckets.iter().map(|b| b.1).sum::<u64>(),
+        ));
+        let sum = seconds(histogram.sum_us());
+        match labels {
+            Some(labels) => {
+                let mut family = metric.encode_family(labels)?;
+                family.encode_histogram::<NoLabelSet>(sum, histogram.count(), &buckets, None)?;
+            }
+            None => {
+                metric.encode_histogram::<NoLabelSet>(sum, histogram.count(), &buckets, None)?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Per-bucket (not cumulative) counts of the bounded buckets.
+fn bucket_counts(histogram: &Histogram) -> impl Iterator<Item = u64> + '_ {
+    let mut previous = 0;
+    histogram.cumulative().map(move |(_, total)| {
+        let count = total - previous;
+        previous = total;
+        count
+    })
+}
+
+fn seconds(micros: u64) -> f64 {
+    micros as f64 / 1e6
+}
+
+/// `GET /stats`: one JSON object.
+pub fn stats_json(stats: &ServerStats) -> String {
+    let total = stats.total();
+    let table = &total.table;
+    let (version, commit) = build_info();
+    let limits = &stats.limits;
+    let busy: serde_json::Map<String, Value> = BusyReason::ALL
+        .iter()
+        .map(|&reason| (reason.label().to_string(), json!(table.busy.get(reason))))
+        .collect();
+    let loops: Vec<Value> = stats
+        .loops
+        .iter()
+        .enumerate()
+        .map(|(core, loops)| {
+            let mut value = histogram_json(loops);
+            value["core"] = json!(core);
+            value
+        })
+        .collect();
+    let value = json!({
+        "version": version,
+        "commit": commit,
+        "uptime_seconds": seconds(stats.uptime_us),
+        "cores": stats.cores.len(),
+        "shutting_down": stats.shutting_down,
+        "limits": {
+            "max_connections": limits.max_connections,
+            "max_keys": limits.max_keys,
+            "max_waiters_per_key": limits.max_waiters_per_key,
+            "max_pending_per_session": limits.max_pending_per_session,
+            "max_key_bytes": limits.max_key_bytes,
+        },
+        "sessions": total.sessions,
+        "sessions_refused": total.sessions_refused,
+        "locks_held": total.locks_held,
+        "waiters": total.waiters,
+        "acquires": {
+            "acquired": table.acquired,
+            "timeout": table.timed_out,
+            "busy": table.busy.total(),
+            "rejected": total.acquires_rejected,
+        },
+        "releases": {"released": table.released, "not_held": table.release_not_held},
+        "extends": {"extended": table.extended, "not_held": table.extend_not_held},
+        "cancels": table.cancels,
+        "lease_expirations": table.lease_expirations,
+        "busy": busy,
+        "acquire_wait_seconds": histogram_json(&table.acquire_wait),
+        "lock_hold_seconds": histogram_json(&table.lock_hold),
+        "loop_iteration_seconds": loops,
+    });
+    let mut text = value.to_string();
+    text.push('\n');
+    text
+}
+
+fn histogram_json(histogram: &Histogram) -> Value {
+    let quantile = |q| histogram.quantile_bound_us(q).map(seconds);
+    let buckets: Vec<Value> = histogram
+        .cumulative()
+        .map(|(bound, total)| json!([seconds(bound), total]))
+        .collect();
+    json!({
+        "count": histogram.count(),
+        "sum": seconds(histogram.sum_us()),
+        "max": seconds(histogram.max_us()),
+        "p50": quantile(0.5),
+        "p99": quantile(0.99),
+        "buckets": buckets,
+    })
+}
+
+/// `GET /keys`: a JSON array of held keys, each with its holder session's address if known.
+pub fn keys_json(keys: &[(HeldKey, Option<SocketAddr>)]) -> String {
+    let listed: Vec<Value> = keys
+        .iter()
+        .map(|(held, peer)| {
+            json!({
+                "key": String::from_utf8_lossy(&held.key),
+                "owner": held.owner,
+                "peer": peer.map(|peer| peer.to_string()),
+                "held_ms": held.held_us / 1000,
+                "lease_ms": held.lease_left_us / 1000,
+                "waiters": held.waiters,
+            })
+        })
+        .collect();
+    let mut text = Value::Array(listed).to_string();
+    text.push('\n');
+    text
+}
