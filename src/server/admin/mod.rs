@@ -580,3 +580,6 @@ impl<N: Net> Core<N> {
         !self.admin_jobs.is_empty() || !self.key_scans.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests;
