@@ -314,38 +314,9 @@ fn latchkey_without_arguments_serves_on_127_0_0_1_7420() {
     stop(server, libc::SIGTERM);
 }
 
-/// `latchkey serve ARGS` with its stderr collected in the background.
+/// `latchkey serve ARGS` with its stderr collected in the background, logging at info.
 fn spawn_collecting_stderr(args: &[&str]) -> (ServerProcess, Arc<Mutex<String>>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
-        .arg("serve")
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn latchkey");
-    let log = Arc::new(Mutex::new(String::new()));
-    let sink = Arc::clone(&log);
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { return };
-            let mut log = sink.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("read the address line");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("address line");
-    let addr = addr.parse().expect("address");
-    (ServerProcess { child, addr }, log)
+    ServerProcess::spawn_logging(args, "info")
 }
 
 /// Acquires `key` (wait 0) and releases it at once; the acquire's answer.

@@ -9,6 +9,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a test waits for an answer that must come (generous: shared 2-core machines).
@@ -63,6 +64,41 @@ impl ServerProcess {
             .parse()
             .expect("address");
         ServerProcess { child, addr }
+    }
+
+    /// Runs `latchkey serve --listen 127.0.0.1:0 ARGS...` with `RUST_LOG=rust_log`, collecting
+    /// its stderr in the background; waits for its address line.
+    pub fn spawn_logging(args: &[&str], rust_log: &str) -> (ServerProcess, Arc<Mutex<String>>) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn latchkey");
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&log);
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("read the address line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("address line");
+        let addr = addr.parse().expect("address");
+        (ServerProcess { child, addr }, log)
     }
 
     /// Sends a signal (e.g. `libc::SIGTERM`).
