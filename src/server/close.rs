@@ -63,32 +63,32 @@ impl<N: Net> Core<N> {
     /// Stops reading a session and withdraws its waiters everywhere; it ends once every
     /// partition acknowledged and (unless dead) its output is flushed.
     pub(super) fn begin_close(&mut self, slot: usize, phase: Phase, reason: CloseReason) {
+        let session = &mut self.sessions[slot];
+        if session.phase() == Phase::Open {
+            session.set_phase(phase);
+            session.discard_input(&mut self.buffers);
+            let id = session.id();
+            match session.peer() {
+                Some(peer) => log::debug!("session {id:#x} from {peer}: closing: {reason}"),
+                None => log::debug!("session {id:#x}: closing: {reason}"),
+            }
+            let mut acks = 0;
+            for outbox in self.links.outboxes.iter_mut().flatten() {
+                outbox.push(Msg::SessionClosed { session: id });
+                acks += 1;
+            }
+            self.sessions[slot].await_acks(acks);
+            self.table.handle_session_closed(id);
+            self.closing.push(slot);
+        } else if phase == Phase::Dead {
+            session.set_phase(Phase::Dead);
+        }
         if phase == Phase::Dead {
+            // After the withdrawals of its waiters (here done, elsewhere sent first): a
+            // released grant goes to another session's waiter, never to this one's next.
             self.release_unsent_grants(slot);
         }
-        let session = &mut self.sessions[slot];
-        if session.phase() != Phase::Open {
-            if phase == Phase::Dead {
-                session.set_phase(Phase::Dead);
-            }
-            return;
-        }
-        session.set_phase(phase);
-        session.discard_input(&mut self.buffers);
-        let id = session.id();
-        match session.peer() {
-            Some(peer) => log::debug!("session {id:#x} from {peer}: closing: {reason}"),
-            None => log::debug!("session {id:#x}: closing: {reason}"),
-        }
-        let mut acks = 0;
-        for outbox in self.links.outboxes.iter_mut().flatten() {
-            outbox.push(Msg::SessionClosed { session: id });
-            acks += 1;
-        }
-        self.sessions[slot].await_acks(acks);
-        self.table.handle_session_closed(id);
         self.route_answers();
-        self.closing.push(slot);
     }
 
     /// The session's socket failed: its unsent output is gone, and so are the grants in it.

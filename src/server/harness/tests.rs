@@ -32,11 +32,12 @@ fn acquire(key: &[u8], wait_s: u8, lease_s: u8, owner: u64) -> Request<'_> {
     }
 }
 
-/// A session that stops reading, with an acquire of `key` queued behind the holder and its
-/// output backed up past its bound by pings.
-fn stalled_waiter(harness: &mut Harness, core: usize, key: &[u8], owner: u64) -> Client {
+/// A session that stops reading, with acquires of `key` (one per owner) queued behind the
+/// holder and its output backed up past its bound by pings.
+fn stalled_waiter(harness: &mut Harness, core: usize, key: &[u8], owners: &[u64]) -> Client {
     let victim = harness.connect(core, 0);
-    harness.send(&victim, &[acquire(key, 60, 30, owner)]);
+    let acquires: Vec<Request<'_>> = owners.iter().map(|&o| acquire(key, 60, 30, o)).collect();
+    harness.send(&victim, &acquires);
     harness.step_all(2);
     let pings: Vec<Request<'_>> = (0..4000).map(|nonce| Request::Ping { nonce }).collect();
     for _ in 0..2 {
@@ -48,7 +49,14 @@ fn stalled_waiter(harness: &mut Harness, core: usize, key: &[u8], owner: u64) ->
     victim
 }
 
-fn unsent_grant_goes_to_the_next_waiter_on_reset(victim_core: usize, key_partition: usize) {
+/// The victim's first acquire is granted into its unsent output, then it resets: the key goes
+/// to the next waiter of another session, also when the victim had a second acquire queued
+/// on the key (releasing the first grant must not hand the key to the dying session).
+fn unsent_grant_goes_to_the_next_waiter_on_reset(
+    victim_core: usize,
+    key_partition: usize,
+    victim_owners: &[u64],
+) {
     let mut harness = Harness::new(LIMITS);
     let key = key_of(key_partition, 0);
     let mut holder = harness.connect(0, OPEN);
@@ -57,7 +65,7 @@ fn unsent_grant_goes_to_the_next_waiter_on_reset(victim_core: usize, key_partiti
     let Response::Acquired { token, .. } = harness.receive(&mut holder)[0] else {
         panic!("granted")
     };
-    let victim = stalled_waiter(&mut harness, victim_core, &key, 2);
+    let victim = stalled_waiter(&mut harness, victim_core, &key, victim_owners);
     let mut next = harness.connect(1, OPEN);
     harness.send(&next, &[acquire(&key, 60, 30, 3)]);
     harness.step_all(3);
@@ -83,7 +91,9 @@ fn unsent_grant_goes_to_the_next_waiter_on_reset(victim_core: usize, key_partiti
 fn an_unsent_grant_is_released_when_its_session_resets_on_every_path() {
     // The session and the key on the same core, and on different cores, both ways.
     for (victim_core, key_partition) in [(0, 0), (1, 1), (0, 1), (1, 0)] {
-        unsent_grant_goes_to_the_next_waiter_on_reset(victim_core, key_partition);
+        for victim_owners in [&[2][..], &[2, 4]] {
+            unsent_grant_goes_to_the_next_waiter_on_reset(victim_core, key_partition, victim_owners);
+        }
     }
 }
 
@@ -215,6 +225,8 @@ struct Run {
     owners: HashMap<u64, usize>,
     next_owner: u64,
     log: Vec<String>,
+    /// Admin HTTP requests sent, each on its own session.
+    admins: Vec<Client>,
 }
 
 impl Run {
@@ -233,6 +245,7 @@ impl Run {
             owners: HashMap::new(),
             next_owner: 1,
             log: Vec::new(),
+            admins: Vec::new(),
         }
     }
 
@@ -276,6 +289,7 @@ impl Run {
             85..=87 => self.throttle(),
             88 => self.end(true),
             89 => self.end(false),
+            94 => self.admin(),
             _ => self.harness.step_all(1),
         }
     }
@@ -325,6 +339,41 @@ impl Run {
         self.log.push(format!("client {c}: {request:?}"));
         let client = &self.clients[c].client;
         self.harness.send(client, &[request]);
+    }
+
+    /// An admin request on a new session of a random core (gathered from every core).
+    fn admin(&mut self) {
+        let core = self.rng.below(LIMITS.cores as u64) as usize;
+        let client = self.harness.connect(core, OPEN);
+        let path = ["/stats", "/metrics", "/keys?limit=3"][self.rng.below(3) as usize];
+        self.log.push(format!("admin {path} on core {core}"));
+        let request = format!("GET {path} HTTP/1.1\r\n\r\n");
+        client.pipe.borrow_mut().to_server.extend(request.bytes());
+        self.harness.ready(&client, true, false, false);
+        self.admins.push(client);
+    }
+
+    /// Every admin request was answered whole: `200` with its body, or `503` when a core did
+    /// not send its figures within the deadline (the run advances time while cores idle).
+    fn check_admins(&self) {
+        for (a, client) in self.admins.iter().enumerate() {
+            let bytes: Vec<u8> = client.pipe.borrow().to_client.iter().copied().collect();
+            let text = String::from_utf8(bytes).expect("utf-8");
+            let (head, body) = text
+                .split_once("\r\n\r\n")
+                .unwrap_or_else(|| panic!("admin {a}: no answer: {text:?}"));
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("Content-Length: "))
+                .and_then(|length| length.parse().ok())
+                .expect("a length");
+            assert_eq!(body.len(), length, "admin {a}: whole body");
+            let ok = head.starts_with("HTTP/1.1 200 ");
+            assert!(ok || head.starts_with("HTTP/1.1 503 "), "admin {a}: {head}");
+            if ok && !body.starts_with('#') {
+                serde_json::from_str::<serde_json::Value>(body).expect("JSON");
+            }
+        }
     }
 
     fn receive_one(&mut self) {
@@ -430,6 +479,7 @@ impl Run {
     fn finish(&mut self) {
         self.settle();
         self.check_grants();
+        self.check_admins();
         // Every wait and lease runs out; every acquire of a connected client is answered.
         for _ in 0..60 {
             self.harness.advance(5_000_000);
