@@ -565,3 +565,14 @@ fn random_sessions_keep_the_session_invariants() {
         run_seed(seed, steps);
     }
 }
+
+/// Seeds that once failed, replayed for as many steps as they needed.
+#[test]
+fn seeds_that_found_bugs_stay_fixed() {
+    // 0x3af01477, 3000 steps: releasing a dying session's unsent grant handed the key to the
+    // same session's next queued acquire, and that grant was lost with the session.
+    for (seed, steps) in [(0x3af0_1477, 3000)] {
+        eprintln!("harness: replaying seed {seed:#x}, {steps} steps");
+        run_seed(seed, steps);
+    }
+}
