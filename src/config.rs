@@ -17,9 +17,9 @@
 //! leave a limit at its default.
 //!
 //! Deliberately not here: the command line itself (see `main.rs`, which hands its `--listen`
-//! and `--cores` to [`Config::with_overrides`]), the `RUST_LOG` override of `[log] level`
-//! (applied where the logger is built), and reading or writing `tokens.state_dir`
-//! (see [`crate::tokens`]).
+//! and `--cores` to [`Config::with_overrides`]), building the logger from `[log]` and the
+//! `RUST_LOG` override of `[log] level` (see [`crate::logging`]), and reading or writing
+//! `tokens.state_dir` (see [`crate::tokens`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -87,7 +87,7 @@ const SECTIONS: [(&str, &[&str]); 5] = [
     ),
     ("timer", &["tick_ms"]),
     ("tokens", &["state_dir", "reservation"]),
-    ("log", &["level"]),
+    ("log", &["level", "format"]),
 ];
 
 /// The whole server configuration: the file's sections, validated, with defaults filled in.
@@ -102,7 +102,7 @@ pub struct Config {
     pub timer: TimerConfig,
     /// `[tokens]`: where the token high-water mark persists.
     pub tokens: TokensConfig,
-    /// `[log]`: the default log level.
+    /// `[log]`: the default log level and the format of log lines.
     pub log: LogConfig,
 }
 
@@ -168,6 +168,18 @@ impl Default for TokensConfig {
 pub struct LogConfig {
     /// The log level when `RUST_LOG` is not set. Default `info`.
     pub level: LevelFilter,
+    /// How each log line is written. Default [`LogFormat::Text`].
+    pub format: LogFormat,
+}
+
+/// `log.format`: how the server writes its log lines (to stderr).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// `"text"`: env_logger's lines for people, `[time LEVEL target] message`.
+    #[default]
+    Text,
+    /// `"json"`: one JSON object a line (`ts`, `level`, `target`, `msg`), for log shippers.
+    Json,
 }
 
 impl Default for ServerConfig {
@@ -204,6 +216,7 @@ impl Default for LogConfig {
     fn default() -> LogConfig {
         LogConfig {
             level: LevelFilter::Info,
+            format: LogFormat::Text,
         }
     }
 }
@@ -319,6 +332,7 @@ impl Config {
                 self.tokens.reservation = setting.integer_in(RESERVATION_MIN, RESERVATION_MAX)?;
             }
             ("log", "level") => self.log.level = setting.level()?,
+            ("log", "format") => self.log.format = setting.log_format()?,
             _ => return Err(setting.unknown()),
         }
         Ok(())
@@ -531,6 +545,14 @@ impl Setting<'_> {
                 text
             ))
         })
+    }
+
+    fn log_format(&self) -> Result<LogFormat, ConfigError> {
+        match self.string()? {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(self.error(format!("must be \"text\" or \"json\", got {other:?}"))),
+        }
     }
 
     fn level(&self) -> Result<LevelFilter, ConfigError> {

@@ -13,6 +13,7 @@
 //! |---|---|
 //! | `src/main.rs` | command line → config → start the server (or run a client command) |
 //! | [`config`] | the TOML config file, defaults, validation (errors name the key) |
+//! | [`logging`] | the logger: `[log] format` text or one JSON object a line, `RUST_LOG` |
 //! | [`protocol`] | request and response frames: parse in place, encode; error codes. No I/O |
 //! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
 //! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
@@ -20,15 +21,22 @@
 //! | [`metrics`] | per-core counters and fixed-bucket histograms, merged for `GET /metrics` |
 //! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
-//! | [`client`] | the official client of PROTOCOL.md §4 and the `lock`/`query`/`ping` commands |
+//! | [`client`] | the official client (PROTOCOL.md §4); `lock`, `query`, `ping`, `stats`, `keys` |
 //! | [`bench`](mod@bench) | the load generator behind `latchkey bench` |
 #![deny(missing_docs)]
+
+/// The crate's version, as Cargo.toml says it (`latchkey --version` prints it).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The commit this binary was built from: 12 hex digits, or `unknown` when the build had no
+/// git repository (set by `build.rs`).
+pub const COMMIT: &str = env!("LATCHKEY_COMMIT");
 
 pub mod bench;
 pub mod chunked;
 pub mod client;
 pub mod config;
 pub mod lock_table;
+pub mod logging;
 pub mod metrics;
 pub mod protocol;
 pub mod server;

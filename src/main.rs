@@ -3,9 +3,15 @@
 //! `latchkey` with no arguments serves on the embedded defaults; `latchkey serve` takes a
 //! config file and overrides. SIGTERM/SIGINT start a graceful shutdown; SIGHUP is logged and
 //! ignored (a closed terminal or a log rotation must not take the lock space down); a failed
-//! core makes the process exit non-zero at once.
+//! core makes the process exit non-zero at once. At startup the server raises its soft limit
+//! of open files towards `max_connections` + a margin, and warns when it cannot.
+//!
+//! The client commands (`lock`, `query`, `ping`, `stats`, `keys`) live in
+//! `latchkey::client::cli`, `bench` in `latchkey::bench`; `completions` prints a shell's
+//! completion script; `--version` names the commit the binary was built from.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use latchkey::client::cli;
 use latchkey::config::Config;
 use mio::{Events, Interest, Poll, Token, Waker};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -21,10 +27,22 @@ const EXIT_CONFIG: u8 = 78;
 /// Exit code when the server cannot start or a core failed.
 const EXIT_SOFTWARE: u8 = 70;
 
+/// Files a server keeps open besides one socket per session: its listeners, the cores' wakers
+/// and pipes, the signal pipe, the token state directory, stdio and the rest.
+const FILES_MARGIN: u64 = 64;
+
+/// What `--version` prints after the name: `0.1.0 (commit 6c97a315b5de)`.
+const VERSION_TEXT: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("LATCHKEY_COMMIT"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "latchkey",
-    version,
+    version = VERSION_TEXT,
     about = "A low-latency lock server with fencing tokens"
 )]
 struct Cli {
@@ -38,14 +56,31 @@ enum Command {
     #[command(after_help = SERVE_HELP)]
     Serve(ServeArgs),
     /// Run a command while holding a lock.
-    Lock(latchkey::client::cli::LockArgs),
+    Lock(cli::LockArgs),
     /// Print the state of a key.
-    Query(latchkey::client::cli::QueryArgs),
-    /// Check that a server answers.
-    Ping(latchkey::client::cli::PingArgs),
+    Query(cli::QueryCommand),
+    /// Check that a server answers, and how fast.
+    Ping(cli::PingCommand),
+    /// Print a server's figures: sessions, locks, rates, latency, busy answers, loop stalls.
+    Stats(cli::StatsArgs),
+    /// List held keys: owner, peer, time held, lease left, waiters.
+    Keys(cli::KeysArgs),
     /// Drive load against latchkey or Redis and report throughput and latency.
     Bench(latchkey::bench::BenchArgs),
+    /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell).
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
+
+/// Where the completion scripts go, shown by `completions --help`.
+const COMPLETIONS_HELP: &str = "\
+Examples:
+  latchkey completions bash > /etc/bash_completion.d/latchkey
+  latchkey completions zsh > \"${fpath[1]}/_latchkey\"
+  latchkey completions fish > ~/.config/fish/completions/latchkey.fish";
 
 /// Signals and exit codes of `latchkey serve`, shown by `serve --help`.
 const SERVE_HELP: &str = "\
@@ -78,10 +113,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
         Command::Serve(args) => serve(args),
-        Command::Lock(args) => latchkey::client::cli::run_lock(args),
-        Command::Query(args) => latchkey::client::cli::run_query(args),
-        Command::Ping(args) => latchkey::client::cli::run_ping(args),
+        Command::Lock(args) => cli::run_lock(args),
+        Command::Query(command) => cli::run_query_command(command),
+        Command::Ping(command) => cli::run_ping_command(command),
+        Command::Stats(args) => cli::run_stats(args),
+        Command::Keys(args) => cli::run_keys(args),
         Command::Bench(args) => latchkey::bench::run(args),
+        Command::Completions { shell } => {
+            let mut stdout = std::io::stdout();
+            clap_complete::generate(shell, &mut Cli::command(), "latchkey", &mut stdout);
+            ExitCode::SUCCESS
+        }
     }
 }
 
@@ -95,13 +137,56 @@ fn load_config(args: &ServeArgs) -> Result<Config, String> {
         .map_err(|e| e.to_string())
 }
 
-fn init_logging(config: &Config) {
-    let mut builder = env_logger::Builder::new();
-    builder.filter_level(config.log.level);
-    if let Ok(spec) = std::env::var("RUST_LOG") {
-        builder.parse_filters(&spec);
+/// The soft limit of open files to ask for: `needed`, as far as the hard limit allows, or
+/// `None` when the soft limit is already enough or cannot grow. No I/O.
+fn files_limit_target(soft: u64, hard: u64, needed: u64) -> Option<u64> {
+    let target = needed.min(hard);
+    (soft < needed && target > soft).then_some(target)
+}
+
+/// Makes sure the process may open a file per session plus [`FILES_MARGIN`]: raises the soft
+/// `RLIMIT_NOFILE` as far as needed and the hard limit allows (logged at info), and warns when
+/// that is still short, since accepts past the limit would fail while serving.
+fn check_files_limit(max_connections: usize) {
+    let needed = u64::try_from(max_connections)
+        .unwrap_or(u64::MAX)
+        .saturating_add(FILES_MARGIN);
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the limit into the struct we own and touches nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        let error = std::io::Error::last_os_error();
+        log::warn!("cannot read the open files limit (RLIMIT_NOFILE): {error}");
+        return;
     }
-    builder.init();
+    let (soft, hard) = (limit.rlim_cur, limit.rlim_max);
+    let mut now = soft;
+    if let Some(target) = files_limit_target(soft, hard, needed) {
+        let raised = libc::rlimit {
+            rlim_cur: target,
+            rlim_max: hard,
+        };
+        // SAFETY: setrlimit reads the struct we own; raising the soft limit up to the hard
+        // limit needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            log::info!(
+                "raised the open files limit (soft RLIMIT_NOFILE) from {soft} to {target} for \
+                 limits.max_connections ({max_connections}) + {FILES_MARGIN}"
+            );
+            now = target;
+        }
+    }
+    if now < needed {
+        log::warn!(
+            "the open files limit (RLIMIT_NOFILE) is {now} (hard limit {hard}), below \
+             limits.max_connections ({max_connections}) + {FILES_MARGIN} = {needed}: accepts \
+             will fail before max_connections sessions are open; raise it with \
+             `ulimit -n {needed}` before starting, or `LimitNOFILE={needed}` in the systemd \
+             unit, or lower limits.max_connections"
+        );
+    }
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
@@ -112,7 +197,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    init_logging(&config);
+    latchkey::logging::init(&config.log);
+    check_files_limit(config.limits.max_connections);
     match run_server(config) {
         Ok(code) => code,
         Err(e) => {
@@ -182,5 +268,25 @@ fn run_server(config: Config) -> std::io::Result<ExitCode> {
             log::error!("{e}");
             Ok(ExitCode::from(EXIT_SOFTWARE))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_files_limit_grows_as_needed_within_the_hard_limit() {
+        assert_eq!(files_limit_target(1024, 1_048_576, 10_064), Some(10_064));
+        assert_eq!(files_limit_target(64, 4096, 10_064), Some(4096));
+        assert_eq!(files_limit_target(20_000, 20_000, 10_064), None);
+        assert_eq!(files_limit_target(10_064, 20_000, 10_064), None);
+        assert_eq!(files_limit_target(64, 64, 10_064), None);
+        assert_eq!(files_limit_target(1024, u64::MAX, u64::MAX), Some(u64::MAX));
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
     }
 }

@@ -1,4 +1,5 @@
-//! `latchkey lock`, `latchkey query` and `latchkey ping`: the client on the command line.
+//! The client on the command line: `latchkey lock`, `query` and `ping` (here and in
+//! `cli/ping.rs`), and `latchkey stats` and `keys`, the admin requests (`cli/admin.rs`).
 //!
 //! `latchkey lock [--server ADDR] [--transport-timeout 5s] [--wait 10s] [--lease 30s]
 //! [--grace 5s] [--conflict-exit-code N] [--quiet] KEY -- CMD [ARGS..]`
@@ -9,13 +10,19 @@
 //! SIGKILL after the grace, and `latchkey lock` exits [`EXIT_LEASE_LOST`]. SIGINT, SIGTERM and
 //! SIGHUP received by `latchkey lock` are forwarded to CMD.
 //!
+//! `latchkey query [--json] KEY` prints `held=0|1 lease_ms=N waiters=N`, or with `--json`
+//! `{"key":...,"held":bool,"lease_ms":N,"waiters":N}`. `latchkey ping [--count N]
+//! [--interval 1s] [--json]` sends N pings `--interval` apart, prints a line per pong and, for
+//! more than one, a summary like ping(8) (see [`run_ping_command`]). `latchkey stats` and
+//! `latchkey keys` are described in [`run_stats`] and [`run_keys`].
+//!
 //! Every command's `--server` defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
 //! `--transport-timeout` (5 s) is the transport allowance of PROTOCOL.md §4. Durations are
 //! one syntax everywhere ([`parse_duration`]). Messages name the server's address and why its
 //! session failed when the client knows ([`Client::last_session_failure`]), and show at most
 //! the first 64 characters of a key ([`shown_key`]).
 //!
-//! Exit codes (the same for `query` and `ping` where they apply):
+//! Exit codes (the same for `query`, `ping`, `stats` and `keys` where they apply):
 //!
 //! | code | meaning |
 //! |---|---|
@@ -26,7 +33,7 @@
 //! | 81 | busy: the server refused for capacity or shutdown |
 //! | 82 | indeterminate: the request may have reached the server, no definitive answer |
 //! | 83 | unavailable: no session to the server could be established |
-//! | 84 | rejected: the server refused the request with an error code |
+//! | 84 | rejected: the server refused the request (`stats`, `keys`: not a 200 with JSON) |
 //! | 85 | lease lost while CMD ran; CMD was signalled |
 //! | 126, 127 | CMD could not be run / was not found (the lock was released) |
 //!
@@ -41,12 +48,16 @@ use std::time::Duration;
 
 use crossbeam_channel::RecvTimeoutError;
 
-use super::{AcquireError, Client, ClientConfig, RequestError, Ticket, DEFAULT_ADDR};
+use super::{AcquireError, Client, ClientConfig, KeyState, RequestError, Ticket, DEFAULT_ADDR};
 
+mod admin;
 mod duration;
+mod ping;
 mod supervise;
 
+pub use admin::{run_keys, run_stats, KeysArgs, StatsArgs};
 pub use duration::{format_duration, parse_duration};
+pub use ping::{run_ping, run_ping_command, PingCommand};
 use supervise::{release, supervise};
 
 /// Exit code for bad arguments (the code clap uses for its own usage errors).
@@ -137,13 +148,32 @@ pub struct QueryArgs {
     pub key: String,
 }
 
+/// `latchkey query` as the command line gives it: the query and how to print its answer.
+#[derive(clap::Args, Debug, Clone)]
+pub struct QueryCommand {
+    /// The server and the key.
+    #[command(flatten)]
+    pub query: QueryArgs,
+    /// Text or JSON.
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// How a client command prints its result: text for people, or JSON for programs.
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct OutputArgs {
+    /// Print the result as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Arguments of `latchkey ping`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PingArgs {
     /// The server and its transport timeout.
     #[command(flatten)]
     pub connect: ConnectArgs,
-    /// How many pings to send, one after the other.
+    /// How many pings to send, `--interval` apart.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub count: u32,
 }
@@ -248,22 +278,33 @@ pub fn request_exit_code(error: &RequestError) -> u8 {
     }
 }
 
+/// The addresses `--server` names (at least one), or the exit code after saying why there are
+/// none: a malformed address is a usage error, a name that does not resolve is unavailable.
+fn server_addrs(command: &str, connect: &ConnectArgs) -> Result<Vec<SocketAddr>, ExitCode> {
+    let server = &connect.server;
+    let failure = match server.to_socket_addrs() {
+        Ok(addrs) => {
+            let addrs: Vec<SocketAddr> = addrs.collect();
+            if !addrs.is_empty() {
+                return Ok(addrs);
+            }
+            io::Error::new(io::ErrorKind::NotFound, "the name has no address")
+        }
+        Err(error) => error,
+    };
+    eprintln!("latchkey {command}: --server {server}: {failure}");
+    let usage = failure.kind() == io::ErrorKind::InvalidInput;
+    Err(ExitCode::from(if usage {
+        EXIT_USAGE
+    } else {
+        EXIT_UNAVAILABLE
+    }))
+}
+
 /// The client of the command-line tools: one session; the transport timeout also bounds the
 /// connect.
 fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAddr), ExitCode> {
-    let server = &connect.server;
-    let addrs: Vec<SocketAddr> = match server.to_socket_addrs() {
-        Ok(addrs) => addrs.collect(),
-        Err(error) => {
-            eprintln!("latchkey {command}: --server {server}: {error}");
-            let usage = error.kind() == io::ErrorKind::InvalidInput;
-            return Err(ExitCode::from(if usage {
-                EXIT_USAGE
-            } else {
-                EXIT_UNAVAILABLE
-            }));
-        }
-    };
+    let addrs = server_addrs(command, connect)?;
     let config = ClientConfig {
         addrs: addrs.clone(),
         sessions: 1,
@@ -375,15 +416,24 @@ fn acquire_with_notice(client: &Client, args: &LockArgs) -> Result<Ticket, Acqui
 
 /// `latchkey query KEY`: prints `held=0|1 lease_ms=N waiters=N` and exits 0.
 pub fn run_query(args: QueryArgs) -> ExitCode {
+    run_query_command(QueryCommand {
+        query: args,
+        output: OutputArgs::default(),
+    })
+}
+
+/// `latchkey query [--json] KEY`: prints the key's state as text
+/// (`held=0|1 lease_ms=N waiters=N`) or as one JSON object
+/// (`{"key":"jobs/a","held":true,"lease_ms":28873,"waiters":0}`) and exits 0.
+pub fn run_query_command(command: QueryCommand) -> ExitCode {
+    let args = command.query;
     let (client, addr) = match cli_client("query", &args.connect) {
         Ok(found) => found,
         Err(code) => return code,
     };
     match client.query(&args.key) {
         Ok(state) => {
-            let held = u8::from(state.held);
-            let lease_ms = state.lease_left.as_millis();
-            println!("held={held} lease_ms={lease_ms} waiters={}", state.waiters);
+            println!("{}", query_text(&args.key, &state, command.output));
             ExitCode::SUCCESS
         }
         Err(error) => {
@@ -394,25 +444,28 @@ pub fn run_query(args: QueryArgs) -> ExitCode {
     }
 }
 
-/// `latchkey ping`: prints one line per answer and exits 0 when every ping was answered.
-pub fn run_ping(args: PingArgs) -> ExitCode {
-    let (client, addr) = match cli_client("ping", &args.connect) {
-        Ok(found) => found,
-        Err(code) => return code,
-    };
-    for _ in 0..args.count {
-        match client.ping() {
-            Ok(elapsed) => {
-                let millis = elapsed.as_secs_f64() * 1000.0;
-                println!("pong from {addr}: time={millis:.3} ms");
-            }
-            Err(error) => {
-                eprintln!("latchkey ping: {}", request_message(&client, addr, &error));
-                return ExitCode::from(request_exit_code(&error));
-            }
+/// What `latchkey query` prints for `state` (without the newline).
+fn query_text(key: &str, state: &KeyState, output: OutputArgs) -> String {
+    let lease_ms = u64::try_from(state.lease_left.as_millis()).unwrap_or(u64::MAX);
+    if output.json {
+        /// The JSON object, its fields in this order.
+        #[derive(serde::Serialize)]
+        struct QueryJson<'a> {
+            key: &'a str,
+            held: bool,
+            lease_ms: u64,
+            waiters: u32,
         }
+        let value = QueryJson {
+            key,
+            held: state.held,
+            lease_ms,
+            waiters: state.waiters,
+        };
+        return serde_json::to_string(&value).expect("plain fields always serialize");
     }
-    ExitCode::SUCCESS
+    let held = u8::from(state.held);
+    format!("held={held} lease_ms={lease_ms} waiters={}", state.waiters)
 }
 
 /// Says that the lease goes out rounded up to whole seconds, unless it is whole or `--quiet`.

@@ -48,6 +48,7 @@ fn defaults() {
     assert_eq!(config.timer.tick_ms, 1);
     assert_eq!(config.tokens.state_dir, None);
     assert_eq!(config.log.level, LevelFilter::Info);
+    assert_eq!(config.log.format, LogFormat::Text);
     assert_eq!(parsed(""), config);
     assert_eq!(parsed("[server]\n[limits]\n[log]\n"), config);
 }
@@ -102,6 +103,7 @@ fn full_file() {
         reservation = 4096
         [log]
         level = "DeBuG"
+        format = "json"
     "#;
     let limits = LimitsConfig {
         max_connections: 1_000_000,
@@ -123,6 +125,7 @@ fn full_file() {
         },
         log: LogConfig {
             level: LevelFilter::Debug,
+            format: LogFormat::Json,
         },
     };
     let config = parsed(text);
@@ -155,6 +158,8 @@ fn each_invalid_value_names_its_key() {
         "timer.tick_ms = 0 | timer.tick_ms: must be at least 1, got 0",
         "timer.tick_ms = 1001 | must be at most 1000, got 1001",
         r#"log.level = "verbose" | one of off, error, warn, info, debug, trace, got "verbose""#,
+        r#"log.format = "JSON" | log.format: must be "text" or "json", got "JSON""#,
+        r#"log.format = "logfmt" | log.format: must be "text" or "json", got "logfmt""#,
     ]);
 }
 
@@ -167,6 +172,7 @@ fn wrong_types_name_their_key() {
         "timer.tick_ms = true | expected an integer, got boolean true",
         r#"tokens.state_dir = ["a"] | expected a string, got an array"#,
         r#"log.level = { name = "info" } | expected a string, got a table"#,
+        "log.format = 1 | log.format: expected a string, got integer 1",
         "server.listen = 1979-05-27 | expected a string, got datetime 1979-05-27",
     ]);
     assert_refused(

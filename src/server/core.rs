@@ -398,21 +398,24 @@ impl<N: Net> Core<N> {
     /// unread keep their place at the front of the next iteration's list (and their
     /// `scheduled` mark), so no session waits behind others forever.
     fn run_scheduled(&mut self) {
-        let scheduled = std::mem::take(&mut self.scheduled);
-        let mut deferred = Vec::new();
-        for &slot in &scheduled {
+        // In place, so that the list keeps its capacity (no allocation per iteration): the
+        // first `count` entries are this pass's; reads may append new ones after them.
+        let count = self.scheduled.len();
+        let mut kept = 0;
+        for index in 0..count {
+            let slot = self.scheduled[index];
             if !self.sessions.contains(slot) {
                 continue;
             }
             if self.budget.spent {
-                deferred.push(slot);
+                self.scheduled[kept] = slot;
+                kept += 1;
                 continue;
             }
             self.sessions[slot].clear_scheduled();
             self.read_session(slot, true);
         }
-        deferred.append(&mut self.scheduled);
-        self.scheduled = deferred;
+        self.scheduled.drain(kept..count);
     }
 
     pub(super) fn schedule(&mut self, slot: usize) {

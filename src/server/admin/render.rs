@@ -59,8 +59,7 @@ impl ServerStats {
 
 /// The build's version and commit.
 pub fn build_info() -> (&'static str, &'static str) {
-    let commit = option_env!("LATCHKEY_COMMIT").unwrap_or("unknown");
-    (env!("CARGO_PKG_VERSION"), commit)
+    (crate::VERSION, crate::COMMIT)
 }
 
 /// Prometheus (OpenMetrics) text of `stats`.

@@ -92,7 +92,11 @@ fn an_unsent_grant_is_released_when_its_session_resets_on_every_path() {
     // The session and the key on the same core, and on different cores, both ways.
     for (victim_core, key_partition) in [(0, 0), (1, 1), (0, 1), (1, 0)] {
         for victim_owners in [&[2][..], &[2, 4]] {
-            unsent_grant_goes_to_the_next_waiter_on_reset(victim_core, key_partition, victim_owners);
+            unsent_grant_goes_to_the_next_waiter_on_reset(
+                victim_core,
+                key_partition,
+                victim_owners,
+            );
         }
     }
 }
@@ -571,7 +575,8 @@ fn random_sessions_keep_the_session_invariants() {
 fn seeds_that_found_bugs_stay_fixed() {
     // 0x3af01477, 3000 steps: releasing a dying session's unsent grant handed the key to the
     // same session's next queued acquire, and that grant was lost with the session.
-    for (seed, steps) in [(0x3af0_1477, 3000)] {
+    let found: &[(u64, usize)] = &[(0x3af0_1477, 3000)];
+    for &(seed, steps) in found {
         eprintln!("harness: replaying seed {seed:#x}, {steps} steps");
         run_seed(seed, steps);
     }

@@ -1,0 +1,400 @@
+//! `latchkey stats` and `latchkey keys`: the admin requests of PROTOCOL.md §5 (`GET /stats`,
+//! `GET /keys`) on the command line, rendered for people or passed through as JSON.
+//!
+//! A run makes one HTTP/1.1 request on the lock port: it connects within
+//! `--transport-timeout`, writes `GET ... HTTP/1.1` with `Connection: close`, reads the answer
+//! to its end within `--transport-timeout` more (at most 16 MiB of body), checks for
+//! `HTTP/1.1 200` and parses the body with serde_json. `--json` prints the body as received.
+//! The text renderings are pure functions of the parsed JSON: fields they do not know are
+//! ignored, fields that are missing show as `-`.
+//!
+//! Exit codes: 0; 2 for a malformed `--server`; 81 when the server refused the session (too
+//! many sessions: `X` 7); 82 when the answer did not arrive whole within the timeout (or the
+//! connection failed mid-answer); 83 when the server cannot be reached; 84 when the answer is
+//! not a 200 with the expected JSON (including "not a latchkey server" when it is not HTTP).
+//!
+//! Deliberately not here: HTTP beyond one `GET` answered with a length or by closing (no
+//! keep-alive, chunked encoding, redirects or TLS), and retries (the caller decides).
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{
+    server_addrs, shown_key, ConnectArgs, OutputArgs, EXIT_BUSY, EXIT_INDETERMINATE, EXIT_REJECTED,
+    EXIT_UNAVAILABLE,
+};
+use crate::protocol::{parse_response, ErrorCode, Response};
+
+mod render;
+
+use render::{render_keys, render_stats};
+
+/// The largest answer body read (10,000 keys of 1 KiB are about 11 MiB of `/keys`).
+const BODY_BYTES_MAX: usize = 16 << 20;
+/// The largest answer head read before its body.
+const HEAD_BYTES_MAX: usize = 64 << 10;
+/// Bytes read from the socket at a time.
+const READ_CHUNK_BYTES: usize = 64 << 10;
+/// The most keys one `GET /keys` lists (the server's bound on `limit`).
+const KEYS_LIMIT_MAX: u32 = 10_000;
+/// Characters of a refusal's body quoted in the message.
+const REFUSAL_SHOWN_CHARS_MAX: usize = 200;
+/// Loop iterations longer than this count as stalls in the `# Loop` section, in seconds.
+const STALL_SECONDS: f64 = 0.001;
+
+/// Arguments of `latchkey stats`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StatsArgs {
+    /// The server and its transport timeout.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// Text or JSON.
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// Arguments of `latchkey keys`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct KeysArgs {
+    /// The server and its transport timeout.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// List only the held keys that start with PREFIX (all when left out).
+    #[arg(value_name = "PREFIX", default_value = "", hide_default_value = true)]
+    pub prefix: String,
+    /// List at most N keys, 1 to 10000 (the first N in key order).
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(KEYS_LIMIT_MAX)))]
+    pub limit: u32,
+    /// Text or JSON.
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// Why an admin request failed: the exit code and what to say.
+#[derive(Debug, PartialEq, Eq)]
+struct Failure {
+    exit_code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn new(exit_code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            exit_code,
+            message: message.into(),
+        }
+    }
+}
+
+/// `latchkey stats [--json]`: the server's figures (`GET /stats`), as sections like
+/// `redis-cli INFO` (`# Server`, `# Sessions`, `# Locks`, `# Latency`, `# Busy`, `# Loop`) or,
+/// with `--json`, the server's JSON object as received.
+pub fn run_stats(args: StatsArgs) -> ExitCode {
+    let (body, stats) = match get_json("stats", &args.connect, "/stats") {
+        Ok(found) => found,
+        Err(code) => return code,
+    };
+    if !stats.is_object() {
+        let message = "the answer to GET /stats is not a JSON object";
+        return fail("stats", &Failure::new(EXIT_REJECTED, message));
+    }
+    if args.output.json {
+        print_body(&body);
+    } else {
+        print!("{}", render_stats(&stats));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `latchkey keys [PREFIX] [--limit N] [--json]`: who holds what (`GET /keys`), as a table
+/// `KEY OWNER PEER HELD LEASE WAITERS` or, with `--json`, the server's JSON array as received.
+pub fn run_keys(args: KeysArgs) -> ExitCode {
+    let target = keys_target(&args.prefix, args.limit);
+    let (body, keys) = match get_json("keys", &args.connect, &target) {
+        Ok(found) => found,
+        Err(code) => return code,
+    };
+    let Some(keys) = keys.as_array() else {
+        let message = "the answer to GET /keys is not a JSON array";
+        return fail("keys", &Failure::new(EXIT_REJECTED, message));
+    };
+    if args.output.json {
+        print_body(&body);
+        return ExitCode::SUCCESS;
+    }
+    if keys.is_empty() {
+        let prefix = &args.prefix;
+        let starting = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!(" starting with `{}`", shown_key(prefix))
+        };
+        eprintln!("latchkey keys: no held keys{starting}");
+        return ExitCode::SUCCESS;
+    }
+    print!("{}", render_keys(keys));
+    if keys.len() >= args.limit as usize {
+        let shown = keys.len();
+        eprintln!(
+            "latchkey keys: the first {shown} keys; more may be held \
+             (--limit, at most {KEYS_LIMIT_MAX})"
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// Says `failure` and returns its exit code.
+fn fail(command: &str, failure: &Failure) -> ExitCode {
+    eprintln!("latchkey {command}: {}", failure.message);
+    ExitCode::from(failure.exit_code)
+}
+
+fn print_body(body: &[u8]) {
+    let mut stdout = io::stdout().lock();
+    let _ = stdout.write_all(body);
+    if !body.ends_with(b"\n") {
+        let _ = stdout.write_all(b"\n");
+    }
+    let _ = stdout.flush();
+}
+
+/// `GET target` from the server `connect` names: the body and its JSON, or the exit code after
+/// saying why not.
+fn get_json(
+    command: &str,
+    connect: &ConnectArgs,
+    target: &str,
+) -> Result<(Vec<u8>, Value), ExitCode> {
+    let addrs = server_addrs(command, connect)?;
+    let body = fetch(&addrs, target, connect.transport_timeout).map_err(|f| fail(command, &f))?;
+    match serde_json::from_slice(&body) {
+        Ok(value) => Ok((body, value)),
+        Err(error) => {
+            let message = format!("the answer to GET {target} is not JSON: {error}");
+            Err(fail(command, &Failure::new(EXIT_REJECTED, message)))
+        }
+    }
+}
+
+/// Connects to the first of `addrs` that accepts, sends `GET target` and returns the body of
+/// a 200 answer. Each failure names the address.
+fn fetch(addrs: &[SocketAddr], target: &str, timeout: Duration) -> Result<Vec<u8>, Failure> {
+    let (mut stream, addr) = connect(addrs, timeout)?;
+    let named =
+        |failure: Failure| Failure::new(failure.exit_code, format!("{addr}: {}", failure.message));
+    let deadline = Instant::now() + timeout;
+    let request = format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let sent = stream
+        .set_write_timeout(Some(timeout))
+        .and_then(|()| stream.write_all(request.as_bytes()));
+    if let Err(error) = sent {
+        let message = format!("cannot send the request: {}", error.kind());
+        return Err(named(Failure::new(EXIT_INDETERMINATE, message)));
+    }
+    let answer = read_answer(&mut stream, deadline).map_err(named)?;
+    answer_body(&answer).map(<[u8]>::to_vec).map_err(named)
+}
+
+/// A connection to the first of `addrs` that accepts, all tried within `timeout` together.
+fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<(TcpStream, SocketAddr), Failure> {
+    let deadline = Instant::now() + timeout;
+    let mut failure = None;
+    for &addr in addrs {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() && failure.is_some() {
+            break;
+        }
+        // `connect_timeout` refuses a zero timeout: the first address always gets a try.
+        let left = left.max(Duration::from_millis(1));
+        match TcpStream::connect_timeout(&addr, left) {
+            Ok(stream) => return Ok((stream, addr)),
+            Err(error) => failure = Some((addr, error)),
+        }
+    }
+    let (addr, error) = failure.expect("server_addrs gives at least one address");
+    let cause = match error.kind() {
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => "timed out".to_owned(),
+        kind => kind.to_string(),
+    };
+    let message = format!("cannot reach the server: {addr}: cannot connect: {cause}");
+    Err(Failure::new(EXIT_UNAVAILABLE, message))
+}
+
+/// Reads until the server closes the connection, the deadline passes or the answer is too
+/// large, or as soon as it cannot be HTTP (a server of another protocol may keep the
+/// connection open). What came before a reset still counts: a server that refuses may reset
+/// right after its answer.
+fn read_answer(stream: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, Failure> {
+    let mut answer = Vec::new();
+    let mut chunk = vec![0; READ_CHUNK_BYTES];
+    loop {
+        let Some(left) = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
+        else {
+            return Err(unanswered());
+        };
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|_| unanswered())?;
+        match stream.read(&mut chunk) {
+            Ok(0) => return Ok(answer),
+            Ok(read) if surely_not_http(&answer, &chunk[..read]) => {
+                answer.extend_from_slice(&chunk[..read]);
+                return Ok(answer);
+            }
+            Ok(read) => answer.extend_from_slice(&chunk[..read]),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(unanswered());
+            }
+            Err(_) if !answer.is_empty() => return Ok(answer),
+            Err(error) => {
+                let message = format!("the connection failed before an answer: {}", error.kind());
+                return Err(Failure::new(EXIT_INDETERMINATE, message));
+            }
+        }
+        if answer.len() > HEAD_BYTES_MAX + BODY_BYTES_MAX {
+            let message = format!("the answer is larger than {} MiB", BODY_BYTES_MAX >> 20);
+            return Err(Failure::new(EXIT_REJECTED, message));
+        }
+    }
+}
+
+/// Whether `answer` followed by `more` cannot begin an HTTP answer, and is not the start of a
+/// latchkey `X` frame still coming (whose code the message names).
+fn surely_not_http(answer: &[u8], more: &[u8]) -> bool {
+    const HTTP: &[u8] = b"HTTP/1.";
+    let start: Vec<u8> = answer
+        .iter()
+        .chain(more)
+        .take(HTTP.len())
+        .copied()
+        .collect();
+    // `X`, code, id (8 bytes), `\n` (PROTOCOL.md §2.2).
+    const ERROR_FRAME_BYTES: usize = 11;
+    let received = answer.len() + more.len();
+    let error_frame_coming = start.first() == Some(&b'X') && received < ERROR_FRAME_BYTES;
+    !HTTP.starts_with(&start) && !error_frame_coming
+}
+
+fn unanswered() -> Failure {
+    let message = "no complete answer within --transport-timeout";
+    Failure::new(EXIT_INDETERMINATE, message)
+}
+
+/// The body of a whole `HTTP/1.x 200` answer (cut to its `Content-Length`), or why there is
+/// none.
+fn answer_body(answer: &[u8]) -> Result<&[u8], Failure> {
+    if !answer.starts_with(b"HTTP/1.") {
+        return Err(not_http(answer));
+    }
+    let Some(head_end) = answer.windows(4).position(|window| window == b"\r\n\r\n") else {
+        return Err(Failure::new(
+            EXIT_REJECTED,
+            "the HTTP answer has no end of head",
+        ));
+    };
+    let head = String::from_utf8_lossy(&answer[..head_end]);
+    let body = &answer[head_end + 4..];
+    let status_line = head.lines().next().unwrap_or_default();
+    let status = status_line.split(' ').nth(1).unwrap_or_default();
+    if status != "200" {
+        let shown = status_line.split_once(' ').map_or("", |(_, rest)| rest);
+        let reason: String = String::from_utf8_lossy(body)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .take(REFUSAL_SHOWN_CHARS_MAX)
+            .collect();
+        let message = format!("the server answered `{shown}`: {}", reason.trim());
+        return Err(Failure::new(EXIT_REJECTED, message));
+    }
+    match content_length(&head)? {
+        Some(length) if body.len() < length => {
+            let message = format!("the answer was cut short: {} of {length} bytes", body.len());
+            Err(Failure::new(EXIT_INDETERMINATE, message))
+        }
+        Some(length) => Ok(&body[..length]),
+        None => Ok(body),
+    }
+}
+
+/// The `Content-Length` of an answer's head, if it has one.
+fn content_length(head: &str) -> Result<Option<usize>, Failure> {
+    for line in head.lines().skip(1) {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        if name.trim().eq_ignore_ascii_case("content-length") {
+            let malformed = || Failure::new(EXIT_REJECTED, "the HTTP answer's length is malformed");
+            return value.trim().parse().map(Some).map_err(|_| malformed());
+        }
+    }
+    Ok(None)
+}
+
+/// Why an answer that is not HTTP is not what was asked for.
+fn not_http(answer: &[u8]) -> Failure {
+    if answer.is_empty() {
+        return Failure::new(
+            EXIT_INDETERMINATE,
+            "the server closed the connection without an answer",
+        );
+    }
+    match parse_response(answer) {
+        Ok(Some((
+            Response::Error {
+                code: ErrorCode::SessionRefused,
+                ..
+            },
+            _,
+        ))) => Failure::new(
+            EXIT_BUSY,
+            "the server refused the session: it has too many (X 7)",
+        ),
+        Ok(Some((Response::Error { code, .. }, _))) => Failure::new(
+            EXIT_REJECTED,
+            format!(
+                "a latchkey server without the admin requests (older than this client?): \
+                 it answered error {code}"
+            ),
+        ),
+        _ => {
+            let start: String = String::from_utf8_lossy(&answer[..answer.len().min(16)])
+                .escape_debug()
+                .collect();
+            let message = format!("not a latchkey server: the answer is not HTTP (`{start}`)");
+            Failure::new(EXIT_REJECTED, message)
+        }
+    }
+}
+
+/// `/keys?prefix=P&limit=N` with `prefix` percent-encoded (every byte but letters, digits,
+/// `-._~` and `/`).
+fn keys_target(prefix: &str, limit: u32) -> String {
+    let mut target = String::from("/keys?prefix=");
+    for &byte in prefix.as_bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            target.push(char::from(byte));
+        } else {
+            target.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    target.push_str(&format!("&limit={limit}"));
+    target
+}
+
+#[cfg(test)]
+mod tests;
