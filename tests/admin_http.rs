@@ -96,7 +96,8 @@ fn every_figure_matches_a_known_workload() {
     let token_a = a.acquire_ok(k1, 60, 1); // acquired 1
     assert_eq!(b.acquire(k1, 0, 60, 2), Response::Timeout { owner: 2 }); // timeout 1
     b.send_acquire(k1, 30, 60, 3); // queued (the one waiter k1 may have)
-    match d.query(k1, 1) {
+                                   // Asked on the same session: answered after the acquire was queued (one key, one order).
+    match b.query(k1, 1) {
         Response::State {
             held: true,
             waiters: 1,
@@ -228,6 +229,7 @@ fn keys_lists_holders_with_owner_peer_and_waiters_and_never_a_token() {
     let token_a = a.acquire_ok("app/a", 60, 11);
     let token_b = b.acquire_ok("app/b", 60, 12);
     c.send_acquire("app/b", 30, 60, 13);
+    assert_eq!(c.state("app/b").waiters, 1, "queued before the listing");
     let token_other = c.acquire_ok("other/c", 60, 14);
     let peer_of = |conn: &Conn| conn.stream.local_addr().unwrap().to_string();
     thread::sleep(Duration::from_millis(50));

@@ -339,7 +339,7 @@ impl<N: Net> Core<N> {
                         let open = self
                             .sessions
                             .get(slot_of(holder))
-                            .filter(|s| s.id() == holder)?;
+                            .filter(|s| s.id() == holder && s.phase() == Phase::Open)?;
                         Some((holder, open.peer()?))
                     })
                     .collect();
@@ -452,7 +452,7 @@ impl<N: Net> Core<N> {
                 let open = self
                     .sessions
                     .get(slot_of(held.holder))
-                    .filter(|s| s.id() == held.holder);
+                    .filter(|s| s.id() == held.holder && s.phase() == Phase::Open);
                 if let Some(peer) = open.and_then(|session| session.peer()) {
                     peers.insert(held.holder, peer);
                 }
