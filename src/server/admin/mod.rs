@@ -363,7 +363,7 @@ impl<N: Net> Core<N> {
     fn gathered_stats(&mut self, id: SessionId, core: usize, stats: CoreStats) {
         if let Some(JobState::Stats { cores, awaited, .. }) = self.job_state(id) {
             cores[core] = Some(stats);
-            *awaited -= 1;
+            *awaited = awaited.saturating_sub(1);
         }
         self.finish_admin(id);
     }
@@ -377,7 +377,7 @@ impl<N: Net> Core<N> {
         {
             keys.append(&mut found);
             keep_first(keys, *limit);
-            *awaited -= 1;
+            *awaited = awaited.saturating_sub(1);
         }
         self.finish_admin(id);
     }
@@ -385,7 +385,7 @@ impl<N: Net> Core<N> {
     fn gathered_peers(&mut self, id: SessionId, found: Vec<(SessionId, SocketAddr)>) {
         if let Some(JobState::Peers { peers, awaited, .. }) = self.job_state(id) {
             peers.extend(found);
-            *awaited -= 1;
+            *awaited = awaited.saturating_sub(1);
         }
         self.finish_admin(id);
     }
@@ -408,10 +408,14 @@ impl<N: Net> Core<N> {
         match state {
             JobState::Reading => {}
             JobState::Stats { metrics, cores, .. } => {
-                let cores = cores
-                    .into_iter()
-                    .map(|c| c.expect("every core answered"))
-                    .collect();
+                // Every core answered once `awaited` is 0; should one be missing, say so.
+                let Some(cores) = cores.into_iter().collect::<Option<Vec<CoreStats>>>() else {
+                    let missing = Refusal {
+                        status: 503,
+                        reason: "a core's figures are missing",
+                    };
+                    return self.answer_admin(id, http::refusal_response(missing));
+                };
                 let stats = self.server_stats(cores);
                 let answer = match metrics {
                     true => http::response(
