@@ -5,26 +5,16 @@
 
 mod common;
 
-use common::probe::{key_per_partition, Probe};
+use common::probe::{key_per_partition, serial, Probe};
 use common::server::{start_with, test_config, Conn};
 use latchkey::protocol::{Request, Response};
 use serde_json::Value;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 const CORES: usize = 2;
-
-/// The scenarios run one at a time: the probe's latency bound must not count another's load.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// Sends `request` raw and reads the whole answer until the server closes: (status, body).
 fn http_raw(addr: SocketAddr, request: &[u8]) -> (u16, String) {

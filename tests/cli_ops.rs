@@ -5,14 +5,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::server::{ServerProcess, TempDir};
+use common::server::{wait_for_line, ServerProcess, TempDir};
 use common::{dead_addr, not_latchkey_server, start_server};
 use serde_json::Value;
 
@@ -296,9 +295,7 @@ fn spawn_with_files_limit(
             "--config",
         ])
         .arg(&config)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env_remove("RUST_LOG");
     let limit = libc::rlimit {
         rlim_cur: soft,
         rlim_max: hard,
@@ -313,45 +310,12 @@ fn spawn_with_files_limit(
             Ok(())
         });
     }
-    let mut child = command.spawn().expect("spawn latchkey");
-    let log = Arc::new(Mutex::new(String::new()));
-    let sink = Arc::clone(&log);
-    let stderr = child.stderr.take().unwrap();
-    thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let mut log = sink.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("the address line");
-    let addr = line.trim().strip_prefix("listening on ");
-    let addr = addr.unwrap_or_else(|| panic!("{line:?}: {}", log.lock().unwrap()));
-    let addr = addr.parse().expect("an address");
-    (ServerProcess { child, addr }, log)
+    ServerProcess::spawn_collecting(command)
 }
 
 /// The first line of `log` with every one of `parts`, waiting for it at most `PATIENCE`.
 fn line_with(log: &Arc<Mutex<String>>, parts: &[&str]) -> String {
-    let until = Instant::now() + PATIENCE;
-    loop {
-        let found = log
-            .lock()
-            .unwrap()
-            .lines()
-            .find(|line| parts.iter().all(|part| line.contains(part)))
-            .map(str::to_owned);
-        if let Some(line) = found {
-            return line;
-        }
-        let log = log.lock().unwrap();
-        assert!(Instant::now() < until, "no line with {parts:?} in:\n{log}");
-        drop(log);
-        thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_line(log, parts, PATIENCE)
 }
 
 /// Stops `server` with SIGTERM and checks it exits 0.

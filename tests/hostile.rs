@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::probe::{self, Probe};
+use common::probe::{self, serial, Probe};
 use common::server::{keys_on_partition, start_with, test_config, Conn};
 use latchkey::protocol::{parse_response, ErrorCode, Request, Response};
 use latchkey::server::route::partition_of;
@@ -21,19 +21,10 @@ use latchkey::server::ServerHandle;
 use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 const CORES: usize = 2;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 fn server(configure: impl FnOnce(&mut latchkey::config::Config)) -> ServerHandle {
     let mut config = test_config(CORES);

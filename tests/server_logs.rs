@@ -3,31 +3,14 @@
 
 mod common;
 
-use common::server::{fresh_id, keys_on_partition, Conn, ServerProcess, TempDir};
+use common::server::{self, fresh_id, keys_on_partition, Conn, ServerProcess, TempDir};
 use latchkey::protocol::{Request, Response};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Waits until the collected log has a line containing every one of `parts`; returns it.
 fn wait_for_line(log: &Arc<Mutex<String>>, parts: &[&str]) -> String {
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let found = log
-            .lock()
-            .unwrap()
-            .lines()
-            .find(|line| parts.iter().all(|part| line.contains(part)))
-            .map(str::to_string);
-        if let Some(line) = found {
-            return line;
-        }
-        assert!(
-            Instant::now() < until,
-            "no line with {parts:?} in:\n{}",
-            log.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    server::wait_for_line(log, parts, Duration::from_secs(10))
 }
 
 fn count_lines(log: &Arc<Mutex<String>>, part: &str) -> usize {

@@ -4,7 +4,7 @@ use super::server::{keys_on_partition, Conn};
 use latchkey::protocol::{Request, Response};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,16 @@ use std::time::{Duration, Instant};
 pub const P99_BOUND: Duration = Duration::from_millis(200);
 /// The probe's holds: longer than any scenario.
 pub const PROBE_LEASE_S: u8 = 60;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Held while a scenario runs: the scenarios of one test binary run one at a time, so that
+/// one's load does not count against another's probe latency (a poisoned lock is taken anyway).
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// One key per partition of `cores`, named `prefix-N`.
 pub fn key_per_partition(prefix: &str, cores: usize) -> Vec<String> {

@@ -41,39 +41,74 @@ pub struct ServerProcess {
     pub addr: SocketAddr,
 }
 
+/// `latchkey serve --listen 127.0.0.1:0 ARGS...`, not yet spawned.
+fn serve_command(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    command
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args);
+    command
+}
+
+/// Reads the server's first stdout line, `listening on ADDR`; `log` says what it logged when
+/// that line is missing.
+fn read_address(child: &mut Child, log: impl Fn() -> String) -> SocketAddr {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout piped"))
+        .read_line(&mut line)
+        .expect("read the address line");
+    let addr = line.trim().strip_prefix("listening on ");
+    let addr = addr.unwrap_or_else(|| panic!("unexpected first line {line:?}; log:\n{}", log()));
+    addr.parse().expect("an address")
+}
+
+/// The first line of `log` that contains every one of `parts`, waiting for it at most `within`.
+pub fn wait_for_line(log: &Arc<Mutex<String>>, parts: &[&str], within: Duration) -> String {
+    let until = Instant::now() + within;
+    loop {
+        let found = log
+            .lock()
+            .unwrap()
+            .lines()
+            .find(|line| parts.iter().all(|part| line.contains(part)))
+            .map(str::to_owned);
+        if let Some(line) = found {
+            return line;
+        }
+        assert!(
+            Instant::now() < until,
+            "no line with {parts:?} in:\n{}",
+            log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl ServerProcess {
     /// Runs `latchkey serve --listen 127.0.0.1:0 ARGS...` and waits for its address line.
     pub fn spawn(args: &[&str]) -> ServerProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
+        let mut child = serve_command(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn latchkey");
-        let stdout = child.stdout.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read address line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .expect("address");
+        let addr = read_address(&mut child, String::new);
         ServerProcess { child, addr }
     }
 
     /// Runs `latchkey serve --listen 127.0.0.1:0 ARGS...` with `RUST_LOG=rust_log`, collecting
     /// its stderr in the background; waits for its address line.
     pub fn spawn_logging(args: &[&str], rust_log: &str) -> (ServerProcess, Arc<Mutex<String>>) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", rust_log)
+        let mut command = serve_command(args);
+        command.env("RUST_LOG", rust_log);
+        ServerProcess::spawn_collecting(command)
+    }
+
+    /// Spawns `command` (a `latchkey serve` that prints its address line first) with its
+    /// stdout and stderr piped, collecting stderr in the background; waits for the address.
+    pub fn spawn_collecting(mut command: Command) -> (ServerProcess, Arc<Mutex<String>>) {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -82,22 +117,13 @@ impl ServerProcess {
         let sink = Arc::clone(&log);
         let stderr = child.stderr.take().unwrap();
         std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let mut log = sink.lock().unwrap();
                 log.push_str(&line);
                 log.push('\n');
             }
         });
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("read the address line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .expect("address line");
-        let addr = addr.parse().expect("address");
+        let addr = read_address(&mut child, || log.lock().unwrap().clone());
         (ServerProcess { child, addr }, log)
     }
 
