@@ -83,14 +83,7 @@ pub fn bind(listen: SocketAddr, cores: usize) -> io::Result<Listeners> {
 /// Binds `addr` without `SO_REUSEPORT` and closes the socket at once; returns the address
 /// bound (the kernel's port when `addr` asks for port 0).
 fn probe(addr: SocketAddr) -> io::Result<SocketAddr> {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )?;
-    // SO_REUSEADDR only lets a restart bind over connections in TIME_WAIT; a bound or
-    // listening socket still conflicts.
-    socket.set_reuse_address(true)?;
+    let socket = tcp_socket(addr)?;
     socket.bind(&addr.into())?;
     socket
         .local_addr()?
@@ -114,13 +107,17 @@ fn lock(addr: SocketAddr) -> io::Result<AddressGuard> {
     }
 }
 
-fn reuse_port_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )?;
+/// A TCP socket for `addr` with `SO_REUSEADDR`, which only lets a restart bind over
+/// connections in TIME_WAIT: a bound or listening socket still conflicts.
+fn tcp_socket(addr: SocketAddr) -> io::Result<socket2::Socket> {
+    let domain = socket2::Domain::for_address(addr);
+    let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
+    Ok(socket)
+}
+
+fn reuse_port_listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let socket = tcp_socket(addr)?;
     socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
