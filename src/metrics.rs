@@ -143,6 +143,11 @@ impl Histogram {
         self.max_us
     }
 
+    /// Observations per bucket (not cumulative): one per bound, then the one above the last.
+    pub fn bucket_counts(&self) -> &[u64] {
+        &self.counts[..=self.bounds_us.len()]
+    }
+
     /// The bucket bounds, in microseconds.
     pub fn bounds_us(&self) -> &'static [u64] {
         self.bounds_us

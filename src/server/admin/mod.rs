@@ -184,14 +184,14 @@ impl<N: Net> Core<N> {
             return None;
         }
         let head = http::parse_head(session.unparsed(&self.buffers));
-        let id = session.id();
-        let known = self.admin_jobs.iter().any(|job| job.session == id);
         match head {
             Head::NotHttp => return None,
             Head::Prefix => return Some(true),
             _ => {}
         }
-        if !known {
+        let id = session.id();
+        // An admin session has its job until it is answered, and is not read after that.
+        if !session.is_admin() {
             if self.admin_jobs.len() >= ADMIN_JOBS_MAX {
                 self.refuse_admin(slot, Refusal::UNAVAILABLE);
                 return Some(false);
@@ -547,6 +547,9 @@ impl<N: Net> Core<N> {
     /// Answers the admin jobs whose deadline passed: `408` while reading, `503` while
     /// gathering (a core did not answer in time).
     pub(super) fn expire_admin_jobs(&mut self) {
+        if self.admin_jobs.is_empty() {
+            return;
+        }
         let sessions = &self.sessions;
         // A session that ended (reset, end of input) while its head was incomplete.
         self.admin_jobs.retain(|job| {

@@ -241,16 +241,10 @@ fn histogram(
 ) -> Result<(), std::fmt::Error> {
     let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
     for (labels, histogram) in series {
-        let mut buckets: Vec<(f64, u64)> = histogram
-            .bounds_us()
-            .iter()
-            .zip(bucket_counts(histogram))
-            .map(|(&bound, count)| (seconds(bound), count))
-            .collect();
-        buckets.push((
-            f64::INFINITY,
-            histogram.count() - buckets.iter().map(|b| b.1).sum::<u64>(),
-        ));
+        let bounds = histogram.bounds_us().iter().map(|&bound| seconds(bound));
+        let bounds = bounds.chain([f64::INFINITY]);
+        let counts = histogram.bucket_counts().iter().copied();
+        let buckets: Vec<(f64, u64)> = bounds.zip(counts).collect();
         let sum = seconds(histogram.sum_us());
         match labels {
             Some(labels) => {
@@ -263,16 +257,6 @@ fn histogram(
         }
     }
     Ok(())
-}
-
-/// Per-bucket (not cumulative) counts of the bounded buckets.
-fn bucket_counts(histogram: &Histogram) -> impl Iterator<Item = u64> + '_ {
-    let mut previous = 0;
-    histogram.cumulative().map(move |(_, total)| {
-        let count = total - previous;
-        previous = total;
-        count
-    })
 }
 
 fn seconds(micros: u64) -> f64 {
