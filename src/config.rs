@@ -1,8 +1,8 @@
 //! The configuration file: defaults, parsing and validation.
 //!
-//! The file is TOML with five sections, `[server]`, `[limits]`, `[timer]`, `[tokens]` and
-//! `[log]`; `config.example.toml` at the repository root documents every key and sets it to its
-//! default. Every section and every key is optional: whatever the file leaves out keeps its
+//! The file is TOML with six sections, `[server]`, `[limits]`, `[timer]`, `[tokens]`, `[log]`
+//! and `[tls]`; `config.example.toml` at the repository root documents every key and sets it to
+//! its default (`[tls]`, off by default, is there commented out). Every section and every key is optional: whatever the file leaves out keeps its
 //! default, so an empty file is a valid configuration.
 //!
 //! Invariants of a [`Config`] returned by this module (callers may rely on them without
@@ -19,7 +19,9 @@
 //! Deliberately not here: the command line itself (see `main.rs`, which hands its `--listen`
 //! and `--cores` to [`Config::with_overrides`]), building the logger from `[log]` and the
 //! `RUST_LOG` override of `[log] level` (see [`crate::logging`]), and reading or writing
-//! `tokens.state_dir` (see [`crate::tokens`]).
+//! `tokens.state_dir` (see [`crate::tokens`]), and reading the `[tls]` files: the server reads
+//! and checks them when it starts ([`crate::tls::server_config`]), so that a configuration built
+//! in code is checked the same way as one read from a file.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -73,7 +75,7 @@ const _: () =
     assert!(RESERVATION_DEFAULT >= RESERVATION_MIN && RESERVATION_DEFAULT <= RESERVATION_MAX);
 
 /// The sections of the file and the keys each accepts, in the order the example file lists them.
-const SECTIONS: [(&str, &[&str]); 5] = [
+const SECTIONS: [(&str, &[&str]); 6] = [
     ("server", &["listen", "cores"]),
     (
         "limits",
@@ -88,6 +90,7 @@ const SECTIONS: [(&str, &[&str]); 5] = [
     ("timer", &["tick_ms"]),
     ("tokens", &["state_dir", "reservation"]),
     ("log", &["level", "format"]),
+    ("tls", &["cert_file", "key_file", "client_ca_file"]),
 ];
 
 /// The whole server configuration: the file's sections, validated, with defaults filled in.
@@ -104,6 +107,9 @@ pub struct Config {
     pub tokens: TokensConfig,
     /// `[log]`: the default log level and the format of log lines.
     pub log: LogConfig,
+    /// `[tls]`: with it the lock port speaks only TLS; `None` (no section, the default) is
+    /// plaintext.
+    pub tls: Option<TlsConfig>,
 }
 
 /// `[server]`.
@@ -226,6 +232,11 @@ impl Config {
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         for (section, entries) in read_sections(text)? {
+            if section == "tls" {
+                // An empty `[tls]` still asks for TLS (and is refused below for its missing
+                // files), rather than silently serving plaintext.
+                config.tls.get_or_insert_with(TlsConfig::default);
+            }
             for (key, value) in entries {
                 let setting = Setting {
                     section: &section,
@@ -333,13 +344,23 @@ impl Config {
             }
             ("log", "level") => self.log.level = setting.level()?,
             ("log", "format") => self.log.format = setting.log_format()?,
+            ("tls", "cert_file") => self.tls_mut().cert_file = setting.file()?,
+            ("tls", "key_file") => self.tls_mut().key_file = setting.file()?,
+            ("tls", "client_ca_file") => self.tls_mut().client_ca_file = Some(setting.file()?),
             _ => return Err(setting.unknown()),
         }
         Ok(())
     }
 
+    fn tls_mut(&mut self) -> &mut TlsConfig {
+        self.tls.get_or_insert_with(TlsConfig::default)
+    }
+
     /// Checks what relates two keys; single values were checked as they were read.
     fn check_relations(&self) -> Result<(), ConfigError> {
+        if let Some(tls) = &self.tls {
+            tls.check_required()?;
+        }
         if self.limits.max_keys < self.server.cores {
             let message = format!(
                 "limits.max_keys: must be at least server.cores ({}), because each core's \
@@ -547,6 +568,14 @@ impl Setting<'_> {
         })
     }
 
+    /// A non-empty path.
+    fn file(&self) -> Result<PathBuf, ConfigError> {
+        match self.string()? {
+            "" => Err(self.error("expected a file path, got \"\"")),
+            path => Ok(PathBuf::from(path)),
+        }
+    }
+
     fn log_format(&self) -> Result<LogFormat, ConfigError> {
         match self.string()? {
             "text" => Ok(LogFormat::Text),
@@ -624,6 +653,9 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+mod tls;
+pub use tls::TlsConfig;
 
 #[cfg(test)]
 mod tests;

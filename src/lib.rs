@@ -19,6 +19,7 @@
 //! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
 //! | [`chunked`] | arrays and slabs that grow by chunks and never move what they hold |
 //! | [`metrics`] | per-core counters and fixed-bucket histograms, merged for `GET /metrics` |
+//! | [`tls`] | TLS files (PEM, expiry, key matches certificate) and rustls configurations |
 //! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
 //! | [`client`] | the official client (PROTOCOL.md §4); `lock`, `query`, `ping`, `stats`, `keys` |
@@ -40,5 +41,6 @@ pub mod logging;
 pub mod metrics;
 pub mod protocol;
 pub mod server;
+pub mod tls;
 pub mod tokens;
 pub mod wheel;

@@ -1,0 +1,274 @@
+//! TLS files and configurations: reading PEM certificates and keys, checking them, and building
+//! the rustls configurations of the server and of the client.
+//!
+//! Every error names the configuration key (or command-line flag) and the path it is about, on
+//! one line, e.g. `tls.key_file /etc/latchkey/server.key: does not match tls.cert_file ...`.
+//! Files are read whole, at most [`PEM_FILE_BYTES_MAX`] each, once at start.
+//!
+//! The crypto provider is rustls's `ring` (no cmake or assembler needed to build). The expiry of
+//! a certificate is read from its DER with a small bounded walker ([`not_after_unix`]): rustls
+//! checks the validity of the peer's certificates, not of our own.
+//!
+//! Not here: the TLS stream of a server session ([`crate::server::tls`]), the client's stream
+//! ([`crate::client`]).
+
+use crate::config::TlsConfig;
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The largest PEM file read (certificate chains and CA bundles are a few KiB).
+pub const PEM_FILE_BYTES_MAX: u64 = 1 << 20;
+
+/// The crypto provider of every configuration.
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// An error about the file `path` named by `key`.
+fn file_error(key: &str, path: &Path, cause: impl std::fmt::Display) -> io::Error {
+    let message = format!("{key} {}: {cause}", path.display());
+    io::Error::new(io::ErrorKind::InvalidInput, message)
+}
+
+fn read_pem(key: &str, path: &Path) -> io::Result<Vec<u8>> {
+    let length = std::fs::metadata(path)
+        .map_err(|e| file_error(key, path, format!("cannot read: {e}")))?
+        .len();
+    if length > PEM_FILE_BYTES_MAX {
+        let cause = format!("larger than {PEM_FILE_BYTES_MAX} bytes ({length})");
+        return Err(file_error(key, path, cause));
+    }
+    std::fs::read(path).map_err(|e| file_error(key, path, format!("cannot read: {e}")))
+}
+
+/// Every certificate in the PEM file `path` (at least one), each checked for expiry.
+pub fn load_certs(key: &str, path: &Path) -> io::Result<Vec<CertificateDer<'static>>> {
+    let pem = read_pem(key, path)?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| file_error(key, path, format!("invalid PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(file_error(key, path, "no certificate in it"));
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    for cert in &certs {
+        match not_after_unix(cert) {
+            Some(not_after) if not_after < now => {
+                let cause = format!("certificate expired ({} s ago)", now - not_after);
+                return Err(file_error(key, path, cause));
+            }
+            Some(_) => {}
+            None => {
+                return Err(file_error(
+                    key,
+                    path,
+                    "cannot read a certificate's validity",
+                ))
+            }
+        }
+    }
+    Ok(certs)
+}
+
+/// The private key in the PEM file `path`.
+pub fn load_key(key: &str, path: &Path) -> io::Result<PrivateKeyDer<'static>> {
+    let pem = read_pem(key, path)?;
+    PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|e| file_error(key, path, format!("no private key in it: {e}")))
+}
+
+fn root_store(key: &str, path: &Path) -> io::Result<Arc<RootCertStore>> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs(key, path)? {
+        roots
+            .add(cert)
+            .map_err(|e| file_error(key, path, format!("not a usable CA certificate: {e}")))?;
+    }
+    Ok(Arc::new(roots))
+}
+
+/// The server's configuration from `[tls]`: every file read and checked (see the module docs).
+pub fn server_config(tls: &TlsConfig) -> io::Result<Arc<ServerConfig>> {
+    let certs = load_certs("tls.cert_file", &tls.cert_file)?;
+    let key = load_key("tls.key_file", &tls.key_file)?;
+    let provider = provider();
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(io::Error::other)?;
+    let builder = match &tls.client_ca_file {
+        Some(path) => {
+            let roots = root_store("tls.client_ca_file", path)?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(|e| file_error("tls.client_ca_file", path, e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder.with_single_cert(certs, key).map_err(|e| {
+        let cause = format!(
+            "does not fit tls.cert_file {}: {e}",
+            tls.cert_file.display()
+        );
+        file_error("tls.key_file", &tls.key_file, cause)
+    })?;
+    Ok(Arc::new(config))
+}
+
+/// The client's TLS files (see `ClientConfig`'s TLS settings).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientFiles {
+    /// The CA certificates that must have signed the server's certificate (`--tls-ca`).
+    pub ca_file: std::path::PathBuf,
+    /// The client's certificate chain and key (`--tls-cert`, `--tls-key`), if it presents one.
+    pub cert_and_key: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+/// The client's configuration from its files.
+pub fn client_config(files: &ClientFiles) -> io::Result<Arc<ClientConfig>> {
+    let roots = root_store("--tls-ca", &files.ca_file)?;
+    let provider = provider();
+    let verifier = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
+        .build()
+        .map_err(|e| file_error("--tls-ca", &files.ca_file, e))?;
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(io::Error::other)?
+        .with_webpki_verifier(verifier);
+    let config = match &files.cert_and_key {
+        Some((cert_path, key_path)) => {
+            let certs = load_certs("--tls-cert", cert_path)?;
+            let key = load_key("--tls-key", key_path)?;
+            builder.with_client_auth_cert(certs, key).map_err(|e| {
+                let cause = format!("does not fit --tls-cert {}: {e}", cert_path.display());
+                file_error("--tls-key", key_path, cause)
+            })?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}
+
+// ----- the expiry of a certificate, from its DER ----------------------------------------------
+
+/// One DER item: its tag, its content and what follows it.
+fn der_item(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (length, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let count = usize::from(first & 0x7f);
+        if count == 0 || count > 4 || rest.len() < count {
+            return None;
+        }
+        let length = rest[..count]
+            .iter()
+            .fold(0usize, |length, &byte| (length << 8) | usize::from(byte));
+        (length, &rest[count..])
+    };
+    (rest.len() >= length).then(|| (tag, &rest[..length], &rest[length..]))
+}
+
+/// The end of a certificate's validity, in seconds since the Unix epoch (`None`: malformed).
+pub fn not_after_unix(cert: &[u8]) -> Option<u64> {
+    let (0x30, certificate, _) = der_item(cert)? else {
+        return None;
+    };
+    let (0x30, mut tbs, _) = der_item(certificate)? else {
+        return None;
+    };
+    if tbs.first() == Some(&0xa0) {
+        tbs = der_item(tbs)?.2; // version
+    }
+    // serial number, signature algorithm, issuer
+    for _ in 0..3 {
+        tbs = der_item(tbs)?.2;
+    }
+    let (0x30, validity, _) = der_item(tbs)? else {
+        return None;
+    };
+    let not_before_rest = der_item(validity)?.2;
+    let (tag, time, _) = der_item(not_before_rest)?;
+    asn1_time_unix(tag, time)
+}
+
+/// A UTCTime (tag 0x17, `YYMMDDHHMMSSZ`) or GeneralizedTime (0x18, `YYYYMMDDHHMMSSZ`).
+fn asn1_time_unix(tag: u8, time: &[u8]) -> Option<u64> {
+    let digits = |range: std::ops::Range<usize>| -> Option<u64> {
+        let text = std::str::from_utf8(time.get(range)?).ok()?;
+        text.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| text.parse().ok())?
+    };
+    let (year, at) = match (tag, time.len()) {
+        (0x17, 13) => {
+            let short = digits(0..2)?;
+            (
+                if short < 50 {
+                    2000 + short
+                } else {
+                    1900 + short
+                },
+                2,
+            )
+        }
+        (0x18, 15) => (digits(0..4)?, 4),
+        _ => return None,
+    };
+    if time.last() != Some(&b'Z') {
+        return None;
+    }
+    let month = digits(at..at + 2)?;
+    let day = digits(at + 2..at + 4)?;
+    let hms = [at + 4, at + 6, at + 8].map(|i| digits(i..i + 2));
+    let [Some(hour), Some(minute), Some(second)] = hms else {
+        return None;
+    };
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || year < 1970 {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (year ≥ 1970).
+fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
+    // Howard Hinnant's algorithm, with years starting in March.
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year / 400;
+    let year_of_era = year - era * 400;
+    let month_from_march = (month + 9) % 12;
+    let day_of_year = (153 * month_from_march + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asn1_times() {
+        assert_eq!(asn1_time_unix(0x17, b"700101000000Z"), Some(0));
+        assert_eq!(asn1_time_unix(0x17, b"000301000000Z"), Some(951_868_800));
+        assert_eq!(
+            asn1_time_unix(0x18, b"20380119031408Z"),
+            Some(2_147_483_648)
+        );
+        assert_eq!(asn1_time_unix(0x18, b"20380119031408"), None);
+        assert_eq!(asn1_time_unix(0x17, b"701301000000Z"), None);
+        assert_eq!(not_after_unix(&[0x30, 0x85, 0, 0, 0, 0, 0]), None);
+        assert_eq!(not_after_unix(&[]), None);
+    }
+}
