@@ -2,8 +2,9 @@
 //!
 //! The file is TOML with six sections, `[server]`, `[limits]`, `[timer]`, `[tokens]`, `[log]`
 //! and `[tls]`; `config.example.toml` at the repository root documents every key and sets it to
-//! its default (`[tls]`, off by default, is there commented out). Every section and every key is optional: whatever the file leaves out keeps its
-//! default, so an empty file is a valid configuration.
+//! its default (`[tls]`, off by default, is there commented out). Every section and every key
+//! is optional: whatever the file leaves out keeps its default, so an empty file is a valid
+//! configuration.
 //!
 //! Invariants of a [`Config`] returned by this module (callers may rely on them without
 //! re-checking): every value is inside the range documented on its field; `server.cores` is a
