@@ -45,6 +45,8 @@ pub enum CloseReason {
     Error(u8),
     /// An admin HTTP request was answered.
     Admin,
+    /// The TLS handshake did not finish in time.
+    HandshakeTimeout,
 }
 
 impl std::fmt::Display for CloseReason {
@@ -55,6 +57,7 @@ impl std::fmt::Display for CloseReason {
             CloseReason::WriteFailed => write!(f, "write failed (reset?)"),
             CloseReason::Error(code) => write!(f, "closing error code {code}"),
             CloseReason::Admin => write!(f, "admin request answered"),
+            CloseReason::HandshakeTimeout => write!(f, "handshake deadline passed"),
         }
     }
 }
@@ -121,7 +124,7 @@ impl<N: Net> Core<N> {
     fn is_done_closing(&mut self, slot: usize) -> bool {
         let now_us = self.now_us;
         let session = &mut self.sessions[slot];
-        let flushed = session.phase() == Phase::Dead || session.unsent() == 0;
+        let flushed = session.phase() == Phase::Dead || !session.has_output();
         if session.acks_awaited() > 0 || !flushed {
             return false;
         }

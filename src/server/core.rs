@@ -159,6 +159,8 @@ pub struct Core<N: Net> {
     pub(super) key_scans: Vec<KeyScan>,
     pub(super) counters: CoreCounters,
     pub(super) logs: super::logs::CoreLogs,
+    /// Sessions in a handshake (TLS), with their deadlines.
+    pub(super) handshakes: super::handshake::Handshakes,
 }
 
 /// What a core counts besides its partition (see [`super::admin::render::CoreStats`]).
@@ -217,6 +219,7 @@ impl<N: Net> Core<N> {
             key_scans: Vec::new(),
             counters: CoreCounters::default(),
             logs: super::logs::CoreLogs::default(),
+            handshakes: Default::default(),
         }
     }
 
@@ -298,6 +301,7 @@ impl<N: Net> Core<N> {
             self.table.next_deadline_us(),
             self.hold_wake_us,
             self.admin_wake_us(),
+            self.handshakes.next_deadline_us(),
         ]
         .into_iter()
         .flatten()
@@ -334,6 +338,7 @@ impl<N: Net> Core<N> {
             None => log::debug!("session {id:#x}: opened"),
         }
         self.sessions.insert(session);
+        self.watch_handshake(id);
     }
 
     /// Sends `X` code 7 (best effort, without reading anything) and closes.
@@ -362,7 +367,7 @@ impl<N: Net> Core<N> {
         let Some(session) = self.sessions.get(slot) else {
             return;
         };
-        if (writable || closed) && session.unsent() > 0 {
+        if (writable || closed) && session.has_output() {
             self.mark_dirty(slot);
         }
         if (readable || closed) && self.budget.spent {
@@ -385,6 +390,7 @@ impl<N: Net> Core<N> {
         self.route_answers();
         self.advance_scans();
         self.expire_admin_jobs();
+        self.expire_handshakes();
         self.log_busy();
         self.links.tokens.top_up(&mut self.table);
         self.flush_outboxes();

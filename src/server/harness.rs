@@ -91,7 +91,7 @@ impl Write for PipeStream {
 }
 
 impl Stream for PipeStream {
-    fn shutdown_write(&self) -> io::Result<()> {
+    fn shutdown_write(&mut self) -> io::Result<()> {
         self.0.borrow_mut().server_eof = true;
         Ok(())
     }

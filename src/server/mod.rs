@@ -33,6 +33,8 @@
 //! | `persist.rs` | token reservations persisted off the event loops |
 //! | `alarm.rs` | the timerfd that wakes a loop on its next timer |
 //! | `net.rs` | the stream and registration traits the core runs over |
+//! | `tls.rs` | a session's stream over TLS (rustls, sans-IO, edge-triggered) |
+//! | `handshake.rs` | the handshake deadline of sessions on TLS |
 
 pub mod admin;
 pub mod alarm;
@@ -40,6 +42,7 @@ pub mod bind;
 pub mod buffers;
 pub mod close;
 pub mod core;
+pub mod handshake;
 pub mod logs;
 pub mod net;
 pub mod persist;
@@ -47,6 +50,7 @@ pub mod queued;
 pub mod reactor;
 pub mod route;
 pub mod session;
+pub mod tls;
 
 #[cfg(test)]
 mod harness;
@@ -55,10 +59,12 @@ use crate::config::{Config, CORES_MAX};
 use crate::lock_table::{LockTable, QueueCounts, TableConfig};
 use crate::tokens::{self, StateDir, TokenRange};
 use bind::AddressGuard;
+use mio::net::TcpStream;
 use mio::{Poll, Waker};
+use net::MioStream;
 use parking_lot::Mutex;
 use persist::{Persister, TokenKeeper};
-use reactor::{CoreSettings, Links, Reactor, WAKER};
+use reactor::{CoreSettings, Links, Reactor, ReactorParts, WAKER};
 use route::{KeyPool, Msg, Outbox, CHANNEL_DEPTH};
 use std::fmt;
 use std::io;
@@ -297,6 +303,12 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         let message = format!("server.cores must be in 1..={CORES_MAX}, got {cores}");
         return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
     }
+    // Checked before binding: a bad certificate or key stops the start, naming key and path.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(crate::tls::server_config)
+        .transpose()?;
     let bound = bind::bind(config.server.listen, cores)?;
     let plan = plan(&config, notify)?;
     let persister = match &plan.state_dir {
@@ -347,8 +359,19 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
             max_pending_per_session: config.limits.max_pending_per_session,
             max_key_bytes: config.limits.max_key_bytes,
         };
-        let reactor = Reactor::new(settings, poll, listener, table, links, epoch)?;
-        threads.push(spawn_core(index, reactor, Arc::clone(&plan.shared))?);
+        let parts = ReactorParts {
+            settings,
+            poll,
+            listener,
+            table,
+            links,
+            epoch,
+        };
+        threads.push(spawn_reactor(
+            parts,
+            tls.as_ref(),
+            Arc::clone(&plan.shared),
+        )?);
     }
     Ok(ServerHandle {
         addr: bound.addr,
@@ -430,9 +453,25 @@ fn outboxes(
         .collect()
 }
 
-fn spawn_core(
+/// Runs a core's loop over plain TCP, or over TLS with `tls`.
+fn spawn_reactor(
+    parts: ReactorParts,
+    tls: Option<&Arc<rustls::ServerConfig>>,
+    shared: Arc<Shared>,
+) -> io::Result<JoinHandle<Result<(), ServerError>>> {
+    let index = parts.settings.index;
+    match tls {
+        None => spawn_core(index, Reactor::<TcpStream>::new(parts, ())?, shared),
+        Some(tls) => {
+            let reactor = Reactor::<tls::TlsStream>::new(parts, Arc::clone(tls))?;
+            spawn_core(index, reactor, shared)
+        }
+    }
+}
+
+fn spawn_core<S: MioStream + Send + 'static>(
     index: usize,
-    reactor: Reactor,
+    reactor: Reactor<S>,
     shared: Arc<Shared>,
 ) -> io::Result<JoinHandle<Result<(), ServerError>>> {
     std::thread::Builder::new()

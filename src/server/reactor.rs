@@ -18,10 +18,10 @@
 use super::alarm::Alarm;
 use super::core::Core;
 pub use super::core::{core_of, session_id, slot_of, CoreSettings, Links, SLOTS_MAX};
-use super::net::{MioNet, SESSION_TOKEN_BASE};
+use super::net::{MioNet, MioStream, SESSION_TOKEN_BASE};
 use super::Shared;
 use crate::lock_table::LockTable;
-use mio::net::TcpListener;
+use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use std::io;
 use std::sync::Arc;
@@ -38,12 +38,15 @@ const EVENTS_MAX: usize = 1024;
 
 const _: () = assert!(SESSION_TOKEN_BASE > ALARM.0 && SESSION_TOKEN_BASE > LISTENER.0);
 
-/// One core's loop: its poll, its listener, its alarm and its [`Core`].
-pub struct Reactor {
+/// One core's loop: its poll, its listener, its alarm and its [`Core`], over streams `S` (plain
+/// TCP, or TLS: one type per server, so the plain path carries nothing of TLS).
+pub struct Reactor<S: MioStream = TcpStream> {
     poll: Poll,
     alarm: Alarm,
     listener: Option<TcpListener>,
-    core: Core<MioNet>,
+    /// What turns an accepted connection into a session's stream.
+    acceptor: S::Acceptor,
+    core: Core<MioNet<S>>,
     epoch: Instant,
     shared: Arc<Shared>,
     /// Whether the stall gauge counts the thread's CPU time instead of wall time.
@@ -59,16 +62,33 @@ fn thread_cpu_us() -> u64 {
     spec.tv_sec as u64 * 1_000_000 + spec.tv_nsec as u64 / 1000
 }
 
-impl Reactor {
-    /// Assembles a core's loop; `epoch` is the server's shared clock origin.
-    pub fn new(
-        settings: CoreSettings,
-        poll: Poll,
-        mut listener: TcpListener,
-        table: LockTable,
-        links: Links,
-        epoch: Instant,
-    ) -> io::Result<Reactor> {
+/// What a core's loop is made of, besides its streams' acceptor.
+pub struct ReactorParts {
+    /// The core's limits and identity.
+    pub settings: CoreSettings,
+    /// The core's poll.
+    pub poll: Poll,
+    /// The core's listener.
+    pub listener: TcpListener,
+    /// The core's partition.
+    pub table: LockTable,
+    /// The core's ways to the others.
+    pub links: Links,
+    /// The server's shared clock origin.
+    pub epoch: Instant,
+}
+
+impl<S: MioStream> Reactor<S> {
+    /// Assembles a core's loop; accepted connections become streams with `acceptor`.
+    pub fn new(parts: ReactorParts, acceptor: S::Acceptor) -> io::Result<Reactor<S>> {
+        let ReactorParts {
+            settings,
+            poll,
+            mut listener,
+            table,
+            links,
+            epoch,
+        } = parts;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let alarm = Alarm::new(poll.registry(), ALARM)?;
@@ -78,6 +98,7 @@ impl Reactor {
             poll,
             alarm,
             listener: Some(listener),
+            acceptor,
             core: Core::new(settings, net, table, links),
             epoch,
             shared,
@@ -154,7 +175,12 @@ impl Reactor {
             match listener.accept() {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    self.core.admit(stream);
+                    match S::accept(stream, &self.acceptor) {
+                        Ok(stream) => self.core.admit(stream),
+                        Err(e) => {
+                            log::warn!("core {}: cannot start a session: {e}", self.core.index())
+                        }
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,

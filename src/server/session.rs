@@ -180,6 +180,11 @@ impl<S: Stream> Session<S> {
         self.phase
     }
 
+    /// The stream.
+    pub fn socket(&self) -> &S {
+        &self.socket
+    }
+
     /// The stream, to deregister it.
     pub fn socket_mut(&mut self) -> &mut S {
         &mut self.socket
@@ -317,8 +322,8 @@ impl<S: Stream> Session<S> {
     pub fn is_settled(&self) -> bool {
         self.acks_awaited == 0
             && match self.phase {
-                Phase::Open => self.remote_unanswered == 0 && self.unsent() == 0,
-                Phase::Draining => self.unsent() == 0,
+                Phase::Open => self.remote_unanswered == 0 && !self.has_output(),
+                Phase::Draining => !self.has_output(),
                 Phase::Lingering | Phase::Dead => true,
             }
     }
@@ -403,6 +408,11 @@ impl<S: Stream> Session<S> {
         self.write_buffer.len() - self.write_start
     }
 
+    /// Whether anything is left to write: encoded bytes, or output the stream holds (TLS).
+    pub fn has_output(&self) -> bool {
+        self.unsent() > 0 || self.socket.wants_write()
+    }
+
     /// Writes what the socket takes. `Ok(true)` when everything was written.
     pub fn flush(&mut self) -> io::Result<bool> {
         let before = self.write_start;
@@ -438,7 +448,16 @@ impl<S: Stream> Session<S> {
                 Err(e) => return Err(e),
             }
         }
-        Ok(true)
+        // A stream with output of its own (TLS records) writes it now; the next writable
+        // event finishes what the socket does not take. Constant false for TCP.
+        if !self.socket.wants_write() {
+            return Ok(true);
+        }
+        match self.socket.flush() {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// The socket is gone: forgets the unsent output and returns the grants whose `A` was not

@@ -1,0 +1,61 @@
+//! The handshake deadline: a session whose stream is still in its handshake (TLS) when
+//! [`HANDSHAKE_DEADLINE`] has passed since it was admitted is closed, so a client that connects
+//! and sends nothing (or a byte a second) cannot hold a session slot.
+//!
+//! Sessions enter [`Handshakes`] in admission order, so deadlines are in order: each iteration
+//! looks at the front only, dropping sessions that finished their handshake or ended, and
+//! closing the late ones. Plain TCP streams never handshake: the list stays empty and costs one
+//! emptiness check per iteration.
+//!
+//! Invariant: at most one entry per session, and no more entries than sessions.
+
+use super::close::CloseReason;
+use super::core::{slot_of, Core};
+use super::net::{Net, Stream};
+use super::session::Phase;
+use super::tls::HANDSHAKE_DEADLINE;
+use crate::lock_table::SessionId;
+use std::collections::VecDeque;
+
+/// Sessions in their handshake, oldest first, with their deadlines.
+#[derive(Default)]
+pub struct Handshakes {
+    waiting: VecDeque<(SessionId, u64)>,
+}
+
+impl Handshakes {
+    /// The earliest deadline (perhaps of a session that is done: the wake-up is then early,
+    /// never late).
+    pub fn next_deadline_us(&self) -> Option<u64> {
+        self.waiting.front().map(|&(_, deadline_us)| deadline_us)
+    }
+}
+
+impl<N: Net> Core<N> {
+    /// Starts the deadline of the session `id` if its stream is in a handshake.
+    pub(super) fn watch_handshake(&mut self, id: SessionId) {
+        let slot = slot_of(id);
+        if self.sessions[slot].socket().handshaking() {
+            let deadline_us = self.now_us + HANDSHAKE_DEADLINE.as_micros() as u64;
+            self.handshakes.waiting.push_back((id, deadline_us));
+        }
+    }
+
+    /// Closes the sessions whose handshake is late (see the module docs).
+    pub(super) fn expire_handshakes(&mut self) {
+        // Bounded: every pass removes an entry.
+        while let Some(&(id, deadline_us)) = self.handshakes.waiting.front() {
+            let slot = slot_of(id);
+            let session = self.sessions.get(slot).filter(|s| s.id() == id);
+            let waiting =
+                session.is_some_and(|s| s.phase() == Phase::Open && s.socket().handshaking());
+            if waiting && self.now_us < deadline_us {
+                return;
+            }
+            self.handshakes.waiting.pop_front();
+            if waiting {
+                self.begin_close(slot, Phase::Dead, CloseReason::HandshakeTimeout);
+            }
+        }
+    }
+}

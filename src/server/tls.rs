@@ -1,0 +1,213 @@
+//! A session's stream over TLS: a mio TCP stream and a rustls `ServerConnection`, behind the
+//! same [`Stream`] trait as plain TCP, so the core runs unchanged.
+//!
+//! rustls is sans-IO: it takes ciphertext (`read_tls`), decrypts it (`process_new_packets`),
+//! hands out plaintext (`reader`), takes plaintext (`writer`) and gives ciphertext to send
+//! (`write_tls`). This type moves bytes between it and the socket, for edge-triggered readiness:
+//!
+//! * `read` returns a short count (or `WouldBlock`) only after the socket itself said
+//!   `WouldBlock` (or ended) in that call, so a reader that stops at a short read (the session
+//!   does) never misses data with no edge left to announce it. A full count may leave
+//!   ciphertext in the socket: the reader reads again.
+//! * `write` takes plaintext into rustls and pushes records until the socket would block.
+//!   Records rustls still holds then are reported by [`Stream::wants_write`]; the session
+//!   counts them as unsent output and calls `flush` on the next writable event.
+//! * A TLS error (garbage, a refused certificate, an alert) is answered with rustls's alert
+//!   (best effort) and returned as an error: the session closes.
+//!
+//! Limits: rustls buffers at most [`TLS_BUFFER_BYTES`] of outgoing data per session (a full
+//! buffer is `WouldBlock` to the session, which stops reading it past its output bound), and
+//! at most its own fixed limit of received plaintext; a handshake must finish within
+//! [`HANDSHAKE_DEADLINE`] (the core enforces it, see [`Stream::handshaking`]); one `read`
+//! handles at most [`READ_ROUNDS_MAX`] ciphertext reads.
+//!
+//! Not here: reading certificates and building the configuration ([`crate::tls`]).
+
+use super::net::{MioStream, Stream};
+use mio::net::TcpStream;
+use mio::{Interest, Registry, Token};
+use rustls::{ServerConfig, ServerConnection};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Outgoing bytes (plaintext and records) rustls may hold for one session.
+pub const TLS_BUFFER_BYTES: usize = 64 * 1024;
+/// How long a client has from its connection to the end of its handshake.
+pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
+/// Ciphertext reads in one `read` call before it gives up on a peer that sends only records
+/// without data (each read takes at least one byte, at most rustls's record buffer).
+pub const READ_ROUNDS_MAX: usize = 1024;
+
+/// A TLS session over a mio TCP stream (see the module docs).
+pub struct TlsStream {
+    tcp: TcpStream,
+    tls: ServerConnection,
+    /// The socket ended its input.
+    tcp_ended: bool,
+}
+
+impl TlsStream {
+    /// A server-side TLS stream on an accepted connection.
+    pub fn new(tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<TlsStream> {
+        let mut tls = ServerConnection::new(config).map_err(io::Error::other)?;
+        tls.set_buffer_limit(Some(TLS_BUFFER_BYTES));
+        Ok(TlsStream {
+            tcp,
+            tls,
+            tcp_ended: false,
+        })
+    }
+
+    /// Writes the records rustls holds until none is left (`Ok`) or the socket is full
+    /// (`WouldBlock`). Bounded: every pass writes bytes out of a bounded buffer.
+    fn push_records(&mut self) -> io::Result<()> {
+        while self.tls.wants_write() {
+            match self.tls.write_tls(&mut self.tcp) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Like [`push_records`](Self::push_records), a full socket not being an error.
+    fn push_records_now(&mut self) -> io::Result<()> {
+        match self.push_records() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Takes decrypted plaintext into `buffer`: `Some(n)` when the caller should return `n`
+    /// (the buffer is full, or the stream ended), `None` to read more ciphertext.
+    fn take_plaintext(&mut self, buffer: &mut [u8], filled: &mut usize) -> Option<usize> {
+        match self.tls.reader().read(&mut buffer[*filled..]) {
+            // A clean end (close_notify), or an empty buffer.
+            Ok(0) => Some(*filled),
+            Ok(n) => {
+                *filled += n;
+                (*filled == buffer.len()).then_some(*filled)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            // The peer ended without close_notify: an end of input like any other (requests
+            // are framed; a truncated frame is never executed).
+            Err(_) => Some(*filled),
+        }
+    }
+
+    /// One ciphertext read and its processing: `Some` when `read` must return that.
+    fn read_records(&mut self, filled: usize) -> Option<io::Result<usize>> {
+        match self.tls.read_tls(&mut self.tcp) {
+            Ok(0) => self.tcp_ended = true,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return None,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Some(if filled > 0 { Ok(filled) } else { Err(e) });
+            }
+            Err(e) => return Some(Err(e)),
+        }
+        if let Err(error) = self.tls.process_new_packets() {
+            // rustls queued the alert that tells the peer why; best effort.
+            let _ = self.push_records_now();
+            let message = format!("TLS: {error}");
+            return Some(Err(io::Error::new(io::ErrorKind::InvalidData, message)));
+        }
+        // The handshake, a key update or a ticket may have something to send.
+        self.push_records_now().err().map(Err)
+    }
+}
+
+impl Read for TlsStream {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        if buffer.is_empty() {
+            return Ok(0);
+        }
+        let mut filled = 0;
+        for _ in 0..READ_ROUNDS_MAX {
+            if let Some(n) = self.take_plaintext(buffer, &mut filled) {
+                return Ok(n);
+            }
+            if self.tcp_ended {
+                return Ok(filled);
+            }
+            if let Some(result) = self.read_records(filled) {
+                return result;
+            }
+        }
+        let message = "TLS: too many records without data in one read";
+        Err(io::Error::new(io::ErrorKind::InvalidData, message))
+    }
+}
+
+impl Write for TlsStream {
+    fn write(&mut self, plaintext: &[u8]) -> io::Result<usize> {
+        self.push_records()?;
+        let taken = self.tls.writer().write(plaintext)?;
+        self.push_records_now()?;
+        if taken == 0 && !plaintext.is_empty() {
+            // rustls's buffer is full of records the socket did not take.
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(taken)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.push_records()
+    }
+}
+
+impl Stream for TlsStream {
+    fn shutdown_write(&mut self) -> io::Result<()> {
+        self.tls.send_close_notify();
+        let _ = self.push_records_now();
+        self.tcp.shutdown(Shutdown::Write)
+    }
+
+    fn peer(&self) -> Option<SocketAddr> {
+        self.tcp.peer_addr().ok()
+    }
+
+    fn wants_write(&self) -> bool {
+        self.tls.wants_write()
+    }
+
+    fn handshaking(&self) -> bool {
+        self.tls.is_handshaking()
+    }
+}
+
+impl MioStream for TlsStream {
+    type Acceptor = Arc<ServerConfig>;
+
+    fn accept(tcp: TcpStream, config: &Arc<ServerConfig>) -> io::Result<TlsStream> {
+        TlsStream::new(tcp, Arc::clone(config))
+    }
+}
+
+impl mio::event::Source for TlsStream {
+    fn register(
+        &mut self,
+        registry: &Registry,
+        token: Token,
+        interest: Interest,
+    ) -> io::Result<()> {
+        self.tcp.register(registry, token, interest)
+    }
+
+    fn reregister(
+        &mut self,
+        registry: &Registry,
+        token: Token,
+        interest: Interest,
+    ) -> io::Result<()> {
+        self.tcp.reregister(registry, token, interest)
+    }
+
+    fn deregister(&mut self, registry: &Registry) -> io::Result<()> {
+        self.tcp.deregister(registry)
+    }
+}

@@ -1,0 +1,264 @@
+//! TLS on the lock port: certificates made at test time (rcgen), an in-process server per test
+//! on 127.0.0.1:0, every wait bounded.
+
+mod common;
+
+use common::server::{start_with, test_config};
+use latchkey::config::{Config, TlsConfig};
+use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A test CA and the files it signs, in a directory of their own (removed on drop).
+struct Pki {
+    dir: PathBuf,
+    ca: Certificate,
+    ca_key: KeyPair,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        static COUNT: AtomicU64 = AtomicU64::new(0);
+        let count = COUNT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "latchkey-tls-{}-{name}-{count}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("latchkey test CA {name}"));
+        let ca = params.self_signed(&ca_key).unwrap();
+        let pki = Pki { dir, ca, ca_key };
+        pki.write("ca.crt", &pki.ca.pem());
+        pki
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    /// A certificate for `names` (IP addresses become IP SANs) with common name `cn`, signed
+    /// by the CA: its certificate and key files.
+    fn leaf(&self, file: &str, cn: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        self.leaf_with(file, cn, names, |_| {})
+    }
+
+    fn leaf_with(
+        &self,
+        file: &str,
+        cn: &str,
+        names: &[&str],
+        edit: impl FnOnce(&mut CertificateParams),
+    ) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        edit(&mut params);
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        let cert_file = self.write(&format!("{file}.crt"), &cert.pem());
+        let key_file = self.write(&format!("{file}.key"), &key.serialize_pem());
+        (cert_file, key_file)
+    }
+
+    /// A server config with TLS on 127.0.0.1.
+    fn server_config(&self, client_ca: bool) -> Config {
+        let (cert_file, key_file) = self.leaf("server", "latchkey server", &["127.0.0.1"]);
+        let mut config = test_config(2);
+        config.tls = Some(TlsConfig {
+            cert_file,
+            key_file,
+            client_ca_file: client_ca.then(|| self.ca_file()),
+        });
+        config
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A rustls client config trusting `ca` (and presenting `cert`, if any).
+fn raw_client_config(ca: &Path, cert: Option<(&Path, &Path)>) -> Arc<rustls::ClientConfig> {
+    let files = latchkey::tls::ClientFiles {
+        ca_file: ca.to_path_buf(),
+        cert_and_key: cert.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
+    };
+    latchkey::tls::client_config(&files).unwrap()
+}
+
+/// A blocking TLS connection to `addr` (name 127.0.0.1), with read and write timeouts.
+fn raw_connect(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    tcp.set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let name = "127.0.0.1".try_into().unwrap();
+    let connection = rustls::ClientConnection::new(config, name).unwrap();
+    rustls::StreamOwned::new(connection, tcp)
+}
+
+const PING: [u8; 10] = [b'P', 0, 0, 0, 0, 0, 0, 0, 9, b'\n'];
+
+#[test]
+fn ping_over_tls_with_a_raw_rustls_client() {
+    let pki = Pki::new("raw");
+    let server = start_with(pki.server_config(false));
+    let mut stream = raw_connect(server.local_addr(), raw_client_config(&pki.ca_file(), None));
+    for _ in 0..3 {
+        stream.write_all(&PING).unwrap();
+        let mut pong = [0u8; 10];
+        stream.read_exact(&mut pong).unwrap();
+        assert_eq!(pong, PING);
+    }
+    // Many pipelined pings: more output than one TLS record and one socket write.
+    let batch: Vec<u8> = PING.repeat(5_000);
+    stream.write_all(&batch).unwrap();
+    let mut answers = vec![0u8; batch.len()];
+    stream.read_exact(&mut answers).unwrap();
+    assert_eq!(answers, batch);
+    drop(stream);
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn a_plaintext_client_gets_nothing_useful_and_is_closed() {
+    let pki = Pki::new("plain");
+    let server = start_with(pki.server_config(false));
+    let mut tcp = TcpStream::connect(server.local_addr()).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    tcp.write_all(&PING).unwrap();
+    let mut received = Vec::new();
+    let started = Instant::now();
+    // Whatever comes back (a TLS alert at most) is no Pong, and the connection ends.
+    let _ = tcp.read_to_end(&mut received);
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "closed, not timed out"
+    );
+    assert!(!received.windows(10).any(|w| w == PING), "{received:?}");
+    assert!(received.len() < 64, "{received:?}");
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn a_client_without_a_certificate_is_refused_when_client_ca_is_set() {
+    let pki = Pki::new("mtls");
+    let server = start_with(pki.server_config(true));
+    let mut stream = raw_connect(server.local_addr(), raw_client_config(&pki.ca_file(), None));
+    let mut pong = [0u8; 10];
+    let outcome = stream
+        .write_all(&PING)
+        .and_then(|()| stream.read_exact(&mut pong));
+    assert!(outcome.is_err(), "refused");
+    // With a certificate of the CA it works.
+    let (cert, key) = pki.leaf("client", "billing", &["billing.example"]);
+    let config = raw_client_config(&pki.ca_file(), Some((&cert, &key)));
+    let mut stream = raw_connect(server.local_addr(), config);
+    stream.write_all(&PING).unwrap();
+    stream.read_exact(&mut pong).unwrap();
+    assert_eq!(pong, PING);
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn a_slow_handshake_is_closed_at_the_deadline_never_before() {
+    let pki = Pki::new("slow");
+    let server = start_with(pki.server_config(false));
+    let mut tcp = TcpStream::connect(server.local_addr()).unwrap();
+    let deadline = latchkey::server::tls::HANDSHAKE_DEADLINE;
+    tcp.set_read_timeout(Some(deadline * 3)).unwrap();
+    let started = Instant::now();
+    // One byte of a TLS record header, then nothing.
+    tcp.write_all(&[0x16]).unwrap();
+    let mut sink = Vec::new();
+    let _ = tcp.read_to_end(&mut sink);
+    let waited = started.elapsed();
+    assert!(waited >= deadline, "closed early, after {waited:?}");
+    assert!(waited < deadline * 2, "closed late, after {waited:?}");
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn startup_errors_name_the_key_and_the_path() {
+    let pki = Pki::new("errors");
+    let good = pki.server_config(false);
+    let tls = good.tls.clone().unwrap();
+    let (_, other_key) = pki.leaf("other", "other", &["127.0.0.1"]);
+    let (expired_cert, expired_key) = pki.leaf_with("expired", "old", &["127.0.0.1"], |p| {
+        p.not_before = rcgen::date_time_ymd(2001, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2002, 1, 1);
+    });
+    let missing = pki.dir.join("missing.crt");
+    let cases = [
+        (
+            TlsConfig {
+                cert_file: missing.clone(),
+                ..tls.clone()
+            },
+            "tls.cert_file",
+            &missing,
+        ),
+        (
+            TlsConfig {
+                key_file: other_key.clone(),
+                ..tls.clone()
+            },
+            "tls.key_file",
+            &other_key,
+        ),
+        (
+            TlsConfig {
+                cert_file: expired_cert.clone(),
+                key_file: expired_key,
+                ..tls.clone()
+            },
+            "tls.cert_file",
+            &expired_cert,
+        ),
+        (
+            TlsConfig {
+                client_ca_file: Some(missing.clone()),
+                ..tls.clone()
+            },
+            "tls.client_ca_file",
+            &missing,
+        ),
+    ];
+    for (tls, key, path) in cases {
+        let mut config = good.clone();
+        config.tls = Some(tls);
+        let error = latchkey::server::start(config).err().expect("refused");
+        let text = error.to_string();
+        assert!(text.contains(key), "{text}");
+        assert!(text.contains(&path.display().to_string()), "{text}");
+    }
+    let text = latchkey::server::start(good.clone())
+        .map(|_| ())
+        .err()
+        .map(|e| e.to_string());
+    assert_eq!(text, None);
+}
