@@ -4,7 +4,9 @@
 mod common;
 
 use common::server::{start_with, test_config};
+use latchkey::client::{AcquireError, Client, ClientConfig, ClientTls, ReleaseOutcome};
 use latchkey::config::{Config, TlsConfig};
+use latchkey::tls::ClientFiles;
 use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -261,4 +263,138 @@ fn startup_errors_name_the_key_and_the_path() {
         .err()
         .map(|e| e.to_string());
     assert_eq!(text, None);
+}
+
+/// A client of `addr` over TLS with these files (one session, short timeouts).
+fn tls_client(addr: SocketAddr, ca: &Path, cert: Option<(&Path, &Path)>) -> Client {
+    let files = ClientFiles {
+        ca_file: ca.to_path_buf(),
+        cert_and_key: cert.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
+    };
+    let config = ClientConfig {
+        addrs: vec![addr],
+        sessions: 1,
+        connect_timeout: Duration::from_secs(2),
+        transport_timeout: Duration::from_secs(2),
+        tls: Some(ClientTls {
+            files,
+            server_name: None,
+        }),
+        ..ClientConfig::default()
+    };
+    Client::with_config(config).expect("client")
+}
+
+#[test]
+fn acquire_and_release_over_tls_through_the_official_client() {
+    let pki = Pki::new("client");
+    let server = start_with(pki.server_config(false));
+    let client = tls_client(server.local_addr(), &pki.ca_file(), None);
+    for round in 0..20 {
+        let key = format!("orders/{round}");
+        let ticket = client
+            .acquire(&key, Duration::ZERO, Duration::from_secs(30))
+            .expect("granted");
+        assert!(ticket.token() > 0);
+        let state = client.query(&key).unwrap();
+        assert!(state.held);
+        assert_eq!(ticket.release().unwrap(), ReleaseOutcome::Released);
+    }
+    client.ping().unwrap();
+    drop(client);
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn with_client_ca_the_official_client_presents_its_certificate() {
+    let pki = Pki::new("client-mtls");
+    let server = start_with(pki.server_config(true));
+    let (cert, key) = pki.leaf("billing", "billing", &["billing.example"]);
+    let client = tls_client(server.local_addr(), &pki.ca_file(), Some((&cert, &key)));
+    let ticket = client
+        .acquire("billing/1", Duration::from_secs(1), Duration::from_secs(30))
+        .expect("granted");
+    assert_eq!(ticket.release().unwrap(), ReleaseOutcome::Released);
+    // Without a certificate: refused, never granted.
+    let bare = tls_client(server.local_addr(), &pki.ca_file(), None);
+    let refused = bare.acquire("billing/2", Duration::ZERO, Duration::from_secs(30));
+    assert!(refused.is_err(), "{refused:?}");
+    drop((client, bare));
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn a_client_without_the_servers_ca_cannot_connect() {
+    let pki = Pki::new("server-ca");
+    let other = Pki::new("other-ca");
+    let server = start_with(pki.server_config(false));
+    let client = tls_client(server.local_addr(), &other.ca_file(), None);
+    let result = client.acquire("k", Duration::ZERO, Duration::from_secs(30));
+    assert_eq!(result.err(), Some(AcquireError::Unavailable));
+    let failure = client
+        .last_session_failure()
+        .expect("a failed session")
+        .to_string();
+    assert!(failure.contains("cannot connect"), "{failure}");
+    drop(client);
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn the_cli_speaks_tls_with_its_flags_and_env() {
+    let pki = Pki::new("cli");
+    let server = start_with(pki.server_config(true));
+    let (cert, key) = pki.leaf("cli", "ops", &["ops.example"]);
+    let addr = server.local_addr().to_string();
+    let latchkey = || {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"));
+        command.env_remove("LATCHKEY_TLS_CA");
+        command.env_remove("LATCHKEY_TLS_CERT");
+        command.env_remove("LATCHKEY_TLS_KEY");
+        command.args(["ping", "--server", &addr, "--transport-timeout", "2s"]);
+        command
+    };
+    let ok = latchkey()
+        .arg("--tls-ca")
+        .arg(pki.ca_file())
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{ok:?}");
+    let by_env = latchkey()
+        .env("LATCHKEY_TLS_CA", pki.ca_file())
+        .env("LATCHKEY_TLS_CERT", &cert)
+        .env("LATCHKEY_TLS_KEY", &key)
+        .output()
+        .unwrap();
+    assert!(by_env.status.success(), "{by_env:?}");
+    let plain = latchkey().output().unwrap();
+    assert!(!plain.status.success(), "{plain:?}");
+    let lone_cert = latchkey()
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert_eq!(lone_cert.status.code(), Some(2), "{lone_cert:?}");
+    let missing = latchkey()
+        .arg("--tls-ca")
+        .arg(pki.dir.join("nope.crt"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success());
+    assert!(
+        stderr.contains("--tls-ca") && stderr.contains("nope.crt"),
+        "{stderr}"
+    );
+    server.shutdown();
+    server.join().unwrap();
 }

@@ -42,13 +42,17 @@
 use std::ffi::OsString;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::thread;
 use std::time::Duration;
 
 use crossbeam_channel::RecvTimeoutError;
 
-use super::{AcquireError, Client, ClientConfig, KeyState, RequestError, Ticket, DEFAULT_ADDR};
+use super::{
+    AcquireError, Client, ClientConfig, ClientTls, KeyState, RequestError, Ticket, DEFAULT_ADDR,
+};
+use crate::tls::ClientFiles;
 
 mod admin;
 mod duration;
@@ -95,6 +99,29 @@ pub struct ConnectArgs {
     /// `--wait` runs out.
     #[arg(long, default_value = "5s", value_parser = parse_transport_timeout)]
     pub transport_timeout: Duration,
+    /// Speak TLS, trusting the CA certificates (PEM) in FILE for the server's certificate.
+    #[arg(long, env = "LATCHKEY_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// With --tls-ca: present this certificate chain (PEM), for a server that requires one.
+    #[arg(
+        long,
+        env = "LATCHKEY_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        env = "LATCHKEY_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// With --tls-ca: the name the server's certificate must carry, when the address (an IP
+    /// SAN by default) is not in it.
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
 }
 
 impl ConnectArgs {
@@ -103,7 +130,38 @@ impl ConnectArgs {
         ConnectArgs {
             server: server.into(),
             transport_timeout: ClientConfig::default().transport_timeout,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_server_name: None,
         }
+    }
+
+    /// The client's TLS settings: `None` without `--tls-ca`; a usage error when a TLS flag is
+    /// given without it.
+    pub fn tls(&self) -> Result<Option<ClientTls>, String> {
+        let Some(ca_file) = &self.tls_ca else {
+            let flags = [
+                (self.tls_cert.is_some(), "--tls-cert"),
+                (self.tls_key.is_some(), "--tls-key"),
+                (self.tls_server_name.is_some(), "--tls-server-name"),
+            ];
+            return match flags.into_iter().find(|(given, _)| *given) {
+                Some((_, flag)) => Err(format!("{flag} needs --tls-ca (TLS is off without it)")),
+                None => Ok(None),
+            };
+        };
+        let cert_and_key = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => return Err("--tls-cert and --tls-key go together".to_string()),
+        };
+        let files = ClientFiles {
+            ca_file: ca_file.clone(),
+            cert_and_key,
+        };
+        let server_name = self.tls_server_name.clone();
+        Ok(Some(ClientTls { files, server_name }))
     }
 }
 
@@ -305,11 +363,16 @@ fn server_addrs(command: &str, connect: &ConnectArgs) -> Result<Vec<SocketAddr>,
 /// connect.
 fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAddr), ExitCode> {
     let addrs = server_addrs(command, connect)?;
+    let tls = connect.tls().map_err(|message| {
+        eprintln!("latchkey {command}: {message}");
+        ExitCode::from(EXIT_USAGE)
+    })?;
     let config = ClientConfig {
         addrs: addrs.clone(),
         sessions: 1,
         connect_timeout: connect.transport_timeout,
         transport_timeout: connect.transport_timeout,
+        tls,
         ..ClientConfig::default()
     };
     match Client::with_config(config) {

@@ -132,6 +132,18 @@ pub struct ClientConfig {
     pub transport_timeout: Duration,
     /// Calls waiting to be taken by one session's thread at most. Default 4096.
     pub session_calls_max: usize,
+    /// TLS to the server, or `None` (the default) for plaintext.
+    pub tls: Option<ClientTls>,
+}
+
+/// How a client speaks TLS to the server.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientTls {
+    /// The CA that signed the server's certificate, and the client's own certificate and key
+    /// (needed when the server sets `tls.client_ca_file`).
+    pub files: crate::tls::ClientFiles,
+    /// The name the server's certificate must carry; `None`: the address's IP (an IP SAN).
+    pub server_name: Option<String>,
 }
 
 impl Default for ClientConfig {
@@ -142,6 +154,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(2),
             transport_timeout: Duration::from_secs(5),
             session_calls_max: 4096,
+            tls: None,
         }
     }
 }
@@ -200,12 +213,19 @@ impl Client {
     }
 
     /// A client with an explicit configuration. Fails when `addrs` is empty, `sessions` is 0,
-    /// or a session thread cannot be started.
+    /// a TLS file cannot be read or used (the error names the flag and the path), or a session
+    /// thread cannot be started.
     pub fn with_config(config: ClientConfig) -> io::Result<Client> {
+        let tls = config
+            .tls
+            .as_ref()
+            .map(session::SessionTls::new)
+            .transpose()?;
         let session_config = SessionConfig {
             connect_timeout: config.connect_timeout,
             transport_timeout: config.transport_timeout,
             inbox_calls_max: config.session_calls_max.max(1),
+            tls,
         };
         let pool = Pool::start(config.addrs.clone(), config.sessions, session_config)?;
         Ok(Client {

@@ -75,7 +75,7 @@ impl Pool {
             }
         });
         let failures = Arc::clone(&self.failures);
-        let session = Session::spawn(id, addr, self.session_config, orphans, failures)?;
+        let session = Session::spawn(id, addr, self.session_config.clone(), orphans, failures)?;
         let session = Arc::new(session);
         *guard = Some(Arc::clone(&session));
         Ok(session)

@@ -18,11 +18,16 @@
 //! ends the session at once and holds that answer back until [`Pipeline::finish`]. A session
 //! never reconnects: the pool replaces a failed session by a new one.
 //!
+//! Over TLS the session counts as established (and encodes its first request) only once the
+//! handshake is done, so a handshake that fails (wrong CA, refused certificate) is a failed
+//! connect and nothing was sent. Bytes handed to rustls count as handed to the socket: "possibly
+//! sent" is the safe side of the line.
+//!
 //! Deliberately not here: choosing a session and retrying elsewhere (see [`super::pool`]).
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -35,6 +40,10 @@ use parking_lot::Mutex;
 use super::call::{Call, CloseReason, Outcome};
 use super::error::SessionFailure;
 use super::pipeline::Pipeline;
+use super::ClientTls;
+use crate::server::net::Stream;
+use crate::server::tls::TlsStream;
+use rustls::pki_types::ServerName;
 
 const STREAM: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -44,7 +53,7 @@ const INPUT_BYTES: usize = 16 * 1024;
 const EVENTS_MAX: usize = 8;
 
 /// Timeouts and bounds of one session.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct SessionConfig {
     /// How long the TCP connect may take.
     pub connect_timeout: Duration,
@@ -53,6 +62,87 @@ pub(crate) struct SessionConfig {
     pub transport_timeout: Duration,
     /// Calls waiting in the inbox at most; a full inbox refuses new calls (not sent).
     pub inbox_calls_max: usize,
+    /// TLS, or `None` for plaintext.
+    pub tls: Option<SessionTls>,
+}
+
+/// A session's TLS: the rustls configuration and the name to expect.
+#[derive(Clone, Debug)]
+pub(crate) struct SessionTls {
+    config: Arc<rustls::ClientConfig>,
+    server_name: Option<ServerName<'static>>,
+}
+
+impl SessionTls {
+    /// Reads the files and checks the name (errors name the flag and the path or name).
+    pub(crate) fn new(tls: &ClientTls) -> io::Result<SessionTls> {
+        let config = crate::tls::client_config(&tls.files)?;
+        let server_name = match &tls.server_name {
+            Some(name) => Some(ServerName::try_from(name.clone()).map_err(|e| {
+                let message = format!("--tls-server-name {name}: {e}");
+                io::Error::new(io::ErrorKind::InvalidInput, message)
+            })?),
+            None => None,
+        };
+        Ok(SessionTls {
+            config,
+            server_name,
+        })
+    }
+
+    fn stream(&self, tcp: TcpStream, addr: SocketAddr) -> io::Result<TlsStream> {
+        let name = match &self.server_name {
+            Some(name) => name.clone(),
+            None => ServerName::IpAddress(addr.ip().into()),
+        };
+        let connection = rustls::ClientConnection::new(Arc::clone(&self.config), name)
+            .map_err(io::Error::other)?;
+        Ok(TlsStream::client(tcp, connection))
+    }
+}
+
+/// A session's connection: plain TCP or TLS.
+enum Connection {
+    Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+impl Connection {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Connection::Plain(tcp) => tcp,
+            Connection::Tls(tls) => tls.tcp(),
+        }
+    }
+
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Connection::Plain(tcp) => tcp.read(buffer),
+            Connection::Tls(tls) => tls.read(buffer),
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        match self {
+            Connection::Plain(tcp) => tcp.write(bytes),
+            Connection::Tls(tls) => tls.write(bytes),
+        }
+    }
+
+    /// Writes the TLS records waiting in rustls, if any (`WouldBlock` when some remain).
+    fn flush_records(&mut self) -> io::Result<()> {
+        match self {
+            Connection::Tls(tls) if tls.wants_write() => tls.flush(),
+            _ => Ok(()),
+        }
+    }
+
+    fn shutdown_write(&mut self) -> io::Result<()> {
+        match self {
+            Connection::Plain(tcp) => tcp.shutdown_write(),
+            Connection::Tls(tls) => tls.shutdown_write(),
+        }
+    }
 }
 
 /// Where a session hands the background releases it could not send.
@@ -102,6 +192,7 @@ impl Session {
             failed: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
         });
+        let transport_timeout = config.transport_timeout;
         let driver = Driver {
             id,
             addr,
@@ -110,7 +201,8 @@ impl Session {
             poll,
             events: Events::with_capacity(EVENTS_MAX),
             stream: None,
-            pipeline: Pipeline::new(config.transport_timeout, Instant::now()),
+            tcp_connected: false,
+            pipeline: Pipeline::new(transport_timeout, Instant::now()),
             input: vec![0; INPUT_BYTES],
             input_len: 0,
             orphans,
@@ -164,7 +256,9 @@ struct Driver {
     shared: Arc<Shared>,
     poll: Poll,
     events: Events,
-    stream: Option<TcpStream>,
+    stream: Option<Connection>,
+    /// The TCP connect completed (over TLS, the handshake may still be under way).
+    tcp_connected: bool,
     pipeline: Pipeline,
     input: Vec<u8>,
     input_len: usize,
@@ -192,7 +286,10 @@ impl Driver {
             .registry()
             .register(&mut stream, STREAM, interest)
             .map_err(fail)?;
-        self.stream = Some(stream);
+        self.stream = Some(match &self.config.tls {
+            Some(tls) => Connection::Tls(Box::new(tls.stream(stream, self.addr).map_err(fail)?)),
+            None => Connection::Plain(stream),
+        });
         Ok(())
     }
 
@@ -216,8 +313,11 @@ impl Driver {
                 .iter()
                 .any(|e| e.token() == STREAM && e.is_writable());
             if !self.pipeline.is_established() {
-                if readable || writable {
+                if (readable || writable) && !self.tcp_connected {
                     self.check_connected();
+                }
+                if (readable || writable) && self.tcp_connected {
+                    self.handshake();
                 }
                 if !self.pipeline.is_established() && now >= connect_deadline {
                     self.pipeline.close(CloseReason::ConnectTimeout);
@@ -248,7 +348,11 @@ impl Driver {
 
     /// A non-blocking connect has finished (or failed) when the socket reports readiness.
     fn check_connected(&mut self) {
-        let stream = self.stream.as_ref().expect("connect() stored the stream");
+        let stream = self
+            .stream
+            .as_ref()
+            .expect("connect() stored the stream")
+            .tcp();
         match stream.take_error() {
             Ok(None) => {}
             Ok(Some(error)) | Err(error) => {
@@ -263,12 +367,31 @@ impl Driver {
                     log::debug!("session {}: TCP_NODELAY: {error}", self.id);
                 }
                 log::debug!("session {} connected to {}", self.id, self.addr);
-                self.pipeline.set_established();
+                self.tcp_connected = true;
             }
             Err(error) if error.kind() == io::ErrorKind::NotConnected => {}
             Err(error) => self
                 .pipeline
                 .close(CloseReason::ConnectFailed(error.kind())),
+        }
+    }
+
+    /// Moves the TLS handshake along (the session is established once it is done); plain TCP
+    /// is established at once.
+    fn handshake(&mut self) {
+        let tls = match self.stream.as_mut().expect("connected") {
+            Connection::Plain(_) => return self.pipeline.set_established(),
+            Connection::Tls(tls) => tls,
+        };
+        if let Err(error) = tls.progress() {
+            log::debug!("session {}: TLS handshake: {error}", self.id);
+            return self
+                .pipeline
+                .close(CloseReason::ConnectFailed(error.kind()));
+        }
+        if !tls.handshaking() {
+            log::debug!("session {}: TLS established with {}", self.id, self.addr);
+            self.pipeline.set_established();
         }
     }
 
@@ -313,6 +436,11 @@ impl Driver {
         let Some(stream) = self.stream.as_mut() else {
             return;
         };
+        match stream.flush_records() {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+            Err(error) => return self.pipeline.close(CloseReason::Io(error.kind())),
+        }
         loop {
             let mut output = self.pipeline.output(Instant::now());
             if output.bytes().is_empty() {
@@ -333,10 +461,10 @@ impl Driver {
     /// After the client was dropped and everything queued was written: half-close, so the
     /// server executes what it received, and read its last answers for a bounded time.
     fn drain_after_shutdown(&mut self) {
-        let Some(stream) = self.stream.as_ref() else {
+        let Some(stream) = self.stream.as_mut() else {
             return;
         };
-        if !self.pipeline.is_established() || stream.shutdown(Shutdown::Write).is_err() {
+        if !self.pipeline.is_established() || stream.shutdown_write().is_err() {
             return;
         }
         let until = Instant::now() + self.config.transport_timeout;

@@ -1,5 +1,6 @@
-//! A session's stream over TLS: a mio TCP stream and a rustls `ServerConnection`, behind the
-//! same [`Stream`] trait as plain TCP, so the core runs unchanged.
+//! A session's stream over TLS: a mio TCP stream and a rustls connection, behind the same
+//! [`Stream`] trait as plain TCP, so the core runs unchanged. The official client's sessions,
+//! non-blocking on mio too, use the same type with a client connection.
 //!
 //! rustls is sans-IO: it takes ciphertext (`read_tls`), decrypts it (`process_new_packets`),
 //! hands out plaintext (`reader`), takes plaintext (`writer`) and gives ciphertext to send
@@ -26,7 +27,7 @@
 use super::net::{MioStream, Stream};
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
-use rustls::{ServerConfig, ServerConnection};
+use rustls::{ClientConnection, Connection, ServerConfig, ServerConnection};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::sync::Arc;
@@ -43,7 +44,7 @@ pub const READ_ROUNDS_MAX: usize = 1024;
 /// A TLS session over a mio TCP stream (see the module docs).
 pub struct TlsStream {
     tcp: TcpStream,
-    tls: ServerConnection,
+    tls: Connection,
     /// The socket ended its input.
     tcp_ended: bool,
 }
@@ -51,13 +52,50 @@ pub struct TlsStream {
 impl TlsStream {
     /// A server-side TLS stream on an accepted connection.
     pub fn new(tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<TlsStream> {
-        let mut tls = ServerConnection::new(config).map_err(io::Error::other)?;
+        let tls = ServerConnection::new(config).map_err(io::Error::other)?;
+        Ok(TlsStream::with(tcp, Connection::Server(tls)))
+    }
+
+    /// A client-side TLS stream on a (perhaps still connecting) connection.
+    pub fn client(tcp: TcpStream, tls: ClientConnection) -> TlsStream {
+        TlsStream::with(tcp, Connection::Client(tls))
+    }
+
+    fn with(tcp: TcpStream, mut tls: Connection) -> TlsStream {
         tls.set_buffer_limit(Some(TLS_BUFFER_BYTES));
-        Ok(TlsStream {
+        TlsStream {
             tcp,
             tls,
             tcp_ended: false,
-        })
+        }
+    }
+
+    /// The TCP stream (to check a connect, set options).
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Moves a handshake along without taking plaintext: writes what rustls holds, then reads
+    /// and processes what the socket has until it would block (`UnexpectedEof` when the
+    /// socket ended first, `InvalidData` for a TLS error). For the client's sessions.
+    pub fn progress(&mut self) -> io::Result<()> {
+        self.push_records_now()?;
+        for _ in 0..READ_ROUNDS_MAX {
+            match self.tls.read_tls(&mut self.tcp) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            if let Err(error) = self.tls.process_new_packets() {
+                let _ = self.push_records_now();
+                let message = format!("TLS: {error}");
+                return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+            }
+            self.push_records_now()?;
+        }
+        Ok(())
     }
 
     /// Writes the records rustls holds until none is left (`Ok`) or the socket is full

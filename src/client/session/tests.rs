@@ -15,6 +15,7 @@ fn config() -> SessionConfig {
         connect_timeout: Duration::from_secs(2),
         transport_timeout: Duration::from_secs(5),
         inbox_calls_max: 16,
+        tls: None,
     }
 }
 
