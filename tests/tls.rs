@@ -398,3 +398,75 @@ fn the_cli_speaks_tls_with_its_flags_and_env() {
     server.shutdown();
     server.join().unwrap();
 }
+
+/// A client pipelines far more pings than the socket buffers hold and stops reading for a
+/// while: the server's output backs up (session buffer, rustls, socket) and its reading pauses;
+/// then every Pong arrives, in order. (Whether the last write leaves records held in rustls
+/// depends on the kernel's buffer sizes; the session's unit test covers that case exactly.)
+#[test]
+fn tls_output_backed_up_while_the_client_does_not_read_is_delivered() {
+    let pki = Pki::new("held");
+    let server = start_with(pki.server_config(false));
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&server.local_addr().into()).unwrap();
+    let mut tcp: TcpStream = socket.into();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let config = raw_client_config(&pki.ca_file(), None);
+    let mut tls = rustls::ClientConnection::new(config, "127.0.0.1".try_into().unwrap()).unwrap();
+    while tls.is_handshaking() {
+        tls.complete_io(&mut tcp).unwrap();
+    }
+    tcp.set_nonblocking(true).unwrap();
+    let pings = 30_000;
+    let request = PING.repeat(pings);
+    let (mut sent, mut received) = (0, 0);
+    let mut answers = vec![0u8; 64 * 1024];
+    let started = Instant::now();
+    let mut reading = false;
+    while received < request.len() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "stalled at {received}"
+        );
+        if sent < request.len() {
+            sent += tls.writer().write(&request[sent..]).unwrap();
+        }
+        while tls.wants_write() {
+            match tls.write_tls(&mut tcp) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+        // Not reading for the first second: the server's output backs up into rustls.
+        reading = reading || started.elapsed() > Duration::from_secs(1);
+        if !reading {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        match tls.read_tls(&mut tcp) {
+            Ok(0) => panic!("server closed at {received}"),
+            Ok(_) => {
+                tls.process_new_packets().unwrap();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+        loop {
+            match tls.reader().read(&mut answers) {
+                Ok(0) => panic!("server ended at {received}"),
+                Ok(n) => {
+                    assert_eq!(answers[..n], request[received..received + n]);
+                    received += n;
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    drop(tcp);
+    server.shutdown();
+    server.join().unwrap();
+}

@@ -526,3 +526,6 @@ impl<S: Stream> Session<S> {
         self.socket
     }
 }
+
+#[cfg(test)]
+mod tests;
