@@ -310,7 +310,7 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         .map(crate::tls::server_config)
         .transpose()?;
     let bound = bind::bind(config.server.listen, cores)?;
-    let plan = plan(&config, notify)?;
+    let mut plan = plan(&config, notify)?;
     let persister = match &plan.state_dir {
         Some(state) => Some(Persister::start(state.clone(), Arc::clone(&plan.shared))?),
         None => None,
@@ -321,26 +321,10 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
     let key_pool = KeyPool::default();
     let epoch = Instant::now();
     let mut threads = Vec::with_capacity(cores);
-    let polls_listeners = plan.polls.into_iter().zip(bound.listeners);
+    let polls = std::mem::take(&mut plan.polls);
+    let polls_listeners = polls.into_iter().zip(bound.listeners);
     for (index, (poll, listener)) in polls_listeners.enumerate() {
-        let step = cores as u64;
-        let first = tokens::first_token(plan.floor, index, cores);
-        let (limit, keeper) = match (&plan.state_dir, &persister) {
-            (Some(state), Some(persister)) => {
-                let reservation = config.tokens.reservation;
-                let limit = first.saturating_add(reservation.saturating_mul(step));
-                state
-                    .persist(index, limit)
-                    .map_err(|e| state_error(state, e))?;
-                (limit, persister.keeper(index, step, reservation))
-            }
-            _ => (u64::MAX, TokenKeeper::none()),
-        };
-        let range = TokenRange {
-            next: first,
-            step,
-            limit,
-        };
+        let (range, keeper) = token_range(&config, &plan, persister.as_ref(), index)?;
         let mut table = LockTable::new(plan.table_config, 0, range);
         if let Some(queues) = &plan.shared.queues {
             table.share_queue_counts(Arc::clone(queues) as Arc<dyn QueueCounts>);
@@ -380,6 +364,35 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         persister,
         _guard: bound.guard,
     })
+}
+
+/// Core `index`'s first tokens and what keeps its reservation persisted (with a state dir).
+fn token_range(
+    config: &Config,
+    plan: &Plan,
+    persister: Option<&Persister>,
+    index: usize,
+) -> io::Result<(TokenRange, TokenKeeper)> {
+    let cores = config.server.cores;
+    let step = cores as u64;
+    let first = tokens::first_token(plan.floor, index, cores);
+    let (limit, keeper) = match (&plan.state_dir, persister) {
+        (Some(state), Some(persister)) => {
+            let reservation = config.tokens.reservation;
+            let limit = first.saturating_add(reservation.saturating_mul(step));
+            state
+                .persist(index, limit)
+                .map_err(|e| state_error(state, e))?;
+            (limit, persister.keeper(index, step, reservation))
+        }
+        _ => (u64::MAX, TokenKeeper::none()),
+    };
+    let range = TokenRange {
+        next: first,
+        step,
+        limit,
+    };
+    Ok((range, keeper))
 }
 
 /// The token floor, the polls and wakers, and what the cores share.
