@@ -7,10 +7,14 @@
 //! closing the late ones. Plain TCP streams never handshake: the list stays empty and costs one
 //! emptiness check per iteration.
 //!
+//! Each close is logged at info, naming the peer, at most one line per
+//! [`LOG_PERIOD_US`](super::logs::LOG_PERIOD_US) (saying how many more there were).
+//!
 //! Invariant: at most one entry per session, and no more entries than sessions.
 
 use super::close::CloseReason;
 use super::core::{slot_of, Core};
+use super::logs::Throttle;
 use super::net::{Net, Stream};
 use super::session::Phase;
 use super::tls::HANDSHAKE_DEADLINE;
@@ -21,6 +25,7 @@ use std::collections::VecDeque;
 #[derive(Default)]
 pub struct Handshakes {
     waiting: VecDeque<(SessionId, u64)>,
+    logs: Throttle,
 }
 
 impl Handshakes {
@@ -41,6 +46,20 @@ impl<N: Net> Core<N> {
         }
     }
 
+    fn log_handshake_timeout(&mut self, slot: usize) {
+        let Some(suppressed) = self.handshakes.logs.allow(self.now_us) else {
+            return;
+        };
+        let peer = self.sessions[slot].peer();
+        let peer = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
+        log::info!(
+            "core {}: closing the session of {peer}: no TLS handshake within {:?} \
+             ({suppressed} more since the last such line)",
+            self.settings.index,
+            HANDSHAKE_DEADLINE
+        );
+    }
+
     /// Closes the sessions whose handshake is late (see the module docs).
     pub(super) fn expire_handshakes(&mut self) {
         // Bounded: every pass removes an entry.
@@ -54,6 +73,7 @@ impl<N: Net> Core<N> {
             }
             self.handshakes.waiting.pop_front();
             if waiting {
+                self.log_handshake_timeout(slot);
                 self.begin_close(slot, Phase::Dead, CloseReason::HandshakeTimeout);
             }
         }
