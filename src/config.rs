@@ -1,8 +1,8 @@
 //! The configuration file: defaults, parsing and validation.
 //!
-//! The file is TOML with six sections, `[server]`, `[limits]`, `[timer]`, `[tokens]`, `[log]`
-//! and `[tls]`; `config.example.toml` at the repository root documents every key and sets it to
-//! its default (`[tls]`, off by default, is there commented out). Every section and every key
+//! The file is TOML with seven sections, `[server]`, `[limits]`, `[timer]`, `[tokens]`, `[log]`,
+//! `[tls]` and `[[auth.rule]]`; `config.example.toml` at the repository root documents every key
+//! and sets it to its default (`[tls]` and the rules, off by default, are there commented out). Every section and every key
 //! is optional: whatever the file leaves out keeps its default, so an empty file is a valid
 //! configuration.
 //!
@@ -76,7 +76,7 @@ const _: () =
     assert!(RESERVATION_DEFAULT >= RESERVATION_MIN && RESERVATION_DEFAULT <= RESERVATION_MAX);
 
 /// The sections of the file and the keys each accepts, in the order the example file lists them.
-const SECTIONS: [(&str, &[&str]); 6] = [
+const SECTIONS: [(&str, &[&str]); 7] = [
     ("server", &["listen", "cores"]),
     (
         "limits",
@@ -92,6 +92,7 @@ const SECTIONS: [(&str, &[&str]); 6] = [
     ("tokens", &["state_dir", "reservation"]),
     ("log", &["level", "format"]),
     ("tls", &["cert_file", "key_file", "client_ca_file"]),
+    ("auth", &["rule"]),
 ];
 
 /// The whole server configuration: the file's sections, validated, with defaults filled in.
@@ -111,6 +112,9 @@ pub struct Config {
     /// `[tls]`: with it the lock port speaks only TLS; `None` (no section, the default) is
     /// plaintext.
     pub tls: Option<TlsConfig>,
+    /// `[[auth.rule]]`: the key prefixes each client identity may use; empty (the default):
+    /// every session may use every key.
+    pub auth_rules: Vec<AuthRule>,
 }
 
 /// `[server]`.
@@ -348,6 +352,7 @@ impl Config {
             ("tls", "cert_file") => self.tls_mut().cert_file = setting.file()?,
             ("tls", "key_file") => self.tls_mut().key_file = setting.file()?,
             ("tls", "client_ca_file") => self.tls_mut().client_ca_file = Some(setting.file()?),
+            ("auth", "rule") => self.auth_rules = auth::read_rules(setting.value, setting.line)?,
             _ => return Err(setting.unknown()),
         }
         Ok(())
@@ -361,6 +366,16 @@ impl Config {
     fn check_relations(&self) -> Result<(), ConfigError> {
         if let Some(tls) = &self.tls {
             tls.check_required()?;
+        }
+        let client_certificates = self
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.client_ca_file.is_some());
+        if !self.auth_rules.is_empty() && !client_certificates {
+            let message = "auth.rule: rules need [tls] client_ca_file (a session's identity \
+                           comes from its client certificate)"
+                .to_string();
+            return Err(ConfigError::new("auth.rule", None, message));
         }
         if self.limits.max_keys < self.server.cores {
             let message = format!(
@@ -655,7 +670,9 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+mod auth;
 mod tls;
+pub use auth::{AuthRule, PREFIXES_PER_RULE_MAX, RULES_MAX};
 pub use tls::TlsConfig;
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// git repository (set by `build.rs`).
 pub const COMMIT: &str = env!("LATCHKEY_COMMIT");
 
+pub mod auth;
 pub mod bench;
 pub mod chunked;
 pub mod client;

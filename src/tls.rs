@@ -6,8 +6,8 @@
 //! Files are read whole, at most [`PEM_FILE_BYTES_MAX`] each, once at start.
 //!
 //! The crypto provider is rustls's `ring` (no cmake or assembler needed to build). The expiry of
-//! a certificate is read from its DER with a small bounded walker ([`not_after_unix`]): rustls
-//! checks the validity of the peer's certificates, not of our own.
+//! our own certificate (rustls checks the validity of the peer's, not of ours) and a client
+//! certificate's identities are read with `x509-parser`.
 //!
 //! Not here: the TLS stream of a server session ([`crate::server::tls`]), the client's stream
 //! ([`crate::client`]).
@@ -23,6 +23,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
 /// The largest PEM file read (certificate chains and CA bundles are a few KiB).
 pub const PEM_FILE_BYTES_MAX: u64 = 1 << 20;
@@ -159,116 +160,54 @@ pub fn client_config(files: &ClientFiles) -> io::Result<Arc<ClientConfig>> {
     Ok(Arc::new(config))
 }
 
-// ----- the expiry of a certificate, from its DER ----------------------------------------------
+// ----- what a certificate says ---------------------------------------------------------------
 
-/// One DER item: its tag, its content and what follows it.
-fn der_item(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (length, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let count = usize::from(first & 0x7f);
-        if count == 0 || count > 4 || rest.len() < count {
-            return None;
-        }
-        let length = rest[..count]
-            .iter()
-            .fold(0usize, |length, &byte| (length << 8) | usize::from(byte));
-        (length, &rest[count..])
-    };
-    (rest.len() >= length).then(|| (tag, &rest[..length], &rest[length..]))
-}
-
-/// The end of a certificate's validity, in seconds since the Unix epoch (`None`: malformed).
+/// The end of a certificate's validity, in seconds since the Unix epoch (`None`: malformed, or
+/// before the epoch).
 pub fn not_after_unix(cert: &[u8]) -> Option<u64> {
-    let (0x30, certificate, _) = der_item(cert)? else {
-        return None;
-    };
-    let (0x30, mut tbs, _) = der_item(certificate)? else {
-        return None;
-    };
-    if tbs.first() == Some(&0xa0) {
-        tbs = der_item(tbs)?.2; // version
-    }
-    // serial number, signature algorithm, issuer
-    for _ in 0..3 {
-        tbs = der_item(tbs)?.2;
-    }
-    let (0x30, validity, _) = der_item(tbs)? else {
-        return None;
-    };
-    let not_before_rest = der_item(validity)?.2;
-    let (tag, time, _) = der_item(not_before_rest)?;
-    asn1_time_unix(tag, time)
+    let (_, cert) = X509Certificate::from_der(cert).ok()?;
+    u64::try_from(cert.validity().not_after.timestamp()).ok()
 }
 
-/// A UTCTime (tag 0x17, `YYMMDDHHMMSSZ`) or GeneralizedTime (0x18, `YYYYMMDDHHMMSSZ`).
-fn asn1_time_unix(tag: u8, time: &[u8]) -> Option<u64> {
-    let digits = |range: std::ops::Range<usize>| -> Option<u64> {
-        let text = std::str::from_utf8(time.get(range)?).ok()?;
-        text.bytes()
-            .all(|b| b.is_ascii_digit())
-            .then(|| text.parse().ok())?
+/// A client certificate's identities (see [`crate::auth`]): its subject's common names, then
+/// its DNS subject alternative names, in certificate order. Names that are not UTF-8 strings
+/// are left out; a malformed certificate (rustls verified it, so this does not happen) has
+/// none. At most [`IDENTITIES_MAX`].
+pub fn certificate_identities(cert: &[u8]) -> Vec<String> {
+    let Ok((_, cert)) = X509Certificate::from_der(cert) else {
+        return Vec::new();
     };
-    let (year, at) = match (tag, time.len()) {
-        (0x17, 13) => {
-            let short = digits(0..2)?;
-            (
-                if short < 50 {
-                    2000 + short
-                } else {
-                    1900 + short
-                },
-                2,
-            )
-        }
-        (0x18, 15) => (digits(0..4)?, 4),
-        _ => return None,
-    };
-    if time.last() != Some(&b'Z') {
-        return None;
-    }
-    let month = digits(at..at + 2)?;
-    let day = digits(at + 2..at + 4)?;
-    let hms = [at + 4, at + 6, at + 8].map(|i| digits(i..i + 2));
-    let [Some(hour), Some(minute), Some(second)] = hms else {
-        return None;
-    };
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || year < 1970 {
-        return None;
-    }
-    let days = days_from_civil(year, month, day);
-    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
+    let common_names = cert
+        .subject()
+        .iter_common_name()
+        .filter_map(|name| name.as_str().ok());
+    let alternative_names = cert.subject_alternative_name().ok().flatten();
+    let dns_names = alternative_names
+        .iter()
+        .flat_map(|extension| extension.value.general_names.iter())
+        .filter_map(|name| match name {
+            GeneralName::DNSName(name) => Some(*name),
+            _ => None,
+        });
+    common_names
+        .chain(dns_names)
+        .take(IDENTITIES_MAX)
+        .map(str::to_string)
+        .collect()
 }
 
-/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (year ≥ 1970).
-fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
-    // Howard Hinnant's algorithm, with years starting in March.
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year / 400;
-    let year_of_era = year - era * 400;
-    let month_from_march = (month + 9) % 12;
-    let day_of_year = (153 * month_from_march + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
-}
+/// Identities read from one certificate at most.
+pub const IDENTITIES_MAX: usize = 64;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn asn1_times() {
-        assert_eq!(asn1_time_unix(0x17, b"700101000000Z"), Some(0));
-        assert_eq!(asn1_time_unix(0x17, b"000301000000Z"), Some(951_868_800));
-        assert_eq!(
-            asn1_time_unix(0x18, b"20380119031408Z"),
-            Some(2_147_483_648)
-        );
-        assert_eq!(asn1_time_unix(0x18, b"20380119031408"), None);
-        assert_eq!(asn1_time_unix(0x17, b"701301000000Z"), None);
-        assert_eq!(not_after_unix(&[0x30, 0x85, 0, 0, 0, 0, 0]), None);
-        assert_eq!(not_after_unix(&[]), None);
+    fn malformed_certificates_have_no_expiry_and_no_identity() {
+        for bytes in [&[][..], &[0x30, 0x85, 0, 0, 0, 0, 0], b"not a certificate"] {
+            assert_eq!(not_after_unix(bytes), None);
+            assert!(certificate_identities(bytes).is_empty());
+        }
     }
 }

@@ -75,12 +75,16 @@ fn example_file_is_the_defaults() {
     // unknown key.)
     let table: toml::Table = EXAMPLE.parse().unwrap();
     for (section, keys) in SECTIONS {
-        if section == "tls" {
+        if section == "tls" || section == "auth" {
             // Off by default: documented commented out.
+            let keys: &[&str] = match section {
+                "auth" => &["identity", "prefixes"],
+                _ => keys,
+            };
             for key in keys {
                 assert!(
                     EXAMPLE.contains(&format!("\n# {key} = ")),
-                    "tls.{key} missing"
+                    "{section}.{key} missing"
                 );
             }
             continue;
@@ -138,6 +142,7 @@ fn full_file() {
             format: LogFormat::Json,
         },
         tls: None,
+        auth_rules: Vec::new(),
     };
     let config = parsed(text);
     assert_eq!(config, expected);
@@ -342,4 +347,92 @@ fn tls_section() {
         assert_eq!(error.key(), Some(key), "{text:?}: {error}");
         assert!(error.to_string().contains(key), "{error}");
     }
+}
+
+const TLS_WITH_CLIENT_CA: &str =
+    "[tls]\ncert_file = \"a\"\nkey_file = \"b\"\nclient_ca_file = \"c\"\n";
+
+#[test]
+fn auth_rules() {
+    let text = format!(
+        "{TLS_WITH_CLIENT_CA}\
+         [[auth.rule]]\nidentity = \"billing\"\nprefixes = [\"billing/\", \"shared/\"]\n\
+         [[auth.rule]]\nidentity = \"ops\"\nprefixes = [\"\"]\n\
+         [[auth.rule]]\nidentity = \"monitor\"\nprefixes = []\n"
+    );
+    let config = parsed(&text);
+    let rule = |identity: &str, prefixes: &[&str]| AuthRule {
+        identity: identity.to_string(),
+        prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
+    };
+    assert_eq!(
+        config.auth_rules,
+        vec![
+            rule("billing", &["billing/", "shared/"]),
+            rule("ops", &[""]),
+            rule("monitor", &[]),
+        ]
+    );
+    assert_eq!(parsed(TLS_WITH_CLIENT_CA).auth_rules, Vec::new());
+}
+
+#[test]
+fn each_invalid_auth_rule_names_its_key() {
+    let long = "k".repeat(1025);
+    for (rule, key, says) in [
+        ("prefixes = [\"a/\"]", "auth.rule[0].identity", "required"),
+        (
+            "identity = \"\"\nprefixes = []",
+            "auth.rule[0].identity",
+            "is empty",
+        ),
+        (
+            "identity = 7\nprefixes = []",
+            "auth.rule[0].identity",
+            "expected a string",
+        ),
+        ("identity = \"a\"", "auth.rule[0].prefixes", "required"),
+        (
+            "identity = \"a\"\nprefixes = \"a/\"",
+            "auth.rule[0].prefixes",
+            "array",
+        ),
+        (
+            "identity = \"a\"\nprefixes = [1]",
+            "auth.rule[0].prefixes",
+            "expected a string",
+        ),
+        (
+            &format!("identity = \"a\"\nprefixes = [\"{long}\"]"),
+            "auth.rule[0].prefixes",
+            "at most 1024 bytes",
+        ),
+        (
+            "identity = \"a\"\nprefixes = []\nprefix = []",
+            "auth.rule[0].prefix",
+            "unknown key",
+        ),
+    ] {
+        let text = format!("{TLS_WITH_CLIENT_CA}[[auth.rule]]\n{rule}\n");
+        assert_refused(&text, key, says);
+    }
+    assert_refused(
+        &format!("{TLS_WITH_CLIENT_CA}[auth]\nrule = 1\n"),
+        "auth.rule",
+        "expected [[auth.rule]] tables, got integer 1",
+    );
+    assert_refused(
+        &format!("{TLS_WITH_CLIENT_CA}[auth]\nrules = []\n"),
+        "auth.rules",
+        "unknown key `auth.rules`",
+    );
+}
+
+#[test]
+fn auth_rules_need_client_certificates() {
+    let rule = "[[auth.rule]]\nidentity = \"a\"\nprefixes = [\"\"]\n";
+    let says = "auth.rule: rules need [tls] client_ca_file";
+    assert_refused(rule, "auth.rule", says);
+    let without_ca = "[tls]\ncert_file = \"a\"\nkey_file = \"b\"\n";
+    assert_refused(&format!("{without_ca}{rule}"), "auth.rule", says);
 }

@@ -39,6 +39,7 @@ use super::persist::TokenKeeper;
 use super::route::{partition_of, KeyPool, Msg, Outbox, OUTBOX_REQUESTS_MAX};
 use super::session::{Phase, ReadOutcome, Session};
 use super::Shared;
+use crate::auth::AuthRules;
 use crate::lock_table::{Answer, LockTable, Op, SessionId};
 use crate::protocol::{parse_request, ErrorCode, FrameError, Response};
 use crossbeam_channel::Receiver;
@@ -125,6 +126,8 @@ pub struct Links {
     pub key_pool: KeyPool,
     /// Keeps the token reservation topped up.
     pub tokens: TokenKeeper,
+    /// The authorization rules, if any (see [`crate::auth`]).
+    pub auth: Option<Arc<AuthRules>>,
 }
 
 /// One core: everything it owns.
@@ -526,6 +529,13 @@ impl<N: Net> Core<N> {
             self.mark_dirty(slot);
             return Step::Executed;
         };
+        if let Some(rules) = &self.links.auth {
+            if !self.sessions[slot].grant(rules).permits(key) {
+                let id = request.correlation_id();
+                let (code, consumed) = (ErrorCode::Forbidden, used);
+                return self.refuse_frame(slot, FrameError { code, id, consumed });
+            }
+        }
         let partition = partition_of(key, self.settings.cores);
         let remote = partition != self.settings.index;
         if remote {

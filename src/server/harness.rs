@@ -208,6 +208,7 @@ impl Harness {
                     shared: Arc::clone(&shared),
                     key_pool: key_pool.clone(),
                     tokens: TokenKeeper::none(),
+                    auth: None,
                 };
                 let table = table(limits, index, &shared);
                 let settings = CoreSettings {

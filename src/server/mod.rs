@@ -319,6 +319,7 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         .map(|_| crossbeam_channel::bounded(CHANNEL_DEPTH))
         .collect();
     let key_pool = KeyPool::default();
+    let auth = crate::auth::AuthRules::new(&config.auth_rules);
     let epoch = Instant::now();
     let mut threads = Vec::with_capacity(cores);
     let polls = std::mem::take(&mut plan.polls);
@@ -335,6 +336,7 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
             shared: Arc::clone(&plan.shared),
             key_pool: key_pool.clone(),
             tokens: keeper,
+            auth: auth.clone(),
         };
         let settings = CoreSettings {
             index,

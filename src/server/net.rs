@@ -33,6 +33,11 @@ pub trait Stream: Read + Write {
     fn handshaking(&self) -> bool {
         false
     }
+    /// The identities the peer proved (a TLS client certificate's names, see [`crate::auth`]);
+    /// none for plain TCP.
+    fn identities(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A stream the mio loop accepts: made from an accepted TCP connection, registered as it.

@@ -20,11 +20,13 @@
 
 use super::buffers::{BufferId, ReadBuffers, READ_BUFFER_BYTES};
 use super::net::Stream;
+use crate::auth::{AuthRules, Grant};
 use crate::lock_table::SessionId;
 use crate::protocol::Response;
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// Unsent output past which a session is not read until it drains.
 pub const OUTPUT_BOUND_BYTES: usize = 64 * 1024;
@@ -118,6 +120,8 @@ pub struct Session<S> {
     started: bool,
     /// The session is an admin HTTP request (see [`super::admin`]).
     admin: bool,
+    /// With authorization rules: what the session may use, worked out on first need.
+    grant: Option<Arc<Grant>>,
 }
 
 impl<S: Stream> Session<S> {
@@ -147,12 +151,21 @@ impl<S: Stream> Session<S> {
             unsent_grants: VecDeque::new(),
             started: false,
             admin: false,
+            grant: None,
         }
     }
 
     /// Whether no lock-protocol frame was consumed yet (the session may be an admin request).
     pub fn is_fresh(&self) -> bool {
         !self.started
+    }
+
+    /// What the session may use under `rules`: worked out from its stream's identities the
+    /// first time (after the handshake: no request is parsed before it ends), then kept.
+    pub fn grant(&mut self, rules: &AuthRules) -> &Arc<Grant> {
+        let socket = &self.socket;
+        self.grant
+            .get_or_insert_with(|| Arc::new(rules.grant(&socket.identities())))
     }
 
     /// Whether the session is an admin HTTP request.

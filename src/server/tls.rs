@@ -216,6 +216,14 @@ impl Stream for TlsStream {
     fn handshaking(&self) -> bool {
         self.tls.is_handshaking()
     }
+
+    fn identities(&self) -> Vec<String> {
+        let Connection::Server(server) = &self.tls else {
+            return Vec::new();
+        };
+        let end_entity = server.peer_certificates().and_then(|chain| chain.first());
+        end_entity.map_or_else(Vec::new, |cert| crate::tls::certificate_identities(cert))
+    }
 }
 
 impl MioStream for TlsStream {

@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 pub mod partition_model;
+pub mod pki;
 pub mod probe;
 pub mod proxy;
 pub mod rng;

@@ -154,11 +154,44 @@ impl Drop for ServerProcess {
     }
 }
 
-/// A raw protocol connection: write frames, read parsed responses.
-pub struct Conn {
+/// A raw protocol connection: write frames, read parsed responses. Over TCP by default, or any
+/// blocking stream over a TCP socket (a TLS stream).
+pub struct Conn<S: RawStream = TcpStream> {
     /// The socket.
-    pub stream: TcpStream,
+    pub stream: S,
     buffer: Vec<u8>,
+}
+
+/// A blocking byte stream over a TCP socket (whose read timeout the connection sets).
+pub trait RawStream: Read + Write {
+    /// The TCP socket underneath.
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl RawStream for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl<C, D> RawStream for rustls::StreamOwned<C, TcpStream>
+where
+    C: std::ops::DerefMut + std::ops::Deref<Target = rustls::ConnectionCommon<D>>,
+    D: rustls::SideData,
+{
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
+impl<S: RawStream> Conn<S> {
+    /// A connection over `stream`.
+    pub fn over(stream: S) -> Conn<S> {
+        Conn {
+            stream,
+            buffer: Vec::new(),
+        }
+    }
 }
 
 impl Conn {
@@ -186,7 +219,9 @@ impl Conn {
             buffer: Vec::new(),
         }
     }
+}
 
+impl<S: RawStream> Conn<S> {
     /// Writes raw bytes.
     pub fn send_raw(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("write");
@@ -209,6 +244,7 @@ impl Conn {
             }
             let left = deadline.checked_duration_since(Instant::now())?;
             self.stream
+                .tcp()
                 .set_read_timeout(Some(left.max(Duration::from_millis(1))))
                 .unwrap();
             let mut chunk = [0u8; 4096];
@@ -243,7 +279,10 @@ impl Conn {
     /// which are returned).
     pub fn recv_until_closed(&mut self) -> Vec<Response> {
         let mut responses = Vec::new();
-        self.stream.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+        self.stream
+            .tcp()
+            .set_read_timeout(Some(ANSWER_TIMEOUT))
+            .unwrap();
         loop {
             while let Some((response, used)) = parse_response(&self.buffer).expect("valid") {
                 self.buffer.drain(..used);
@@ -374,7 +413,7 @@ impl Conn {
     /// Writes `bytes` and ends this side's output so that the end of input travels with the
     /// data (TCP_CORK holds the bytes until the FIN): the server sees both in one read.
     pub fn send_raw_then_half_close(&mut self, bytes: &[u8]) {
-        let socket = socket2::SockRef::from(&self.stream);
+        let socket = socket2::SockRef::from(self.stream.tcp());
         socket.set_cork(true).expect("TCP_CORK");
         self.send_raw(bytes);
         self.shutdown_write();
@@ -383,6 +422,7 @@ impl Conn {
     /// Ends this side's output (half-close); reading still works.
     pub fn shutdown_write(&self) {
         self.stream
+            .tcp()
             .shutdown(Shutdown::Write)
             .expect("shutdown write");
     }

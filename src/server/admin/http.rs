@@ -59,6 +59,11 @@ impl Refusal {
         status: 408,
         reason: "request head not received in time",
     };
+    /// Authorization rules are in force and no rule names the session's identity.
+    pub const FORBIDDEN: Refusal = Refusal {
+        status: 403,
+        reason: "no [[auth.rule]] names this client's identity",
+    };
     /// Too many admin requests at once on this core, or the figures did not come in time.
     pub const UNAVAILABLE: Refusal = Refusal {
         status: 503,

@@ -27,11 +27,13 @@ use super::core::{core_of, slot_of, Core};
 use super::net::Net;
 use super::route::Msg;
 use super::session::Phase;
+use crate::auth::Grant;
 use crate::lock_table::{HeldKey, SessionId};
 use http::{Head, Refusal, Route};
 use render::{CoreStats, ServerStats};
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// Admin requests one core serves at once (reading, gathering or answering); one more is
 /// answered `503`.
@@ -69,6 +71,8 @@ pub enum AdminMsg {
         prefix: Vec<u8>,
         /// The first `limit` keys in key order are enough.
         limit: usize,
+        /// With authorization rules: only keys this grant permits are listed.
+        grant: Option<Arc<Grant>>,
     },
     /// A partition's first held keys with the prefix, in key order.
     Keys {
@@ -128,18 +132,25 @@ pub(super) struct KeyScan {
     session: SessionId,
     prefix: Vec<u8>,
     limit: usize,
+    grant: Option<Arc<Grant>>,
     cursor: u32,
     /// The first `limit` keys seen so far; the greatest on top.
     found: BinaryHeap<ByKey>,
 }
 
 impl KeyScan {
-    fn new(session: SessionId, prefix: Vec<u8>, limit: usize) -> KeyScan {
+    fn new(
+        session: SessionId,
+        prefix: Vec<u8>,
+        limit: usize,
+        grant: Option<Arc<Grant>>,
+    ) -> KeyScan {
         let found = BinaryHeap::new();
         KeyScan {
             session,
             prefix,
             limit,
+            grant,
             cursor: 0,
             found,
         }
@@ -209,10 +220,30 @@ impl<N: Net> Core<N> {
             Head::Complete(Err(refusal)) => self.refuse_admin(slot, refusal),
             Head::Complete(Ok(route)) => {
                 self.sessions[slot].discard_input(&mut self.buffers);
-                self.start_admin(id, route);
+                match self.admin_grant(slot, &route) {
+                    Ok(grant) => self.start_admin(id, route, grant),
+                    Err(refusal) => self.refuse_admin(slot, refusal),
+                }
             }
         }
         Some(false)
+    }
+
+    /// With authorization rules, what the admin session in `slot` may see: every request but
+    /// `/health` needs an identity some rule names (403 otherwise), and `/keys` lists only the
+    /// keys its grant permits. `None`: no rules, or `/health`.
+    fn admin_grant(&mut self, slot: usize, route: &Route) -> Result<Option<Arc<Grant>>, Refusal> {
+        let Some(rules) = &self.links.auth else {
+            return Ok(None);
+        };
+        if *route == Route::Health {
+            return Ok(None);
+        }
+        let grant = self.sessions[slot].grant(rules);
+        match grant.is_known() {
+            true => Ok(Some(Arc::clone(grant))),
+            false => Err(Refusal::FORBIDDEN),
+        }
     }
 
     /// Answers an admin session's request with `refusal` and ends the session.
@@ -243,7 +274,7 @@ impl<N: Net> Core<N> {
         self.begin_close(slot, Phase::Draining, CloseReason::Admin);
     }
 
-    fn start_admin(&mut self, id: SessionId, route: Route) {
+    fn start_admin(&mut self, id: SessionId, route: Route, grant: Option<Arc<Grant>>) {
         let cores = self.settings.cores;
         let others: Vec<usize> = (0..cores).filter(|&c| c != self.settings.index).collect();
         let state = match route {
@@ -269,15 +300,15 @@ impl<N: Net> Core<N> {
             }
             Route::Keys { prefix, limit } => {
                 for &core in &others {
-                    let prefix = prefix.clone();
                     let request = AdminMsg::KeysRequest {
                         session: id,
-                        prefix,
+                        prefix: prefix.clone(),
                         limit,
+                        grant: grant.clone(),
                     };
                     self.send_admin(core, request);
                 }
-                self.key_scans.push(KeyScan::new(id, prefix, limit));
+                self.key_scans.push(KeyScan::new(id, prefix, limit, grant));
                 JobState::Keys {
                     limit,
                     keys: Vec::new(),
@@ -329,8 +360,10 @@ impl<N: Net> Core<N> {
                 session,
                 prefix,
                 limit,
+                grant,
             } => {
-                self.key_scans.push(KeyScan::new(session, prefix, limit));
+                let scan = KeyScan::new(session, prefix, limit, grant);
+                self.key_scans.push(scan);
             }
             AdminMsg::PeersRequest { session, holders } => {
                 let peers = holders
@@ -507,8 +540,14 @@ impl<N: Net> Core<N> {
             return;
         }
         let scan = &mut self.key_scans[0];
-        let (found, limit) = (&mut scan.found, scan.limit);
+        let (found, limit, grant) = (&mut scan.found, scan.limit, &scan.grant);
         let mut keep = |held: HeldKey| {
+            if grant
+                .as_ref()
+                .is_some_and(|grant| !grant.permits(&held.key))
+            {
+                return;
+            }
             let full = found.len() >= limit;
             if full && found.peek().is_some_and(|last| last.0.key <= held.key) {
                 return;

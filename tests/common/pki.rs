@@ -1,0 +1,137 @@
+//! A test PKI made at test time with rcgen (a CA, server and client certificates, expired
+//! ones), and TLS connections to a server under test: raw rustls streams and official clients.
+
+use super::server::test_config;
+use latchkey::client::{Client, ClientConfig, ClientTls};
+use latchkey::config::{Config, TlsConfig};
+use latchkey::tls::ClientFiles;
+use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A test CA and the files it signs, in a directory of their own (removed on drop).
+pub struct Pki {
+    pub dir: PathBuf,
+    ca: Certificate,
+    ca_key: KeyPair,
+}
+
+impl Pki {
+    pub fn new(name: &str) -> Pki {
+        static COUNT: AtomicU64 = AtomicU64::new(0);
+        let count = COUNT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "latchkey-tls-{}-{name}-{count}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("latchkey test CA {name}"));
+        let ca = params.self_signed(&ca_key).unwrap();
+        let pki = Pki { dir, ca, ca_key };
+        pki.write("ca.crt", &pki.ca.pem());
+        pki
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    /// A certificate for `names` (IP addresses become IP SANs) with common name `cn`, signed
+    /// by the CA: its certificate and key files.
+    pub fn leaf(&self, file: &str, cn: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        self.leaf_with(file, cn, names, |_| {})
+    }
+
+    pub fn leaf_with(
+        &self,
+        file: &str,
+        cn: &str,
+        names: &[&str],
+        edit: impl FnOnce(&mut CertificateParams),
+    ) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        edit(&mut params);
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        let cert_file = self.write(&format!("{file}.crt"), &cert.pem());
+        let key_file = self.write(&format!("{file}.key"), &key.serialize_pem());
+        (cert_file, key_file)
+    }
+
+    /// A server config with TLS on 127.0.0.1.
+    pub fn server_config(&self, client_ca: bool) -> Config {
+        let (cert_file, key_file) = self.leaf("server", "latchkey server", &["127.0.0.1"]);
+        let mut config = test_config(2);
+        config.tls = Some(TlsConfig {
+            cert_file,
+            key_file,
+            client_ca_file: client_ca.then(|| self.ca_file()),
+        });
+        config
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A rustls client config trusting `ca` (and presenting `cert`, if any).
+pub fn raw_client_config(ca: &Path, cert: Option<(&Path, &Path)>) -> Arc<rustls::ClientConfig> {
+    let files = latchkey::tls::ClientFiles {
+        ca_file: ca.to_path_buf(),
+        cert_and_key: cert.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
+    };
+    latchkey::tls::client_config(&files).unwrap()
+}
+
+/// A blocking TLS connection to `addr` (name 127.0.0.1), with read and write timeouts.
+pub fn raw_connect(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    tcp.set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let name = "127.0.0.1".try_into().unwrap();
+    let connection = rustls::ClientConnection::new(config, name).unwrap();
+    rustls::StreamOwned::new(connection, tcp)
+}
+
+/// A client of `addr` over TLS with these files (one session, short timeouts).
+pub fn tls_client(addr: SocketAddr, ca: &Path, cert: Option<(&Path, &Path)>) -> Client {
+    let files = ClientFiles {
+        ca_file: ca.to_path_buf(),
+        cert_and_key: cert.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
+    };
+    let config = ClientConfig {
+        addrs: vec![addr],
+        sessions: 1,
+        connect_timeout: Duration::from_secs(2),
+        transport_timeout: Duration::from_secs(2),
+        tls: Some(ClientTls {
+            files,
+            server_name: None,
+        }),
+        ..ClientConfig::default()
+    };
+    Client::with_config(config).expect("client")
+}
