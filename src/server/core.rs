@@ -173,6 +173,8 @@ pub struct CoreCounters {
     pub sessions_refused: u64,
     /// Acquire frames answered `X`.
     pub acquires_rejected: u64,
+    /// Keyed requests answered `X` code 8.
+    pub requests_forbidden: u64,
 }
 
 /// How much of its time budget an iteration has used (see [`ITERATION_BUDGET_US`]).
@@ -531,6 +533,7 @@ impl<N: Net> Core<N> {
         };
         if let Some(rules) = &self.links.auth {
             if !self.sessions[slot].grant(rules).permits(key) {
+                self.counters.requests_forbidden += 1;
                 let id = request.correlation_id();
                 let (code, consumed) = (ErrorCode::Forbidden, used);
                 return self.refuse_frame(slot, FrameError { code, id, consumed });

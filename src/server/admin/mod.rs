@@ -336,6 +336,7 @@ impl<N: Net> Core<N> {
             sessions: self.sessions.len() as u64,
             sessions_refused: self.counters.sessions_refused,
             acquires_rejected: self.counters.acquires_rejected,
+            requests_forbidden: self.counters.requests_forbidden,
             locks_held: self.table.key_count() as u64,
             waiters: self.table.waiter_count() as u64,
         }

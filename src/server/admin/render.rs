@@ -17,8 +17,10 @@ pub struct CoreStats {
     pub sessions: u64,
     /// Sessions it refused at `max_connections`.
     pub sessions_refused: u64,
-    /// Acquires it answered `X` (bad key or lease).
+    /// Acquires it answered `X` (bad key or lease, or forbidden).
     pub acquires_rejected: u64,
+    /// Keyed requests it answered `X` code 8 (authorization rules).
+    pub requests_forbidden: u64,
     /// Keys its partition holds now.
     pub locks_held: u64,
     /// Acquires queued in its partition now.
@@ -50,6 +52,7 @@ impl ServerStats {
             total.sessions += core.sessions;
             total.sessions_refused += core.sessions_refused;
             total.acquires_rejected += core.acquires_rejected;
+            total.requests_forbidden += core.requests_forbidden;
             total.locks_held += core.locks_held;
             total.waiters += core.waiters;
         }
@@ -143,6 +146,12 @@ impl prometheus_client::collector::Collector for Snapshot {
             "latchkey_sessions_refused",
             "Sessions refused at max_connections",
             total.sessions_refused,
+        )?;
+        counter(
+            &mut encoder,
+            "latchkey_requests_forbidden",
+            "Keyed requests answered X code 8 by the authorization rules",
+            total.requests_forbidden,
         )?;
         gauge(
             &mut encoder,
@@ -298,6 +307,7 @@ pub fn stats_json(stats: &ServerStats) -> String {
         },
         "sessions": total.sessions,
         "sessions_refused": total.sessions_refused,
+        "requests_forbidden": total.requests_forbidden,
         "locks_held": total.locks_held,
         "waiters": total.waiters,
         "acquires": {
