@@ -47,6 +47,8 @@ pub enum CloseReason {
     Admin,
     /// The TLS handshake did not finish in time.
     HandshakeTimeout,
+    /// The TLS stream failed (its error is logged apart).
+    TlsError,
 }
 
 impl std::fmt::Display for CloseReason {
@@ -58,6 +60,7 @@ impl std::fmt::Display for CloseReason {
             CloseReason::Error(code) => write!(f, "closing error code {code}"),
             CloseReason::Admin => write!(f, "admin request answered"),
             CloseReason::HandshakeTimeout => write!(f, "handshake deadline passed"),
+            CloseReason::TlsError => write!(f, "TLS error"),
         }
     }
 }

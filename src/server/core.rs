@@ -175,6 +175,8 @@ pub struct CoreCounters {
     pub acquires_rejected: u64,
     /// Keyed requests answered `X` code 8.
     pub requests_forbidden: u64,
+    /// TLS sessions closed for a TLS error or a handshake past its deadline.
+    pub tls_failures: u64,
 }
 
 /// How much of its time budget an iteration has used (see [`ITERATION_BUDGET_US`]).
@@ -463,9 +465,7 @@ impl<N: Net> Core<N> {
                     }
                     return;
                 }
-                ReadOutcome::Failed => {
-                    return self.begin_close(slot, Phase::Dead, CloseReason::ReadFailed)
-                }
+                ReadOutcome::Failed => return self.read_failed(slot),
             }
         }
         self.schedule(slot);

@@ -1,14 +1,18 @@
-//! The handshake deadline: a session whose stream is still in its handshake (TLS) when
-//! [`HANDSHAKE_DEADLINE`] has passed since it was admitted is closed, so a client that connects
-//! and sends nothing (or a byte a second) cannot hold a session slot.
+//! TLS sessions' failures: the handshake deadline, and TLS errors.
+//!
+//! A session whose stream is still in its handshake (TLS) when [`HANDSHAKE_DEADLINE`] has
+//! passed since it was admitted is closed, so a client that connects and sends nothing (or a
+//! byte a second) cannot hold a session slot. A session whose stream fails with a TLS error (a
+//! plaintext client, garbage, a certificate the verifier refuses, an alert) is closed at once.
 //!
 //! Sessions enter [`Handshakes`] in admission order, so deadlines are in order: each iteration
 //! looks at the front only, dropping sessions that finished their handshake or ended, and
 //! closing the late ones. Plain TCP streams never handshake: the list stays empty and costs one
 //! emptiness check per iteration.
 //!
-//! Each close is logged at info, naming the peer, at most one line per
-//! [`LOG_PERIOD_US`](super::logs::LOG_PERIOD_US) (saying how many more there were).
+//! Each close is counted and logged at info, naming the peer and the reason, at most one line
+//! per kind (deadline, TLS error) per [`LOG_PERIOD_US`](super::logs::LOG_PERIOD_US), saying
+//! how many more there were.
 //!
 //! Invariant: at most one entry per session, and no more entries than sessions.
 
@@ -26,6 +30,7 @@ use std::collections::VecDeque;
 pub struct Handshakes {
     waiting: VecDeque<(SessionId, u64)>,
     logs: Throttle,
+    error_logs: Throttle,
 }
 
 impl Handshakes {
@@ -44,6 +49,25 @@ impl<N: Net> Core<N> {
             let deadline_us = self.now_us + HANDSHAKE_DEADLINE.as_micros() as u64;
             self.handshakes.waiting.push_back((id, deadline_us));
         }
+    }
+
+    /// Closes the session in `slot`, whose read failed: for a TLS error, counted and logged
+    /// (rate-limited) with the peer and the error.
+    pub(super) fn read_failed(&mut self, slot: usize) {
+        let Some(error) = self.sessions[slot].socket().tls_error() else {
+            return self.begin_close(slot, Phase::Dead, CloseReason::ReadFailed);
+        };
+        self.counters.tls_failures += 1;
+        if let Some(suppressed) = self.handshakes.error_logs.allow(self.now_us) {
+            let peer = self.sessions[slot].peer();
+            let peer = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
+            log::info!(
+                "core {}: closing the session of {peer}: TLS error: {error} \
+                 ({suppressed} more since the last such line)",
+                self.settings.index
+            );
+        }
+        self.begin_close(slot, Phase::Dead, CloseReason::TlsError);
     }
 
     fn log_handshake_timeout(&mut self, slot: usize) {
@@ -73,6 +97,7 @@ impl<N: Net> Core<N> {
             }
             self.handshakes.waiting.pop_front();
             if waiting {
+                self.counters.tls_failures += 1;
                 self.log_handshake_timeout(slot);
                 self.begin_close(slot, Phase::Dead, CloseReason::HandshakeTimeout);
             }

@@ -33,6 +33,11 @@ pub trait Stream: Read + Write {
     fn handshaking(&self) -> bool {
         false
     }
+    /// The TLS error that made `read` fail, if one did (a plaintext client, garbage, a refused
+    /// certificate, an alert); `None` for plain TCP.
+    fn tls_error(&self) -> Option<String> {
+        None
+    }
     /// The identities the peer proved (a TLS client certificate's names, see [`crate::auth`]);
     /// none for plain TCP.
     fn identities(&self) -> Vec<String> {

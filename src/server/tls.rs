@@ -47,6 +47,8 @@ pub struct TlsStream {
     tls: Connection,
     /// The socket ended its input.
     tcp_ended: bool,
+    /// The TLS error that ended the session, if one did.
+    error: Option<rustls::Error>,
 }
 
 impl TlsStream {
@@ -67,6 +69,7 @@ impl TlsStream {
             tcp,
             tls,
             tcp_ended: false,
+            error: None,
         }
     }
 
@@ -89,13 +92,21 @@ impl TlsStream {
                 Err(e) => return Err(e),
             }
             if let Err(error) = self.tls.process_new_packets() {
-                let _ = self.push_records_now();
-                let message = format!("TLS: {error}");
-                return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+                return Err(self.failed(error));
             }
             self.push_records_now()?;
         }
         Ok(())
+    }
+
+    /// Ends the session for a TLS error: sends the alert rustls queued to tell the peer why
+    /// (best effort), keeps the error (see [`Stream::tls_error`]) and returns it as an
+    /// `InvalidData` error.
+    fn failed(&mut self, error: rustls::Error) -> io::Error {
+        let _ = self.push_records_now();
+        let message = format!("TLS: {error}");
+        self.error = Some(error);
+        io::Error::new(io::ErrorKind::InvalidData, message)
     }
 
     /// Writes the records rustls holds until none is left (`Ok`) or the socket is full
@@ -149,10 +160,7 @@ impl TlsStream {
             Err(e) => return Some(Err(e)),
         }
         if let Err(error) = self.tls.process_new_packets() {
-            // rustls queued the alert that tells the peer why; best effort.
-            let _ = self.push_records_now();
-            let message = format!("TLS: {error}");
-            return Some(Err(io::Error::new(io::ErrorKind::InvalidData, message)));
+            return Some(Err(self.failed(error)));
         }
         // The handshake, a key update or a ticket may have something to send.
         self.push_records_now().err().map(Err)
@@ -215,6 +223,10 @@ impl Stream for TlsStream {
 
     fn handshaking(&self) -> bool {
         self.tls.is_handshaking()
+    }
+
+    fn tls_error(&self) -> Option<String> {
+        self.error.as_ref().map(ToString::to_string)
     }
 
     fn identities(&self) -> Vec<String> {

@@ -337,6 +337,7 @@ impl<N: Net> Core<N> {
             sessions_refused: self.counters.sessions_refused,
             acquires_rejected: self.counters.acquires_rejected,
             requests_forbidden: self.counters.requests_forbidden,
+            tls_failures: self.counters.tls_failures,
             locks_held: self.table.key_count() as u64,
             waiters: self.table.waiter_count() as u64,
         }

@@ -21,6 +21,8 @@ pub struct CoreStats {
     pub acquires_rejected: u64,
     /// Keyed requests it answered `X` code 8 (authorization rules).
     pub requests_forbidden: u64,
+    /// TLS sessions it closed for a TLS error or a late handshake.
+    pub tls_failures: u64,
     /// Keys its partition holds now.
     pub locks_held: u64,
     /// Acquires queued in its partition now.
@@ -53,6 +55,7 @@ impl ServerStats {
             total.sessions_refused += core.sessions_refused;
             total.acquires_rejected += core.acquires_rejected;
             total.requests_forbidden += core.requests_forbidden;
+            total.tls_failures += core.tls_failures;
             total.locks_held += core.locks_held;
             total.waiters += core.waiters;
         }
@@ -152,6 +155,12 @@ impl prometheus_client::collector::Collector for Snapshot {
             "latchkey_requests_forbidden",
             "Keyed requests answered X code 8 by the authorization rules",
             total.requests_forbidden,
+        )?;
+        counter(
+            &mut encoder,
+            "latchkey_tls_failures",
+            "TLS sessions closed for a TLS error or a handshake past its deadline",
+            total.tls_failures,
         )?;
         gauge(
             &mut encoder,
@@ -308,6 +317,7 @@ pub fn stats_json(stats: &ServerStats) -> String {
         "sessions": total.sessions,
         "sessions_refused": total.sessions_refused,
         "requests_forbidden": total.requests_forbidden,
+        "tls_failures": total.tls_failures,
         "locks_held": total.locks_held,
         "waiters": total.waiters,
         "acquires": {
