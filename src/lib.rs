@@ -19,7 +19,8 @@
 //! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
 //! | [`chunked`] | arrays and slabs that grow by chunks and never move what they hold |
 //! | [`metrics`] | per-core counters and fixed-bucket histograms, merged for `GET /metrics` |
-//! | [`tls`] | TLS files (PEM, expiry, key matches certificate) and rustls configurations |
+//! | [`tls`] | TLS files (PEM, expiry, key matches certificate), rustls configurations, identities |
+//! | [`auth`] | authorization by key prefix: which keys a client certificate's identity may use |
 //! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
 //! | [`client`] | the official client (PROTOCOL.md §4); `lock`, `query`, `ping`, `stats`, `keys` |

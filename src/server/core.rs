@@ -34,7 +34,7 @@
 use super::admin::{AdminJob, KeyScan};
 use super::buffers::ReadBuffers;
 use super::close::CloseReason;
-use super::net::{Net, Stream};
+use super::net::Net;
 use super::persist::TokenKeeper;
 use super::route::{partition_of, KeyPool, Msg, Outbox, OUTBOX_REQUESTS_MAX};
 use super::session::{Phase, ReadOutcome, Session};
@@ -44,8 +44,6 @@ use crate::lock_table::{Answer, LockTable, Op, SessionId};
 use crate::protocol::{parse_request, ErrorCode, FrameError, Response};
 use crossbeam_channel::Receiver;
 use slab::Slab;
-use std::io::Write;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -135,7 +133,7 @@ pub struct Core<N: Net> {
     pub(super) settings: CoreSettings,
     pub(super) net: N,
     pub(super) sessions: Slab<Session<N::Stream>>,
-    generation: u32,
+    pub(super) generation: u32,
     pub(super) buffers: ReadBuffers,
     pub(super) table: LockTable,
     pub(super) links: Links,
@@ -150,7 +148,7 @@ pub struct Core<N: Net> {
     more_inbox: bool,
     pub(super) lingering: usize,
     pub(super) stop_deadline: Option<u64>,
-    refusals_logged_us: u64,
+    pub(super) refusals_logged_us: u64,
     /// Earliest instant a held session's output must be written.
     hold_wake_us: Option<u64>,
     /// Sessions with output that the last flush left unwritten without holding them.
@@ -313,60 +311,6 @@ impl<N: Net> Core<N> {
         .into_iter()
         .flatten()
         .min()
-    }
-
-    /// Takes a new connection: a session, or `X` code 7 and a close when the server is full.
-    pub fn admit(&mut self, mut stream: N::Stream) {
-        let shared = &self.links.shared;
-        let count = shared.connections.fetch_add(1, Ordering::Relaxed);
-        if count >= self.settings.max_connections || self.sessions.len() + 1 >= SLOTS_MAX {
-            shared.connections.fetch_sub(1, Ordering::Relaxed);
-            return self.refuse(stream);
-        }
-        let slot = self.sessions.vacant_key();
-        let id = session_id(self.settings.index, slot, self.generation.wrapping_add(1));
-        let counted = shared
-            .queues
-            .as_ref()
-            .map_or(true, |queues| queues.admit(id));
-        if let Err(e) = self.net.register(&mut stream, slot) {
-            log::warn!(
-                "core {}: cannot register a session: {e}",
-                self.settings.index
-            );
-            shared.connections.fetch_sub(1, Ordering::Relaxed);
-            return;
-        }
-        debug_assert!(counted, "every slot below SLOTS_MAX is counted");
-        self.generation = self.generation.wrapping_add(1);
-        let session = Session::new(id, stream);
-        match session.peer() {
-            Some(peer) => log::debug!("session {id:#x} from {peer}: opened"),
-            None => log::debug!("session {id:#x}: opened"),
-        }
-        self.sessions.insert(session);
-        self.watch_handshake(id);
-    }
-
-    /// Sends `X` code 7 (best effort, without reading anything) and closes.
-    fn refuse(&mut self, mut stream: N::Stream) {
-        self.counters.sessions_refused += 1;
-        let mut frame = Vec::with_capacity(11);
-        let refused = Response::Error {
-            code: ErrorCode::SessionRefused,
-            id: 0,
-        };
-        refused.encode(&mut frame);
-        let _ = stream.write(&frame);
-        let _ = stream.shutdown_write();
-        if self.now_us >= self.refusals_logged_us + 1_000_000 || self.refusals_logged_us == 0 {
-            self.refusals_logged_us = self.now_us.max(1);
-            log::warn!(
-                "core {}: refusing a session: max_connections ({}) reached",
-                self.settings.index,
-                self.settings.max_connections
-            );
-        }
     }
 
     /// A readiness event for the session in `slot`.

@@ -24,7 +24,8 @@
 //! | `mod.rs` | start and stop, what the cores share |
 //! | `bind.rs` | the listeners, and the guard that no other process serves the address |
 //! | `reactor.rs` | one core's mio loop: poll, accept, alarm, readiness into its core |
-//! | `core.rs` | one core's logic: read, parse, execute or route, answer, flush |
+//! | `core.rs` | one core's logic: read, parse, authorize, execute or route, answer, flush |
+//! | `admission.rs` | a new connection: a session, or `X` code 7 past `max_connections` |
 //! | `close.rs` | the close protocol of sessions, and shutdown |
 //! | `session.rs` | one connection's stream, input, output and accounting |
 //! | `buffers.rs` | the read buffers lent to sessions |
@@ -34,9 +35,11 @@
 //! | `alarm.rs` | the timerfd that wakes a loop on its next timer |
 //! | `net.rs` | the stream and registration traits the core runs over |
 //! | `tls.rs` | a session's stream over TLS (rustls, sans-IO, edge-triggered) |
-//! | `handshake.rs` | the handshake deadline of sessions on TLS |
+//! | `handshake.rs` | TLS sessions' failures: the handshake deadline, TLS errors |
+//! | `admin/` | the HTTP admin requests on the lock port |
 
 pub mod admin;
+pub mod admission;
 pub mod alarm;
 pub mod bind;
 pub mod buffers;
