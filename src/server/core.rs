@@ -1,7 +1,7 @@
 //! One core's logic: its sessions, its partition of the key space, its way to the other cores.
 //!
 //! [`Core`] is sans-IO in the sense that matters here: it reads and writes its sessions'
-//! streams through the [`Net`] and [`Stream`] traits and is told the time,
+//! streams through the [`Net`] and [`Stream`](super::net::Stream) traits and is told the time,
 //! so the mio reactor ([`super::reactor`]) drives it over real sockets and the test harness
 //! drives several cores in one thread over in-memory streams on a virtual clock.
 //!
