@@ -132,6 +132,9 @@ pub(crate) enum CloseReason {
     ServerError(ErrorCode),
     /// A socket error.
     Io(io::ErrorKind),
+    /// A TLS error (in the handshake or after it): the server's alert or our verifier's
+    /// refusal, e.g. an unknown CA, a certificate the server requires or refuses.
+    Tls(String),
     /// The server sent bytes that are not a response frame.
     Protocol(ResponseError),
     /// A request's deadline passed while part of it was on the wire.
@@ -140,6 +143,18 @@ pub(crate) enum CloseReason {
     Unanswered,
     /// The client was dropped.
     Shutdown,
+}
+
+impl CloseReason {
+    /// A failed read or write: a TLS error (the TLS stream's `InvalidData`, saying `TLS: …`)
+    /// or a socket error.
+    pub(crate) fn of_io(error: &io::Error) -> CloseReason {
+        let message = error.to_string();
+        match error.kind() == io::ErrorKind::InvalidData && message.starts_with("TLS") {
+            true => CloseReason::Tls(message),
+            false => CloseReason::Io(error.kind()),
+        }
+    }
 }
 
 impl fmt::Display for CloseReason {
@@ -155,6 +170,7 @@ impl fmt::Display for CloseReason {
                 write!(f, "the server closed the session after error {code}")
             }
             CloseReason::Io(kind) => write!(f, "socket error: {kind}"),
+            CloseReason::Tls(message) => f.write_str(message),
             CloseReason::Protocol(error) => write!(
                 f,
                 "not a latchkey server: it answered bytes that are not latchkey frames ({error})"

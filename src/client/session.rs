@@ -385,9 +385,11 @@ impl Driver {
         };
         if let Err(error) = tls.progress() {
             log::debug!("session {}: TLS handshake: {error}", self.id);
-            return self
-                .pipeline
-                .close(CloseReason::ConnectFailed(error.kind()));
+            let reason = match CloseReason::of_io(&error) {
+                CloseReason::Io(kind) => CloseReason::ConnectFailed(kind),
+                tls => tls,
+            };
+            return self.pipeline.close(reason);
         }
         if !tls.handshaking() {
             log::debug!("session {}: TLS established with {}", self.id, self.addr);
@@ -411,7 +413,7 @@ impl Driver {
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-                Err(error) => self.pipeline.close(CloseReason::Io(error.kind())),
+                Err(error) => self.pipeline.close(CloseReason::of_io(&error)),
             }
         }
     }
@@ -439,7 +441,7 @@ impl Driver {
         match stream.flush_records() {
             Ok(()) => {}
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
-            Err(error) => return self.pipeline.close(CloseReason::Io(error.kind())),
+            Err(error) => return self.pipeline.close(CloseReason::of_io(&error)),
         }
         loop {
             let mut output = self.pipeline.output(Instant::now());
@@ -452,7 +454,7 @@ impl Driver {
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
                 Err(error) => {
                     drop(output);
-                    return self.pipeline.close(CloseReason::Io(error.kind()));
+                    return self.pipeline.close(CloseReason::of_io(&error));
                 }
             }
         }
