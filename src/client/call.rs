@@ -98,6 +98,10 @@ pub(crate) enum Outcome {
     /// The session ended before any byte of the request was handed to the socket (or it was
     /// refused with `X` code 7): the call may be retried on another session.
     NotSent,
+    /// Like `NotSent`, but the session could not be established for a reason another attempt
+    /// within this call would not fix (a TLS error in the handshake: an unknown CA, a refused
+    /// certificate): the call fails at once instead of retrying until its deadline.
+    Unreachable,
     /// The request may have reached the server and no definitive answer was delivered.
     Indeterminate,
 }

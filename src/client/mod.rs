@@ -16,7 +16,9 @@
 //!   by the session's writer just before the bytes go out.
 //! * A request counts as *definitely not sent* only while none of its bytes has been handed
 //!   to the socket (or its session was refused with `X` code 7). Only such a request is tried
-//!   again on another session, with backoff of at most 250 ms, until the deadline.
+//!   again on another session, with backoff of at most 250 ms, until the deadline — except
+//!   after a TLS error in the handshake (a certificate refused by either side), which another
+//!   attempt would meet again: the call ends [`Unavailable`](AcquireError::Unavailable) at once.
 //! * At the deadline an unsent request ends [`Timeout`](AcquireError::Timeout) (a session was
 //!   up) or [`Unavailable`](AcquireError::Unavailable) (none was); a sent, unanswered acquire
 //!   gets a Cancel on its session and the single terminal answer decides; a grant found too
@@ -452,6 +454,8 @@ impl Client {
                     }
                 }
                 Ok(Outcome::Expired { established }) => return Exchange::Unsent { established },
+                // Retrying would meet the same TLS refusal: unavailable now.
+                Ok(Outcome::Unreachable) => return Exchange::Unsent { established: false },
                 Ok(Outcome::NotSent) => {
                     avoid = Some(session.id());
                     backoff.sleep(deadline);

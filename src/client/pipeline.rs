@@ -567,7 +567,8 @@ impl Pipeline {
     }
 
     /// Resolves every open call once the session has ended: `NotSent` while no byte was handed
-    /// to the socket (or always, after `X` code 7), else `Indeterminate`; and delivers the
+    /// to the socket (or always, after `X` code 7; `Unreachable` when a TLS error ended the
+    /// handshake), else `Indeterminate`; and delivers the
     /// answer held back from an `X` that closed the session. Returns the fire-and-forget
     /// releases that were never sent, for another session.
     ///
@@ -578,6 +579,7 @@ impl Pipeline {
             let _ = tx.try_send(outcome);
         }
         let refused = self.close == Some(CloseReason::Refused);
+        let unreachable = !self.established && matches!(self.close, Some(CloseReason::Tls(_)));
         let mut unsent_releases = Vec::new();
         for entry in self.entries.drain() {
             let possibly_sent = !refused
@@ -585,10 +587,10 @@ impl Pipeline {
                     entry.stage,
                     Stage::Partial | Stage::Sent | Stage::Cancelling
                 );
-            let outcome = if possibly_sent {
-                Outcome::Indeterminate
-            } else {
-                Outcome::NotSent
+            let outcome = match (possibly_sent, unreachable) {
+                (true, _) => Outcome::Indeterminate,
+                (false, true) => Outcome::Unreachable,
+                (false, false) => Outcome::NotSent,
             };
             match entry.call.reply {
                 Some(tx) => {

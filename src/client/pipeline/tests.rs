@@ -400,6 +400,29 @@ fn a_failed_session_separates_possibly_sent_from_definitely_unsent() {
 }
 
 #[test]
+fn a_tls_error_before_the_session_was_established_makes_every_call_unreachable() {
+    let t0 = Instant::now();
+    for established_first in [false, true] {
+        let mut pipeline = Pipeline::new(TRANSPORT, t0);
+        if established_first {
+            pipeline.set_established();
+        }
+        let (call, rx) = acquire(OWNER, false, t0 + ms(3000));
+        pipeline.submit(call);
+        pipeline.close(CloseReason::Tls(
+            "TLS: invalid peer certificate".to_string(),
+        ));
+        assert!(pipeline.finish().is_empty());
+        // Once established, a TLS error is like any other: unsent calls may be retried.
+        let expected = match established_first {
+            false => Outcome::Unreachable,
+            true => Outcome::NotSent,
+        };
+        assert_eq!(rx.try_recv(), Ok(expected));
+    }
+}
+
+#[test]
 fn a_session_refused_with_code_7_counts_everything_as_not_sent() {
     let t0 = Instant::now();
     let mut pipeline = established();
