@@ -9,6 +9,10 @@
 //! a certificate is read from its DER with a small bounded walker ([`not_after_unix`]): rustls
 //! checks the validity of the peer's certificates, not of our own.
 //!
+//! A client's configuration and the name it expects of the server make a [`Connector`], which
+//! starts each connection: the official client's sessions, `latchkey stats` and `keys`, and
+//! `latchkey bench` all connect through one.
+//!
 //! Not here: the TLS stream of a server session ([`crate::server::tls`]), the client's stream
 //! ([`crate::client`]).
 
@@ -16,10 +20,11 @@ use crate::config::TlsConfig;
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::io;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -157,6 +162,43 @@ pub fn client_config(files: &ClientFiles) -> io::Result<Arc<ClientConfig>> {
         None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(config))
+}
+
+/// A client's TLS, ready to start connections: its configuration (from [`ClientFiles`]) and
+/// the name the server's certificate must carry.
+#[derive(Clone, Debug)]
+pub struct Connector {
+    config: Arc<ClientConfig>,
+    /// `None`: the IP address connected to, which the certificate must carry as an IP SAN.
+    server_name: Option<ServerName<'static>>,
+}
+
+impl Connector {
+    /// Reads and checks the files, and checks `server_name` (`--tls-server-name`): errors name
+    /// the flag and the path or the name.
+    pub fn new(files: &ClientFiles, server_name: Option<&str>) -> io::Result<Connector> {
+        let config = client_config(files)?;
+        let server_name = match server_name {
+            Some(name) => Some(ServerName::try_from(name.to_owned()).map_err(|e| {
+                let message = format!("--tls-server-name {name}: {e}");
+                io::Error::new(io::ErrorKind::InvalidInput, message)
+            })?),
+            None => None,
+        };
+        Ok(Connector {
+            config,
+            server_name,
+        })
+    }
+
+    /// A new client connection to the server at `addr` (its handshake not started).
+    pub fn connection(&self, addr: SocketAddr) -> io::Result<ClientConnection> {
+        let name = match &self.server_name {
+            Some(name) => name.clone(),
+            None => ServerName::IpAddress(addr.ip().into()),
+        };
+        ClientConnection::new(Arc::clone(&self.config), name).map_err(io::Error::other)
+    }
 }
 
 // ----- the expiry of a certificate, from its DER ----------------------------------------------

@@ -99,6 +99,14 @@ pub struct ConnectArgs {
     /// `--wait` runs out.
     #[arg(long, default_value = "5s", value_parser = parse_transport_timeout)]
     pub transport_timeout: Duration,
+    /// TLS to the server.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS to the server: shared by every client command and `latchkey bench`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TlsArgs {
     /// Speak TLS, trusting the CA certificates (PEM) in FILE for the server's certificate.
     #[arg(long, env = "LATCHKEY_TLS_CA", value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
@@ -130,16 +138,20 @@ impl ConnectArgs {
         ConnectArgs {
             server: server.into(),
             transport_timeout: ClientConfig::default().transport_timeout,
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_server_name: None,
+            tls: TlsArgs::default(),
         }
     }
 
+    /// The client's TLS settings (see [`TlsArgs::client_tls`]).
+    pub fn tls(&self) -> Result<Option<ClientTls>, String> {
+        self.tls.client_tls()
+    }
+}
+
+impl TlsArgs {
     /// The client's TLS settings: `None` without `--tls-ca`; a usage error when a TLS flag is
     /// given without it.
-    pub fn tls(&self) -> Result<Option<ClientTls>, String> {
+    pub fn client_tls(&self) -> Result<Option<ClientTls>, String> {
         let Some(ca_file) = &self.tls_ca else {
             let flags = [
                 (self.tls_cert.is_some(), "--tls-cert"),

@@ -170,7 +170,7 @@ fn get_json(
     connect: &ConnectArgs,
     target: &str,
 ) -> Result<(Vec<u8>, Value), ExitCode> {
-    if connect.tls_ca.is_some() {
+    if connect.tls.tls_ca.is_some() {
         // Not yet: the admin requests are plain HTTP from this command.
         eprintln!("latchkey {command}: --tls-ca: not supported by this command yet");
         return Err(ExitCode::from(super::EXIT_USAGE));
