@@ -20,14 +20,14 @@ use crate::config::TlsConfig;
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, StreamOwned};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// The largest PEM file read (certificate chains and CA bundles are a few KiB).
 pub const PEM_FILE_BYTES_MAX: u64 = 1 << 20;
@@ -199,6 +199,61 @@ impl Connector {
         };
         ClientConnection::new(Arc::clone(&self.config), name).map_err(io::Error::other)
     }
+
+    /// A TLS session over the blocking connection `tcp` to `addr`, its handshake done (and the
+    /// client's last flight written) by `deadline`. Errors: `TimedOut` past the deadline,
+    /// `InvalidData` with rustls's reason when the handshake is refused (after sending the
+    /// alert, best effort), `UnexpectedEof` when the server closes first. The socket keeps
+    /// read and write timeouts of at most the time that was left.
+    pub fn handshake(
+        &self,
+        mut tcp: TcpStream,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> io::Result<StreamOwned<ClientConnection, TcpStream>> {
+        let mut tls = self.connection(addr)?;
+        while tls.is_handshaking() || tls.wants_write() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let message = "the TLS handshake timed out";
+                return Err(io::Error::new(io::ErrorKind::TimedOut, message));
+            }
+            tcp.set_read_timeout(Some(left))?;
+            tcp.set_write_timeout(Some(left))?;
+            match handshake_step(&mut tls, &mut tcp) {
+                Ok(()) => {}
+                // A socket timeout (`WouldBlock` on Unix): the deadline check above says so.
+                Err(error) if is_retry(&error) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(StreamOwned::new(tls, tcp))
+    }
+}
+
+/// One blocking step of a client's handshake: write what rustls holds, else read and process.
+fn handshake_step(tls: &mut ClientConnection, tcp: &mut TcpStream) -> io::Result<()> {
+    if tls.wants_write() {
+        return tls.write_tls(tcp).map(drop);
+    }
+    if tls.read_tls(tcp)? == 0 {
+        let message = "the server closed the connection during the TLS handshake";
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, message));
+    }
+    if let Err(error) = tls.process_new_packets() {
+        // The alert that tells the server why, best effort.
+        let _ = tls.write_tls(tcp);
+        return Err(io::Error::new(io::ErrorKind::InvalidData, error));
+    }
+    Ok(())
+}
+
+/// Whether a blocking socket's error only means "try again" (a signal, or a timeout).
+fn is_retry(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 // ----- the expiry of a certificate, from its DER ----------------------------------------------

@@ -12,8 +12,10 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
+use std::time::Instant;
 
 use mio::net::TcpStream;
+use rustls::StreamOwned;
 
 use super::driver::CONNECT_TIMEOUT;
 use crate::server::net::Stream;
@@ -66,21 +68,16 @@ pub fn connect_plain(address: SocketAddr) -> io::Result<TcpStream> {
     Ok(TcpStream::from_std(stream))
 }
 
-/// A TLS connection to `address` with its handshake done (each read and write of it within
-/// [`CONNECT_TIMEOUT`]), non-blocking.
+/// A TLS connection to `address` with its handshake done within [`CONNECT_TIMEOUT`],
+/// non-blocking.
 pub fn connect_tls(address: SocketAddr, connector: &Connector) -> io::Result<TlsStream> {
-    let mut stream = connect_std(address)?;
-    stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
-    stream.set_write_timeout(Some(CONNECT_TIMEOUT))?;
-    let mut tls = connector.connection(address)?;
-    while tls.is_handshaking() {
-        if let Err(error) = tls.complete_io(&mut stream) {
-            let message = format!("TLS handshake: {error}");
-            return Err(io::Error::new(error.kind(), message));
-        }
-    }
-    stream.set_read_timeout(None)?;
-    stream.set_write_timeout(None)?;
-    stream.set_nonblocking(true)?;
-    Ok(TlsStream::client(TcpStream::from_std(stream), tls))
+    let deadline = Instant::now() + CONNECT_TIMEOUT;
+    let stream = connect_std(address)?;
+    let StreamOwned { conn, sock } = connector
+        .handshake(stream, address, deadline)
+        .map_err(|error| io::Error::new(error.kind(), format!("TLS handshake: {error}")))?;
+    sock.set_read_timeout(None)?;
+    sock.set_write_timeout(None)?;
+    sock.set_nonblocking(true)?;
+    Ok(TlsStream::client(TcpStream::from_std(sock), conn))
 }
