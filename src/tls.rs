@@ -243,6 +243,10 @@ fn handshake_step(tls: &mut ClientConnection, tcp: &mut TcpStream) -> io::Result
     if let Err(error) = tls.process_new_packets() {
         // The alert that tells the server why, best effort.
         let _ = tls.write_tls(tcp);
+        if let rustls::Error::InvalidMessage(_) = error {
+            let message = format!("{error} (does the server speak TLS?)");
+            return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+        }
         return Err(io::Error::new(io::ErrorKind::InvalidData, error));
     }
     Ok(())
