@@ -1,7 +1,8 @@
 //! `latchkey bench --target latchkeys://HOST:PORT`: the workloads over TLS against an
 //! in-process server with a test CA and an IP-SAN certificate for 127.0.0.1; the binary with
 //! `--json` (and a client certificate when the server asks for one), the library for the other
-//! workloads, and handshakes that fail before anything is measured.
+//! workloads, `--tls-server-name` for a certificate without the address, and handshakes that
+//! fail before anything is measured.
 
 mod common;
 
@@ -10,8 +11,9 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::pki::Pki;
-use common::server::start_with;
+use common::server::{start_with, test_config};
 use latchkey::bench::{execute, parse_target, BenchConfig, Workload};
+use latchkey::config::TlsConfig;
 use latchkey::tls::{ClientFiles, Connector};
 use serde_json::Value;
 
@@ -76,6 +78,34 @@ fn uncontended_over_tls_with_a_client_certificate() {
         &cert,
         Path::new("--tls-key"),
         &key,
+    ];
+    checked_report(&bench_binary(&target, &flags), &target);
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn a_certificate_without_the_address_needs_the_server_name() {
+    let pki = Pki::new("bench-name");
+    let (cert_file, key_file) = pki.leaf("named", "latchkey server", &["latchkey.test"]);
+    let mut config = test_config(1);
+    config.tls = Some(TlsConfig {
+        cert_file,
+        key_file,
+        client_ca_file: None,
+    });
+    let server = start_with(config);
+    let target = format!("latchkeys://{}", server.local_addr());
+    let ca = pki.ca_file();
+    let by_address = bench_binary(&target, &[Path::new("--tls-ca"), &ca]);
+    let stderr = String::from_utf8_lossy(&by_address.stderr);
+    assert_eq!(by_address.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("TLS handshake"), "{stderr}");
+    let flags = [
+        Path::new("--tls-ca"),
+        &ca,
+        Path::new("--tls-server-name"),
+        Path::new("latchkey.test"),
     ];
     checked_report(&bench_binary(&target, &flags), &target);
     server.shutdown();
