@@ -9,6 +9,10 @@
 //! our own certificate (rustls checks the validity of the peer's, not of ours) and a client
 //! certificate's identities are read with `x509-parser`.
 //!
+//! A client's configuration and the name it expects of the server make a [`Connector`], which
+//! starts each connection: the official client's sessions, `latchkey stats` and `keys`, and
+//! `latchkey bench` all connect through one.
+//!
 //! Not here: the TLS stream of a server session ([`crate::server::tls`]), the client's stream
 //! ([`crate::client`]).
 
@@ -16,13 +20,14 @@ use crate::config::TlsConfig;
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, StreamOwned};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::io;
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
 /// The largest PEM file read (certificate chains and CA bundles are a few KiB).
@@ -158,6 +163,102 @@ pub fn client_config(files: &ClientFiles) -> io::Result<Arc<ClientConfig>> {
         None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(config))
+}
+
+/// A client's TLS, ready to start connections: its configuration (from [`ClientFiles`]) and
+/// the name the server's certificate must carry.
+#[derive(Clone, Debug)]
+pub struct Connector {
+    config: Arc<ClientConfig>,
+    /// `None`: the IP address connected to, which the certificate must carry as an IP SAN.
+    server_name: Option<ServerName<'static>>,
+}
+
+impl Connector {
+    /// Reads and checks the files, and checks `server_name` (`--tls-server-name`): errors name
+    /// the flag and the path or the name.
+    pub fn new(files: &ClientFiles, server_name: Option<&str>) -> io::Result<Connector> {
+        let config = client_config(files)?;
+        let server_name = match server_name {
+            Some(name) => Some(ServerName::try_from(name.to_owned()).map_err(|e| {
+                let message = format!("--tls-server-name {name}: {e}");
+                io::Error::new(io::ErrorKind::InvalidInput, message)
+            })?),
+            None => None,
+        };
+        Ok(Connector {
+            config,
+            server_name,
+        })
+    }
+
+    /// A new client connection to the server at `addr` (its handshake not started).
+    pub fn connection(&self, addr: SocketAddr) -> io::Result<ClientConnection> {
+        let name = match &self.server_name {
+            Some(name) => name.clone(),
+            None => ServerName::IpAddress(addr.ip().into()),
+        };
+        ClientConnection::new(Arc::clone(&self.config), name).map_err(io::Error::other)
+    }
+
+    /// A TLS session over the blocking connection `tcp` to `addr`, its handshake done (and the
+    /// client's last flight written) by `deadline`. Errors: `TimedOut` past the deadline,
+    /// `InvalidData` with rustls's reason when the handshake is refused (after sending the
+    /// alert, best effort), `UnexpectedEof` when the server closes first. The socket keeps
+    /// read and write timeouts of at most the time that was left.
+    pub fn handshake(
+        &self,
+        mut tcp: TcpStream,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> io::Result<StreamOwned<ClientConnection, TcpStream>> {
+        let mut tls = self.connection(addr)?;
+        while tls.is_handshaking() || tls.wants_write() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let message = "the TLS handshake timed out";
+                return Err(io::Error::new(io::ErrorKind::TimedOut, message));
+            }
+            tcp.set_read_timeout(Some(left))?;
+            tcp.set_write_timeout(Some(left))?;
+            match handshake_step(&mut tls, &mut tcp) {
+                Ok(()) => {}
+                // A socket timeout (`WouldBlock` on Unix): the deadline check above says so.
+                Err(error) if is_retry(&error) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(StreamOwned::new(tls, tcp))
+    }
+}
+
+/// One blocking step of a client's handshake: write what rustls holds, else read and process.
+fn handshake_step(tls: &mut ClientConnection, tcp: &mut TcpStream) -> io::Result<()> {
+    if tls.wants_write() {
+        return tls.write_tls(tcp).map(drop);
+    }
+    if tls.read_tls(tcp)? == 0 {
+        let message = "the server closed the connection during the TLS handshake";
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, message));
+    }
+    if let Err(error) = tls.process_new_packets() {
+        // The alert that tells the server why, best effort.
+        let _ = tls.write_tls(tcp);
+        if let rustls::Error::InvalidMessage(_) = error {
+            let message = format!("{error} (does the server speak TLS?)");
+            return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+        }
+        return Err(io::Error::new(io::ErrorKind::InvalidData, error));
+    }
+    Ok(())
+}
+
+/// Whether a blocking socket's error only means "try again" (a signal, or a timeout).
+fn is_retry(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 // ----- what a certificate says ---------------------------------------------------------------

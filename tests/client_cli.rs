@@ -14,7 +14,7 @@ use clap::Parser;
 use common::proxy::Proxy;
 use common::{client, dead_addr, start_server, FakeServer, Frame, Got};
 use latchkey::client::cli::{self, ConnectArgs, LockArgs, PingArgs, QueryArgs};
-use latchkey::protocol::Response;
+use latchkey::protocol::{ErrorCode, Response};
 
 fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
@@ -191,6 +191,30 @@ fn no_confirmed_extend_before_the_validity_bound_counts_as_lost() {
 }
 
 #[test]
+fn an_extend_refused_as_forbidden_is_not_retried_and_the_lease_runs_out() {
+    let server = FakeServer::start();
+    let addr = server.addr().to_string();
+    let forbidden = |token| Response::Error {
+        code: ErrorCode::Forbidden,
+        id: token,
+    };
+    let serving = thread::spawn(move || grant_then(server, Some(forbidden)));
+    let start = Instant::now();
+    let args = lock_args(addr, "revoked", ms(500), ms(1000), "exec sleep 30");
+    assert_exit(cli::run_lock(args), cli::EXIT_LEASE_LOST);
+    // Lost at the validity bound (the A's read + 1 s - 100 ms), not at the refusal (lease/3).
+    assert!(start.elapsed() >= ms(900));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    let rest = serving.join().unwrap();
+    assert!(
+        !rest
+            .iter()
+            .any(|frame| matches!(frame, Frame::Extend { .. })),
+        "no extend after the refusal: {rest:?}"
+    );
+}
+
+#[test]
 fn a_command_ignoring_sigterm_is_killed_after_the_grace() {
     let server = FakeServer::start();
     let addr = server.addr().to_string();
@@ -332,6 +356,59 @@ fn the_binary_runs_a_command_under_a_lock_and_reports_state() {
     assert!(String::from_utf8(output.stdout)
         .unwrap()
         .starts_with("pong from "));
+}
+
+/// A scripted server that answers the first request of one session, which must be for `key`,
+/// with `X` 8 (as a server whose rules refuse the key to this identity), then waits for the
+/// client to close.
+fn forbid_first(key: &'static str) -> (String, thread::JoinHandle<()>) {
+    let server = FakeServer::start();
+    let addr = server.addr().to_string();
+    let serving = thread::spawn(move || {
+        let mut conn = server.accept();
+        let id = match conn.frame() {
+            Frame::Acquire { owner, key: k, .. } if k == key => owner,
+            Frame::Query { nonce, key: k } if k == key => nonce,
+            other => panic!("expected a request for {key}, got {other:?}"),
+        };
+        let code = ErrorCode::Forbidden;
+        conn.send(Response::Error { code, id });
+        conn.expect_eof(Duration::from_secs(10));
+    });
+    (addr, serving)
+}
+
+#[test]
+fn a_forbidden_key_exits_84_and_names_the_key() {
+    let (addr, serving) = forbid_first("secret/payroll");
+    let ran = scratch("forbidden-ran");
+    let output = latchkey(&["lock", "--server", &addr, "--wait", "0", "secret/payroll"])
+        .args(["--", "touch"])
+        .arg(&ran)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(84), "{stderr}");
+    assert!(
+        stderr.contains("latchkey lock: secret/payroll: "),
+        "{stderr}"
+    );
+    assert!(stderr.contains("forbidden for this identity"), "{stderr}");
+    assert!(!ran.exists(), "the command never ran");
+    serving.join().unwrap();
+
+    let (addr, serving) = forbid_first("secret/payroll");
+    let output = latchkey(&["query", "--server", &addr, "secret/payroll"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(84), "{stderr}");
+    assert!(
+        stderr.contains("latchkey query: secret/payroll: "),
+        "{stderr}"
+    );
+    assert!(stderr.contains("forbidden for this identity"), "{stderr}");
+    serving.join().unwrap();
 }
 
 #[test]

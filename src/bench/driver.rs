@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::redis::{encode_command, parse_reply, RedisWire, RespValue, RELEASE_SCRIPT, SHA_BYTES};
 use super::report::{HoldFigures, Report};
+use super::stream::{connect_plain, connect_tls, BenchStream};
 use super::wire::LatchkeyWire;
 use super::worker::{Worker, WorkerOutcome, WorkerSpec};
 use super::workload::{HandoffClock, HoldKeys, KeySource, Plan, Rng, LATENESS_SAMPLES_MAX};
@@ -243,13 +244,14 @@ fn plan_workers(config: &BenchConfig, address: SocketAddr, plan: &Plan) -> Vec<W
 
 type WorkerResult = Result<WorkerOutcome, BenchError>;
 
-fn work<W: super::wire::Wire>(
+fn work<W: super::wire::Wire, S: BenchStream>(
     spec: WorkerSpec,
     shared: &Arc<Shared>,
+    dial: impl FnMut(SocketAddr) -> io::Result<S>,
     make_wire: impl FnMut() -> W,
 ) -> WorkerResult {
     let hold = spec.plan.workload == Workload::Hold;
-    let worker = match Worker::connect(spec, Arc::clone(shared), make_wire) {
+    let worker = match Worker::connect(spec, Arc::clone(shared), dial, make_wire) {
         Ok(worker) => worker,
         Err(error) => {
             shared.failed.fetch_add(1, Ordering::AcqRel);
@@ -275,20 +277,26 @@ fn spawn(
 ) -> Result<JoinHandle<WorkerResult>, BenchError> {
     let shared = Arc::clone(shared);
     let dialect = config.target.dialect;
+    let tls = config.tls.clone();
     let (pipeline, lease) = (config.pipeline, config.lease);
     let index = spec.index;
     thread::Builder::new()
         .name(format!("bench-{index}"))
         .spawn(move || {
-            let result = match dialect {
-                Dialect::Latchkey => {
-                    let lease_s = lease.as_secs() as u8;
-                    work(spec, &shared, || LatchkeyWire::new(lease_s))
+            let lease_s = lease.as_secs() as u8;
+            let lease_ms = lease.as_millis() as u64;
+            // `validate` allows TLS only to latchkey.
+            let result = match (dialect, tls) {
+                (Dialect::Latchkey, None) => {
+                    work(spec, &shared, connect_plain, || LatchkeyWire::new(lease_s))
                 }
-                Dialect::Redis => {
-                    let lease_ms = lease.as_millis() as u64;
-                    work(spec, &shared, || RedisWire::new(pipeline, sha, lease_ms))
+                (Dialect::Latchkey, Some(tls)) => {
+                    let dial = |address| connect_tls(address, &tls);
+                    work(spec, &shared, dial, || LatchkeyWire::new(lease_s))
                 }
+                (Dialect::Redis, _) => work(spec, &shared, connect_plain, || {
+                    RedisWire::new(pipeline, sha, lease_ms)
+                }),
             };
             shared.progress[index].done.store(true, Ordering::Release);
             result

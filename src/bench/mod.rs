@@ -12,6 +12,7 @@
 //! | `stats.rs` | counters and HDR histograms one worker thread fills |
 //! | `report.rs` | merged results: the human table and the `--json` object |
 //! | `worker.rs` | one load thread: the mio loop over its connections |
+//! | `stream.rs` | a connection's stream, plain TCP or TLS, and opening it (TLS: with its handshake) |
 //! | `driver.rs` | the threads, the start gate, progress, the `hold` phases, RSS, merging |
 //!
 //! # Workloads
@@ -33,16 +34,25 @@
 //!   was. A sampled key already free by then is reported as missed (the lease was too short
 //!   for the grant phase). On Redis the waiters poll with `SET NX` every millisecond.
 //!
+//! # TLS
+//!
+//! `latchkeys://HOST:PORT` runs the same workloads over TLS, with the flags of the other
+//! commands (`--tls-ca`, required; `--tls-cert`, `--tls-key`, `--tls-server-name`; and
+//! `LATCHKEY_TLS_*`). Every connection completes its handshake before the start gate, so no
+//! handshake is measured. The worker is generic over its stream: plain TCP carries nothing of
+//! TLS.
+//!
 //! Invariants: each pipeline slot has at most one request outstanding, so per-connection
 //! buffers are sized once at start; nothing on the request path allocates.
 //!
 //! Deliberately not here: reconnecting (a failed connection is an error that the report
-//! shows), TLS, or any address other than the one given.
+//! shows), TLS to Redis, or any address other than the one given.
 
 mod driver;
 mod redis;
 mod report;
 mod stats;
+mod stream;
 mod wire;
 mod worker;
 mod workload;
@@ -53,6 +63,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 pub use crate::client::cli::parse_duration;
+use crate::client::cli::TlsArgs;
+use crate::tls::Connector;
 pub use driver::{execute, BenchError};
 pub use report::Report;
 
@@ -76,38 +88,50 @@ pub enum Dialect {
     Redis,
 }
 
-/// Where to send load: `latchkey://HOST:PORT` or `redis://HOST:PORT`.
+/// Where to send load: `latchkey://HOST:PORT`, `latchkeys://HOST:PORT` (over TLS) or
+/// `redis://HOST:PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     /// The dialect named by the scheme.
     pub dialect: Dialect,
+    /// Over TLS (`latchkeys://`; latchkey only, see [`BenchConfig::validate`]).
+    pub tls: bool,
     /// `HOST:PORT` as given.
     pub address: String,
 }
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scheme = match self.dialect {
-            Dialect::Latchkey => "latchkey",
-            Dialect::Redis => "redis",
+        let scheme = match (self.dialect, self.tls) {
+            (Dialect::Latchkey, false) => "latchkey",
+            (Dialect::Latchkey, true) => "latchkeys",
+            (Dialect::Redis, false) => "redis",
+            (Dialect::Redis, true) => "rediss",
         };
         write!(f, "{scheme}://{}", self.address)
     }
 }
 
-/// Parses `latchkey://HOST:PORT` or `redis://HOST:PORT`; a bare `HOST:PORT` is latchkey (the
-/// form `LATCHKEY_SERVER` and `--server` take).
+/// Parses `latchkey://HOST:PORT`, `latchkeys://HOST:PORT` or `redis://HOST:PORT`; a bare
+/// `HOST:PORT` is latchkey without TLS (the form `LATCHKEY_SERVER` and `--server` take).
 pub fn parse_target(text: &str) -> Result<Target, String> {
-    let (dialect, rest) = if let Some(rest) = text.strip_prefix("latchkey://") {
-        (Dialect::Latchkey, rest)
-    } else if let Some(rest) = text.strip_prefix("redis://") {
-        (Dialect::Redis, rest)
-    } else if !text.contains("://") {
-        (Dialect::Latchkey, text)
-    } else {
-        return Err(format!(
-            "`{text}`: expected latchkey://HOST:PORT or redis://HOST:PORT"
-        ));
+    let schemes = [
+        ("latchkey://", Dialect::Latchkey, false),
+        ("latchkeys://", Dialect::Latchkey, true),
+        ("redis://", Dialect::Redis, false),
+    ];
+    let scheme = schemes
+        .into_iter()
+        .find_map(|(prefix, dialect, tls)| Some((dialect, tls, text.strip_prefix(prefix)?)));
+    let (dialect, tls, rest) = match scheme {
+        Some(found) => found,
+        None if !text.contains("://") => (Dialect::Latchkey, false, text),
+        None => {
+            return Err(format!(
+                "`{text}`: expected latchkey://HOST:PORT, latchkeys://HOST:PORT (TLS) or \
+                 redis://HOST:PORT"
+            ))
+        }
     };
     let address = rest.trim_end_matches('/');
     let port_ok = address
@@ -118,6 +142,7 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
     }
     Ok(Target {
         dialect,
+        tls,
         address: address.to_string(),
     })
 }
@@ -147,10 +172,14 @@ impl Workload {
 /// `latchkey bench` arguments.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// latchkey://HOST:PORT (also the echo baseline) or redis://HOST:PORT; a bare HOST:PORT is
-    /// latchkey. Defaults to the latchkey server in LATCHKEY_SERVER.
+    /// latchkey://HOST:PORT (also the echo baseline), latchkeys://HOST:PORT (latchkey over TLS:
+    /// needs --tls-ca) or redis://HOST:PORT; a bare HOST:PORT is latchkey. Defaults to the
+    /// latchkey server in LATCHKEY_SERVER.
     #[arg(long, env = "LATCHKEY_SERVER", value_parser = parse_target)]
     pub target: Target,
+    /// TLS to a latchkeys:// target.
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// What each connection does.
     #[arg(long, value_enum)]
     pub workload: Workload,
@@ -197,6 +226,8 @@ pub struct BenchArgs {
 pub struct BenchConfig {
     /// Where to send load.
     pub target: Target,
+    /// TLS to a `latchkeys://` target (present exactly when `target.tls` is).
+    pub tls: Option<Connector>,
     /// What to do.
     pub workload: Workload,
     /// TCP connections.
@@ -230,6 +261,7 @@ impl BenchConfig {
     pub fn new(target: Target, workload: Workload) -> BenchConfig {
         BenchConfig {
             target,
+            tls: None,
             workload,
             connections: 50,
             pipeline: 16,
@@ -284,6 +316,9 @@ impl BenchConfig {
         if let Some((_, message)) = checks.into_iter().find(|(failed, _)| *failed) {
             return Err(message);
         }
+        if let Some(message) = tls_mismatch(&self.target, self.tls.is_some()) {
+            return Err(message);
+        }
         self.threads = self.threads.min(self.connections as usize);
         self.lease = self.wire_lease()?;
         if self.target.dialect == Dialect::Latchkey && self.wait.as_secs() > WIRE_SECONDS_MAX {
@@ -313,16 +348,43 @@ impl BenchConfig {
     }
 }
 
+/// Why TLS settings (`tls_given`) do not fit `target`, if they do not: `latchkeys://` needs
+/// them, every other target refuses them.
+fn tls_mismatch(target: &Target, tls_given: bool) -> Option<String> {
+    match (target.dialect, target.tls, tls_given) {
+        (Dialect::Redis, true, _) => Some(format!("{target}: TLS to Redis is not supported")),
+        (_, true, false) => Some(format!(
+            "{target} needs --tls-ca FILE (or LATCHKEY_TLS_CA): the CA certificates that \
+             signed the server's certificate"
+        )),
+        (_, false, true) => Some(format!(
+            "--tls-ca (or LATCHKEY_TLS_CA) is for a latchkeys://HOST:PORT target; {target} is \
+             plain TCP"
+        )),
+        _ => None,
+    }
+}
+
 /// Whole seconds, rounded up (the wire carries seconds; a bound is never shortened).
 pub(crate) fn seconds_rounded_up(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
 impl BenchArgs {
-    /// Validates the arguments into a [`BenchConfig`].
+    /// Validates the arguments into a [`BenchConfig`], reading the TLS files (errors name the
+    /// flag and the path).
     pub fn to_config(&self) -> Result<BenchConfig, String> {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        let tls = self.tls.client_tls()?;
+        if let Some(message) = tls_mismatch(&self.target, tls.is_some()) {
+            return Err(message);
+        }
+        let tls = match tls {
+            Some(tls) => Some(tls.connector().map_err(|error| error.to_string())?),
+            None => None,
+        };
         let config = BenchConfig {
+            tls,
             connections: self.connections,
             pipeline: self.pipeline,
             duration: self.duration,

@@ -150,3 +150,107 @@ fn validation_names_the_bad_flag() {
         "no more threads than connections"
     );
 }
+
+#[test]
+fn latchkeys_is_latchkey_over_tls() {
+    let target = parse_target("latchkeys://127.0.0.1:7420/").unwrap();
+    assert_eq!(
+        (target.dialect, target.tls, target.address.as_str()),
+        (Dialect::Latchkey, true, "127.0.0.1:7420")
+    );
+    assert_eq!(target.to_string(), "latchkeys://127.0.0.1:7420");
+    let plain = parse_target("latchkey://127.0.0.1:7420").unwrap();
+    assert!(!plain.tls);
+    assert!(!parse_target("redis://h:1").unwrap().tls);
+    assert!(
+        !parse_target("h:1").unwrap().tls,
+        "a bare address is plain TCP"
+    );
+    for bad in ["latchkeys://", "latchkeys://h", "rediss://h:1"] {
+        assert!(parse_target(bad).is_err(), "{bad:?} should not parse");
+    }
+    let error = parse_target("https://h:1").unwrap_err();
+    assert!(error.contains("latchkeys://HOST:PORT"), "{error}");
+}
+
+/// A self-signed CA certificate in a file of its own (removed on drop).
+struct CaFile(std::path::PathBuf);
+
+impl CaFile {
+    fn new(name: &str) -> CaFile {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        let file = format!("latchkey-bench-{}-{name}.crt", std::process::id());
+        let path = std::env::temp_dir().join(file);
+        std::fs::write(&path, cert.pem()).unwrap();
+        CaFile(path)
+    }
+}
+
+impl Drop for CaFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn latchkeys_reads_the_tls_flags() {
+    let ca = CaFile::new("flags");
+    let line = format!(
+        "--target latchkeys://127.0.0.1:1 --workload uncontended --tls-ca {}",
+        ca.0.display()
+    );
+    let config = parse(&line).unwrap().to_config().unwrap();
+    assert!(config.tls.is_some());
+    assert_eq!(config.target.to_string(), "latchkeys://127.0.0.1:1");
+    let named = format!("{line} --tls-server-name latchkey.example");
+    assert!(parse(&named).unwrap().to_config().is_ok());
+    let plain = parse("--target latchkey://127.0.0.1:1 --workload uncontended").unwrap();
+    assert!(plain.to_config().unwrap().tls.is_none());
+}
+
+#[test]
+fn tls_flags_and_the_scheme_must_agree() {
+    let ca = CaFile::new("agree");
+    let ca = ca.0.display();
+    let cases = [
+        // latchkeys:// without a CA.
+        ("latchkeys://h:1", String::new(), "needs --tls-ca"),
+        // A CA for a plaintext target.
+        ("latchkey://h:1", format!("--tls-ca {ca}"), "latchkeys://"),
+        ("h:1", format!("--tls-ca {ca}"), "latchkeys://"),
+        ("redis://h:1", format!("--tls-ca {ca}"), "latchkeys://"),
+        // The other TLS flags need the CA.
+        (
+            "latchkeys://h:1",
+            "--tls-server-name x".into(),
+            "needs --tls-ca",
+        ),
+        // The CA must be readable; the error names the flag and the path.
+        (
+            "latchkeys://h:1",
+            "--tls-ca /nonexistent/ca.crt".into(),
+            "/nonexistent/ca.crt",
+        ),
+    ];
+    for (target, flags, expected) in cases {
+        let line = format!("--target {target} --workload uncontended {flags}");
+        let error = parse(&line).unwrap().to_config().unwrap_err();
+        assert!(error.contains(expected), "{line}: {error}");
+    }
+    assert!(
+        parse(&format!(
+            "--target latchkeys://h:1 --workload hold --tls-ca {ca} --tls-cert c"
+        ))
+        .is_err(),
+        "--tls-cert needs --tls-key"
+    );
+    // A library caller's config is checked the same way.
+    let target = parse_target("latchkeys://h:1").unwrap();
+    let error = BenchConfig::new(target, Workload::Hold)
+        .validate()
+        .unwrap_err();
+    assert!(error.contains("needs --tls-ca"), "{error}");
+}

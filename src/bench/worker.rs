@@ -16,6 +16,10 @@
 //! already sent, at most `pipeline` per connection, and the requests they trigger are not sent
 //! until the read loop has ended.
 //!
+//! Streams: the worker is generic over its connections' [`BenchStream`] (plain TCP or TLS).
+//! Over TLS a `write` may leave records in rustls when the socket is full; the connection then
+//! asks for writability like for unsent requests, and `send` flushes them.
+//!
 //! Invariants: a connection's unsent bytes never exceed `pipeline` requests (one per slot), so
 //! the buffers sized at connect time never grow; a `Token` is the worker's connection number,
 //! never reused (connections are not replaced), so no generation is needed.
@@ -23,17 +27,17 @@
 //! Deliberately not here: the start gate, progress and RSS (the driver), what an answer means
 //! (the session).
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
-use super::driver::{BenchError, Shared, CONNECT_TIMEOUT};
+use super::driver::{BenchError, Shared};
 use super::stats::Stats;
+use super::stream::BenchStream;
 use super::wire::{Answer, Wire};
 use super::workload::{Context, KeySource, Outbox, Plan, Session, Timers};
 use crate::protocol::ErrorCode;
@@ -89,8 +93,8 @@ enum Failure {
     Protocol(String),
 }
 
-struct Connection<W: Wire> {
-    stream: TcpStream,
+struct Connection<W: Wire, S: BenchStream> {
+    stream: S,
     wire: W,
     session: Session,
     input: Box<[u8]>,
@@ -102,8 +106,8 @@ struct Connection<W: Wire> {
 }
 
 /// The worker's state apart from the poller, so that events can be iterated while it changes.
-struct Core<W: Wire> {
-    connections: Vec<Connection<W>>,
+struct Core<W: Wire, S: BenchStream> {
+    connections: Vec<Connection<W, S>>,
     plan: Plan,
     keys: KeySource,
     stats: Stats,
@@ -115,29 +119,24 @@ struct Core<W: Wire> {
 }
 
 /// A load thread.
-pub struct Worker<W: Wire> {
+pub struct Worker<W: Wire, S: BenchStream> {
     poll: Poll,
     events: Events,
-    core: Core<W>,
+    core: Core<W, S>,
     index: usize,
     warmup: Duration,
     duration: Duration,
 }
 
-fn connect(address: SocketAddr) -> io::Result<TcpStream> {
-    let stream = std::net::TcpStream::connect_timeout(&address, CONNECT_TIMEOUT)?;
-    stream.set_nodelay(true)?;
-    stream.set_nonblocking(true)?;
-    Ok(TcpStream::from_std(stream))
-}
-
-impl<W: Wire> Worker<W> {
-    /// Opens the worker's connections (blocking, before the start gate).
+impl<W: Wire, S: BenchStream> Worker<W, S> {
+    /// Opens the worker's connections with `dial` (blocking, before the start gate: a TLS
+    /// connection has done its handshake).
     pub fn connect(
         spec: WorkerSpec,
         shared: Arc<Shared>,
+        mut dial: impl FnMut(SocketAddr) -> io::Result<S>,
         mut make_wire: impl FnMut() -> W,
-    ) -> Result<Worker<W>, BenchError> {
+    ) -> Result<Worker<W, S>, BenchError> {
         let poll = Poll::new().map_err(BenchError::Poll)?;
         let now = Instant::now();
         let pipeline = usize::from(spec.pipeline);
@@ -148,7 +147,7 @@ impl<W: Wire> Worker<W> {
                 address: spec.address,
                 error,
             };
-            let mut stream = connect(spec.address).map_err(failed)?;
+            let mut stream = dial(spec.address).map_err(failed)?;
             poll.registry()
                 .register(&mut stream, Token(local), Interest::READABLE)
                 .map_err(failed)?;
@@ -315,14 +314,14 @@ impl<W: Wire> Worker<W> {
 
 /// A split borrow of a core: its connections and dirty list, and a session context over the
 /// rest.
-struct Parts<'a, W: Wire> {
-    connections: &'a mut [Connection<W>],
+struct Parts<'a, W: Wire, S: BenchStream> {
+    connections: &'a mut [Connection<W, S>],
     dirty: &'a mut Vec<u32>,
     ctx: Context<'a>,
 }
 
-impl<W: Wire> Core<W> {
-    fn parts(&mut self, now: Instant) -> Parts<'_, W> {
+impl<W: Wire, S: BenchStream> Core<W, S> {
+    fn parts(&mut self, now: Instant) -> Parts<'_, W, S> {
         let Core {
             connections,
             plan,
@@ -365,14 +364,18 @@ impl<W: Wire> Core<W> {
     }
 }
 
-fn mark<W: Wire>(connection: &mut Connection<W>, dirty: &mut Vec<u32>, index: usize) {
+fn mark<W: Wire, S: BenchStream>(
+    connection: &mut Connection<W, S>,
+    dirty: &mut Vec<u32>,
+    index: usize,
+) {
     if !connection.dirty && connection.open {
         connection.dirty = true;
         dirty.push(index as u32);
     }
 }
 
-impl<W: Wire> Core<W> {
+impl<W: Wire, S: BenchStream> Core<W, S> {
     fn kick(&mut self, now: Instant, poll: &Poll) {
         let Parts {
             connections,
@@ -463,7 +466,7 @@ impl<W: Wire> Core<W> {
         connection.open = false;
         // The socket is dropped with the worker; errors here change nothing.
         let _ = poll.registry().deregister(&mut connection.stream);
-        let _ = connection.stream.shutdown(std::net::Shutdown::Both);
+        let _ = connection.stream.shutdown();
         connection.session.abandon();
         self.open -= 1;
         let number = connection.session.connection();
@@ -481,7 +484,10 @@ impl<W: Wire> Core<W> {
 }
 
 /// Reads until the socket is drained and applies every complete answer.
-fn receive<W: Wire>(connection: &mut Connection<W>, ctx: &mut Context<'_>) -> Result<(), Failure> {
+fn receive<W: Wire, S: BenchStream>(
+    connection: &mut Connection<W, S>,
+    ctx: &mut Context<'_>,
+) -> Result<(), Failure> {
     loop {
         let space = connection.input.len() - connection.input_len;
         if space == 0 {
@@ -509,7 +515,10 @@ fn receive<W: Wire>(connection: &mut Connection<W>, ctx: &mut Context<'_>) -> Re
 }
 
 /// Parses and applies every complete answer in the input buffer, then compacts it.
-fn apply<W: Wire>(connection: &mut Connection<W>, ctx: &mut Context<'_>) -> Result<(), Failure> {
+fn apply<W: Wire, S: BenchStream>(
+    connection: &mut Connection<W, S>,
+    ctx: &mut Context<'_>,
+) -> Result<(), Failure> {
     let Connection {
         wire,
         session,
@@ -554,8 +563,12 @@ fn describe(answer: Answer) -> String {
 }
 
 /// Writes the queued bytes (one `write` unless the socket takes less), keeps the rest, and
-/// asks for writability only while something is left.
-fn send<W: Wire>(connection: &mut Connection<W>, poll: &Poll) -> Result<(), Failure> {
+/// asks for writability only while something is left (queued bytes, or output the stream
+/// holds: TLS records).
+fn send<W: Wire, S: BenchStream>(
+    connection: &mut Connection<W, S>,
+    poll: &Poll,
+) -> Result<(), Failure> {
     let mut sent = 0;
     let result = loop {
         if sent == connection.output.len() {
@@ -570,7 +583,8 @@ fn send<W: Wire>(connection: &mut Connection<W>, poll: &Poll) -> Result<(), Fail
         }
     };
     connection.output.drain(..sent);
-    let wants_write = !connection.output.is_empty();
+    let result = result.and_then(|()| flush_held(&mut connection.stream));
+    let wants_write = !connection.output.is_empty() || connection.stream.holds_output();
     if result.is_ok() && wants_write != connection.wants_write {
         let interest = if wants_write {
             Interest::READABLE | Interest::WRITABLE
@@ -584,4 +598,18 @@ fn send<W: Wire>(connection: &mut Connection<W>, poll: &Poll) -> Result<(), Fail
         connection.wants_write = wants_write;
     }
     result
+}
+
+/// Writes what the stream holds (TLS records a full socket did not take) as far as the socket
+/// takes it; plain TCP holds nothing and does nothing here.
+fn flush_held<S: BenchStream>(stream: &mut S) -> Result<(), Failure> {
+    if !stream.holds_output() {
+        return Ok(());
+    }
+    match stream.flush() {
+        Err(error) if error.kind() != io::ErrorKind::WouldBlock => {
+            Err(Failure::Io(format!("write: {error}")))
+        }
+        _ => Ok(()),
+    }
 }

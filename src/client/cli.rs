@@ -37,6 +37,10 @@
 //! | 85 | lease lost while CMD ran; CMD was signalled |
 //! | 126, 127 | CMD could not be run / was not found (the lock was released) |
 //!
+//! A key the server refuses to this client's identity (`X` 8, where the server has
+//! authorization rules) is such a refusal: exit 84, and the message names the key and says it
+//! is forbidden for this identity ([`FORBIDDEN_TEXT`]).
+//!
 //! Deliberately not here: retrying the whole command (a caller decides, from the exit code).
 
 use std::ffi::OsString;
@@ -52,6 +56,7 @@ use crossbeam_channel::RecvTimeoutError;
 use super::{
     AcquireError, Client, ClientConfig, ClientTls, KeyState, RequestError, Ticket, DEFAULT_ADDR,
 };
+use crate::protocol::ErrorCode;
 use crate::tls::ClientFiles;
 
 mod admin;
@@ -74,7 +79,8 @@ pub const EXIT_BUSY: u8 = 81;
 pub const EXIT_INDETERMINATE: u8 = 82;
 /// Exit code when no session to the server could be established.
 pub const EXIT_UNAVAILABLE: u8 = 83;
-/// Exit code when the server refused the request with an error code.
+/// Exit code when the server refused the request with an error code (`X`), among them 8: the
+/// key is forbidden for this client's identity.
 pub const EXIT_REJECTED: u8 = 84;
 /// Exit code when the lease was lost while CMD ran (CMD was signalled).
 pub const EXIT_LEASE_LOST: u8 = 85;
@@ -82,6 +88,12 @@ pub const EXIT_LEASE_LOST: u8 = 85;
 pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// Exit code when CMD was not found.
 pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// What a keyed command says, after the key, when the server refuses the key to this client's
+/// identity (`X` 8, [`ErrorCode::Forbidden`]): `latchkey lock: jobs/a: the key is forbidden
+/// ...`.
+pub const FORBIDDEN_TEXT: &str = "the key is forbidden for this identity (X 8): the server's \
+                                  rules do not let this client use it";
 
 /// An acquire allowed at least this long says at once that it cannot connect (and retries).
 const NOTICE_ALLOWANCE_MIN: Duration = Duration::from_secs(1);
@@ -99,6 +111,14 @@ pub struct ConnectArgs {
     /// `--wait` runs out.
     #[arg(long, default_value = "5s", value_parser = parse_transport_timeout)]
     pub transport_timeout: Duration,
+    /// TLS to the server.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS to the server: shared by every client command and `latchkey bench`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TlsArgs {
     /// Speak TLS, trusting the CA certificates (PEM) in FILE for the server's certificate.
     #[arg(long, env = "LATCHKEY_TLS_CA", value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
@@ -130,16 +150,20 @@ impl ConnectArgs {
         ConnectArgs {
             server: server.into(),
             transport_timeout: ClientConfig::default().transport_timeout,
-            tls_ca: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_server_name: None,
+            tls: TlsArgs::default(),
         }
     }
 
+    /// The client's TLS settings (see [`TlsArgs::client_tls`]).
+    pub fn tls(&self) -> Result<Option<ClientTls>, String> {
+        self.tls.client_tls()
+    }
+}
+
+impl TlsArgs {
     /// The client's TLS settings: `None` without `--tls-ca`; a usage error when a TLS flag is
     /// given without it.
-    pub fn tls(&self) -> Result<Option<ClientTls>, String> {
+    pub fn client_tls(&self) -> Result<Option<ClientTls>, String> {
         let Some(ca_file) = &self.tls_ca else {
             let flags = [
                 (self.tls_cert.is_some(), "--tls-cert"),
@@ -403,6 +427,8 @@ fn request_message(client: &Client, addr: SocketAddr, error: &RequestError) -> S
         RequestError::NoAnswer => {
             failure_text(client, addr, "no answer within --transport-timeout")
         }
+        // Only keyed requests are refused so; the caller names the key.
+        RequestError::Rejected(ErrorCode::Forbidden) => format!("{addr}: {FORBIDDEN_TEXT}"),
         other => format!("{addr}: {other}"),
     }
 }
@@ -443,6 +469,7 @@ fn acquire_message(
             Some(failure) => format!("{error}; the session failed: {failure}"),
             None => error.to_string(),
         },
+        AcquireError::Rejected(ErrorCode::Forbidden) => FORBIDDEN_TEXT.to_owned(),
         other => other.to_string(),
     }
 }
@@ -584,5 +611,51 @@ pub fn run_lock(args: LockArgs) -> ExitCode {
                 EXIT_CANNOT_EXECUTE
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forbidden_key_is_a_rejection_exit_84_said_as_such() {
+        let forbidden = ErrorCode::Forbidden;
+        assert_eq!(EXIT_REJECTED, 84);
+        assert_eq!(acquire_exit_code(&AcquireError::Rejected(forbidden)), 84);
+        assert_eq!(request_exit_code(&RequestError::Rejected(forbidden)), 84);
+        // The messages; the client is never used for them (its session fails to connect).
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let config = ClientConfig {
+            addrs: vec![addr],
+            sessions: 1,
+            ..ClientConfig::default()
+        };
+        let client = Client::with_config(config).unwrap();
+        let args = LockArgs {
+            connect: ConnectArgs::new(addr.to_string()),
+            wait: Duration::ZERO,
+            lease: Duration::from_secs(30),
+            grace: Duration::from_secs(5),
+            conflict_exit_code: Some(0),
+            quiet: true,
+            key: "jobs/a".into(),
+            command: vec!["true".into()],
+        };
+        let rejected = AcquireError::Rejected(forbidden);
+        assert_eq!(
+            acquire_message(&client, addr, &args, &rejected),
+            FORBIDDEN_TEXT
+        );
+        let refused = request_message(&client, addr, &RequestError::Rejected(forbidden));
+        assert_eq!(refused, format!("127.0.0.1:1: {FORBIDDEN_TEXT}"));
+        assert!(FORBIDDEN_TEXT.starts_with("the key is forbidden for this identity (X 8)"));
+        // Other rejections keep the server's words.
+        let other = AcquireError::Rejected(ErrorCode::LeaseZero);
+        assert_eq!(
+            acquire_message(&client, addr, &args, &other),
+            other.to_string()
+        );
+        assert_eq!(acquire_exit_code(&other), EXIT_REJECTED);
     }
 }

@@ -148,6 +148,14 @@ pub struct ClientTls {
     pub server_name: Option<String>,
 }
 
+impl ClientTls {
+    /// Reads the files and checks the name: what starts each TLS connection (errors name the
+    /// flag and the path or the name).
+    pub fn connector(&self) -> io::Result<crate::tls::Connector> {
+        crate::tls::Connector::new(&self.files, self.server_name.as_deref())
+    }
+}
+
 impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
@@ -218,11 +226,7 @@ impl Client {
     /// a TLS file cannot be read or used (the error names the flag and the path), or a session
     /// thread cannot be started.
     pub fn with_config(config: ClientConfig) -> io::Result<Client> {
-        let tls = config
-            .tls
-            .as_ref()
-            .map(session::SessionTls::new)
-            .transpose()?;
+        let tls = config.tls.as_ref().map(ClientTls::connector).transpose()?;
         let session_config = SessionConfig {
             connect_timeout: config.connect_timeout,
             transport_timeout: config.transport_timeout,

@@ -40,10 +40,9 @@ use parking_lot::Mutex;
 use super::call::{Call, CloseReason, Outcome};
 use super::error::SessionFailure;
 use super::pipeline::Pipeline;
-use super::ClientTls;
 use crate::server::net::Stream;
 use crate::server::tls::TlsStream;
-use rustls::pki_types::ServerName;
+use crate::tls::Connector;
 
 const STREAM: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -63,42 +62,7 @@ pub(crate) struct SessionConfig {
     /// Calls waiting in the inbox at most; a full inbox refuses new calls (not sent).
     pub inbox_calls_max: usize,
     /// TLS, or `None` for plaintext.
-    pub tls: Option<SessionTls>,
-}
-
-/// A session's TLS: the rustls configuration and the name to expect.
-#[derive(Clone, Debug)]
-pub(crate) struct SessionTls {
-    config: Arc<rustls::ClientConfig>,
-    server_name: Option<ServerName<'static>>,
-}
-
-impl SessionTls {
-    /// Reads the files and checks the name (errors name the flag and the path or name).
-    pub(crate) fn new(tls: &ClientTls) -> io::Result<SessionTls> {
-        let config = crate::tls::client_config(&tls.files)?;
-        let server_name = match &tls.server_name {
-            Some(name) => Some(ServerName::try_from(name.clone()).map_err(|e| {
-                let message = format!("--tls-server-name {name}: {e}");
-                io::Error::new(io::ErrorKind::InvalidInput, message)
-            })?),
-            None => None,
-        };
-        Ok(SessionTls {
-            config,
-            server_name,
-        })
-    }
-
-    fn stream(&self, tcp: TcpStream, addr: SocketAddr) -> io::Result<TlsStream> {
-        let name = match &self.server_name {
-            Some(name) => name.clone(),
-            None => ServerName::IpAddress(addr.ip().into()),
-        };
-        let connection = rustls::ClientConnection::new(Arc::clone(&self.config), name)
-            .map_err(io::Error::other)?;
-        Ok(TlsStream::client(tcp, connection))
-    }
+    pub tls: Option<Connector>,
 }
 
 /// A session's connection: plain TCP or TLS.
@@ -287,7 +251,10 @@ impl Driver {
             .register(&mut stream, STREAM, interest)
             .map_err(fail)?;
         self.stream = Some(match &self.config.tls {
-            Some(tls) => Connection::Tls(Box::new(tls.stream(stream, self.addr).map_err(fail)?)),
+            Some(tls) => {
+                let connection = tls.connection(self.addr).map_err(fail)?;
+                Connection::Tls(Box::new(TlsStream::client(stream, connection)))
+            }
             None => Connection::Plain(stream),
         });
         Ok(())

@@ -7,6 +7,7 @@
 //! * [`proxy`]: a TCP fault proxy (delay, hold, cut after N bytes, frame counts).
 //!
 //! * [`server`]: raw-frame connections and the server binary as a child process.
+//! * [`pki`]: a test CA and certificates, for TLS.
 //!
 //! Everything binds 127.0.0.1 ephemeral ports; every wait is bounded.
 #![allow(dead_code)]

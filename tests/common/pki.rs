@@ -14,6 +14,7 @@ use std::time::Duration;
 
 /// A test CA and the files it signs, in a directory of their own (removed on drop).
 pub struct Pki {
+    /// The directory of the files.
     pub dir: PathBuf,
     ca: Certificate,
     ca_key: KeyPair,

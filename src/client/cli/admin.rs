@@ -5,29 +5,35 @@
 //! `--transport-timeout`, writes `GET ... HTTP/1.1` with `Connection: close`, reads the answer
 //! to its end within `--transport-timeout` more (at most 16 MiB of body), checks for
 //! `HTTP/1.1 200` and parses the body with serde_json. `--json` prints the body as received.
-//! The text renderings are pure functions of the parsed JSON: fields they do not know are
-//! ignored, fields that are missing show as `-`.
+//! With `--tls-ca` the request goes over TLS (blocking rustls on the same socket;
+//! `--tls-cert`, `--tls-key` and `--tls-server-name` as for every command), the handshake
+//! within that second `--transport-timeout` too. The text renderings are pure functions of the
+//! parsed JSON: fields they do not know are ignored, fields that are missing show as `-`.
 //!
-//! Exit codes: 0; 2 for a malformed `--server`; 81 when the server refused the session (too
-//! many sessions: `X` 7); 82 when the answer did not arrive whole within the timeout (or the
-//! connection failed mid-answer); 83 when the server cannot be reached; 84 when the answer is
-//! not a 200 with the expected JSON (including "not a latchkey server" when it is not HTTP).
+//! Exit codes: 0; 2 for a malformed `--server` or TLS flags; 81 when the server refused the
+//! session (too many sessions: `X` 7); 82 when the answer did not arrive whole within the
+//! timeout (or the connection failed mid-answer); 83 when the server cannot be reached (or a
+//! TLS file cannot be used, or the TLS handshake fails, as for the other commands); 84 when the
+//! answer is not a 200 with the expected JSON (including "not a latchkey server" when it is not
+//! HTTP, and "the server speaks TLS" when a TLS server answers a plaintext request).
 //!
 //! Deliberately not here: HTTP beyond one `GET` answered with a length or by closing (no
-//! keep-alive, chunked encoding, redirects or TLS), and retries (the caller decides).
+//! keep-alive, chunked encoding or redirects), and retries (the caller decides).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use rustls::{AlertDescription, ClientConnection, StreamOwned};
 use serde_json::Value;
 
 use super::{
     server_addrs, shown_key, ConnectArgs, OutputArgs, EXIT_BUSY, EXIT_INDETERMINATE, EXIT_REJECTED,
-    EXIT_UNAVAILABLE,
+    EXIT_UNAVAILABLE, EXIT_USAGE,
 };
 use crate::protocol::{parse_response, ErrorCode, Response};
+use crate::tls::Connector;
 
 mod render;
 
@@ -170,13 +176,10 @@ fn get_json(
     connect: &ConnectArgs,
     target: &str,
 ) -> Result<(Vec<u8>, Value), ExitCode> {
-    if connect.tls_ca.is_some() {
-        // Not yet: the admin requests are plain HTTP from this command.
-        eprintln!("latchkey {command}: --tls-ca: not supported by this command yet");
-        return Err(ExitCode::from(super::EXIT_USAGE));
-    }
     let addrs = server_addrs(command, connect)?;
-    let body = fetch(&addrs, target, connect.transport_timeout).map_err(|f| fail(command, &f))?;
+    let connector = connector(command, connect)?;
+    let timeout = connect.transport_timeout;
+    let body = fetch(&addrs, target, timeout, connector.as_ref()).map_err(|f| fail(command, &f))?;
     match serde_json::from_slice(&body) {
         Ok(value) => Ok((body, value)),
         Err(error) => {
@@ -186,19 +189,90 @@ fn get_json(
     }
 }
 
-/// Connects to the first of `addrs` that accepts, sends `GET target` and returns the body of
-/// a 200 answer. Each failure names the address.
-fn fetch(addrs: &[SocketAddr], target: &str, timeout: Duration) -> Result<Vec<u8>, Failure> {
-    let (mut stream, addr) = connect(addrs, timeout)?;
+/// The TLS of `--tls-ca` and the flags that go with it, or `None`; else the exit code after
+/// saying why not (2 for flags that do not go together, 83 for a file that cannot be used, as
+/// for the other commands).
+fn connector(command: &str, connect: &ConnectArgs) -> Result<Option<Connector>, ExitCode> {
+    let tls = connect.tls().map_err(|message| {
+        eprintln!("latchkey {command}: {message}");
+        ExitCode::from(EXIT_USAGE)
+    })?;
+    tls.map(|tls| tls.connector())
+        .transpose()
+        .map_err(|error| fail(command, &Failure::new(EXIT_UNAVAILABLE, error.to_string())))
+}
+
+/// The connection of one request: plain TCP, or TLS over it.
+enum AdminStream {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl AdminStream {
+    /// The socket, for its timeouts.
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            AdminStream::Plain(tcp) => tcp,
+            AdminStream::Tls(tls) => &tls.sock,
+        }
+    }
+}
+
+impl Read for AdminStream {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        match self {
+            AdminStream::Plain(tcp) => tcp.read(buffer),
+            AdminStream::Tls(tls) => tls.read(buffer),
+        }
+    }
+}
+
+impl Write for AdminStream {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        match self {
+            AdminStream::Plain(tcp) => tcp.write(bytes),
+            AdminStream::Tls(tls) => tls.write(bytes),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            AdminStream::Plain(tcp) => tcp.flush(),
+            AdminStream::Tls(tls) => tls.flush(),
+        }
+    }
+}
+
+/// Connects to the first of `addrs` that accepts (over TLS with `tls`), sends `GET target` and
+/// returns the body of a 200 answer. Each failure names the address.
+fn fetch(
+    addrs: &[SocketAddr],
+    target: &str,
+    timeout: Duration,
+    tls: Option<&Connector>,
+) -> Result<Vec<u8>, Failure> {
+    let (tcp, addr) = connect(addrs, timeout)?;
     let named =
         |failure: Failure| Failure::new(failure.exit_code, format!("{addr}: {}", failure.message));
     let deadline = Instant::now() + timeout;
+    let mut stream = match tls {
+        None => AdminStream::Plain(tcp),
+        Some(tls) => match tls.handshake(tcp, addr, deadline) {
+            Ok(tls) => AdminStream::Tls(Box::new(tls)),
+            Err(error) => {
+                let message = format!("cannot reach the server: {addr}: TLS handshake: {error}");
+                return Err(Failure::new(EXIT_UNAVAILABLE, message));
+            }
+        },
+    };
     let request = format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     let sent = stream
+        .tcp()
         .set_write_timeout(Some(timeout))
-        .and_then(|()| stream.write_all(request.as_bytes()));
+        .and_then(|()| stream.write_all(request.as_bytes()))
+        .and_then(|()| stream.flush());
     if let Err(error) = sent {
-        let message = format!("cannot send the request: {}", error.kind());
+        let message = format!("cannot send the request: {}", io_cause(&error));
         return Err(named(Failure::new(EXIT_INDETERMINATE, message)));
     }
     let answer = read_answer(&mut stream, deadline).map_err(named)?;
@@ -234,7 +308,7 @@ fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<(TcpStream, Socket
 /// large, or as soon as it cannot be HTTP (a server of another protocol may keep the
 /// connection open). What came before a reset still counts: a server that refuses may reset
 /// right after its answer.
-fn read_answer(stream: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, Failure> {
+fn read_answer(stream: &mut AdminStream, deadline: Instant) -> Result<Vec<u8>, Failure> {
     let mut answer = Vec::new();
     let mut chunk = vec![0; READ_CHUNK_BYTES];
     loop {
@@ -245,6 +319,7 @@ fn read_answer(stream: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, Fai
             return Err(unanswered());
         };
         stream
+            .tcp()
             .set_read_timeout(Some(left))
             .map_err(|_| unanswered())?;
         match stream.read(&mut chunk) {
@@ -265,7 +340,13 @@ fn read_answer(stream: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, Fai
             }
             Err(_) if !answer.is_empty() => return Ok(answer),
             Err(error) => {
-                let message = format!("the connection failed before an answer: {}", error.kind());
+                if let Some(failure) = tls_failure(&error) {
+                    return Err(failure);
+                }
+                let message = format!(
+                    "the connection failed before an answer: {}",
+                    io_cause(&error)
+                );
                 return Err(Failure::new(EXIT_INDETERMINATE, message));
             }
         }
@@ -277,7 +358,8 @@ fn read_answer(stream: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, Fai
 }
 
 /// Whether `answer` followed by `more` cannot begin an HTTP answer, and is not the start of a
-/// latchkey `X` frame still coming (whose code the message names).
+/// latchkey `X` frame still coming (whose code the message names) or of a TLS record's
+/// header.
 fn surely_not_http(answer: &[u8], more: &[u8]) -> bool {
     const HTTP: &[u8] = b"HTTP/1.";
     let start: Vec<u8> = answer
@@ -290,7 +372,33 @@ fn surely_not_http(answer: &[u8], more: &[u8]) -> bool {
     const ERROR_FRAME_BYTES: usize = 11;
     let received = answer.len() + more.len();
     let error_frame_coming = start.first() == Some(&b'X') && received < ERROR_FRAME_BYTES;
-    !HTTP.starts_with(&start) && !error_frame_coming
+    // A TLS record's type and version (what `not_http` recognizes).
+    let tls_record_coming = matches!(start.first(), Some(21 | 22)) && received < 3;
+    !HTTP.starts_with(&start) && !error_frame_coming && !tls_record_coming
+}
+
+/// An I/O error's cause in words: its kind, or for a TLS error what rustls said.
+fn io_cause(error: &io::Error) -> String {
+    match error.kind() {
+        io::ErrorKind::InvalidData => format!("TLS: {error}"),
+        kind => kind.to_string(),
+    }
+}
+
+/// A TLS error of the session before any answer, as a failure to reach the server: over TLS
+/// 1.3 the server checks the client's certificate after the client's side of the handshake,
+/// so a refused or missing certificate shows here.
+fn tls_failure(error: &io::Error) -> Option<Failure> {
+    let tls = error.get_ref()?.downcast_ref::<rustls::Error>()?;
+    let hint = match tls {
+        rustls::Error::AlertReceived(AlertDescription::CertificateRequired) => {
+            " (it wants a client certificate: --tls-cert and --tls-key)"
+        }
+        rustls::Error::AlertReceived(_) => " (did it refuse the client certificate?)",
+        _ => "",
+    };
+    let message = format!("the TLS session failed before an answer: {tls}{hint}");
+    Some(Failure::new(EXIT_UNAVAILABLE, message))
 }
 
 fn unanswered() -> Failure {
@@ -358,6 +466,11 @@ fn not_http(answer: &[u8]) -> Failure {
             "the server closed the connection without an answer",
         );
     }
+    if is_tls_record(answer) {
+        let message = "the server speaks TLS (it answered with a TLS record): give --tls-ca FILE \
+                       (or LATCHKEY_TLS_CA)";
+        return Failure::new(EXIT_REJECTED, message);
+    }
     match parse_response(answer) {
         Ok(Some((
             Response::Error {
@@ -384,6 +497,12 @@ fn not_http(answer: &[u8]) -> Failure {
             Failure::new(EXIT_REJECTED, message)
         }
     }
+}
+
+/// Whether `answer` starts like a TLS record: an alert (21) or a handshake (22), then version
+/// 3.x (what a TLS server sends a client that does not speak TLS, before it closes).
+fn is_tls_record(answer: &[u8]) -> bool {
+    matches!(answer, [21 | 22, 3, minor, ..] if *minor <= 4)
 }
 
 /// `/keys?prefix=P&limit=N` with `prefix` percent-encoded (every byte but letters, digits,

@@ -2,6 +2,9 @@
 //! lease/3 while it runs, forwarding signals to it, and signalling it when the lease is lost
 //! (SIGTERM, then SIGKILL after the grace).
 //!
+//! An extend the server refuses to this client's identity (`X` 8) is not retried: it is said
+//! once, and the lease counts as lost when the ticket's validity bound passes unconfirmed.
+//!
 //! Invariant: CMD is reaped only by [`supervise`], after every thread that may signal it has
 //! stopped, so a signal never reaches a recycled pid. Deliberately not here: taking the lock
 //! and the exit codes of the other outcomes (see [`super`]).
@@ -15,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::{LockArgs, EXIT_INDETERMINATE, EXIT_LEASE_LOST};
-use crate::client::{ExtendOutcome, ReleaseOutcome, Ticket};
+use super::{shown_key, LockArgs, EXIT_INDETERMINATE, EXIT_LEASE_LOST, FORBIDDEN_TEXT};
+use crate::client::{ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
+use crate::protocol::ErrorCode;
 
 /// How soon a failed extend is tried again (never later than lease/3).
 const EXTEND_RETRY: Duration = Duration::from_millis(500);
@@ -127,6 +131,14 @@ fn extend_until_stopped(
                 ));
                 return;
             }
+            Err(RequestError::Rejected(ErrorCode::Forbidden)) => {
+                let key = shown_key(ticket.key());
+                eprintln!(
+                    "latchkey lock: {key}: extend refused: {FORBIDDEN_TEXT}; the lease is not \
+                     extended any more"
+                );
+                return;
+            }
             Err(error) => {
                 eprintln!("latchkey lock: extend failed: {error}; retrying");
                 next = Instant::now() + period.min(EXTEND_RETRY);
@@ -189,10 +201,16 @@ fn status_code(status: ExitStatus) -> u8 {
 
 /// Releases the lock after CMD; a failure only means the lease will recover it.
 pub(super) fn release(ticket: Ticket) {
+    let key = shown_key(ticket.key());
     match ticket.release() {
         Ok(ReleaseOutcome::Released) => {}
         Ok(ReleaseOutcome::NotHeld) => {
             eprintln!("latchkey lock: the lock was no longer held when released")
+        }
+        Err(RequestError::Rejected(ErrorCode::Forbidden)) => {
+            eprintln!(
+                "latchkey lock: {key}: release refused: {FORBIDDEN_TEXT}; the lease recovers it"
+            )
         }
         Err(error) => eprintln!("latchkey lock: release failed ({error}); the lease recovers it"),
     }

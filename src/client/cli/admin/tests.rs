@@ -221,6 +221,27 @@ fn an_answer_that_cannot_be_http_is_recognized_early() {
     assert!(surely_not_http(b"HTTP/2", b" 200"));
     assert!(!surely_not_http(b"", b"X\x01"));
     assert!(surely_not_http(b"X\x01\0\0\0\0\0\0\0", b"\0\n"));
+    // A TLS record's header: wait for its version.
+    assert!(!surely_not_http(b"", b"\x15\x03"));
+    assert!(surely_not_http(b"\x15", b"\x03\x03\0\x02\x02\x32"));
+}
+
+#[test]
+fn a_tls_answer_to_plaintext_says_to_use_tls() {
+    // The alert a TLS server sends a plaintext request (decode_error), and a ServerHello start.
+    for answer in [
+        &b"\x15\x03\x03\0\x02\x02\x32"[..],
+        b"\x16\x03\x01\0\x7a\x02",
+    ] {
+        assert_failure(answer, EXIT_REJECTED, "the server speaks TLS");
+        assert_failure(answer, EXIT_REJECTED, "--tls-ca");
+    }
+    assert!(!is_tls_record(b"\x15\x03"), "too short to tell");
+    assert!(!is_tls_record(b"\x15\x02\x00"), "not TLS 1.x");
+    assert!(
+        !is_tls_record(b"\x17\x03\x03"),
+        "application data is never the first record"
+    );
 }
 
 /// A one-shot server on 127.0.0.1: reads the request head, checks its first line, answers
@@ -269,7 +290,13 @@ fn reader_closed(stream: &mut TcpStream) -> Option<()> {
 fn fetch_gets_the_body_of_a_200() {
     let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n[]\n".to_vec();
     let addr = scripted("GET /keys?prefix=a%20b&limit=5 HTTP/1.1", Some(answer));
-    let body = fetch(&[addr], &keys_target("a b", 5), Duration::from_secs(5)).unwrap();
+    let body = fetch(
+        &[addr],
+        &keys_target("a b", 5),
+        Duration::from_secs(5),
+        None,
+    )
+    .unwrap();
     assert_eq!(body, b"[]\n");
 }
 
@@ -279,14 +306,14 @@ fn fetch_failures_name_the_address_and_the_exit_code() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let failure = fetch(&[dead], "/stats", Duration::from_secs(5)).unwrap_err();
+    let failure = fetch(&[dead], "/stats", Duration::from_secs(5), None).unwrap_err();
     assert_eq!(failure.exit_code, EXIT_UNAVAILABLE);
     let says = format!("cannot reach the server: {dead}: cannot connect: connection refused");
     assert_eq!(failure.message, says);
 
     let silent = scripted("GET /stats HTTP/1.1", None);
     let start = Instant::now();
-    let failure = fetch(&[silent], "/stats", Duration::from_millis(200)).unwrap_err();
+    let failure = fetch(&[silent], "/stats", Duration::from_millis(200), None).unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(5));
     assert_eq!(failure.exit_code, EXIT_INDETERMINATE);
     let says = format!("{silent}: no complete answer within --transport-timeout");
@@ -296,7 +323,7 @@ fn fetch_failures_name_the_address_and_the_exit_code() {
     let mut answer = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
     answer.extend_from_slice(&oversized);
     let large = scripted("GET /stats HTTP/1.1", Some(answer));
-    let failure = fetch(&[large], "/stats", Duration::from_secs(10)).unwrap_err();
+    let failure = fetch(&[large], "/stats", Duration::from_secs(10), None).unwrap_err();
     assert_eq!(failure.exit_code, EXIT_REJECTED);
     assert!(
         failure

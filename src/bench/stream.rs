@@ -1,0 +1,83 @@
+//! A bench connection's byte stream: plain TCP, or TLS over it (`latchkeys://`), and how each
+//! is opened.
+//!
+//! Both are opened blocking, before the start gate, then made non-blocking for the worker's
+//! mio loop. A TLS connection completes its handshake here, so no handshake is ever measured.
+//!
+//! The worker is generic over [`BenchStream`]: plain TCP's [`BenchStream::holds_output`] is a
+//! constant `false`, so the plaintext request path does no TLS work at all.
+//!
+//! Deliberately not here: reading and writing requests (the worker), the TLS stream itself
+//! ([`crate::server::tls`]).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::time::Instant;
+
+use mio::net::TcpStream;
+use rustls::StreamOwned;
+
+use super::driver::CONNECT_TIMEOUT;
+use crate::server::net::Stream;
+use crate::server::tls::TlsStream;
+use crate::tls::Connector;
+
+/// What a worker needs of a connection's stream.
+pub trait BenchStream: Read + Write + mio::event::Source {
+    /// Whether the stream holds output the socket has not taken yet (TLS records a full socket
+    /// did not take), which `flush` writes once the socket is writable again.
+    fn holds_output(&self) -> bool;
+
+    /// Shuts the socket down in both directions.
+    fn shutdown(&self) -> io::Result<()>;
+}
+
+impl BenchStream for TcpStream {
+    #[inline]
+    fn holds_output(&self) -> bool {
+        false
+    }
+
+    fn shutdown(&self) -> io::Result<()> {
+        TcpStream::shutdown(self, Shutdown::Both)
+    }
+}
+
+impl BenchStream for TlsStream {
+    #[inline]
+    fn holds_output(&self) -> bool {
+        Stream::wants_write(self)
+    }
+
+    fn shutdown(&self) -> io::Result<()> {
+        self.tcp().shutdown(Shutdown::Both)
+    }
+}
+
+/// A blocking connection to `address` within [`CONNECT_TIMEOUT`], without Nagle's delay.
+fn connect_std(address: SocketAddr) -> io::Result<std::net::TcpStream> {
+    let stream = std::net::TcpStream::connect_timeout(&address, CONNECT_TIMEOUT)?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// A plain TCP connection to `address`, non-blocking.
+pub fn connect_plain(address: SocketAddr) -> io::Result<TcpStream> {
+    let stream = connect_std(address)?;
+    stream.set_nonblocking(true)?;
+    Ok(TcpStream::from_std(stream))
+}
+
+/// A TLS connection to `address` with its handshake done within [`CONNECT_TIMEOUT`],
+/// non-blocking.
+pub fn connect_tls(address: SocketAddr, connector: &Connector) -> io::Result<TlsStream> {
+    let deadline = Instant::now() + CONNECT_TIMEOUT;
+    let stream = connect_std(address)?;
+    let StreamOwned { conn, sock } = connector
+        .handshake(stream, address, deadline)
+        .map_err(|error| io::Error::new(error.kind(), format!("TLS handshake: {error}")))?;
+    sock.set_read_timeout(None)?;
+    sock.set_write_timeout(None)?;
+    sock.set_nonblocking(true)?;
+    Ok(TlsStream::client(TcpStream::from_std(sock), conn))
+}

@@ -1,0 +1,164 @@
+//! `latchkey stats` and `latchkey keys` over TLS: the binary against an in-process TLS server
+//! (a test CA, an IP-SAN certificate for 127.0.0.1), with and without `tls.client_ca_file`;
+//! and without `--tls-ca` against it, a clear failure within the timeout.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::pki::Pki;
+use common::server::start_with;
+use latchkey::client::cli::{EXIT_REJECTED, EXIT_UNAVAILABLE};
+use latchkey::client::{Client, ClientConfig, ClientTls, Ticket};
+use latchkey::tls::ClientFiles;
+use serde_json::Value;
+
+/// `latchkey ARGS --server addr --transport-timeout 3s`, no setting from the environment.
+fn latchkey(addr: &str, args: &[&str], tls: &[&Path]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    for name in ["LATCHKEY_SERVER", "LATCHKEY_TLS_CA", "LATCHKEY_TLS_CERT"] {
+        command.env_remove(name);
+    }
+    command
+        .env_remove("LATCHKEY_TLS_KEY")
+        .args(args)
+        .args(["--server", addr, "--transport-timeout", "3s"])
+        .args(tls)
+        .output()
+        .unwrap()
+}
+
+/// Holds `key` through the official client over TLS (so that `keys` has something to list),
+/// for as long as the ticket lives.
+fn hold(addr: std::net::SocketAddr, ca: &Path, cert: Option<(&Path, &Path)>, key: &str) -> Ticket {
+    let files = ClientFiles {
+        ca_file: ca.to_path_buf(),
+        cert_and_key: cert.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
+    };
+    let config = ClientConfig {
+        addrs: vec![addr],
+        sessions: 1,
+        tls: Some(ClientTls {
+            files,
+            server_name: None,
+        }),
+        ..ClientConfig::default()
+    };
+    let client = Client::with_config(config).unwrap();
+    client
+        .acquire(key, Duration::ZERO, Duration::from_secs(60))
+        .expect("granted")
+}
+
+/// `stats --json` and `keys` work with these TLS flags; `keys` lists `held`.
+fn stats_and_keys_work(addr: &str, tls: &[&Path], held: &str) {
+    let stats = latchkey(addr, &["stats", "--json"], tls);
+    let stderr = String::from_utf8_lossy(&stats.stderr);
+    assert!(stats.status.success(), "{stats:?}\n{stderr}");
+    let figures: Value = serde_json::from_slice(&stats.stdout).expect("the /stats JSON");
+    assert!(figures["locks_held"].as_u64().unwrap() >= 1, "{figures}");
+    let text = latchkey(addr, &["stats"], tls);
+    assert!(text.status.success(), "{text:?}");
+    assert!(String::from_utf8_lossy(&text.stdout).contains("# Locks"));
+    let keys = latchkey(addr, &["keys"], tls);
+    let stdout = String::from_utf8_lossy(&keys.stdout);
+    assert!(keys.status.success(), "{keys:?}");
+    assert!(stdout.contains(held), "{stdout}");
+    let json = latchkey(addr, &["keys", "--json", "tls/"], tls);
+    let listed: Value = serde_json::from_slice(&json.stdout).expect("the /keys JSON");
+    assert_eq!(listed[0]["key"], held, "{listed}");
+}
+
+#[test]
+fn stats_and_keys_over_tls() {
+    let pki = Pki::new("admin-cli");
+    let server = start_with(pki.server_config(false));
+    let addr = server.local_addr().to_string();
+    let ca = pki.ca_file();
+    let _holder = hold(server.local_addr(), &ca, None, "tls/one");
+    stats_and_keys_work(&addr, &[Path::new("--tls-ca"), &ca], "tls/one");
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn stats_and_keys_over_tls_with_a_client_certificate() {
+    let pki = Pki::new("admin-cli-mtls");
+    let server = start_with(pki.server_config(true));
+    let addr = server.local_addr().to_string();
+    let ca = pki.ca_file();
+    let (cert, key) = pki.leaf("ops", "ops", &["ops.example"]);
+    let _holder = hold(server.local_addr(), &ca, Some((&cert, &key)), "tls/two");
+    let flags = [
+        Path::new("--tls-ca"),
+        &ca,
+        Path::new("--tls-cert"),
+        &cert,
+        Path::new("--tls-key"),
+        &key,
+    ];
+    stats_and_keys_work(&addr, &flags, "tls/two");
+    // Without a certificate the server refuses the session: unavailable, and said why.
+    let refused = latchkey(&addr, &["stats", "--json"], &[Path::new("--tls-ca"), &ca]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let unavailable = Some(i32::from(EXIT_UNAVAILABLE));
+    assert_eq!(refused.status.code(), unavailable, "{stderr}");
+    assert!(stderr.contains("--tls-cert"), "{stderr}");
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn plaintext_against_a_tls_server_fails_clearly_within_the_timeout() {
+    let pki = Pki::new("admin-cli-plain");
+    let server = start_with(pki.server_config(false));
+    let addr = server.local_addr().to_string();
+    for command in ["stats", "keys"] {
+        let started = Instant::now();
+        let output = latchkey(&addr, &[command], &[]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(started.elapsed() < Duration::from_secs(3), "{stderr}");
+        assert_eq!(
+            output.status.code(),
+            Some(i32::from(EXIT_REJECTED)),
+            "{stderr}"
+        );
+        assert!(stderr.contains("--tls-ca"), "{stderr}");
+    }
+    server.shutdown();
+    server.join().unwrap();
+}
+
+#[test]
+fn tls_to_a_plaintext_server_or_with_the_wrong_ca_is_unavailable() {
+    let pki = Pki::new("admin-cli-wrong");
+    let other = Pki::new("admin-cli-other");
+    let plain = common::server::start(1);
+    let ca = pki.ca_file();
+    let output = latchkey(
+        &plain.local_addr().to_string(),
+        &["stats"],
+        &[Path::new("--tls-ca"), &ca],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let unavailable = Some(i32::from(EXIT_UNAVAILABLE));
+    assert_eq!(output.status.code(), unavailable, "{stderr}");
+    assert!(stderr.contains("TLS handshake"), "{stderr}");
+    plain.shutdown();
+    plain.join().unwrap();
+
+    let server = start_with(pki.server_config(false));
+    let wrong = other.ca_file();
+    let output = latchkey(
+        &server.local_addr().to_string(),
+        &["keys"],
+        &[Path::new("--tls-ca"), &wrong],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), unavailable, "{stderr}");
+    assert!(stderr.contains("TLS handshake"), "{stderr}");
+    server.shutdown();
+    server.join().unwrap();
+}
