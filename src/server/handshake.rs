@@ -42,11 +42,14 @@ impl Handshakes {
 }
 
 impl<N: Net> Core<N> {
-    /// Starts the deadline of the session `id` if its stream is in a handshake.
+    /// Starts the deadline of the session `id` if its stream is in a handshake. From the clock
+    /// now, not the iteration's time: a connection accepted late in an iteration (after other
+    /// sessions' events, or many accepts of a burst) would lose that much of its time, and be
+    /// closed before the deadline from its own point of view.
     pub(super) fn watch_handshake(&mut self, id: SessionId) {
         let slot = slot_of(id);
         if self.sessions[slot].socket().handshaking() {
-            let deadline_us = self.now_us + HANDSHAKE_DEADLINE.as_micros() as u64;
+            let deadline_us = self.net.now_us() + HANDSHAKE_DEADLINE.as_micros() as u64;
             self.handshakes.waiting.push_back((id, deadline_us));
         }
     }

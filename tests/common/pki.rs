@@ -6,6 +6,9 @@ use latchkey::client::{Client, ClientConfig, ClientTls};
 use latchkey::config::{Config, TlsConfig};
 use latchkey::tls::ClientFiles;
 use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,6 +106,36 @@ pub fn raw_client_config(ca: &Path, cert: Option<(&Path, &Path)>) -> Arc<rustls:
     latchkey::tls::client_config(&files).unwrap()
 }
 
+/// A rustls client config trusting `ca` and presenting `cert` as it is: unlike the official
+/// client's loader, which refuses an expired certificate.
+pub fn presenting_config(ca: &Path, cert: &(PathBuf, PathBuf)) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(ca).unwrap())
+        .unwrap();
+    let chain = vec![CertificateDer::from_pem_file(&cert.0).unwrap()];
+    let key = PrivateKeyDer::from_pem_file(&cert.1).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    Arc::new(config)
+}
+
+/// A whole ClientHello, as a client with `config` sends it first (to 127.0.0.1).
+pub fn client_hello(config: &Arc<rustls::ClientConfig>) -> Vec<u8> {
+    let name = "127.0.0.1".try_into().unwrap();
+    let mut tls = rustls::ClientConnection::new(Arc::clone(config), name).unwrap();
+    let mut hello = Vec::new();
+    while tls.wants_write() {
+        tls.write_tls(&mut hello).unwrap();
+    }
+    hello
+}
+
 /// A blocking TLS connection to `addr` (name 127.0.0.1), with read and write timeouts.
 pub fn raw_connect(
     addr: SocketAddr,
@@ -119,6 +152,15 @@ pub fn raw_connect(
 
 /// A client of `addr` over TLS with these files (one session, short timeouts).
 pub fn tls_client(addr: SocketAddr, ca: &Path, cert: Option<(&Path, &Path)>) -> Client {
+    try_tls_client(addr, ca, cert).expect("client")
+}
+
+/// Like [`tls_client`], or the error that refused the files.
+pub fn try_tls_client(
+    addr: SocketAddr,
+    ca: &Path,
+    cert: Option<(&Path, &Path)>,
+) -> std::io::Result<Client> {
     let files = ClientFiles {
         ca_file: ca.to_path_buf(),
         cert_and_key: cert.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
@@ -134,5 +176,64 @@ pub fn tls_client(addr: SocketAddr, ca: &Path, cert: Option<(&Path, &Path)>) -> 
         }),
         ..ClientConfig::default()
     };
-    Client::with_config(config).expect("client")
+    Client::with_config(config)
+}
+
+/// A TLS connection on a non-blocking socket with small buffers, driven by hand: a client that
+/// can stop reading (and whose unread answers back up into the server soon).
+pub struct HandDriven {
+    pub tcp: TcpStream,
+    pub tls: rustls::ClientConnection,
+}
+
+impl HandDriven {
+    /// Connects to `addr` (name 127.0.0.1) with 4 KiB socket buffers and completes the
+    /// handshake (blocking), then turns non-blocking.
+    pub fn connect(addr: SocketAddr, config: &Arc<rustls::ClientConfig>) -> HandDriven {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None);
+        let socket = socket.unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        socket.set_send_buffer_size(4096).unwrap();
+        socket.connect(&addr.into()).unwrap();
+        let mut tcp: TcpStream = socket.into();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let name = "127.0.0.1".try_into().unwrap();
+        let mut tls = rustls::ClientConnection::new(Arc::clone(config), name).unwrap();
+        while tls.is_handshaking() {
+            tls.complete_io(&mut tcp).unwrap();
+        }
+        tcp.set_nonblocking(true).unwrap();
+        HandDriven { tcp, tls }
+    }
+
+    /// Hands rustls what of `plaintext` its buffer takes and writes records until the socket
+    /// would block: how much plaintext it took.
+    pub fn push(&mut self, plaintext: &[u8]) -> usize {
+        let taken = self.tls.writer().write(plaintext).unwrap();
+        while self.tls.wants_write() {
+            match self.tls.write_tls(&mut self.tcp) {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+        taken
+    }
+
+    /// Reads what the socket has (a bounded number of records), appending the plaintext.
+    pub fn pull(&mut self, plaintext: &mut Vec<u8>) {
+        for _ in 0..64 {
+            // WouldBlock once rustls has no more plaintext; what it had is appended.
+            let _ = self.tls.reader().read_to_end(plaintext);
+            match self.tls.read_tls(&mut self.tcp) {
+                Ok(0) => panic!("the server closed"),
+                Ok(_) => {
+                    self.tls.process_new_packets().expect("valid TLS");
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+        let _ = self.tls.reader().read_to_end(plaintext);
+    }
 }

@@ -1,6 +1,6 @@
 //! A well-behaved client to run beside hostile ones: it must keep its locks and a low latency.
 
-use super::server::{keys_on_partition, Conn};
+use super::server::{keys_on_partition, Conn, RawStream};
 use latchkey::protocol::{Request, Response};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,11 +40,21 @@ pub struct Probe {
 impl Probe {
     /// Starts the probe on a server of `cores` cores; returns once it holds its locks.
     pub fn start(addr: SocketAddr, cores: usize) -> Probe {
+        Probe::start_over(cores, move || Conn::connect(addr))
+    }
+
+    /// Like [`start`](Self::start), on the connection `connect` makes (in the probe's thread):
+    /// over TLS, say.
+    pub fn start_over<S, F>(cores: usize, connect: F) -> Probe
+    where
+        S: RawStream + 'static,
+        F: FnOnce() -> Conn<S> + Send + 'static,
+    {
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = thread::spawn(move || {
-            let mut conn = Conn::connect(addr);
+            let mut conn = connect();
             let keys = key_per_partition("probe-held", cores);
             let tokens: Vec<u64> = (0..cores)
                 .map(|p| conn.acquire_ok(&keys[p], PROBE_LEASE_S, 900 + p as u64))
