@@ -234,3 +234,33 @@ fn admin_requests_need_a_named_identity_and_keys_lists_only_permitted_keys() {
     server.shutdown();
     server.join().unwrap();
 }
+
+#[test]
+fn the_cli_exits_84_for_a_forbidden_key_and_runs_under_a_permitted_one() {
+    let pki = Pki::new("auth-cli");
+    let server = server(&pki);
+    let addr = server.local_addr().to_string();
+    let (cert, key) = identity(&pki, "billing", &[]);
+    let lock = |name: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"))
+            .args(["lock", "--server", &addr, "--wait", "0", "--tls-ca"])
+            .arg(pki.ca_file())
+            .env("LATCHKEY_TLS_CERT", &cert)
+            .env("LATCHKEY_TLS_KEY", &key)
+            .args([name, "--", "echo", "ran"])
+            .output()
+            .expect("latchkey lock runs")
+    };
+    let refused = lock("ops/deploy");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(84), "{stderr}");
+    assert!(stderr.contains("ops/deploy"), "{stderr}");
+    assert!(stderr.contains("forbidden for this identity"), "{stderr}");
+    assert!(refused.stdout.is_empty(), "the command must not run");
+    let permitted = lock("billing/nightly");
+    let stderr = String::from_utf8_lossy(&permitted.stderr);
+    assert_eq!(permitted.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&permitted.stdout), "ran\n");
+    server.shutdown();
+    server.join().unwrap();
+}
