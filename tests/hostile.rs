@@ -14,7 +14,7 @@
 mod common;
 
 use common::probe::{self, serial, Probe};
-use common::server::{keys_on_partition, start_with, test_config, Conn};
+use common::server::{keys_on_partition, rss_bytes, start_with, test_config, Conn};
 use latchkey::protocol::{parse_response, ErrorCode, Request, Response};
 use latchkey::server::route::partition_of;
 use latchkey::server::ServerHandle;
@@ -45,17 +45,6 @@ fn encode(requests: &[Request<'_>]) -> Vec<u8> {
         request.encode(&mut bytes);
     }
     bytes
-}
-
-/// Resident memory of this process (the server runs in it), from /proc.
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let line = status
-        .lines()
-        .find(|line| line.starts_with("VmRSS:"))
-        .expect("VmRSS");
-    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kib * 1024
 }
 
 /// Reads `count` responses from `stream` (blocking), within `limit`.

@@ -23,7 +23,9 @@ use common::pki::{
 };
 use common::probe::{serial, Probe};
 use common::rng::Rng;
-use common::server::{start_with, wait_for_line, wait_until, Conn, KeyState, ServerProcess};
+use common::server::{
+    rss_bytes, start_with, wait_for_line, wait_until, Conn, KeyState, ServerProcess,
+};
 use common::PATIENCE;
 use latchkey::protocol::{parse_response, Request, Response};
 use latchkey::server::tls::HANDSHAKE_DEADLINE;
@@ -703,20 +705,6 @@ fn write_until_paused(client: &mut HandDriven, pipeliner: &mut Pipeliner) -> Pau
         pending,
         offset,
     }
-}
-
-/// Resident memory of this process (the server runs in it), from /proc.
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let line = status.lines().find(|line| line.starts_with("VmRSS:"));
-    let kib: u64 = line
-        .expect("VmRSS")
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    kib * 1024
 }
 
 /// Reads on `client` (writing the rest of `paused`'s batch meanwhile) until `count` answers
