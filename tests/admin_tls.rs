@@ -8,11 +8,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::pki::Pki;
+use common::pki::{tls_client, Pki};
 use common::server::start_with;
 use latchkey::client::cli::{EXIT_REJECTED, EXIT_UNAVAILABLE};
-use latchkey::client::{Client, ClientConfig, ClientTls, Ticket};
-use latchkey::tls::ClientFiles;
+use latchkey::client::Ticket;
 use serde_json::Value;
 
 /// `latchkey ARGS --server addr --transport-timeout 3s`, no setting from the environment.
@@ -33,20 +32,7 @@ fn latchkey(addr: &str, args: &[&str], tls: &[&Path]) -> Output {
 /// Holds `key` through the official client over TLS (so that `keys` has something to list),
 /// for as long as the ticket lives.
 fn hold(addr: std::net::SocketAddr, ca: &Path, cert: Option<(&Path, &Path)>, key: &str) -> Ticket {
-    let files = ClientFiles {
-        ca_file: ca.to_path_buf(),
-        cert_and_key: cert.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
-    };
-    let config = ClientConfig {
-        addrs: vec![addr],
-        sessions: 1,
-        tls: Some(ClientTls {
-            files,
-            server_name: None,
-        }),
-        ..ClientConfig::default()
-    };
-    let client = Client::with_config(config).unwrap();
+    let client = tls_client(addr, ca, cert);
     client
         .acquire(key, Duration::ZERO, Duration::from_secs(60))
         .expect("granted")

@@ -6,12 +6,11 @@
 
 mod common;
 
-use common::pki::{raw_client_config, raw_connect, Pki};
+use common::pki::{https_get, raw_client_config, raw_connect, Pki};
 use common::server::{keys_on_partition, start_with, Conn, RawStream};
 use latchkey::config::{AuthRule, Config};
 use latchkey::protocol::{ErrorCode, Response};
 use latchkey::server::ServerHandle;
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -166,13 +165,7 @@ fn a_dns_san_is_an_identity_too_and_identities_add_up() {
 /// One admin request over TLS with `cert`: status and body.
 fn get(addr: SocketAddr, pki: &Pki, cert: &(PathBuf, PathBuf), path: &str) -> (u16, String) {
     let config = raw_client_config(&pki.ca_file(), Some((&cert.0, &cert.1)));
-    let mut stream = raw_connect(addr, config);
-    let request = format!("GET {path} HTTP/1.1\r\nHost: latchkey\r\n\r\n");
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut answer = Vec::new();
-    // The server closes after the answer; the end may come without close_notify.
-    let _ = stream.read_to_end(&mut answer);
-    let text = String::from_utf8(answer).expect("UTF-8 answer");
+    let text = https_get(addr, config, path);
     let status = text
         .split(' ')
         .nth(1)

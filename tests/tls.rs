@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::pki::{raw_client_config, raw_connect, tls_client, Pki};
+use common::pki::{https_get, raw_client_config, raw_connect, tls_client, Pki};
 use common::server::start_with;
 use latchkey::client::{AcquireError, ReleaseOutcome};
 use latchkey::config::TlsConfig;
@@ -357,18 +357,10 @@ fn tls_output_backed_up_while_the_client_does_not_read_is_delivered() {
 fn admin_requests_are_served_over_tls() {
     let pki = Pki::new("admin");
     let server = start_with(pki.server_config(false));
-    let mut stream = raw_connect(server.local_addr(), raw_client_config(&pki.ca_file(), None));
-    stream
-        .write_all(b"GET /health HTTP/1.1\r\nHost: latchkey\r\n\r\n")
-        .unwrap();
-    let mut answer = Vec::new();
-    // The server closes after the answer; without close_notify reaching us first this may end
-    // in an error after the bytes, which is fine here.
-    let _ = stream.read_to_end(&mut answer);
-    let text = String::from_utf8_lossy(&answer);
+    let config = raw_client_config(&pki.ca_file(), None);
+    let text = https_get(server.local_addr(), config, "/health");
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.contains("serving"), "{text}");
-    drop(stream);
     server.shutdown();
     server.join().unwrap();
 }

@@ -18,8 +18,8 @@
 mod common;
 
 use common::pki::{
-    client_hello, presenting_config, raw_client_config, raw_connect, tls_client, try_tls_client,
-    HandDriven, Pki,
+    client_hello, https_get, presenting_config, raw_client_config, raw_connect, tls_client,
+    try_tls_client, HandDriven, Pki,
 };
 use common::probe::{serial, Probe};
 use common::rng::Rng;
@@ -74,14 +74,7 @@ fn tls_probe(addr: SocketAddr, config: Arc<ClientConfig>) -> Probe {
 
 /// The counter `name` of `GET /metrics`, asked over TLS with `config`.
 fn metric(addr: SocketAddr, config: &Arc<ClientConfig>, name: &str) -> u64 {
-    let mut stream = raw_connect(addr, Arc::clone(config));
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: latchkey\r\n\r\n")
-        .unwrap();
-    let mut answer = Vec::new();
-    // The server closes after the answer, perhaps with no close_notify reaching us first.
-    let _ = stream.read_to_end(&mut answer);
-    let text = String::from_utf8_lossy(&answer);
+    let text = https_get(addr, Arc::clone(config), "/metrics");
     let prefix = format!("{name} ");
     let value = text.lines().find_map(|line| line.strip_prefix(&prefix));
     value

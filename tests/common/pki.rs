@@ -97,13 +97,29 @@ impl Drop for Pki {
     }
 }
 
-/// A rustls client config trusting `ca` (and presenting `cert`, if any).
-pub fn raw_client_config(ca: &Path, cert: Option<(&Path, &Path)>) -> Arc<rustls::ClientConfig> {
-    let files = latchkey::tls::ClientFiles {
+/// The client's TLS files: the CA to trust and, if any, the certificate and key to present.
+pub fn client_files(ca: &Path, cert: Option<(&Path, &Path)>) -> ClientFiles {
+    ClientFiles {
         ca_file: ca.to_path_buf(),
         cert_and_key: cert.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
-    };
-    latchkey::tls::client_config(&files).unwrap()
+    }
+}
+
+/// One admin request `GET path` over a raw TLS connection with `config`: the whole answer as
+/// text. The server closes after the answer, perhaps with no close_notify reaching us first,
+/// so the read's ending error is ignored.
+pub fn https_get(addr: SocketAddr, config: Arc<rustls::ClientConfig>, path: &str) -> String {
+    let mut stream = raw_connect(addr, config);
+    let request = format!("GET {path} HTTP/1.1\r\nHost: latchkey\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A rustls client config trusting `ca` (and presenting `cert`, if any).
+pub fn raw_client_config(ca: &Path, cert: Option<(&Path, &Path)>) -> Arc<rustls::ClientConfig> {
+    latchkey::tls::client_config(&client_files(ca, cert)).unwrap()
 }
 
 /// A rustls client config trusting `ca` and presenting `cert` as it is: unlike the official
@@ -161,10 +177,7 @@ pub fn try_tls_client(
     ca: &Path,
     cert: Option<(&Path, &Path)>,
 ) -> std::io::Result<Client> {
-    let files = ClientFiles {
-        ca_file: ca.to_path_buf(),
-        cert_and_key: cert.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
-    };
+    let files = client_files(ca, cert);
     let config = ClientConfig {
         addrs: vec![addr],
         sessions: 1,
