@@ -14,6 +14,7 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 
 use crate::protocol::{ErrorCode, Request, Response, ResponseError};
+use crate::server::tls::TlsError;
 
 /// One request as the client wants it sent. Keys are shared with the caller's ticket.
 #[derive(Clone, Debug)]
@@ -150,13 +151,13 @@ pub(crate) enum CloseReason {
 }
 
 impl CloseReason {
-    /// A failed read or write: a TLS error (the TLS stream's `InvalidData`, saying `TLS: …`)
-    /// or a socket error.
+    /// A failed read or write: a TLS error (the TLS stream's
+    /// [`TlsError`]) or a socket error.
     pub(crate) fn of_io(error: &io::Error) -> CloseReason {
-        let message = error.to_string();
-        match error.kind() == io::ErrorKind::InvalidData && message.starts_with("TLS") {
-            true => CloseReason::Tls(message),
-            false => CloseReason::Io(error.kind()),
+        let tls = error.get_ref().and_then(|e| e.downcast_ref::<TlsError>());
+        match tls {
+            Some(tls) => CloseReason::Tls(tls.to_string()),
+            None => CloseReason::Io(error.kind()),
         }
     }
 }

@@ -41,6 +41,19 @@ pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
 /// without data (each read takes at least one byte, at most rustls's record buffer).
 pub const READ_ROUNDS_MAX: usize = 1024;
 
+/// The error inside the `InvalidData` I/O error a [`TlsStream`] returns for a TLS failure, so
+/// that a caller can tell it from a socket error (displayed as `TLS: …`).
+#[derive(Debug)]
+pub struct TlsError(pub rustls::Error);
+
+impl std::fmt::Display for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TLS: {}", self.0)
+    }
+}
+
+impl std::error::Error for TlsError {}
+
 /// A TLS session over a mio TCP stream (see the module docs).
 pub struct TlsStream {
     tcp: TcpStream,
@@ -104,9 +117,8 @@ impl TlsStream {
     /// `InvalidData` error.
     fn failed(&mut self, error: rustls::Error) -> io::Error {
         let _ = self.push_records_now();
-        let message = format!("TLS: {error}");
-        self.error = Some(error);
-        io::Error::new(io::ErrorKind::InvalidData, message)
+        self.error = Some(error.clone());
+        io::Error::new(io::ErrorKind::InvalidData, TlsError(error))
     }
 
     /// Writes the records rustls holds until none is left (`Ok`) or the socket is full
