@@ -23,6 +23,7 @@
 //! | [`auth`] | authorization by key prefix: which keys a client certificate's identity may use |
 //! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
+//! | [`cluster`] | cluster mode: shards replicated over members with raft-rs (issue 12) |
 //! | [`client`] | the official client (PROTOCOL.md §4); `lock`, `query`, `ping`, `stats`, `keys` |
 //! | [`bench`](mod@bench) | the load generator behind `latchkey bench` |
 #![deny(missing_docs)]
@@ -37,6 +38,7 @@ pub mod auth;
 pub mod bench;
 pub mod chunked;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod lock_table;
 pub mod logging;

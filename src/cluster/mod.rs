@@ -1,0 +1,16 @@
+//! Cluster mode: the lock table replicated over several members with raft-rs (issue 12).
+//!
+//! The key space is cut into a fixed number of *shards* by key hash (`[cluster] shards`, the
+//! same on every member); each shard is one Raft group over all members. A member's cores each
+//! host the groups of the shards they own, and leadership is spread over the members.
+//!
+//! | file | responsibility |
+//! |---|---|
+//! | `durable.rs` | [`Durable`]: what a member must make durable (entries, hard states, snapshots) and sync once per loop iteration for all its groups; what it recovers |
+//!
+//! Everything here is sans-IO except the write-ahead log: the cores' mio loops tick, step and
+//! drain the groups, and send their messages to the peers.
+
+pub mod durable;
+
+pub use durable::{Durable, Recovered};
