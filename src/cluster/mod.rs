@@ -13,4 +13,4 @@
 
 pub mod durable;
 
-pub use durable::{Durable, Recovered};
+pub use durable::{load, Durable, Recovered};
