@@ -76,7 +76,7 @@ const _: () =
     assert!(RESERVATION_DEFAULT >= RESERVATION_MIN && RESERVATION_DEFAULT <= RESERVATION_MAX);
 
 /// The sections of the file and the keys each accepts, in the order the example file lists them.
-const SECTIONS: [(&str, &[&str]); 7] = [
+const SECTIONS: [(&str, &[&str]); 8] = [
     ("server", &["listen", "cores"]),
     (
         "limits",
@@ -93,6 +93,10 @@ const SECTIONS: [(&str, &[&str]); 7] = [
     ("log", &["level", "format"]),
     ("tls", &["cert_file", "key_file", "client_ca_file"]),
     ("auth", &["rule"]),
+    (
+        "cluster",
+        &["node_id", "data_dir", "members", "shards", "fsync"],
+    ),
 ];
 
 /// The whole server configuration: the file's sections, validated, with defaults filled in.
@@ -115,6 +119,9 @@ pub struct Config {
     /// `[[auth.rule]]`: the key prefixes each client identity may use; empty (the default):
     /// every session may use every key.
     pub auth_rules: Vec<AuthRule>,
+    /// `[cluster]`: with it this server is one member of a replicated cluster; `None` (no
+    /// section, the default) is a single node.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// `[server]`.
@@ -236,11 +243,15 @@ impl Config {
     /// Parses and validates a configuration from TOML text; what the text omits is default.
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
         let mut config = Config::default();
+        let mut listen = None;
         for (section, entries) in read_sections(text)? {
             if section == "tls" {
                 // An empty `[tls]` still asks for TLS (and is refused below for its missing
                 // files), rather than silently serving plaintext.
                 config.tls.get_or_insert_with(TlsConfig::default);
+            }
+            if section == "cluster" {
+                config.cluster.get_or_insert_with(ClusterConfig::default);
             }
             for (key, value) in entries {
                 let setting = Setting {
@@ -250,9 +261,13 @@ impl Config {
                     value: &value,
                 };
                 config.apply(&setting)?;
+                if (setting.section, setting.key) == ("server", "listen") {
+                    listen = Some(config.server.listen);
+                }
             }
         }
         config.check_relations()?;
+        config.take_member_address(listen)?;
         Ok(config)
     }
 
@@ -290,7 +305,20 @@ impl Config {
             self.server.cores = cores_resolved(cores);
         }
         self.check_relations()?;
+        self.take_member_address(listen)?;
         Ok(self)
+    }
+
+    /// In cluster mode, checks the cluster's relations and listens on this member's client
+    /// address; `listen` is the address the file or the command line set, if either did.
+    fn take_member_address(&mut self, listen: Option<SocketAddr>) -> Result<(), ConfigError> {
+        if let Some(cluster) = &self.cluster {
+            cluster.check(listen)?;
+            if let Some(member) = cluster.this_member() {
+                self.server.listen = member.client;
+            }
+        }
+        Ok(())
     }
 
     /// The configuration on one line, for the startup log.
@@ -353,9 +381,24 @@ impl Config {
             ("tls", "key_file") => self.tls_mut().key_file = setting.file()?,
             ("tls", "client_ca_file") => self.tls_mut().client_ca_file = Some(setting.file()?),
             ("auth", "rule") => self.auth_rules = auth::read_rules(setting.value, setting.line)?,
+            ("cluster", "node_id") => {
+                self.cluster_mut().node_id = setting.integer_in(1, u64::MAX >> 1)?;
+            }
+            ("cluster", "data_dir") => self.cluster_mut().data_dir = setting.file()?,
+            ("cluster", "members") => {
+                self.cluster_mut().members = cluster::read_members(setting.value, setting.line)?;
+            }
+            ("cluster", "shards") => {
+                self.cluster_mut().shards = setting.u32_in(1, cluster::SHARDS_MAX)?;
+            }
+            ("cluster", "fsync") => self.cluster_mut().fsync = setting.boolean()?,
             _ => return Err(setting.unknown()),
         }
         Ok(())
+    }
+
+    fn cluster_mut(&mut self) -> &mut ClusterConfig {
+        self.cluster.get_or_insert_with(ClusterConfig::default)
     }
 
     fn tls_mut(&mut self) -> &mut TlsConfig {
@@ -566,6 +609,13 @@ impl Setting<'_> {
         Ok(u32::try_from(number).expect("checked against a u32 maximum"))
     }
 
+    fn boolean(&self) -> Result<bool, ConfigError> {
+        match self.value {
+            Value::Boolean(value) => Ok(*value),
+            other => Err(self.error(format!("expected true or false, got {}", described(other)))),
+        }
+    }
+
     fn string(&self) -> Result<&str, ConfigError> {
         match self.value {
             Value::String(text) => Ok(text),
@@ -671,8 +721,10 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 mod auth;
+mod cluster;
 mod tls;
 pub use auth::{AuthRule, PREFIXES_PER_RULE_MAX, RULES_MAX};
+pub use cluster::{ClusterConfig, MemberConfig, MEMBERS_MAX, SHARDS_DEFAULT, SHARDS_MAX};
 pub use tls::TlsConfig;
 
 #[cfg(test)]

@@ -252,6 +252,24 @@ fn startup_errors_name_the_address_or_the_state_dir() {
 }
 
 #[test]
+fn a_cluster_config_is_refused_until_cluster_mode_is_served() {
+    let dir = TempDir::new("cluster-refused");
+    let path = dir.path().join("latchkey.toml");
+    let text = format!(
+        "[cluster]\nnode_id = 1\ndata_dir = {:?}\nmembers = [\n  \
+         {{ id = 1, client = \"127.0.0.1:1\", peer = \"127.0.0.1:2\" }},\n]\n",
+        dir.path().join("data")
+    );
+    std::fs::write(&path, text).unwrap();
+    let (code, stderr) = serve_until_exit(&["--config", path.to_str().unwrap()]);
+    assert_eq!(code, Some(70), "stderr: {stderr}");
+    assert!(
+        stderr.contains("[cluster]: cluster mode is not served yet"),
+        "stderr: {stderr}"
+    );
+}
+
+#[test]
 fn sighup_is_logged_and_the_server_keeps_serving() {
     let server = spawn(&[]);
     let mut holder = Conn::connect(server.addr);

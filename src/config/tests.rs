@@ -75,7 +75,7 @@ fn example_file_is_the_defaults() {
     // unknown key.)
     let table: toml::Table = EXAMPLE.parse().unwrap();
     for (section, keys) in SECTIONS {
-        if section == "tls" || section == "auth" {
+        if section == "tls" || section == "auth" || section == "cluster" {
             // Off by default: documented commented out.
             let keys: &[&str] = match section {
                 "auth" => &["identity", "prefixes"],
@@ -143,6 +143,7 @@ fn full_file() {
         },
         tls: None,
         auth_rules: Vec::new(),
+        cluster: None,
     };
     let config = parsed(text);
     assert_eq!(config, expected);
@@ -435,4 +436,146 @@ fn auth_rules_need_client_certificates() {
     assert_refused(rule, "auth.rule", says);
     let without_ca = "[tls]\ncert_file = \"a\"\nkey_file = \"b\"\n";
     assert_refused(&format!("{without_ca}{rule}"), "auth.rule", says);
+}
+
+const CLUSTER: &str = r#"
+[cluster]
+node_id = 2
+data_dir = "/tmp/latchkey-2"
+members = [
+  { id = 1, client = "127.0.0.1:7420", peer = "127.0.0.1:7520" },
+  { id = 2, client = "127.0.0.1:7421", peer = "127.0.0.1:7521" },
+  { id = 3, client = "127.0.0.1:7422", peer = "127.0.0.1:7522" },
+]
+"#;
+
+#[test]
+fn cluster_section() {
+    assert_eq!(Config::default().cluster, None);
+    let config = parsed(CLUSTER);
+    let cluster = config.cluster.as_ref().expect("[cluster]");
+    assert_eq!(cluster.node_id, 2);
+    assert_eq!(cluster.data_dir, PathBuf::from("/tmp/latchkey-2"));
+    assert_eq!(cluster.voters(), vec![1, 2, 3]);
+    assert_eq!(cluster.shards, SHARDS_DEFAULT);
+    assert!(cluster.fsync);
+    assert_eq!(cluster.members[2].peer, "127.0.0.1:7522".parse().unwrap());
+    // A member listens on its own client address, with or without a matching [server] listen.
+    assert_eq!(config.server.listen, "127.0.0.1:7421".parse().unwrap());
+    let same = format!("[server]\nlisten = \"127.0.0.1:7421\"\n{CLUSTER}");
+    assert_eq!(parsed(&same), config);
+    let tuned = parsed(&format!("{CLUSTER}shards = 8\nfsync = false\n"));
+    let tuned = tuned.cluster.expect("[cluster]");
+    assert_eq!((tuned.shards, tuned.fsync), (8, false));
+    // The command line's --listen must agree too.
+    let overridden = config.clone().with_overrides(None, Some(1)).expect("cores");
+    assert_eq!(overridden.server.listen, config.server.listen);
+    let error = config
+        .with_overrides(Some("127.0.0.1:9999".parse().unwrap()), None)
+        .expect_err("--listen elsewhere");
+    assert_eq!(error.key(), Some("server.listen"));
+}
+
+#[test]
+fn each_invalid_cluster_setting_names_its_key() {
+    let members =
+        |list: &str| format!("[cluster]\nnode_id = 1\ndata_dir = \"d\"\nmembers = [{list}]\n");
+    let one = r#"{ id = 1, client = "127.0.0.1:1", peer = "127.0.0.1:2" }"#;
+    let cases: &[(String, &str, &str)] = &[
+        ("[cluster]\n".into(), "cluster.node_id", "required"),
+        (
+            "[cluster]\nnode_id = 1\n".into(),
+            "cluster.data_dir",
+            "required",
+        ),
+        (
+            "[cluster]\nnode_id = 1\ndata_dir = \"d\"\n".into(),
+            "cluster.members",
+            "required",
+        ),
+        (
+            "[cluster]\nnode_id = 0\n".into(),
+            "cluster.node_id",
+            "at least 1",
+        ),
+        (
+            "[cluster]\ndata_dir = \"\"\n".into(),
+            "cluster.data_dir",
+            "file path",
+        ),
+        (
+            "[cluster]\nshards = 0\n".into(),
+            "cluster.shards",
+            "at least 1",
+        ),
+        (
+            "[cluster]\nshards = 5000\n".into(),
+            "cluster.shards",
+            "at most 4096",
+        ),
+        (
+            "[cluster]\nfsync = 1\n".into(),
+            "cluster.fsync",
+            "true or false",
+        ),
+        (
+            "[cluster]\nmembers = 3\n".into(),
+            "cluster.members",
+            "expected an array",
+        ),
+        (
+            "[cluster]\nvoters = 3\n".into(),
+            "cluster.voters",
+            "unknown key",
+        ),
+        (members("3"), "cluster.members[0]", "expected a table"),
+        (
+            members(r#"{ id = 1, client = "127.0.0.1:1" }"#),
+            "cluster.members[0].peer",
+            "required",
+        ),
+        (
+            members(r#"{ id = 0, client = "127.0.0.1:1", peer = "127.0.0.1:2" }"#),
+            "cluster.members[0].id",
+            "at least 1",
+        ),
+        (
+            members(r#"{ id = 1, client = "localhost:1", peer = "127.0.0.1:2" }"#),
+            "cluster.members[0].client",
+            "not resolved",
+        ),
+        (
+            members(r#"{ id = 1, client = "127.0.0.1:1", peer = "127.0.0.1:2", port = 3 }"#),
+            "cluster.members[0].port",
+            "unknown key",
+        ),
+        (
+            members(&format!("{one}, {one}")),
+            "cluster.members",
+            "id 1 appears twice",
+        ),
+        (
+            members(r#"{ id = 1, client = "127.0.0.1:1", peer = "127.0.0.1:1" }"#),
+            "cluster.members",
+            "127.0.0.1:1 appears twice",
+        ),
+        (
+            members(r#"{ id = 2, client = "127.0.0.1:1", peer = "127.0.0.1:2" }"#),
+            "cluster.node_id",
+            "not the id of any",
+        ),
+        (
+            format!("[server]\nlisten = \"127.0.0.1:3\"\n{}", members(one)),
+            "server.listen",
+            "remove server.listen",
+        ),
+        (
+            members(&[one; 10].join(", ")),
+            "cluster.members",
+            "at most 9 members",
+        ),
+    ];
+    for (text, key, says) in cases {
+        assert_refused(text, key, says);
+    }
 }

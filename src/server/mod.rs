@@ -301,6 +301,11 @@ struct Plan {
 
 /// Starts a server; `notify` is woken when a core stops (normally or not) or on shutdown.
 pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Result<ServerHandle> {
+    if config.cluster.is_some() {
+        let message = "[cluster]: cluster mode is not served yet (it is being built; see \
+                       docs/cluster-design.md); remove [cluster] to run a single node";
+        return Err(io::Error::new(io::ErrorKind::Unsupported, message));
+    }
     let cores = config.server.cores;
     if cores == 0 || cores > CORES_MAX {
         let message = format!("server.cores must be in 1..={CORES_MAX}, got {cores}");

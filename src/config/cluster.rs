@@ -1,0 +1,199 @@
+//! `[cluster]`: cluster mode, the lock table replicated over several members (see
+//! [`crate::cluster`]).
+//!
+//! ```toml
+//! [cluster]
+//! node_id = 1
+//! data_dir = "/var/lib/latchkey"
+//! members = [
+//!   { id = 1, client = "127.0.0.1:7420", peer = "127.0.0.1:7520" },
+//!   { id = 2, client = "127.0.0.1:7421", peer = "127.0.0.1:7521" },
+//!   { id = 3, client = "127.0.0.1:7422", peer = "127.0.0.1:7522" },
+//! ]
+//! # shards = 64     # the same on every member
+//! # fsync = true    # false: replicated in memory only
+//! ```
+//!
+//! Without the section the server is a single node. With it, `node_id`, `data_dir` and
+//! `members` are required; the member serves clients on its `client` address (a `[server]
+//! listen`, if given, must be that address) and its peers on `peer`.
+
+use super::{described, ConfigError};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use toml::Value;
+
+/// Members a cluster may have at most. Every shard is a Raft group over all of them, so each
+/// write waits for a majority: more members buy tolerance of more failures at the cost of
+/// latency and peer traffic.
+pub const MEMBERS_MAX: usize = 9;
+/// Shards at most (each one is a Raft group on every member).
+pub const SHARDS_MAX: u32 = 4096;
+/// Shards by default.
+pub const SHARDS_DEFAULT: u32 = 64;
+
+/// `[cluster]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterConfig {
+    /// `node_id`: which of `members` this server is. Required, at least 1.
+    pub node_id: u64,
+    /// `data_dir`: where this member keeps its write-ahead logs and snapshots. Required.
+    pub data_dir: PathBuf,
+    /// `members`: every member of the cluster, this one included, in the file's order.
+    pub members: Vec<MemberConfig>,
+    /// `shards`: how many shards (Raft groups) the key space is cut into; the same on every
+    /// member. `1..=SHARDS_MAX`, default [`SHARDS_DEFAULT`].
+    pub shards: u32,
+    /// `fsync`: whether a write is synced to disk before it counts as persisted (default
+    /// `true`). `false` keeps the cluster's locks only in the members' memory (and page cache):
+    /// faster, and a lock is lost only when a majority of members dies at once.
+    pub fsync: bool,
+}
+
+/// One entry of `cluster.members`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberConfig {
+    /// `id`: the member's id, at least 1, unique.
+    pub id: u64,
+    /// `client`: the address the member serves clients (and admin requests) on.
+    pub client: SocketAddr,
+    /// `peer`: the address the member's peers reach it on.
+    pub peer: SocketAddr,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> ClusterConfig {
+        ClusterConfig {
+            node_id: 0,
+            data_dir: PathBuf::new(),
+            members: Vec::new(),
+            shards: SHARDS_DEFAULT,
+            fsync: true,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// This member's entry (the configuration was checked: it exists).
+    pub fn this_member(&self) -> Option<&MemberConfig> {
+        self.members.iter().find(|m| m.id == self.node_id)
+    }
+
+    /// The ids of every member, in the file's order.
+    pub fn voters(&self) -> Vec<u64> {
+        self.members.iter().map(|m| m.id).collect()
+    }
+
+    /// Checks what relates the keys: the required ones are there, this node is a member, ids
+    /// and addresses are unique, and `listen` (if the file or command line set one) is this
+    /// member's client address.
+    pub(super) fn check(&self, listen: Option<SocketAddr>) -> Result<(), ConfigError> {
+        let error =
+            |key: &str, problem: String| ConfigError::new(key, None, format!("{key}: {problem}"));
+        if self.node_id == 0 {
+            return Err(error("cluster.node_id", "required with [cluster]".into()));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(error("cluster.data_dir", "required with [cluster]".into()));
+        }
+        if self.members.is_empty() {
+            return Err(error("cluster.members", "required with [cluster]".into()));
+        }
+        let mut ids = HashSet::new();
+        let mut addresses = HashSet::new();
+        for member in &self.members {
+            if !ids.insert(member.id) {
+                return Err(error(
+                    "cluster.members",
+                    format!("id {} appears twice", member.id),
+                ));
+            }
+            for address in [member.client, member.peer] {
+                if !addresses.insert(address) {
+                    return Err(error(
+                        "cluster.members",
+                        format!("address {address} appears twice"),
+                    ));
+                }
+            }
+        }
+        let Some(this) = self.this_member() else {
+            let problem = format!("{} is not the id of any of cluster.members", self.node_id);
+            return Err(error("cluster.node_id", problem));
+        };
+        match listen {
+            Some(listen) if listen != this.client => Err(error(
+                "server.listen",
+                format!(
+                    "a cluster member listens on its cluster.members client address ({}), \
+                     got {listen}; remove server.listen or make them equal",
+                    this.client
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Reads `cluster.members` (`value`, on line `line`): an array of `{ id, client, peer }`.
+pub(super) fn read_members(value: &Value, line: usize) -> Result<Vec<MemberConfig>, ConfigError> {
+    let error = |path: &str, problem: String| {
+        ConfigError::new(path, Some(line), format!("{path}: {problem}"))
+    };
+    let Value::Array(tables) = value else {
+        let problem = format!(
+            "expected an array of {{ id, client, peer }} tables, got {}",
+            described(value)
+        );
+        return Err(error("cluster.members", problem));
+    };
+    if tables.len() > MEMBERS_MAX {
+        let problem = format!("at most {MEMBERS_MAX} members, got {}", tables.len());
+        return Err(error("cluster.members", problem));
+    }
+    let mut members = Vec::with_capacity(tables.len());
+    for (index, table) in tables.iter().enumerate() {
+        let at = |key: &str| format!("cluster.members[{index}].{key}");
+        let Value::Table(table) = table else {
+            let problem = format!("expected a table, got {}", described(table));
+            return Err(error(&format!("cluster.members[{index}]"), problem));
+        };
+        if let Some(key) = table
+            .keys()
+            .find(|key| !["id", "client", "peer"].contains(&key.as_str()))
+        {
+            let problem = "unknown key (a member has `id`, `client` and `peer`)".to_string();
+            return Err(error(&at(key), problem));
+        }
+        let id = match table.get("id") {
+            Some(Value::Integer(id)) if *id >= 1 => *id as u64,
+            Some(other) => {
+                let problem = format!(
+                    "expected an integer of at least 1, got {}",
+                    described(other)
+                );
+                return Err(error(&at("id"), problem));
+            }
+            None => return Err(error(&at("id"), "required".into())),
+        };
+        let address = |key: &str| match table.get(key) {
+            Some(Value::String(text)) => text.parse::<SocketAddr>().map_err(|_| {
+                let problem = format!(
+                    "expected an IP address and port such as \"127.0.0.1:7420\" (host names \
+                     are not resolved), got {text:?}"
+                );
+                error(&at(key), problem)
+            }),
+            Some(other) => Err(error(
+                &at(key),
+                format!("expected a string, got {}", described(other)),
+            )),
+            None => Err(error(&at(key), "required".into())),
+        };
+        let client = address("client")?;
+        let peer = address("peer")?;
+        members.push(MemberConfig { id, client, peer });
+    }
+    Ok(members)
+}
