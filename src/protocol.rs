@@ -15,6 +15,7 @@
 //! Deliberately not here: what a request *does* (see [`crate::lock_table`]) and any socket.
 
 use std::fmt;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// The longest key the protocol allows, in bytes. A server may be configured lower.
 pub const KEY_BYTES_MAX: usize = 1024;
@@ -22,8 +23,9 @@ pub const KEY_BYTES_MAX: usize = 1024;
 pub const REQUEST_HEADER_BYTES_MAX: usize = 10;
 /// The longest request frame: op, header, key, `\n`.
 pub const REQUEST_BYTES_MAX: usize = 1 + REQUEST_HEADER_BYTES_MAX + KEY_BYTES_MAX + 1;
-/// The longest response frame (State: op, nonce, held, lease_ms, waiters, `\n`).
-pub const RESPONSE_BYTES_MAX: usize = 19;
+/// The longest response frame (Moved: op, id, IPv6 address, port, `\n`; only a cluster member
+/// sends it, PROTOCOL.md §5).
+pub const RESPONSE_BYTES_MAX: usize = 28;
 
 /// A request from a client. Keys borrow from the read buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -439,6 +441,53 @@ pub enum Response {
         /// The request's correlation id, or 0 for codes 1 and 7.
         id: u64,
     },
+    /// `M`: a cluster member does not lead the request's key; the request had no effect and
+    /// may be sent to `leader`. A single node never sends it.
+    Moved {
+        /// The request's correlation id.
+        id: u64,
+        /// The member that leads the key, as far as this member knows.
+        leader: Leader,
+    },
+}
+
+/// The leader a [`Response::Moved`] names: an IP address and port, or none known. Kept as the
+/// wire's 18 bytes (IPv4 as IPv4-mapped IPv6) so that a [`Response`] stays small and `Copy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Leader {
+    ip: [u8; 16],
+    port: u16,
+}
+
+impl Leader {
+    /// No leader known (on the wire: the unspecified address `::` and port 0).
+    pub const UNKNOWN: Leader = Leader {
+        ip: [0; 16],
+        port: 0,
+    };
+
+    /// The leader at `addr`.
+    pub fn at(addr: SocketAddr) -> Leader {
+        let ip = match addr.ip() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        Leader {
+            ip: ip.octets(),
+            port: addr.port(),
+        }
+    }
+
+    /// The leader's address, or `None` when no leader is known (port 0 or the unspecified
+    /// address). An IPv4-mapped address comes back as IPv4.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        let ip = Ipv6Addr::from(self.ip);
+        let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
+        if self.port == 0 || ip.is_unspecified() {
+            return None;
+        }
+        Some(SocketAddr::new(ip, self.port))
+    }
 }
 
 impl Response {
@@ -454,6 +503,7 @@ impl Response {
             Response::State { .. } => b'Q',
             Response::Pong { .. } => b'P',
             Response::Error { .. } => b'X',
+            Response::Moved { .. } => b'M',
         }
     }
 
@@ -467,7 +517,7 @@ impl Response {
             | Response::Extended { token }
             | Response::NotHeld { token } => token,
             Response::State { nonce, .. } | Response::Pong { nonce } => nonce,
-            Response::Error { id, .. } => id,
+            Response::Error { id, .. } | Response::Moved { id, .. } => id,
         }
     }
 
@@ -503,6 +553,12 @@ impl Response {
                 frame[1] = code as u8;
                 frame[2..10].copy_from_slice(&id.to_be_bytes());
                 9
+            }
+            Response::Moved { id, leader } => {
+                frame[1..9].copy_from_slice(&id.to_be_bytes());
+                frame[9..25].copy_from_slice(&leader.ip);
+                frame[25..27].copy_from_slice(&leader.port.to_be_bytes());
+                26
             }
             _ => {
                 frame[1..9].copy_from_slice(&self.correlation_id().to_be_bytes());
@@ -552,6 +608,7 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<(Response, usize)>, ResponseE
         b'A' => 18,
         b'Q' => 19,
         b'X' => 11,
+        b'M' => 28,
         b'T' | b'B' | b'R' | b'E' | b'N' | b'P' => 10,
         _ => return Err(ResponseError::UnknownOp(op)),
     };
@@ -574,6 +631,15 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<(Response, usize)>, ResponseE
         b'E' => Response::Extended { token: id },
         b'N' => Response::NotHeld { token: id },
         b'P' => Response::Pong { nonce: id },
+        b'M' => {
+            let mut ip = [0u8; 16];
+            ip.copy_from_slice(&buf[9..25]);
+            let port = u16::from_be_bytes([buf[25], buf[26]]);
+            Response::Moved {
+                id,
+                leader: Leader { ip, port },
+            }
+        }
         b'Q' => {
             let held = match buf[9] {
                 0 => false,

@@ -104,6 +104,8 @@ pub enum WireError {
     UnexpectedReply(u8),
     /// A reply with no request outstanding.
     Unsolicited,
+    /// `M`: the target is a cluster member that does not lead the key (the leader it named).
+    Moved(Option<std::net::SocketAddr>),
 }
 
 impl fmt::Display for WireError {
@@ -111,6 +113,14 @@ impl fmt::Display for WireError {
         match self {
             WireError::Frame(error) => write!(f, "bad response frame: {error}"),
             WireError::UnaskedOp(op) => write!(f, "response `{}` to no request sent", *op as char),
+            WireError::Moved(leader) => {
+                let leader = leader.map_or("unknown".to_string(), |addr| addr.to_string());
+                write!(
+                    f,
+                    "the target is a cluster member that does not lead this key (leader: \
+                     {leader}); the benchmark does not follow redirects"
+                )
+            }
             WireError::Resp(error) => write!(f, "bad RESP reply: {error}"),
             WireError::UnexpectedReply(kind) => {
                 write!(
@@ -212,6 +222,7 @@ impl Wire for LatchkeyWire {
             Response::Extended { .. } | Response::Pong { .. } => {
                 return Err(WireError::UnaskedOp(response.op()))
             }
+            Response::Moved { leader, .. } => return Err(WireError::Moved(leader.addr())),
         };
         Ok(Some((Reply { answer, slot: None }, used)))
     }

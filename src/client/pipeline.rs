@@ -330,12 +330,14 @@ impl Pipeline {
                     None => log::debug!("X {code} for id {id:#x} closes the session"),
                 }
             }
-            Response::Error { id, .. } => match self.take_error_target(id) {
-                Some(entry) => {
-                    Self::answer(entry, response, now);
+            Response::Error { id, .. } | Response::Moved { id, .. } => {
+                match self.take_error_target(id) {
+                    Some(entry) => {
+                        Self::answer(entry, response, now);
+                    }
+                    None => log::debug!("error for unknown id {id:#x} ignored"),
                 }
-                None => log::debug!("error for unknown id {id:#x} ignored"),
-            },
+            }
         }
     }
 

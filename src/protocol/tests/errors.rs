@@ -205,10 +205,10 @@ fn frame_error_response_and_error_code_table() {
 #[test]
 fn response_parser_errors() {
     for op in 0..=u8::MAX {
-        if b"ATBRENQPX".contains(&op) {
+        if b"ATBRENQPXM".contains(&op) {
             continue;
         }
-        let buf = concat(&[&[op], &[b'\n'; 18]]);
+        let buf = concat(&[&[op], &[b'\n'; 27]]);
         assert_eq!(parse_response(&buf), Err(ResponseError::UnknownOp(op)));
         assert_eq!(parse_response(&buf[..1]), Err(ResponseError::UnknownOp(op)));
     }

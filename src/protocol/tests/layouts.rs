@@ -131,6 +131,26 @@ fn response_layout_cases(id: u64, token: u64) -> Vec<(Response, Vec<u8>)> {
             },
             concat(&[b"X", &[5], &be(id), b"\n"]),
         ),
+        (
+            Response::Moved {
+                id,
+                leader: Leader::at("10.1.2.3:7421".parse().unwrap()),
+            },
+            concat(&[
+                b"M",
+                &be(id),
+                &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 10, 1, 2, 3],
+                &[0x1C, 0xFD],
+                b"\n",
+            ]),
+        ),
+        (
+            Response::Moved {
+                id,
+                leader: Leader::UNKNOWN,
+            },
+            concat(&[b"M", &be(id), &[0; 18], b"\n"]),
+        ),
     ]
 }
 
@@ -146,6 +166,7 @@ fn response_layouts() {
             b'A' => 18,
             b'Q' => 19,
             b'X' => 11,
+            b'M' => 28,
             _ => 10,
         };
         assert_eq!(bytes.len(), len, "{response:?}");
@@ -175,7 +196,27 @@ fn request_limits_are_consistent() {
         lease_ms: 1,
         waiters: 1,
     };
-    assert_eq!(encoded_response(&state).len(), RESPONSE_BYTES_MAX);
+    assert_eq!(encoded_response(&state).len(), 19);
+    let moved = Response::Moved {
+        id: 1,
+        leader: Leader::at("[2001:db8::1]:65535".parse().unwrap()),
+    };
+    assert_eq!(encoded_response(&moved).len(), RESPONSE_BYTES_MAX);
+}
+
+#[test]
+fn moved_names_ipv4_ipv6_or_no_leader() {
+    for addr in ["127.0.0.1:7420", "[::1]:7420", "[2001:db8::7]:1"] {
+        let addr: std::net::SocketAddr = addr.parse().unwrap();
+        assert_eq!(Leader::at(addr).addr(), Some(addr));
+    }
+    assert_eq!(Leader::UNKNOWN.addr(), None);
+    // Port 0 or the unspecified address is "no leader known".
+    assert_eq!(Leader::at("10.0.0.1:0".parse().unwrap()).addr(), None);
+    assert_eq!(Leader::at("0.0.0.0:7420".parse().unwrap()).addr(), None);
+    assert_eq!(Leader::at("[::]:7420".parse().unwrap()).addr(), None);
+    // A response stays a small Copy value.
+    assert!(std::mem::size_of::<Response>() <= 32);
 }
 
 // ---------------------------------------------------------------------------------------------
