@@ -10,10 +10,11 @@ use super::core::{session_id, Core, SLOTS_MAX};
 use super::net::{Net, Stream};
 use super::session::Session;
 use crate::protocol::{ErrorCode, Response};
+use crate::server::partition::Partition;
 use std::io::Write;
 use std::sync::atomic::Ordering;
 
-impl<N: Net> Core<N> {
+impl<N: Net, P: Partition> Core<N, P> {
     /// Takes a new connection: a session, or `X` code 7 and a close when the server is full.
     pub fn admit(&mut self, mut stream: N::Stream) {
         let shared = &self.links.shared;

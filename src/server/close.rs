@@ -24,6 +24,7 @@ use super::core::Core;
 use super::net::Net;
 use super::route::Msg;
 use super::session::Phase;
+use crate::server::partition::Partition;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -65,7 +66,7 @@ impl std::fmt::Display for CloseReason {
     }
 }
 
-impl<N: Net> Core<N> {
+impl<N: Net, P: Partition> Core<N, P> {
     /// Stops reading a session and withdraws its waiters everywhere; it ends once every
     /// partition acknowledged and (unless dead) its output is flushed.
     pub(super) fn begin_close(&mut self, slot: usize, phase: Phase, reason: CloseReason) {

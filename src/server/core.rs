@@ -36,12 +36,13 @@ use super::buffers::ReadBuffers;
 use super::close::CloseReason;
 use super::net::Net;
 use super::persist::TokenKeeper;
-use super::route::{partition_of, KeyPool, Msg, Outbox, OUTBOX_REQUESTS_MAX};
+use super::route::{KeyPool, Msg, Outbox, OUTBOX_REQUESTS_MAX};
 use super::session::{Phase, ReadOutcome, Session};
 use super::Shared;
 use crate::auth::AuthRules;
 use crate::lock_table::{Answer, LockTable, Op, SessionId};
 use crate::protocol::{parse_request, ErrorCode, FrameError, Response};
+use crate::server::partition::Partition;
 use crossbeam_channel::Receiver;
 use slab::Slab;
 use std::sync::Arc;
@@ -129,13 +130,13 @@ pub struct Links {
 }
 
 /// One core: everything it owns.
-pub struct Core<N: Net> {
+pub struct Core<N: Net, P: Partition = LockTable> {
     pub(super) settings: CoreSettings,
     pub(super) net: N,
     pub(super) sessions: Slab<Session<N::Stream>>,
     pub(super) generation: u32,
     pub(super) buffers: ReadBuffers,
-    pub(super) table: LockTable,
+    pub(super) table: P,
     pub(super) links: Links,
     pub(super) now_us: u64,
     dirty: Vec<usize>,
@@ -194,9 +195,9 @@ enum Step {
     Closed,
 }
 
-impl<N: Net> Core<N> {
+impl<N: Net, P: Partition> Core<N, P> {
     /// Assembles a core. `links.outboxes[settings.index]` must be `None`.
-    pub fn new(settings: CoreSettings, net: N, table: LockTable, links: Links) -> Core<N> {
+    pub fn new(settings: CoreSettings, net: N, table: P, links: Links) -> Core<N, P> {
         assert!(links.outboxes[settings.index].is_none());
         assert_eq!(links.outboxes.len(), settings.cores);
         Core {
@@ -265,8 +266,8 @@ impl<N: Net> Core<N> {
         self.sessions.len()
     }
 
-    /// The lock table (for checks and statistics).
-    pub fn table(&self) -> &LockTable {
+    /// The partition: the lock table of a single node (for checks and statistics).
+    pub fn table(&self) -> &P {
         &self.table
     }
 
@@ -343,7 +344,7 @@ impl<N: Net> Core<N> {
         self.expire_admin_jobs();
         self.expire_handshakes();
         self.log_busy();
-        self.links.tokens.top_up(&mut self.table);
+        self.table.top_up_tokens(&mut self.links.tokens);
         self.flush_outboxes();
         self.resume_blocked();
         self.flush_sessions();
@@ -483,7 +484,7 @@ impl<N: Net> Core<N> {
                 return self.refuse_frame(slot, FrameError { code, id, consumed });
             }
         }
-        let partition = partition_of(key, self.settings.cores);
+        let partition = self.table.core_of_key(key, self.settings.cores);
         let remote = partition != self.settings.index;
         if remote {
             let outbox = self.links.outboxes[partition]

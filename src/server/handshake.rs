@@ -23,6 +23,7 @@ use super::net::{Net, Stream};
 use super::session::Phase;
 use super::tls::HANDSHAKE_DEADLINE;
 use crate::lock_table::SessionId;
+use crate::server::partition::Partition;
 use std::collections::VecDeque;
 
 /// Sessions in their handshake, oldest first, with their deadlines.
@@ -41,7 +42,7 @@ impl Handshakes {
     }
 }
 
-impl<N: Net> Core<N> {
+impl<N: Net, P: Partition> Core<N, P> {
     /// Starts the deadline of the session `id` if its stream is in a handshake. From the clock
     /// now, not the iteration's time: a connection accepted late in an iteration (after other
     /// sessions' events, or many accepts of a burst) would lose that much of its time, and be

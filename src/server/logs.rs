@@ -7,6 +7,7 @@ use super::core::Core;
 use super::net::Net;
 use crate::lock_table::{BusyCounts, BusyReason};
 use crate::protocol::ErrorCode;
+use crate::server::partition::Partition;
 
 /// At most one line per kind per this period.
 pub const LOG_PERIOD_US: u64 = 10_000_000;
@@ -41,7 +42,7 @@ pub struct CoreLogs {
     busy_seen: BusyCounts,
 }
 
-impl<N: Net> Core<N> {
+impl<N: Net, P: Partition> Core<N, P> {
     /// Logs a refused frame of the session in `slot` (rate-limited per code).
     pub(super) fn log_refused_frame(&mut self, slot: usize, code: ErrorCode) {
         let throttle = &mut self.logs.errors[code as usize % 9];

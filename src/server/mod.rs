@@ -34,6 +34,7 @@
 //! | `persist.rs` | token reservations persisted off the event loops |
 //! | `alarm.rs` | the timerfd that wakes a loop on its next timer |
 //! | `net.rs` | the stream and registration traits the core runs over |
+//! | `partition.rs` | what a core's partition does: the lock table, or a cluster member's shards |
 //! | `tls.rs` | a session's stream over TLS (rustls, sans-IO, edge-triggered) |
 //! | `handshake.rs` | TLS sessions' failures: the handshake deadline, TLS errors |
 //! | `admin/` | the HTTP admin requests on the lock port |
@@ -48,6 +49,7 @@ pub mod core;
 pub mod handshake;
 pub mod logs;
 pub mod net;
+pub mod partition;
 pub mod persist;
 pub mod queued;
 pub mod reactor;

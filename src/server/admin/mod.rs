@@ -29,6 +29,7 @@ use super::route::Msg;
 use super::session::Phase;
 use crate::auth::Grant;
 use crate::lock_table::{HeldKey, SessionId};
+use crate::server::partition::Partition;
 use http::{Head, Refusal, Route};
 use render::{CoreStats, ServerStats};
 use std::collections::{BinaryHeap, HashMap};
@@ -186,7 +187,7 @@ fn keep_first(keys: &mut Vec<HeldKey>, limit: usize) {
     keys.truncate(limit);
 }
 
-impl<N: Net> Core<N> {
+impl<N: Net, P: Partition> Core<N, P> {
     /// Serves the admin request of the session in `slot`, if it is one: `None` when the session
     /// speaks the lock protocol. `Some(true)` when it waits for more of its head.
     pub(super) fn admin_read(&mut self, slot: usize) -> Option<bool> {
