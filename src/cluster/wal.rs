@@ -25,6 +25,10 @@
 //! 1 GiB. The log keeps the live state in memory (a second copy of what the groups'
 //! `MemStorage`s hold) so that it can compact without reading its files back.
 //!
+//! Within one sync, a torn tail keeps a prefix of the records: record a ready's snapshot, then
+//! its entries, then the hard state that may commit them, so that no recovered hard state
+//! commits an entry that was lost.
+//!
 //! Not done here: preallocating segments, direct I/O, and reading entries back for raft (raft
 //! reads its `MemStorage`). After a failed write or sync the log refuses everything (the state
 //! of the file is unknown; restart and recover).
@@ -206,20 +210,52 @@ impl Wal {
         Ok(())
     }
 
-    /// Encodes one record into the buffer, refusing it past `options.buffer_bytes`.
+    /// Encodes one record into the buffer, refusing a record over [`RECORD_BYTES_MAX`] and one
+    /// that would take the buffer past `options.buffer_bytes` (the buffer never grows past it).
     fn buffer_record(&mut self, shard: u32, body: &BodyRef<'_>) -> io::Result<()> {
-        let start = self.buffer.len();
-        record::encode(&mut self.buffer, shard, body)
-            .map_err(|what| io::Error::new(io::ErrorKind::InvalidInput, what))?;
-        if self.buffer.len() > self.options.buffer_bytes {
-            self.buffer.truncate(start);
+        let bytes = record::encoded_bytes(body);
+        if bytes > RECORD_BYTES_MAX as u64 {
+            let what = format!("record of {bytes} bytes over the limit of {RECORD_BYTES_MAX}");
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+        }
+        if self.buffer.len() as u64 + bytes > self.options.buffer_bytes as u64 {
             let limit = self.options.buffer_bytes;
             let what = format!("wal buffer would pass {limit} bytes: sync first");
             return Err(io::Error::new(io::ErrorKind::OutOfMemory, what));
         }
+        record::encode(&mut self.buffer, shard, body)
+            .map_err(|what| io::Error::new(io::ErrorKind::InvalidInput, what))?;
         self.buffered_records += 1;
         self.stats.records += 1;
         Ok(())
+    }
+
+    /// Panics when the log's bookkeeping is broken. Runs after every sync in debug builds.
+    fn check_invariants(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(
+            self.buffer.len() <= self.options.buffer_bytes,
+            "wal: buffer over its bound"
+        );
+        assert!(!self.segments.is_empty(), "wal: no current segment");
+        let seqs = self.segments.windows(2);
+        assert!(
+            seqs.clone().all(|pair| pair[0].0 < pair[1].0),
+            "wal: segments out of order"
+        );
+        let last = self.segments[self.segments.len() - 1].0;
+        assert!(
+            last <= self.next_seq,
+            "wal: the current segment starts after the next record"
+        );
+        assert_eq!(
+            self.buffer.is_empty(),
+            self.buffered_records == 0,
+            "wal: buffer count"
+        );
+        self.groups.values().for_each(state::check);
     }
 
     /// Writes the buffer to the current segment (one `write`, retried only if short).
@@ -259,6 +295,11 @@ impl Wal {
     /// Writes the live state as a checkpoint segment and deletes the older ones.
     fn compact(&mut self) -> io::Result<()> {
         let seq = self.next_seq;
+        // The current segment holds records (it is full), so the new name is a new file.
+        assert!(
+            self.segments.iter().all(|(old, _)| *old < seq),
+            "wal: compaction name taken"
+        );
         let mut bytes = Vec::new();
         let mut records = 1;
         record::encode(&mut bytes, 0, &BodyRef::Checkpoint).map_err(io::Error::other)?;
@@ -411,6 +452,7 @@ impl Durable for Wal {
             self.poisoned = true;
             return Err(error);
         }
+        self.check_invariants();
         Ok(())
     }
 }

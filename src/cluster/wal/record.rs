@@ -124,6 +124,20 @@ pub fn encode(out: &mut Vec<u8>, shard: u32, body: &BodyRef<'_>) -> Result<usize
     Ok(total)
 }
 
+/// The bytes `body` takes once framed, header included (computed, not encoded; saturating).
+pub fn encoded_bytes(body: &BodyRef<'_>) -> u64 {
+    use protobuf::Message as _;
+    let payload = match body {
+        BodyRef::Entries(entries) => entries.iter().fold(0u64, |sum, e| {
+            sum.saturating_add(4 + e.compute_size() as u64)
+        }),
+        BodyRef::HardState(hard_state) => hard_state.compute_size() as u64,
+        BodyRef::Snapshot(snapshot) => snapshot.compute_size() as u64,
+        BodyRef::Checkpoint => 0,
+    };
+    payload.saturating_add(HEADER_BYTES as u64)
+}
+
 /// A record's content by reference, for encoding.
 pub enum BodyRef<'a> {
     /// Entries appended to the shard's log.
@@ -260,6 +274,7 @@ mod tests {
         let mut out = Vec::new();
         let total = encode(&mut out, 9, &BodyRef::Entries(&entries)).expect("encode");
         assert_eq!(total, out.len());
+        assert_eq!(encoded_bytes(&BodyRef::Entries(&entries)), total as u64);
         let (shard, body, used) = decode(&out).expect("decode");
         assert_eq!((shard, used), (9, total));
         assert!(matches!(body, Body::Entries(decoded) if decoded == entries));
@@ -291,12 +306,13 @@ mod tests {
 
     #[test]
     fn an_oversized_record_is_refused_and_leaves_nothing() {
-        let big = Entry {
+        let big = [Entry {
             data: vec![0; RECORD_BYTES_MAX].into(),
             ..Default::default()
-        };
+        }];
+        assert!(encoded_bytes(&BodyRef::Entries(&big)) > RECORD_BYTES_MAX as u64);
         let mut out = vec![1, 2, 3];
-        assert!(encode(&mut out, 0, &BodyRef::Entries(&[big])).is_err());
+        assert!(encode(&mut out, 0, &BodyRef::Entries(&big)).is_err());
         assert_eq!(out, vec![1, 2, 3]);
     }
 }

@@ -56,6 +56,11 @@ pub fn corrupt(path: &Path, offset: u64, what: &str) -> io::Error {
     )
 }
 
+/// `error` with the path it is about in its message.
+fn named(path: &Path, error: io::Error) -> io::Error {
+    io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+}
+
 /// Lists the segments in `dir` by sequence number, deleting leftover temporary files.
 pub fn list_segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     let mut segments = Vec::new();
@@ -123,7 +128,7 @@ pub fn replay(dir: &Path) -> io::Result<Replayed> {
 fn newest_checkpoint(segments: &[(u64, PathBuf)]) -> io::Result<usize> {
     for (position, (_, path)) in segments.iter().enumerate().rev() {
         let mut head = [0u8; record::HEADER_BYTES];
-        let read = read_prefix(path, &mut head)?;
+        let read = read_prefix(path, &mut head).map_err(|error| named(path, error))?;
         if let Ok((_, Body::Checkpoint, _)) = record::decode(&head[..read]) {
             return Ok(position);
         }
@@ -154,12 +159,14 @@ fn replay_segment(
     last: bool,
     groups: &mut BTreeMap<u32, Recovered>,
 ) -> io::Result<(u64, u64)> {
-    let size = fs::metadata(path)?.len();
+    let size = fs::metadata(path)
+        .map_err(|error| named(path, error))?
+        .len();
     if size > SEGMENT_FILE_BYTES_MAX {
         let what = format!("segment of {size} bytes over the limit of {SEGMENT_FILE_BYTES_MAX}");
         return Err(corrupt(path, 0, &what));
     }
-    let bytes = fs::read(path)?;
+    let bytes = fs::read(path).map_err(|error| named(path, error))?;
     let (mut offset, mut records) = (0usize, 0u64);
     // Bounded: each turn consumes one record of at least HEADER_BYTES, or stops.
     while offset < bytes.len() {
@@ -182,7 +189,7 @@ fn replay_segment(
             "wal: {}: offset {offset}: {what}; the log ends here",
             path.display()
         );
-        cut(path, offset as u64)?;
+        cut(path, offset as u64).map_err(|error| named(path, error))?;
         break;
     }
     debug_assert!(RECORD_BYTES_MAX as u64 <= SEGMENT_FILE_BYTES_MAX);
