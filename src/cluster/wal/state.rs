@@ -7,6 +7,7 @@
 //! - a snapshot may not go back (its index is at least the current one, and not 0). If the log holds an
 //!   entry at its index with its term (a snapshot taken locally to compact), the entries after
 //!   it stay; otherwise (a leader's snapshot that does not match) every entry is dropped;
+//!   Either way the hard state's commit and term are raised to at least the snapshot's;
 //! - a hard state replaces the previous one.
 //!
 //! Invariant ([`check`]): entries are contiguous and start one past the snapshot's index.
@@ -100,6 +101,10 @@ pub fn apply_snapshot(group: &mut Recovered, snapshot: &Snapshot) {
         group.entries.clear();
     }
     group.snapshot = Some(snapshot.clone());
+    // As MemStorage does: a snapshot is committed, and raft refuses at restart a hard state
+    // that commits less than the snapshot (if the hard state written after it was torn off).
+    group.hard_state.commit = group.hard_state.commit.max(index);
+    group.hard_state.term = group.hard_state.term.max(term);
     check(group);
 }
 

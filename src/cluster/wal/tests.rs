@@ -144,6 +144,8 @@ fn a_snapshot_drops_earlier_entries_and_a_mismatched_one_drops_all() {
     assert_eq!(recovered[&2].snapshot, Some(snapshot(8, 5)));
     let storage = load(&recovered[&2], &[1, 2, 3]).expect("load");
     assert_eq!(storage.first_index().expect("first"), 9);
+    // No hard state was written: the snapshot's commit and term stand in for it.
+    assert_eq!(recovered[&2].hard_state, hard_state(5, 0, 8));
 }
 
 #[test]

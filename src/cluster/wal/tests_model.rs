@@ -89,6 +89,8 @@ fn apply(model: &mut BTreeMap<u32, Group>, op: &Op) {
                 group.log.clear();
             }
             group.snapshot = Some(snapshot.clone());
+            group.hard_state.commit = group.hard_state.commit.max(index);
+            group.hard_state.term = group.hard_state.term.max(term);
         }
     }
 }
