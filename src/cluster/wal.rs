@@ -1,0 +1,458 @@
+//! The write-ahead log of one core: a [`Durable`] on disk for every group the core hosts.
+//!
+//! A directory (`<data_dir>/core-<n>/`) holds segment files `wal-<16 hex first seq>.log` of
+//! framed records (`record.rs`: `[len u32][crc32c u32][kind u8][shard u32][payload]`, payload the
+//! protobuf of an entry batch, a `HardState` or a `Snapshot`).
+//!
+//! Writes only encode into a memory buffer; [`Durable::sync`] writes the whole buffer with one
+//! `write` and, when `fsync` is on, one `fdatasync`: one sync covers every group and every record
+//! since the last (group commit). With `fsync` off a sync reaches the page cache only, which
+//! survives a crash of the process but not of the machine.
+//!
+//! After a sync that leaves the current segment at or past [`Options::segment_bytes`], the log
+//! rotates. If the live state (per group: hard state, last snapshot, entries after it) is under
+//! a quarter of the files' bytes, it compacts: the live state goes to a temporary file that
+//! starts with a checkpoint record, which is synced, renamed to the next segment name, and the
+//! directory synced; then the older segments are deleted. A crash at any step leaves either the
+//! old segments (the temporary file is deleted at open) or a checkpoint that supersedes them.
+//! Otherwise the log simply starts a new empty segment.
+//!
+//! Recovery (`replay.rs`) rebuilds the same live state with the same rules (`state.rs`), cuts a
+//! torn tail off the last segment, and refuses damage anywhere else, naming file and offset.
+//!
+//! Limits: a record is at most 64 MiB ([`RECORD_BYTES_MAX`]); the unsynced buffer at most
+//! [`BUFFER_BYTES_MAX`] (a write past it fails: sync first); a segment file read back at most
+//! 1 GiB. The log keeps the live state in memory (a second copy of what the groups'
+//! `MemStorage`s hold) so that it can compact without reading its files back.
+//!
+//! Within one sync, a torn tail keeps a prefix of the records: record a ready's snapshot, then
+//! its entries, then the hard state that may commit them, so that no recovered hard state
+//! commits an entry that was lost.
+//!
+//! Not done here: preallocating segments, direct I/O, and reading entries back for raft (raft
+//! reads its `MemStorage`). After a failed write or sync the log refuses everything (the state
+//! of the file is unknown; restart and recover).
+
+mod record;
+mod replay;
+mod state;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_model;
+
+use super::{Durable, Recovered};
+use raft::eraftpb::{Entry, HardState, Snapshot};
+use record::BodyRef;
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+pub use record::RECORD_BYTES_MAX;
+
+/// The most bytes buffered between two syncs (128 MiB): room for two records of the largest
+/// size. A write that would pass it fails; a member drains a few MiB per loop iteration.
+pub const BUFFER_BYTES_MAX: usize = 128 << 20;
+
+const _: () = assert!(BUFFER_BYTES_MAX >= 2 * RECORD_BYTES_MAX);
+
+/// The default size at which a segment is rotated (64 MiB).
+pub const SEGMENT_BYTES_DEFAULT: u64 = 64 << 20;
+
+/// How a log behaves.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Whether a sync ends with `fdatasync` (and compaction syncs files and the directory).
+    pub fsync: bool,
+    /// The segment size that triggers a rotation after a sync (at least 4 KiB).
+    pub segment_bytes: u64,
+    /// The most bytes buffered between two syncs: 4 KiB up to [`BUFFER_BYTES_MAX`] (the
+    /// default). A record that does not fit is refused.
+    pub buffer_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            fsync: true,
+            segment_bytes: SEGMENT_BYTES_DEFAULT,
+            buffer_bytes: BUFFER_BYTES_MAX,
+        }
+    }
+}
+
+/// Counters of what a log did, for measurement.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Records encoded.
+    pub records: u64,
+    /// Syncs that wrote something.
+    pub syncs: u64,
+    /// Bytes written by syncs (compaction not counted).
+    pub bytes: u64,
+    /// Rotations to a new empty segment.
+    pub rotations: u64,
+    /// Compactions.
+    pub compactions: u64,
+}
+
+/// The steps of a compaction after which a test can stop it, to play a crash there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// The temporary file is written and synced.
+    TemporaryWritten,
+    /// It is renamed to a segment name and the directory synced.
+    Renamed,
+    /// The oldest older segment is deleted.
+    OneDeleted,
+}
+
+/// One core's write-ahead log. Call order: any number of `append` / `set_hard_state` /
+/// `apply_snapshot`, then `sync` before acting on them; repeat.
+pub struct Wal {
+    dir: PathBuf,
+    options: Options,
+    /// Live state of every group: what a reopen would recover after a sync.
+    groups: BTreeMap<u32, Recovered>,
+    /// Encoded records not yet written; at most `options.buffer_bytes`.
+    buffer: Vec<u8>,
+    /// Records in `buffer`.
+    buffered_records: u64,
+    /// Segments in use, oldest first; the last one is `file`.
+    segments: Vec<(u64, PathBuf)>,
+    file: File,
+    /// Bytes written to `file`.
+    file_bytes: u64,
+    /// Bytes of all segments but the last.
+    older_bytes: u64,
+    /// Sequence number of the next record written to `file`.
+    next_seq: u64,
+    /// Set when a write or sync failed: everything is refused from then on.
+    poisoned: bool,
+    stats: Stats,
+    #[cfg(test)]
+    crash_at: Option<Step>,
+}
+
+impl Wal {
+    /// Opens (creating if missing) the log in `dir`, syncing with `fdatasync` when `fsync`;
+    /// returns each group's recovered state by shard.
+    pub fn open(dir: &Path, fsync: bool) -> io::Result<(Wal, Vec<(u32, Recovered)>)> {
+        let options = Options {
+            fsync,
+            ..Options::default()
+        };
+        Wal::open_with(dir, options)
+    }
+
+    /// [`Wal::open`] with every option.
+    pub fn open_with(dir: &Path, options: Options) -> io::Result<(Wal, Vec<(u32, Recovered)>)> {
+        if options.segment_bytes < 4096
+            || !(4096..=BUFFER_BYTES_MAX).contains(&options.buffer_bytes)
+        {
+            let what = format!("wal options out of range: {options:?}");
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+        }
+        fs::create_dir_all(dir)?;
+        let mut replayed = replay::replay(dir)?;
+        if replayed.segments.is_empty() {
+            let path = dir.join(replay::segment_name(0));
+            create_file(&path, options.fsync)?;
+            replayed.segments.push((0, path));
+            replayed.last_bytes = 0;
+        }
+        let mut older_bytes = 0;
+        for (_, path) in &replayed.segments[..replayed.segments.len() - 1] {
+            older_bytes += fs::metadata(path)?.len();
+        }
+        let last = &replayed.segments[replayed.segments.len() - 1].1;
+        let file = fs::OpenOptions::new().append(true).open(last)?;
+        let recovered = replayed
+            .groups
+            .iter()
+            .map(|(shard, group)| (*shard, group.clone()))
+            .collect();
+        let wal = Wal {
+            dir: dir.to_path_buf(),
+            options,
+            groups: replayed.groups,
+            buffer: Vec::new(),
+            buffered_records: 0,
+            segments: replayed.segments,
+            file,
+            file_bytes: replayed.last_bytes,
+            older_bytes,
+            next_seq: replayed.next_seq,
+            poisoned: false,
+            stats: Stats::default(),
+            #[cfg(test)]
+            crash_at: None,
+        };
+        Ok((wal, recovered))
+    }
+
+    /// What the log has done since it was opened.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The bytes of all segment files, the unsynced buffer not counted.
+    pub fn file_bytes(&self) -> u64 {
+        self.older_bytes + self.file_bytes
+    }
+
+    fn usable(&self) -> io::Result<()> {
+        if self.poisoned {
+            let what = "wal: an earlier write or sync failed; reopen to recover";
+            return Err(io::Error::other(what));
+        }
+        Ok(())
+    }
+
+    /// Encodes one record into the buffer, refusing a record over [`RECORD_BYTES_MAX`] and one
+    /// that would take the buffer past `options.buffer_bytes` (the buffer never grows past it).
+    fn buffer_record(&mut self, shard: u32, body: &BodyRef<'_>) -> io::Result<()> {
+        let bytes = record::encoded_bytes(body);
+        if bytes > RECORD_BYTES_MAX as u64 {
+            let what = format!("record of {bytes} bytes over the limit of {RECORD_BYTES_MAX}");
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+        }
+        if self.buffer.len() as u64 + bytes > self.options.buffer_bytes as u64 {
+            let limit = self.options.buffer_bytes;
+            let what = format!("wal buffer would pass {limit} bytes: sync first");
+            return Err(io::Error::new(io::ErrorKind::OutOfMemory, what));
+        }
+        record::encode(&mut self.buffer, shard, body)
+            .map_err(|what| io::Error::new(io::ErrorKind::InvalidInput, what))?;
+        self.buffered_records += 1;
+        self.stats.records += 1;
+        Ok(())
+    }
+
+    /// Panics when the log's bookkeeping is broken. Runs after every sync in debug builds.
+    fn check_invariants(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(
+            self.buffer.len() <= self.options.buffer_bytes,
+            "wal: buffer over its bound"
+        );
+        assert!(!self.segments.is_empty(), "wal: no current segment");
+        let seqs = self.segments.windows(2);
+        assert!(
+            seqs.clone().all(|pair| pair[0].0 < pair[1].0),
+            "wal: segments out of order"
+        );
+        let last = self.segments[self.segments.len() - 1].0;
+        assert!(
+            last <= self.next_seq,
+            "wal: the current segment starts after the next record"
+        );
+        assert_eq!(
+            self.buffer.is_empty(),
+            self.buffered_records == 0,
+            "wal: buffer count"
+        );
+        self.groups.values().for_each(state::check);
+    }
+
+    /// Writes the buffer to the current segment (one `write`, retried only if short).
+    fn write_buffer(&mut self) -> io::Result<()> {
+        if let Err(error) = self.file.write_all(&self.buffer) {
+            self.poisoned = true;
+            return Err(error);
+        }
+        self.file_bytes += self.buffer.len() as u64;
+        self.next_seq += self.buffered_records;
+        self.stats.bytes += self.buffer.len() as u64;
+        self.buffer.clear();
+        self.buffered_records = 0;
+        Ok(())
+    }
+
+    /// Rotates when the current segment is full: compacts, or starts a new empty segment.
+    fn maybe_rotate(&mut self) -> io::Result<()> {
+        if self.file_bytes < self.options.segment_bytes {
+            return Ok(());
+        }
+        let live: u64 = self.groups.values().map(state::live_bytes).sum();
+        if live.saturating_mul(4) < self.file_bytes() {
+            return self.compact();
+        }
+        let seq = self.next_seq;
+        let path = self.dir.join(replay::segment_name(seq));
+        let file = create_file(&path, self.options.fsync)?;
+        self.older_bytes += self.file_bytes;
+        self.segments.push((seq, path));
+        self.file = file;
+        self.file_bytes = 0;
+        self.stats.rotations += 1;
+        Ok(())
+    }
+
+    /// Writes the live state as a checkpoint segment and deletes the older ones.
+    fn compact(&mut self) -> io::Result<()> {
+        let seq = self.next_seq;
+        // The current segment holds records (it is full), so the new name is a new file.
+        assert!(
+            self.segments.iter().all(|(old, _)| *old < seq),
+            "wal: compaction name taken"
+        );
+        let mut bytes = Vec::new();
+        let mut records = 1;
+        record::encode(&mut bytes, 0, &BodyRef::Checkpoint).map_err(io::Error::other)?;
+        for (shard, group) in &self.groups {
+            records += encode_group(&mut bytes, *shard, group)?;
+        }
+        let temporary = self.dir.join(replay::temporary_name(seq));
+        let path = self.dir.join(replay::segment_name(seq));
+        {
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&temporary)?;
+            file.write_all(&bytes)?;
+            if self.options.fsync {
+                file.sync_data()?;
+            }
+        }
+        self.crash_point(Step::TemporaryWritten)?;
+        fs::rename(&temporary, &path)?;
+        if self.options.fsync {
+            sync_dir(&self.dir)?;
+        }
+        self.crash_point(Step::Renamed)?;
+        // From here on the checkpoint supersedes the older segments: the new file is live even
+        // if deleting them fails.
+        let older = std::mem::replace(&mut self.segments, vec![(seq, path.clone())]);
+        self.file = fs::OpenOptions::new().append(true).open(&path)?;
+        self.file_bytes = bytes.len() as u64;
+        self.older_bytes = 0;
+        self.next_seq = seq + records;
+        self.stats.compactions += 1;
+        for (position, (_, old)) in older.iter().enumerate() {
+            fs::remove_file(old)?;
+            if position == 0 {
+                self.crash_point(Step::OneDeleted)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    fn crash_point(&mut self, point: Step) -> io::Result<()> {
+        if self.crash_at == Some(point) {
+            self.poisoned = true;
+            return Err(io::Error::other(format!("test crash at {point:?}")));
+        }
+        Ok(())
+    }
+
+    #[cfg(not(test))]
+    fn crash_point(&mut self, _point: Step) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Encodes one group's live state (snapshot, entries, hard state); returns the record count.
+fn encode_group(out: &mut Vec<u8>, shard: u32, group: &Recovered) -> io::Result<u64> {
+    let invalid = |what| io::Error::new(io::ErrorKind::InvalidData, what);
+    let mut records = 0;
+    if let Some(snapshot) = &group.snapshot {
+        record::encode(out, shard, &BodyRef::Snapshot(snapshot)).map_err(invalid)?;
+        records += 1;
+    }
+    // Batches stay well under the record limit: split by size.
+    let mut start = 0;
+    while start < group.entries.len() {
+        let mut end = start;
+        let mut size = 0usize;
+        while end < group.entries.len() && (end == start || size < RECORD_BYTES_MAX / 4) {
+            size += protobuf::Message::compute_size(&group.entries[end]) as usize + 4;
+            end += 1;
+        }
+        let batch = &group.entries[start..end];
+        record::encode(out, shard, &BodyRef::Entries(batch)).map_err(invalid)?;
+        records += 1;
+        start = end;
+    }
+    record::encode(out, shard, &BodyRef::HardState(&group.hard_state)).map_err(invalid)?;
+    Ok(records + 1)
+}
+
+/// Creates an empty segment file and, with `fsync`, makes its name durable.
+fn create_file(path: &Path, fsync: bool) -> io::Result<File> {
+    let file = fs::OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .open(path)?;
+    if fsync {
+        if let Some(dir) = path.parent() {
+            sync_dir(dir)?;
+        }
+    }
+    Ok(file)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl Durable for Wal {
+    fn append(&mut self, shard: u32, entries: &[Entry]) -> io::Result<()> {
+        self.usable()?;
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let empty = Recovered::default();
+        let group = self.groups.get(&shard).unwrap_or(&empty);
+        state::check_append(group, entries)
+            .map_err(|what| io::Error::new(io::ErrorKind::InvalidInput, what))?;
+        self.buffer_record(shard, &BodyRef::Entries(entries))?;
+        let group = self.groups.entry(shard).or_default();
+        state::append(group, entries);
+        Ok(())
+    }
+
+    fn set_hard_state(&mut self, shard: u32, hard_state: &HardState) -> io::Result<()> {
+        self.usable()?;
+        self.buffer_record(shard, &BodyRef::HardState(hard_state))?;
+        state::set_hard_state(self.groups.entry(shard).or_default(), hard_state);
+        Ok(())
+    }
+
+    fn apply_snapshot(&mut self, shard: u32, snapshot: &Snapshot) -> io::Result<()> {
+        self.usable()?;
+        let empty = Recovered::default();
+        let group = self.groups.get(&shard).unwrap_or(&empty);
+        state::check_snapshot(group, snapshot)
+            .map_err(|what| io::Error::new(io::ErrorKind::InvalidInput, what))?;
+        self.buffer_record(shard, &BodyRef::Snapshot(snapshot))?;
+        let group = self.groups.entry(shard).or_default();
+        state::apply_snapshot(group, snapshot);
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.usable()?;
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        self.write_buffer()?;
+        if self.options.fsync {
+            if let Err(error) = self.file.sync_data() {
+                self.poisoned = true;
+                return Err(error);
+            }
+        }
+        self.stats.syncs += 1;
+        if let Err(error) = self.maybe_rotate() {
+            self.poisoned = true;
+            return Err(error);
+        }
+        self.check_invariants();
+        Ok(())
+    }
+}
