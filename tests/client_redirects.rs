@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::fake_member::{leader_reply, leading, redirect_to, FakeMember, Reply};
+use common::fake_member::{leader_reply, leading, moved, redirect_to, FakeMember, Reply};
 use common::{assert_between, client, dead_addr, Frame};
 use latchkey::client::REDIRECTS_MAX;
 use latchkey::client::{cli, AcquireError, ExtendOutcome, ReleaseOutcome, RequestError};
@@ -232,4 +232,41 @@ fn a_bad_item_of_the_server_list_is_named() {
     assert_eq!(output.status.code(), Some(i32::from(cli::EXIT_USAGE)));
     let parsed = cli::parse_servers(&format!("{good}, 127.0.0.1:9")).unwrap();
     assert_eq!(parsed.len(), 2);
+}
+
+#[test]
+fn latchkey_lock_keeps_its_lock_through_a_leader_change() {
+    // A leads, then closes every connection for 400 ms (a crash), then names B, which leads.
+    let start = Instant::now();
+    let b = FakeMember::start(redirect_to(None));
+    let a = FakeMember::start({
+        let b = b.addr();
+        Arc::new(move |frame| match start.elapsed().as_millis() {
+            0..=999 => leader_reply(frame, 21),
+            1000..=1399 => Reply::Close,
+            _ => moved(frame, Some(b)),
+        })
+    });
+    b.set_script({
+        let a = a.addr();
+        Arc::new(move |frame| match start.elapsed().as_millis() {
+            0..=1399 => moved(frame, Some(a)),
+            _ => leader_reply(frame, 21),
+        })
+    });
+    let list = format!("{},{}", a.addr(), b.addr());
+    let output = latchkey(&[
+        "lock", "--server", &list, "--lease", "2s", "k", "--", "sleep", "3",
+    ])
+    .output()
+    .unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{output:?}");
+    let extended = |frame: &Frame| matches!(frame, Frame::Extend { .. });
+    assert!(b.received().iter().any(extended), "B extended the lease");
+    let release = Frame::Release {
+        token: 21,
+        key: "k".into(),
+    };
+    assert!(b.received().contains(&release), "B released it");
 }

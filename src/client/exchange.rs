@@ -170,7 +170,11 @@ impl Attempts {
                 self.backoff.sleep(deadline);
                 Next::Retry(members.next_member_except(Some(addr)))
             }
-            Outcome::Indeterminate => Next::Done(Exchange::Indeterminate),
+            Outcome::Indeterminate => {
+                // Never resent; but the key's next request tries elsewhere first.
+                members.forget(key.map(|key| &**key), addr);
+                Next::Done(Exchange::Indeterminate)
+            }
         }
     }
 
