@@ -16,7 +16,8 @@
 //! more than one, a summary like ping(8) (see [`run_ping_command`]). `latchkey stats` and
 //! `latchkey keys` are described in [`run_stats`] and [`run_keys`].
 //!
-//! Every command's `--server` defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
+//! Every command's `--server` (a server, or a cluster's members as `a,b,c`; see
+//! [`parse_servers`]) defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
 //! `--transport-timeout` (5 s) is the transport allowance of PROTOCOL.md §4. Durations are
 //! one syntax everywhere ([`parse_duration`]). Messages name the server's address and why its
 //! session failed when the client knows ([`Client::last_session_failure`]), and show at most
