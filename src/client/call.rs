@@ -44,6 +44,18 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// The key the request names (all but Ping): what routes it to a cluster member.
+    pub(crate) fn key(&self) -> Option<&Arc<str>> {
+        match self {
+            Op::Acquire { key, .. }
+            | Op::Release { key, .. }
+            | Op::Extend { key, .. }
+            | Op::Query { key, .. }
+            | Op::Cancel { key, .. } => Some(key),
+            Op::Ping { .. } => None,
+        }
+    }
+
     pub(crate) fn request(&self, wait_s: u8) -> Request<'_> {
         match self {
             Op::Acquire {

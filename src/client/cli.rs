@@ -16,7 +16,8 @@
 //! more than one, a summary like ping(8) (see [`run_ping_command`]). `latchkey stats` and
 //! `latchkey keys` are described in [`run_stats`] and [`run_keys`].
 //!
-//! Every command's `--server` defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
+//! Every command's `--server` (a server, or a cluster's members as `a,b,c`; see
+//! [`parse_servers`]) defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
 //! `--transport-timeout` (5 s) is the transport allowance of PROTOCOL.md §4. Durations are
 //! one syntax everywhere ([`parse_duration`]). Messages name the server's address and why its
 //! session failed when the client knows ([`Client::last_session_failure`]), and show at most
@@ -45,7 +46,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::thread;
@@ -62,7 +63,10 @@ use crate::tls::ClientFiles;
 mod admin;
 mod duration;
 mod ping;
+mod servers;
 mod supervise;
+
+pub use servers::{parse_first_server, parse_servers, ServerListError};
 
 pub use admin::{run_keys, run_stats, KeysArgs, StatsArgs};
 pub use duration::{format_duration, parse_duration};
@@ -103,7 +107,9 @@ const NOTICE_POLL: Duration = Duration::from_millis(50);
 /// Where the server is and how long its transport may take: shared by every client command.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConnectArgs {
-    /// Server address (host:port); defaults to LATCHKEY_SERVER when it is set.
+    /// Server address (host:port), or a cluster's members as a comma-separated list
+    /// (a:7420,b:7420,c:7420); defaults to LATCHKEY_SERVER when it is set. `stats` and
+    /// `keys` use the first item only.
     #[arg(long, env = "LATCHKEY_SERVER", default_value = DEFAULT_ADDR)]
     pub server: String,
     /// How long the transport may take: a connect, the answer to a release,
@@ -360,27 +366,23 @@ pub fn request_exit_code(error: &RequestError) -> u8 {
     }
 }
 
-/// The addresses `--server` names (at least one), or the exit code after saying why there are
-/// none: a malformed address is a usage error, a name that does not resolve is unavailable.
+/// The addresses `--server` names (every item of its list; at least one), or the exit code
+/// after saying why there are none: a malformed item is a usage error, a name that does not
+/// resolve is unavailable.
 fn server_addrs(command: &str, connect: &ConnectArgs) -> Result<Vec<SocketAddr>, ExitCode> {
-    let server = &connect.server;
-    let failure = match server.to_socket_addrs() {
-        Ok(addrs) => {
-            let addrs: Vec<SocketAddr> = addrs.collect();
-            if !addrs.is_empty() {
-                return Ok(addrs);
-            }
-            io::Error::new(io::ErrorKind::NotFound, "the name has no address")
-        }
-        Err(error) => error,
-    };
-    eprintln!("latchkey {command}: --server {server}: {failure}");
-    let usage = failure.kind() == io::ErrorKind::InvalidInput;
-    Err(ExitCode::from(if usage {
-        EXIT_USAGE
-    } else {
-        EXIT_UNAVAILABLE
-    }))
+    parse_servers(&connect.server).map_err(|failure| fail_servers(command, &failure))
+}
+
+/// The addresses of the first item of `--server` only (`stats`, `keys`).
+fn first_server_addrs(command: &str, connect: &ConnectArgs) -> Result<Vec<SocketAddr>, ExitCode> {
+    parse_first_server(&connect.server).map_err(|failure| fail_servers(command, &failure))
+}
+
+/// Says which `--server` item is wrong; the exit code: usage for a malformed one.
+fn fail_servers(command: &str, failure: &ServerListError) -> ExitCode {
+    eprintln!("latchkey {command}: --server {failure}");
+    let usage = failure.error.kind() == io::ErrorKind::InvalidInput;
+    ExitCode::from(if usage { EXIT_USAGE } else { EXIT_UNAVAILABLE })
 }
 
 /// The client of the command-line tools: one session; the transport timeout also bounds the

@@ -23,6 +23,15 @@
 //!   up) or [`Unavailable`](AcquireError::Unavailable) (none was); a sent, unanswered acquire
 //!   gets a Cancel on its session and the single terminal answer decides; a grant found too
 //!   late is released at once and the call ends [`Indeterminate`](AcquireError::Indeterminate).
+//! * Cluster members (PROTOCOL.md §5): [`ClientConfig::addrs`] lists them, with a pool of
+//!   sessions per member. A keyed request goes to its key's cached leader, else the last
+//!   leader seen, else the members in turn. An `M` (Moved) is a definite answer that nothing
+//!   executed, so the same request (same owner, token or nonce and deadline) goes to the
+//!   leader it names, or, with none named, to the next member after a backoff; at most
+//!   [`REDIRECTS_MAX`] per call, then it ends like a request unsent at its deadline with a
+//!   member up: an acquire [`Timeout`](AcquireError::Timeout), other calls
+//!   [`Unavailable`](RequestError::Unavailable). A single node never sends `M`: with one
+//!   address nothing of this costs more than one atomic load.
 //!
 //! # Example
 //!
@@ -73,11 +82,13 @@
 //!
 //! | file | responsibility |
 //! |---|---|
-//! | `mod.rs` | [`Client`], [`ClientConfig`]: calls, retrying unsent requests, delivery gate |
+//! | `mod.rs` | [`Client`], [`ClientConfig`]: calls, delivery gate |
 //! | `ticket.rs` | [`Ticket`]: token, validity bound, extend, release, release on drop |
 //! | `error.rs` | [`AcquireError`], [`RequestError`], [`ArgumentError`], [`SessionFailure`] |
 //! | `args.rs` | rounding waits and leases, the wire wait, margins, owner and nonce ids |
-//! | `pool.rs` | the session slots; replacing a failed session |
+//! | `exchange.rs` | one request's attempts: retrying unsent requests, following `M` |
+//! | `members.rs` | a pool per member address; the leader cache |
+//! | `pool.rs` | the session slots to one address; replacing a failed session |
 //! | `session.rs` | one connection: its thread, its inbox, the socket (mio) |
 //! | `call.rs` | a call, its outcome, why a session ended |
 //! | `pipeline.rs` | one session's requests without I/O: correlation, what deadlines do |
@@ -92,10 +103,7 @@
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
-
-use crossbeam_channel::RecvTimeoutError;
 
 use crate::protocol::Response;
 
@@ -103,16 +111,20 @@ mod args;
 mod call;
 pub mod cli;
 mod error;
+mod exchange;
+mod members;
 mod pipeline;
 mod pool;
 mod session;
 mod ticket;
 
 pub use error::{AcquireError, ArgumentError, RequestError, SessionFailure};
+pub use exchange::REDIRECTS_MAX;
+pub use members::{LEADER_CACHE_MAX, MEMBERS_MAX};
 pub use ticket::{ExtendOutcome, ReleaseOutcome, Ticket};
 
-use call::{Call, Op, Outcome};
-use pool::Pool;
+use call::{Call, Op};
+use members::Members;
 use session::SessionConfig;
 
 /// The server address a client uses when none is given.
@@ -123,9 +135,11 @@ pub const BACKOFF_MAX: Duration = Duration::from_millis(250);
 /// How a [`Client`] connects and how long it waits for the transport.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
-    /// Server addresses; new sessions use them in turn.
+    /// Server addresses: one server, or the members of a cluster (1..=[`MEMBERS_MAX`],
+    /// duplicates ignored). Each gets its own sessions; the first connects when the client
+    /// is built, the others on first use. Leaders learned from `M` count against the bound.
     pub addrs: Vec<SocketAddr>,
-    /// Sessions (connections) to pipeline calls over. Default 2.
+    /// Sessions (connections) to pipeline calls over, per member address. Default 2.
     pub sessions: usize,
     /// How long one TCP connect may take. Default 2 s.
     pub connect_timeout: Duration,
@@ -190,7 +204,7 @@ pub struct Client {
 
 struct Shared {
     config: ClientConfig,
-    pool: Arc<Pool>,
+    members: Members,
 }
 
 /// How one request ended on the sessions it was handed to.
@@ -222,7 +236,8 @@ impl Client {
         })
     }
 
-    /// A client with an explicit configuration. Fails when `addrs` is empty, `sessions` is 0,
+    /// A client with an explicit configuration. Fails when `addrs` is empty or has more than
+    /// [`MEMBERS_MAX`] distinct addresses, `sessions` is 0,
     /// a TLS file cannot be read or used (the error names the flag and the path), or a session
     /// thread cannot be started.
     pub fn with_config(config: ClientConfig) -> io::Result<Client> {
@@ -233,9 +248,9 @@ impl Client {
             inbox_calls_max: config.session_calls_max.max(1),
             tls,
         };
-        let pool = Pool::start(config.addrs.clone(), config.sessions, session_config)?;
+        let members = Members::start(&config.addrs, config.sessions, session_config)?;
         Ok(Client {
-            shared: Arc::new(Shared { config, pool }),
+            shared: Arc::new(Shared { config, members }),
         })
     }
 
@@ -250,7 +265,7 @@ impl Client {
     /// belong to another thread's call, and it stays after later sessions succeed. The
     /// results of the calls themselves are unchanged (PROTOCOL.md §4.1).
     pub fn last_session_failure(&self) -> Option<SessionFailure> {
-        self.shared.pool.last_failure()
+        self.shared.members.last_failure()
     }
 
     /// Takes the lock on `key`, waiting at most `wait` for it, holding it at most `lease`.
@@ -400,7 +415,8 @@ impl Client {
         }
     }
 
-    /// Releases `token` without waiting, on any session (compensation and dropped tickets).
+    /// Releases `token` without waiting, on a session to the key's route (compensation and
+    /// dropped tickets). It does not follow an `M`: the lease recovers such a hold.
     pub(crate) fn release_in_background(&self, key: Arc<str>, token: u64) {
         let deadline = Instant::now() + self.config().transport_timeout;
         let call = Call {
@@ -409,68 +425,7 @@ impl Client {
             reply: None,
             attempts: 0,
         };
-        self.shared.pool.submit_background(call);
-    }
-
-    /// Hands `op` to sessions until one answers or may have sent it, or the deadline passes
-    /// while it is definitely unsent. A session that gives the request back unsent is
-    /// avoided on the next attempt; attempts are spaced by a backoff of at most 250 ms.
-    pub(crate) fn exchange(&self, op: Op, deadline: Instant) -> Exchange {
-        let mut backoff = Backoff::default();
-        let mut avoid = None;
-        // Never reached by a working session thread, which answers by the deadline plus the
-        // transport allowance; it only bounds the wait if that thread died.
-        let backstop = deadline + 2 * self.config().transport_timeout;
-        loop {
-            if Instant::now() >= deadline {
-                return Exchange::Unsent { established: false };
-            }
-            let session = match self.shared.pool.pick(avoid) {
-                Ok(session) => session,
-                Err(error) => {
-                    log::warn!("cannot start a session: {error}");
-                    backoff.sleep(deadline);
-                    continue;
-                }
-            };
-            let (tx, rx) = crossbeam_channel::bounded(1);
-            let call = Call {
-                op: op.clone(),
-                deadline,
-                reply: Some(tx),
-                attempts: 0,
-            };
-            if session.submit(call).is_err() {
-                avoid = Some(session.id());
-                backoff.sleep(deadline);
-                continue;
-            }
-            match rx.recv_deadline(backstop) {
-                Ok(Outcome::Answer {
-                    response,
-                    sent_at,
-                    read_at,
-                }) => {
-                    return Exchange::Answer {
-                        response,
-                        sent_at,
-                        read_at,
-                    }
-                }
-                Ok(Outcome::Expired { established }) => return Exchange::Unsent { established },
-                // Retrying would meet the same TLS refusal: unavailable now.
-                Ok(Outcome::Unreachable) => return Exchange::Unsent { established: false },
-                Ok(Outcome::NotSent) => {
-                    avoid = Some(session.id());
-                    backoff.sleep(deadline);
-                }
-                Ok(Outcome::Indeterminate) => return Exchange::Indeterminate,
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
-                    log::error!("session {} gave no outcome", session.id());
-                    return Exchange::Indeterminate;
-                }
-            }
-        }
+        self.shared.members.submit_background(call);
     }
 }
 
@@ -479,21 +434,6 @@ impl std::fmt::Debug for Client {
         f.debug_struct("Client")
             .field("addrs", &self.config().addrs)
             .finish_non_exhaustive()
-    }
-}
-
-/// Pauses between attempts of an unsent request: none before the first retry (another
-/// session may be up), then 10 ms doubling up to [`BACKOFF_MAX`], never past the deadline.
-#[derive(Default)]
-struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    fn sleep(&mut self, deadline: Instant) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        thread::sleep(self.next.min(left));
-        self.next = (self.next * 2).clamp(Duration::from_millis(10), BACKOFF_MAX);
     }
 }
 

@@ -1,11 +1,14 @@
 //! The small, fixed set of session slots a client pipelines its calls over.
 //!
+//! A pool serves one member address (see `members.rs` for the pools of a cluster's members).
 //! Each slot holds one [`Session`]; a slot whose session has ended gets a new session (a new
-//! connection, to the next address in turn) the next time it is picked. Calls are spread over
-//! the slots round-robin. A session is started eagerly for every slot when the client is
-//! built, so the first call does not pay for the connection.
+//! connection to that address) the next time it is picked. Calls are spread over the slots
+//! round-robin. The pool of a client's first address starts a session for every slot when the
+//! client is built, so the first call does not pay for the connection; the others start
+//! their sessions on first use.
 //!
-//! Invariants: at most one live session per slot; a session id is never reused.
+//! Invariants: at most one live session per slot; a session id is never reused (the counter
+//! is shared by every pool of a client).
 //!
 //! Deliberately not here: what a call does when its session could not take it (see
 //! [`super::Client`]: back off and retry while the request is definitely unsent).
@@ -18,43 +21,43 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use super::call::Call;
-use super::error::SessionFailure;
 use super::session::{FailureLog, Session, SessionConfig};
 
-/// Session slots over a list of server addresses.
+/// Session slots to one server address.
 pub(crate) struct Pool {
-    addrs: Vec<SocketAddr>,
+    addr: SocketAddr,
     session_config: SessionConfig,
     slots: Vec<Mutex<Option<Arc<Session>>>>,
     next_slot: AtomicUsize,
-    next_addr: AtomicUsize,
-    next_session_id: AtomicU64,
+    next_session_id: Arc<AtomicU64>,
     failures: FailureLog,
     this: Weak<Pool>,
 }
 
 impl Pool {
-    /// A pool of `sessions` slots, each already connecting.
+    /// A pool of `sessions` slots to `addr`, each already connecting when `eager`.
     pub(crate) fn start(
-        addrs: Vec<SocketAddr>,
+        addr: SocketAddr,
         sessions: usize,
         session_config: SessionConfig,
+        next_session_id: Arc<AtomicU64>,
+        failures: FailureLog,
+        eager: bool,
     ) -> io::Result<Arc<Pool>> {
-        if addrs.is_empty() || sessions == 0 {
+        if sessions == 0 {
             let message = "a client needs at least one address and one session";
             return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
         }
         let pool = Arc::new_cyclic(|this| Pool {
-            addrs,
+            addr,
             session_config,
             slots: (0..sessions).map(|_| Mutex::new(None)).collect(),
             next_slot: AtomicUsize::new(0),
-            next_addr: AtomicUsize::new(0),
-            next_session_id: AtomicU64::new(1),
-            failures: FailureLog::default(),
+            next_session_id,
+            failures,
             this: this.clone(),
         });
-        for slot in 0..sessions {
+        for slot in (0..sessions).filter(|_| eager) {
             pool.slot_session(slot)?;
         }
         Ok(pool)
@@ -67,7 +70,7 @@ impl Pool {
             return Ok(Arc::clone(session));
         }
         let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
-        let addr = self.addrs[self.next_addr.fetch_add(1, Ordering::Relaxed) % self.addrs.len()];
+        let addr = self.addr;
         let pool = self.this.clone();
         let orphans = Box::new(move |call: Call| {
             if let Some(pool) = pool.upgrade() {
@@ -94,11 +97,6 @@ impl Pool {
             fallback = Some(session);
         }
         Ok(fallback.expect("a pool has at least one slot"))
-    }
-
-    /// Why the latest session that failed did, if one did.
-    pub(crate) fn last_failure(&self) -> Option<SessionFailure> {
-        self.failures.lock().clone()
     }
 
     /// Hands a fire-and-forget call (a background release) to some session; dropped if none

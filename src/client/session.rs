@@ -112,7 +112,7 @@ impl Connection {
 /// Where a session hands the background releases it could not send.
 pub(crate) type Orphans = Box<dyn Fn(Call) + Send>;
 
-/// Where sessions record why the latest of them failed (shared by a pool's sessions).
+/// Where sessions record why the latest of them failed (shared by every session of a client).
 pub(crate) type FailureLog = Arc<Mutex<Option<SessionFailure>>>;
 
 /// The caller's side of a session: submit calls; dropping it shuts the session down after

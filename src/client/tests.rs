@@ -1,5 +1,6 @@
 //! The delivery gate and the mapping of §4.1, on a client whose only server is a bare socket.
 
+use super::exchange::Backoff;
 use super::*;
 use crate::protocol::{parse_request, ErrorCode, Request, KEY_BYTES_MAX};
 use std::io::Read;

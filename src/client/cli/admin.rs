@@ -29,8 +29,8 @@ use rustls::{AlertDescription, ClientConnection, StreamOwned};
 use serde_json::Value;
 
 use super::{
-    server_addrs, shown_key, ConnectArgs, OutputArgs, EXIT_BUSY, EXIT_INDETERMINATE, EXIT_REJECTED,
-    EXIT_UNAVAILABLE, EXIT_USAGE,
+    first_server_addrs, shown_key, ConnectArgs, OutputArgs, EXIT_BUSY, EXIT_INDETERMINATE,
+    EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE,
 };
 use crate::protocol::{parse_response, ErrorCode, Response};
 use crate::tls::Connector;
@@ -176,7 +176,7 @@ fn get_json(
     connect: &ConnectArgs,
     target: &str,
 ) -> Result<(Vec<u8>, Value), ExitCode> {
-    let addrs = server_addrs(command, connect)?;
+    let addrs = first_server_addrs(command, connect)?;
     let connector = connector(command, connect)?;
     let timeout = connect.transport_timeout;
     let body = fetch(&addrs, target, timeout, connector.as_ref()).map_err(|f| fail(command, &f))?;

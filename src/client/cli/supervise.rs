@@ -4,6 +4,10 @@
 //!
 //! An extend the server refuses to this client's identity (`X` 8) is not retried: it is said
 //! once, and the lease counts as lost when the ticket's validity bound passes unconfirmed.
+//! An extend that fails for a transport reason (no session, no answer: e.g. a cluster's leader
+//! changing) is tried again — an extend of the same token is safe to repeat — every
+//! [`EXTEND_RETRY`] at most, and sooner as the validity bound nears (a quarter of what is left
+//! of it), until the bound passes: then the lease counts as lost.
 //!
 //! Invariant: CMD is reaped only by [`supervise`], after every thread that may signal it has
 //! stopped, so a signal never reaches a recycled pid. Deliberately not here: taking the lock
@@ -24,6 +28,8 @@ use crate::protocol::ErrorCode;
 
 /// How soon a failed extend is tried again (never later than lease/3).
 const EXTEND_RETRY: Duration = Duration::from_millis(500);
+/// The shortest pause between two failed extends (a leader election takes some time).
+const EXTEND_RETRY_MIN: Duration = Duration::from_millis(20);
 
 /// What the supervisor hears about.
 enum Event {
@@ -140,8 +146,16 @@ fn extend_until_stopped(
                 return;
             }
             Err(error) => {
+                let now = Instant::now();
+                let left = ticket.valid_until().saturating_duration_since(now);
+                if left.is_zero() {
+                    // The watcher reports the lease lost at the bound; nothing left to keep.
+                    eprintln!("latchkey lock: extend failed: {error}");
+                    return;
+                }
                 eprintln!("latchkey lock: extend failed: {error}; retrying");
-                next = Instant::now() + period.min(EXTEND_RETRY);
+                let retry = period.min(EXTEND_RETRY).min(left / 4);
+                next = now + retry.max(EXTEND_RETRY_MIN);
             }
         }
     }

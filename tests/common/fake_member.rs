@@ -1,0 +1,197 @@
+//! A fake cluster member: a listener on 127.0.0.1 whose connections parse requests with
+//! [`parse_request`] and answer what a script says (an answer, silence, or a close), recording
+//! every request it received.
+//!
+//! Bounds: each connection's buffer holds at most 64 KiB; every blocking read and accept
+//! polls a stop flag every 20 ms, so dropping a member stops its threads promptly.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use latchkey::protocol::{parse_request, Leader, Response, KEY_BYTES_MAX};
+
+use super::Frame;
+
+/// What a fake member does with one request.
+#[derive(Clone, Copy, Debug)]
+pub enum Reply {
+    /// Writes this answer.
+    Answer(Response),
+    /// Writes nothing.
+    Silent,
+    /// Closes the connection without answering.
+    Close,
+}
+
+/// A script: the reply to each request a member receives.
+pub type Script = Arc<dyn Fn(&Frame) -> Reply + Send + Sync>;
+
+/// A fake member; dropping it stops its threads.
+pub struct FakeMember {
+    addr: SocketAddr,
+    received: Arc<Mutex<Vec<Frame>>>,
+    script: Arc<Mutex<Script>>,
+    stop: Arc<AtomicBool>,
+}
+
+const POLL: Duration = Duration::from_millis(20);
+const BUFFER_MAX: usize = 64 * 1024;
+
+impl FakeMember {
+    /// A member answering every request with `script`.
+    pub fn start(script: Script) -> FakeMember {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let member = FakeMember {
+            addr: listener.local_addr().expect("addr"),
+            received: Arc::default(),
+            script: Arc::new(Mutex::new(script)),
+            stop: Arc::default(),
+        };
+        let (received, script, stop) = (
+            Arc::clone(&member.received),
+            Arc::clone(&member.script),
+            Arc::clone(&member.stop),
+        );
+        thread::spawn(move || accept_loop(listener, received, script, stop));
+        member
+    }
+
+    /// This member's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Every request received so far, in order.
+    pub fn received(&self) -> Vec<Frame> {
+        self.received.lock().unwrap().clone()
+    }
+
+    /// Replaces the script for the requests to come.
+    pub fn set_script(&self, script: Script) {
+        *self.script.lock().unwrap() = script;
+    }
+}
+
+impl Drop for FakeMember {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    received: Arc<Mutex<Vec<Frame>>>,
+    script: Arc<Mutex<Script>>,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let (received, script, stop) = (
+                    Arc::clone(&received),
+                    Arc::clone(&script),
+                    Arc::clone(&stop),
+                );
+                thread::spawn(move || serve(stream, received, script, stop));
+            }
+            Err(error) if error.kind() == ErrorKind::WouldBlock => thread::sleep(POLL),
+            Err(_) => return,
+        }
+    }
+}
+
+fn serve(
+    mut stream: TcpStream,
+    received: Arc<Mutex<Vec<Frame>>>,
+    script: Arc<Mutex<Script>>,
+    stop: Arc<AtomicBool>,
+) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(POLL));
+    let _ = stream.set_nodelay(true);
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !stop.load(Ordering::Relaxed) && buffer.len() < BUFFER_MAX {
+        match stream.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(_) => return,
+        }
+        loop {
+            let (frame, used) = match parse_request(&buffer, KEY_BYTES_MAX) {
+                Ok(Some((request, used))) => (Frame::from_request(&request), used),
+                Ok(None) => break,
+                Err(_) => return,
+            };
+            buffer.drain(..used);
+            received.lock().unwrap().push(frame.clone());
+            let reply = (script.lock().unwrap())(&frame);
+            match reply {
+                Reply::Answer(response) => {
+                    let mut out = Vec::new();
+                    response.encode(&mut out);
+                    if stream.write_all(&out).is_err() {
+                        return;
+                    }
+                }
+                Reply::Silent => {}
+                Reply::Close => {
+                    let _ = stream.shutdown(Shutdown::Both);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The correlation id of a request (owner, token or nonce).
+pub fn id_of(frame: &Frame) -> u64 {
+    match *frame {
+        Frame::Acquire { owner, .. } | Frame::Cancel { owner, .. } => owner,
+        Frame::Release { token, .. } | Frame::Extend { token, .. } => token,
+        Frame::Query { nonce, .. } | Frame::Ping { nonce } => nonce,
+    }
+}
+
+/// `M` naming `leader` (or no leader) for `frame`.
+pub fn moved(frame: &Frame, leader: Option<SocketAddr>) -> Reply {
+    let leader = leader.map_or(Leader::UNKNOWN, Leader::at);
+    Reply::Answer(Response::Moved {
+        id: id_of(frame),
+        leader,
+    })
+}
+
+/// What a leader answers: a grant with `token`, releases, extends, a free key's state, pongs.
+pub fn leader_reply(frame: &Frame, token: u64) -> Reply {
+    let response = match *frame {
+        Frame::Acquire { owner, .. } => Response::Acquired { owner, token },
+        Frame::Release { token, .. } => Response::Released { token },
+        Frame::Extend { token, .. } => Response::Extended { token },
+        Frame::Query { nonce, .. } => Response::State {
+            nonce,
+            held: false,
+            lease_ms: 0,
+            waiters: 0,
+        },
+        Frame::Ping { nonce } => Response::Pong { nonce },
+        Frame::Cancel { owner, .. } => Response::Timeout { owner },
+    };
+    Reply::Answer(response)
+}
+
+/// A script that redirects every request to `leader` (or names none).
+pub fn redirect_to(leader: Option<SocketAddr>) -> Script {
+    Arc::new(move |frame| moved(frame, leader))
+}
+
+/// A script that leads: grants with `token` and answers everything else.
+pub fn leading(token: u64) -> Script {
+    Arc::new(move |frame| leader_reply(frame, token))
+}
