@@ -431,3 +431,72 @@ fn three_members_agree_and_never_end_a_lease_early() {
         run(seed);
     }
 }
+
+/// Sizes and times at the per-shard limit; prints only (no assertion on speed). Run with
+/// `cargo test --release --test machine_sim -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, run by hand in release"]
+fn one_million_holds() {
+    use latchkey::cluster::machine::HOLDS_MAX;
+    use std::time::Instant;
+    let mut machine = ShardMachine::new(0, 64);
+    machine.apply(1, &Command::Barrier { floor: 1 << 50 }, 0);
+    let commands: Vec<Command> = (0..HOLDS_MAX as u64)
+        .map(|n| Command::Acquire {
+            key: format!("some/lock/key-{n:08}").into_bytes(),
+            owner: n,
+            lease_ms: 1_000 + (n % 60_000) as u32,
+        })
+        .collect();
+    let started = Instant::now();
+    for (n, command) in commands.iter().enumerate() {
+        let applied = machine.apply(n as u64 + 2, command, n as u64 / 1_000);
+        assert!(matches!(applied, Applied::Granted { .. }));
+    }
+    let granting = started.elapsed();
+    let full = machine.apply(HOLDS_MAX as u64 + 2, &commands[0].clone(), 0);
+    let extra = Command::Acquire {
+        key: b"one more".to_vec(),
+        owner: 0,
+        lease_ms: 1,
+    };
+    assert_eq!(
+        machine.apply(HOLDS_MAX as u64 + 3, &extra, 0),
+        Applied::Full
+    );
+    assert!(matches!(full, Applied::Held { .. }));
+    let time = |what: &str, started: Instant| println!("{what}: {:?}", started.elapsed());
+    println!(
+        "{} grants: {granting:?} ({:?} each)",
+        HOLDS_MAX,
+        granting / HOLDS_MAX as u32
+    );
+    let started = Instant::now();
+    let due = machine.due(70_000, 1_000);
+    time(&format!("due(70 s, 1000) -> {}", due.len()), started);
+    let started = Instant::now();
+    let next = machine.next_deadline();
+    time(&format!("next_deadline -> {next:?}"), started);
+    let started = Instant::now();
+    let checkpoint = machine.checkpoint(0, 0, 4_096);
+    time("checkpoint(4096)", started);
+    let started = Instant::now();
+    let bytes = checkpoint.encode();
+    time(
+        &format!("encode checkpoint, {} bytes", bytes.len()),
+        started,
+    );
+    let started = Instant::now();
+    machine.promote(2_000, 1_500);
+    time("promote", started);
+    let started = Instant::now();
+    let digest = machine.digest();
+    time("digest", started);
+    let started = Instant::now();
+    let snapshot = machine.snapshot(2_000);
+    time(&format!("snapshot, {} bytes", snapshot.len()), started);
+    let started = Instant::now();
+    let restored = ShardMachine::restore(0, 64, &snapshot, 5_000).expect("restore");
+    time("restore", started);
+    assert_eq!(restored.digest(), digest);
+}
