@@ -227,11 +227,15 @@ impl ShardMachine {
     /// Called once by a new leader before it may expire anything: every deadline becomes
     /// `max(deadline, now_ms) + grace_ms`, `grace_ms` being at least the election timeout.
     pub fn promote(&mut self, now_ms: u64, grace_ms: u64) {
-        self.deadlines.clear();
         for hold in self.holds.values_mut() {
             hold.deadline_ms = hold.deadline_ms.max(now_ms).saturating_add(grace_ms);
-            self.deadlines.insert((hold.deadline_ms, hold.token));
         }
+        // Collecting sorts once and builds the tree in bulk: cheaper than a million inserts.
+        let deadlines = self
+            .holds
+            .values()
+            .map(|hold| (hold.deadline_ms, hold.token));
+        self.deadlines = deadlines.collect();
         self.after_mutation();
     }
 
@@ -328,6 +332,7 @@ impl ShardMachine {
         }
         machine.floor = image.floor;
         machine.applied = image.applied;
+        machine.holds.reserve(image.holds.len());
         for held in image.holds {
             let hold = Hold {
                 token: held.token,
