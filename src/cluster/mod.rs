@@ -7,12 +7,14 @@
 //! | file | responsibility |
 //! |---|---|
 //! | `durable.rs` | [`Durable`]: what a member must make durable (entries, hard states, snapshots) and sync once per loop iteration for all its groups; what it recovers |
+//! | `machine.rs` | [`machine::ShardMachine`]: one shard's replicated lock state (holds, tokens, local deadlines), applied from committed entries; `machine/codec.rs`: the bytes of its commands and snapshots |
 //! | `wal.rs`, `wal/` | [`wal::Wal`]: one core's write-ahead log, a [`Durable`] on disk (framed records in segments, group commit, torn-tail recovery, compaction) |
 //!
 //! Everything here is sans-IO except the write-ahead log: the cores' mio loops tick, step and
 //! drain the groups, and send their messages to the peers.
 
 pub mod durable;
+pub mod machine;
 pub mod wal;
 
 pub use durable::{load, Durable, Recovered};

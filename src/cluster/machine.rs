@@ -1,0 +1,578 @@
+//! [`ShardMachine`]: the replicated lock state of one shard, which every member builds by
+//! applying the shard's committed raft entries in log order.
+//!
+//! It is sans-IO and has no clock: the caller passes `now_ms`, the member's local monotonic
+//! milliseconds at apply time. Everything but the deadlines is a pure function of the commands
+//! applied (compare members with [`ShardMachine::digest`]); deadlines are local to a member.
+//!
+//! # Tokens
+//!
+//! A grant applied at log index `i` of shard `s` (of `shards`) gets the token
+//! `floor + i * shards + s`. `floor` is set once, by the first [`Command::Barrier`] applied
+//! (rounded up to a multiple of `shards`, so that `token % shards == s` and the shards' token
+//! sequences are disjoint), and kept in snapshots; later Barriers leave it alone. Tokens are
+//! therefore never 0, unique, and strictly increasing per key (log indices only grow). A
+//! grant before any Barrier is refused ([`Applied::NoFloor`]); an overflowing token is refused
+//! ([`Applied::Exhausted`]), never wrapped.
+//!
+//! # Leases never end early
+//!
+//! A member's deadline for a hold is never earlier than the client's (propose time + lease),
+//! given that a member applies a command no earlier than it was proposed:
+//! * Acquire and Extend count the lease from the apply time.
+//! * [`ShardMachine::promote`] (a new leader, before it may expire anything) moves every
+//!   deadline to `max(deadline, now) + grace`.
+//! * [`Command::Checkpoint`] only caps a deadline at `apply time + remaining`, `remaining`
+//!   being what the leader itself still promised at propose time; holds renewed after the
+//!   leader computed it (`renewed_at > as_of`) are left alone. Checkpoints stop repeated
+//!   elections (each adding grace) from renewing a lease forever.
+//! * [`Command::Expire`] frees a hold only if it was not renewed after the leader saw its
+//!   deadline pass (`renewed_at <= as_of`): an Extend proposed before the Expire but not yet
+//!   applied by the leader wins.
+//!
+//! # Invariants (checked by [`ShardMachine::check_invariants`])
+//!
+//! At most `holds_max` holds; every hold is in the deadline index and the token index exactly
+//! once; every token is `floor + i * shards + shard` with `1 <= i <= applied`, and
+//! `i <= renewed_at <= applied`.
+//!
+//! Deliberately not here: waiters and their queues (they live on the leader, outside the
+//! replicated state), raft itself, and any clock.
+
+mod codec;
+#[cfg(test)]
+mod tests;
+
+pub use codec::{
+    CheckpointHold, Command, DecodeError, SnapshotHold, SnapshotImage, CHECKPOINT_HOLDS_MAX,
+    COMMAND_VERSION, SNAPSHOT_VERSION,
+};
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// The most holds one shard keeps; a grant beyond it is refused with [`Applied::Full`].
+pub const HOLDS_MAX: usize = 1_000_000;
+/// Up to this many holds, debug builds check every invariant after every mutation; above it,
+/// only the index sizes (a full check is O(holds)).
+const FULL_CHECK_HOLDS_MAX: usize = 4096;
+
+/// The current holder of a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    /// The fencing token of the grant.
+    pub token: u64,
+    /// The owner id the grant was made to.
+    pub owner: u64,
+    /// The lease last granted or extended, in milliseconds.
+    pub lease_ms: u32,
+    /// This member's deadline, in its local monotonic milliseconds.
+    pub deadline_ms: u64,
+    /// The log index of the grant or of the last extension.
+    pub renewed_at: u64,
+}
+
+/// What applying one command did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Acquire: the key was free and is now held with this token.
+    Granted {
+        /// The new token.
+        token: u64,
+        /// This member's deadline for the hold.
+        deadline_ms: u64,
+    },
+    /// Acquire: the key is held by another grant (no change).
+    Held {
+        /// The current holder's token.
+        token: u64,
+    },
+    /// Acquire: the shard already keeps `holds_max` holds (no change).
+    Full,
+    /// Acquire or Barrier: the token (or floor) would overflow `u64` (no change).
+    Exhausted,
+    /// Acquire: no Barrier has set the floor yet (no change).
+    NoFloor,
+    /// Release: the key is free.
+    Released,
+    /// Extend: the lease restarts from the apply time.
+    Extended {
+        /// This member's new deadline.
+        deadline_ms: u64,
+    },
+    /// Expire: the key is free.
+    Expired,
+    /// Expire: the holder was renewed after the leader decided to expire it (no change).
+    Renewed,
+    /// Release, Extend or Expire: the token is not the key's holder (no change).
+    NotHolder,
+    /// Barrier: the floor in force.
+    Barrier {
+        /// The floor (set by this Barrier or an earlier one).
+        floor: u64,
+    },
+    /// Checkpoint: how many deadlines were lowered.
+    Checkpointed {
+        /// Holds whose deadline this checkpoint lowered on this member (local, like the
+        /// deadlines: members may differ).
+        capped: usize,
+    },
+}
+
+/// The replicated lock state of one shard. Call order on a member: [`apply`](Self::apply) (or
+/// [`skip`](Self::skip)) every committed entry in index order; on becoming leader,
+/// [`promote`](Self::promote) once, then propose Expire for [`due`](Self::due) holds and
+/// [`checkpoint`](Self::checkpoint)s, with [`next_deadline`](Self::next_deadline) feeding the
+/// poll timeout.
+#[derive(Clone, Debug)]
+pub struct ShardMachine {
+    shard: u32,
+    shards: u32,
+    holds_max: usize,
+    floor: Option<u64>,
+    applied: u64,
+    holds: HashMap<Vec<u8>, Hold>,
+    /// token → key, in token order (grant order).
+    keys: BTreeMap<u64, Vec<u8>>,
+    /// (deadline, token), soonest first.
+    deadlines: BTreeSet<(u64, u64)>,
+}
+
+impl ShardMachine {
+    /// An empty shard `shard` of `shards` that keeps at most [`HOLDS_MAX`] holds.
+    pub fn new(shard: u32, shards: u32) -> Self {
+        Self::with_holds_max(shard, shards, HOLDS_MAX)
+    }
+
+    /// An empty shard that keeps at most `holds_max` (`<= HOLDS_MAX`) holds. All members of a
+    /// group must use the same limit, or their states diverge.
+    pub fn with_holds_max(shard: u32, shards: u32, holds_max: usize) -> Self {
+        assert!(shard < shards, "shard {shard} of {shards}");
+        assert!(holds_max <= HOLDS_MAX);
+        let machine = ShardMachine {
+            shard,
+            shards,
+            holds_max,
+            floor: None,
+            applied: 0,
+            holds: HashMap::new(),
+            keys: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+        };
+        machine.check_invariants();
+        machine
+    }
+
+    /// Applies the committed `command` at log `index` (which must be above
+    /// [`applied`](Self::applied)) at this member's time `now_ms`.
+    pub fn apply(&mut self, index: u64, command: &Command, now_ms: u64) -> Applied {
+        assert!(index > self.applied, "index {index} after {}", self.applied);
+        self.applied = index;
+        let applied = match command {
+            Command::Barrier { floor } => self.barrier(*floor),
+            Command::Acquire {
+                key,
+                owner,
+                lease_ms,
+            } => self.acquire(key, *owner, *lease_ms, now_ms),
+            Command::Release { key, token } => self.release(key, *token),
+            Command::Extend {
+                key,
+                token,
+                lease_ms,
+            } => self.extend(key, *token, *lease_ms, now_ms),
+            Command::Expire { key, token, as_of } => self.expire(key, *token, *as_of),
+            Command::Checkpoint { as_of, holds } => self.cap(*as_of, holds, now_ms),
+        };
+        self.after_mutation();
+        applied
+    }
+
+    /// Records an entry without a command (empty, or a configuration change) at `index`.
+    pub fn skip(&mut self, index: u64) {
+        assert!(index > self.applied, "index {index} after {}", self.applied);
+        self.applied = index;
+        self.after_mutation();
+    }
+
+    /// The index of the last entry applied or skipped (0 before any).
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The token floor, once a Barrier has set it.
+    pub fn floor(&self) -> Option<u64> {
+        self.floor
+    }
+
+    /// The shard index.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The current holder of `key`, if any.
+    pub fn holder(&self, key: &[u8]) -> Option<&Hold> {
+        self.holds.get(key)
+    }
+
+    /// The number of holds.
+    pub fn len(&self) -> usize {
+        self.holds.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.holds.is_empty()
+    }
+
+    /// Called once by a new leader before it may expire anything: every deadline becomes
+    /// `max(deadline, now_ms) + grace_ms`, `grace_ms` being at least the election timeout.
+    pub fn promote(&mut self, now_ms: u64, grace_ms: u64) {
+        for hold in self.holds.values_mut() {
+            hold.deadline_ms = hold.deadline_ms.max(now_ms).saturating_add(grace_ms);
+        }
+        // Collecting sorts once and builds the tree in bulk: cheaper than a million inserts.
+        let deadlines = self
+            .holds
+            .values()
+            .map(|hold| (hold.deadline_ms, hold.token));
+        self.deadlines = deadlines.collect();
+        self.after_mutation();
+    }
+
+    /// At most `max` holds whose deadline is at or before `now_ms`, soonest first, as
+    /// `(key, token)`. A leader proposes `Command::Expire { key, token, as_of: applied() }`.
+    pub fn due(&self, now_ms: u64, max: usize) -> Vec<(Vec<u8>, u64)> {
+        self.deadlines
+            .iter()
+            .take_while(|(deadline, _)| *deadline <= now_ms)
+            .take(max)
+            .map(|(_, token)| (self.keys[token].clone(), *token))
+            .collect()
+    }
+
+    /// The soonest deadline, if any key is held.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.deadlines.first().map(|(deadline, _)| *deadline)
+    }
+
+    /// A Checkpoint of at most `max` (clamped to [`CHECKPOINT_HOLDS_MAX`]) holds with tokens
+    /// above `after`, in token order, each with `deadline - now_ms` remaining. A leader cycles
+    /// through all holds: start with `after = 0`, continue after the last token returned, and
+    /// wrap to 0 when fewer than `max` come back. Holds with more than `u32::MAX` ms remaining
+    /// are left out (a checkpoint must never shorten a lease).
+    pub fn checkpoint(&self, now_ms: u64, after: u64, max: usize) -> Command {
+        let max = max.min(CHECKPOINT_HOLDS_MAX);
+        let holds = self
+            .keys
+            .range(after.saturating_add(1)..)
+            .filter_map(|(_, key)| {
+                let hold = &self.holds[key];
+                let remaining = hold.deadline_ms.saturating_sub(now_ms);
+                let remaining_ms = u32::try_from(remaining).ok()?;
+                Some(CheckpointHold {
+                    key: key.clone(),
+                    token: hold.token,
+                    remaining_ms,
+                })
+            })
+            .take(max)
+            .collect();
+        Command::Checkpoint {
+            as_of: self.applied,
+            holds,
+        }
+    }
+
+    /// The state as versioned bytes ([`SnapshotImage`]): shard, shards, floor, applied, and
+    /// each hold in token order with its time remaining from `now_ms`.
+    pub fn snapshot(&self, now_ms: u64) -> Vec<u8> {
+        let holds = self
+            .keys
+            .values()
+            .map(|key| {
+                let hold = &self.holds[key];
+                SnapshotHold {
+                    key: key.clone(),
+                    token: hold.token,
+                    owner: hold.owner,
+                    lease_ms: hold.lease_ms,
+                    renewed_at: hold.renewed_at,
+                    remaining_ms: hold.deadline_ms.saturating_sub(now_ms),
+                }
+            })
+            .collect();
+        let image = SnapshotImage {
+            shard: self.shard,
+            shards: self.shards,
+            floor: self.floor,
+            applied: self.applied,
+            holds,
+        };
+        image.encode()
+    }
+
+    /// Rebuilds shard `shard` of `shards` from [`snapshot`](Self::snapshot) bytes at this
+    /// member's time `now_ms`: each deadline is `now_ms + remaining`. Any bytes that are not a
+    /// consistent snapshot of that shard are an error.
+    pub fn restore(
+        shard: u32,
+        shards: u32,
+        bytes: &[u8],
+        now_ms: u64,
+    ) -> Result<Self, DecodeError> {
+        let image = SnapshotImage::decode(bytes)?;
+        if image.shard != shard || image.shards != shards {
+            return Err(DecodeError::Inconsistent("another shard"));
+        }
+        let mut machine = Self::new(shard, shards);
+        if let Some(floor) = image.floor {
+            if floor % u64::from(shards) != 0 {
+                return Err(DecodeError::Inconsistent("floor"));
+            }
+        }
+        machine.floor = image.floor;
+        machine.applied = image.applied;
+        machine.holds.reserve(image.holds.len());
+        for held in image.holds {
+            let hold = Hold {
+                token: held.token,
+                owner: held.owner,
+                lease_ms: held.lease_ms,
+                deadline_ms: now_ms.saturating_add(held.remaining_ms),
+                renewed_at: held.renewed_at,
+            };
+            if let Some(error) = machine.hold_error(&hold) {
+                return Err(DecodeError::Inconsistent(error));
+            }
+            if machine.holds.contains_key(&held.key) || machine.keys.contains_key(&hold.token) {
+                return Err(DecodeError::Inconsistent("duplicate key or token"));
+            }
+            machine.insert(held.key, hold);
+        }
+        machine.check_invariants();
+        Ok(machine)
+    }
+
+    /// A deterministic hash of everything members must agree on: shard, floor, applied index,
+    /// and each hold's key, token, owner, lease and renewal index (not its local deadline).
+    pub fn digest(&self) -> u64 {
+        let mut state = Fnv::new();
+        state.u64(u64::from(self.shard));
+        state.u64(u64::from(self.shards));
+        state.u64(u64::from(self.floor.is_some()));
+        state.u64(self.floor.unwrap_or(0));
+        state.u64(self.applied);
+        // Token order is the same on every member, whatever the hash map's order.
+        for (token, key) in &self.keys {
+            let hold = &self.holds[key];
+            state.u64(*token);
+            state.u64(key.len() as u64);
+            state.bytes(key);
+            state.u64(hold.owner);
+            state.u64(u64::from(hold.lease_ms));
+            state.u64(hold.renewed_at);
+        }
+        state.finish()
+    }
+
+    /// Panics if an invariant is broken (see the module docs). O(holds).
+    pub fn check_invariants(&self) {
+        assert!(self.shards >= 1 && self.shard < self.shards);
+        assert!(self.holds_max <= HOLDS_MAX);
+        assert!(self.holds.len() <= self.holds_max);
+        assert_eq!(self.holds.len(), self.keys.len());
+        assert_eq!(self.holds.len(), self.deadlines.len());
+        if let Some(floor) = self.floor {
+            assert_eq!(floor % u64::from(self.shards), 0, "floor {floor}");
+        }
+        for (key, hold) in &self.holds {
+            if let Some(error) = self.hold_error(hold) {
+                panic!("hold {hold:?}: {error}");
+            }
+            assert_eq!(self.keys.get(&hold.token), Some(key));
+            assert!(self.deadlines.contains(&(hold.deadline_ms, hold.token)));
+        }
+    }
+}
+
+/// The commands, one function each; [`ShardMachine::apply`] has advanced `applied` already.
+impl ShardMachine {
+    fn barrier(&mut self, proposed: u64) -> Applied {
+        if let Some(floor) = self.floor {
+            return Applied::Barrier { floor };
+        }
+        match proposed.checked_next_multiple_of(u64::from(self.shards)) {
+            Some(floor) => {
+                self.floor = Some(floor);
+                Applied::Barrier { floor }
+            }
+            None => Applied::Exhausted,
+        }
+    }
+
+    fn acquire(&mut self, key: &[u8], owner: u64, lease_ms: u32, now_ms: u64) -> Applied {
+        if let Some(hold) = self.holds.get(key) {
+            return Applied::Held { token: hold.token };
+        }
+        let Some(floor) = self.floor else {
+            return Applied::NoFloor;
+        };
+        if self.holds.len() >= self.holds_max {
+            return Applied::Full;
+        }
+        let Some(token) = token_at(floor, self.applied, self.shards, self.shard) else {
+            return Applied::Exhausted;
+        };
+        let deadline_ms = now_ms.saturating_add(u64::from(lease_ms));
+        let hold = Hold {
+            token,
+            owner,
+            lease_ms,
+            deadline_ms,
+            renewed_at: self.applied,
+        };
+        self.insert(key.to_vec(), hold);
+        Applied::Granted { token, deadline_ms }
+    }
+
+    fn release(&mut self, key: &[u8], token: u64) -> Applied {
+        if !self.is_holder(key, token) {
+            return Applied::NotHolder;
+        }
+        self.remove(key);
+        Applied::Released
+    }
+
+    fn extend(&mut self, key: &[u8], token: u64, lease_ms: u32, now_ms: u64) -> Applied {
+        if !self.is_holder(key, token) {
+            return Applied::NotHolder;
+        }
+        let deadline_ms = now_ms.saturating_add(u64::from(lease_ms));
+        let applied = self.applied;
+        self.set_deadline(key, deadline_ms);
+        if let Some(hold) = self.holds.get_mut(key) {
+            hold.lease_ms = lease_ms;
+            hold.renewed_at = applied;
+        }
+        Applied::Extended { deadline_ms }
+    }
+
+    fn expire(&mut self, key: &[u8], token: u64, as_of: u64) -> Applied {
+        match self.holds.get(key) {
+            Some(hold) if hold.token == token && hold.renewed_at > as_of => Applied::Renewed,
+            Some(hold) if hold.token == token => {
+                self.remove(key);
+                Applied::Expired
+            }
+            _ => Applied::NotHolder,
+        }
+    }
+
+    fn cap(&mut self, as_of: u64, holds: &[CheckpointHold], now_ms: u64) -> Applied {
+        let mut capped = 0;
+        for listed in holds {
+            let Some(hold) = self.holds.get(&listed.key) else {
+                continue;
+            };
+            if hold.token != listed.token || hold.renewed_at > as_of {
+                continue;
+            }
+            let cap_ms = now_ms.saturating_add(u64::from(listed.remaining_ms));
+            if cap_ms < hold.deadline_ms {
+                self.set_deadline(&listed.key, cap_ms);
+                capped += 1;
+            }
+        }
+        Applied::Checkpointed { capped }
+    }
+
+    fn is_holder(&self, key: &[u8], token: u64) -> bool {
+        self.holds.get(key).is_some_and(|hold| hold.token == token)
+    }
+
+    fn insert(&mut self, key: Vec<u8>, hold: Hold) {
+        self.deadlines.insert((hold.deadline_ms, hold.token));
+        self.keys.insert(hold.token, key.clone());
+        self.holds.insert(key, hold);
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        if let Some(hold) = self.holds.remove(key) {
+            self.keys.remove(&hold.token);
+            self.deadlines.remove(&(hold.deadline_ms, hold.token));
+        }
+    }
+
+    fn set_deadline(&mut self, key: &[u8], deadline_ms: u64) {
+        if let Some(hold) = self.holds.get_mut(key) {
+            self.deadlines.remove(&(hold.deadline_ms, hold.token));
+            hold.deadline_ms = deadline_ms;
+            self.deadlines.insert((deadline_ms, hold.token));
+        }
+    }
+
+    /// What is wrong with `hold`'s token and renewal index, if anything.
+    fn hold_error(&self, hold: &Hold) -> Option<&'static str> {
+        let Some(floor) = self.floor else {
+            return Some("a hold without a floor");
+        };
+        let shards = u64::from(self.shards);
+        let Some(offset) = hold.token.checked_sub(floor) else {
+            return Some("token below the floor");
+        };
+        if offset % shards != u64::from(self.shard) {
+            return Some("token of another shard");
+        }
+        let index = offset / shards;
+        if index == 0 || index > self.applied {
+            return Some("token from an index not applied");
+        }
+        if hold.renewed_at < index || hold.renewed_at > self.applied {
+            return Some("renewal index out of range");
+        }
+        None
+    }
+
+    fn after_mutation(&self) {
+        if cfg!(debug_assertions) {
+            if self.holds.len() <= FULL_CHECK_HOLDS_MAX {
+                self.check_invariants();
+            } else {
+                assert_eq!(self.holds.len(), self.keys.len());
+                assert_eq!(self.holds.len(), self.deadlines.len());
+            }
+        }
+    }
+}
+
+/// `floor + index * shards + shard`, or `None` on overflow.
+fn token_at(floor: u64, index: u64, shards: u32, shard: u32) -> Option<u64> {
+    index
+        .checked_mul(u64::from(shards))?
+        .checked_add(floor)?
+        .checked_add(u64::from(shard))
+}
+
+/// FNV-1a, 64 bits: stable across builds and platforms, unlike `std`'s hashers.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 ^= u64::from(*byte);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn u64(&mut self, value: u64) {
+        self.bytes(&value.to_be_bytes());
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}

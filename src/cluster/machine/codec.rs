@@ -1,0 +1,453 @@
+//! The bytes of a shard's commands (a raft entry's `data`) and of its snapshots.
+//!
+//! Every form starts with a version byte ([`COMMAND_VERSION`], [`SNAPSHOT_VERSION`]); all
+//! integers are big-endian; a key is a `u16` length then `1..=KEY_BYTES_MAX` bytes.
+//!
+//! Invariants: decoding accepts any bytes and returns an error value for anything that is not
+//! exactly one well-formed form (trailing bytes are an error); it never panics and never
+//! allocates more than the input can hold. Encoding asserts what the caller must guarantee
+//! (key length, hold count): those come from already validated requests, never from a peer.
+//!
+//! Deliberately not here: what a command *does* ([`super::ShardMachine`]) and whether a
+//! snapshot's holds are consistent with its shard (checked by [`super::ShardMachine::restore`]).
+
+use crate::protocol::KEY_BYTES_MAX;
+use std::fmt;
+
+/// The first byte of every encoded [`Command`].
+pub const COMMAND_VERSION: u8 = 1;
+/// The first byte of every encoded snapshot.
+pub const SNAPSHOT_VERSION: u8 = 1;
+/// The most holds one [`Command::Checkpoint`] may carry (its encoding stays under ~4.2 MB even
+/// with 1024-byte keys, and one apply stays short). A leader with more holds checkpoints them
+/// over several commands (see [`super::ShardMachine::checkpoint`]).
+pub const CHECKPOINT_HOLDS_MAX: usize = 4096;
+/// The most holds a snapshot may carry: the per-shard limit [`super::HOLDS_MAX`].
+pub const SNAPSHOT_HOLDS_MAX: usize = super::HOLDS_MAX;
+
+const TAG_BARRIER: u8 = 1;
+const TAG_ACQUIRE: u8 = 2;
+const TAG_RELEASE: u8 = 3;
+const TAG_EXTEND: u8 = 4;
+const TAG_EXPIRE: u8 = 5;
+const TAG_CHECKPOINT: u8 = 6;
+
+/// The smallest encoded checkpoint hold: token, remaining, key length, one key byte.
+const CHECKPOINT_HOLD_BYTES_MIN: usize = 8 + 4 + 2 + 1;
+/// The smallest encoded snapshot hold: token, owner, lease, renewed_at, remaining, key.
+const SNAPSHOT_HOLD_BYTES_MIN: usize = 8 + 8 + 4 + 8 + 8 + 2 + 1;
+
+/// One command of a shard's replicated log, applied by every member in log order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Proposed by a new leader before anything else: sets the token floor if it is unset.
+    Barrier {
+        /// `crate::tokens::wall_clock_floor` at the proposer (rounded up to a multiple of the
+        /// shard count when applied).
+        floor: u64,
+    },
+    /// Grant `key` to `owner` for `lease_ms` if it is free.
+    Acquire {
+        /// The key, `1..=KEY_BYTES_MAX` bytes.
+        key: Vec<u8>,
+        /// The client's owner id (protocol §2.1).
+        owner: u64,
+        /// The lease, in milliseconds.
+        lease_ms: u32,
+    },
+    /// Free `key` if `token` holds it.
+    Release {
+        /// The key.
+        key: Vec<u8>,
+        /// The token the client holds.
+        token: u64,
+    },
+    /// Restart the lease of `key` from the apply time if `token` holds it.
+    Extend {
+        /// The key.
+        key: Vec<u8>,
+        /// The token the client holds.
+        token: u64,
+        /// The new lease, in milliseconds.
+        lease_ms: u32,
+    },
+    /// Free `key` because the leader saw `token`'s deadline pass.
+    Expire {
+        /// The key.
+        key: Vec<u8>,
+        /// The token whose lease ran out.
+        token: u64,
+        /// The leader's applied index when it saw the deadline pass: a grant or extension
+        /// applied after it makes this expiry stale.
+        as_of: u64,
+    },
+    /// Caps each listed hold's deadline at `apply time + remaining_ms`.
+    Checkpoint {
+        /// The leader's applied index when it computed the remaining times: a hold renewed
+        /// after it is left alone.
+        as_of: u64,
+        /// At most [`CHECKPOINT_HOLDS_MAX`] holds.
+        holds: Vec<CheckpointHold>,
+    },
+}
+
+/// One hold in a [`Command::Checkpoint`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointHold {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The holder's token when the leader computed `remaining_ms`.
+    pub token: u64,
+    /// The leader's deadline minus its clock at propose time, in milliseconds.
+    pub remaining_ms: u32,
+}
+
+/// One hold in a snapshot image: everything but the deadline, which is sent as time remaining.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotHold {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The holder's token.
+    pub token: u64,
+    /// The holder's owner id.
+    pub owner: u64,
+    /// The lease last granted or extended, in milliseconds.
+    pub lease_ms: u32,
+    /// The log index of the grant or last extension.
+    pub renewed_at: u64,
+    /// The snapshotting member's deadline minus its clock, in milliseconds.
+    pub remaining_ms: u64,
+}
+
+/// A shard's state as bytes: see [`super::ShardMachine::snapshot`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotImage {
+    /// The shard index.
+    pub shard: u32,
+    /// The shard count.
+    pub shards: u32,
+    /// The token floor, once a Barrier set it.
+    pub floor: Option<u64>,
+    /// The last applied log index.
+    pub applied: u64,
+    /// The holds, at most [`HOLDS_MAX`](super::HOLDS_MAX).
+    pub holds: Vec<SnapshotHold>,
+}
+
+/// Why bytes are not a command or a snapshot (or a snapshot does not fit its shard).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The bytes ended inside a field.
+    Truncated,
+    /// An unknown version byte.
+    Version(u8),
+    /// An unknown command tag.
+    Tag(u8),
+    /// A key length outside `1..=KEY_BYTES_MAX`.
+    KeyLength(usize),
+    /// More holds than the form allows.
+    TooManyHolds(usize),
+    /// Bytes left over after a complete form.
+    Trailing(usize),
+    /// A snapshot whose contents are inconsistent (what is wrong, in words).
+    Inconsistent(&'static str),
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Truncated => write!(f, "truncated"),
+            Self::Version(v) => write!(f, "unknown version {v}"),
+            Self::Tag(t) => write!(f, "unknown command tag {t}"),
+            Self::KeyLength(n) => write!(f, "key length {n} outside 1..={KEY_BYTES_MAX}"),
+            Self::TooManyHolds(n) => write!(f, "{n} holds is too many"),
+            Self::Trailing(n) => write!(f, "{n} trailing bytes"),
+            Self::Inconsistent(what) => write!(f, "inconsistent snapshot: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+impl Command {
+    /// Appends the encoding to `out`. Panics if a key is not `1..=KEY_BYTES_MAX` bytes or a
+    /// checkpoint has more than [`CHECKPOINT_HOLDS_MAX`] holds: the proposer checks those.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.push(COMMAND_VERSION);
+        match self {
+            Self::Barrier { floor } => {
+                out.push(TAG_BARRIER);
+                out.extend_from_slice(&floor.to_be_bytes());
+            }
+            Self::Acquire {
+                key,
+                owner,
+                lease_ms,
+            } => {
+                out.push(TAG_ACQUIRE);
+                out.extend_from_slice(&owner.to_be_bytes());
+                out.extend_from_slice(&lease_ms.to_be_bytes());
+                put_key(out, key);
+            }
+            Self::Release { key, token } => {
+                out.push(TAG_RELEASE);
+                out.extend_from_slice(&token.to_be_bytes());
+                put_key(out, key);
+            }
+            Self::Extend {
+                key,
+                token,
+                lease_ms,
+            } => {
+                out.push(TAG_EXTEND);
+                out.extend_from_slice(&token.to_be_bytes());
+                out.extend_from_slice(&lease_ms.to_be_bytes());
+                put_key(out, key);
+            }
+            Self::Expire { key, token, as_of } => {
+                out.push(TAG_EXPIRE);
+                out.extend_from_slice(&token.to_be_bytes());
+                out.extend_from_slice(&as_of.to_be_bytes());
+                put_key(out, key);
+            }
+            Self::Checkpoint { as_of, holds } => encode_checkpoint(out, *as_of, holds),
+        }
+    }
+
+    /// The encoding as a new vector.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Decodes exactly one command from `bytes`.
+    pub fn decode(bytes: &[u8]) -> Result<Command, DecodeError> {
+        let mut reader = Reader::new(bytes);
+        let version = reader.u8()?;
+        if version != COMMAND_VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        let command = match reader.u8()? {
+            TAG_BARRIER => Command::Barrier {
+                floor: reader.u64()?,
+            },
+            TAG_ACQUIRE => {
+                let (owner, lease_ms) = (reader.u64()?, reader.u32()?);
+                let key = reader.key()?;
+                Command::Acquire {
+                    key,
+                    owner,
+                    lease_ms,
+                }
+            }
+            TAG_RELEASE => {
+                let token = reader.u64()?;
+                Command::Release {
+                    key: reader.key()?,
+                    token,
+                }
+            }
+            TAG_EXTEND => {
+                let (token, lease_ms) = (reader.u64()?, reader.u32()?);
+                let key = reader.key()?;
+                Command::Extend {
+                    key,
+                    token,
+                    lease_ms,
+                }
+            }
+            TAG_EXPIRE => {
+                let (token, as_of) = (reader.u64()?, reader.u64()?);
+                let key = reader.key()?;
+                Command::Expire { key, token, as_of }
+            }
+            TAG_CHECKPOINT => decode_checkpoint(&mut reader)?,
+            tag => return Err(DecodeError::Tag(tag)),
+        };
+        reader.finish()?;
+        Ok(command)
+    }
+}
+
+fn encode_checkpoint(out: &mut Vec<u8>, as_of: u64, holds: &[CheckpointHold]) {
+    assert!(holds.len() <= CHECKPOINT_HOLDS_MAX, "checkpoint too large");
+    out.push(TAG_CHECKPOINT);
+    out.extend_from_slice(&as_of.to_be_bytes());
+    // The assert above keeps the count within u16.
+    out.extend_from_slice(&(holds.len() as u16).to_be_bytes());
+    for hold in holds {
+        out.extend_from_slice(&hold.token.to_be_bytes());
+        out.extend_from_slice(&hold.remaining_ms.to_be_bytes());
+        put_key(out, &hold.key);
+    }
+}
+
+fn decode_checkpoint(reader: &mut Reader<'_>) -> Result<Command, DecodeError> {
+    let as_of = reader.u64()?;
+    let count = usize::from(reader.u16()?);
+    if count > CHECKPOINT_HOLDS_MAX {
+        return Err(DecodeError::TooManyHolds(count));
+    }
+    reader.can_hold(count, CHECKPOINT_HOLD_BYTES_MIN)?;
+    let mut holds = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (token, remaining_ms) = (reader.u64()?, reader.u32()?);
+        let key = reader.key()?;
+        holds.push(CheckpointHold {
+            key,
+            token,
+            remaining_ms,
+        });
+    }
+    Ok(Command::Checkpoint { as_of, holds })
+}
+
+impl SnapshotImage {
+    /// The encoding: version, shard, shards, floor flag and value, applied, count, holds.
+    /// Panics on a key of the wrong length or more than [`HOLDS_MAX`](super::HOLDS_MAX) holds.
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.holds.len() <= SNAPSHOT_HOLDS_MAX, "snapshot too large");
+        let mut out = Vec::with_capacity(32 + self.holds.len() * 48);
+        out.push(SNAPSHOT_VERSION);
+        out.extend_from_slice(&self.shard.to_be_bytes());
+        out.extend_from_slice(&self.shards.to_be_bytes());
+        out.push(u8::from(self.floor.is_some()));
+        out.extend_from_slice(&self.floor.unwrap_or(0).to_be_bytes());
+        out.extend_from_slice(&self.applied.to_be_bytes());
+        // The assert above keeps the count within u32.
+        out.extend_from_slice(&(self.holds.len() as u32).to_be_bytes());
+        for hold in &self.holds {
+            out.extend_from_slice(&hold.token.to_be_bytes());
+            out.extend_from_slice(&hold.owner.to_be_bytes());
+            out.extend_from_slice(&hold.lease_ms.to_be_bytes());
+            out.extend_from_slice(&hold.renewed_at.to_be_bytes());
+            out.extend_from_slice(&hold.remaining_ms.to_be_bytes());
+            put_key(&mut out, &hold.key);
+        }
+        out
+    }
+
+    /// Decodes exactly one snapshot image from `bytes` (its form only; see
+    /// [`super::ShardMachine::restore`] for its meaning).
+    pub fn decode(bytes: &[u8]) -> Result<SnapshotImage, DecodeError> {
+        let mut reader = Reader::new(bytes);
+        let version = reader.u8()?;
+        if version != SNAPSHOT_VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        let (shard, shards) = (reader.u32()?, reader.u32()?);
+        let floor = match (reader.u8()?, reader.u64()?) {
+            (0, 0) => None,
+            (1, floor) => Some(floor),
+            _ => return Err(DecodeError::Inconsistent("floor flag")),
+        };
+        let applied = reader.u64()?;
+        let count = usize::try_from(reader.u32()?).unwrap_or(usize::MAX);
+        if count > SNAPSHOT_HOLDS_MAX {
+            return Err(DecodeError::TooManyHolds(count));
+        }
+        reader.can_hold(count, SNAPSHOT_HOLD_BYTES_MIN)?;
+        let mut holds = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (token, owner, lease_ms) = (reader.u64()?, reader.u64()?, reader.u32()?);
+            let (renewed_at, remaining_ms) = (reader.u64()?, reader.u64()?);
+            let key = reader.key()?;
+            holds.push(SnapshotHold {
+                key,
+                token,
+                owner,
+                lease_ms,
+                renewed_at,
+                remaining_ms,
+            });
+        }
+        reader.finish()?;
+        Ok(SnapshotImage {
+            shard,
+            shards,
+            floor,
+            applied,
+            holds,
+        })
+    }
+}
+
+fn put_key(out: &mut Vec<u8>, key: &[u8]) {
+    assert!(
+        (1..=KEY_BYTES_MAX).contains(&key.len()),
+        "key of {} bytes",
+        key.len()
+    );
+    // KEY_BYTES_MAX fits in u16 (checked below at compile time).
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.extend_from_slice(key);
+}
+
+const _: () = assert!(KEY_BYTES_MAX <= u16::MAX as usize);
+const _: () = assert!(CHECKPOINT_HOLDS_MAX <= u16::MAX as usize);
+const _: () = assert!(SNAPSHOT_HOLDS_MAX <= u32::MAX as usize);
+
+/// A cursor over untrusted bytes: every read checks the length first.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Reader { bytes, at: 0 }
+    }
+
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let rest = &self.bytes[self.at..];
+        let field = rest.get(..N).ok_or(DecodeError::Truncated)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(field);
+        self.at += N;
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_be_bytes(self.take()?))
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(self.take()?))
+    }
+
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_be_bytes(self.take()?))
+    }
+
+    fn key(&mut self) -> Result<Vec<u8>, DecodeError> {
+        let length = usize::from(self.u16()?);
+        if !(1..=KEY_BYTES_MAX).contains(&length) {
+            return Err(DecodeError::KeyLength(length));
+        }
+        let rest = &self.bytes[self.at..];
+        let key = rest.get(..length).ok_or(DecodeError::Truncated)?;
+        self.at += length;
+        Ok(key.to_vec())
+    }
+
+    /// Refuses a count of records that the remaining bytes cannot hold, before allocating.
+    fn can_hold(&self, count: usize, record_bytes_min: usize) -> Result<(), DecodeError> {
+        let rest = self.bytes.len() - self.at;
+        if count.saturating_mul(record_bytes_min) > rest {
+            return Err(DecodeError::Truncated);
+        }
+        Ok(())
+    }
+
+    fn finish(&self) -> Result<(), DecodeError> {
+        match self.bytes.len() - self.at {
+            0 => Ok(()),
+            rest => Err(DecodeError::Trailing(rest)),
+        }
+    }
+}
