@@ -214,6 +214,18 @@ impl ShardMachine {
         self.holds.get(key)
     }
 
+    /// The key `token` holds, if it holds one.
+    pub fn key_of(&self, token: u64) -> Option<&[u8]> {
+        self.keys.get(&token).map(Vec::as_slice)
+    }
+
+    /// Every hold with its key, in token order.
+    pub fn holds(&self) -> impl Iterator<Item = (&[u8], &Hold)> + '_ {
+        self.keys
+            .values()
+            .map(|key| (key.as_slice(), &self.holds[key]))
+    }
+
     /// The number of holds.
     pub fn len(&self) -> usize {
         self.holds.len()

@@ -597,3 +597,21 @@ fn mutated_snapshots_are_restored_consistently_or_refused() {
         })
         .expect("no panic");
 }
+
+#[test]
+fn key_of_and_holds_list_the_holds_in_token_order() {
+    let mut machine = floored(0, 1);
+    let Applied::Granted { token: a, .. } = machine.apply(2, &acquire("a", 1, 1000), 0) else {
+        panic!("not granted");
+    };
+    let Applied::Granted { token: b, .. } = machine.apply(3, &acquire("b", 2, 1000), 0) else {
+        panic!("not granted");
+    };
+    assert_eq!(machine.key_of(a), Some(&b"a"[..]));
+    assert_eq!(machine.key_of(b), Some(&b"b"[..]));
+    let listed: Vec<(&[u8], u64)> = machine.holds().map(|(k, h)| (k, h.token)).collect();
+    assert_eq!(listed, vec![(&b"a"[..], a), (&b"b"[..], b)]);
+    machine.apply(4, &release("a", a), 0);
+    assert_eq!(machine.key_of(a), None);
+    assert_eq!(machine.holds().count(), 1);
+}
