@@ -28,8 +28,10 @@
 //! `(seed, node id, shard)`, before anything reads it.
 //!
 //! It deliberately does not: change membership, send anything, keep a state machine, or
-//! trust hostile peers beyond refusing unknown shards, non-voters and local message types
-//! (a Byzantine voter can still make raft-rs panic).
+//! trust hostile peers beyond refusing unknown shards, non-voters, local message types,
+//! foreign snapshot configurations and heartbeats committing past our log (raft-rs would
+//! panic on that one). A Byzantine voter, or a member whose synced writes were lost, can
+//! still make raft-rs panic (e.g. an append conflicting with a committed entry).
 
 mod drain;
 mod group;
@@ -379,6 +381,20 @@ impl<D: Durable> Member<D> {
         let group = self
             .group_mut(shard)
             .ok_or(StepError::UnknownShard(shard))?;
+        let raft = &group.raw.raft;
+        if kind == MessageType::MsgHeartbeat
+            && message.term >= raft.term
+            && message.commit > raft.raft_log.last_index()
+        {
+            // The leader believes this member holds entries it does not: synced writes were
+            // lost. raft-rs would panic; refuse instead (the group stays stuck here).
+            log::error!(
+                "shard {shard}: heartbeat commits {} beyond our last index {}: lost writes?",
+                message.commit,
+                raft.raft_log.last_index()
+            );
+            return Err(StepError::Invalid(kind));
+        }
         let result = group.raw.step(message);
         group.settle();
         self.debug_check();

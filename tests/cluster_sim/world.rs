@@ -91,6 +91,8 @@ pub struct Stats {
     pub refused: u64,
     pub proposals: u64,
     pub fault_steps: u64,
+    /// Snapshots restored (at restart or sent by a leader).
+    pub restores: u64,
 }
 
 pub struct World {
@@ -247,6 +249,7 @@ impl World {
     fn apply(&mut self, at: usize, restores: &[Restore], committed: &[Committed]) {
         let now = self.now;
         let node = &mut self.nodes[at];
+        self.stats.restores += restores.len() as u64;
         for restore in restores {
             let machine = node.machines.entry(restore.shard).or_default();
             let (shard, index) = (restore.shard, restore.index);
