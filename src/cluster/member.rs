@@ -35,6 +35,8 @@
 
 mod drain;
 mod group;
+#[cfg(test)]
+mod tests;
 
 use crate::cluster::{load, Durable, Recovered};
 use group::{conf_state, Group, GroupStorage, ELECTION_TICKS};
