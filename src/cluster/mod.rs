@@ -9,12 +9,18 @@
 //! | `durable.rs` | [`Durable`]: what a member must make durable (entries, hard states, snapshots) and sync once per loop iteration for all its groups; what it recovers |
 //! | `machine.rs` | [`machine::ShardMachine`]: one shard's replicated lock state (holds, tokens, local deadlines), applied from committed entries; `machine/codec.rs`: the bytes of its commands and snapshots |
 //! | `wal.rs`, `wal/` | [`wal::Wal`]: one core's write-ahead log, a [`Durable`] on disk (framed records in segments, group commit, torn-tail recovery, compaction) |
+//! | `member.rs` | [`member::Member`]: one member's Raft groups, sans-IO: tick, step, propose, read index, compact, and the two-half group-commit drain |
+//! | `mem_durable.rs` | [`mem_durable::MemDurable`]: the simulation's in-memory durable image (written and synced layers, crash drops the unsynced) |
+//! | `balance.rs` | [`balance::plan`]: leader transfers that spread leadership evenly over the live members |
 //!
 //! Everything here is sans-IO except the write-ahead log: the cores' mio loops tick, step and
 //! drain the groups, and send their messages to the peers.
 
+pub mod balance;
 pub mod durable;
 pub mod machine;
+pub mod mem_durable;
+pub mod member;
 pub mod wal;
 
 pub use durable::{load, Durable, Recovered};

@@ -1,0 +1,585 @@
+//! [`Member`]: the sans-IO host of one cluster member's Raft groups (one per shard).
+//!
+//! The voter set `{1..=n}` is fixed from configuration; every group starts with all voters
+//! and there are no membership changes. The member owns no clock and no socket: the caller
+//! ticks it every [`TICK_MS`], steps it with messages from peers, proposes, and drains.
+//!
+//! # Call order, once per loop iteration
+//!
+//! 1. [`Member::tick`] (if a tick is due), [`Member::step`], [`Member::propose`], ...
+//! 2. [`Member::begin_drain`]: writes every ready group's entries, hard state and snapshot to
+//!    the storage and to the [`Durable`] (no sync), and returns the messages that may leave
+//!    before the sync plus committed entries and restores to apply.
+//! 3. [`Member::finish_drain`]: one `sync` for all groups, then advances every group and
+//!    returns the messages that may leave only now, more committed entries, read results and
+//!    leader changes.
+//!
+//! Nothing but `finish_drain` may be called between the two halves (raft-rs forbids stepping
+//! a node between `ready` and `advance`); that is asserted. After an error from either half the
+//! member must be dropped and rebuilt from what the `Durable` recovers.
+//!
+//! # Invariants (checked after every mutation in debug builds)
+//! Per group: applied ≤ commit ≤ last index; the election timeout comes from the seeded
+//! generator; a known leader is a voter; a leader names itself; the snapshot is committed.
+//!
+//! # Determinism
+//! raft-rs draws election timeouts from `thread_rng`. Every time raft-rs re-draws (on a term
+//! or role change) the group replaces the draw with one from a generator seeded by
+//! `(seed, node id, shard)`, before anything reads it.
+//!
+//! It deliberately does not: change membership, send anything, keep a state machine, or
+//! trust hostile peers beyond refusing unknown shards, non-voters, local message types,
+//! foreign snapshot configurations and heartbeats committing past our log (raft-rs would
+//! panic on that one). A Byzantine voter, or a member whose synced writes were lost, can
+//! still make raft-rs panic (e.g. an append conflicting with a committed entry).
+
+mod drain;
+mod group;
+#[cfg(test)]
+mod tests;
+
+use crate::cluster::{load, Durable, Recovered};
+use group::{conf_state, Group, GroupStorage, ELECTION_TICKS};
+use raft::eraftpb::{Message, MessageType, Snapshot};
+use raft::prelude::Config;
+use raft::{ReadOnlyOption, Storage};
+use std::fmt;
+
+pub use drain::{
+    Committed, Drain, Drained, EntryKind, Envelope, LeaderChanged, ReadReady, Restore,
+    DRAIN_ENTRY_BYTES_MAX,
+};
+
+/// Milliseconds between two calls to [`Member::tick`].
+pub const TICK_MS: u64 = 10;
+/// Ticks between a leader's heartbeats.
+pub const HEARTBEAT_TICKS: usize = 2;
+/// Largest message raft-rs builds (appends are cut to this many bytes of entries).
+pub const MESSAGE_BYTES_MAX: u64 = 1 << 20;
+/// Appends in flight to one follower, per group.
+pub const INFLIGHT_MESSAGES_MAX: usize = 256;
+/// Bytes of committed entries one group hands out per ready (apply batching).
+pub const COMMITTED_BYTES_PER_READY: u64 = 1 << 20;
+/// Bytes of proposed but uncommitted entries a leader accepts per group before it drops
+/// proposals.
+pub const UNCOMMITTED_BYTES_MAX: u64 = 8 << 20;
+/// Largest proposal accepted by [`Member::propose`].
+pub const PROPOSAL_BYTES_MAX: usize = 1 << 20;
+/// Largest read context accepted by [`Member::read_index`].
+pub const READ_CONTEXT_BYTES_MAX: usize = 64;
+/// Groups one member hosts at most.
+pub const GROUPS_MAX: usize = 4096;
+/// Ticks between two leadership-balancing passes ([`Member::balance`]): 3 s.
+pub const BALANCE_INTERVAL_TICKS: u64 = 300;
+
+const _: () = assert!(COMMITTED_BYTES_PER_READY <= UNCOMMITTED_BYTES_MAX);
+const _: () = assert!(MESSAGE_BYTES_MAX <= UNCOMMITTED_BYTES_MAX);
+const _: () = assert!(PROPOSAL_BYTES_MAX as u64 <= MESSAGE_BYTES_MAX);
+const _: () = assert!(HEARTBEAT_TICKS < ELECTION_TICKS);
+
+/// Where a proposal will sit in the log if it commits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Proposed {
+    /// Its log index.
+    pub index: u64,
+    /// The term of the leader that appended it.
+    pub term: u64,
+}
+
+/// A proposal or request was refused because this member does not lead the group (or the
+/// leader is busy transferring leadership, or the proposal is too large, or the shard is
+/// unknown: then `hint` is `None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotLeader {
+    /// The leader this member knows of, to retry there.
+    pub hint: Option<u64>,
+}
+
+impl fmt::Display for NotLeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.hint {
+            Some(id) => write!(f, "not the leader; try member {id}"),
+            None => write!(f, "not the leader; no leader known"),
+        }
+    }
+}
+
+impl std::error::Error for NotLeader {}
+
+/// Why a message from a peer was refused.
+#[derive(Debug)]
+pub enum StepError {
+    /// This member hosts no group for the shard.
+    UnknownShard(u32),
+    /// The sender is not a voter, or the message is not addressed to this member.
+    Stranger {
+        /// The claimed sender.
+        from: u64,
+        /// The claimed recipient.
+        to: u64,
+    },
+    /// A local message type, or a snapshot whose configuration is not ours.
+    Invalid(MessageType),
+    /// raft-rs refused it.
+    Raft(raft::Error),
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StepError::UnknownShard(shard) => write!(f, "no group for shard {shard}"),
+            StepError::Stranger { from, to } => write!(f, "message from {from} to {to} refused"),
+            StepError::Invalid(kind) => write!(f, "message of type {kind:?} refused"),
+            StepError::Raft(error) => write!(f, "raft refused the message: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for StepError {}
+
+/// Why [`Member::compact`] refused or failed.
+#[derive(Debug)]
+pub enum CompactError {
+    /// This member hosts no group for the shard.
+    UnknownShard(u32),
+    /// The index is not between the last snapshot and the applied index.
+    OutOfRange {
+        /// The index asked for.
+        index: u64,
+        /// The last snapshot's index.
+        snapshot: u64,
+        /// The group's applied index.
+        applied: u64,
+    },
+    /// The log was compacted but recording the snapshot failed: rebuild the member.
+    Durable(std::io::Error),
+}
+
+impl fmt::Display for CompactError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CompactError::UnknownShard(shard) => write!(f, "no group for shard {shard}"),
+            CompactError::OutOfRange {
+                index,
+                snapshot,
+                applied,
+            } => write!(
+                f,
+                "cannot compact at {index}: snapshot at {snapshot}, applied {applied}"
+            ),
+            CompactError::Durable(error) => write!(f, "recording the snapshot failed: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for CompactError {}
+
+/// Why [`Member::new`] failed.
+#[derive(Debug)]
+pub enum NewError {
+    /// Too many groups, duplicate shards, or this member is not a voter.
+    Config(String),
+    /// raft-rs refused the configuration or the recovered state.
+    Raft(raft::Error),
+}
+
+impl fmt::Display for NewError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NewError::Config(why) => write!(f, "bad member configuration: {why}"),
+            NewError::Raft(error) => write!(f, "raft refused the recovered state: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for NewError {}
+
+/// The Raft groups of one member. See the module docs for the call order.
+pub struct Member<D: Durable> {
+    /// This member's id (a voter).
+    id: u64,
+    /// Every voter, sorted.
+    voters: Vec<u64>,
+    /// The hosted groups, sorted by shard.
+    groups: Vec<Group>,
+    /// Where writes go before they are synced.
+    durable: D,
+    /// State between `begin_drain` and `finish_drain`.
+    drain: drain::State,
+    /// Ticks since start.
+    ticks: u64,
+    /// The tick of the last balancing pass.
+    balanced_at_ticks: u64,
+}
+
+/// The raft-rs configuration of every group (see the constants for the values).
+fn config(id: u64, applied: u64) -> Config {
+    Config {
+        id,
+        election_tick: ELECTION_TICKS,
+        heartbeat_tick: HEARTBEAT_TICKS,
+        // raft-rs draws from thread_rng; `Group::settle` replaces every draw with a seeded one.
+        min_election_tick: ELECTION_TICKS,
+        max_election_tick: 2 * ELECTION_TICKS,
+        applied,
+        max_size_per_msg: MESSAGE_BYTES_MAX,
+        max_inflight_msgs: INFLIGHT_MESSAGES_MAX,
+        check_quorum: true,
+        pre_vote: true,
+        read_only_option: ReadOnlyOption::Safe,
+        max_uncommitted_size: UNCOMMITTED_BYTES_MAX,
+        max_committed_size_per_ready: COMMITTED_BYTES_PER_READY,
+        ..Default::default()
+    }
+}
+
+/// Builds one group's storage from what was recovered.
+fn storage(recovered: &mut Recovered, voters: &[u64]) -> raft::Result<GroupStorage> {
+    let snapshot = recovered.snapshot.clone().unwrap_or_default();
+    let index = snapshot.get_metadata().index;
+    // A commit recorded before a later snapshot was synced must not sit below it.
+    if recovered.hard_state.commit < index {
+        recovered.hard_state.commit = index;
+    }
+    let memory = load(recovered, voters)?;
+    let mut snapshot = snapshot;
+    if index > 0 {
+        snapshot.mut_metadata().set_conf_state(conf_state(voters));
+    }
+    Ok(GroupStorage { memory, snapshot })
+}
+
+impl<D: Durable> Member<D> {
+    /// Builds member `node_id` of the voters `voters`, hosting a group for each of `shards`,
+    /// each loaded from its entry in `recovered` (a shard missing there starts fresh).
+    /// `seed` fixes every election timeout this member draws. A recovered snapshot is handed
+    /// out as a `Restore` by the first [`Member::begin_drain`].
+    pub fn new(
+        node_id: u64,
+        voters: &[u64],
+        shards: &[u32],
+        durable: D,
+        recovered: Vec<(u32, Recovered)>,
+        seed: u64,
+    ) -> Result<Self, NewError> {
+        let mut voters = voters.to_vec();
+        voters.sort_unstable();
+        voters.dedup();
+        if node_id == 0 || !voters.contains(&node_id) {
+            return Err(NewError::Config(format!("{node_id} is not a voter")));
+        }
+        let mut sorted = shards.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != shards.len() || sorted.len() > GROUPS_MAX {
+            return Err(NewError::Config("duplicate shards or too many".into()));
+        }
+        let mut recovered = recovered;
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut groups = Vec::with_capacity(sorted.len());
+        let mut restores = Vec::new();
+        for shard in sorted {
+            let mut state = match recovered.iter().position(|(s, _)| *s == shard) {
+                Some(at) => recovered.swap_remove(at).1,
+                None => Recovered::default(),
+            };
+            let storage = storage(&mut state, &voters).map_err(NewError::Raft)?;
+            let applied = storage.snapshot.get_metadata().index;
+            if applied > 0 {
+                restores.push(Restore {
+                    shard,
+                    data: storage.snapshot.get_data().to_vec(),
+                    index: applied,
+                });
+            }
+            let group_seed = seed ^ node_id.rotate_left(32) ^ u64::from(shard).rotate_left(48);
+            let config = config(node_id, applied);
+            let group =
+                Group::new(shard, &config, storage, &logger, group_seed).map_err(NewError::Raft)?;
+            groups.push(group);
+        }
+        let member = Member {
+            id: node_id,
+            voters,
+            groups,
+            durable,
+            drain: drain::State::new(restores),
+            ticks: 0,
+            balanced_at_ticks: 0,
+        };
+        member.check_invariants();
+        Ok(member)
+    }
+
+    /// This member's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The shards hosted here, ascending.
+    pub fn shards(&self) -> impl Iterator<Item = u32> + '_ {
+        self.groups.iter().map(|group| group.shard)
+    }
+
+    /// The durable writes (to inspect them, or to sync them outside a drain).
+    pub fn durable(&self) -> &D {
+        &self.durable
+    }
+
+    /// Gives the durable writes back, e.g. to recover from them after a crash.
+    pub fn into_durable(self) -> D {
+        self.durable
+    }
+
+    fn slot(&self, shard: u32) -> Option<usize> {
+        self.groups
+            .binary_search_by_key(&shard, |group| group.shard)
+            .ok()
+    }
+
+    fn group(&self, shard: u32) -> Option<&Group> {
+        self.slot(shard).map(|slot| &self.groups[slot])
+    }
+
+    /// The group for `shard`, to call into its `RawNode`; asserts no drain is half done.
+    fn group_mut(&mut self, shard: u32) -> Option<&mut Group> {
+        assert!(
+            !self.drain.pending(),
+            "called between begin_drain and finish_drain"
+        );
+        let slot = self.slot(shard)?;
+        Some(&mut self.groups[slot])
+    }
+
+    /// Advances every group by one tick ([`TICK_MS`] of the caller's clock).
+    pub fn tick(&mut self) {
+        assert!(
+            !self.drain.pending(),
+            "tick between begin_drain and finish_drain"
+        );
+        self.ticks += 1;
+        for group in &mut self.groups {
+            group.raw.tick();
+            group.settle();
+        }
+        self.debug_check();
+    }
+
+    /// Hands a peer's message for `shard` to its group. Messages for unknown shards, from
+    /// non-voters, not addressed here, of local types, or carrying a snapshot of another
+    /// configuration are refused.
+    pub fn step(&mut self, shard: u32, message: Message) -> Result<(), StepError> {
+        let (id, voters_ok) = (self.id, self.voters.contains(&message.from));
+        if message.to != id || !voters_ok {
+            return Err(StepError::Stranger {
+                from: message.from,
+                to: message.to,
+            });
+        }
+        let kind = message.get_msg_type();
+        if raft::raw_node::is_local_msg(kind) || !self.snapshot_fits(&message) {
+            return Err(StepError::Invalid(kind));
+        }
+        let group = self
+            .group_mut(shard)
+            .ok_or(StepError::UnknownShard(shard))?;
+        let raft = &group.raw.raft;
+        if kind == MessageType::MsgHeartbeat
+            && message.term >= raft.term
+            && message.commit > raft.raft_log.last_index()
+        {
+            // The leader believes this member holds entries it does not: synced writes were
+            // lost. raft-rs would panic; refuse instead (the group stays stuck here).
+            log::error!(
+                "shard {shard}: heartbeat commits {} beyond our last index {}: lost writes?",
+                message.commit,
+                raft.raft_log.last_index()
+            );
+            return Err(StepError::Invalid(kind));
+        }
+        let result = group.raw.step(message);
+        group.settle();
+        self.debug_check();
+        result.map_err(StepError::Raft)
+    }
+
+    /// Whether a message's snapshot (if any) has exactly our voters and no learners.
+    fn snapshot_fits(&self, message: &Message) -> bool {
+        if message.get_msg_type() != MessageType::MsgSnapshot {
+            return true;
+        }
+        let conf = message.get_snapshot().get_metadata().get_conf_state();
+        let mut voters = conf.get_voters().to_vec();
+        voters.sort_unstable();
+        voters == self.voters
+            && conf.get_learners().is_empty()
+            && conf.get_voters_outgoing().is_empty()
+    }
+
+    /// Proposes `data` to `shard`'s group; returns where the entry was appended. It is
+    /// acknowledged only when an entry with that index *and term* comes out committed.
+    pub fn propose(&mut self, shard: u32, data: Vec<u8>) -> Result<Proposed, NotLeader> {
+        let refused = NotLeader { hint: None };
+        if data.len() > PROPOSAL_BYTES_MAX {
+            return Err(refused);
+        }
+        let group = self.group_mut(shard).ok_or(refused)?;
+        let hint = NotLeader {
+            hint: group.leader(),
+        };
+        if !group.is_leader() {
+            return Err(hint);
+        }
+        let expected = data.clone();
+        let result = group.raw.propose(Vec::new(), data);
+        group.settle();
+        let proposed = result.ok().and_then(|()| {
+            let raft = &group.raw.raft;
+            let last = raft.raft_log.unstable_entries().last()?;
+            let appended = last.index == raft.raft_log.last_index()
+                && last.term == raft.term
+                && last.get_data() == expected.as_slice();
+            appended.then_some(Proposed {
+                index: last.index,
+                term: last.term,
+            })
+        });
+        self.debug_check();
+        proposed.ok_or(hint)
+    }
+
+    /// Starts a linearizable read on `shard` (ReadIndex); the result comes out of a later
+    /// [`Member::finish_drain`] as a `ReadReady` with the same `context`. A read that cannot be
+    /// served (no leader, lost messages) never comes back: the caller times it out.
+    pub fn read_index(&mut self, shard: u32, context: Vec<u8>) -> Result<(), NotLeader> {
+        let refused = NotLeader { hint: None };
+        if context.len() > READ_CONTEXT_BYTES_MAX {
+            return Err(refused);
+        }
+        let group = self.group_mut(shard).ok_or(refused)?;
+        group.raw.read_index(context);
+        group.settle();
+        self.debug_check();
+        Ok(())
+    }
+
+    /// Asks `shard`'s leader (this member) to hand leadership to voter `to`.
+    pub fn transfer_leader(&mut self, shard: u32, to: u64) -> Result<(), NotLeader> {
+        let voter = self.voters.contains(&to);
+        let group = self.group_mut(shard).ok_or(NotLeader { hint: None })?;
+        if !group.is_leader() || !voter {
+            return Err(NotLeader {
+                hint: group.leader(),
+            });
+        }
+        group.raw.transfer_leader(to);
+        group.settle();
+        self.debug_check();
+        Ok(())
+    }
+
+    /// The leader `shard`'s group knows of.
+    pub fn leader(&self, shard: u32) -> Option<u64> {
+        self.group(shard)?.leader()
+    }
+
+    /// This member's role in `shard`'s group.
+    pub fn role(&self, shard: u32) -> Option<raft::StateRole> {
+        Some(self.group(shard)?.raw.raft.state)
+    }
+
+    /// `shard`'s current term (0 for an unknown shard).
+    pub fn term(&self, shard: u32) -> u64 {
+        self.group(shard).map_or(0, |group| group.raw.raft.term)
+    }
+
+    /// `shard`'s commit index (0 for an unknown shard).
+    pub fn commit(&self, shard: u32) -> u64 {
+        self.group(shard)
+            .map_or(0, |group| group.raw.raft.raft_log.committed)
+    }
+
+    /// The index of the last entry of `shard` handed out to apply (0 for an unknown shard).
+    pub fn applied(&self, shard: u32) -> u64 {
+        self.group(shard)
+            .map_or(0, |group| group.raw.raft.raft_log.applied)
+    }
+
+    /// Whether any group has work for [`Member::begin_drain`].
+    pub fn has_ready(&self) -> bool {
+        self.drain.has_restores() || self.groups.iter().any(|group| group.raw.has_ready())
+    }
+
+    /// Compacts `shard`'s log up to `index` after the caller's state machine took a snapshot
+    /// of everything applied up to it: `data` becomes the snapshot a leader sends to members
+    /// that are behind. `index` must be above the last snapshot and at most the applied index.
+    pub fn compact(&mut self, shard: u32, index: u64, data: Vec<u8>) -> Result<(), CompactError> {
+        let voters = conf_state(&self.voters);
+        let group = self
+            .group_mut(shard)
+            .ok_or(CompactError::UnknownShard(shard))?;
+        let snapshot_index = group.raw.store().snapshot.get_metadata().index;
+        let applied = group.raw.raft.raft_log.applied;
+        let out_of_range = CompactError::OutOfRange {
+            index,
+            snapshot: snapshot_index,
+            applied,
+        };
+        if index <= snapshot_index || index > applied {
+            return Err(out_of_range);
+        }
+        let term = group.raw.store().term(index).map_err(|_| out_of_range)?;
+        let mut snapshot = Snapshot::default();
+        snapshot.set_data(data.into());
+        let metadata = snapshot.mut_metadata();
+        metadata.index = index;
+        metadata.term = term;
+        metadata.set_conf_state(voters);
+        let store = group.raw.mut_store();
+        // Keep the entry at `index` itself so its term stays known to raft-rs.
+        if let Err(error) = store.memory.wl().compact(index) {
+            panic!("compacting {index} within the applied log failed: {error}");
+        }
+        store.snapshot = snapshot.clone();
+        let result = self.durable.apply_snapshot(shard, &snapshot);
+        self.debug_check();
+        result.map_err(CompactError::Durable)
+    }
+
+    /// Spreads leadership: at most once every [`BALANCE_INTERVAL_TICKS`] (otherwise does
+    /// nothing), plans moves with [`crate::cluster::balance::plan`] over this member's view of
+    /// every group's leader and the members the caller believes are up (`live`), and starts
+    /// the transfers away from this member. Returns the `(shard, to)` transfers started.
+    pub fn balance(&mut self, live: &[u64]) -> Vec<(u32, u64)> {
+        let due = self.ticks >= self.balanced_at_ticks + BALANCE_INTERVAL_TICKS;
+        if !due || self.drain.pending() {
+            return Vec::new();
+        }
+        self.balanced_at_ticks = self.ticks;
+        let leaders: Vec<Option<u64>> = self.groups.iter().map(Group::leader).collect();
+        let mut started = Vec::new();
+        for step in crate::cluster::balance::plan(&leaders, live) {
+            let shard = self.groups[step.position].shard;
+            if step.from == self.id && self.transfer_leader(shard, step.to).is_ok() {
+                started.push((shard, step.to));
+            }
+        }
+        started
+    }
+
+    /// Checks every group's invariants; panics on a broken one.
+    pub fn check_invariants(&self) {
+        for pair in self.groups.windows(2) {
+            assert!(pair[0].shard < pair[1].shard, "groups sorted by shard");
+        }
+        for group in &self.groups {
+            group.check_invariants(&self.voters);
+        }
+    }
+
+    fn debug_check(&self) {
+        if cfg!(debug_assertions) {
+            self.check_invariants();
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Unit tests of [`Member`] over [`MemDurable`], with messages passed directly.
+
+use super::*;
+use crate::cluster::mem_durable::MemDurable;
+use raft::eraftpb::ConfState;
+use raft::StateRole;
+
+const VOTERS: [u64; 3] = [1, 2, 3];
+
+fn member(id: u64) -> Member<MemDurable> {
+    Member::new(id, &VOTERS, &[0, 1], MemDurable::new(), Vec::new(), 7).expect("member")
+}
+
+/// Three members; messages are delivered at once.
+struct Trio {
+    members: Vec<Member<MemDurable>>,
+    committed: Vec<Vec<Committed>>,
+    restores: Vec<Vec<Restore>>,
+    reads: Vec<ReadReady>,
+}
+
+impl Trio {
+    fn new() -> Trio {
+        Trio {
+            members: VOTERS.iter().map(|id| member(*id)).collect(),
+            committed: vec![Vec::new(); 3],
+            restores: vec![Vec::new(); 3],
+            reads: Vec::new(),
+        }
+    }
+
+    /// Drains every member and delivers the messages, until quiet (bounded).
+    fn pump(&mut self) {
+        for _ in 0..100 {
+            let mut mail = Vec::new();
+            for (at, member) in self.members.iter_mut().enumerate() {
+                let first = member.begin_drain().expect("begin");
+                let second = member.finish_drain().expect("finish");
+                mail.extend(first.messages);
+                mail.extend(second.messages);
+                self.restores[at].extend(first.restores);
+                self.committed[at].extend(first.committed);
+                self.committed[at].extend(second.committed);
+                self.reads.extend(second.reads);
+            }
+            if mail.is_empty() {
+                return;
+            }
+            for Envelope { shard, message } in mail {
+                let to = (message.to - 1) as usize;
+                let _ = self.members[to].step(shard, message);
+            }
+        }
+        panic!("the trio never went quiet");
+    }
+
+    /// Ticks until shard 0 has a leader; returns its position.
+    fn elect(&mut self) -> usize {
+        for _ in 0..100 {
+            for member in &mut self.members {
+                member.tick();
+            }
+            self.pump();
+            let leader = self
+                .members
+                .iter()
+                .position(|m| m.leader(0) == Some(m.id()));
+            if let Some(at) = leader {
+                return at;
+            }
+        }
+        panic!("no leader after 100 ticks");
+    }
+}
+
+#[test]
+fn new_refuses_a_non_voter_and_duplicate_shards() {
+    assert!(Member::new(4, &VOTERS, &[0], MemDurable::new(), Vec::new(), 1).is_err());
+    assert!(Member::new(1, &VOTERS, &[0, 0], MemDurable::new(), Vec::new(), 1).is_err());
+}
+
+#[test]
+fn step_refuses_strangers_unknown_shards_and_local_or_foreign_messages() {
+    let mut one = member(1);
+    let mut message = Message {
+        from: 2,
+        to: 1,
+        term: 1,
+        ..Default::default()
+    };
+    message.set_msg_type(MessageType::MsgHeartbeat);
+    assert!(matches!(
+        one.step(9, message.clone()),
+        Err(StepError::UnknownShard(9))
+    ));
+    let mut stranger = message.clone();
+    stranger.from = 4;
+    assert!(matches!(
+        one.step(0, stranger),
+        Err(StepError::Stranger { .. })
+    ));
+    let mut local = message.clone();
+    local.set_msg_type(MessageType::MsgHup);
+    assert!(matches!(one.step(0, local), Err(StepError::Invalid(_))));
+    let mut snapshot = message.clone();
+    snapshot.set_msg_type(MessageType::MsgSnapshot);
+    let metadata = snapshot.mut_snapshot().mut_metadata();
+    metadata.index = 5;
+    metadata.term = 1;
+    metadata.set_conf_state(ConfState::from((vec![1, 2], vec![])));
+    assert!(matches!(one.step(0, snapshot), Err(StepError::Invalid(_))));
+    let mut beyond = message;
+    beyond.commit = 50;
+    assert!(matches!(one.step(0, beyond), Err(StepError::Invalid(_))));
+    one.check_invariants();
+}
+
+#[test]
+fn a_proposal_commits_everywhere_at_the_index_and_term_given() {
+    let mut trio = Trio::new();
+    let leader = trio.elect();
+    let follower = (leader + 1) % 3;
+    let refused = trio.members[follower].propose(0, b"no".to_vec());
+    assert_eq!(
+        refused,
+        Err(NotLeader {
+            hint: Some(leader as u64 + 1)
+        })
+    );
+    let at = trio.members[leader]
+        .propose(0, b"hello".to_vec())
+        .expect("propose");
+    assert_eq!(at.term, trio.members[leader].term(0));
+    trio.pump();
+    for (position, committed) in trio.committed.iter().enumerate() {
+        let found = committed
+            .iter()
+            .find(|c| c.shard == 0 && c.index == at.index);
+        let entry = found.unwrap_or_else(|| panic!("member {position} lacks {at:?}"));
+        assert_eq!((entry.term, entry.kind), (at.term, EntryKind::Command));
+        assert_eq!(entry.data, b"hello");
+        let indexes: Vec<u64> = committed
+            .iter()
+            .filter(|c| c.shard == 0)
+            .map(|c| c.index)
+            .collect();
+        assert_eq!(
+            indexes,
+            (1..=at.index).collect::<Vec<_>>(),
+            "in order, once each"
+        );
+        assert_eq!(trio.members[position].applied(0), at.index);
+    }
+    assert_eq!(trio.members[leader].role(0), Some(StateRole::Leader));
+}
+
+#[test]
+fn read_index_comes_back_with_the_commit_index() {
+    let mut trio = Trio::new();
+    let leader = trio.elect();
+    let at = trio.members[leader]
+        .propose(0, b"x".to_vec())
+        .expect("propose");
+    trio.pump();
+    trio.members[leader]
+        .read_index(0, b"r1".to_vec())
+        .expect("read");
+    trio.pump();
+    let read = trio
+        .reads
+        .iter()
+        .find(|r| r.context == b"r1")
+        .expect("a read result");
+    assert_eq!((read.shard, read.index), (0, at.index));
+}
+
+#[test]
+fn a_compacted_member_restarts_from_its_snapshot() {
+    let mut trio = Trio::new();
+    let leader = trio.elect();
+    for n in 0..5u8 {
+        trio.members[leader]
+            .propose(0, vec![n + 1])
+            .expect("propose");
+    }
+    trio.pump();
+    let applied = trio.members[leader].applied(0);
+    let too_far = trio.members[leader].compact(0, applied + 1, b"state".to_vec());
+    assert!(matches!(too_far, Err(CompactError::OutOfRange { .. })));
+    trio.members[leader]
+        .compact(0, applied, b"state".to_vec())
+        .expect("compact");
+    let old = trio.members.remove(leader);
+    let mut durable = old.into_durable();
+    durable.sync().expect("sync the snapshot");
+    durable.crash();
+    let recovered = durable.recovered();
+    let id = leader as u64 + 1;
+    let mut again = Member::new(id, &VOTERS, &[0, 1], durable, recovered, 7).expect("restart");
+    let first = again.begin_drain().expect("begin");
+    again.finish_drain().expect("finish");
+    let restore = Restore {
+        shard: 0,
+        data: b"state".to_vec(),
+        index: applied,
+    };
+    assert_eq!(first.restores, vec![restore]);
+    assert_eq!(again.applied(0), applied);
+}
+
+#[test]
+fn balance_hands_shards_away_from_a_member_leading_all() {
+    let mut trio = Trio::new();
+    let leader = trio.elect();
+    // Make the same member lead shard 1 too.
+    for _ in 0..100 {
+        if trio.members[leader].leader(1) == Some(leader as u64 + 1) {
+            break;
+        }
+        let current = trio
+            .members
+            .iter()
+            .position(|m| m.leader(1) == Some(m.id()));
+        if let Some(at) = current {
+            let _ = trio.members[at].transfer_leader(1, leader as u64 + 1);
+        }
+        for member in &mut trio.members {
+            member.tick();
+        }
+        trio.pump();
+    }
+    assert_eq!(trio.members[leader].leader(1), Some(leader as u64 + 1));
+    for _ in 0..BALANCE_INTERVAL_TICKS {
+        for member in &mut trio.members {
+            member.tick();
+        }
+        trio.pump();
+    }
+    let moves = trio.members[leader].balance(&VOTERS);
+    assert_eq!(moves.len(), 1, "two shards over three members: one moves");
+    assert!(
+        trio.members[leader].balance(&VOTERS).is_empty(),
+        "rate-limited"
+    );
+}
