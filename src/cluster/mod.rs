@@ -7,10 +7,12 @@
 //! | file | responsibility |
 //! |---|---|
 //! | `durable.rs` | [`Durable`]: what a member must make durable (entries, hard states, snapshots) and sync once per loop iteration for all its groups; what it recovers |
+//! | `peer.rs` | [`peer`]: the peer thread: raft messages between members over TCP (envelopes, bounded queues, reconnects) |
 //!
-//! Everything here is sans-IO except the write-ahead log: the cores' mio loops tick, step and
+//! Everything here is sans-IO except the write-ahead log and the peer thread: the cores' mio loops tick, step and
 //! drain the groups, and send their messages to the peers.
 
 pub mod durable;
+pub mod peer;
 
 pub use durable::{load, Durable, Recovered};
