@@ -232,6 +232,17 @@ fn a_restarted_member_is_reconnected_and_gets_what_was_queued_while_it_was_down(
     wait_for("member 1 to see the close", || {
         load(&one.stats().disconnects) >= 1
     });
+    // With nothing to send, member 1 neither reconnects nor spins: it sleeps in poll.
+    thread::sleep(Duration::from_millis(200)); // past the first backoff delay (at most 50 ms)
+    let stats = one.stats();
+    let (iterations, disconnects) = (load(&stats.iterations), load(&stats.disconnects));
+    thread::sleep(Duration::from_millis(500));
+    let idle = load(&stats.iterations) - iterations;
+    assert!(
+        idle <= 5,
+        "{idle} loop iterations in 500 ms with nothing to do"
+    );
+    assert_eq!(load(&stats.disconnects), disconnects, "no connect attempts");
     send_numbered(&one, 1, 2, 10..110);
     wait_for("the messages to be queued", || {
         load(&one.stats().queued_messages) == 100

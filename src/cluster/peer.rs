@@ -146,6 +146,8 @@ pub struct PeerStats {
     pub accepts: AtomicU64,
     /// Inbound connections refused: bad hello, bad envelope, hello timeout, over the limit.
     pub refusals: AtomicU64,
+    /// Iterations of the peer thread's loop (an idle thread makes about one a second).
+    pub iterations: AtomicU64,
     /// Messages now waiting in all peers' queues (a gauge, updated once per loop iteration).
     pub queued_messages: AtomicU64,
     /// Envelope bytes now waiting in all peers' queues (a gauge, as above).
@@ -237,7 +239,7 @@ where
         stats,
         local_addr: peer.local_addr()?,
     };
-    let name = format!("latchkey-peer-{}", handle.local_addr.port());
+    let name = format!("lk-peer-{}", handle.local_addr.port());
     let join = std::thread::Builder::new()
         .name(name)
         .spawn(move || peer.run())?;

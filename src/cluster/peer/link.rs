@@ -126,8 +126,12 @@ impl Link {
     pub(crate) fn on_timer(&mut self, registry: &Registry, now: Instant, stats: &PeerStats) {
         match self.state {
             State::Idle if self.queue.messages() > 0 => self.connect(registry, now, stats),
-            State::Waiting { until } if until <= now && self.queue.messages() > 0 => {
-                self.connect(registry, now, stats)
+            State::Waiting { until } if until <= now => {
+                if self.queue.messages() > 0 {
+                    self.connect(registry, now, stats);
+                } else {
+                    self.state = State::Idle; // nothing to send: no deadline to spin on
+                }
             }
             State::Connecting { deadline, .. } if deadline <= now => {
                 let error = io::Error::new(io::ErrorKind::TimedOut, "connect timed out");

@@ -341,6 +341,7 @@ impl Peer {
             .queued_messages
             .store(messages, Ordering::Relaxed);
         self.stats.queued_bytes.store(bytes, Ordering::Relaxed);
+        PeerStats::add(&self.stats.iterations, 1);
     }
 
     fn shut_down(&mut self) {
