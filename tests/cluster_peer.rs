@@ -394,3 +394,80 @@ fn a_full_queue_drops_the_newest_and_counts_and_stays_bounded() {
     wait_for("the queue to drain", || load(&stats.queued_messages) == 0);
     assert_eq!(load(&stats.queued_bytes), 0);
 }
+
+/// Waits on the cores' wakers until at least one message arrives; returns how many did.
+fn receive_some(member: &mut Member, events: &mut Events) -> usize {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let mut arrived = 0;
+        for (receiver, poll) in &mut member.cores {
+            arrived += receiver.try_iter().count();
+            if arrived == 0 {
+                poll.poll(events, Some(Duration::from_millis(1)))
+                    .expect("poll");
+            }
+        }
+        if arrived > 0 {
+            return arrived;
+        }
+        assert!(Instant::now() < deadline, "nothing arrived");
+    }
+}
+
+/// A measurement, not a check: `cargo test --release --test cluster_peer -- --ignored
+/// --nocapture`. Prints one-way throughput (a window of messages in flight) and the round trip
+/// of one message there and back through both peer threads.
+#[test]
+#[ignore]
+fn measure_throughput_and_round_trip() {
+    let all = addresses(2);
+    let mut one = start(1, &all, PeerLimits::default());
+    let mut two = start(2, &all, PeerLimits::default());
+    let mut events = Events::with_capacity(16);
+    const TOTAL: u64 = 1_000_000;
+    const WINDOW: u64 = 50_000;
+    const BATCH: u64 = 256;
+    let started = Instant::now();
+    let (mut sent, mut received) = (0u64, 0u64);
+    while received < TOTAL {
+        while sent < TOTAL && sent - received < WINDOW {
+            let batch = (sent..(sent + BATCH).min(TOTAL))
+                .map(|n| peer::Outgoing {
+                    to: 2,
+                    shard: n as u32 % SHARDS,
+                    message: message(1, 2, n, 64),
+                })
+                .collect::<Vec<_>>();
+            sent += batch.len() as u64;
+            assert!(one.handle.send_batch(batch), "the channel has room");
+        }
+        received += receive_some(&mut two, &mut events) as u64;
+    }
+    let elapsed = started.elapsed();
+    let bytes = load(&one.stats().bytes_sent);
+    println!(
+        "one way: {TOTAL} messages ({} bytes each with 64 B of context) in {elapsed:?}: \
+         {:.0} messages/s, {:.1} MB/s",
+        bytes / TOTAL,
+        TOTAL as f64 / elapsed.as_secs_f64(),
+        bytes as f64 / elapsed.as_secs_f64() / 1e6
+    );
+    const ROUNDS: usize = 5000;
+    let mut round_trips = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS as u64 {
+        let at = Instant::now();
+        assert!(one.handle.send(2, 0, message(1, 2, round, 64)));
+        assert_eq!(receive_some(&mut two, &mut events), 1);
+        assert!(two.handle.send(1, 0, message(2, 1, round, 64)));
+        assert_eq!(receive_some(&mut one, &mut events), 1);
+        round_trips.push(at.elapsed());
+    }
+    round_trips.sort();
+    let at = |quantile: f64| round_trips[((ROUNDS as f64 * quantile) as usize).min(ROUNDS - 1)];
+    println!(
+        "round trip over both peer threads ({ROUNDS} rounds): p50 {:?}, p99 {:?}, max {:?}",
+        at(0.5),
+        at(0.99),
+        round_trips[ROUNDS - 1]
+    );
+}

@@ -19,8 +19,8 @@
 //!
 //! Hostile or broken input (wrong magic, version or shard count, an unknown node id, an
 //! oversized or undecodable envelope, a message for a shard out of range or not from the node
-//! that said hello) closes that one connection with a `warn!` line naming the address and the
-//! reason, and counts a refusal. Deliberately not here: fault injection (tests put a proxy in
+//! that said hello) closes that one connection and counts a refusal, with a `warn!` line naming the
+//! address and the reason (at most one line per 10 s, counting those left out). Deliberately not here: fault injection (tests put a proxy in
 //! front), TLS between members, and any acknowledgement (raft has its own).
 //!
 //! | file | responsibility |
@@ -218,7 +218,8 @@ impl PeerHandle {
 
 /// Starts a member's peer thread: binds `config.listen` (an error is returned here), then runs
 /// until [`PeerHandle::stop`]. `inbound[i]` is core `i`'s channel and waker; `route(shard)` is
-/// the index of the core that owns `shard` (a bug if out of range).
+/// the index of the core that owns `shard` (a bug if out of range). Dropping every handle does
+/// not stop the thread: call [`PeerHandle::stop`].
 pub fn spawn<R>(
     config: PeerConfig,
     inbound: Vec<CoreInbox>,

@@ -14,6 +14,7 @@ use super::frame::Hello;
 use super::inbound::{Close, Context, Cores, Inbound};
 use super::link::Link;
 use super::{CoreInbox, Outgoing, PeerConfig, PeerLimits, PeerStats, PEERS_MAX};
+use crate::server::logs::Throttle;
 use crossbeam_channel::Receiver;
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
@@ -54,6 +55,8 @@ pub(crate) struct Peer {
     limits: PeerLimits,
     again: Vec<Token>,
     inbox_more: bool,
+    started: Instant,
+    refusals_log: Throttle,
 }
 
 impl Peer {
@@ -104,6 +107,8 @@ impl Peer {
             limits: config.limits,
             again: Vec::with_capacity(connections_max + 1),
             inbox_more: false,
+            started: Instant::now(),
+            refusals_log: Throttle::default(),
         })
     }
 
@@ -206,22 +211,22 @@ impl Peer {
         match result {
             Ok(true) => {}
             Ok(false) => self.again.push(token),
-            Err(close) => return self.close(key, close),
+            Err(close) => return self.close(key, close, now),
         }
         if let Some(node_id) = hello {
-            self.on_hello(key, node_id);
+            self.on_hello(key, node_id, now);
         }
     }
 
     /// A connection from `node_id` said hello: it replaces any older one from that node.
-    fn on_hello(&mut self, key: usize, node_id: u64) {
+    fn on_hello(&mut self, key: usize, node_id: u64, now: Instant) {
         let older: Vec<usize> = (self.connections.iter())
             .filter(|&(other, inbound)| other != key && inbound.peer() == Some(node_id))
             .map(|(other, _)| other)
             .collect();
         for other in older {
             let replaced = io::Error::other("replaced by a newer connection from the same node");
-            self.close(other, Close::Gone(replaced));
+            self.close(other, Close::Gone(replaced), now);
         }
         log::debug!(
             "peer {node_id} connected from {}",
@@ -248,8 +253,8 @@ impl Peer {
     fn admit(&mut self, mut stream: TcpStream, addr: SocketAddr, now: Instant) {
         let capacity = self.limits.inbound_connections_max.max(1);
         if self.connections.len() >= capacity {
-            log::warn!("peer connection from {addr} refused: {capacity} connections already");
-            PeerStats::add(&self.stats.refusals, 1);
+            let reason = format!("{capacity} connections already");
+            self.log_refusal(addr, None, &reason, now);
             return;
         }
         let entry = self.connections.vacant_entry();
@@ -269,7 +274,7 @@ impl Peer {
         self.again.push(token);
     }
 
-    fn close(&mut self, key: usize, close: Close) {
+    fn close(&mut self, key: usize, close: Close, now: Instant) {
         let mut inbound = self.connections.remove(key);
         let _ = self.poll.registry().deregister(inbound.stream());
         let (addr, peer) = (inbound.addr(), inbound.peer());
@@ -278,9 +283,22 @@ impl Peer {
                 log::debug!("peer {peer:?} connection from {addr} closed: {error}")
             }
             Close::Refused(reason) => {
-                log::warn!("peer connection from {addr} (node {peer:?}) refused: {reason}");
-                PeerStats::add(&self.stats.refusals, 1);
+                self.log_refusal(addr, peer, &reason, now);
             }
+        }
+    }
+
+    /// Counts a refusal and logs it, at most one line per [`crate::server::logs::LOG_PERIOD_US`] (saying how many
+    /// were left out), so that a stream of hostile connections never floods the log.
+    fn log_refusal(&mut self, addr: SocketAddr, peer: Option<u64>, reason: &str, now: Instant) {
+        PeerStats::add(&self.stats.refusals, 1);
+        let now_us = now.saturating_duration_since(self.started).as_micros() as u64;
+        if let Some(suppressed) = self.refusals_log.allow(now_us) {
+            let node = peer.map_or(String::new(), |id| format!(" (node {id})"));
+            log::warn!(
+                "peer connection from {addr}{node} refused: {reason} \
+                 ({suppressed} more refused since the last such line)"
+            );
         }
     }
 
@@ -322,7 +340,7 @@ impl Peer {
             .collect();
         for key in late {
             let reason = format!("no hello within {:?}", self.limits.hello_timeout);
-            self.close(key, Close::Refused(reason));
+            self.close(key, Close::Refused(reason), now);
         }
     }
 
