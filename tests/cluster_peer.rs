@@ -264,7 +264,12 @@ fn a_restarted_member_is_reconnected_and_gets_what_was_queued_while_it_was_down(
 
 /// Whether the server closed `stream` (EOF or reset) within the patience.
 fn closed_by_server(stream: &mut TcpStream) -> bool {
-    stream.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    closed_within(stream, PATIENCE)
+}
+
+/// Whether the server closed `stream` (EOF or reset) within `within`.
+fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).expect("timeout");
     let mut buffer = [0u8; 64];
     match stream.read(&mut buffer) {
         Ok(0) => true,
@@ -470,4 +475,72 @@ fn measure_throughput_and_round_trip() {
         at(0.99),
         round_trips[ROUNDS - 1]
     );
+}
+
+/// Whether `stream` is still open after `within` (nothing read, no close).
+fn still_open(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).expect("timeout");
+    let mut buffer = [0u8; 8];
+    match stream.read(&mut buffer) {
+        Err(error) => matches!(
+            error.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        Ok(_) => false,
+    }
+}
+
+#[test]
+fn inbound_connections_beyond_the_limit_are_refused_at_accept_and_slots_come_back() {
+    let all = addresses(3);
+    let limits = PeerLimits {
+        inbound_connections_max: 3,
+        ..PeerLimits::default()
+    };
+    let one = start(1, &all, limits.clone());
+    let mut two = start(2, &all, limits);
+    send_numbered(&one, 1, 2, 0..5);
+    assert_eq!(two.receive(5).0.len(), 5);
+    // Member 1's connection and two silent ones fill the three slots.
+    let silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(all[1]).expect("connect"))
+        .collect();
+    wait_for("two more connections", || {
+        let mut probe = TcpStream::connect(all[1]).expect("connect");
+        closed_within(&mut probe, Duration::from_millis(500))
+    });
+    let refusals = load(&two.stats().refusals);
+    assert!(refusals >= 1);
+    drop(silent);
+    // Once the server has seen them close, a good hello is admitted and kept.
+    wait_for("a slot to come back", || {
+        let mut stream = TcpStream::connect(all[1]).expect("connect");
+        stream.write_all(&hello(SHARDS, 3)).expect("write");
+        still_open(&mut stream, Duration::from_millis(200))
+    });
+    send_numbered(&one, 1, 2, 5..10);
+    assert_eq!(
+        two.receive(5).0.len(),
+        5,
+        "member 1's connection was never disturbed"
+    );
+}
+
+#[test]
+fn a_message_too_large_for_an_envelope_is_dropped_and_counted() {
+    let all = addresses(2);
+    let mut one = start(1, &all, PeerLimits::default());
+    let mut two = start(2, &all, PeerLimits::default());
+    let huge = message(1, 2, 0, peer::frame::FRAME_BYTES_MAX);
+    assert!(one.handle.send(2, 0, huge), "taken by the channel");
+    wait_for("the drop", || load(&one.stats().drops_oversized) == 1);
+    assert_eq!(load(&one.stats().queued_messages), 0);
+    // A large one that fits goes through.
+    let large = message(1, 2, 1, peer::frame::FRAME_BYTES_MAX - 1024);
+    assert!(one.handle.send(2, 0, large));
+    let (received, _) = two.receive(1);
+    assert_eq!(received[0].2.commit, 1);
+    assert!(received[0].2.context.len() > peer::frame::FRAME_BYTES_MAX - 2048);
+    assert_eq!(load(&two.stats().refusals), 0);
+    one.stop();
 }
