@@ -486,7 +486,8 @@ fn still_open(stream: &mut TcpStream, within: Duration) -> bool {
             error.kind(),
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
         ),
-        Ok(_) => false,
+        Ok(0) => false,                  // closed
+        Ok(read) => read > buffer.len(), // a peer never gets bytes back: false
     }
 }
 
