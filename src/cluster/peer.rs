@@ -126,7 +126,7 @@ pub struct PeerStats {
     pub messages_sent: AtomicU64,
     /// Envelope bytes wholly written to a peer's socket.
     pub bytes_sent: AtomicU64,
-    /// Messages received, decoded and handed to a core.
+    /// Messages received and decoded: handed to their core, or counted in `drops_inbound`.
     pub messages_received: AtomicU64,
     /// Envelope bytes received and decoded.
     pub bytes_received: AtomicU64,
