@@ -12,8 +12,9 @@
 //! | `member.rs` | [`member::Member`]: one member's Raft groups, sans-IO: tick, step, propose, read index, compact, and the two-half group-commit drain |
 //! | `mem_durable.rs` | [`mem_durable::MemDurable`]: the simulation's in-memory durable image (written and synced layers, crash drops the unsynced) |
 //! | `balance.rs` | [`balance::plan`]: leader transfers that spread leadership evenly over the live members |
+//! | `peer.rs` | [`peer`]: the peer thread: raft messages between members over TCP (envelopes, bounded queues, reconnects) |
 //!
-//! Everything here is sans-IO except the write-ahead log: the cores' mio loops tick, step and
+//! Everything here is sans-IO except the write-ahead log and the peer thread: the cores' mio loops tick, step and
 //! drain the groups, and send their messages to the peers.
 
 pub mod balance;
@@ -21,6 +22,7 @@ pub mod durable;
 pub mod machine;
 pub mod mem_durable;
 pub mod member;
+pub mod peer;
 pub mod wal;
 
 pub use durable::{load, Durable, Recovered};

@@ -1,0 +1,284 @@
+//! The peer transport: raft messages between members over TCP, on one mio thread per member.
+//!
+//! A member runs one *peer thread* ([`spawn`]) that owns every TCP connection to the other
+//! members and listens on the member's `peer` address. Cores hand it outgoing messages through a
+//! [`PeerHandle`] (never blocking: a full channel drops and counts); it hands each incoming
+//! message to the core that owns the message's shard, on that core's channel, and wakes the
+//! core's `mio::Waker` once per loop iteration in which it delivered anything to it.
+//!
+//! Connections are one-way. A member opens one connection to each other member on demand (the
+//! first message for it), writes the hello and then envelopes ([`frame`]); it never reads
+//! anything but the close. After an error it reconnects with a jittered backoff (50 ms doubling
+//! to 1 s by default). Each peer has a bounded queue of encoded envelopes; when it is full the
+//! newest message is dropped and counted (raft tolerates loss and retries).
+//!
+//! Invariants (checked in debug builds): a queue's bounds ([`PeerLimits`]) hold after every push;
+//! at most one connection per peer each way (a second hello from a node replaces its first
+//! connection); each inbound connection's buffer holds at most one envelope's bytes beyond what
+//! it has parsed ([`frame::FRAME_BYTES_MAX`]).
+//!
+//! Hostile or broken input (wrong magic, version or shard count, an unknown node id, an
+//! oversized or undecodable envelope, a message for a shard out of range or not from the node
+//! that said hello) closes that one connection and counts a refusal, with a `warn!` line naming the
+//! address and the reason (at most one line per 10 s, counting those left out). Deliberately not here: fault injection (tests put a proxy in
+//! front), TLS between members, and any acknowledgement (raft has its own).
+//!
+//! | file | responsibility |
+//! |---|---|
+//! | `peer/frame.rs` | [`frame`]: hello and envelope encode/decode. No I/O |
+//! | `peer/queue.rs` | one peer's outbound queue of envelopes, the reconnect backoff. No I/O |
+//! | `peer/link.rs` | one outbound connection: connect, hello, coalesced writes, reconnect |
+//! | `peer/inbound.rs` | one inbound connection: hello check, envelopes read in place, dispatch |
+//! | `peer/thread.rs` | the peer thread's mio loop |
+
+pub mod frame;
+mod inbound;
+mod link;
+mod queue;
+mod thread;
+
+use crossbeam_channel::{Sender, TrySendError};
+use raft::eraftpb::Message;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The most other members a member may have (peers are looked up by a scan).
+pub const PEERS_MAX: usize = 64;
+
+/// Bounds and timings of the peer thread; [`Default`] gives the production values.
+#[derive(Clone, Debug)]
+pub struct PeerLimits {
+    /// Messages waiting for one peer, at most (default 100,000).
+    pub queue_messages_max: usize,
+    /// Envelope bytes waiting for one peer, at most (default 64 MiB). The buffer holding them
+    /// may reach about twice this before it compacts.
+    pub queue_bytes_max: usize,
+    /// Batches waiting in the channel from the cores, at most (default 4,096).
+    pub channel_batches_max: usize,
+    /// Inbound connections at once, at most (default 64); more are closed at accept.
+    pub inbound_connections_max: usize,
+    /// An inbound connection must complete its hello within this (default 5 s).
+    pub hello_timeout: Duration,
+    /// An outbound connect must complete within this (default 2 s).
+    pub connect_timeout: Duration,
+    /// The first reconnect delay (default 50 ms); it doubles after each failure.
+    pub backoff_min: Duration,
+    /// The largest reconnect delay (default 1 s).
+    pub backoff_max: Duration,
+}
+
+impl Default for PeerLimits {
+    fn default() -> PeerLimits {
+        PeerLimits {
+            queue_messages_max: 100_000,
+            queue_bytes_max: 64 << 20,
+            channel_batches_max: 4096,
+            inbound_connections_max: 64,
+            hello_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What a member's peer thread needs to know.
+#[derive(Clone, Debug)]
+pub struct PeerConfig {
+    /// This member's node id (raft's, never 0).
+    pub node_id: u64,
+    /// The member's `peer` address, listened on.
+    pub listen: SocketAddr,
+    /// The other members' node ids and `peer` addresses (an entry for `node_id` is ignored).
+    pub peers: Vec<(u64, SocketAddr)>,
+    /// The cluster's shard count, the same on every member.
+    pub shards: u32,
+    /// Seeds the reconnect jitter.
+    pub seed: u64,
+    /// Bounds and timings.
+    pub limits: PeerLimits,
+}
+
+/// One core's inbox as the peer thread sees it: the channel it delivers `(shard, message)` on
+/// (bounded by its creator; full means the message is dropped and counted), and the waker it
+/// wakes once per loop iteration in which it delivered something.
+pub type CoreInbox = (Sender<(u32, Message)>, Arc<mio::Waker>);
+
+/// One message for the peer thread to send.
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    /// The member to send it to.
+    pub to: u64,
+    /// The shard (raft group) it belongs to.
+    pub shard: u32,
+    /// The raft message.
+    pub message: Message,
+}
+
+/// The peer thread's counters: plain atomics, read at any time (relaxed; totals, not a snapshot).
+#[derive(Debug, Default)]
+pub struct PeerStats {
+    /// Messages wholly written to a peer's socket.
+    pub messages_sent: AtomicU64,
+    /// Envelope bytes wholly written to a peer's socket.
+    pub bytes_sent: AtomicU64,
+    /// Messages received and decoded: handed to their core, or counted in `drops_inbound`.
+    pub messages_received: AtomicU64,
+    /// Envelope bytes received and decoded.
+    pub bytes_received: AtomicU64,
+    /// Messages dropped because the channel from the cores was full.
+    pub drops_channel: AtomicU64,
+    /// Messages dropped because the peer's queue was full, or the peer unknown.
+    pub drops_queue: AtomicU64,
+    /// Messages dropped because they cannot be encoded (larger than an envelope may be).
+    pub drops_oversized: AtomicU64,
+    /// Messages received but dropped because the core's channel was full or closed.
+    pub drops_inbound: AtomicU64,
+    /// Outbound connections established.
+    pub connects: AtomicU64,
+    /// Outbound connections lost or failed to connect.
+    pub disconnects: AtomicU64,
+    /// Inbound connections whose hello was accepted.
+    pub accepts: AtomicU64,
+    /// Inbound connections refused: bad hello, bad envelope, hello timeout, over the limit.
+    pub refusals: AtomicU64,
+    /// Iterations of the peer thread's loop (an idle thread makes about one a second).
+    pub iterations: AtomicU64,
+    /// Messages now waiting in all peers' queues (a gauge, updated once per loop iteration).
+    pub queued_messages: AtomicU64,
+    /// Envelope bytes now waiting in all peers' queues (a gauge, as above).
+    pub queued_bytes: AtomicU64,
+}
+
+impl PeerStats {
+    fn add(counter: &AtomicU64, amount: u64) {
+        counter.fetch_add(amount, Ordering::Relaxed);
+    }
+}
+
+/// A core's way to send raft messages: cheap to clone, never blocks.
+#[derive(Clone, Debug)]
+pub struct PeerHandle {
+    sender: Sender<Vec<Outgoing>>,
+    waker: Arc<mio::Waker>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<PeerStats>,
+    local_addr: SocketAddr,
+}
+
+impl PeerHandle {
+    /// Sends one message to member `to`; false if it was dropped (channel full or closed).
+    pub fn send(&self, to: u64, shard: u32, message: Message) -> bool {
+        self.send_batch(vec![Outgoing { to, shard, message }])
+    }
+
+    /// Sends a batch with one channel operation and one wake; false if the whole batch was
+    /// dropped (channel full or closed; each message is counted in `drops_channel`).
+    pub fn send_batch(&self, batch: Vec<Outgoing>) -> bool {
+        if batch.is_empty() {
+            return true;
+        }
+        match self.sender.try_send(batch) {
+            Ok(()) => {
+                if let Err(error) = self.waker.wake() {
+                    log::warn!("peer thread: cannot wake it: {error}");
+                }
+                true
+            }
+            Err(TrySendError::Full(batch) | TrySendError::Disconnected(batch)) => {
+                PeerStats::add(&self.stats.drops_channel, batch.len() as u64);
+                false
+            }
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Arc<PeerStats> {
+        &self.stats
+    }
+
+    /// The address the peer thread listens on (the port chosen if `listen` had port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Asks the peer thread to stop: it closes every connection and its listener, then returns
+    /// (join its `JoinHandle`). Messages still queued are dropped.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Err(error) = self.waker.wake() {
+            log::warn!("peer thread: cannot wake it to stop: {error}");
+        }
+    }
+}
+
+/// Starts a member's peer thread: binds `config.listen` (an error is returned here), then runs
+/// until [`PeerHandle::stop`]. `inbound[i]` is core `i`'s channel and waker; `route(shard)` is
+/// the index of the core that owns `shard` (a bug if out of range). Dropping every handle does
+/// not stop the thread: call [`PeerHandle::stop`].
+pub fn spawn<R>(
+    config: PeerConfig,
+    inbound: Vec<CoreInbox>,
+    route: R,
+) -> io::Result<(PeerHandle, JoinHandle<()>)>
+where
+    R: Fn(u32) -> usize + Send + 'static,
+{
+    let config = validate(config, inbound.len())?;
+    let (sender, receiver) = crossbeam_channel::bounded(config.limits.channel_batches_max);
+    let stats = Arc::new(PeerStats::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let peer = thread::Peer::new(config, inbound, Box::new(route), receiver, &stats, &stop)?;
+    let handle = PeerHandle {
+        sender,
+        waker: peer.waker(),
+        stop,
+        stats,
+        local_addr: peer.local_addr()?,
+    };
+    let name = format!("lk-peer-{}", handle.local_addr.port());
+    let join = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || peer.run())?;
+    Ok((handle, join))
+}
+
+fn validate(mut config: PeerConfig, cores: usize) -> io::Result<PeerConfig> {
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
+    config.peers.retain(|&(id, _)| id != config.node_id);
+    if config.node_id == 0 {
+        return Err(invalid("cluster node_id must not be 0".into()));
+    }
+    if config.shards == 0 || cores == 0 {
+        return Err(invalid(
+            "cluster needs at least one shard and one core".into(),
+        ));
+    }
+    if config.peers.len() > PEERS_MAX {
+        return Err(invalid(format!(
+            "at most {PEERS_MAX} peers, not {}",
+            config.peers.len()
+        )));
+    }
+    let mut ids: Vec<u64> = config.peers.iter().map(|&(id, _)| id).collect();
+    ids.sort_unstable();
+    if ids.windows(2).any(|pair| pair[0] == pair[1]) || ids.first() == Some(&0) {
+        return Err(invalid("peer node ids must be distinct and not 0".into()));
+    }
+    let limits = &config.limits;
+    if limits.channel_batches_max == 0 || limits.queue_messages_max == 0 {
+        return Err(invalid(
+            "peer channel and queue limits must not be 0".into(),
+        ));
+    }
+    if limits.backoff_min > limits.backoff_max || limits.backoff_min.is_zero() {
+        return Err(invalid(
+            "peer backoff_min must be above 0 and at most backoff_max".into(),
+        ));
+    }
+    Ok(config)
+}

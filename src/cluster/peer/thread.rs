@@ -1,0 +1,377 @@
+//! The peer thread's mio loop.
+//!
+//! One iteration: poll (timeout: the next backoff, connect or hello deadline, zero if work was
+//! cut short, at most [`POLL_TIMEOUT_MAX`]) → handle events (accept, connect completions, reads
+//! delivered to cores) → continue passes cut short last time → drain the cores' channel into
+//! the peers' queues (at most [`BATCHES_PER_ITERATION`]) → timers (connect, reconnect, give up
+//! connects and hellos) → flush every writable link → wake each core delivered to, once.
+//!
+//! Tokens: the waker, the listener, one per link (its index; a link's socket changes but a
+//! stale event finds it waiting and is ignored), and one per inbound connection carrying its
+//! slab key and a generation, so a reused slot is never confused with its predecessor.
+
+use super::frame::Hello;
+use super::inbound::{Close, Context, Cores, Inbound};
+use super::link::Link;
+use super::{CoreInbox, Outgoing, PeerConfig, PeerLimits, PeerStats, PEERS_MAX};
+use crate::server::logs::Throttle;
+use crossbeam_channel::Receiver;
+use mio::event::Event;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use slab::Slab;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const WAKER: Token = Token(0);
+const LISTENER: Token = Token(1);
+const LINK_BASE: usize = 2;
+const INBOUND_BASE: usize = LINK_BASE + PEERS_MAX;
+/// Events per poll, at most.
+const EVENTS_MAX: usize = 1024;
+/// Batches taken from the cores' channel per iteration, at most.
+const BATCHES_PER_ITERATION: usize = 256;
+/// Connections accepted per readiness pass of the listener, at most.
+const ACCEPTS_PER_PASS: usize = 64;
+/// The longest poll: the stop flag is also seen by its waker, this is only a backstop.
+pub(crate) const POLL_TIMEOUT_MAX: Duration = Duration::from_secs(1);
+
+/// The peer thread's state; see the module docs.
+pub(crate) struct Peer {
+    poll: Poll,
+    waker: Arc<Waker>,
+    listener: TcpListener,
+    links: Vec<Link>,
+    connections: Slab<Inbound>,
+    generation: usize,
+    generations: usize,
+    context: Context,
+    receiver: Receiver<Vec<Outgoing>>,
+    stats: Arc<PeerStats>,
+    stop: Arc<AtomicBool>,
+    limits: PeerLimits,
+    again: Vec<Token>,
+    inbox_more: bool,
+    started: Instant,
+    refusals_log: Throttle,
+}
+
+impl Peer {
+    /// Binds the listener and registers it; the loop starts in [`Peer::run`].
+    pub(crate) fn new(
+        config: PeerConfig,
+        inbound: Vec<CoreInbox>,
+        route: Box<dyn Fn(u32) -> usize + Send>,
+        receiver: Receiver<Vec<Outgoing>>,
+        stats: &Arc<PeerStats>,
+        stop: &Arc<AtomicBool>,
+    ) -> io::Result<Peer> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let mut listener = TcpListener::bind(config.listen)?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let hello = Hello {
+            shards: config.shards,
+            node_id: config.node_id,
+        }
+        .encode();
+        let links = (config.peers.iter().enumerate())
+            .map(|(index, &peer)| {
+                let seed = config.seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                Link::new(peer, Token(LINK_BASE + index), hello, &config.limits, seed)
+            })
+            .collect();
+        let connections_max = config.limits.inbound_connections_max.max(1);
+        let context = Context {
+            node_id: config.node_id,
+            shards: config.shards,
+            peers: config.peers.iter().map(|&(id, _)| id).collect(),
+            cores: Cores::new(inbound, route),
+        };
+        Ok(Peer {
+            poll,
+            waker,
+            listener,
+            links,
+            connections: Slab::with_capacity(connections_max),
+            generation: 0,
+            generations: (usize::MAX - INBOUND_BASE) / connections_max,
+            context,
+            receiver,
+            stats: Arc::clone(stats),
+            stop: Arc::clone(stop),
+            limits: config.limits,
+            again: Vec::with_capacity(connections_max + 1),
+            inbox_more: false,
+            started: Instant::now(),
+            refusals_log: Throttle::default(),
+        })
+    }
+
+    /// The waker the cores' handles use.
+    pub(crate) fn waker(&self) -> Arc<Waker> {
+        Arc::clone(&self.waker)
+    }
+
+    /// The address listened on.
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The loop, until the stop flag is set (or poll fails).
+    pub(crate) fn run(mut self) {
+        let mut events = Events::with_capacity(EVENTS_MAX);
+        loop {
+            let timeout = self.timeout(Instant::now());
+            if let Err(error) = self.poll.poll(&mut events, Some(timeout)) {
+                if error.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                log::error!("peer thread: poll failed, stopping: {error}");
+                break;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let now = Instant::now();
+            for event in events.iter() {
+                self.on_event(event, now);
+            }
+            for token in std::mem::take(&mut self.again) {
+                self.on_ready(token, now);
+            }
+            self.drain_inbox();
+            self.on_timers(now);
+            let registry = self.poll.registry();
+            for link in self.links.iter_mut().filter(|link| link.wants_flush()) {
+                link.flush(registry, now, &self.stats);
+            }
+            self.context.cores.wake();
+            self.update_gauges();
+        }
+        self.shut_down();
+    }
+
+    fn timeout(&self, now: Instant) -> Duration {
+        let busy = self.inbox_more || !self.again.is_empty();
+        if busy || self.links.iter().any(Link::wants_flush) {
+            return Duration::ZERO;
+        }
+        let links = self.links.iter().filter_map(Link::deadline);
+        let hellos = self
+            .connections
+            .iter()
+            .filter_map(|(_, inbound)| inbound.hello_deadline());
+        let next = links.chain(hellos).min().unwrap_or(now + POLL_TIMEOUT_MAX);
+        next.saturating_duration_since(now).min(POLL_TIMEOUT_MAX)
+    }
+
+    fn on_event(&mut self, event: &Event, now: Instant) {
+        match event.token() {
+            WAKER => {} // the inbox is drained every iteration
+            Token(index) if (LINK_BASE..INBOUND_BASE).contains(&index) => {
+                if let Some(link) = self.links.get_mut(index - LINK_BASE) {
+                    link.on_event(self.poll.registry(), event, now, &self.stats);
+                }
+            }
+            token => self.on_ready(token, now),
+        }
+    }
+
+    /// The listener or an inbound connection is readable (or was cut short last time).
+    fn on_ready(&mut self, token: Token, now: Instant) {
+        if token == LISTENER {
+            return self.accept(now);
+        }
+        let Some(offset) = token.0.checked_sub(INBOUND_BASE) else {
+            return;
+        };
+        let capacity = self.limits.inbound_connections_max.max(1);
+        let (key, generation) = (offset % capacity, offset / capacity);
+        let Some(inbound) = self.connections.get_mut(key) else {
+            return;
+        };
+        if inbound.generation() != generation {
+            return; // the slot's previous connection
+        }
+        let before = inbound.peer();
+        let result = inbound.read_pass(&mut self.context, &self.stats);
+        let hello = if before.is_none() {
+            inbound.peer()
+        } else {
+            None
+        };
+        if hello.is_some() {
+            PeerStats::add(&self.stats.accepts, 1);
+        }
+        match result {
+            Ok(true) => {}
+            Ok(false) => self.again.push(token),
+            Err(close) => return self.close(key, close, now),
+        }
+        if let Some(node_id) = hello {
+            self.on_hello(key, node_id, now);
+        }
+    }
+
+    /// A connection from `node_id` said hello: it replaces any older one from that node.
+    fn on_hello(&mut self, key: usize, node_id: u64, now: Instant) {
+        let older: Vec<usize> = (self.connections.iter())
+            .filter(|&(other, inbound)| other != key && inbound.peer() == Some(node_id))
+            .map(|(other, _)| other)
+            .collect();
+        for other in older {
+            let replaced = io::Error::other("replaced by a newer connection from the same node");
+            self.close(other, Close::Gone(replaced), now);
+        }
+        log::debug!(
+            "peer {node_id} connected from {}",
+            self.connections[key].addr()
+        );
+    }
+
+    fn accept(&mut self, now: Instant) {
+        for _ in 0..ACCEPTS_PER_PASS {
+            match self.listener.accept() {
+                Ok((stream, addr)) => self.admit(stream, addr, now),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => return,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => {
+                    // EMFILE and the like: the next connection's event retries.
+                    log::warn!("peer thread: accept failed: {error}");
+                    return;
+                }
+            }
+        }
+        self.again.push(LISTENER);
+    }
+
+    fn admit(&mut self, mut stream: TcpStream, addr: SocketAddr, now: Instant) {
+        let capacity = self.limits.inbound_connections_max.max(1);
+        if self.connections.len() >= capacity {
+            let reason = format!("{capacity} connections already");
+            self.log_refusal(addr, None, &reason, now);
+            return;
+        }
+        let entry = self.connections.vacant_entry();
+        let token = Token(INBOUND_BASE + self.generation * capacity + entry.key());
+        if let Err(error) = self
+            .poll
+            .registry()
+            .register(&mut stream, token, Interest::READABLE)
+        {
+            log::warn!("peer connection from {addr} dropped: cannot register: {error}");
+            return;
+        }
+        let deadline = now + self.limits.hello_timeout;
+        entry.insert(Inbound::new(stream, addr, self.generation, deadline));
+        self.generation = (self.generation + 1) % self.generations;
+        // A connection may have sent its bytes before the registration: read now.
+        self.again.push(token);
+    }
+
+    fn close(&mut self, key: usize, close: Close, now: Instant) {
+        let mut inbound = self.connections.remove(key);
+        let _ = self.poll.registry().deregister(inbound.stream());
+        let (addr, peer) = (inbound.addr(), inbound.peer());
+        match close {
+            Close::Gone(error) => {
+                log::debug!("peer {peer:?} connection from {addr} closed: {error}")
+            }
+            Close::Refused(reason) => {
+                self.log_refusal(addr, peer, &reason, now);
+            }
+        }
+    }
+
+    /// Counts a refusal and logs it, at most one line per [`crate::server::logs::LOG_PERIOD_US`] (saying how many
+    /// were left out), so that a stream of hostile connections never floods the log.
+    fn log_refusal(&mut self, addr: SocketAddr, peer: Option<u64>, reason: &str, now: Instant) {
+        PeerStats::add(&self.stats.refusals, 1);
+        let now_us = now.saturating_duration_since(self.started).as_micros() as u64;
+        if let Some(suppressed) = self.refusals_log.allow(now_us) {
+            let node = peer.map_or(String::new(), |id| format!(" (node {id})"));
+            log::warn!(
+                "peer connection from {addr}{node} refused: {reason} \
+                 ({suppressed} more refused since the last such line)"
+            );
+        }
+    }
+
+    fn drain_inbox(&mut self) {
+        self.inbox_more = false;
+        for _ in 0..BATCHES_PER_ITERATION {
+            let Ok(batch) = self.receiver.try_recv() else {
+                return;
+            };
+            for outgoing in &batch {
+                match self
+                    .links
+                    .iter_mut()
+                    .find(|link| link.node_id() == outgoing.to)
+                {
+                    Some(link) => link.push(outgoing.shard, &outgoing.message, &self.stats),
+                    None => {
+                        log::debug!("peer thread: message for unknown node {}", outgoing.to);
+                        PeerStats::add(&self.stats.drops_queue, 1);
+                    }
+                }
+            }
+        }
+        self.inbox_more = true;
+    }
+
+    fn on_timers(&mut self, now: Instant) {
+        let registry = self.poll.registry();
+        for link in &mut self.links {
+            link.on_timer(registry, now, &self.stats);
+        }
+        let is_late = |inbound: &Inbound| inbound.hello_deadline().is_some_and(|at| at <= now);
+        if !self.connections.iter().any(|(_, inbound)| is_late(inbound)) {
+            return;
+        }
+        let late: Vec<usize> = (self.connections.iter())
+            .filter(|(_, inbound)| is_late(inbound))
+            .map(|(key, _)| key)
+            .collect();
+        for key in late {
+            let reason = format!("no hello within {:?}", self.limits.hello_timeout);
+            self.close(key, Close::Refused(reason), now);
+        }
+    }
+
+    fn update_gauges(&self) {
+        let messages = self
+            .links
+            .iter()
+            .map(|link| link.queue().messages() as u64)
+            .sum();
+        let bytes = self
+            .links
+            .iter()
+            .map(|link| link.queue().bytes() as u64)
+            .sum();
+        self.stats
+            .queued_messages
+            .store(messages, Ordering::Relaxed);
+        self.stats.queued_bytes.store(bytes, Ordering::Relaxed);
+        PeerStats::add(&self.stats.iterations, 1);
+    }
+
+    fn shut_down(&mut self) {
+        let registry = self.poll.registry();
+        for link in &mut self.links {
+            link.close(registry);
+        }
+        for (_, inbound) in self.connections.iter_mut() {
+            let _ = registry.deregister(inbound.stream());
+        }
+        self.connections.clear();
+        let _ = registry.deregister(&mut self.listener);
+        log::debug!("peer thread stopped");
+    }
+}

@@ -1,0 +1,549 @@
+//! The peer transport over loopback TCP: delivery to the right core exactly once, reconnection
+//! after a restart, hostile connections refused without harm to the others, bounded queues.
+//!
+//! Every wait is bounded by a generous deadline; nothing asserts on speed.
+
+use crossbeam_channel::Receiver;
+use latchkey::cluster::peer::frame::{Hello, VERSION};
+use latchkey::cluster::peer::{self, PeerConfig, PeerHandle, PeerLimits, PeerStats};
+use mio::{Events, Poll, Token, Waker};
+use raft::eraftpb::{Message, MessageType};
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+const SHARDS: u32 = 8;
+const CORES: usize = 2;
+/// Every wait gives up after this: far beyond what loopback needs.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// Free loopback addresses (bound, then released for the members to bind).
+fn addresses(count: usize) -> Vec<SocketAddr> {
+    let listeners: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|listener| listener.local_addr().expect("bound"))
+        .collect()
+}
+
+/// One member's peer thread and its cores' receiving ends.
+struct Member {
+    handle: PeerHandle,
+    join: Option<JoinHandle<()>>,
+    cores: Vec<(Receiver<(u32, Message)>, Poll)>,
+}
+
+fn route(shard: u32) -> usize {
+    shard as usize % CORES
+}
+
+fn start(node_id: u64, all: &[SocketAddr], limits: PeerLimits) -> Member {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let peers = (all.iter().enumerate())
+        .map(|(i, &addr)| (i as u64 + 1, addr))
+        .collect();
+    let config = PeerConfig {
+        node_id,
+        listen: all[node_id as usize - 1],
+        peers,
+        shards: SHARDS,
+        seed: 0x5eed + node_id,
+        limits,
+    };
+    let mut inbound = Vec::new();
+    let mut cores = Vec::new();
+    for _ in 0..CORES {
+        let poll = Poll::new().expect("poll");
+        let waker = Arc::new(Waker::new(poll.registry(), Token(0)).expect("waker"));
+        let (sender, receiver) = crossbeam_channel::bounded(100_000);
+        inbound.push((sender, waker));
+        cores.push((receiver, poll));
+    }
+    let (handle, join) = peer::spawn(config, inbound, route).expect("spawn the peer thread");
+    Member {
+        handle,
+        join: Some(join),
+        cores,
+    }
+}
+
+impl Member {
+    fn stats(&self) -> &PeerStats {
+        self.handle.stats()
+    }
+
+    fn stop(&mut self) {
+        self.handle.stop();
+        if let Some(join) = self.join.take() {
+            join.join().expect("the peer thread ends cleanly");
+        }
+    }
+
+    /// Waits (on each core's waker) until `count` messages have arrived in all; returns them
+    /// with the core each came out of, and how many wakes the cores saw.
+    fn receive(&mut self, count: usize) -> (Vec<(usize, u32, Message)>, usize) {
+        let deadline = Instant::now() + PATIENCE;
+        let (mut received, mut wakes) = (Vec::new(), 0);
+        let mut events = Events::with_capacity(16);
+        while received.len() < count && Instant::now() < deadline {
+            for (core, (receiver, poll)) in self.cores.iter_mut().enumerate() {
+                poll.poll(&mut events, Some(Duration::from_millis(20)))
+                    .expect("poll");
+                wakes += events.iter().count();
+                received.extend(receiver.try_iter().map(|(shard, m)| (core, shard, m)));
+            }
+        }
+        (received, wakes)
+    }
+
+    /// Whatever arrives within `within` (to show that nothing more does).
+    fn receive_for(&mut self, within: Duration) -> Vec<(usize, u32, Message)> {
+        thread::sleep(within);
+        let cores = self.cores.iter().enumerate();
+        cores
+            .flat_map(|(core, (rx, _))| rx.try_iter().map(move |(s, m)| (core, s, m)))
+            .collect()
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if self.join.is_some() {
+            self.stop();
+        }
+    }
+}
+
+/// A heartbeat from `from` to `to` whose `commit` numbers it.
+fn message(from: u64, to: u64, number: u64, padding: usize) -> Message {
+    let mut message = Message::default();
+    message.set_msg_type(MessageType::MsgHeartbeat);
+    message.set_from(from);
+    message.set_to(to);
+    message.set_commit(number);
+    message.set_context(vec![0x5a; padding].into());
+    message
+}
+
+fn send_numbered(member: &Member, from: u64, to: u64, numbers: std::ops::Range<u64>) {
+    let batch: Vec<peer::Outgoing> = numbers
+        .map(|number| peer::Outgoing {
+            to,
+            shard: (number % u64::from(SHARDS)) as u32,
+            message: message(from, to, number, 16),
+        })
+        .collect();
+    for chunk in batch.chunks(50) {
+        assert!(
+            member.handle.send_batch(chunk.to_vec()),
+            "the channel has room"
+        );
+    }
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn load(counter: &std::sync::atomic::AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+#[test]
+fn three_members_deliver_every_message_once_to_the_shards_core() {
+    let all = addresses(3);
+    let mut members: Vec<Member> = (1..=3)
+        .map(|id| start(id, &all, PeerLimits::default()))
+        .collect();
+    const EACH: u64 = 2000;
+    for from in 1..=3u64 {
+        for to in (1..=3u64).filter(|&to| to != from) {
+            let base = from * 1_000_000 + to * 10_000;
+            send_numbered(&members[from as usize - 1], from, to, base..base + EACH);
+        }
+    }
+    for (index, member) in members.iter_mut().enumerate() {
+        let to = index as u64 + 1;
+        let (received, wakes) = member.receive(2 * EACH as usize);
+        assert!(wakes > 0, "the cores' wakers were used");
+        let mut seen = HashSet::new();
+        for (core, shard, message) in &received {
+            assert_eq!(*core, route(*shard), "shard {shard} went to core {core}");
+            assert_eq!(u64::from(*shard), message.commit % u64::from(SHARDS));
+            assert_eq!(message.to, to);
+            assert!(
+                seen.insert((message.from, message.commit)),
+                "a duplicate: {message:?}"
+            );
+        }
+        let expected: HashSet<(u64, u64)> = (1..=3u64)
+            .filter(|&from| from != to)
+            .flat_map(|from| {
+                let base = from * 1_000_000 + to * 10_000;
+                (base..base + EACH).map(move |number| (from, number))
+            })
+            .collect();
+        assert_eq!(seen, expected, "member {to} got every message");
+        assert!(
+            member.receive_for(Duration::from_millis(100)).is_empty(),
+            "nothing more"
+        );
+    }
+    for member in &members {
+        let stats = member.stats();
+        assert_eq!(load(&stats.messages_sent), 2 * EACH);
+        assert_eq!(load(&stats.messages_received), 2 * EACH);
+        assert_eq!(load(&stats.connects), 2, "one connection per peer");
+        assert_eq!(load(&stats.accepts), 2);
+        let drops = load(&stats.drops_channel) + load(&stats.drops_queue);
+        assert_eq!(
+            drops + load(&stats.drops_inbound) + load(&stats.refusals),
+            0
+        );
+        assert!(load(&stats.bytes_sent) > 2 * EACH * 8);
+    }
+}
+
+#[test]
+fn a_restarted_member_is_reconnected_and_gets_what_was_queued_while_it_was_down() {
+    let all = addresses(2);
+    let mut one = start(1, &all, PeerLimits::default());
+    let mut two = start(2, &all, PeerLimits::default());
+    send_numbered(&one, 1, 2, 0..10);
+    assert_eq!(two.receive(10).0.len(), 10);
+
+    two.stop();
+    assert!(
+        !two.handle.send(1, 0, message(2, 1, 0, 0)),
+        "a stopped thread takes nothing"
+    );
+    assert_eq!(load(&two.stats().drops_channel), 1);
+    // Member 1 sees its connection closed, then queues while 2 is down.
+    wait_for("member 1 to see the close", || {
+        load(&one.stats().disconnects) >= 1
+    });
+    // With nothing to send, member 1 neither reconnects nor spins: it sleeps in poll.
+    thread::sleep(Duration::from_millis(200)); // past the first backoff delay (at most 50 ms)
+    let stats = one.stats();
+    let (iterations, disconnects) = (load(&stats.iterations), load(&stats.disconnects));
+    thread::sleep(Duration::from_millis(500));
+    let idle = load(&stats.iterations) - iterations;
+    assert!(
+        idle <= 5,
+        "{idle} loop iterations in 500 ms with nothing to do"
+    );
+    assert_eq!(load(&stats.disconnects), disconnects, "no connect attempts");
+    send_numbered(&one, 1, 2, 10..110);
+    wait_for("the messages to be queued", || {
+        load(&one.stats().queued_messages) == 100
+    });
+    thread::sleep(Duration::from_millis(300)); // a few refused connects and backoffs
+
+    let mut two = start(2, &all, PeerLimits::default());
+    let (received, _) = two.receive(100);
+    let numbers: HashSet<u64> = received.iter().map(|(_, _, m)| m.commit).collect();
+    assert_eq!(numbers, (10..110).collect(), "every queued message, once");
+    assert!(two.receive_for(Duration::from_millis(100)).is_empty());
+    assert!(load(&one.stats().connects) >= 2, "reconnected");
+
+    // And the other way, on a fresh outbound link from the restarted member.
+    send_numbered(&two, 2, 1, 0..5);
+    assert_eq!(one.receive(5).0.len(), 5);
+    one.stop();
+}
+
+/// Whether the server closed `stream` (EOF or reset) within the patience.
+fn closed_by_server(stream: &mut TcpStream) -> bool {
+    closed_within(stream, PATIENCE)
+}
+
+/// Whether the server closed `stream` (EOF or reset) within `within`.
+fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).expect("timeout");
+    let mut buffer = [0u8; 64];
+    match stream.read(&mut buffer) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(error) => !matches!(
+            error.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+fn hello(shards: u32, node_id: u64) -> Vec<u8> {
+    Hello { shards, node_id }.encode().to_vec()
+}
+
+#[test]
+fn hostile_connections_are_closed_and_the_others_keep_working() {
+    let all = addresses(3); // member 3 never runs: its id is a known peer for the raw tests
+    let limits = PeerLimits {
+        hello_timeout: Duration::from_millis(300),
+        ..PeerLimits::default()
+    };
+    let one = start(1, &all, limits.clone());
+    let mut two = start(2, &all, limits);
+    send_numbered(&one, 1, 2, 0..10);
+    assert_eq!(two.receive(10).0.len(), 10);
+
+    let mut wrong_version = hello(SHARDS, 3);
+    wrong_version[4] = VERSION + 1;
+    let mut oversized = hello(SHARDS, 3);
+    oversized.extend_from_slice(&u32::MAX.to_be_bytes());
+    let mut shard_out_of_range = hello(SHARDS, 3);
+    shard_out_of_range.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, SHARDS as u8]);
+    let mut undecodable = hello(SHARDS, 3);
+    undecodable.extend_from_slice(&[0, 0, 0, 7, 0, 0, 0, 1, 0xff, 0xff, 0xff]);
+    let mut wrong_sender = hello(SHARDS, 3);
+    let mut forged = Vec::new();
+    peer::frame::encode(1, &message(1, 2, 0, 0), &mut forged).expect("encodes");
+    wrong_sender.extend_from_slice(&forged); // says it is node 1, on node 3's connection
+    let attempts: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        ("wrong version", wrong_version),
+        ("wrong shard count", hello(SHARDS + 1, 3)),
+        ("unknown node id", hello(SHARDS, 99)),
+        ("its own node id", hello(SHARDS, 2)),
+        ("an oversized length", oversized),
+        ("a shard out of range", shard_out_of_range),
+        ("an undecodable message", undecodable),
+        ("a message from another node", wrong_sender),
+    ];
+    for (what, bytes) in &attempts {
+        let mut stream = TcpStream::connect(all[1]).expect("connect");
+        stream.write_all(bytes).expect("write");
+        assert!(
+            closed_by_server(&mut stream),
+            "{what}: the connection was closed"
+        );
+    }
+    // A connection that never says hello is closed at the hello timeout, never before.
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(all[1]).expect("connect");
+    assert!(
+        closed_by_server(&mut silent),
+        "a silent connection is closed"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "not before the hello timeout"
+    );
+
+    let refusals = load(&two.stats().refusals);
+    assert_eq!(refusals, attempts.len() as u64 + 1, "each one counted");
+    assert_eq!(
+        load(&two.stats().accepts),
+        1 + 4,
+        "member 1, and the 4 with a good hello"
+    );
+    // Member 1's connection was never disturbed: messages still flow on it.
+    send_numbered(&one, 1, 2, 10..20);
+    assert_eq!(two.receive(10).0.len(), 10);
+    assert_eq!(load(&one.stats().connects), 1);
+}
+
+#[test]
+fn a_full_queue_drops_the_newest_and_counts_and_stays_bounded() {
+    let all = addresses(2);
+    let limits = PeerLimits {
+        queue_messages_max: 1000,
+        queue_bytes_max: 256 << 10,
+        ..PeerLimits::default()
+    };
+    let one = start(1, &all, limits.clone());
+    // Member 2 is down: everything for it waits in member 1's queue, or is dropped.
+    const SENT: u64 = 20_000;
+    for chunk in 0..SENT / 100 {
+        let batch = (chunk * 100..chunk * 100 + 100)
+            .map(|number| peer::Outgoing {
+                to: 2,
+                shard: 0,
+                message: message(1, 2, number, 1000),
+            })
+            .collect();
+        assert!(one.handle.send_batch(batch));
+    }
+    let stats = one.stats();
+    wait_for("every message queued or dropped", || {
+        load(&stats.queued_messages) + load(&stats.drops_queue) == SENT
+    });
+    let (queued, bytes) = (load(&stats.queued_messages), load(&stats.queued_bytes));
+    assert!(bytes <= 256 << 10, "queued bytes {bytes} within the bound");
+    assert!(
+        queued > 100 && queued < 1000,
+        "the byte bound held first: {queued} messages"
+    );
+    thread::sleep(Duration::from_millis(300)); // refused connects change nothing
+    assert_eq!(load(&stats.queued_messages), queued);
+
+    // When member 2 comes up, it gets exactly the oldest `queued` messages.
+    let mut two = start(2, &all, limits);
+    let (received, _) = two.receive(queued as usize);
+    let numbers: HashSet<u64> = received.iter().map(|(_, _, m)| m.commit).collect();
+    assert_eq!(
+        numbers,
+        (0..queued).collect(),
+        "the newest were dropped, the oldest kept"
+    );
+    wait_for("the queue to drain", || load(&stats.queued_messages) == 0);
+    assert_eq!(load(&stats.queued_bytes), 0);
+}
+
+/// Waits until at least one message arrives; returns how many did. Blocks only on the waker of
+/// `core` (the others are checked without waiting), as that core's loop would.
+fn receive_some(member: &mut Member, core: usize, events: &mut Events) -> usize {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let mut arrived = 0;
+        for (receiver, _) in &member.cores {
+            arrived += receiver.try_iter().count();
+        }
+        if arrived == 0 {
+            let poll = &mut member.cores[core].1;
+            poll.poll(events, Some(Duration::from_millis(10)))
+                .expect("poll");
+        }
+        if arrived > 0 {
+            return arrived;
+        }
+        assert!(Instant::now() < deadline, "nothing arrived");
+    }
+}
+
+/// A measurement, not a check: `cargo test --release --test cluster_peer -- --ignored
+/// --nocapture`. Prints one-way throughput (a window of messages in flight) and the round trip
+/// of one message there and back through both peer threads.
+#[test]
+#[ignore]
+fn measure_throughput_and_round_trip() {
+    let all = addresses(2);
+    let mut one = start(1, &all, PeerLimits::default());
+    let mut two = start(2, &all, PeerLimits::default());
+    let mut events = Events::with_capacity(16);
+    const TOTAL: u64 = 1_000_000;
+    const WINDOW: u64 = 50_000;
+    const BATCH: u64 = 256;
+    let started = Instant::now();
+    let (mut sent, mut received) = (0u64, 0u64);
+    while received < TOTAL {
+        while sent < TOTAL && sent - received < WINDOW {
+            let batch = (sent..(sent + BATCH).min(TOTAL))
+                .map(|n| peer::Outgoing {
+                    to: 2,
+                    shard: 0, // core 0, the one waited on
+                    message: message(1, 2, n, 64),
+                })
+                .collect::<Vec<_>>();
+            sent += batch.len() as u64;
+            assert!(one.handle.send_batch(batch), "the channel has room");
+        }
+        received += receive_some(&mut two, 0, &mut events) as u64;
+    }
+    let elapsed = started.elapsed();
+    let bytes = load(&one.stats().bytes_sent);
+    println!(
+        "one way: {TOTAL} messages ({} bytes each with 64 B of context) in {elapsed:?}: \
+         {:.0} messages/s, {:.1} MB/s",
+        bytes / TOTAL,
+        TOTAL as f64 / elapsed.as_secs_f64(),
+        bytes as f64 / elapsed.as_secs_f64() / 1e6
+    );
+    const ROUNDS: usize = 5000;
+    let mut round_trips = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS as u64 {
+        let at = Instant::now();
+        assert!(one.handle.send(2, 0, message(1, 2, round, 64)));
+        assert_eq!(receive_some(&mut two, route(0), &mut events), 1);
+        assert!(two.handle.send(1, 0, message(2, 1, round, 64)));
+        assert_eq!(receive_some(&mut one, route(0), &mut events), 1);
+        round_trips.push(at.elapsed());
+    }
+    round_trips.sort();
+    let at = |quantile: f64| round_trips[((ROUNDS as f64 * quantile) as usize).min(ROUNDS - 1)];
+    println!(
+        "round trip over both peer threads ({ROUNDS} rounds): p50 {:?}, p99 {:?}, max {:?}",
+        at(0.5),
+        at(0.99),
+        round_trips[ROUNDS - 1]
+    );
+}
+
+/// Whether `stream` is still open after `within` (nothing read, no close).
+fn still_open(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).expect("timeout");
+    let mut buffer = [0u8; 8];
+    match stream.read(&mut buffer) {
+        Err(error) => matches!(
+            error.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        Ok(0) => false,                  // closed
+        Ok(read) => read > buffer.len(), // a peer never gets bytes back: false
+    }
+}
+
+#[test]
+fn inbound_connections_beyond_the_limit_are_refused_at_accept_and_slots_come_back() {
+    let all = addresses(3);
+    let limits = PeerLimits {
+        inbound_connections_max: 3,
+        ..PeerLimits::default()
+    };
+    let one = start(1, &all, limits.clone());
+    let mut two = start(2, &all, limits);
+    send_numbered(&one, 1, 2, 0..5);
+    assert_eq!(two.receive(5).0.len(), 5);
+    // Member 1's connection and two silent ones fill the three slots.
+    let silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(all[1]).expect("connect"))
+        .collect();
+    wait_for("two more connections", || {
+        let mut probe = TcpStream::connect(all[1]).expect("connect");
+        closed_within(&mut probe, Duration::from_millis(500))
+    });
+    let refusals = load(&two.stats().refusals);
+    assert!(refusals >= 1);
+    drop(silent);
+    // Once the server has seen them close, a good hello is admitted and kept.
+    wait_for("a slot to come back", || {
+        let mut stream = TcpStream::connect(all[1]).expect("connect");
+        stream.write_all(&hello(SHARDS, 3)).expect("write");
+        still_open(&mut stream, Duration::from_millis(200))
+    });
+    send_numbered(&one, 1, 2, 5..10);
+    assert_eq!(
+        two.receive(5).0.len(),
+        5,
+        "member 1's connection was never disturbed"
+    );
+}
+
+#[test]
+fn a_message_too_large_for_an_envelope_is_dropped_and_counted() {
+    let all = addresses(2);
+    let mut one = start(1, &all, PeerLimits::default());
+    let mut two = start(2, &all, PeerLimits::default());
+    let huge = message(1, 2, 0, peer::frame::FRAME_BYTES_MAX);
+    assert!(one.handle.send(2, 0, huge), "taken by the channel");
+    wait_for("the drop", || load(&one.stats().drops_oversized) == 1);
+    assert_eq!(load(&one.stats().queued_messages), 0);
+    // A large one that fits goes through.
+    let large = message(1, 2, 1, peer::frame::FRAME_BYTES_MAX - 1024);
+    assert!(one.handle.send(2, 0, large));
+    let (received, _) = two.receive(1);
+    assert_eq!(received[0].2.commit, 1);
+    assert!(received[0].2.context.len() > peer::frame::FRAME_BYTES_MAX - 2048);
+    assert_eq!(load(&two.stats().refusals), 0);
+    one.stop();
+}
