@@ -13,6 +13,8 @@
 //! | `mem_durable.rs` | [`mem_durable::MemDurable`]: the simulation's in-memory durable image (written and synced layers, crash drops the unsynced) |
 //! | `balance.rs` | [`balance::plan`]: leader transfers that spread leadership evenly over the live members |
 //! | `peer.rs` | [`peer`]: the peer thread: raft messages between members over TCP (envelopes, bounded queues, reconnects) |
+//! | `partition.rs`, `partition/` | [`partition::ClusterPartition`]: a member's shards on one core in the lock table's place: proposals answered on apply, redirects, leader-local waiters, expiries, checkpoints, ReadIndex queries |
+//! | `shard.rs` | one shard on one member: its machine, its role, the leader's queues |
 //!
 //! Everything here is sans-IO except the write-ahead log and the peer thread: the cores' mio loops tick, step and
 //! drain the groups, and send their messages to the peers.
@@ -22,7 +24,9 @@ pub mod durable;
 pub mod machine;
 pub mod mem_durable;
 pub mod member;
+pub mod partition;
 pub mod peer;
+pub mod shard;
 pub mod wal;
 
 pub use durable::{load, Durable, Recovered};

@@ -17,16 +17,20 @@ pub enum BusyReason {
     Shutdown,
     /// No token could be issued (the persisted reservation is used up).
     Tokens,
+    /// Cluster mode: the member stopped leading the key's shard while the acquire was queued
+    /// there (and no grant for it can commit).
+    Leadership,
 }
 
 impl BusyReason {
     /// Every reason, in the order of [`BusyCounts::get`]'s label names.
-    pub const ALL: [BusyReason; 5] = [
+    pub const ALL: [BusyReason; 6] = [
         BusyReason::WaitersPerKey,
         BusyReason::Keys,
         BusyReason::PendingPerSession,
         BusyReason::Shutdown,
         BusyReason::Tokens,
+        BusyReason::Leadership,
     ];
 
     /// The reason's label in metrics, stats and logs.
@@ -37,13 +41,14 @@ impl BusyReason {
             BusyReason::PendingPerSession => "pending_per_session",
             BusyReason::Shutdown => "shutdown",
             BusyReason::Tokens => "tokens",
+            BusyReason::Leadership => "leadership",
         }
     }
 }
 
 /// `B` answers to Acquires, by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BusyCounts([u64; 5]);
+pub struct BusyCounts([u64; 6]);
 
 impl BusyCounts {
     /// `B` answers for `reason`.
@@ -56,7 +61,7 @@ impl BusyCounts {
         self.0.iter().sum()
     }
 
-    fn count(&mut self, reason: BusyReason) {
+    pub(crate) fn count(&mut self, reason: BusyReason) {
         self.0[reason as usize] += 1;
     }
 

@@ -1,0 +1,474 @@
+//! A cluster member's partition on one core: the Raft groups of the shards this core hosts,
+//! their lock state, and the requests of clients on them. It takes the place of the single
+//! node's lock table in the core ([`Partition`]).
+//!
+//! Every grant, release, extend and expiry is a committed entry before its answer: a request
+//! on a shard this member leads is proposed, remembered by the `(index, term)` its entry got,
+//! and answered when the entry at that index is applied — from the entry's outcome if the
+//! term matches, or with `M` (the request had no effect) if another entry took the index. A
+//! request on a shard it does not lead gets `M` naming the leader. `Q` is served with Raft's
+//! ReadIndex. See `docs/cluster-design.md`.
+//!
+//! One [`handle_timers`](Partition::handle_timers) call per loop iteration does the member's
+//! I/O-free work: step the peers' messages, tick every 10 ms, time out waiters, expire leases
+//! and checkpoint them (leader), then the group-commit drain: one WAL sync for every group.
+
+use super::machine::Command;
+use super::member::{Envelope, Member};
+use super::shard::Shard;
+use super::Durable;
+use crate::lock_table::{Answer, BusyReason, HeldKey, Op, SessionId, TableStats};
+use crate::protocol::{Leader, Response};
+use crate::server::partition::Partition;
+use crate::server::persist::TokenKeeper;
+use crate::server::route::partition_of;
+use raft::eraftpb::Message;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+
+/// One Raft tick: 10 ms (the member's election timeout is 10–20 ticks, its heartbeat 2).
+pub const TICK_US: u64 = 10_000;
+/// A new leader extends every lease by this before it may expire one: at least the longest
+/// election timeout (20 ticks).
+pub const PROMOTE_GRACE_MS: u64 = 200;
+/// A leader checkpoints the remaining time of its leases this often.
+pub const CHECKPOINT_EVERY_US: u64 = 1_000_000;
+/// Holds one checkpoint entry carries at most.
+const CHECKPOINT_HOLDS: usize = 1024;
+/// Expiries one shard proposes per iteration at most.
+const EXPIRIES_PER_ITERATION: usize = 256;
+/// A shard's log is compacted into a snapshot after this many applied entries.
+const COMPACT_EVERY: u64 = 10_000;
+/// Peer messages stepped per iteration at most.
+const INBOUND_PER_ITERATION: usize = 8192;
+/// Ticks caught up at most after a stall (the rest are dropped: elections take longer).
+const TICKS_CAUGHT_UP_MAX: u32 = 10;
+
+/// The way to the other members (the peer thread in a server; a simulated network in tests).
+pub trait Peers {
+    /// Hands a batch of messages to the peers (never blocks; may drop).
+    fn send(&mut self, batch: Vec<Envelope>);
+    /// The next message a peer sent for one of this core's shards, if any.
+    fn try_recv(&mut self) -> Option<(u32, Message)>;
+}
+
+/// What a cluster partition needs to know besides its member.
+#[derive(Clone, Debug)]
+pub struct PartitionSettings {
+    /// This member's id.
+    pub node_id: u64,
+    /// Shards in the cluster.
+    pub shards: u32,
+    /// This core's index, and the member's core count.
+    pub core: usize,
+    /// Cores of this member.
+    pub cores: usize,
+    /// Every member's client address, by id (for `M`).
+    pub clients: Vec<(u64, SocketAddr)>,
+    /// Queued acquires per key at most (`limits.max_waiters_per_key`).
+    pub max_waiters_per_key: u32,
+}
+
+/// The shard of `key` among `shards`: the same on every member, whatever its core count.
+pub fn shard_of(key: &[u8], shards: u32) -> u32 {
+    partition_of(key, shards as usize) as u32
+}
+
+/// The shards core `core` of `cores` hosts.
+pub fn shards_of_core(core: usize, cores: usize, shards: u32) -> Vec<u32> {
+    (0..shards)
+        .filter(|s| *s as usize % cores == core)
+        .collect()
+}
+
+/// A request waiting for its entry to be applied.
+#[derive(Clone, Debug)]
+struct Pending {
+    term: u64,
+    session: SessionId,
+    kind: PendingKind,
+}
+
+#[derive(Clone, Debug)]
+enum PendingKind {
+    /// The head of `key`'s queue (its owner is in the waiter).
+    Acquire {
+        key: Vec<u8>,
+    },
+    /// A client's release or extend of `token`.
+    Release {
+        token: u64,
+    },
+    Extend {
+        token: u64,
+    },
+    /// A leader's own entries.
+    Expire {
+        token: u64,
+    },
+    Barrier,
+    /// A grant nobody will receive, released by the leader (no answer).
+    Orphan,
+}
+
+/// A query waiting for its read index.
+#[derive(Clone, Debug)]
+struct PendingRead {
+    shard: u32,
+    session: SessionId,
+    nonce: u64,
+    key: Vec<u8>,
+    /// The index the state must reach, once known.
+    index: Option<u64>,
+}
+
+/// A cluster member's partition on one core.
+pub struct ClusterPartition<D: Durable, P: Peers> {
+    settings: PartitionSettings,
+    member: Member<D>,
+    peers: P,
+    /// Hosted shards, at `shard / cores`.
+    shards: Vec<Shard>,
+    pending: HashMap<(u32, u64), Pending>,
+    reads: HashMap<u64, PendingRead>,
+    next_seq: u64,
+    /// Wait deadlines: (deadline µs, waiter seq) → (shard, key).
+    wait_timers: BTreeMap<(u64, u64), (u32, Vec<u8>)>,
+    answers: Vec<Answer>,
+    stats: TableStats,
+    now_us: u64,
+    next_tick_us: u64,
+    shutting_down: bool,
+}
+
+impl<D: Durable, P: Peers> ClusterPartition<D, P> {
+    /// The partition of core `settings.core` around `member` (which hosts exactly
+    /// [`shards_of_core`] of it).
+    pub fn new(settings: PartitionSettings, member: Member<D>, peers: P) -> Self {
+        let hosted = shards_of_core(settings.core, settings.cores, settings.shards);
+        let shards = hosted
+            .iter()
+            .map(|&shard| Shard::new(shard, settings.shards))
+            .collect();
+        ClusterPartition {
+            settings,
+            member,
+            peers,
+            shards,
+            pending: HashMap::new(),
+            reads: HashMap::new(),
+            next_seq: 1,
+            wait_timers: BTreeMap::new(),
+            answers: Vec::new(),
+            stats: TableStats::default(),
+            now_us: 0,
+            next_tick_us: 0,
+            shutting_down: false,
+        }
+    }
+
+    /// The member (for status and tests).
+    pub fn member(&self) -> &Member<D> {
+        &self.member
+    }
+
+    /// The shard machine of `shard` (hosted here), for tests and status.
+    pub fn machine(&self, shard: u32) -> Option<&super::machine::ShardMachine> {
+        self.shard(shard).map(|s| &s.machine)
+    }
+
+    /// Whether this member serves `shard` now (leads it and applied its barrier).
+    pub fn serving(&self, shard: u32) -> bool {
+        self.shard(shard).is_some_and(Shard::serving)
+    }
+
+    fn shard(&self, shard: u32) -> Option<&Shard> {
+        let local = shard as usize / self.settings.cores;
+        (shard as usize % self.settings.cores == self.settings.core)
+            .then(|| self.shards.get(local))
+            .flatten()
+    }
+
+    fn local(&self, shard: u32) -> usize {
+        debug_assert_eq!(shard as usize % self.settings.cores, self.settings.core);
+        shard as usize / self.settings.cores
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.now_us / 1000
+    }
+
+    fn answer(&mut self, session: SessionId, response: Response, ends_pending: bool) {
+        self.answers.push(Answer {
+            session,
+            response,
+            ends_pending,
+            entry: u32::MAX,
+        });
+    }
+
+    /// The `M` for a request on `shard`: the leader's client address, if one is known and is
+    /// not this member (which leads but does not serve yet).
+    fn moved(&self, shard: u32, id: u64) -> Response {
+        let leader = self
+            .member
+            .leader(shard)
+            .filter(|&leader| leader != self.settings.node_id)
+            .and_then(|leader| {
+                let found = self.settings.clients.iter().find(|(id, _)| *id == leader);
+                found.map(|(_, addr)| Leader::at(*addr))
+            })
+            .unwrap_or(Leader::UNKNOWN);
+        Response::Moved { id, leader }
+    }
+
+    fn seq(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
+
+    /// Proposes `command` on `shard` and remembers what to do when it applies. False when
+    /// this member cannot propose (not the leader any more, or the proposal was refused).
+    fn propose(
+        &mut self,
+        shard: u32,
+        command: &Command,
+        session: SessionId,
+        kind: PendingKind,
+    ) -> bool {
+        match self.member.propose(shard, command.encode()) {
+            Ok(proposed) => {
+                let pending = Pending {
+                    term: proposed.term,
+                    session,
+                    kind,
+                };
+                self.pending.insert((shard, proposed.index), pending);
+                true
+            }
+            Err(not_leader) => {
+                log::debug!("shard {shard}: proposal refused: {not_leader}");
+                false
+            }
+        }
+    }
+}
+
+impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
+    fn core_of_key(&self, key: &[u8], cores: usize) -> usize {
+        shard_of(key, self.settings.shards) as usize % cores
+    }
+
+    fn handle(&mut self, now_us: u64, session: SessionId, op: Op, key: &[u8]) {
+        self.now_us = self.now_us.max(now_us);
+        let shard = shard_of(key, self.settings.shards);
+        let serving = self.shard(shard).is_some_and(Shard::serving);
+        if !serving {
+            if let Op::Cancel { .. } = op {
+                return; // nothing is queued here
+            }
+            let response = self.moved(shard, op_id(&op));
+            return self.answer(session, response, op.may_wait());
+        }
+        match op {
+            Op::Acquire {
+                wait_s,
+                lease_s,
+                owner,
+            } => self.acquire(shard, session, key, (wait_s, lease_s, owner)),
+            Op::Release { token } => {
+                let command = Command::Release {
+                    key: key.to_vec(),
+                    token,
+                };
+                if !self.propose(shard, &command, session, PendingKind::Release { token }) {
+                    let response = self.moved(shard, token);
+                    self.answer(session, response, false);
+                }
+            }
+            Op::Extend { lease_s, token } => {
+                let command = Command::Extend {
+                    key: key.to_vec(),
+                    token,
+                    lease_ms: u32::from(lease_s) * 1000,
+                };
+                if !self.propose(shard, &command, session, PendingKind::Extend { token }) {
+                    let response = self.moved(shard, token);
+                    self.answer(session, response, false);
+                }
+            }
+            Op::Cancel { owner } => self.cancel(shard, session, key, owner),
+            Op::Query { nonce } => self.query(shard, session, key, nonce),
+        }
+    }
+
+    fn handle_timers(&mut self, now_us: u64) {
+        self.now_us = self.now_us.max(now_us);
+        self.step_inbound();
+        self.tick();
+        self.fire_wait_timers();
+        for local in 0..self.shards.len() {
+            self.leader_duties(local);
+        }
+        self.drain();
+    }
+
+    fn next_deadline_us(&self) -> Option<u64> {
+        if self.member.has_ready() {
+            return Some(self.now_us);
+        }
+        let waits = self.wait_timers.keys().next().map(|(at, _)| *at);
+        let leases = self
+            .shards
+            .iter()
+            .filter(|shard| shard.serving())
+            .filter_map(|shard| shard.machine.next_deadline())
+            .min()
+            .map(|ms| ms.saturating_mul(1000));
+        [Some(self.next_tick_us), waits, leases]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn take_answers(&mut self) -> Vec<Answer> {
+        std::mem::take(&mut self.answers)
+    }
+
+    fn return_answers(&mut self, mut answers: Vec<Answer>) {
+        answers.clear();
+        if self.answers.is_empty() && answers.capacity() > self.answers.capacity() {
+            self.answers = answers;
+        }
+    }
+
+    fn release_granted(&mut self, now_us: u64, entry: u32, token: u64) {
+        self.now_us = self.now_us.max(now_us);
+        // `entry` is the shard of the grant (see `answer_grant`).
+        let shard = entry;
+        let Some(key) = self
+            .shard(shard)
+            .and_then(|s| s.machine.key_of(token))
+            .map(<[u8]>::to_vec)
+        else {
+            return;
+        };
+        let command = Command::Release { key, token };
+        if !self.propose(
+            shard,
+            &command,
+            super::super::server::core::NOBODY,
+            PendingKind::Orphan,
+        ) {
+            log::warn!(
+                "shard {shard}: cannot release undelivered token {token} (not the leader); \
+                 its lease will free the key"
+            );
+        }
+    }
+
+    fn handle_session_closed(&mut self, session: SessionId) {
+        for local in 0..self.shards.len() {
+            let keys: Vec<Vec<u8>> = self.shards[local].queues.keys().cloned().collect();
+            for key in keys {
+                let shard = &mut self.shards[local];
+                if let Some(queue) = shard.queues.get_mut(&key) {
+                    for waiter in queue.iter_mut().filter(|w| w.session == session) {
+                        waiter.abandoned = true;
+                    }
+                }
+                shard.remove_where(&key, |w| w.session == session);
+            }
+            self.shards[local].check_invariants();
+        }
+    }
+
+    fn handle_shutdown(&mut self) {
+        self.shutting_down = true;
+        for local in 0..self.shards.len() {
+            let keys: Vec<Vec<u8>> = self.shards[local].queues.keys().cloned().collect();
+            for key in keys {
+                if let Some(head) = self.shards[local].head_mut(&key) {
+                    if head.proposed && !head.abandoned {
+                        head.abandoned = true;
+                        let (session, owner, ends) = (head.session, head.owner, head.ends_pending);
+                        self.busy(session, owner, ends, BusyReason::Shutdown);
+                    }
+                }
+                let removed = self.shards[local].remove_where(&key, |_| true);
+                for waiter in removed {
+                    self.busy(
+                        waiter.session,
+                        waiter.owner,
+                        waiter.ends_pending,
+                        BusyReason::Shutdown,
+                    );
+                }
+            }
+        }
+    }
+
+    fn top_up_tokens(&mut self, _keeper: &mut TokenKeeper) {
+        // Tokens come from the log index: nothing to reserve.
+    }
+
+    fn stats(&self) -> &TableStats {
+        &self.stats
+    }
+
+    fn key_count(&self) -> usize {
+        self.shards.iter().map(|s| s.machine.len()).sum()
+    }
+
+    fn waiter_count(&self) -> usize {
+        self.shards.iter().map(|s| s.waiters).sum()
+    }
+
+    fn scan_held(
+        &self,
+        _now_us: u64,
+        cursor: u32,
+        slots: u32,
+        prefix: &[u8],
+        found: &mut dyn FnMut(HeldKey),
+    ) -> Option<u32> {
+        // The cursor walks the hosted shards; a scan lists only shards this member serves.
+        let now_ms = self.now_ms();
+        let end = (cursor as usize)
+            .saturating_add(slots.max(1) as usize)
+            .min(self.shards.len());
+        for shard in &self.shards[(cursor as usize).min(end)..end] {
+            if !shard.serving() {
+                continue;
+            }
+            for (key, hold) in shard.machine.holds() {
+                if !key.starts_with(prefix) {
+                    continue;
+                }
+                found(HeldKey {
+                    key: key.into(),
+                    owner: hold.owner,
+                    holder: u64::MAX,
+                    held_us: 0,
+                    lease_left_us: hold.deadline_ms.saturating_sub(now_ms) * 1000,
+                    waiters: shard.queue_len(key) as u32,
+                });
+            }
+        }
+        (end < self.shards.len()).then_some(end as u32)
+    }
+}
+
+/// The correlation id of a keyed request.
+fn op_id(op: &Op) -> u64 {
+    match *op {
+        Op::Acquire { owner, .. } | Op::Cancel { owner } => owner,
+        Op::Release { token } | Op::Extend { token, .. } => token,
+        Op::Query { nonce } => nonce,
+    }
+}
+
+#[path = "partition/drive.rs"]
+mod drive;
+#[path = "partition/requests.rs"]
+mod requests;

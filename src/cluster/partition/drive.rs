@@ -1,0 +1,452 @@
+//! One iteration's work of a cluster partition: peers' messages, ticks, wait timers, the
+//! leader's expiries and checkpoints, the group-commit drain, and applying what committed.
+
+use super::{
+    ClusterPartition, Peers, Pending, PendingKind, CHECKPOINT_EVERY_US, CHECKPOINT_HOLDS,
+    COMPACT_EVERY, EXPIRIES_PER_ITERATION, INBOUND_PER_ITERATION, PROMOTE_GRACE_MS,
+    TICKS_CAUGHT_UP_MAX, TICK_US,
+};
+use crate::cluster::machine::{Applied, Command, ShardMachine};
+use crate::cluster::member::{Committed, EntryKind, LeaderChanged, ReadReady};
+use crate::cluster::shard::Role;
+use crate::cluster::Durable;
+use crate::lock_table::BusyReason;
+use crate::protocol::Response;
+use std::time::SystemTime;
+
+impl<D: Durable, P: Peers> ClusterPartition<D, P> {
+    pub(super) fn step_inbound(&mut self) {
+        for _ in 0..INBOUND_PER_ITERATION {
+            let Some((shard, message)) = self.peers.try_recv() else {
+                return;
+            };
+            if let Err(error) = self.member.step(shard, message) {
+                log::debug!("shard {shard}: message refused: {error}");
+            }
+        }
+    }
+
+    pub(super) fn tick(&mut self) {
+        if self.next_tick_us == 0 {
+            self.next_tick_us = self.now_us + TICK_US;
+            return;
+        }
+        let mut ticks = 0;
+        while self.now_us >= self.next_tick_us && ticks < TICKS_CAUGHT_UP_MAX {
+            self.member.tick();
+            self.next_tick_us += TICK_US;
+            ticks += 1;
+        }
+        if self.now_us >= self.next_tick_us {
+            self.next_tick_us = self.now_us + TICK_US;
+        }
+    }
+
+    /// Queued acquires whose wait ended: `T` (a proposed one is answered now and its grant,
+    /// if it still commits, released).
+    pub(super) fn fire_wait_timers(&mut self) {
+        while let Some(entry) = self.wait_timers.first_entry() {
+            let (deadline, seq) = *entry.key();
+            if deadline > self.now_us {
+                return;
+            }
+            let (shard, key) = entry.remove();
+            let local = self.local(shard);
+            let Some(queue) = self.shards[local].queues.get_mut(&key) else {
+                continue;
+            };
+            let Some(waiter) = queue.iter_mut().find(|w| w.seq == seq) else {
+                continue;
+            };
+            let (session, owner, ends) = (waiter.session, waiter.owner, waiter.ends_pending);
+            if waiter.proposed {
+                if waiter.abandoned {
+                    continue;
+                }
+                waiter.abandoned = true;
+            } else {
+                self.shards[local].remove_where(&key, |w| w.seq == seq);
+            }
+            self.stats.timed_out += 1;
+            self.answer(session, Response::Timeout { owner }, ends);
+            self.shards[local].check_invariants();
+        }
+    }
+
+    /// The leader's own proposals for shard `local`: expiries of leases that ran out here,
+    /// and periodic checkpoints of the time left on every lease.
+    pub(super) fn leader_duties(&mut self, local: usize) {
+        if !self.shards[local].serving() {
+            return;
+        }
+        let shard_id = self.shards[local].machine.shard();
+        let now_ms = self.now_ms();
+        let due = self.shards[local]
+            .machine
+            .due(now_ms, EXPIRIES_PER_ITERATION);
+        let as_of = self.shards[local].machine.applied();
+        for (key, token) in due {
+            if self.shards[local].expiring.contains(&token) {
+                continue;
+            }
+            let command = Command::Expire { key, token, as_of };
+            let nobody = crate::server::core::NOBODY;
+            if self.propose(shard_id, &command, nobody, PendingKind::Expire { token }) {
+                self.shards[local].expiring.insert(token);
+            }
+        }
+        let shard = &self.shards[local];
+        if self.now_us >= shard.checkpoint_at_us && !shard.machine.is_empty() {
+            let command =
+                shard
+                    .machine
+                    .checkpoint(now_ms, shard.checkpoint_after, CHECKPOINT_HOLDS);
+            let last = match &command {
+                Command::Checkpoint { holds, .. } if holds.len() == CHECKPOINT_HOLDS => {
+                    holds.last().map_or(0, |hold| hold.token)
+                }
+                _ => 0,
+            };
+            let nobody = crate::server::core::NOBODY;
+            if self.propose(shard_id, &command, nobody, PendingKind::Orphan) {
+                let shard = &mut self.shards[local];
+                shard.checkpoint_after = last;
+                shard.checkpoint_at_us = self.now_us + CHECKPOINT_EVERY_US;
+            }
+        }
+    }
+
+    /// The group-commit drain: everything ready in every group, one WAL sync, then the rest.
+    /// A failed write or sync stops the member (it cannot promise durability any more).
+    pub(super) fn drain(&mut self) {
+        if !self.member.has_ready() {
+            return self.serve_reads();
+        }
+        let drain = match self.member.begin_drain() {
+            Ok(drain) => drain,
+            Err(error) => panic!("cluster: writing the log failed: {error}"),
+        };
+        if !drain.messages.is_empty() {
+            self.peers.send(drain.messages);
+        }
+        for restore in drain.restores {
+            self.restore(restore.shard, &restore.data, restore.index);
+        }
+        self.apply(drain.committed);
+        let drained = match self.member.finish_drain() {
+            Ok(drained) => drained,
+            Err(error) => panic!("cluster: syncing the log failed: {error}"),
+        };
+        if !drained.messages.is_empty() {
+            self.peers.send(drained.messages);
+        }
+        self.apply(drained.committed);
+        self.leaders_changed(&drained.leaders);
+        self.reads_ready(drained.reads);
+        self.serve_reads();
+    }
+
+    fn restore(&mut self, shard: u32, data: &[u8], index: u64) {
+        let local = self.local(shard);
+        let shards = self.settings.shards;
+        match ShardMachine::restore(shard, shards, data, self.now_ms()) {
+            Ok(machine) => {
+                self.shards[local].machine = machine;
+                self.shards[local].compacted_at = index;
+                // Requests whose entries the snapshot covers get no answer from here: their
+                // clients' deadlines decide (Indeterminate for an acquire that was sent).
+                self.pending.retain(|(s, i), _| *s != shard || *i > index);
+            }
+            Err(error) => panic!("cluster: shard {shard}: a snapshot does not decode: {error}"),
+        }
+    }
+
+    fn apply(&mut self, committed: Vec<Committed>) {
+        let now_ms = self.now_ms();
+        for entry in committed {
+            let local = self.local(entry.shard);
+            let machine = &mut self.shards[local].machine;
+            if entry.index <= machine.applied() {
+                continue;
+            }
+            let command = match entry.kind {
+                EntryKind::Command => match Command::decode(&entry.data) {
+                    Ok(command) => Some(command),
+                    Err(error) => {
+                        log::error!(
+                            "shard {}: entry {} does not decode: {error}",
+                            entry.shard,
+                            entry.index
+                        );
+                        None
+                    }
+                },
+                EntryKind::Empty | EntryKind::ConfChange => None,
+            };
+            let applied = match &command {
+                Some(command) => Some(machine.apply(entry.index, command, now_ms)),
+                None => {
+                    machine.skip(entry.index);
+                    None
+                }
+            };
+            let pending = self.pending.remove(&(entry.shard, entry.index));
+            self.applied(entry.shard, entry.term, command.as_ref(), applied, pending);
+            self.maybe_compact(local);
+        }
+    }
+
+    /// What an applied entry means for the requests waiting on it, and for the queues.
+    fn applied(
+        &mut self,
+        shard: u32,
+        term: u64,
+        command: Option<&Command>,
+        applied: Option<Applied>,
+        pending: Option<Pending>,
+    ) {
+        let ours = pending.as_ref().is_some_and(|p| p.term == term);
+        if let (Some(pending), false) = (&pending, ours) {
+            self.lost(shard, pending.clone());
+        }
+        let (Some(command), Some(applied)) = (command, applied) else {
+            return;
+        };
+        match (command, applied) {
+            (Command::Acquire { key, .. }, outcome) if ours => {
+                self.acquire_applied(shard, key, outcome);
+            }
+            (Command::Release { key, token }, outcome) => {
+                if ours {
+                    self.release_applied(&pending, *token, outcome);
+                }
+                if outcome == Applied::Released {
+                    self.key_freed(shard, key);
+                }
+            }
+            (Command::Extend { token, .. }, outcome) if ours => {
+                let session = pending.as_ref().map_or(0, |p| p.session);
+                let response = match outcome {
+                    Applied::Extended { .. } => {
+                        self.stats.extended += 1;
+                        Response::Extended { token: *token }
+                    }
+                    _ => {
+                        self.stats.extend_not_held += 1;
+                        Response::NotHeld { token: *token }
+                    }
+                };
+                self.answer(session, response, false);
+            }
+            (Command::Expire { key, token, .. }, outcome) => {
+                let local = self.local(shard);
+                self.shards[local].expiring.remove(token);
+                if outcome == Applied::Expired {
+                    self.stats.lease_expirations += 1;
+                    self.key_freed(shard, key);
+                }
+            }
+            (Command::Barrier { .. }, _) if ours => self.promoted(shard, term),
+            _ => {}
+        }
+    }
+
+    fn release_applied(&mut self, pending: &Option<Pending>, token: u64, outcome: Applied) {
+        let Some(pending) = pending else {
+            return;
+        };
+        if !matches!(pending.kind, PendingKind::Release { .. }) {
+            return; // an orphan release: nobody to answer
+        }
+        let response = if outcome == Applied::Released {
+            self.stats.released += 1;
+            Response::Released { token }
+        } else {
+            self.stats.release_not_held += 1;
+            Response::NotHeld { token }
+        };
+        self.answer(pending.session, response, false);
+    }
+
+    fn acquire_applied(&mut self, shard: u32, key: &[u8], outcome: Applied) {
+        let local = self.local(shard);
+        match outcome {
+            Applied::Granted { token, .. } => self.answer_grant(shard, key, token),
+            Applied::Held { .. } => {
+                let now_us = self.now_us;
+                let Some(head) = self.shards[local].head_mut(key) else {
+                    return;
+                };
+                head.proposed = false;
+                if head.abandoned || head.deadline_us <= now_us {
+                    let head = self.shards[local].pop_head(key).expect("a head");
+                    if !head.abandoned {
+                        self.stats.timed_out += 1;
+                        let response = Response::Timeout { owner: head.owner };
+                        self.answer(head.session, response, head.ends_pending);
+                    }
+                    // The next waiter tries when the key frees; or now, if it already is.
+                    if self.shards[local].machine.holder(key).is_none() {
+                        self.propose_head(shard, key);
+                    }
+                }
+            }
+            _ => {
+                // Full, Exhausted, NoFloor: refused for capacity.
+                if let Some(head) = self.shards[local].pop_head(key) {
+                    if !head.abandoned {
+                        let reason = BusyReason::Keys;
+                        self.busy(head.session, head.owner, head.ends_pending, reason);
+                    }
+                }
+                self.propose_head(shard, key);
+            }
+        }
+        self.shards[local].check_invariants();
+    }
+
+    /// A committed release or expiry freed `key`: the leader proposes the next waiter.
+    fn key_freed(&mut self, shard: u32, key: &[u8]) {
+        if self.serving(shard) {
+            self.propose_head(shard, key);
+        }
+    }
+
+    /// A proposal whose index got another entry: it had no effect. Its client gets `M`.
+    fn lost(&mut self, shard: u32, pending: Pending) {
+        let local = self.local(shard);
+        match pending.kind {
+            PendingKind::Acquire { key } => {
+                if let Some(head) = self.shards[local].pop_head(&key) {
+                    if !head.abandoned {
+                        let response = self.moved(shard, head.owner);
+                        self.answer(head.session, response, head.ends_pending);
+                    }
+                }
+                self.shards[local].check_invariants();
+            }
+            PendingKind::Release { token } | PendingKind::Extend { token } => {
+                let response = self.moved(shard, token);
+                self.answer(pending.session, response, false);
+            }
+            PendingKind::Expire { token } => {
+                self.shards[local].expiring.remove(&token);
+            }
+            PendingKind::Barrier | PendingKind::Orphan => {}
+        }
+    }
+
+    /// The barrier of `term` applied: this member has everything committed before its term.
+    /// Every lease gets the grace before it may expire here, then the shard is served.
+    fn promoted(&mut self, shard: u32, term: u64) {
+        let local = self.local(shard);
+        let now_ms = self.now_ms();
+        let state = &mut self.shards[local];
+        if !matches!(state.role, Role::Promoting { barrier } if barrier.term == term) {
+            return;
+        }
+        state.machine.promote(now_ms, PROMOTE_GRACE_MS);
+        state.role = Role::Leader { term };
+        state.checkpoint_at_us = self.now_us + CHECKPOINT_EVERY_US;
+        log::info!("shard {shard}: serving as leader in term {term}");
+    }
+
+    fn leaders_changed(&mut self, changes: &[LeaderChanged]) {
+        for change in changes {
+            let local = self.local(change.shard);
+            let leads = change.leader == Some(self.settings.node_id);
+            let role = self.shards[local].role;
+            match (leads, role) {
+                (true, Role::Follower) => self.promote(change.shard),
+                (
+                    true,
+                    Role::Leader { term }
+                    | Role::Promoting {
+                        barrier: crate::cluster::member::Proposed { term, .. },
+                    },
+                ) if term != change.term => {
+                    self.demote(change.shard);
+                    self.promote(change.shard);
+                }
+                (false, Role::Leader { .. } | Role::Promoting { .. }) => self.demote(change.shard),
+                _ => {}
+            }
+        }
+    }
+
+    /// This member became the leader: propose the barrier (with the token floor it sets if
+    /// the shard has none yet).
+    fn promote(&mut self, shard: u32) {
+        let floor = crate::tokens::wall_clock_floor(SystemTime::now());
+        let command = Command::Barrier { floor };
+        let nobody = crate::server::core::NOBODY;
+        match self.member.propose(shard, command.encode()) {
+            Ok(barrier) => {
+                let pending = Pending {
+                    term: barrier.term,
+                    session: nobody,
+                    kind: PendingKind::Barrier,
+                };
+                self.pending.insert((shard, barrier.index), pending);
+                let local = self.local(shard);
+                self.shards[local].role = Role::Promoting { barrier };
+            }
+            Err(error) => log::debug!("shard {shard}: barrier refused: {error}"),
+        }
+    }
+
+    /// This member stopped leading: queued acquires that were never proposed get `B`;
+    /// proposed ones wait for their entry; queries in flight get `M`.
+    fn demote(&mut self, shard: u32) {
+        let local = self.local(shard);
+        self.shards[local].role = Role::Follower;
+        self.shards[local].expiring.clear();
+        for waiter in self.shards[local].take_unproposed() {
+            self.busy(
+                waiter.session,
+                waiter.owner,
+                waiter.ends_pending,
+                BusyReason::Leadership,
+            );
+        }
+        let reads: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, read)| read.shard == shard)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in reads {
+            if let Some(read) = self.reads.remove(&seq) {
+                let response = self.moved(shard, read.nonce);
+                self.answer(read.session, response, false);
+            }
+        }
+        self.shards[local].check_invariants();
+        log::info!("shard {shard}: no longer the leader");
+    }
+
+    fn reads_ready(&mut self, ready: Vec<ReadReady>) {
+        for read in ready {
+            let Ok(bytes) = <[u8; 8]>::try_from(read.context.as_slice()) else {
+                continue;
+            };
+            if let Some(pending) = self.reads.get_mut(&u64::from_be_bytes(bytes)) {
+                pending.index = Some(read.index);
+            }
+        }
+    }
+
+    fn maybe_compact(&mut self, local: usize) {
+        let shard = &self.shards[local];
+        let applied = shard.machine.applied();
+        if applied < shard.compacted_at + COMPACT_EVERY {
+            return;
+        }
+        let data = shard.machine.snapshot(self.now_ms());
+        let shard_id = shard.machine.shard();
+        match self.member.compact(shard_id, applied, data) {
+            Ok(()) => self.shards[local].compacted_at = applied,
+            Err(error) => log::debug!("shard {shard_id}: compaction deferred: {error}"),
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Clients' acquires, cancels and queries on a shard this member serves, and the answers
+//! of acquires.
+
+use super::{ClusterPartition, Peers, PendingKind, PendingRead};
+use crate::cluster::machine::Command;
+use crate::cluster::shard::Waiter;
+use crate::cluster::Durable;
+use crate::lock_table::{BusyReason, SessionId};
+use crate::protocol::Response;
+
+impl<D: Durable, P: Peers> ClusterPartition<D, P> {
+    /// An acquire: queued behind the key's queue, or proposed at once when the queue is empty.
+    /// A `wait = 0` acquire never queues: with others queued it is answered `T`.
+    pub(super) fn acquire(
+        &mut self,
+        shard: u32,
+        session: SessionId,
+        key: &[u8],
+        (wait_s, lease_s, owner): (u8, u8, u64),
+    ) {
+        let ends_pending = wait_s > 0;
+        if self.shutting_down {
+            return self.busy(session, owner, ends_pending, BusyReason::Shutdown);
+        }
+        let local = self.local(shard);
+        let queued = self.shards[local].queue_len(key);
+        if queued > 0 && wait_s == 0 {
+            self.stats.timed_out += 1;
+            return self.answer(session, Response::Timeout { owner }, false);
+        }
+        if queued >= self.settings.max_waiters_per_key as usize {
+            return self.busy(session, owner, ends_pending, BusyReason::WaitersPerKey);
+        }
+        let deadline_us = self.now_us + u64::from(wait_s) * 1_000_000;
+        let seq = self.seq();
+        let waiter = Waiter {
+            session,
+            owner,
+            lease_ms: u32::from(lease_s) * 1000,
+            deadline_us,
+            ends_pending,
+            seq,
+            proposed: false,
+            abandoned: false,
+        };
+        self.shards[local].enqueue(key, waiter);
+        if wait_s > 0 {
+            self.wait_timers
+                .insert((deadline_us, seq), (shard, key.to_vec()));
+        }
+        if queued == 0 {
+            self.propose_head(shard, key);
+        }
+        self.shards[local].check_invariants();
+    }
+
+    /// Proposes the `Acquire` of the head of `key`'s queue, unless it is proposed already.
+    /// A head that cannot be proposed (leadership just lost) is answered `M`.
+    pub(super) fn propose_head(&mut self, shard: u32, key: &[u8]) {
+        let local = self.local(shard);
+        let Some(head) = self.shards[local].head_mut(key) else {
+            return;
+        };
+        if head.proposed {
+            return;
+        }
+        let (session, owner, lease_ms) = (head.session, head.owner, head.lease_ms);
+        let command = Command::Acquire {
+            key: key.to_vec(),
+            owner,
+            lease_ms,
+        };
+        let kind = PendingKind::Acquire { key: key.to_vec() };
+        if self.propose(shard, &command, session, kind) {
+            if let Some(head) = self.shards[local].head_mut(key) {
+                head.proposed = true;
+            }
+        } else if let Some(head) = self.shards[local].pop_head(key) {
+            let response = self.moved(shard, head.owner);
+            self.answer(head.session, response, head.ends_pending);
+        }
+    }
+
+    /// Cancel: every queued, unproposed acquire of `owner` from `session` on `key` leaves
+    /// with `T`. A proposed one is decided by its entry (the client's Cancel then waits for
+    /// that single answer, as PROTOCOL.md §4.4 says).
+    pub(super) fn cancel(&mut self, shard: u32, session: SessionId, key: &[u8], owner: u64) {
+        self.stats.cancels += 1;
+        let local = self.local(shard);
+        let removed =
+            self.shards[local].remove_where(key, |w| w.session == session && w.owner == owner);
+        for waiter in removed {
+            self.stats.timed_out += 1;
+            self.answer(
+                waiter.session,
+                Response::Timeout { owner },
+                waiter.ends_pending,
+            );
+        }
+        self.shards[local].check_invariants();
+    }
+
+    /// Query: a ReadIndex round; answered once the state has applied the read index.
+    pub(super) fn query(&mut self, shard: u32, session: SessionId, key: &[u8], nonce: u64) {
+        let seq = self.seq();
+        match self.member.read_index(shard, seq.to_be_bytes().to_vec()) {
+            Ok(()) => {
+                let read = PendingRead {
+                    shard,
+                    session,
+                    nonce,
+                    key: key.to_vec(),
+                    index: None,
+                };
+                self.reads.insert(seq, read);
+            }
+            Err(_) => {
+                let response = self.moved(shard, nonce);
+                self.answer(session, response, false);
+            }
+        }
+    }
+
+    /// Answers the queries whose read index the state has reached.
+    pub(super) fn serve_reads(&mut self) {
+        let ready: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, read)| {
+                read.index.is_some_and(|index| {
+                    self.machine(read.shard)
+                        .is_some_and(|machine| machine.applied() >= index)
+                })
+            })
+            .map(|(seq, _)| *seq)
+            .collect();
+        let now_ms = self.now_ms();
+        for seq in ready {
+            let Some(read) = self.reads.remove(&seq) else {
+                continue;
+            };
+            let local = self.local(read.shard);
+            let shard = &self.shards[local];
+            let holder = shard.machine.holder(&read.key);
+            let lease_ms = holder.map_or(0, |hold| hold.deadline_ms.saturating_sub(now_ms));
+            let response = Response::State {
+                nonce: read.nonce,
+                held: holder.is_some(),
+                lease_ms: u32::try_from(lease_ms).unwrap_or(u32::MAX),
+                waiters: shard.queue_len(&read.key) as u32,
+            };
+            self.answer(read.session, response, false);
+        }
+    }
+
+    /// `B` for an acquire, counted.
+    pub(super) fn busy(
+        &mut self,
+        session: SessionId,
+        owner: u64,
+        ends_pending: bool,
+        reason: BusyReason,
+    ) {
+        self.stats.busy.count(reason);
+        self.answer(session, Response::Busy { owner }, ends_pending);
+    }
+
+    /// The grant of the head of `key`'s queue was applied with `token`: answer it (the answer
+    /// names the shard as its entry, so that an undelivered grant comes back here to be
+    /// released), or release it at once if its waiter was abandoned.
+    pub(super) fn answer_grant(&mut self, shard: u32, key: &[u8], token: u64) {
+        let local = self.local(shard);
+        let Some(head) = self.shards[local].pop_head(key) else {
+            return;
+        };
+        if head.abandoned {
+            let command = Command::Release {
+                key: key.to_vec(),
+                token,
+            };
+            let nobody = crate::server::core::NOBODY;
+            self.propose(shard, &command, nobody, PendingKind::Orphan);
+            return;
+        }
+        self.stats.acquired += 1;
+        self.answers.push(crate::lock_table::Answer {
+            session: head.session,
+            response: Response::Acquired {
+                owner: head.owner,
+                token,
+            },
+            ends_pending: head.ends_pending,
+            entry: shard,
+        });
+    }
+}
