@@ -27,6 +27,7 @@
 //! | `core.rs` | one core's logic: read, parse, authorize, execute or route, answer, flush |
 //! | `admission.rs` | a new connection: a session, or `X` code 7 past `max_connections` |
 //! | `close.rs` | the close protocol of sessions, and shutdown |
+//! | `cluster.rs` | a cluster member's start: per core a WAL, Raft groups and partition; the peer thread |
 //! | `session.rs` | one connection's stream, input, output and accounting |
 //! | `buffers.rs` | the read buffers lent to sessions |
 //! | `route.rs` | which core owns a key, the messages between cores, their bounded outboxes |
@@ -45,6 +46,7 @@ pub mod alarm;
 pub mod bind;
 pub mod buffers;
 pub mod close;
+pub mod cluster;
 pub mod core;
 pub mod handshake;
 pub mod logs;
@@ -68,6 +70,7 @@ use mio::net::TcpStream;
 use mio::{Poll, Waker};
 use net::MioStream;
 use parking_lot::Mutex;
+use partition::Partition;
 use persist::{Persister, TokenKeeper};
 use reactor::{CoreSettings, Links, Reactor, ReactorParts, WAKER};
 use route::{KeyPool, Msg, Outbox, CHANNEL_DEPTH};
@@ -201,6 +204,8 @@ pub struct ServerHandle {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<Result<(), ServerError>>>,
     persister: Option<Persister>,
+    /// A cluster member's peer thread, stopped after the cores.
+    peers: Option<cluster::PeerThread>,
     /// Keeps the address ours until the server is gone.
     _guard: AddressGuard,
 }
@@ -274,13 +279,16 @@ impl ServerHandle {
         if let Some(persister) = self.persister.take() {
             persister.join();
         }
+        if let Some(peers) = self.peers.take() {
+            peers.stop();
+        }
         outcome
     }
 }
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        if !self.threads.is_empty() {
+        if !self.threads.is_empty() || self.peers.is_some() {
             self.shutdown();
             let _ = self.join_threads();
         }
@@ -303,11 +311,6 @@ struct Plan {
 
 /// Starts a server; `notify` is woken when a core stops (normally or not) or on shutdown.
 pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Result<ServerHandle> {
-    if config.cluster.is_some() {
-        let message = "[cluster]: cluster mode is not served yet (it is being built; see \
-                       docs/cluster-design.md); remove [cluster] to run a single node";
-        return Err(io::Error::new(io::ErrorKind::Unsupported, message));
-    }
     let cores = config.server.cores;
     if cores == 0 || cores > CORES_MAX {
         let message = format!("server.cores must be in 1..={CORES_MAX}, got {cores}");
@@ -321,25 +324,65 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         .transpose()?;
     let bound = bind::bind(config.server.listen, cores)?;
     let mut plan = plan(&config, notify)?;
-    let persister = match &plan.state_dir {
-        Some(state) => Some(Persister::start(state.clone(), Arc::clone(&plan.shared))?),
-        None => None,
+    let mut handle = ServerHandle {
+        addr: bound.addr,
+        shared: Arc::clone(&plan.shared),
+        threads: Vec::with_capacity(cores),
+        persister: None,
+        peers: None,
+        _guard: bound.guard,
     };
+    let listeners = bound.listeners;
+    match &config.cluster {
+        None => {
+            if let Some(state) = &plan.state_dir {
+                let shared = Arc::clone(&plan.shared);
+                handle.persister = Some(Persister::start(state.clone(), shared)?);
+            }
+            let mut tables = Vec::with_capacity(cores);
+            for index in 0..cores {
+                let persister = handle.persister.as_ref();
+                let (range, keeper) = token_range(&config, &plan, persister, index)?;
+                let mut table = LockTable::new(plan.table_config, 0, range);
+                if let Some(queues) = &plan.shared.queues {
+                    table.share_queue_counts(Arc::clone(queues) as Arc<dyn QueueCounts>);
+                }
+                tables.push((table, keeper));
+            }
+            spawn_cores(&config, &mut plan, listeners, tables, tls.as_ref(), &mut handle)?;
+        }
+        Some(cluster_config) => {
+            let (partitions, peers) = cluster::start(&config, cluster_config, &plan.shared)?;
+            handle.peers = Some(peers);
+            let partitions = partitions
+                .into_iter()
+                .map(|partition| (partition, TokenKeeper::none()))
+                .collect();
+            spawn_cores(&config, &mut plan, listeners, partitions, tls.as_ref(), &mut handle)?;
+        }
+    }
+    Ok(handle)
+}
+
+/// Spawns one core per partition, each with its poll, listener and links.
+fn spawn_cores<P: Partition + Send + 'static>(
+    config: &Config,
+    plan: &mut Plan,
+    listeners: Vec<mio::net::TcpListener>,
+    partitions: Vec<(P, TokenKeeper)>,
+    tls: Option<&Arc<rustls::ServerConfig>>,
+    handle: &mut ServerHandle,
+) -> io::Result<()> {
+    let cores = config.server.cores;
     let channels: Vec<_> = (0..cores)
         .map(|_| crossbeam_channel::bounded(CHANNEL_DEPTH))
         .collect();
     let key_pool = KeyPool::default();
     let auth = crate::auth::AuthRules::new(&config.auth_rules);
     let epoch = Instant::now();
-    let mut threads = Vec::with_capacity(cores);
     let polls = std::mem::take(&mut plan.polls);
-    let polls_listeners = polls.into_iter().zip(bound.listeners);
-    for (index, (poll, listener)) in polls_listeners.enumerate() {
-        let (range, keeper) = token_range(&config, &plan, persister.as_ref(), index)?;
-        let mut table = LockTable::new(plan.table_config, 0, range);
-        if let Some(queues) = &plan.shared.queues {
-            table.share_queue_counts(Arc::clone(queues) as Arc<dyn QueueCounts>);
-        }
+    let cores_parts = polls.into_iter().zip(listeners).zip(partitions);
+    for (index, ((poll, listener), (table, keeper))) in cores_parts.enumerate() {
         let links = Links {
             inbox: channels[index].1.clone(),
             outboxes: outboxes(index, &channels, &plan.shared.wakers),
@@ -363,19 +406,10 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
             links,
             epoch,
         };
-        threads.push(spawn_reactor(
-            parts,
-            tls.as_ref(),
-            Arc::clone(&plan.shared),
-        )?);
+        let shared = Arc::clone(&plan.shared);
+        handle.threads.push(spawn_reactor(parts, tls, shared)?);
     }
-    Ok(ServerHandle {
-        addr: bound.addr,
-        shared: plan.shared,
-        threads,
-        persister,
-        _guard: bound.guard,
-    })
+    Ok(())
 }
 
 /// Core `index`'s first tokens and what keeps its reservation persisted (with a state dir).
@@ -479,24 +513,24 @@ fn outboxes(
 }
 
 /// Runs a core's loop over plain TCP, or over TLS with `tls`.
-fn spawn_reactor(
-    parts: ReactorParts,
+fn spawn_reactor<P: Partition + Send + 'static>(
+    parts: ReactorParts<P>,
     tls: Option<&Arc<rustls::ServerConfig>>,
     shared: Arc<Shared>,
 ) -> io::Result<JoinHandle<Result<(), ServerError>>> {
     let index = parts.settings.index;
     match tls {
-        None => spawn_core(index, Reactor::<TcpStream>::new(parts, ())?, shared),
+        None => spawn_core(index, Reactor::<TcpStream, P>::new(parts, ())?, shared),
         Some(tls) => {
-            let reactor = Reactor::<tls::TlsStream>::new(parts, Arc::clone(tls))?;
+            let reactor = Reactor::<tls::TlsStream, P>::new(parts, Arc::clone(tls))?;
             spawn_core(index, reactor, shared)
         }
     }
 }
 
-fn spawn_core<S: MioStream + Send + 'static>(
+fn spawn_core<S: MioStream + Send + 'static, P: Partition + Send + 'static>(
     index: usize,
-    reactor: Reactor<S>,
+    reactor: Reactor<S, P>,
     shared: Arc<Shared>,
 ) -> io::Result<JoinHandle<Result<(), ServerError>>> {
     std::thread::Builder::new()

@@ -20,6 +20,7 @@ use super::core::Core;
 pub use super::core::{core_of, session_id, slot_of, CoreSettings, Links, SLOTS_MAX};
 use super::net::{MioNet, MioStream, SESSION_TOKEN_BASE};
 use super::Shared;
+use super::partition::Partition;
 use crate::lock_table::LockTable;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
@@ -40,13 +41,13 @@ const _: () = assert!(SESSION_TOKEN_BASE > ALARM.0 && SESSION_TOKEN_BASE > LISTE
 
 /// One core's loop: its poll, its listener, its alarm and its [`Core`], over streams `S` (plain
 /// TCP, or TLS: one type per server, so the plain path carries nothing of TLS).
-pub struct Reactor<S: MioStream = TcpStream> {
+pub struct Reactor<S: MioStream = TcpStream, P: Partition = LockTable> {
     poll: Poll,
     alarm: Alarm,
     listener: Option<TcpListener>,
     /// What turns an accepted connection into a session's stream.
     acceptor: S::Acceptor,
-    core: Core<MioNet<S>>,
+    core: Core<MioNet<S>, P>,
     epoch: Instant,
     shared: Arc<Shared>,
     /// Whether the stall gauge counts the thread's CPU time instead of wall time.
@@ -63,24 +64,24 @@ fn thread_cpu_us() -> u64 {
 }
 
 /// What a core's loop is made of, besides its streams' acceptor.
-pub struct ReactorParts {
+pub struct ReactorParts<P: Partition = LockTable> {
     /// The core's limits and identity.
     pub settings: CoreSettings,
     /// The core's poll.
     pub poll: Poll,
     /// The core's listener.
     pub listener: TcpListener,
-    /// The core's partition.
-    pub table: LockTable,
+    /// The core's partition: a lock table, or a cluster member's shards.
+    pub table: P,
     /// The core's ways to the others.
     pub links: Links,
     /// The server's shared clock origin.
     pub epoch: Instant,
 }
 
-impl<S: MioStream> Reactor<S> {
+impl<S: MioStream, P: Partition> Reactor<S, P> {
     /// Assembles a core's loop; accepted connections become streams with `acceptor`.
-    pub fn new(parts: ReactorParts, acceptor: S::Acceptor) -> io::Result<Reactor<S>> {
+    pub fn new(parts: ReactorParts<P>, acceptor: S::Acceptor) -> io::Result<Reactor<S, P>> {
         let ReactorParts {
             settings,
             poll,

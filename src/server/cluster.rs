@@ -1,0 +1,187 @@
+//! Starting a cluster member: per core a write-ahead log, the Raft groups of the core's shards
+//! and the [`ClusterPartition`] that serves them; one peer thread for the member.
+//!
+//! The data directory records the layout it was written with (`layout`: shards and cores): a
+//! member restarted with another core count would look for its shards' logs in the wrong
+//! directories, so it refuses to start instead, naming both layouts.
+
+use super::Shared;
+use crate::cluster::member::{Envelope, Member};
+use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
+use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits};
+use crate::cluster::wal::Wal;
+use crate::config::{ClusterConfig, Config};
+use crossbeam_channel::Receiver;
+use raft::eraftpb::Message;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Raft messages from the peer thread waiting for one core at most.
+const INBOUND_DEPTH: usize = 65_536;
+
+/// A core's way to the other members: the peer thread's handle and the core's inbound channel.
+pub struct CorePeers {
+    handle: PeerHandle,
+    inbound: Receiver<(u32, Message)>,
+}
+
+impl Peers for CorePeers {
+    fn send(&mut self, batch: Vec<Envelope>) {
+        let batch = batch
+            .into_iter()
+            .map(|envelope| Outgoing {
+                to: envelope.message.to,
+                shard: envelope.shard,
+                message: envelope.message,
+            })
+            .collect();
+        // A full channel drops the batch (counted): Raft retransmits.
+        self.handle.send_batch(batch);
+    }
+
+    fn try_recv(&mut self) -> Option<(u32, Message)> {
+        self.inbound.try_recv().ok()
+    }
+}
+
+/// A member's partition on one core.
+pub type MemberPartition = ClusterPartition<Wal, CorePeers>;
+
+/// The member's peer thread, stopped after the cores.
+pub struct PeerThread {
+    handle: PeerHandle,
+    thread: JoinHandle<()>,
+}
+
+impl PeerThread {
+    /// Stops the peer thread and waits for it.
+    pub fn stop(self) {
+        self.handle.stop();
+        if self.thread.join().is_err() {
+            log::error!("the peer thread panicked");
+        }
+    }
+}
+
+/// Opens every core's log, builds its groups and partition, and starts the peer thread.
+pub fn start(
+    config: &Config,
+    cluster: &ClusterConfig,
+    shared: &Arc<Shared>,
+) -> io::Result<(Vec<MemberPartition>, PeerThread)> {
+    let cores = config.server.cores;
+    check_layout(&cluster.data_dir, cluster.shards, cores)?;
+    let this = cluster
+        .this_member()
+        .ok_or_else(|| io::Error::other("cluster.node_id is not a member"))?;
+    let channels: Vec<_> = (0..cores)
+        .map(|_| crossbeam_channel::bounded(INBOUND_DEPTH))
+        .collect();
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ cluster.node_id;
+    let peer_config = PeerConfig {
+        node_id: cluster.node_id,
+        listen: this.peer,
+        peers: cluster.members.iter().map(|m| (m.id, m.peer)).collect(),
+        shards: cluster.shards,
+        seed,
+        limits: PeerLimits::default(),
+    };
+    let inbound = channels
+        .iter()
+        .zip(&shared.wakers)
+        .map(|((sender, _), waker)| (sender.clone(), Arc::clone(waker)))
+        .collect();
+    let (handle, thread) = peer::spawn(peer_config, inbound, move |shard| shard as usize % cores)
+        .map_err(|e| io::Error::new(e.kind(), format!("cluster peer address {}: {e}", this.peer)))?;
+    let peer_thread = PeerThread { handle, thread };
+    let mut partitions = Vec::with_capacity(cores);
+    for (core, (_, receiver)) in channels.into_iter().enumerate() {
+        match core_partition(config, cluster, core, seed, &peer_thread.handle, receiver) {
+            Ok(partition) => partitions.push(partition),
+            Err(error) => {
+                peer_thread.stop();
+                return Err(error);
+            }
+        }
+    }
+    log::info!(
+        "cluster member {} of {}: {} shards over {cores} cores, peers on {}, fsync {}",
+        cluster.node_id,
+        cluster.members.len(),
+        cluster.shards,
+        this.peer,
+        cluster.fsync
+    );
+    Ok((partitions, peer_thread))
+}
+
+fn core_partition(
+    config: &Config,
+    cluster: &ClusterConfig,
+    core: usize,
+    seed: u64,
+    handle: &PeerHandle,
+    inbound: Receiver<(u32, Message)>,
+) -> io::Result<MemberPartition> {
+    let cores = config.server.cores;
+    let dir = cluster.data_dir.join(format!("core-{core}"));
+    let (wal, recovered) = Wal::open(&dir, cluster.fsync).map_err(|e| {
+        io::Error::new(e.kind(), format!("cluster.data_dir {}: {e}", dir.display()))
+    })?;
+    let shards = shards_of_core(core, cores, cluster.shards);
+    let voters = cluster.voters();
+    let member = Member::new(cluster.node_id, &voters, &shards, wal, recovered, seed)
+        .map_err(|e| io::Error::other(format!("cluster core {core}: {e}")))?;
+    let settings = PartitionSettings {
+        node_id: cluster.node_id,
+        shards: cluster.shards,
+        core,
+        cores,
+        clients: cluster.members.iter().map(|m| (m.id, m.client)).collect(),
+        max_waiters_per_key: config.limits.max_waiters_per_key,
+    };
+    let peers = CorePeers {
+        handle: handle.clone(),
+        inbound,
+    };
+    Ok(ClusterPartition::new(settings, member, peers))
+}
+
+/// Creates `data_dir` and its `layout` file on first start; refuses a directory written with
+/// another shard or core count.
+fn check_layout(data_dir: &Path, shards: u32, cores: usize) -> io::Result<()> {
+    let named = |e: io::Error| {
+        io::Error::new(
+            e.kind(),
+            format!("cluster.data_dir {}: {e}", data_dir.display()),
+        )
+    };
+    std::fs::create_dir_all(data_dir).map_err(named)?;
+    let path = data_dir.join("layout");
+    let wanted = format!("shards={shards} cores={cores}\n");
+    match std::fs::read_to_string(&path) {
+        Ok(found) if found == wanted => Ok(()),
+        Ok(found) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "cluster.data_dir {}: written with {}, this start has {} (a member keeps its \
+                 shard and core counts; start it with --cores as before)",
+                data_dir.display(),
+                found.trim(),
+                wanted.trim()
+            ),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let temporary = data_dir.join("layout.tmp");
+            std::fs::write(&temporary, &wanted).map_err(named)?;
+            std::fs::rename(&temporary, &path).map_err(named)
+        }
+        Err(e) => Err(named(e)),
+    }
+}
