@@ -13,6 +13,7 @@
 #![allow(dead_code)]
 
 pub mod fake_member;
+pub mod cluster;
 pub mod partition_model;
 pub mod pki;
 pub mod probe;

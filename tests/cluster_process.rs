@@ -1,0 +1,140 @@
+//! Cluster mode with real processes on loopback: three `latchkey serve` members, kill -9 of a
+//! leader, a leader stopped with SIGSTOP, and a whole-cluster kill -9 and restart.
+//!
+//! Every wait is bounded; timing assertions are "never early" and "not too late" with slack.
+
+mod common;
+
+use common::cluster::Cluster;
+use common::server::fresh_id;
+use latchkey::protocol::{Request, Response};
+use std::time::{Duration, Instant};
+
+const FAILOVER_LIMIT: Duration = Duration::from_secs(10);
+
+/// Acquires `key` (wait 0) on whichever member serves it; the member's index and the token.
+fn acquire_on_leader(cluster: &Cluster, key: &str, lease_s: u8) -> (usize, u64) {
+    let (leader, _) = cluster
+        .serving(key, &[], FAILOVER_LIMIT)
+        .expect("a member serves the key");
+    let mut conn = cluster.conn(leader);
+    let token = conn.acquire_ok(key, lease_s, fresh_id());
+    (leader, token)
+}
+
+fn held(state: &Response) -> (bool, u32) {
+    match *state {
+        Response::State { held, lease_ms, .. } => (held, lease_ms),
+        ref other => panic!("not a state: {other:?}"),
+    }
+}
+
+#[test]
+fn kill_9_of_the_leader_keeps_the_key_held_and_its_token_releases_it_on_the_new_leader() {
+    let mut cluster = Cluster::start("cluster-kill", 3, 4, true);
+    let key = "jobs/failover";
+    let (leader, token) = acquire_on_leader(&cluster, key, 30);
+    let killed_at = Instant::now();
+    cluster.kill(leader);
+    let (new_leader, state) = cluster
+        .serving(key, &[leader], FAILOVER_LIMIT)
+        .expect("a new leader serves the key");
+    let failover = killed_at.elapsed();
+    assert_ne!(new_leader, leader);
+    let (is_held, lease_ms) = held(&state);
+    assert!(is_held, "the key must stay held through the failover");
+    // Never shorter than what the holder was promised (30 s from before the kill), and at most
+    // the lease plus the new leader's grace (and a second of slack).
+    let promised = Duration::from_secs(30).saturating_sub(killed_at.elapsed());
+    assert!(
+        Duration::from_millis(u64::from(lease_ms)) + Duration::from_millis(50) >= promised,
+        "lease {lease_ms} ms left, promised {promised:?}"
+    );
+    assert!(lease_ms <= 31_200, "lease {lease_ms} ms left");
+    let mut conn = cluster.conn(new_leader);
+    // Someone else cannot have it; the holder releases it with its token; then it is free.
+    assert!(matches!(
+        conn.acquire(key, 0, 30, fresh_id()),
+        Response::Timeout { .. }
+    ));
+    assert_eq!(conn.release(key, token), Response::Released { token });
+    let next = conn.acquire_ok(key, 30, fresh_id());
+    assert!(next > token, "token {next} after {token}");
+    eprintln!("failover (kill -9 → a new leader answers Q): {failover:?}");
+}
+
+#[test]
+fn a_stopped_leader_grants_and_answers_nothing_from_stale_state_after_sigcont() {
+    let cluster = Cluster::start("cluster-stop", 3, 4, true);
+    let key = "jobs/stopped";
+    let (old, token) = acquire_on_leader(&cluster, key, 30);
+    // A session opened on the old leader before it stops; its requests wait in the socket.
+    let mut stale = cluster.conn(old);
+    cluster.signal(old, libc::SIGSTOP);
+    let (new, _) = cluster
+        .serving(key, &[old], FAILOVER_LIMIT)
+        .expect("a new leader while the old one is stopped");
+    let mut conn = cluster.conn(new);
+    assert_eq!(conn.release(key, token), Response::Released { token });
+    let second = conn.acquire_ok(key, 30, fresh_id());
+    // Sent while stopped: the old leader reads them only after SIGCONT, when it still believes
+    // it leads. It must not grant (the key is held by `second`) nor report the key free.
+    let (owner, nonce) = (fresh_id(), fresh_id());
+    stale.send(Request::Acquire {
+        wait_s: 0,
+        lease_s: 30,
+        owner,
+        key: key.as_bytes(),
+    });
+    stale.send(Request::Query {
+        nonce,
+        key: key.as_bytes(),
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.signal(old, libc::SIGCONT);
+    for _ in 0..2 {
+        match stale.recv_within(Duration::from_secs(10)) {
+            Some(Response::Acquired { .. }) => panic!("a stopped leader granted a held key"),
+            Some(Response::State { held: false, .. }) => {
+                panic!("a stopped leader said a held key is free")
+            }
+            Some(answer) => eprintln!("old leader answered {answer:?}"),
+            None => panic!("no answer from the old leader after SIGCONT"),
+        }
+    }
+    // The cluster still knows the truth.
+    let (_, state) = cluster.serving(key, &[], FAILOVER_LIMIT).expect("served");
+    assert!(held(&state).0);
+    let mut conn = cluster.conn(cluster.serving(key, &[], FAILOVER_LIMIT).unwrap().0);
+    assert_eq!(conn.release(key, second), Response::Released { token: second });
+}
+
+#[test]
+fn a_whole_cluster_kill_9_and_restart_keeps_holds_and_tokens() {
+    let mut cluster = Cluster::start("cluster-restart", 3, 4, true);
+    let keys: Vec<String> = (0..8).map(|i| format!("jobs/restart-{i}")).collect();
+    let tokens: Vec<u64> = keys
+        .iter()
+        .map(|key| acquire_on_leader(&cluster, key, 60).1)
+        .collect();
+    for index in 0..3 {
+        cluster.kill(index);
+    }
+    for index in 0..3 {
+        cluster.launch(index);
+    }
+    for (key, &token) in keys.iter().zip(&tokens) {
+        let (leader, state) = cluster
+            .serving(key, &[], FAILOVER_LIMIT)
+            .expect("served after the restart");
+        assert!(held(&state).0, "{key} lost its hold in the restart");
+        let mut conn = cluster.conn(leader);
+        assert!(matches!(
+            conn.acquire(key, 0, 30, fresh_id()),
+            Response::Timeout { .. }
+        ));
+        assert_eq!(conn.release(key, token), Response::Released { token });
+        let next = conn.acquire_ok(key, 30, fresh_id());
+        assert!(next > token, "{key}: token {next} after {token}");
+    }
+}
