@@ -138,3 +138,65 @@ fn a_whole_cluster_kill_9_and_restart_keeps_holds_and_tokens() {
         assert!(next > token, "{key}: token {next} after {token}");
     }
 }
+
+/// A key in the same shard as `key` (shards as the cluster's), not `key` itself.
+fn same_shard_key(key: &str, shards: u32, round: usize) -> String {
+    let shard = latchkey::cluster::partition::shard_of(key.as_bytes(), shards);
+    (0..)
+        .map(|i| format!("{key}/{round}/{i}"))
+        .find(|k| latchkey::cluster::partition::shard_of(k.as_bytes(), shards) == shard)
+        .expect("some key")
+}
+
+/// Failover time over 20 kills: kill -9 the leader of a key's shard, then time until a fresh
+/// key of that shard is granted by a new leader; restart the killed member between rounds.
+/// `cargo test --release --test cluster_process -- --ignored --nocapture failover_times`
+#[test]
+#[ignore]
+fn failover_times() {
+    let shards = 64;
+    let mut cluster = Cluster::start("cluster-failover", 3, shards, true);
+    let mut times = Vec::new();
+    for round in 0..20 {
+        let key = format!("jobs/failover-{round}");
+        let (leader, _) = acquire_on_leader(&cluster, &key, 30);
+        let probe = same_shard_key(&key, shards, round);
+        let killed = Instant::now();
+        cluster.kill(leader);
+        let granted = loop {
+            assert!(killed.elapsed() < FAILOVER_LIMIT, "no grant after the kill");
+            let mut granted = None;
+            for index in (0..3).filter(|&i| i != leader) {
+                let Ok(stream) = std::net::TcpStream::connect(cluster.members[index].client) else {
+                    continue;
+                };
+                let mut conn = common::server::Conn::over(stream);
+                conn.send(Request::Acquire {
+                    wait_s: 0,
+                    lease_s: 5,
+                    owner: fresh_id(),
+                    key: probe.as_bytes(),
+                });
+                if let Some(Response::Acquired { .. }) = conn.recv_within(Duration::from_secs(2)) {
+                    granted = Some(killed.elapsed());
+                    break;
+                }
+            }
+            if let Some(elapsed) = granted {
+                break elapsed;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        eprintln!("round {round}: killed member {} → first grant in {granted:?}", leader + 1);
+        times.push(granted);
+        cluster.launch(leader);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    times.sort();
+    eprintln!(
+        "failover over {} kills: p50 {:?}, max {:?}",
+        times.len(),
+        times[times.len() / 2],
+        times[times.len() - 1]
+    );
+}
