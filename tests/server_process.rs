@@ -252,19 +252,46 @@ fn startup_errors_name_the_address_or_the_state_dir() {
 }
 
 #[test]
-fn a_cluster_config_is_refused_until_cluster_mode_is_served() {
-    let dir = TempDir::new("cluster-refused");
+fn a_cluster_member_refuses_a_data_dir_written_with_another_core_count() {
+    let dir = TempDir::new("cluster-layout");
     let path = dir.path().join("latchkey.toml");
+    let ports: Vec<u16> = (0..2)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect::<Vec<_>>()
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect();
     let text = format!(
-        "[cluster]\nnode_id = 1\ndata_dir = {:?}\nmembers = [\n  \
-         {{ id = 1, client = \"127.0.0.1:1\", peer = \"127.0.0.1:2\" }},\n]\n",
-        dir.path().join("data")
+        "[cluster]\nnode_id = 1\nshards = 4\ndata_dir = {:?}\nmembers = [\n  \
+         {{ id = 1, client = \"127.0.0.1:{}\", peer = \"127.0.0.1:{}\" }},\n]\n",
+        dir.path().join("data"),
+        ports[0],
+        ports[1]
     );
     std::fs::write(&path, text).unwrap();
-    let (code, stderr) = serve_until_exit(&["--config", path.to_str().unwrap()]);
+    let config = path.to_str().unwrap();
+    // A one-member cluster serves (it is its own majority).
+    let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    command.args(["serve", "--cores", "1", "--config", config]);
+    let (server, _log) = ServerProcess::spawn_collecting(command);
+    let mut conn = Conn::connect(server.addr);
+    // Until it has elected itself it redirects (M, no leader known yet).
+    let started = Instant::now();
+    let token = loop {
+        match conn.acquire("jobs/layout", 0, 30, fresh_id()) {
+            Response::Acquired { token, .. } => break token,
+            Response::Moved { .. } if started.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => panic!("acquire answered {other:?}"),
+        }
+    };
+    assert!(token > wall_clock_floor(SystemTime::now()) / 2);
+    stop(server, libc::SIGTERM);
+    let (code, stderr) = serve_until_exit(&["--cores", "2", "--config", config]);
     assert_eq!(code, Some(70), "stderr: {stderr}");
     assert!(
-        stderr.contains("[cluster]: cluster mode is not served yet"),
+        stderr.contains("written with shards=4 cores=1, this start has shards=4 cores=2"),
         "stderr: {stderr}"
     );
 }
