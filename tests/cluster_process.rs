@@ -12,14 +12,34 @@ use std::time::{Duration, Instant};
 
 const FAILOVER_LIMIT: Duration = Duration::from_secs(10);
 
+/// A key that lives as long as the test process (requests borrow their key).
+fn leak(key: String) -> &'static str {
+    Box::leak(key.into_boxed_str())
+}
+
+fn acquire(key: &'static str, wait_s: u8, lease_s: u8) -> impl Fn() -> Request<'static> {
+    let owner = fresh_id();
+    move || Request::Acquire {
+        wait_s,
+        lease_s,
+        owner,
+        key: key.as_bytes(),
+    }
+}
+
+fn release(key: &'static str, token: u64) -> impl Fn() -> Request<'static> {
+    move || Request::Release {
+        token,
+        key: key.as_bytes(),
+    }
+}
+
 /// Acquires `key` (wait 0) on whichever member serves it; the member's index and the token.
-fn acquire_on_leader(cluster: &Cluster, key: &str, lease_s: u8) -> (usize, u64) {
-    let (leader, _) = cluster
-        .serving(key, &[], FAILOVER_LIMIT)
-        .expect("a member serves the key");
-    let mut conn = cluster.conn(leader);
-    let token = conn.acquire_ok(key, lease_s, fresh_id());
-    (leader, token)
+fn acquire_on_leader(cluster: &Cluster, key: &'static str, lease_s: u8) -> (usize, u64) {
+    match cluster.call(key, &[], FAILOVER_LIMIT, acquire(key, 0, lease_s)) {
+        (leader, Response::Acquired { token, .. }) => (leader, token),
+        (_, other) => panic!("acquire of {key} answered {other:?}"),
+    }
 }
 
 fn held(state: &Response) -> (bool, u32) {
@@ -51,14 +71,12 @@ fn kill_9_of_the_leader_keeps_the_key_held_and_its_token_releases_it_on_the_new_
         "lease {lease_ms} ms left, promised {promised:?}"
     );
     assert!(lease_ms <= 31_200, "lease {lease_ms} ms left");
-    let mut conn = cluster.conn(new_leader);
     // Someone else cannot have it; the holder releases it with its token; then it is free.
-    assert!(matches!(
-        conn.acquire(key, 0, 30, fresh_id()),
-        Response::Timeout { .. }
-    ));
-    assert_eq!(conn.release(key, token), Response::Released { token });
-    let next = conn.acquire_ok(key, 30, fresh_id());
+    let (_, other) = cluster.call(key, &[leader], FAILOVER_LIMIT, acquire(key, 0, 30));
+    assert!(matches!(other, Response::Timeout { .. }), "{other:?}");
+    let (_, released) = cluster.call(key, &[leader], FAILOVER_LIMIT, release(key, token));
+    assert_eq!(released, Response::Released { token });
+    let (_, next) = acquire_on_leader(&cluster, key, 30);
     assert!(next > token, "token {next} after {token}");
     eprintln!("failover (kill -9 → a new leader answers Q): {failover:?}");
 }
@@ -74,9 +92,13 @@ fn a_stopped_leader_grants_and_answers_nothing_from_stale_state_after_sigcont() 
     let (new, _) = cluster
         .serving(key, &[old], FAILOVER_LIMIT)
         .expect("a new leader while the old one is stopped");
-    let mut conn = cluster.conn(new);
-    assert_eq!(conn.release(key, token), Response::Released { token });
-    let second = conn.acquire_ok(key, 30, fresh_id());
+    let _ = new;
+    let (_, released) = cluster.call(key, &[old], FAILOVER_LIMIT, release(key, token));
+    assert_eq!(released, Response::Released { token });
+    let (_, second) = match cluster.call(key, &[old], FAILOVER_LIMIT, acquire(key, 0, 30)) {
+        (index, Response::Acquired { token, .. }) => (index, token),
+        (_, other) => panic!("{other:?}"),
+    };
     // Sent while stopped: the old leader reads them only after SIGCONT, when it still believes
     // it leads. It must not grant (the key is held by `second`) nor report the key free.
     let (owner, nonce) = (fresh_id(), fresh_id());
@@ -106,13 +128,16 @@ fn a_stopped_leader_grants_and_answers_nothing_from_stale_state_after_sigcont() 
     let (_, state) = cluster.serving(key, &[], FAILOVER_LIMIT).expect("served");
     assert!(held(&state).0);
     let mut conn = cluster.conn(cluster.serving(key, &[], FAILOVER_LIMIT).unwrap().0);
-    assert_eq!(conn.release(key, second), Response::Released { token: second });
+    assert_eq!(
+        conn.release(key, second),
+        Response::Released { token: second }
+    );
 }
 
 #[test]
 fn a_whole_cluster_kill_9_and_restart_keeps_holds_and_tokens() {
     let mut cluster = Cluster::start("cluster-restart", 3, 4, true);
-    let keys: Vec<String> = (0..8).map(|i| format!("jobs/restart-{i}")).collect();
+    let keys: Vec<&'static str> = (0..8).map(|i| leak(format!("jobs/restart-{i}"))).collect();
     let tokens: Vec<u64> = keys
         .iter()
         .map(|key| acquire_on_leader(&cluster, key, 60).1)
@@ -123,18 +148,16 @@ fn a_whole_cluster_kill_9_and_restart_keeps_holds_and_tokens() {
     for index in 0..3 {
         cluster.launch(index);
     }
-    for (key, &token) in keys.iter().zip(&tokens) {
-        let (leader, state) = cluster
+    for (&key, &token) in keys.iter().zip(&tokens) {
+        let (_, state) = cluster
             .serving(key, &[], FAILOVER_LIMIT)
             .expect("served after the restart");
         assert!(held(&state).0, "{key} lost its hold in the restart");
-        let mut conn = cluster.conn(leader);
-        assert!(matches!(
-            conn.acquire(key, 0, 30, fresh_id()),
-            Response::Timeout { .. }
-        ));
-        assert_eq!(conn.release(key, token), Response::Released { token });
-        let next = conn.acquire_ok(key, 30, fresh_id());
+        let (_, other) = cluster.call(key, &[], FAILOVER_LIMIT, acquire(key, 0, 30));
+        assert!(matches!(other, Response::Timeout { .. }), "{other:?}");
+        let (_, released) = cluster.call(key, &[], FAILOVER_LIMIT, release(key, token));
+        assert_eq!(released, Response::Released { token });
+        let (_, next) = acquire_on_leader(&cluster, key, 30);
         assert!(next > token, "{key}: token {next} after {token}");
     }
 }
@@ -158,9 +181,9 @@ fn failover_times() {
     let mut cluster = Cluster::start("cluster-failover", 3, shards, true);
     let mut times = Vec::new();
     for round in 0..20 {
-        let key = format!("jobs/failover-{round}");
-        let (leader, _) = acquire_on_leader(&cluster, &key, 30);
-        let probe = same_shard_key(&key, shards, round);
+        let key = leak(format!("jobs/failover-{round}"));
+        let (leader, _) = acquire_on_leader(&cluster, key, 30);
+        let probe = same_shard_key(key, shards, round);
         let killed = Instant::now();
         cluster.kill(leader);
         let granted = loop {
@@ -187,7 +210,10 @@ fn failover_times() {
             }
             std::thread::sleep(Duration::from_millis(2));
         };
-        eprintln!("round {round}: killed member {} → first grant in {granted:?}", leader + 1);
+        eprintln!(
+            "round {round}: killed member {} → first grant in {granted:?}",
+            leader + 1
+        );
         times.push(granted);
         cluster.launch(leader);
         std::thread::sleep(Duration::from_millis(500));

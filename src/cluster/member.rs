@@ -546,6 +546,27 @@ impl<D: Durable> Member<D> {
         result.map_err(CompactError::Durable)
     }
 
+    /// The members this one has heard from recently, itself included: the voters that the
+    /// progress of some group it leads marks recently active (raft-rs resets the marks every
+    /// election timeout under check_quorum). A member that leads nothing knows only itself.
+    pub fn live_voters(&self) -> Vec<u64> {
+        let mut live = vec![self.id];
+        for group in &self.groups {
+            let raft = &group.raw.raft;
+            if raft.state != raft::StateRole::Leader {
+                continue;
+            }
+            for &voter in &self.voters {
+                let active = raft.prs().get(voter).is_some_and(|p| p.recent_active);
+                if active && !live.contains(&voter) {
+                    live.push(voter);
+                }
+            }
+        }
+        live.sort_unstable();
+        live
+    }
+
     /// Spreads leadership: at most once every [`BALANCE_INTERVAL_TICKS`] (otherwise does
     /// nothing), plans moves with [`crate::cluster::balance::plan`] over this member's view of
     /// every group's leader and the members the caller believes are up (`live`), and starts

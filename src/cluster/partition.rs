@@ -310,6 +310,7 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
         for local in 0..self.shards.len() {
             self.leader_duties(local);
         }
+        self.balance();
         self.drain();
     }
 

@@ -134,7 +134,12 @@ impl Cluster {
 
     /// The member that serves `key` now: the first running one (not in `skip`) that answers
     /// a `Q` with a state, polled until `within`; with that state.
-    pub fn serving(&self, key: &str, skip: &[usize], within: Duration) -> Option<(usize, Response)> {
+    pub fn serving(
+        &self,
+        key: &str,
+        skip: &[usize],
+        within: Duration,
+    ) -> Option<(usize, Response)> {
         let until = Instant::now() + within;
         let mut nonce = 1;
         while Instant::now() < until {
@@ -150,6 +155,33 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(5));
         }
         None
+    }
+
+    /// Sends the request `make` builds to the member that serves `key` and returns its answer
+    /// (and the member's index), trying again while the answer is `M` (which means the request
+    /// had no effect: leadership moved, by a failover or the balancer) for at most `within`.
+    pub fn call(
+        &self,
+        key: &str,
+        skip: &[usize],
+        within: Duration,
+        make: impl Fn() -> Request<'static>,
+    ) -> (usize, Response) {
+        let until = Instant::now() + within;
+        loop {
+            let (index, _) = self
+                .serving(key, skip, until.saturating_duration_since(Instant::now()))
+                .expect("a member serves the key");
+            let mut conn = self.conn(index);
+            conn.send(make());
+            match conn.recv_within(Duration::from_secs(5)) {
+                Some(Response::Moved { .. }) | None if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Some(answer) => return (index, answer),
+                None => panic!("no answer from member {}", index + 1),
+            }
+        }
     }
 
     /// A connection to member `index`.

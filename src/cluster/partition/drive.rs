@@ -116,6 +116,14 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         }
     }
 
+    /// Spreads leadership over the live members (the member rate-limits it: every 3 s at most).
+    pub(super) fn balance(&mut self) {
+        let live = self.member.live_voters();
+        for (shard, to) in self.member.balance(&live) {
+            log::info!("shard {shard}: handing leadership to member {to} (balance)");
+        }
+    }
+
     /// The group-commit drain: everything ready in every group, one WAL sync, then the rest.
     /// A failed write or sync stops the member (it cannot promise durability any more).
     pub(super) fn drain(&mut self) {
