@@ -162,6 +162,63 @@ fn a_whole_cluster_kill_9_and_restart_keeps_holds_and_tokens() {
     }
 }
 
+#[test]
+fn a_leader_cut_off_its_peers_grants_nothing_and_the_others_keep_the_hold() {
+    let cluster = Cluster::start_with("cluster-cut", 3, 4, true, true);
+    let key = "jobs/cut";
+    let (leader, token) = acquire_on_leader(&cluster, key, 30);
+    let fresh = leak(same_shard_key(key, 4, 0));
+    // Clients still reach the cut member; its peers do not.
+    let mut cut_off = cluster.conn(leader);
+    cluster.isolate(leader, true);
+    let cut_at = Instant::now();
+    let (new_leader, state) = cluster
+        .serving(key, &[leader], FAILOVER_LIMIT)
+        .expect("the majority elects a new leader");
+    assert_ne!(new_leader, leader);
+    assert!(held(&state).0, "the hold survives on the majority side");
+    // The cut member never grants: not the held key, not a free key of the same shard.
+    for (round, target) in [key, fresh, key, fresh].into_iter().enumerate() {
+        cut_off.send(Request::Acquire {
+            wait_s: 0,
+            lease_s: 30,
+            owner: 7_000 + round as u64,
+            key: target.as_bytes(),
+        });
+    }
+    let quiet_until = Instant::now() + Duration::from_secs(2);
+    while let Some(left) = quiet_until.checked_duration_since(Instant::now()) {
+        match cut_off.recv_within(left) {
+            Some(Response::Acquired { .. }) => panic!("a member cut off its peers granted"),
+            Some(answer) => eprintln!("cut-off member answered {answer:?}"),
+            None => break,
+        }
+    }
+    // The majority serves: the holder releases, the free key is granted there.
+    let (_, released) = cluster.call(key, &[leader], FAILOVER_LIMIT, release(key, token));
+    assert_eq!(released, Response::Released { token });
+    let (_, granted) = cluster.call(fresh, &[leader], FAILOVER_LIMIT, acquire(fresh, 0, 30));
+    assert!(matches!(granted, Response::Acquired { .. }), "{granted:?}");
+    // Healed, the member rejoins and agrees: the fresh key is held, the first key is free.
+    cluster.isolate(leader, false);
+    let rejoined = Instant::now();
+    loop {
+        assert!(
+            rejoined.elapsed() < FAILOVER_LIMIT,
+            "the healed member never caught up"
+        );
+        let fresh_state = common::cluster::query(cluster.members[leader].client, fresh, 1);
+        let agreed = cluster
+            .serving(fresh, &[], FAILOVER_LIMIT)
+            .is_some_and(|(_, state)| held(&state).0);
+        if agreed && (fresh_state.is_none() || fresh_state.is_some_and(|s| held(&s).0)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("cut at {cut_at:?}; new leader {}", new_leader + 1);
+}
+
 /// A key in the same shard as `key` (shards as the cluster's), not `key` itself.
 fn same_shard_key(key: &str, shards: u32, round: usize) -> String {
     let shard = latchkey::cluster::partition::shard_of(key.as_bytes(), shards);

@@ -32,6 +32,8 @@ pub struct Member {
 pub struct Cluster {
     /// The members, `members[i].id == i + 1`.
     pub members: Vec<Member>,
+    /// With [`Cluster::start_with`] `linked`: the link each member reaches each other through.
+    links: Vec<((usize, usize), Link)>,
     dir: TempDir,
 }
 
@@ -50,22 +52,43 @@ fn free_ports(count: usize) -> Vec<u16> {
 impl Cluster {
     /// Writes the configs of `n` members (`shards` shards, `fsync`) and starts them all.
     pub fn start(label: &str, n: usize, shards: u32, fsync: bool) -> Cluster {
+        Cluster::start_with(label, n, shards, fsync, false)
+    }
+
+    /// As [`start`](Self::start), and with `linked` every member reaches every other one's
+    /// peer address through a [`Link`] of its own (`links[(from, to)]`), so that a test can cut
+    /// one member off its peers while clients still reach it.
+    pub fn start_with(label: &str, n: usize, shards: u32, fsync: bool, linked: bool) -> Cluster {
         let dir = TempDir::new(label);
         let ports = free_ports(2 * n);
         let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
-        let list: Vec<String> = (0..n)
-            .map(|i| {
-                format!(
-                    "  {{ id = {}, client = \"{}\", peer = \"{}\" }},",
-                    i + 1,
-                    addr(ports[2 * i]),
-                    addr(ports[2 * i + 1])
-                )
-            })
-            .collect();
+        let mut links = Vec::new();
+        if linked {
+            for from in 0..n {
+                for to in (0..n).filter(|&to| to != from) {
+                    links.push(((from, to), Link::start(addr(ports[2 * to + 1]))));
+                }
+            }
+        }
+        let peer_seen_by = |from: usize, to: usize| {
+            links
+                .iter()
+                .find(|((f, t), _)| (*f, *t) == (from, to))
+                .map_or(addr(ports[2 * to + 1]), |(_, link)| link.addr())
+        };
         let members = (0..n)
             .map(|i| {
                 let id = i as u64 + 1;
+                let list: Vec<String> = (0..n)
+                    .map(|j| {
+                        let client = addr(ports[2 * j]);
+                        let peer = peer_seen_by(i, j);
+                        format!(
+                            "  {{ id = {}, client = \"{client}\", peer = \"{peer}\" }},",
+                            j + 1
+                        )
+                    })
+                    .collect();
                 let config = dir.path().join(format!("member-{id}.toml"));
                 let data = dir.path().join(format!("data-{id}"));
                 let text = format!(
@@ -85,11 +108,28 @@ impl Cluster {
                 }
             })
             .collect();
-        let mut cluster = Cluster { members, dir };
+        let mut cluster = Cluster {
+            members,
+            links,
+            dir,
+        };
         for index in 0..n {
             cluster.launch(index);
         }
         cluster
+    }
+
+    /// Cuts (or heals) every link between member `index` and the others, both ways.
+    pub fn isolate(&self, index: usize, cut: bool) {
+        for ((from, to), link) in &self.links {
+            if *from == index || *to == index {
+                if cut {
+                    link.cut();
+                } else {
+                    link.heal();
+                }
+            }
+        }
     }
 
     /// Starts member `index` (again).
@@ -201,5 +241,70 @@ pub fn query(addr: SocketAddr, key: &str, nonce: u64) -> Option<Response> {
     match conn.recv_within(Duration::from_millis(500))? {
         state @ Response::State { .. } => Some(state),
         _ => None,
+    }
+}
+
+/// A TCP forwarder on a link between two members that can be cut: `cut` closes its
+/// connections and closes new ones at once until `heal`.
+pub struct Link {
+    addr: SocketAddr,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    streams: Arc<Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Link {
+    /// Listens on an ephemeral loopback port and forwards to `upstream`.
+    pub fn start(upstream: SocketAddr) -> Link {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let streams = Arc::new(Mutex::new(Vec::new()));
+        let (cut_flag, all) = (Arc::clone(&cut), Arc::clone(&streams));
+        std::thread::spawn(move || {
+            for incoming in listener.incoming() {
+                let Ok(down) = incoming else { continue };
+                if cut_flag.load(Ordering::Acquire) {
+                    continue; // dropped: closed at once
+                }
+                let Ok(up) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let pairs = [
+                    (down.try_clone(), up.try_clone()),
+                    (up.try_clone(), down.try_clone()),
+                ];
+                for (from, to) in pairs {
+                    if let (Ok(mut from), Ok(mut to)) = (from, to) {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                }
+                let mut all = all.lock().unwrap();
+                all.push(down);
+                all.push(up);
+            }
+        });
+        Link { addr, cut, streams }
+    }
+
+    /// Where the member connects.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Closes every connection on the link and every new one, until [`heal`](Self::heal).
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Release);
+        for stream in self.streams.lock().unwrap().drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Forwards new connections again.
+    pub fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::Release);
     }
 }
