@@ -140,7 +140,9 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         for restore in drain.restores {
             self.restore(restore.shard, &restore.data, restore.index);
         }
-        self.apply(drain.committed);
+        // Applying may propose (the next waiter, an orphan's release), and nothing may call
+        // into the member between the two halves: what committed before the sync is applied
+        // after it, first.
         let drained = match self.member.finish_drain() {
             Ok(drained) => drained,
             Err(error) => panic!("cluster: syncing the log failed: {error}"),
@@ -148,6 +150,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         if !drained.messages.is_empty() {
             self.peers.send(drained.messages);
         }
+        self.apply(drain.committed);
         self.apply(drained.committed);
         self.leaders_changed(&drained.leaders);
         self.reads_ready(drained.reads);
