@@ -98,7 +98,9 @@ pub fn start(
         .map(|((sender, _), waker)| (sender.clone(), Arc::clone(waker)))
         .collect();
     let (handle, thread) = peer::spawn(peer_config, inbound, move |shard| shard as usize % cores)
-        .map_err(|e| io::Error::new(e.kind(), format!("cluster peer address {}: {e}", this.peer)))?;
+        .map_err(|e| {
+        io::Error::new(e.kind(), format!("cluster peer address {}: {e}", this.peer))
+    })?;
     let peer_thread = PeerThread { handle, thread };
     let mut partitions = Vec::with_capacity(cores);
     for (core, (_, receiver)) in channels.into_iter().enumerate() {

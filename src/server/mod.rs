@@ -349,7 +349,14 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
                 }
                 tables.push((table, keeper));
             }
-            spawn_cores(&config, &mut plan, listeners, tables, tls.as_ref(), &mut handle)?;
+            spawn_cores(
+                &config,
+                &mut plan,
+                listeners,
+                tables,
+                tls.as_ref(),
+                &mut handle,
+            )?;
         }
         Some(cluster_config) => {
             let (partitions, peers) = cluster::start(&config, cluster_config, &plan.shared)?;
@@ -358,7 +365,14 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
                 .into_iter()
                 .map(|partition| (partition, TokenKeeper::none()))
                 .collect();
-            spawn_cores(&config, &mut plan, listeners, partitions, tls.as_ref(), &mut handle)?;
+            spawn_cores(
+                &config,
+                &mut plan,
+                listeners,
+                partitions,
+                tls.as_ref(),
+                &mut handle,
+            )?;
         }
     }
     Ok(handle)

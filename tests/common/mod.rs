@@ -12,8 +12,8 @@
 //! Everything binds 127.0.0.1 ephemeral ports; every wait is bounded.
 #![allow(dead_code)]
 
-pub mod fake_member;
 pub mod cluster;
+pub mod fake_member;
 pub mod partition_model;
 pub mod pki;
 pub mod probe;
