@@ -65,6 +65,9 @@ enum Command {
     Stats(cli::StatsArgs),
     /// List held keys: owner, peer, time held, lease left, waiters.
     Keys(cli::KeysArgs),
+    /// A cluster's members: reachable or not, shards led, terms, indices, lag.
+    #[command(subcommand)]
+    Cluster(cli::ClusterCommand),
     /// Drive load against latchkey or Redis and report throughput and latency.
     Bench(latchkey::bench::BenchArgs),
     /// Print the completion script of a shell (bash, zsh, fish, elvish, powershell).
@@ -118,6 +121,7 @@ fn main() -> ExitCode {
         Command::Ping(command) => cli::run_ping_command(command),
         Command::Stats(args) => cli::run_stats(args),
         Command::Keys(args) => cli::run_keys(args),
+        Command::Cluster(command) => cli::run_cluster(command),
         Command::Bench(args) => latchkey::bench::run(args),
         Command::Completions { shell } => {
             let mut stdout = std::io::stdout();

@@ -283,3 +283,85 @@ fn failover_times() {
         times[times.len() - 1]
     );
 }
+
+/// `latchkey cluster status` against `cluster`'s members: (exit code, stdout).
+fn cluster_status(cluster: &Cluster, json: bool) -> (Option<i32>, String) {
+    let servers: Vec<String> = cluster
+        .members
+        .iter()
+        .map(|m| m.client.to_string())
+        .collect();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    command.args(["cluster", "status", "--server", &servers.join(",")]);
+    if json {
+        command.arg("--json");
+    }
+    let output = command.output().expect("run latchkey cluster status");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    (output.status.code(), stdout)
+}
+
+#[test]
+fn cluster_status_shows_every_member_its_shards_and_an_unreachable_one() {
+    let mut cluster = Cluster::start("cluster-status", 3, 4, false);
+    let _ = acquire_on_leader(&cluster, "jobs/status", 30);
+    // Every shard gets a leader that serves it; together the members lead all four.
+    let started = Instant::now();
+    let members = loop {
+        let (code, stdout) = cluster_status(&cluster, true);
+        assert_eq!(code, Some(0), "{stdout}");
+        let value: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+        let members = value["members"].as_array().expect("members").clone();
+        let led: u64 = members
+            .iter()
+            .filter_map(|m| m["shards_led"].as_u64())
+            .sum();
+        if led == 4 {
+            break members;
+        }
+        assert!(started.elapsed() < FAILOVER_LIMIT, "shards led: {stdout}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(members.len(), 3);
+    for (index, member) in members.iter().enumerate() {
+        assert_eq!(member["reachable"], serde_json::json!(true));
+        assert_eq!(member["node_id"], serde_json::json!(index + 1));
+        assert_eq!(member["shards"], serde_json::json!(4));
+        assert!(member["commit"].as_u64().unwrap() >= member["applied"].as_u64().unwrap() / 2);
+    }
+    // The text table names every member; a killed one is unreachable and the exit code says so.
+    let (code, table) = cluster_status(&cluster, false);
+    assert_eq!(code, Some(0), "{table}");
+    assert!(table.starts_with("MEMBER"), "{table}");
+    assert_eq!(table.matches("reachable").count(), 3, "{table}");
+    cluster.kill(2);
+    let (code, table) = cluster_status(&cluster, false);
+    assert_eq!(code, Some(83), "{table}");
+    let killed = cluster.members[2].client.to_string();
+    assert!(
+        table
+            .lines()
+            .any(|line| line.contains(&killed) && line.contains("unreachable")),
+        "{table}"
+    );
+    // The replication figures are in /metrics too.
+    let metrics = {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(cluster.members[0].client).unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).unwrap();
+        text
+    };
+    for name in [
+        "latchkey_cluster_shards_led",
+        "latchkey_cluster_leader_changes_total",
+        "latchkey_cluster_proposals_total",
+        "latchkey_cluster_commit_latency_seconds_count",
+        "latchkey_cluster_sync_latency_seconds_count",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
+    }
+}

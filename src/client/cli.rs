@@ -61,6 +61,7 @@ use crate::protocol::ErrorCode;
 use crate::tls::ClientFiles;
 
 mod admin;
+mod cluster;
 mod duration;
 mod ping;
 mod servers;
@@ -69,6 +70,7 @@ mod supervise;
 pub use servers::{parse_first_server, parse_servers, ServerListError};
 
 pub use admin::{run_keys, run_stats, KeysArgs, StatsArgs};
+pub use cluster::{run_cluster, ClusterCommand, ClusterStatusArgs};
 pub use duration::{format_duration, parse_duration};
 pub use ping::{run_ping, run_ping_command, PingCommand};
 use supervise::{release, supervise};

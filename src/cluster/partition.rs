@@ -18,6 +18,7 @@ use super::member::{Envelope, Member};
 use super::shard::Shard;
 use super::Durable;
 use crate::lock_table::{Answer, BusyReason, HeldKey, Op, SessionId, TableStats};
+use crate::metrics::Histogram;
 use crate::protocol::{Leader, Response};
 use crate::server::partition::Partition;
 use crate::server::persist::TokenKeeper;
@@ -81,12 +82,53 @@ pub fn shards_of_core(core: usize, cores: usize, shards: u32) -> Vec<u32> {
         .collect()
 }
 
+/// One hosted shard as `GET /stats` and `latchkey cluster status` show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardStatus {
+    /// The shard.
+    pub shard: u32,
+    /// The leader this member knows of.
+    pub leader: Option<u64>,
+    /// Whether this member serves the shard (leads it and applied its barrier).
+    pub serving: bool,
+    /// The group's term.
+    pub term: u64,
+    /// The group's commit index on this member.
+    pub commit: u64,
+    /// The index this member applied.
+    pub applied: u64,
+}
+
+/// A cluster partition's figures (one core's shards).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterStats {
+    /// This member's id.
+    pub node_id: u64,
+    /// The core's shards.
+    pub shards: Vec<ShardStatus>,
+    /// Times a shard of this core saw its leader change.
+    pub leader_changes: u64,
+    /// Entries this core proposed.
+    pub proposals: u64,
+    /// From a client request's proposal to its entry's apply, in microseconds.
+    pub commit_latency: Histogram,
+    /// One write-ahead log sync (`finish_drain`: write, `fdatasync`), in microseconds.
+    pub sync_latency: Histogram,
+}
+
+/// Bounds of the commit and sync latency histograms, in microseconds.
+pub const LATENCY_BOUNDS_US: &[u64] = &[
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+];
+
 /// A request waiting for its entry to be applied.
 #[derive(Clone, Debug)]
 struct Pending {
     term: u64,
     session: SessionId,
     kind: PendingKind,
+    /// When it was proposed (server clock, µs).
+    proposed_us: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -136,6 +178,7 @@ pub struct ClusterPartition<D: Durable, P: Peers> {
     wait_timers: BTreeMap<(u64, u64), (u32, Vec<u8>)>,
     answers: Vec<Answer>,
     stats: TableStats,
+    cluster_stats: ClusterStats,
     now_us: u64,
     next_tick_us: u64,
     shutting_down: bool,
@@ -150,6 +193,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             .iter()
             .map(|&shard| Shard::new(shard, settings.shards))
             .collect();
+        let node_id = settings.node_id;
         ClusterPartition {
             settings,
             member,
@@ -161,6 +205,14 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             wait_timers: BTreeMap::new(),
             answers: Vec::new(),
             stats: TableStats::default(),
+            cluster_stats: ClusterStats {
+                node_id,
+                shards: Vec::new(),
+                leader_changes: 0,
+                proposals: 0,
+                commit_latency: Histogram::new(LATENCY_BOUNDS_US),
+                sync_latency: Histogram::new(LATENCY_BOUNDS_US),
+            },
             now_us: 0,
             next_tick_us: 0,
             shutting_down: false,
@@ -242,8 +294,10 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                     term: proposed.term,
                     session,
                     kind,
+                    proposed_us: self.now_us,
                 };
                 self.pending.insert((shard, proposed.index), pending);
+                self.cluster_stats.proposals += 1;
                 true
             }
             Err(not_leader) => {
@@ -423,6 +477,26 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
 
     fn waiter_count(&self) -> usize {
         self.shards.iter().map(|s| s.waiters).sum()
+    }
+
+    fn cluster_stats(&self) -> Option<ClusterStats> {
+        let mut stats = self.cluster_stats.clone();
+        stats.shards = self
+            .shards
+            .iter()
+            .map(|state| {
+                let shard = state.machine.shard();
+                ShardStatus {
+                    shard,
+                    leader: self.member.leader(shard),
+                    serving: state.serving(),
+                    term: self.member.term(shard),
+                    commit: self.member.commit(shard),
+                    applied: state.machine.applied(),
+                }
+            })
+            .collect();
+        Some(stats)
     }
 
     fn scan_held(

@@ -43,6 +43,10 @@ pub trait Partition {
     fn key_count(&self) -> usize;
     /// Acquires queued now.
     fn waiter_count(&self) -> usize;
+    /// A cluster member's figures of this core's shards; `None` for a single node.
+    fn cluster_stats(&self) -> Option<crate::cluster::partition::ClusterStats> {
+        None
+    }
     /// Scans at most `slots` entries from `cursor` for held keys starting with `prefix` (see
     /// [`LockTable::scan_held`]); `None` when the scan reached the end.
     fn scan_held(

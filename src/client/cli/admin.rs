@@ -83,9 +83,9 @@ pub struct KeysArgs {
 
 /// Why an admin request failed: the exit code and what to say.
 #[derive(Debug, PartialEq, Eq)]
-struct Failure {
+pub(super) struct Failure {
     exit_code: u8,
-    message: String,
+    pub(super) message: String,
 }
 
 impl Failure {
@@ -192,7 +192,10 @@ fn get_json(
 /// The TLS of `--tls-ca` and the flags that go with it, or `None`; else the exit code after
 /// saying why not (2 for flags that do not go together, 83 for a file that cannot be used, as
 /// for the other commands).
-fn connector(command: &str, connect: &ConnectArgs) -> Result<Option<Connector>, ExitCode> {
+pub(super) fn connector(
+    command: &str,
+    connect: &ConnectArgs,
+) -> Result<Option<Connector>, ExitCode> {
     let tls = connect.tls().map_err(|message| {
         eprintln!("latchkey {command}: {message}");
         ExitCode::from(EXIT_USAGE)
@@ -245,7 +248,7 @@ impl Write for AdminStream {
 
 /// Connects to the first of `addrs` that accepts (over TLS with `tls`), sends `GET target` and
 /// returns the body of a 200 answer. Each failure names the address.
-fn fetch(
+pub(super) fn fetch(
     addrs: &[SocketAddr],
     target: &str,
     timeout: Duration,

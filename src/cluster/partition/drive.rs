@@ -143,10 +143,13 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         // Applying may propose (the next waiter, an orphan's release), and nothing may call
         // into the member between the two halves: what committed before the sync is applied
         // after it, first.
+        let sync_started = std::time::Instant::now();
         let drained = match self.member.finish_drain() {
             Ok(drained) => drained,
             Err(error) => panic!("cluster: syncing the log failed: {error}"),
         };
+        let sync_us = sync_started.elapsed().as_micros() as u64;
+        self.cluster_stats.sync_latency.record(sync_us);
         if !drained.messages.is_empty() {
             self.peers.send(drained.messages);
         }
@@ -217,6 +220,13 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         pending: Option<Pending>,
     ) {
         let ours = pending.as_ref().is_some_and(|p| p.term == term);
+        if let Some(pending) = pending
+            .as_ref()
+            .filter(|p| ours && p.session != crate::server::core::NOBODY)
+        {
+            let latency = self.now_us.saturating_sub(pending.proposed_us);
+            self.cluster_stats.commit_latency.record(latency);
+        }
         if let (Some(pending), false) = (&pending, ours) {
             self.lost(shard, pending.clone());
         }
@@ -364,6 +374,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
 
     fn leaders_changed(&mut self, changes: &[LeaderChanged]) {
         for change in changes {
+            self.cluster_stats.leader_changes += 1;
             let local = self.local(change.shard);
             let leads = change.leader == Some(self.settings.node_id);
             let role = self.shards[local].role;
@@ -397,6 +408,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                     term: barrier.term,
                     session: nobody,
                     kind: PendingKind::Barrier,
+                    proposed_us: self.now_us,
                 };
                 self.pending.insert((shard, barrier.index), pending);
                 let local = self.local(shard);

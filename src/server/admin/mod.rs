@@ -341,6 +341,7 @@ impl<N: Net, P: Partition> Core<N, P> {
             tls_failures: self.counters.tls_failures,
             locks_held: self.table.key_count() as u64,
             waiters: self.table.waiter_count() as u64,
+            cluster: self.table.cluster_stats(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The server's figures, gathered from every core, as Prometheus text and as JSON. No I/O.
 
+use crate::cluster::partition::ClusterStats;
 use crate::config::LimitsConfig;
 use crate::lock_table::{BusyReason, HeldKey, TableStats};
 use crate::metrics::Histogram;
@@ -27,6 +28,8 @@ pub struct CoreStats {
     pub locks_held: u64,
     /// Acquires queued in its partition now.
     pub waiters: u64,
+    /// A cluster member's figures of this core's shards.
+    pub cluster: Option<ClusterStats>,
 }
 
 /// Everything `GET /metrics` and `GET /stats` show.
@@ -58,6 +61,16 @@ impl ServerStats {
             total.tls_failures += core.tls_failures;
             total.locks_held += core.locks_held;
             total.waiters += core.waiters;
+            if let (Some(sum), Some(cluster)) = (total.cluster.as_mut(), core.cluster.as_ref()) {
+                sum.shards.extend(cluster.shards.iter().cloned());
+                sum.leader_changes += cluster.leader_changes;
+                sum.proposals += cluster.proposals;
+                sum.commit_latency.merge(&cluster.commit_latency);
+                sum.sync_latency.merge(&cluster.sync_latency);
+            }
+        }
+        if let Some(cluster) = total.cluster.as_mut() {
+            cluster.shards.sort_by_key(|status| status.shard);
         }
         total
     }
@@ -208,11 +221,52 @@ impl prometheus_client::collector::Collector for Snapshot {
             loop_help,
             &loops,
         )?;
+        if let Some(cluster) = &total.cluster {
+            cluster_metrics(&mut encoder, cluster)?;
+        }
         let (version, commit) = build_info();
         let mut info =
             encoder.encode_descriptor("latchkey_build", "The build", None, MetricType::Info)?;
         info.encode_info(&[("version", version), ("commit", commit)])
     }
+}
+
+/// A member's replication metrics (cluster mode only).
+fn cluster_metrics(
+    encoder: &mut DescriptorEncoder,
+    cluster: &ClusterStats,
+) -> Result<(), std::fmt::Error> {
+    let led = cluster.shards.iter().filter(|s| s.serving).count() as u64;
+    gauge(
+        encoder,
+        "latchkey_cluster_shards_led",
+        "Shards this member leads and serves",
+        led,
+    )?;
+    counter(
+        encoder,
+        "latchkey_cluster_leader_changes",
+        "Leader changes seen by this member's shards",
+        cluster.leader_changes,
+    )?;
+    counter(
+        encoder,
+        "latchkey_cluster_proposals",
+        "Entries this member proposed",
+        cluster.proposals,
+    )?;
+    histogram(
+        encoder,
+        "latchkey_cluster_commit_latency_seconds",
+        "From a client request's proposal to its entry's apply",
+        &[(None, &cluster.commit_latency)],
+    )?;
+    histogram(
+        encoder,
+        "latchkey_cluster_sync_latency_seconds",
+        "One write-ahead log sync (write and fdatasync)",
+        &[(None, &cluster.sync_latency)],
+    )
 }
 
 fn counter(
@@ -281,6 +335,33 @@ fn seconds(micros: u64) -> f64 {
     micros as f64 / 1e6
 }
 
+/// A member's shards and replication figures, for `/stats` (`latchkey cluster status`).
+fn cluster_json(cluster: &ClusterStats) -> Value {
+    let shards: Vec<Value> = cluster
+        .shards
+        .iter()
+        .map(|status| {
+            json!({
+                "shard": status.shard,
+                "leader": status.leader,
+                "serving": status.serving,
+                "term": status.term,
+                "commit": status.commit,
+                "applied": status.applied,
+            })
+        })
+        .collect();
+    json!({
+        "node_id": cluster.node_id,
+        "shards_led": cluster.shards.iter().filter(|s| s.serving).count(),
+        "leader_changes": cluster.leader_changes,
+        "proposals": cluster.proposals,
+        "commit_latency_seconds": histogram_json(&cluster.commit_latency),
+        "sync_latency_seconds": histogram_json(&cluster.sync_latency),
+        "shards": shards,
+    })
+}
+
 /// `GET /stats`: one JSON object.
 pub fn stats_json(stats: &ServerStats) -> String {
     let total = stats.total();
@@ -335,6 +416,10 @@ pub fn stats_json(stats: &ServerStats) -> String {
         "lock_hold_seconds": histogram_json(&table.lock_hold),
         "loop_iteration_seconds": loops,
     });
+    let mut value = value;
+    if let Some(cluster) = &total.cluster {
+        value["cluster"] = cluster_json(cluster);
+    }
     let mut text = value.to_string();
     text.push('\n');
     text
