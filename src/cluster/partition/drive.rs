@@ -77,6 +77,13 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     /// and periodic checkpoints of the time left on every lease.
     pub(super) fn leader_duties(&mut self, local: usize) {
         if !self.shards[local].serving() {
+            // A barrier that could not be proposed when this member became leader (a leader
+            // transfer was under way) is proposed again.
+            let shard = self.shards[local].machine.shard();
+            let leads = self.member.leader(shard) == Some(self.settings.node_id);
+            if leads && self.shards[local].role == Role::Follower {
+                self.promote(shard);
+            }
             return;
         }
         let shard_id = self.shards[local].machine.shard();
