@@ -1,0 +1,242 @@
+//! Deterministic simulation of a three-member cluster at the level of locks: three
+//! `ClusterPartition`s (one core each, 4 shards) on a simulated network with loss,
+//! duplication, reordering, isolations and crash-restarts, driven by a few clients on a
+//! handful of keys, checked against a model of what each client may believe.
+//!
+//! One thread, virtual time in µs, everything drawn from the seed. Each run: faults and random
+//! traffic until 3 s before its end (the heal), then only releases of what clients hold; after
+//! its end, every key must become free (leases run out), a probe acquire (wait 2 s) on every
+//! key must be granted, and every member's machines must have equal digests per shard. See
+//! `cluster_locks_sim/checker.rs` for the safety checks.
+//!
+//! Environment: `LATCHKEY_LOCKS_SIM_SEED=N` replays one seed; `LATCHKEY_LOCKS_SIM_SEEDS`
+//! (default 40) runs seeds `0..N` (shifted by `LATCHKEY_LOCKS_SIM_SEED_BASE`);
+//! `LATCHKEY_LOCKS_SIM_MS` (default 6 000) sets the virtual ms per seed. A failing seed prints
+//! itself, its violations and a replay command.
+
+#[path = "cluster_locks_sim/checker.rs"]
+mod checker;
+#[path = "cluster_locks_sim/clients.rs"]
+mod clients;
+#[allow(dead_code)]
+#[path = "common/rng.rs"]
+mod rng;
+#[path = "cluster_locks_sim/sim.rs"]
+mod sim;
+#[path = "cluster_locks_sim/world.rs"]
+mod world;
+
+use clients::{Client, Request};
+use sim::{Sim, KEYS};
+use std::panic::{self, AssertUnwindSafe};
+use world::{FaultCounts, MEMBERS, SHARDS};
+
+/// Virtual time without faults at the end of a run.
+const HEAL_BEFORE_END_US: u64 = 3_000_000;
+/// After the end, how long keys may stay held (leases of indeterminate grants, grace).
+const SETTLE_US_MAX: u64 = 10_000_000;
+/// A probe's wait, and how long it may take at most to be answered.
+const PROBE_WAIT_S: u8 = 2;
+const PROBE_ANSWER_US_MAX: u64 = 3_000_000;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// What a seed's run found.
+struct Outcome {
+    violations: Vec<String>,
+    simulated_us: u64,
+    counts: FaultCounts,
+    grants: u64,
+    indeterminate: u64,
+    failovers_us: Vec<u64>,
+}
+
+fn run_seed(seed: u64, run_us: u64) -> Outcome {
+    let heal_us = run_us.saturating_sub(HEAL_BEFORE_END_US);
+    let mut sim = Sim::new(seed, heal_us);
+    sim.run_until(run_us);
+    settle(&mut sim);
+    probe(&mut sim);
+    compare_digests(&mut sim);
+    let mut violations = sim.checker.violations.clone();
+    if sim.checker.violations_dropped > 0 {
+        violations.push(format!("... and {} more", sim.checker.violations_dropped));
+    }
+    Outcome {
+        violations,
+        simulated_us: sim.now_us,
+        counts: sim.world.counts,
+        grants: sim.checker.grants,
+        indeterminate: sim.stats.indeterminate,
+        failovers_us: sim.stats.failovers_us.clone(),
+    }
+}
+
+/// Runs until no member's machine holds any key (every lease ran out or was released).
+fn settle(sim: &mut Sim) {
+    let limit = sim.now_us + SETTLE_US_MAX;
+    while sim.now_us < limit {
+        let held: usize = sim
+            .world
+            .nodes
+            .iter()
+            .filter_map(|node| node.partition.as_ref())
+            .flat_map(|p| (0..SHARDS).filter_map(move |s| p.machine(s)))
+            .map(|machine| machine.len())
+            .sum();
+        if held == 0 {
+            return;
+        }
+        let next = sim.now_us + 10_000;
+        sim.run_until(next);
+    }
+    let now = sim.now_us;
+    sim.checker
+        .fail(now, "keys still held 10 s after the heal".into());
+}
+
+/// Every key, now free, is granted to a probe acquire with wait 2 s; then released.
+fn probe(sim: &mut Sim) {
+    let first = sim.clients.len();
+    for key in 0..KEYS {
+        let index = first + key;
+        let mut client = Client::new(u64::MAX);
+        client.probe = true;
+        sim.clients.push(client);
+        let request = Request::Acquire {
+            owner: u64::MAX - key as u64,
+            wait_s: PROBE_WAIT_S,
+            lease_s: 1,
+        };
+        let name = sim.keys[index % KEYS].clone();
+        sim.start(index, request, name);
+    }
+    let asked_us = sim.now_us;
+    let limit = sim.now_us + PROBE_ANSWER_US_MAX;
+    while sim.now_us < limit && sim.clients[first..].iter().any(|c| c.pending.is_some()) {
+        let next = sim.now_us + 10_000;
+        sim.run_until(next);
+    }
+    for key in 0..KEYS {
+        let client = &sim.clients[first + key];
+        let failed = client.probe_failed;
+        let unanswered = client.pending.is_some();
+        if failed.is_some() || unanswered || !client.probe_granted {
+            let what = format!(
+                "liveness: probe of {:?} sent at {asked_us} µs got {failed:?} (unanswered: \
+                 {unanswered})",
+                sim.keys[(first + key) % KEYS]
+            );
+            let now = sim.now_us;
+            sim.checker.fail(now, what);
+        }
+    }
+    // The probes release their keys, then everything settles.
+    for key in 0..KEYS {
+        sim.clients[first + key].next_us = sim.now_us;
+    }
+    let next = sim.now_us + 1_000_000;
+    sim.run_until(next);
+}
+
+/// Every member's machines have the same digest per shard.
+fn compare_digests(sim: &mut Sim) {
+    for shard in 0..SHARDS {
+        let digests: Vec<(u64, u64, u64)> = sim
+            .world
+            .nodes
+            .iter()
+            .filter_map(|node| {
+                let machine = node.partition.as_ref()?.machine(shard)?;
+                Some((node.id, machine.applied(), machine.digest()))
+            })
+            .collect();
+        let equal = digests.windows(2).all(|w| w[0].2 == w[1].2);
+        if digests.len() != MEMBERS as usize || !equal {
+            let now = sim.now_us;
+            let what = format!("shard {shard}: (member, applied, digest) differ: {digests:?}");
+            sim.checker.fail(now, what);
+        }
+    }
+}
+
+fn percentile(sorted: &[u64], percent: usize) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[(sorted.len() - 1) * percent / 100]
+}
+
+#[test]
+fn cluster_locks_simulation() {
+    let run_ms = env_u64("LATCHKEY_LOCKS_SIM_MS").unwrap_or(6_000);
+    let seeds: Vec<u64> = match env_u64("LATCHKEY_LOCKS_SIM_SEED") {
+        Some(seed) => vec![seed],
+        None => {
+            let base = env_u64("LATCHKEY_LOCKS_SIM_SEED_BASE").unwrap_or(0);
+            let count = env_u64("LATCHKEY_LOCKS_SIM_SEEDS").unwrap_or(40);
+            (base..base + count).collect()
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut failed = Vec::new();
+    let (mut simulated_us, mut grants, mut indeterminate) = (0, 0, 0);
+    let mut counts = FaultCounts::default();
+    let mut failovers = Vec::new();
+    for &seed in &seeds {
+        let result = panic::catch_unwind(AssertUnwindSafe(|| run_seed(seed, run_ms * 1000)));
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                failed.push(seed);
+                eprintln!("seed {seed}: PANIC (see above)");
+                eprintln!("replay: {}", replay(seed, run_ms));
+                continue;
+            }
+        };
+        simulated_us += outcome.simulated_us;
+        grants += outcome.grants;
+        indeterminate += outcome.indeterminate;
+        add_counts(&mut counts, &outcome.counts);
+        failovers.extend(outcome.failovers_us);
+        if !outcome.violations.is_empty() {
+            failed.push(seed);
+            eprintln!("seed {seed}: {} violation(s):", outcome.violations.len());
+            for violation in &outcome.violations {
+                eprintln!("  {violation}");
+            }
+            eprintln!("replay: {}", replay(seed, run_ms));
+        }
+    }
+    failovers.sort_unstable();
+    eprintln!(
+        "locks sim: {} seeds x {run_ms} ms, {} simulated ms in {:?}; grants {grants}, \
+         indeterminate acquires {indeterminate}; {counts:?}; failovers {} (p50 {} ms, max {} ms); \
+         failed seeds {failed:?}",
+        seeds.len(),
+        simulated_us / 1000,
+        started.elapsed(),
+        failovers.len(),
+        percentile(&failovers, 50) / 1000,
+        failovers.last().copied().unwrap_or(0) / 1000,
+    );
+    assert!(failed.is_empty(), "failed seeds: {failed:?}");
+}
+
+fn replay(seed: u64, run_ms: u64) -> String {
+    format!(
+        "LATCHKEY_LOCKS_SIM_SEED={seed} LATCHKEY_LOCKS_SIM_MS={run_ms} \
+         cargo test --test cluster_locks_sim -- --nocapture"
+    )
+}
+
+fn add_counts(total: &mut FaultCounts, more: &FaultCounts) {
+    total.sent += more.sent;
+    total.lost += more.lost;
+    total.cut += more.cut;
+    total.duplicated += more.duplicated;
+    total.crashes += more.crashes;
+    total.isolations += more.isolations;
+}

@@ -1,0 +1,116 @@
+//! What a client does with the answer to its pending request, and what the checker learns.
+
+use super::{Grant, Pending, Request, Sim, RESENDS_MAX, SHARDS};
+use crate::world::member_at;
+use latchkey::cluster::partition::shard_of;
+use latchkey::protocol::Response;
+
+impl Sim {
+    /// The answer `response` from `member` to client `index`'s pending request.
+    pub(super) fn outcome(
+        &mut self,
+        index: usize,
+        member: u64,
+        pending: Pending,
+        response: Response,
+    ) {
+        let now = self.now_us;
+        let key = pending.key.clone();
+        self.clients[index].pending = None;
+        self.clients[index].next_us = now + self.rng.between(1_000, 100_000);
+        match (pending.request, response) {
+            (_, Response::Moved { leader, .. }) => self.moved(index, member, pending, leader),
+            (Request::Acquire { owner, lease_s, .. }, Response::Acquired { token, .. }) => {
+                let grant = Grant {
+                    client: index,
+                    owner,
+                    token,
+                    sent_us: pending.sent_us,
+                    lease_us: u64::from(lease_s) * 1_000_000,
+                };
+                self.checker.granted(now, grant, &key);
+                let shard = shard_of(&key, SHARDS) as usize;
+                if let Some(from) = self.failover_from[shard].take() {
+                    self.stats.failovers_us.push(now - from);
+                }
+                if self.clients[index].probe {
+                    // It releases when the run tells it to.
+                    self.clients[index].probe_token = Some(token);
+                    self.clients[index].probe_granted = true;
+                    self.clients[index].next_us = u64::MAX;
+                }
+            }
+            (Request::Acquire { .. }, Response::Timeout { .. } | Response::Busy { .. }) => {
+                if self.clients[index].probe {
+                    let what = if matches!(response, Response::Busy { .. }) {
+                        'B'
+                    } else {
+                        'T'
+                    };
+                    self.clients[index].probe_failed = Some(what);
+                }
+            }
+            (Request::Release { token }, Response::Released { .. }) => {
+                if let Some(belief) = self.checker.belief_mut(token) {
+                    belief.ended = true;
+                }
+            }
+            (Request::Release { token }, Response::NotHeld { .. }) => {
+                if let Some(belief) = self.checker.belief_mut(token) {
+                    belief.releasing = false;
+                }
+                self.checker.not_held(now, token, "release");
+            }
+            (Request::Extend { token, lease_s }, Response::Extended { .. }) => {
+                if let Some(belief) = self.checker.belief_mut(token) {
+                    belief.deadline_us = pending.sent_us + u64::from(lease_s) * 1_000_000;
+                }
+            }
+            (Request::Extend { token, .. }, Response::NotHeld { .. }) => {
+                self.checker.not_held(now, token, "extend");
+            }
+            (Request::Query { .. }, Response::State { held, .. }) => {
+                if !held {
+                    self.checker.queried_free(now, pending.sent_us, &key);
+                }
+            }
+            (request, response) => {
+                let what = format!("{request:?} answered {response:?}");
+                self.checker.fail(now, what);
+            }
+        }
+    }
+
+    /// `M`: not executed; resend to the named leader (or another member) after a backoff.
+    fn moved(
+        &mut self,
+        index: usize,
+        member: u64,
+        mut pending: Pending,
+        leader: latchkey::protocol::Leader,
+    ) {
+        let now = self.now_us;
+        if let Request::Release { token } = pending.request {
+            if let Some(belief) = self.checker.belief_mut(token) {
+                belief.releasing = false;
+            }
+        }
+        let shard = shard_of(&pending.key, SHARDS) as usize;
+        let named = leader.addr().and_then(member_at);
+        let pick = self.rng.next_u64();
+        let client = &mut self.clients[index];
+        client.leaders[shard] =
+            Some(named.unwrap_or_else(|| crate::clients::Client::other_member(member, pick)));
+        if pending.resends >= RESENDS_MAX {
+            if client.probe {
+                client.probe_failed = Some('M');
+            }
+            return;
+        }
+        pending.resends += 1;
+        pending.sent = None;
+        let backoff = if named.is_some() { 1_000 } else { 10_000 };
+        client.next_us = now + backoff + self.rng.below(backoff * 4);
+        client.pending = Some(pending);
+    }
+}

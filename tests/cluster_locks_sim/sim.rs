@@ -1,0 +1,393 @@
+//! One seed's run: the event loop on virtual time, the faults, the clients' choices, and
+//! where each answer goes.
+//!
+//! The loop jumps to the next event (a delivery, a member's wake-up, a client's turn, a
+//! fault), delivers what is due, applies faults, lets clients act, runs `handle_timers` on
+//! every member whose wake-up is due, then puts what members sent on the network.
+//! Faults happen only before `heal_us`; then every member is up, linked and lossless.
+
+use super::checker::{Checker, Grant};
+use super::clients::{Client, Pending, Request, RESENDS_MAX};
+use super::rng::Rng;
+use super::world::{World, MEMBERS, SHARDS};
+use latchkey::cluster::partition::shard_of;
+use latchkey::lock_table::{Answer, Op};
+use latchkey::protocol::Response;
+use std::collections::HashMap;
+
+/// Simulated clients with random traffic.
+pub const CLIENTS: usize = 4;
+/// Keys they contend on.
+pub const KEYS: usize = 5;
+
+/// What one run counted.
+#[derive(Clone, Debug, Default)]
+pub struct RunStats {
+    /// Acquires whose session died before their answer.
+    pub indeterminate: u64,
+    /// Leader crash → first grant of that shard by another member, µs.
+    pub failovers_us: Vec<u64>,
+}
+
+/// One seed's world, clients and checker.
+pub struct Sim {
+    pub(crate) rng: Rng,
+    /// Members and network.
+    pub world: World,
+    /// Clients (random ones, then probes).
+    pub clients: Vec<Client>,
+    /// The model and its checks.
+    pub checker: Checker,
+    /// Session → (client, member).
+    sessions: HashMap<u64, (usize, u64)>,
+    next_session: u64,
+    next_id: u64,
+    /// Global virtual time, µs.
+    pub now_us: u64,
+    /// When faults and random traffic stop.
+    pub heal_us: u64,
+    next_fault_us: u64,
+    restart_at: Option<(u64, u64)>,
+    unisolate_at: Option<u64>,
+    failover_from: [Option<u64>; SHARDS as usize],
+    /// Keys.
+    pub keys: Vec<Vec<u8>>,
+    /// Counts.
+    pub stats: RunStats,
+}
+
+impl Sim {
+    /// A fresh cluster for `seed` whose faults stop at `heal_us`.
+    pub fn new(seed: u64, heal_us: u64) -> Sim {
+        let mut rng = Rng(seed);
+        let world = World::new(seed, &mut rng);
+        let clients = (0..CLIENTS)
+            .map(|_| Client::new(300_000 + rng.below(200_000)))
+            .collect();
+        Sim {
+            rng,
+            world,
+            clients,
+            checker: Checker::default(),
+            sessions: HashMap::new(),
+            next_session: 1,
+            next_id: 1,
+            now_us: 0,
+            heal_us,
+            next_fault_us: 500_000,
+            restart_at: None,
+            unisolate_at: None,
+            failover_from: [None; SHARDS as usize],
+            keys: (0..KEYS).map(|k| format!("key-{k}").into_bytes()).collect(),
+            stats: RunStats::default(),
+        }
+    }
+
+    /// Runs the loop until `end_us`.
+    pub fn run_until(&mut self, end_us: u64) {
+        while self.now_us < end_us {
+            let next = self.next_event_us().min(end_us);
+            self.now_us = self.now_us.max(next);
+            self.world.deliver(self.now_us);
+            self.faults();
+            self.clients_act();
+            for id in 1..=MEMBERS {
+                let node = &self.world.nodes[(id - 1) as usize];
+                if node.partition.is_some() && node.wake_us <= self.now_us {
+                    let jitter = self.rng.below(200);
+                    let (answers, freed) = self.world.iterate(id, self.now_us, jitter);
+                    for token in freed {
+                        self.checker.freed(self.now_us, id, token);
+                    }
+                    self.answers(answers);
+                }
+            }
+            self.world.transmit(self.now_us, &mut self.rng);
+        }
+    }
+
+    fn next_event_us(&self) -> u64 {
+        let wakes = self
+            .world
+            .nodes
+            .iter()
+            .filter(|n| n.partition.is_some())
+            .map(|n| n.wake_us);
+        let clients = self.clients.iter().map(|c| c.next_us);
+        let faults = (self.next_fault_us < self.heal_us).then_some(self.next_fault_us);
+        let timers = [
+            self.world.next_delivery_us(),
+            faults,
+            self.restart_at.map(|(_, at)| at),
+            self.unisolate_at,
+            Some(self.heal_us).filter(|&h| h > self.now_us),
+        ];
+        wakes
+            .chain(clients)
+            .chain(timers.into_iter().flatten())
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    fn faults(&mut self) {
+        let now = self.now_us;
+        if let Some((id, at)) = self.restart_at {
+            if at <= now || now >= self.heal_us {
+                self.restart_at = None;
+                self.world.restart(id, now);
+            }
+        }
+        if self.unisolate_at.is_some_and(|at| at <= now) || now >= self.heal_us {
+            self.unisolate_at = None;
+            self.world.isolated = None;
+        }
+        if now >= self.heal_us {
+            self.world.loss_percent = 0;
+            self.world.dup_percent = 0;
+            return;
+        }
+        if self.next_fault_us > now {
+            return;
+        }
+        self.next_fault_us = now + self.rng.between(100_000, 800_000);
+        match self.rng.below(100) {
+            0..35 if self.restart_at.is_none() => {
+                let id = self.rng.between(1, MEMBERS);
+                self.crash(id);
+                let down = self.rng.between(100_000, 1_500_000);
+                self.restart_at = Some((id, now + down));
+            }
+            35..70 if self.unisolate_at.is_none() => {
+                self.world.isolated = Some(self.rng.between(1, MEMBERS));
+                self.world.counts.isolations += 1;
+                self.unisolate_at = Some(now + self.rng.between(200_000, 1_500_000));
+            }
+            70..100 => {
+                self.world.loss_percent = self.rng.pick(&[0, 1, 5, 10, 20]);
+                self.world.dup_percent = self.rng.pick(&[0, 1, 5]);
+            }
+            _ => {}
+        }
+    }
+
+    /// Crashes member `id`: its sessions die, what was in flight on them is indeterminate.
+    pub fn crash(&mut self, id: u64) {
+        for shard in 0..SHARDS {
+            if self.world.serving(id, shard) && self.failover_from[shard as usize].is_none() {
+                self.failover_from[shard as usize] = Some(self.now_us);
+            }
+        }
+        self.world.crash(id);
+        self.sessions.retain(|_, (_, member)| *member != id);
+        for client in &mut self.clients {
+            client.sessions.remove(&id);
+            let on_it = client
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.sent.is_some_and(|(member, _)| member == id));
+            if !on_it {
+                continue;
+            }
+            let pending = client.pending.take().expect("pending");
+            match pending.request {
+                Request::Acquire { .. } => {
+                    self.stats.indeterminate += 1;
+                    if client.probe {
+                        client.probe_failed = Some('I');
+                    }
+                }
+                Request::Release { token } => {
+                    if let Some(belief) = self.checker.belief_mut(token) {
+                        belief.ended = true;
+                    }
+                }
+                Request::Extend { .. } | Request::Query { .. } => {}
+            }
+        }
+    }
+
+    fn clients_act(&mut self) {
+        for index in 0..self.clients.len() {
+            if self.clients[index].next_us <= self.now_us {
+                self.act(index);
+            }
+        }
+    }
+
+    fn act(&mut self, index: usize) {
+        let now = self.now_us;
+        let client = &mut self.clients[index];
+        client.next_us = now + self.rng.between(1_000, 300_000);
+        match &client.pending {
+            Some(pending) if pending.sent.is_none() => return self.send(index),
+            Some(pending) => {
+                let cancel = matches!(pending.request, Request::Acquire { wait_s: 1.., .. });
+                if cancel && !client.probe && self.rng.percent(10) {
+                    let (member, session) = pending.sent.expect("sent");
+                    let op = Op::Cancel {
+                        owner: pending.request.id(),
+                    };
+                    let key = pending.key.clone();
+                    let answers = self.world.handle(member, now, session, op, &key);
+                    self.answers(answers);
+                }
+                return;
+            }
+            None => {}
+        }
+        if client.probe {
+            if let Some(token) = client.probe_token.take() {
+                let key = self.keys[index % KEYS].clone();
+                self.start(index, Request::Release { token }, key);
+            } else {
+                client.next_us = u64::MAX;
+            }
+            return;
+        }
+        self.choose(index);
+    }
+
+    /// A random client's next request (after the heal: only releases of what it holds).
+    fn choose(&mut self, index: usize) {
+        let now = self.now_us;
+        let held: Vec<(u64, Vec<u8>)> = self
+            .checker
+            .beliefs
+            .iter()
+            .filter(|(_, b)| b.client == index && !b.releasing && b.live(now + 20_000))
+            .map(|(token, b)| (*token, b.key.clone()))
+            .collect();
+        if now >= self.heal_us {
+            if let Some((token, key)) = held.first().cloned() {
+                self.start(index, Request::Release { token }, key);
+            }
+            return;
+        }
+        let key = self.keys[self.rng.below(KEYS as u64) as usize].clone();
+        let roll = self.rng.below(100);
+        let request = if roll < 50 || held.is_empty() && roll < 85 {
+            self.next_id += 1;
+            Request::Acquire {
+                owner: (index as u64) << 40 | self.next_id,
+                wait_s: self.rng.below(3) as u8,
+                lease_s: self.rng.between(1, 3) as u8,
+            }
+        } else if roll < 85 {
+            let (token, key) = held[self.rng.below(held.len() as u64) as usize].clone();
+            let request = if roll < 68 {
+                Request::Release { token }
+            } else {
+                let lease_s = self.rng.between(1, 3) as u8;
+                Request::Extend { token, lease_s }
+            };
+            return self.start(index, request, key);
+        } else {
+            self.next_id += 1;
+            Request::Query {
+                nonce: self.next_id,
+            }
+        };
+        self.start(index, request, key);
+    }
+
+    /// Starts a new request of client `index` and sends it.
+    pub fn start(&mut self, index: usize, request: Request, key: Vec<u8>) {
+        self.clients[index].pending = Some(Pending {
+            request,
+            key,
+            sent: None,
+            sent_us: 0,
+            resends: 0,
+        });
+        self.send(index);
+    }
+
+    /// Sends client `index`'s pending request to the leader it believes in (or another
+    /// member that is up).
+    fn send(&mut self, index: usize) {
+        let now = self.now_us;
+        let pick = self.rng.next_u64();
+        let client = &mut self.clients[index];
+        let Some(pending) = client.pending.as_mut() else {
+            return;
+        };
+        let shard = shard_of(&pending.key, SHARDS) as usize;
+        let mut target = client.leaders[shard].unwrap_or(1 + pick % MEMBERS);
+        if !self.world.up(target) {
+            target = Client::other_member(target, pick >> 8);
+        }
+        if !self.world.up(target) {
+            target = Client::other_member(target, pick >> 16);
+        }
+        let session = *client.sessions.entry(target).or_insert_with(|| {
+            self.next_session += 1;
+            self.next_session
+        });
+        self.sessions.insert(session, (index, target));
+        pending.sent = Some((target, session));
+        pending.sent_us = now;
+        if let Request::Release { token } = pending.request {
+            if let Some(belief) = self.checker.belief_mut(token) {
+                belief.releasing = true;
+            }
+        }
+        let (op, key) = (pending.request.op(), pending.key.clone());
+        let answers = self.world.handle(target, now, session, op, &key);
+        self.answers(answers);
+    }
+
+    fn answers(&mut self, answers: Vec<Answer>) {
+        for answer in answers {
+            if answer.session == u64::MAX {
+                continue; // NOBODY
+            }
+            self.answer(answer.session, answer.response);
+        }
+    }
+
+    fn answer(&mut self, session: u64, response: Response) {
+        let now = self.now_us;
+        let Some(&(index, member)) = self.sessions.get(&session) else {
+            return self
+                .checker
+                .fail(now, format!("{response:?} for unknown session {session}"));
+        };
+        let id = match response {
+            Response::Acquired { owner, .. }
+            | Response::Timeout { owner }
+            | Response::Busy { owner } => owner,
+            Response::Released { token }
+            | Response::Extended { token }
+            | Response::NotHeld { token } => token,
+            Response::State { nonce, .. } => nonce,
+            Response::Moved { id, .. } => id,
+            _ => 0,
+        };
+        let terminal = match response {
+            Response::Acquired { .. } => Some('A'),
+            Response::Timeout { .. } => Some('T'),
+            Response::Busy { .. } => Some('B'),
+            Response::Moved { .. } => Some('M'),
+            _ => None,
+        };
+        let pending = self.clients[index].pending.clone();
+        let matches = pending
+            .as_ref()
+            .is_some_and(|p| p.sent == Some((member, session)) && p.request.id() == id);
+        let is_acquire = pending
+            .as_ref()
+            .is_some_and(|p| matches!(p.request, Request::Acquire { .. }));
+        if let (Some(what), true) = (terminal, is_acquire && matches) {
+            let attempt = pending.as_ref().map_or(0, |p| p.resends);
+            self.checker.terminal(now, (session, id, attempt), what);
+        }
+        let Some(pending) = pending.filter(|_| matches) else {
+            let what = format!("{response:?} on session {session} (member {member}) not expected");
+            return self.checker.fail(now, what);
+        };
+        self.outcome(index, member, pending, response);
+    }
+}
+
+#[path = "outcome.rs"]
+mod outcome;

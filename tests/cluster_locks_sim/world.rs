@@ -1,0 +1,336 @@
+//! The simulated cluster: three members of one core each, and the network between them.
+//!
+//! Each member is a `ClusterPartition<MemDurable, SimPeers>` on its own monotonic clock
+//! (global virtual time plus a per-member offset; no drift). `SimPeers` puts envelopes on a
+//! wire the world owns; the world delivers them after 0–20 ms, or drops (loss, a cut link,
+//! a crashed receiver), or duplicates them. Delays are drawn per message, so messages reorder.
+//! A crash drops the partition, keeps only the synced layer of its `MemDurable` and rebuilds
+//! the member from it on restart.
+//!
+//! Bounds: at most [`IN_FLIGHT_MAX`] messages in flight (more are dropped, counted) and at
+//! most [`INBOX_MAX`] delivered but not yet stepped per member.
+
+use super::rng::Rng;
+use latchkey::cluster::mem_durable::MemDurable;
+use latchkey::cluster::member::{Envelope, Member};
+use latchkey::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
+use latchkey::lock_table::Answer;
+use latchkey::server::partition::Partition;
+use raft::eraftpb::Message;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+/// Members of the cluster, ids `1..=MEMBERS`.
+pub const MEMBERS: u64 = 3;
+/// Shards of the cluster.
+pub const SHARDS: u32 = 4;
+/// Messages in flight at most.
+pub const IN_FLIGHT_MAX: usize = 200_000;
+/// Messages delivered to a member and not yet stepped, at most.
+pub const INBOX_MAX: usize = 50_000;
+/// The longest network delay.
+pub const DELAY_US_MAX: u64 = 20_000;
+
+/// The client address of member `id` (what `M` names).
+pub fn client_addr(id: u64) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7000 + id as u16))
+}
+
+/// The member at a client address, if it is one.
+pub fn member_at(addr: SocketAddr) -> Option<u64> {
+    (1..=MEMBERS).find(|&id| client_addr(id) == addr)
+}
+
+/// What the members put on, and take off, the wire.
+#[derive(Default)]
+pub struct Wire {
+    outbox: Vec<(u64, Envelope)>,
+    inboxes: BTreeMap<u64, VecDeque<(u32, Message)>>,
+}
+
+/// One member's way to the others: the shared wire.
+pub struct SimPeers {
+    id: u64,
+    wire: Rc<RefCell<Wire>>,
+}
+
+impl Peers for SimPeers {
+    fn send(&mut self, batch: Vec<Envelope>) {
+        let mut wire = self.wire.borrow_mut();
+        wire.outbox
+            .extend(batch.into_iter().map(|env| (self.id, env)));
+    }
+
+    fn try_recv(&mut self) -> Option<(u32, Message)> {
+        self.wire
+            .borrow_mut()
+            .inboxes
+            .get_mut(&self.id)?
+            .pop_front()
+    }
+}
+
+/// Counts of what the network and the faults did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FaultCounts {
+    /// Messages sent.
+    pub sent: u64,
+    /// Messages dropped by loss.
+    pub lost: u64,
+    /// Messages dropped by a cut link or a crashed receiver.
+    pub cut: u64,
+    /// Messages delivered twice.
+    pub duplicated: u64,
+    /// Crashes.
+    pub crashes: u64,
+    /// Isolations of one member.
+    pub isolations: u64,
+}
+
+/// One member: its partition while up, its durable image while down.
+pub struct Node {
+    /// The member's id.
+    pub id: u64,
+    /// Its clock: global time plus this.
+    pub offset_us: u64,
+    /// The partition, while up.
+    pub partition: Option<ClusterPartition<MemDurable, SimPeers>>,
+    /// What survived the crash, while down.
+    pub image: Option<MemDurable>,
+    /// Restarts so far.
+    pub incarnation: u64,
+    /// When it next runs `handle_timers` (global µs).
+    pub wake_us: u64,
+    /// Tokens its machines held after its last iteration, with their shard.
+    pub holds: BTreeSet<u64>,
+}
+
+/// The members and the network.
+pub struct World {
+    /// Members, at `id - 1`.
+    pub nodes: Vec<Node>,
+    wire: Rc<RefCell<Wire>>,
+    /// (deliver at, seq) → (to, shard, message).
+    in_flight: BTreeMap<(u64, u64), (u64, u32, Message)>,
+    next_seq: u64,
+    /// Percent of messages lost.
+    pub loss_percent: u64,
+    /// Percent of messages duplicated.
+    pub dup_percent: u64,
+    /// A member cut off from the others, if any.
+    pub isolated: Option<u64>,
+    /// What happened.
+    pub counts: FaultCounts,
+    seed: u64,
+}
+
+fn settings(id: u64) -> PartitionSettings {
+    PartitionSettings {
+        node_id: id,
+        shards: SHARDS,
+        core: 0,
+        cores: 1,
+        clients: (1..=MEMBERS).map(|m| (m, client_addr(m))).collect(),
+        max_waiters_per_key: 64,
+    }
+}
+
+impl World {
+    /// Three fresh members with clock offsets drawn from `rng`.
+    pub fn new(seed: u64, rng: &mut Rng) -> World {
+        let wire = Rc::new(RefCell::new(Wire::default()));
+        let mut world = World {
+            nodes: Vec::new(),
+            wire,
+            in_flight: BTreeMap::new(),
+            next_seq: 0,
+            loss_percent: 0,
+            dup_percent: 0,
+            isolated: None,
+            counts: FaultCounts::default(),
+            seed,
+        };
+        for id in 1..=MEMBERS {
+            let offset_us = rng.between(1_000_000, 1_000_000_000);
+            let mut node = Node {
+                id,
+                offset_us,
+                partition: None,
+                image: Some(MemDurable::new()),
+                incarnation: 0,
+                wake_us: rng.below(1000),
+                holds: BTreeSet::new(),
+            };
+            world.start(&mut node);
+            world.nodes.push(node);
+        }
+        world
+    }
+
+    fn start(&self, node: &mut Node) {
+        let durable = node.image.take().unwrap_or_default();
+        let recovered = durable.recovered();
+        let shards: Vec<u32> = (0..SHARDS).collect();
+        let voters: Vec<u64> = (1..=MEMBERS).collect();
+        let seed = self.seed ^ node.incarnation.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let member = Member::new(node.id, &voters, &shards, durable, recovered, seed)
+            .expect("a member builds from its recovered image");
+        let peers = SimPeers {
+            id: node.id,
+            wire: Rc::clone(&self.wire),
+        };
+        node.partition = Some(ClusterPartition::new(settings(node.id), member, peers));
+        node.holds.clear();
+        self.wire
+            .borrow_mut()
+            .inboxes
+            .insert(node.id, VecDeque::new());
+    }
+
+    /// Whether member `id` is up.
+    pub fn up(&self, id: u64) -> bool {
+        self.nodes[(id - 1) as usize].partition.is_some()
+    }
+
+    /// Crashes member `id`: its partition is dropped, its unsynced writes are lost.
+    pub fn crash(&mut self, id: u64) {
+        let node = &mut self.nodes[(id - 1) as usize];
+        let Some(partition) = node.partition.take() else {
+            return;
+        };
+        let mut image = partition.member().durable().clone();
+        image.crash();
+        node.image = Some(image);
+        self.wire.borrow_mut().inboxes.remove(&id);
+        self.counts.crashes += 1;
+    }
+
+    /// Restarts member `id` from what its image recovers.
+    pub fn restart(&mut self, id: u64, now_us: u64) {
+        let mut node = std::mem::replace(
+            &mut self.nodes[(id - 1) as usize],
+            Node {
+                id,
+                offset_us: 0,
+                partition: None,
+                image: None,
+                incarnation: 0,
+                wake_us: 0,
+                holds: BTreeSet::new(),
+            },
+        );
+        if node.partition.is_none() {
+            node.incarnation += 1;
+            node.wake_us = now_us;
+            self.start(&mut node);
+        }
+        self.nodes[(id - 1) as usize] = node;
+    }
+
+    /// Member `id`'s clock at global time `now_us`.
+    pub fn local_us(&self, id: u64, now_us: u64) -> u64 {
+        now_us + self.nodes[(id - 1) as usize].offset_us
+    }
+
+    fn linked(&self, from: u64, to: u64) -> bool {
+        !matches!(self.isolated, Some(cut) if cut == from || cut == to)
+    }
+
+    /// Moves what members sent onto the network, with delays, loss and duplicates.
+    pub fn transmit(&mut self, now_us: u64, rng: &mut Rng) {
+        let sent = std::mem::take(&mut self.wire.borrow_mut().outbox);
+        for (from, envelope) in sent {
+            self.counts.sent += 1;
+            let to = envelope.message.to;
+            if !self.linked(from, to) {
+                self.counts.cut += 1;
+                continue;
+            }
+            if rng.percent(self.loss_percent) || self.in_flight.len() >= IN_FLIGHT_MAX {
+                self.counts.lost += 1;
+                continue;
+            }
+            let copies = if rng.percent(self.dup_percent) { 2 } else { 1 };
+            self.counts.duplicated += copies - 1;
+            for _ in 0..copies {
+                let at = now_us + rng.below(DELAY_US_MAX + 1);
+                self.next_seq += 1;
+                let message = (to, envelope.shard, envelope.message.clone());
+                self.in_flight.insert((at, self.next_seq), message);
+            }
+        }
+    }
+
+    /// When the next message arrives, if any is in flight.
+    pub fn next_delivery_us(&self) -> Option<u64> {
+        self.in_flight.keys().next().map(|(at, _)| *at)
+    }
+
+    /// Delivers every message due by `now_us` (dropping those to crashed or cut members).
+    pub fn deliver(&mut self, now_us: u64) {
+        while let Some(entry) = self.in_flight.first_entry() {
+            if entry.key().0 > now_us {
+                return;
+            }
+            let (to, shard, message) = entry.remove();
+            let linked = self.linked(message.from, to);
+            let mut wire = self.wire.borrow_mut();
+            match wire.inboxes.get_mut(&to) {
+                Some(inbox) if linked && inbox.len() < INBOX_MAX => {
+                    inbox.push_back((shard, message))
+                }
+                _ => self.counts.cut += 1,
+            }
+        }
+    }
+
+    /// Runs one client request on member `id` (which must be up); returns its answers.
+    pub fn handle(
+        &mut self,
+        id: u64,
+        now_us: u64,
+        session: u64,
+        op: latchkey::lock_table::Op,
+        key: &[u8],
+    ) -> Vec<Answer> {
+        let local = self.local_us(id, now_us);
+        let node = &mut self.nodes[(id - 1) as usize];
+        let Some(partition) = node.partition.as_mut() else {
+            return Vec::new();
+        };
+        partition.handle(local, session, op, key);
+        node.wake_us = node.wake_us.min(now_us + 10);
+        partition.take_answers()
+    }
+
+    /// One loop iteration of member `id`; returns its answers and the tokens its machines
+    /// stopped holding since its last iteration.
+    pub fn iterate(&mut self, id: u64, now_us: u64, jitter_us: u64) -> (Vec<Answer>, Vec<u64>) {
+        let local = self.local_us(id, now_us);
+        let node = &mut self.nodes[(id - 1) as usize];
+        let Some(partition) = node.partition.as_mut() else {
+            return (Vec::new(), Vec::new());
+        };
+        partition.handle_timers(local);
+        let answers = partition.take_answers();
+        let holds: BTreeSet<u64> = (0..SHARDS)
+            .filter_map(|shard| partition.machine(shard))
+            .flat_map(|machine| machine.holds().map(|(_, hold)| hold.token))
+            .collect();
+        let freed = node.holds.difference(&holds).copied().collect();
+        node.holds = holds;
+        let deadline = partition
+            .next_deadline_us()
+            .map_or(u64::MAX, |at| at.saturating_sub(node.offset_us));
+        node.wake_us = deadline.clamp(now_us + 10, now_us + 1000 + jitter_us);
+        (answers, freed)
+    }
+
+    /// Whether member `id` serves `shard` now.
+    pub fn serving(&self, id: u64, shard: u32) -> bool {
+        let node = &self.nodes[(id - 1) as usize];
+        node.partition.as_ref().is_some_and(|p| p.serving(shard))
+    }
+}
