@@ -51,6 +51,7 @@ struct Outcome {
     grants: u64,
     indeterminate: u64,
     failovers_us: Vec<u64>,
+    answers: std::collections::BTreeMap<char, u64>,
 }
 
 fn run_seed(seed: u64, run_us: u64) -> Outcome {
@@ -71,6 +72,7 @@ fn run_seed(seed: u64, run_us: u64) -> Outcome {
         grants: sim.checker.grants,
         indeterminate: sim.stats.indeterminate,
         failovers_us: sim.stats.failovers_us.clone(),
+        answers: sim.stats.answers.clone(),
     }
 }
 
@@ -185,6 +187,7 @@ fn cluster_locks_simulation() {
     let (mut simulated_us, mut grants, mut indeterminate) = (0, 0, 0);
     let mut counts = FaultCounts::default();
     let mut failovers = Vec::new();
+    let mut answers = std::collections::BTreeMap::new();
     for &seed in &seeds {
         let result = panic::catch_unwind(AssertUnwindSafe(|| run_seed(seed, run_ms * 1000)));
         let outcome = match result {
@@ -201,6 +204,9 @@ fn cluster_locks_simulation() {
         indeterminate += outcome.indeterminate;
         add_counts(&mut counts, &outcome.counts);
         failovers.extend(outcome.failovers_us);
+        for (letter, count) in &outcome.answers {
+            *answers.entry(*letter).or_insert(0u64) += count;
+        }
         if !outcome.violations.is_empty() {
             failed.push(seed);
             eprintln!("seed {seed}: {} violation(s):", outcome.violations.len());
@@ -213,7 +219,7 @@ fn cluster_locks_simulation() {
     failovers.sort_unstable();
     eprintln!(
         "locks sim: {} seeds x {run_ms} ms, {} simulated ms in {:?}; grants {grants}, \
-         indeterminate acquires {indeterminate}; {counts:?}; failovers {} (p50 {} ms, max {} ms); \
+         indeterminate acquires {indeterminate}; answers {answers:?}; {counts:?}; failovers {} (p50 {} ms, max {} ms); \
          failed seeds {failed:?}",
         seeds.len(),
         simulated_us / 1000,

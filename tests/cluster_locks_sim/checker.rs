@@ -36,12 +36,22 @@ pub struct Belief {
     pub ended: bool,
     /// A release of it is in flight.
     pub releasing: bool,
+    /// An extend of it is in flight: its send time plus its lease. It may apply before its
+    /// answer comes (or never comes): until then the client counts on the earlier deadline.
+    pub extending: Option<u64>,
 }
 
 impl Belief {
+    /// Until when the client may act on it: the earlier of its deadline and that of an
+    /// extend in flight (a shorter lease shortens it).
+    pub fn until_us(&self) -> u64 {
+        self.extending
+            .map_or(self.deadline_us, |at| at.min(self.deadline_us))
+    }
+
     /// Whether the client may still act on it at `now_us`.
     pub fn live(&self, now_us: u64) -> bool {
-        !self.ended && self.deadline_us > now_us
+        !self.ended && self.until_us() > now_us
     }
 }
 
@@ -115,7 +125,8 @@ impl Checker {
                 format!(
                     "key {key:?}: token {token} granted to client {client} while client {} \
                      believes it holds token {other} until {} µs",
-                    belief.client, belief.deadline_us
+                    belief.client,
+                    belief.until_us()
                 ),
             );
         }
@@ -126,6 +137,7 @@ impl Checker {
             deadline_us: sent_us + lease_us,
             ended: false,
             releasing: false,
+            extending: None,
         };
         self.beliefs.insert(token, belief);
     }
@@ -136,7 +148,7 @@ impl Checker {
             return; // never answered: nobody believes in it
         };
         if belief.live(now_us) && !belief.releasing {
-            let deadline = belief.deadline_us;
+            let deadline = belief.until_us();
             self.fail(
                 now_us,
                 format!(
@@ -152,7 +164,7 @@ impl Checker {
     pub fn not_held(&mut self, now_us: u64, token: u64, what: &str) {
         if let Some(belief) = self.beliefs.get(&token) {
             if belief.live(now_us) && !belief.releasing {
-                let deadline = belief.deadline_us;
+                let deadline = belief.until_us();
                 self.fail(
                     now_us,
                     format!("{what} of token {token} answered N; client holds it until {deadline}"),

@@ -64,9 +64,13 @@ impl Sim {
             (Request::Extend { token, lease_s }, Response::Extended { .. }) => {
                 if let Some(belief) = self.checker.belief_mut(token) {
                     belief.deadline_us = pending.sent_us + u64::from(lease_s) * 1_000_000;
+                    belief.extending = None;
                 }
             }
             (Request::Extend { token, .. }, Response::NotHeld { .. }) => {
+                if let Some(belief) = self.checker.belief_mut(token) {
+                    belief.extending = None;
+                }
                 self.checker.not_held(now, token, "extend");
             }
             (Request::Query { .. }, Response::State { held, .. }) => {
@@ -90,10 +94,18 @@ impl Sim {
         leader: latchkey::protocol::Leader,
     ) {
         let now = self.now_us;
-        if let Request::Release { token } = pending.request {
-            if let Some(belief) = self.checker.belief_mut(token) {
-                belief.releasing = false;
+        match pending.request {
+            Request::Release { token } => {
+                if let Some(belief) = self.checker.belief_mut(token) {
+                    belief.releasing = false;
+                }
             }
+            Request::Extend { token, .. } => {
+                if let Some(belief) = self.checker.belief_mut(token) {
+                    belief.extending = None; // M: it had no effect
+                }
+            }
+            _ => {}
         }
         let shard = shard_of(&pending.key, SHARDS) as usize;
         let named = leader.addr().and_then(member_at);

@@ -16,7 +16,7 @@ use latchkey::protocol::Response;
 use std::collections::HashMap;
 
 /// Simulated clients with random traffic.
-pub const CLIENTS: usize = 4;
+pub const CLIENTS: usize = 6;
 /// Keys they contend on.
 pub const KEYS: usize = 5;
 
@@ -27,6 +27,8 @@ pub struct RunStats {
     pub indeterminate: u64,
     /// Leader crash → first grant of that shard by another member, µs.
     pub failovers_us: Vec<u64>,
+    /// Answers received, by response letter.
+    pub answers: std::collections::BTreeMap<char, u64>,
 }
 
 /// One seed's world, clients and checker.
@@ -201,7 +203,14 @@ impl Sim {
                         belief.ended = true;
                     }
                 }
-                Request::Extend { .. } | Request::Query { .. } => {}
+                Request::Extend { token, .. } => {
+                    // Maybe applied: the client counts on the earlier deadline for good.
+                    if let Some(belief) = self.checker.belief_mut(token) {
+                        belief.deadline_us = belief.until_us();
+                        belief.extending = None;
+                    }
+                }
+                Request::Query { .. } => {}
             }
         }
     }
@@ -217,7 +226,7 @@ impl Sim {
     fn act(&mut self, index: usize) {
         let now = self.now_us;
         let client = &mut self.clients[index];
-        client.next_us = now + self.rng.between(1_000, 300_000);
+        client.next_us = now + self.rng.between(1_000, 100_000);
         match &client.pending {
             Some(pending) if pending.sent.is_none() => return self.send(index),
             Some(pending) => {
@@ -326,12 +335,23 @@ impl Sim {
         self.sessions.insert(session, (index, target));
         pending.sent = Some((target, session));
         pending.sent_us = now;
-        if let Request::Release { token } = pending.request {
-            if let Some(belief) = self.checker.belief_mut(token) {
-                belief.releasing = true;
+        match pending.request {
+            Request::Release { token } => {
+                if let Some(belief) = self.checker.belief_mut(token) {
+                    belief.releasing = true;
+                }
             }
+            Request::Extend { token, lease_s } => {
+                if let Some(belief) = self.checker.belief_mut(token) {
+                    belief.extending = Some(now + u64::from(lease_s) * 1_000_000);
+                }
+            }
+            _ => {}
         }
         let (op, key) = (pending.request.op(), pending.key.clone());
+        if trace() {
+            eprintln!("{now} c{index} -> m{target} s{session}: {op:?} {key:?}");
+        }
         let answers = self.world.handle(target, now, session, op, &key);
         self.answers(answers);
     }
@@ -363,6 +383,21 @@ impl Sim {
             Response::Moved { id, .. } => id,
             _ => 0,
         };
+        let letter = match response {
+            Response::Acquired { .. } => 'A',
+            Response::Timeout { .. } => 'T',
+            Response::Busy { .. } => 'B',
+            Response::Moved { .. } => 'M',
+            Response::Released { .. } => 'R',
+            Response::Extended { .. } => 'E',
+            Response::NotHeld { .. } => 'N',
+            Response::State { .. } => 'Q',
+            _ => 'X',
+        };
+        *self.stats.answers.entry(letter).or_default() += 1;
+        if trace() {
+            eprintln!("{now} c{index} <- m{member} s{session}: {response:?}");
+        }
         let terminal = match response {
             Response::Acquired { .. } => Some('A'),
             Response::Timeout { .. } => Some('T'),
@@ -387,6 +422,11 @@ impl Sim {
         };
         self.outcome(index, member, pending, response);
     }
+}
+
+/// Whether `LATCHKEY_LOCKS_SIM_TRACE` asks for every request and answer on stderr.
+fn trace() -> bool {
+    std::env::var_os("LATCHKEY_LOCKS_SIM_TRACE").is_some()
 }
 
 #[path = "outcome.rs"]
