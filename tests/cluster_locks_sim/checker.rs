@@ -4,6 +4,10 @@
 //! with lease `L`, it holds until `t + L` (an `E` for an extend sent at `t'` with lease `L'`
 //! moves that to `t' + L'`). A belief ends when its release is answered `R` or `N`, or when a
 //! release was in flight on a session that died (indeterminate: the client stops using it).
+//! A release in flight may take effect before its `R` reaches the client (the leader that
+//! proposed it lost its quorum, a new one committed it): a client that sent a release no
+//! longer counts on the hold, so such a belief does not block other grants until it is
+//! answered `M` (no effect).
 //!
 //! Checks (each failure is one line in `violations`):
 //! * one holder per key: a grant answered while another belief on the key is live;
@@ -116,7 +120,7 @@ impl Checker {
         let live: Vec<(u64, Belief)> = self
             .beliefs
             .iter()
-            .filter(|(_, b)| b.key == key && b.live(now_us))
+            .filter(|(_, b)| b.key == key && !b.releasing && b.live(now_us))
             .map(|(t, b)| (*t, b.clone()))
             .collect();
         for (other, belief) in live {

@@ -161,6 +161,9 @@ impl Sim {
             }
             35..70 if self.unisolate_at.is_none() => {
                 self.world.isolated = Some(self.rng.between(1, MEMBERS));
+                if trace() {
+                    eprintln!("{now} isolate {:?}", self.world.isolated);
+                }
                 self.world.counts.isolations += 1;
                 self.unisolate_at = Some(now + self.rng.between(200_000, 1_500_000));
             }
@@ -174,6 +177,9 @@ impl Sim {
 
     /// Crashes member `id`: its sessions die, what was in flight on them is indeterminate.
     pub fn crash(&mut self, id: u64) {
+        if trace() {
+            eprintln!("{} crash m{id}", self.now_us);
+        }
         for shard in 0..SHARDS {
             if self.world.serving(id, shard) && self.failover_from[shard as usize].is_none() {
                 self.failover_from[shard as usize] = Some(self.now_us);
