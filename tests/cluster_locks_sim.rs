@@ -52,6 +52,7 @@ struct Outcome {
     indeterminate: u64,
     failovers_us: Vec<u64>,
     answers: std::collections::BTreeMap<char, u64>,
+    takeovers_us: Vec<u64>,
 }
 
 fn run_seed(seed: u64, run_us: u64) -> Outcome {
@@ -73,6 +74,7 @@ fn run_seed(seed: u64, run_us: u64) -> Outcome {
         indeterminate: sim.stats.indeterminate,
         failovers_us: sim.stats.failovers_us.clone(),
         answers: sim.stats.answers.clone(),
+        takeovers_us: sim.stats.takeovers_us.clone(),
     }
 }
 
@@ -187,6 +189,7 @@ fn cluster_locks_simulation() {
     let (mut simulated_us, mut grants, mut indeterminate) = (0, 0, 0);
     let mut counts = FaultCounts::default();
     let mut failovers = Vec::new();
+    let mut takeovers = Vec::new();
     let mut answers = std::collections::BTreeMap::new();
     for &seed in &seeds {
         let result = panic::catch_unwind(AssertUnwindSafe(|| run_seed(seed, run_ms * 1000)));
@@ -204,6 +207,7 @@ fn cluster_locks_simulation() {
         indeterminate += outcome.indeterminate;
         add_counts(&mut counts, &outcome.counts);
         failovers.extend(outcome.failovers_us);
+        takeovers.extend(outcome.takeovers_us);
         for (letter, count) in &outcome.answers {
             *answers.entry(*letter).or_insert(0u64) += count;
         }
@@ -217,16 +221,20 @@ fn cluster_locks_simulation() {
         }
     }
     failovers.sort_unstable();
+    takeovers.sort_unstable();
     eprintln!(
         "locks sim: {} seeds x {run_ms} ms, {} simulated ms in {:?}; grants {grants}, \
-         indeterminate acquires {indeterminate}; answers {answers:?}; {counts:?}; failovers {} (p50 {} ms, max {} ms); \
-         failed seeds {failed:?}",
+         indeterminate acquires {indeterminate}; answers {answers:?}; {counts:?}; failovers to a grant {} (p50 {} ms, max {} ms); \
+         takeovers (crash to serving) {} (p50 {} ms, max {} ms); failed seeds {failed:?}",
         seeds.len(),
         simulated_us / 1000,
         started.elapsed(),
         failovers.len(),
         percentile(&failovers, 50) / 1000,
         failovers.last().copied().unwrap_or(0) / 1000,
+        takeovers.len(),
+        percentile(&takeovers, 50) / 1000,
+        takeovers.last().copied().unwrap_or(0) / 1000,
     );
     assert!(failed.is_empty(), "failed seeds: {failed:?}");
 }

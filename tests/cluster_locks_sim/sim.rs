@@ -27,6 +27,8 @@ pub struct RunStats {
     pub indeterminate: u64,
     /// Leader crash → first grant of that shard by another member, µs.
     pub failovers_us: Vec<u64>,
+    /// Leader crash → another member serves that shard (barrier applied), µs.
+    pub takeovers_us: Vec<u64>,
     /// Answers received, by response letter.
     pub answers: std::collections::BTreeMap<char, u64>,
 }
@@ -52,6 +54,8 @@ pub struct Sim {
     restart_at: Option<(u64, u64)>,
     unisolate_at: Option<u64>,
     failover_from: [Option<u64>; SHARDS as usize],
+    /// Per shard: (crash time, crashed leader) until another member serves it.
+    takeover_from: [Option<(u64, u64)>; SHARDS as usize],
     /// Keys.
     pub keys: Vec<Vec<u8>>,
     /// Counts.
@@ -80,6 +84,7 @@ impl Sim {
             restart_at: None,
             unisolate_at: None,
             failover_from: [None; SHARDS as usize],
+            takeover_from: [None; SHARDS as usize],
             keys: (0..KEYS).map(|k| format!("key-{k}").into_bytes()).collect(),
             stats: RunStats::default(),
         }
@@ -105,6 +110,21 @@ impl Sim {
                 }
             }
             self.world.transmit(self.now_us, &mut self.rng);
+            self.takeovers();
+        }
+    }
+
+    /// Records when another member serves a shard whose serving leader crashed.
+    fn takeovers(&mut self) {
+        for shard in 0..SHARDS {
+            let Some((from, crashed)) = self.takeover_from[shard as usize] else {
+                continue;
+            };
+            let taken = (1..=MEMBERS).any(|id| id != crashed && self.world.serving(id, shard));
+            if taken {
+                self.stats.takeovers_us.push(self.now_us - from);
+                self.takeover_from[shard as usize] = None;
+            }
         }
     }
 
@@ -183,6 +203,9 @@ impl Sim {
         for shard in 0..SHARDS {
             if self.world.serving(id, shard) && self.failover_from[shard as usize].is_none() {
                 self.failover_from[shard as usize] = Some(self.now_us);
+            }
+            if self.world.serving(id, shard) && self.takeover_from[shard as usize].is_none() {
+                self.takeover_from[shard as usize] = Some((self.now_us, id));
             }
         }
         self.world.crash(id);
