@@ -20,6 +20,9 @@ pub(crate) struct Waiter {
     pub owner: u64,
     /// The lease it asks for.
     pub lease_ms: u32,
+    /// When it arrived (server clock, µs): a grant applied a whole lease after that is
+    /// stale (see `answer_grant`).
+    pub received_us: u64,
     /// When its wait ends (server clock, µs).
     pub deadline_us: u64,
     /// Its wait was more than 0 (its answer ends a pending acquire of the session).

@@ -37,6 +37,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             session,
             owner,
             lease_ms: u32::from(lease_s) * 1000,
+            received_us: self.now_us,
             deadline_us,
             ends_pending,
             seq,
@@ -168,18 +169,30 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     /// The grant of the head of `key`'s queue was applied with `token`: answer it (the answer
     /// names the shard as its entry, so that an undelivered grant comes back here to be
     /// released), or release it at once if its waiter was abandoned.
+    ///
+    /// A grant applied a whole lease after its request arrived (this member lost its quorum
+    /// and applies it only on rejoining) is stale: the rest of the cluster may have expired it
+    /// and granted the key again since, so an `A` now would name an older token after a newer
+    /// one. The client, counting from its send time, holds nothing any more anyway: it gets
+    /// `T` and the grant is released.
     pub(super) fn answer_grant(&mut self, shard: u32, key: &[u8], token: u64) {
         let local = self.local(shard);
         let Some(head) = self.shards[local].pop_head(key) else {
             return;
         };
-        if head.abandoned {
+        let lease_over_us = head.received_us + u64::from(head.lease_ms) * 1000;
+        if head.abandoned || self.now_us >= lease_over_us {
             let command = Command::Release {
                 key: key.to_vec(),
                 token,
             };
             let nobody = crate::server::core::NOBODY;
             self.propose(shard, &command, nobody, PendingKind::Orphan);
+            if !head.abandoned {
+                self.stats.timed_out += 1;
+                let response = Response::Timeout { owner: head.owner };
+                self.answer(head.session, response, head.ends_pending);
+            }
             return;
         }
         self.stats.acquired += 1;
