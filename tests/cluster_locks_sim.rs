@@ -106,7 +106,7 @@ fn probe(sim: &mut Sim) {
     let first = sim.clients.len();
     for key in 0..KEYS {
         let index = first + key;
-        let mut client = Client::new(u64::MAX);
+        let mut client = Client::new(u64::MAX, sim.seed ^ index as u64);
         client.probe = true;
         sim.clients.push(client);
         let request = Request::Acquire {

@@ -7,6 +7,7 @@
 //! [`RESENDS_MAX`] times. A request in flight on a session whose member crashes is
 //! *indeterminate*: never resent.
 
+use super::rng::Rng;
 use super::world::{MEMBERS, SHARDS};
 use latchkey::lock_table::Op;
 use std::collections::BTreeMap;
@@ -104,6 +105,9 @@ pub struct Client {
     pub probe: bool,
     /// The token a probe got.
     pub probe_token: Option<u64>,
+    /// This client's own choices (so that the order in which a batch of answers is handled
+    /// does not change what the others draw).
+    pub rng: Rng,
     /// A probe's acquire was granted.
     pub probe_granted: bool,
     /// A probe's acquire ended without a grant (the answer).
@@ -111,9 +115,10 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client that first acts at `next_us`.
-    pub fn new(next_us: u64) -> Client {
+    /// A client that first acts at `next_us` and draws from `seed`.
+    pub fn new(next_us: u64, seed: u64) -> Client {
         Client {
+            rng: Rng(seed),
             sessions: BTreeMap::new(),
             pending: None,
             leaders: [None; SHARDS as usize],

@@ -17,7 +17,8 @@ impl Sim {
         let now = self.now_us;
         let key = pending.key.clone();
         self.clients[index].pending = None;
-        self.clients[index].next_us = now + self.rng.between(1_000, 100_000);
+        let client = &mut self.clients[index];
+        client.next_us = now + client.rng.between(1_000, 100_000);
         match (pending.request, response) {
             (_, Response::Moved { leader, .. }) => self.moved(index, member, pending, leader),
             (Request::Acquire { owner, lease_s, .. }, Response::Acquired { token, .. }) => {
@@ -109,8 +110,8 @@ impl Sim {
         }
         let shard = shard_of(&pending.key, SHARDS) as usize;
         let named = leader.addr().and_then(member_at);
-        let pick = self.rng.next_u64();
         let client = &mut self.clients[index];
+        let pick = client.rng.next_u64();
         client.leaders[shard] =
             Some(named.unwrap_or_else(|| crate::clients::Client::other_member(member, pick)));
         if pending.resends >= RESENDS_MAX {
@@ -122,7 +123,7 @@ impl Sim {
         pending.resends += 1;
         pending.sent = None;
         let backoff = if named.is_some() { 1_000 } else { 10_000 };
-        client.next_us = now + backoff + self.rng.below(backoff * 4);
+        client.next_us = now + backoff + client.rng.below(backoff * 4);
         client.pending = Some(pending);
     }
 }

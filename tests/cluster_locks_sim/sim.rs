@@ -35,6 +35,8 @@ pub struct RunStats {
 
 /// One seed's world, clients and checker.
 pub struct Sim {
+    /// The seed.
+    pub seed: u64,
     pub(crate) rng: Rng,
     /// Members and network.
     pub world: World,
@@ -68,9 +70,10 @@ impl Sim {
         let mut rng = Rng(seed);
         let world = World::new(seed, &mut rng);
         let clients = (0..CLIENTS)
-            .map(|_| Client::new(300_000 + rng.below(200_000)))
+            .map(|_| Client::new(300_000 + rng.below(200_000), rng.next_u64()))
             .collect();
         Sim {
+            seed,
             rng,
             world,
             clients,
@@ -255,12 +258,12 @@ impl Sim {
     fn act(&mut self, index: usize) {
         let now = self.now_us;
         let client = &mut self.clients[index];
-        client.next_us = now + self.rng.between(1_000, 100_000);
+        client.next_us = now + client.rng.between(1_000, 100_000);
         match &client.pending {
             Some(pending) if pending.sent.is_none() => return self.send(index),
             Some(pending) => {
                 let cancel = matches!(pending.request, Request::Acquire { wait_s: 1.., .. });
-                if cancel && !client.probe && self.rng.percent(10) {
+                if cancel && !client.probe && client.rng.percent(10) {
                     let (member, session) = pending.sent.expect("sent");
                     let op = Op::Cancel {
                         owner: pending.request.id(),
@@ -301,21 +304,22 @@ impl Sim {
             }
             return;
         }
-        let key = self.keys[self.rng.below(KEYS as u64) as usize].clone();
-        let roll = self.rng.below(100);
+        let key = self.keys[self.clients[index].rng.below(KEYS as u64) as usize].clone();
+        let roll = self.clients[index].rng.below(100);
         let request = if roll < 50 || held.is_empty() && roll < 85 {
             self.next_id += 1;
             Request::Acquire {
                 owner: (index as u64) << 40 | self.next_id,
-                wait_s: self.rng.below(3) as u8,
-                lease_s: self.rng.between(1, 3) as u8,
+                wait_s: self.clients[index].rng.below(3) as u8,
+                lease_s: self.clients[index].rng.between(1, 3) as u8,
             }
         } else if roll < 85 {
-            let (token, key) = held[self.rng.below(held.len() as u64) as usize].clone();
+            let (token, key) =
+                held[self.clients[index].rng.below(held.len() as u64) as usize].clone();
             let request = if roll < 68 {
                 Request::Release { token }
             } else {
-                let lease_s = self.rng.between(1, 3) as u8;
+                let lease_s = self.clients[index].rng.between(1, 3) as u8;
                 Request::Extend { token, lease_s }
             };
             return self.start(index, request, key);
@@ -344,8 +348,8 @@ impl Sim {
     /// member that is up).
     fn send(&mut self, index: usize) {
         let now = self.now_us;
-        let pick = self.rng.next_u64();
         let client = &mut self.clients[index];
+        let pick = client.rng.next_u64();
         let Some(pending) = client.pending.as_mut() else {
             return;
         };
