@@ -62,6 +62,11 @@ fn run_seed(seed: u64, run_us: u64) -> Outcome {
     settle(&mut sim);
     probe(&mut sim);
     compare_digests(&mut sim);
+    for node in &sim.world.nodes {
+        if let Some(partition) = &node.partition {
+            sim.world.counts.restores += world::restores_of(partition);
+        }
+    }
     let mut violations = sim.checker.violations.clone();
     if sim.checker.violations_dropped > 0 {
         violations.push(format!("... and {} more", sim.checker.violations_dropped));
@@ -253,4 +258,5 @@ fn add_counts(total: &mut FaultCounts, more: &FaultCounts) {
     total.duplicated += more.duplicated;
     total.crashes += more.crashes;
     total.isolations += more.isolations;
+    total.restores += more.restores;
 }

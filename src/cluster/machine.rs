@@ -194,6 +194,13 @@ impl ShardMachine {
         self.after_mutation();
     }
 
+    /// The hold of `key` if the acquire at log `index` granted it and it is still held (with
+    /// or without extensions since).
+    pub fn granted_at(&self, key: &[u8], index: u64) -> Option<&Hold> {
+        let token = token_at(self.floor?, index, self.shards, self.shard)?;
+        self.holds.get(key).filter(|hold| hold.token == token)
+    }
+
     /// The index of the last entry applied or skipped (0 before any).
     pub fn applied(&self) -> u64 {
         self.applied

@@ -38,8 +38,9 @@ pub const CHECKPOINT_EVERY_US: u64 = 1_000_000;
 const CHECKPOINT_HOLDS: usize = 1024;
 /// Expiries one shard proposes per iteration at most.
 const EXPIRIES_PER_ITERATION: usize = 256;
-/// A shard's log is compacted into a snapshot after this many applied entries.
-const COMPACT_EVERY: u64 = 10_000;
+/// A shard's log is compacted into a snapshot after this many applied entries (the default of
+/// [`PartitionSettings::compact_every`]).
+pub const COMPACT_EVERY: u64 = 10_000;
 /// Peer messages stepped per iteration at most.
 const INBOUND_PER_ITERATION: usize = 8192;
 /// Ticks caught up at most after a stall (the rest are dropped: elections take longer).
@@ -68,6 +69,9 @@ pub struct PartitionSettings {
     pub clients: Vec<(u64, SocketAddr)>,
     /// Queued acquires per key at most (`limits.max_waiters_per_key`).
     pub max_waiters_per_key: u32,
+    /// Applied entries between two compactions of a shard's log into a snapshot (at least 1;
+    /// [`COMPACT_EVERY`] in a server, smaller in tests so that snapshots are sent and restored).
+    pub compact_every: u64,
 }
 
 /// The shard of `key` among `shards`: the same on every member, whatever its core count.
@@ -110,6 +114,8 @@ pub struct ClusterStats {
     pub leader_changes: u64,
     /// Entries this core proposed.
     pub proposals: u64,
+    /// Snapshots this core's shards restored (from a leader, or from the log at start).
+    pub restores: u64,
     /// From a client request's proposal to its entry's apply, in microseconds.
     pub commit_latency: Histogram,
     /// One write-ahead log sync (`finish_drain`: write, `fdatasync`), in microseconds.
@@ -210,6 +216,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                 shards: Vec::new(),
                 leader_changes: 0,
                 proposals: 0,
+                restores: 0,
                 commit_latency: Histogram::new(LATENCY_BOUNDS_US),
                 sync_latency: Histogram::new(LATENCY_BOUNDS_US),
             },

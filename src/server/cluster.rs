@@ -147,6 +147,7 @@ fn core_partition(
         cores,
         clients: cluster.members.iter().map(|m| (m.id, m.client)).collect(),
         max_waiters_per_key: config.limits.max_waiters_per_key,
+        compact_every: crate::cluster::partition::COMPACT_EVERY,
     };
     let peers = CorePeers {
         handle: handle.clone(),

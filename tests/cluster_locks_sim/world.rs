@@ -87,7 +87,12 @@ pub struct FaultCounts {
     pub crashes: u64,
     /// Isolations of one member.
     pub isolations: u64,
+    /// Snapshots members restored (counted when a member crashes, and at the end).
+    pub restores: u64,
 }
+
+/// Applied entries between two compactions in the simulation.
+pub const COMPACT_EVERY_IN_SIM: u64 = 24;
 
 /// One member: its partition while up, its durable image while down.
 pub struct Node {
@@ -134,7 +139,14 @@ fn settings(id: u64) -> PartitionSettings {
         cores: 1,
         clients: (1..=MEMBERS).map(|m| (m, client_addr(m))).collect(),
         max_waiters_per_key: 64,
+        // Small, so that shards compact often and crashed or lagging members restore snapshots.
+        compact_every: COMPACT_EVERY_IN_SIM,
     }
+}
+
+/// Snapshots `partition` restored so far.
+pub fn restores_of(partition: &ClusterPartition<MemDurable, SimPeers>) -> u64 {
+    partition.cluster_stats().map_or(0, |stats| stats.restores)
 }
 
 impl World {
@@ -200,6 +212,7 @@ impl World {
         let Some(partition) = node.partition.take() else {
             return;
         };
+        self.counts.restores += restores_of(&partition);
         let mut image = partition.member().durable().clone();
         image.crash();
         node.image = Some(image);

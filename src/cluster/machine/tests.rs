@@ -615,3 +615,22 @@ fn key_of_and_holds_list_the_holds_in_token_order() {
     assert_eq!(machine.key_of(a), None);
     assert_eq!(machine.holds().count(), 1);
 }
+
+#[test]
+fn granted_at_names_the_grant_of_one_index_while_it_holds() {
+    let mut machine = floored(3, 8);
+    let (token, _) = granted(machine.apply(2, &acquire("a", 7, 1000), 0));
+    assert_eq!(machine.granted_at(b"a", 2).map(|h| h.token), Some(token));
+    assert!(machine.granted_at(b"a", 3).is_none(), "another index");
+    assert!(machine.granted_at(b"b", 2).is_none(), "another key");
+    // An extension keeps the grant's token; a later grant after a release does not match.
+    machine.apply(3, &extend("a", token, 2000), 10);
+    assert_eq!(machine.granted_at(b"a", 2).map(|h| h.token), Some(token));
+    machine.apply(4, &release("a", token), 20);
+    assert!(machine.granted_at(b"a", 2).is_none(), "released");
+    granted(machine.apply(5, &acquire("a", 7, 1000), 30));
+    assert!(machine.granted_at(b"a", 2).is_none(), "a newer grant to the same owner");
+    assert!(machine.granted_at(b"a", 5).is_some());
+    // Without a floor nothing was granted.
+    assert!(ShardMachine::new(0, 8).granted_at(b"a", 2).is_none());
+}

@@ -3,8 +3,7 @@
 
 use super::{
     ClusterPartition, Peers, Pending, PendingKind, CHECKPOINT_EVERY_US, CHECKPOINT_HOLDS,
-    COMPACT_EVERY, EXPIRIES_PER_ITERATION, INBOUND_PER_ITERATION, PROMOTE_GRACE_MS,
-    TICKS_CAUGHT_UP_MAX, TICK_US,
+    EXPIRIES_PER_ITERATION, INBOUND_PER_ITERATION, PROMOTE_GRACE_MS, TICKS_CAUGHT_UP_MAX, TICK_US,
 };
 use crate::cluster::machine::{Applied, Command, ShardMachine};
 use crate::cluster::member::{Committed, EntryKind, LeaderChanged, ReadReady};
@@ -172,13 +171,84 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let shards = self.settings.shards;
         match ShardMachine::restore(shard, shards, data, self.now_ms()) {
             Ok(machine) => {
+                self.cluster_stats.restores += 1;
                 self.shards[local].machine = machine;
                 self.shards[local].compacted_at = index;
-                // Requests whose entries the snapshot covers get no answer from here: their
-                // clients' deadlines decide (Indeterminate for an acquire that was sent).
-                self.pending.retain(|(s, i), _| *s != shard || *i > index);
+                let mut covered: Vec<(u64, Pending)> = Vec::new();
+                self.pending.retain(|&(s, i), pending| {
+                    let keep = s != shard || i > index;
+                    if !keep {
+                        covered.push((i, pending.clone()));
+                    }
+                    keep
+                });
+                covered.sort_by_key(|(i, _)| *i);
+                for (at, pending) in covered {
+                    self.settle_covered(shard, at, pending);
+                }
             }
             Err(error) => panic!("cluster: shard {shard}: a snapshot does not decode: {error}"),
+        }
+    }
+
+    /// A request whose entry (at `at`) a restored snapshot covers: its outcome is read from
+    /// the restored state where it can be, and is otherwise answered on the safe side. An
+    /// acquire granted at `at` and still held gets its `A`; any other acquire had no effect
+    /// that still stands (`M`). A release whose token still holds had no effect (`M`); one
+    /// whose token holds nothing gets `N` (released by it or expired before: the holder is
+    /// never told it held longer than it may have). An extend renewed at `at` gets `E`; one
+    /// whose token holds without it `M`; one whose token holds nothing `N`.
+    fn settle_covered(&mut self, shard: u32, at: u64, pending: Pending) {
+        let local = self.local(shard);
+        match &pending.kind {
+            PendingKind::Acquire { key } => {
+                let head_owner = self.shards[local].head_mut(key).map(|head| head.owner);
+                let granted = self.shards[local]
+                    .machine
+                    .granted_at(key, at)
+                    .filter(|hold| Some(hold.owner) == head_owner)
+                    .map(|hold| hold.token);
+                match granted {
+                    Some(token) => {
+                        let key = key.clone();
+                        self.answer_grant(shard, &key, token);
+                        self.shards[local].check_invariants();
+                    }
+                    None => self.lost(shard, pending),
+                }
+            }
+            PendingKind::Release { token } => {
+                let token = *token;
+                match self.shards[local].machine.key_of(token) {
+                    Some(_) => self.lost(shard, pending),
+                    None => {
+                        self.stats.release_not_held += 1;
+                        self.answer(pending.session, Response::NotHeld { token }, false);
+                    }
+                }
+            }
+            PendingKind::Extend { token } => {
+                let token = *token;
+                let machine = &self.shards[local].machine;
+                let renewed = machine
+                    .key_of(token)
+                    .and_then(|key| machine.holder(key))
+                    .map(|hold| hold.renewed_at == at);
+                match renewed {
+                    Some(true) => {
+                        self.stats.extended += 1;
+                        self.answer(pending.session, Response::Extended { token }, false);
+                    }
+                    Some(false) => self.lost(shard, pending),
+                    None => {
+                        self.stats.extend_not_held += 1;
+                        self.answer(pending.session, Response::NotHeld { token }, false);
+                    }
+                }
+            }
+            PendingKind::Expire { .. } | PendingKind::Barrier | PendingKind::Orphan => {
+                self.lost(shard, pending);
+            }
         }
     }
 
@@ -469,7 +539,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     fn maybe_compact(&mut self, local: usize) {
         let shard = &self.shards[local];
         let applied = shard.machine.applied();
-        if applied < shard.compacted_at + COMPACT_EVERY {
+        if applied < shard.compacted_at + self.settings.compact_every.max(1) {
             return;
         }
         let data = shard.machine.snapshot(self.now_ms());

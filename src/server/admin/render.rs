@@ -65,6 +65,7 @@ impl ServerStats {
                 sum.shards.extend(cluster.shards.iter().cloned());
                 sum.leader_changes += cluster.leader_changes;
                 sum.proposals += cluster.proposals;
+                sum.restores += cluster.restores;
                 sum.commit_latency.merge(&cluster.commit_latency);
                 sum.sync_latency.merge(&cluster.sync_latency);
             }
@@ -356,6 +357,7 @@ fn cluster_json(cluster: &ClusterStats) -> Value {
         "shards_led": cluster.shards.iter().filter(|s| s.serving).count(),
         "leader_changes": cluster.leader_changes,
         "proposals": cluster.proposals,
+        "restores": cluster.restores,
         "commit_latency_seconds": histogram_json(&cluster.commit_latency),
         "sync_latency_seconds": histogram_json(&cluster.sync_latency),
         "shards": shards,
