@@ -143,12 +143,9 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         if !drain.messages.is_empty() {
             self.peers.send(drain.messages);
         }
-        for restore in drain.restores {
-            self.restore(restore.shard, &restore.data, restore.index);
-        }
-        // Applying may propose (the next waiter, an orphan's release), and nothing may call
-        // into the member between the two halves: what committed before the sync is applied
-        // after it, first.
+        // Restoring and applying may propose (the next waiter, an orphan's release), and
+        // nothing may call into the member between the two halves: snapshots and what
+        // committed before the sync are restored and applied after it, first.
         let sync_started = std::time::Instant::now();
         let drained = match self.member.finish_drain() {
             Ok(drained) => drained,
@@ -158,6 +155,9 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         self.cluster_stats.sync_latency.record(sync_us);
         if !drained.messages.is_empty() {
             self.peers.send(drained.messages);
+        }
+        for restore in drain.restores {
+            self.restore(restore.shard, &restore.data, restore.index);
         }
         self.apply(drain.committed);
         self.apply(drained.committed);
@@ -195,8 +195,10 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     /// the restored state where it can be, and is otherwise answered on the safe side. An
     /// acquire granted at `at` and still held gets its `A`; any other acquire had no effect
     /// that still stands (`M`). A release whose token still holds had no effect (`M`); one
-    /// whose token holds nothing gets `N` (released by it or expired before: the holder is
-    /// never told it held longer than it may have). An extend renewed at `at` gets `E`; one
+    /// whose token holds nothing gets `R`: it was released by this request or, if its lease
+    /// ran out first, expired no earlier than its holder's own count of the lease, so `R`
+    /// tells the holder nothing it may act on (an `N` would tell a holder whose lease still
+    /// runs that it lost the lock early). An extend renewed at `at` gets `E`; one
     /// whose token holds without it `M`; one whose token holds nothing `N`.
     fn settle_covered(&mut self, shard: u32, at: u64, pending: Pending) {
         let local = self.local(shard);
@@ -222,8 +224,8 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                 match self.shards[local].machine.key_of(token) {
                     Some(_) => self.lost(shard, pending),
                     None => {
-                        self.stats.release_not_held += 1;
-                        self.answer(pending.session, Response::NotHeld { token }, false);
+                        self.stats.released += 1;
+                        self.answer(pending.session, Response::Released { token }, false);
                     }
                 }
             }
