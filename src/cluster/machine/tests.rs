@@ -629,7 +629,10 @@ fn granted_at_names_the_grant_of_one_index_while_it_holds() {
     machine.apply(4, &release("a", token), 20);
     assert!(machine.granted_at(b"a", 2).is_none(), "released");
     granted(machine.apply(5, &acquire("a", 7, 1000), 30));
-    assert!(machine.granted_at(b"a", 2).is_none(), "a newer grant to the same owner");
+    assert!(
+        machine.granted_at(b"a", 2).is_none(),
+        "a newer grant to the same owner"
+    );
     assert!(machine.granted_at(b"a", 5).is_some());
     // Without a floor nothing was granted.
     assert!(ShardMachine::new(0, 8).granted_at(b"a", 2).is_none());
