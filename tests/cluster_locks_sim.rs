@@ -10,7 +10,7 @@
 //! `cluster_locks_sim/checker.rs` for the safety checks.
 //!
 //! Environment: `LATCHKEY_LOCKS_SIM_SEED=N` replays one seed; `LATCHKEY_LOCKS_SIM_SEEDS`
-//! (default 40) runs seeds `0..N` (shifted by `LATCHKEY_LOCKS_SIM_SEED_BASE`);
+//! (default 200) runs seeds `0..N` (shifted by `LATCHKEY_LOCKS_SIM_SEED_BASE`);
 //! `LATCHKEY_LOCKS_SIM_MS` (default 6 000) sets the virtual ms per seed. A failing seed prints
 //! itself, its violations and a replay command.
 
@@ -185,7 +185,7 @@ fn cluster_locks_simulation() {
         Some(seed) => vec![seed],
         None => {
             let base = env_u64("LATCHKEY_LOCKS_SIM_SEED_BASE").unwrap_or(0);
-            let count = env_u64("LATCHKEY_LOCKS_SIM_SEEDS").unwrap_or(40);
+            let count = env_u64("LATCHKEY_LOCKS_SIM_SEEDS").unwrap_or(200);
             (base..base + count).collect()
         }
     };

@@ -6,7 +6,7 @@
 //! the faults end (the last 2 s) every member must converge.
 //!
 //! Env: `LATCHKEY_CLUSTER_SIM_SEED` (one seed), `LATCHKEY_CLUSTER_SIM_SEEDS` (how many,
-//! default 50), `LATCHKEY_CLUSTER_SIM_STEPS` (simulated ms per seed, default 3000),
+//! default 300), `LATCHKEY_CLUSTER_SIM_STEPS` (simulated ms per seed, default 3000),
 //! `LATCHKEY_CLUSTER_SIM_LIE=1` (syncs lie: the checks must then find violations).
 
 #[path = "cluster_sim/check.rs"]
@@ -36,7 +36,7 @@ fn seeds() -> Vec<u64> {
     if let Some(seed) = env_u64("LATCHKEY_CLUSTER_SIM_SEED") {
         return vec![seed];
     }
-    let count = env_u64("LATCHKEY_CLUSTER_SIM_SEEDS").unwrap_or(50);
+    let count = env_u64("LATCHKEY_CLUSTER_SIM_SEEDS").unwrap_or(300);
     (1..=count).collect()
 }
 
