@@ -7,7 +7,8 @@
 # (one core each; the cluster's three members and the load share this machine's CPUs), run the
 # uncontended workload at pipeline 1 (one connection: the latency of one acquire+release after
 # another) and at pipeline 16 (50 connections), and the contended workload (8 hot keys, 50
-# connections, pipeline 1), and print requests/s and per-request latency percentiles.
+# connections, pipeline 1), and print requests/s and per-request latency percentiles; for the
+# cluster also the leader's fsync (WAL sync) and commit latency from its /stats.
 #
 # The cluster has one shard, so that one member leads every key: `latchkey bench` sends all of
 # its load to one address and does not follow redirects (M). The script finds the leader with a
@@ -60,6 +61,22 @@ PY
     done
 }
 
+# The leader's write-ahead log syncs and commit latency over the three workloads (GET /stats
+# on its client port): the fsync part of a cluster request's latency, measured in the same run.
+leader_sync() { # port
+    python3 - "$1" <<'PY'
+import json, sys, urllib.request
+stats = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/stats", timeout=5))
+c = stats["cluster"]
+for name in ("sync_latency_seconds", "commit_latency_seconds"):
+    h = c[name]
+    mean = h["sum"] / h["count"] * 1e6 if h["count"] else 0.0
+    p50 = h["p50"] * 1e6 if h["p50"] is not None else float("nan")
+    print(f"{'':<18} leader {name[:-16]:<6} latency: {h['count']:>9,} samples  mean {mean:>8.1f} us"
+          f"  p50 <= {p50:>8.0f} us  max {h['max'] * 1e6:>9.0f} us")
+PY
+}
+
 port=$(free_port)
 "$binary" serve --cores 1 --listen "127.0.0.1:$port" >/dev/null 2>&1 &
 pids+=($!)
@@ -92,6 +109,7 @@ TOML
     done
     leader=$(find_leader "${ports[@]}")
     run_bench "cluster fsync=$fsync" "$leader"
+    leader_sync "$leader"
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     pids=()
