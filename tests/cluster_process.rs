@@ -359,6 +359,7 @@ fn cluster_status_shows_every_member_its_shards_and_an_unreachable_one() {
         "latchkey_cluster_shards_led",
         "latchkey_cluster_leader_changes_total",
         "latchkey_cluster_proposals_total",
+        "latchkey_cluster_snapshot_restores_total",
         "latchkey_cluster_commit_latency_seconds_count",
         "latchkey_cluster_sync_latency_seconds_count",
     ] {

@@ -256,6 +256,12 @@ fn cluster_metrics(
         "Entries this member proposed",
         cluster.proposals,
     )?;
+    counter(
+        encoder,
+        "latchkey_cluster_snapshot_restores",
+        "Snapshots this member's shards restored (sent by a leader to a lagging member, or read at start)",
+        cluster.restores,
+    )?;
     histogram(
         encoder,
         "latchkey_cluster_commit_latency_seconds",
