@@ -724,7 +724,9 @@ mod auth;
 mod cluster;
 mod tls;
 pub use auth::{AuthRule, PREFIXES_PER_RULE_MAX, RULES_MAX};
-pub use cluster::{ClusterConfig, MemberConfig, MEMBERS_MAX, SHARDS_DEFAULT, SHARDS_MAX};
+pub use cluster::{
+    ClusterConfig, ClusterIdentity, MemberConfig, MEMBERS_MAX, SHARDS_DEFAULT, SHARDS_MAX,
+};
 pub use tls::TlsConfig;
 
 #[cfg(test)]

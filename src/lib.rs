@@ -17,6 +17,7 @@
 //! | [`protocol`] | request and response frames: parse in place, encode; error codes. No I/O |
 //! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
 //! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
+//! | [`hash`] | FNV-1a: digests stable across builds (shard state, cluster identity) |
 //! | [`chunked`] | arrays and slabs that grow by chunks and never move what they hold |
 //! | [`metrics`] | per-core counters and fixed-bucket histograms, merged for `GET /metrics` |
 //! | [`tls`] | TLS files (PEM, expiry, key matches certificate), rustls configurations, identities |
@@ -40,6 +41,7 @@ pub mod chunked;
 pub mod client;
 pub mod cluster;
 pub mod config;
+pub mod hash;
 pub mod lock_table;
 pub mod logging;
 pub mod metrics;

@@ -375,7 +375,7 @@ impl ShardMachine {
     /// A deterministic hash of everything members must agree on: shard, floor, applied index,
     /// and each hold's key, token, owner, lease and renewal index (not its local deadline).
     pub fn digest(&self) -> u64 {
-        let mut state = Fnv::new();
+        let mut state = crate::hash::Fnv::new();
         state.u64(u64::from(self.shard));
         state.u64(u64::from(self.shards));
         state.u64(u64::from(self.floor.is_some()));
@@ -570,28 +570,4 @@ fn token_at(floor: u64, index: u64, shards: u32, shard: u32) -> Option<u64> {
         .checked_mul(u64::from(shards))?
         .checked_add(floor)?
         .checked_add(u64::from(shard))
-}
-
-/// FNV-1a, 64 bits: stable across builds and platforms, unlike `std`'s hashers.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn bytes(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 ^= u64::from(*byte);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn u64(&mut self, value: u64) {
-        self.bytes(&value.to_be_bytes());
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }

@@ -62,6 +62,21 @@ pub struct MemberConfig {
     pub peer: SocketAddr,
 }
 
+/// A cluster's identity: the shard count and the members' ids and client addresses, in a
+/// canonical text (members sorted by id, whatever the file's order) and its 64-bit digest.
+///
+/// Peer addresses are deliberately left out: how one member reaches another may differ from
+/// member to member (a proxy, another interface); a peer that dials the wrong member is caught
+/// by the peer hello, which names the member it meant to reach. Client addresses are in: every
+/// member hands them out in redirects, so they must be the same everywhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterIdentity {
+    /// `shards=64 members=1@127.0.0.1:7420,2@127.0.0.1:7421,3@127.0.0.1:7422`.
+    pub text: String,
+    /// FNV-1a 64 of `text`: what peers compare in their hello.
+    pub digest: u64,
+}
+
 impl Default for ClusterConfig {
     fn default() -> ClusterConfig {
         ClusterConfig {
@@ -78,6 +93,25 @@ impl ClusterConfig {
     /// This member's entry (the configuration was checked: it exists).
     pub fn this_member(&self) -> Option<&MemberConfig> {
         self.members.iter().find(|m| m.id == self.node_id)
+    }
+
+    /// What every member of this cluster must agree on, and a data directory keeps: the shard
+    /// count and every member's id and client address (see [`ClusterIdentity`]).
+    pub fn identity(&self) -> ClusterIdentity {
+        let mut members: Vec<(u64, SocketAddr)> =
+            self.members.iter().map(|m| (m.id, m.client)).collect();
+        members.sort_unstable();
+        let list: Vec<String> = members
+            .iter()
+            .map(|(id, client)| format!("{id}@{client}"))
+            .collect();
+        let text = format!("shards={} members={}", self.shards, list.join(","));
+        let mut fnv = crate::hash::Fnv::new();
+        fnv.bytes(text.as_bytes());
+        ClusterIdentity {
+            digest: fnv.finish(),
+            text,
+        }
     }
 
     /// The ids of every member, in the file's order.

@@ -579,3 +579,36 @@ fn each_invalid_cluster_setting_names_its_key() {
         assert_refused(text, key, says);
     }
 }
+
+#[test]
+fn a_cluster_identity_ignores_order_and_peer_addresses_but_not_client_addresses() {
+    let cluster = parsed(CLUSTER).cluster.expect("[cluster]");
+    let identity = cluster.identity();
+    assert_eq!(
+        identity.text,
+        "shards=64 members=1@127.0.0.1:7420,2@127.0.0.1:7421,3@127.0.0.1:7422"
+    );
+    // Pinned: members compare it across builds and versions.
+    assert_eq!(
+        identity.digest, 0xe7b1_b8d6_e58d_c80a,
+        "{:#x}",
+        identity.digest
+    );
+    let mut reordered = cluster.clone();
+    reordered.members.reverse();
+    reordered.members[0].peer = "10.0.0.9:7000".parse().unwrap();
+    assert_eq!(reordered.identity(), identity);
+    let mut moved = cluster.clone();
+    moved.members[1].client = "127.0.0.1:9421".parse().unwrap();
+    assert_ne!(moved.identity().digest, identity.digest);
+    let mut resharded = cluster.clone();
+    resharded.shards = 8;
+    assert_ne!(resharded.identity().digest, identity.digest);
+    let mut grown = cluster;
+    grown.members.push(MemberConfig {
+        id: 4,
+        client: "127.0.0.1:7423".parse().unwrap(),
+        peer: "127.0.0.1:7523".parse().unwrap(),
+    });
+    assert_ne!(grown.identity().digest, identity.digest);
+}
