@@ -630,7 +630,7 @@ impl LockTable {
                 key: held.key.as_slice().into(),
                 owner: held.owner,
                 holder: held.holder,
-                held_us: now_us.saturating_sub(held.granted_us),
+                held_us: Some(now_us.saturating_sub(held.granted_us)),
                 lease_left_us: held.lease_end_us.saturating_sub(now_us),
                 waiters: held.waiters,
             });

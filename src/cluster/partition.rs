@@ -20,9 +20,11 @@ use super::Durable;
 use crate::lock_table::{Answer, BusyReason, HeldKey, Op, SessionId, TableStats};
 use crate::metrics::Histogram;
 use crate::protocol::{Leader, Response};
+use crate::server::core::NOBODY;
 use crate::server::partition::Partition;
 use crate::server::persist::TokenKeeper;
 use crate::server::route::partition_of;
+use leadership_log::LeadershipLog;
 use raft::eraftpb::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -188,6 +190,8 @@ pub struct ClusterPartition<D: Durable, P: Peers> {
     now_us: u64,
     next_tick_us: u64,
     shutting_down: bool,
+    /// This iteration's leadership changes, logged at its end.
+    leadership_log: LeadershipLog,
 }
 
 impl<D: Durable, P: Peers> ClusterPartition<D, P> {
@@ -223,6 +227,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             now_us: 0,
             next_tick_us: 0,
             shutting_down: false,
+            leadership_log: LeadershipLog::default(),
         }
     }
 
@@ -373,6 +378,9 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
         }
         self.balance();
         self.drain();
+        for line in self.leadership_log.take_lines(self.settings.core) {
+            log::info!("{line}");
+        }
     }
 
     fn next_deadline_us(&self) -> Option<u64> {
@@ -527,11 +535,12 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
                 if !key.starts_with(prefix) {
                     continue;
                 }
+                let granted = shard.grants.get(&hold.token);
                 found(HeldKey {
                     key: key.into(),
                     owner: hold.owner,
-                    holder: u64::MAX,
-                    held_us: 0,
+                    holder: granted.map_or(NOBODY, |granted| granted.session),
+                    held_us: granted.map(|granted| self.now_us.saturating_sub(granted.at_us)),
                     lease_left_us: hold.deadline_ms.saturating_sub(now_ms) * 1000,
                     waiters: shard.queue_len(key) as u32,
                 });
@@ -552,5 +561,7 @@ fn op_id(op: &Op) -> u64 {
 
 #[path = "partition/drive.rs"]
 mod drive;
+#[path = "partition/leadership_log.rs"]
+mod leadership_log;
 #[path = "partition/requests.rs"]
 mod requests;

@@ -11,6 +11,9 @@ use super::member::Proposed;
 use crate::lock_table::SessionId;
 use std::collections::{HashMap, HashSet, VecDeque};
 
+/// Entries [`Shard::grants`] may hold beyond twice the shard's holds before it is pruned.
+const GRANTS_SLACK: usize = 64;
+
 /// An acquire queued on the leader.
 #[derive(Clone, Debug)]
 pub(crate) struct Waiter {
@@ -73,6 +76,20 @@ pub(crate) struct Shard {
     pub checkpoint_at_us: u64,
     /// The applied index of the last compaction.
     pub compacted_at: u64,
+    /// Grants this member answered `A` for as leader: token → the session and when (server
+    /// clock, µs). What `GET /keys` shows as PEER and HELD; a hold granted by another leader
+    /// has no entry (unknown, and shown so). Entries whose token no longer holds are pruned
+    /// when the map outgrows the holds (see [`Shard::record_grant`]).
+    pub grants: HashMap<u64, Granted>,
+}
+
+/// A grant this member answered, for `GET /keys`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Granted {
+    /// The session the `A` went to.
+    pub session: SessionId,
+    /// When the grant was applied here (server clock, µs).
+    pub at_us: u64,
 }
 
 impl Shard {
@@ -86,7 +103,20 @@ impl Shard {
             checkpoint_after: 0,
             checkpoint_at_us: 0,
             compacted_at: 0,
+            grants: HashMap::new(),
         }
+    }
+
+    /// Remembers that `token` was granted to `session` at `at_us`. Bounded: when the record
+    /// holds more than twice the shard's holds (plus a little), it keeps only tokens that
+    /// still hold, so it never outgrows the machine by more than that.
+    pub fn record_grant(&mut self, token: u64, session: SessionId, at_us: u64) {
+        if self.grants.len() >= 2 * self.machine.len() + GRANTS_SLACK {
+            let machine = &self.machine;
+            self.grants
+                .retain(|&token, _| machine.key_of(token).is_some());
+        }
+        self.grants.insert(token, Granted { session, at_us });
     }
 
     /// Whether this member serves requests of the shard now.

@@ -149,8 +149,9 @@ pub struct HeldKey {
     pub owner: u64,
     /// The session the grant went to.
     pub holder: u64,
-    /// Since the grant, in microseconds.
-    pub held_us: u64,
+    /// Since the grant, in microseconds; `None` where the server does not know (a cluster
+    /// member lists a hold it did not grant itself: another leader granted it).
+    pub held_us: Option<u64>,
     /// Lease left, in microseconds.
     pub lease_left_us: u64,
     /// Queued acquires.

@@ -126,7 +126,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     pub(super) fn balance(&mut self) {
         let live = self.member.live_voters();
         for (shard, to) in self.member.balance(&live) {
-            log::info!("shard {shard}: handing leadership to member {to} (balance)");
+            self.leadership_log.handed(shard, to);
         }
     }
 
@@ -448,7 +448,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         state.machine.promote(now_ms, PROMOTE_GRACE_MS);
         state.role = Role::Leader { term };
         state.checkpoint_at_us = self.now_us + CHECKPOINT_EVERY_US;
-        log::info!("shard {shard}: serving as leader in term {term}");
+        self.leadership_log.serving(shard, term);
     }
 
     fn leaders_changed(&mut self, changes: &[LeaderChanged]) {
@@ -524,7 +524,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             }
         }
         self.shards[local].check_invariants();
-        log::info!("shard {shard}: no longer the leader");
+        self.leadership_log.stepped_down(shard);
     }
 
     fn reads_ready(&mut self, ready: Vec<ReadReady>) {

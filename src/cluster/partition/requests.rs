@@ -196,6 +196,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             return;
         }
         self.stats.acquired += 1;
+        self.shards[local].record_grant(token, head.session, self.now_us);
         self.answers.push(crate::lock_table::Answer {
             session: head.session,
             response: Response::Acquired {

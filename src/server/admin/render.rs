@@ -458,7 +458,7 @@ pub fn keys_json(keys: &[(HeldKey, Option<SocketAddr>)]) -> String {
                 "key": String::from_utf8_lossy(&held.key),
                 "owner": held.owner,
                 "peer": peer.map(|peer| peer.to_string()),
-                "held_ms": held.held_us / 1000,
+                "held_ms": held.held_us.map(|us| us / 1000),
                 "lease_ms": held.lease_left_us / 1000,
                 "waiters": held.waiters,
             })
