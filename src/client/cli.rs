@@ -67,10 +67,10 @@ mod ping;
 mod servers;
 mod supervise;
 
-pub use servers::{parse_first_server, parse_servers, ServerListError};
+pub use servers::{parse_server_items, parse_servers, ServerListError};
 
 pub use admin::{run_keys, run_stats, KeysArgs, StatsArgs};
-pub use cluster::{run_cluster, ClusterCommand, ClusterStatusArgs};
+pub use cluster::{run_cluster, ClusterCommand, ClusterLeaderArgs, ClusterStatusArgs};
 pub use duration::{format_duration, parse_duration};
 pub use ping::{run_ping, run_ping_command, PingCommand};
 use supervise::{release, supervise};
@@ -110,8 +110,8 @@ const NOTICE_POLL: Duration = Duration::from_millis(50);
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConnectArgs {
     /// Server address (host:port), or a cluster's members as a comma-separated list
-    /// (a:7420,b:7420,c:7420); defaults to LATCHKEY_SERVER when it is set. `stats` and
-    /// `keys` use the first item only.
+    /// (a:7420,b:7420,c:7420); defaults to LATCHKEY_SERVER when it is set. `stats`, `keys`
+    /// and `cluster` ask every member and merge what they answer.
     #[arg(long, env = "LATCHKEY_SERVER", default_value = DEFAULT_ADDR)]
     pub server: String,
     /// How long the transport may take: a connect, the answer to a release,
@@ -373,11 +373,6 @@ pub fn request_exit_code(error: &RequestError) -> u8 {
 /// resolve is unavailable.
 fn server_addrs(command: &str, connect: &ConnectArgs) -> Result<Vec<SocketAddr>, ExitCode> {
     parse_servers(&connect.server).map_err(|failure| fail_servers(command, &failure))
-}
-
-/// The addresses of the first item of `--server` only (`stats`, `keys`).
-fn first_server_addrs(command: &str, connect: &ConnectArgs) -> Result<Vec<SocketAddr>, ExitCode> {
-    parse_first_server(&connect.server).map_err(|failure| fail_servers(command, &failure))
 }
 
 /// Says which `--server` item is wrong; the exit code: usage for a malformed one.

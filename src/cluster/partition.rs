@@ -103,6 +103,8 @@ pub struct ShardStatus {
     pub commit: u64,
     /// The index this member applied.
     pub applied: u64,
+    /// Keys its replicated state holds (on a follower: as far as it applied).
+    pub holds: usize,
 }
 
 /// A cluster partition's figures (one core's shards).
@@ -110,6 +112,8 @@ pub struct ShardStatus {
 pub struct ClusterStats {
     /// This member's id.
     pub node_id: u64,
+    /// Every member's id and client address, as this member's configuration lists them.
+    pub members: Vec<(u64, SocketAddr)>,
     /// The core's shards.
     pub shards: Vec<ShardStatus>,
     /// Times a shard of this core saw its leader change.
@@ -204,6 +208,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             .map(|&shard| Shard::new(shard, settings.shards))
             .collect();
         let node_id = settings.node_id;
+        let members = settings.clients.clone();
         ClusterPartition {
             settings,
             member,
@@ -217,6 +222,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             stats: TableStats::default(),
             cluster_stats: ClusterStats {
                 node_id,
+                members,
                 shards: Vec::new(),
                 leader_changes: 0,
                 proposals: 0,
@@ -508,6 +514,7 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
                     term: self.member.term(shard),
                     commit: self.member.commit(shard),
                     applied: state.machine.applied(),
+                    holds: state.machine.len(),
                 }
             })
             .collect();
@@ -563,5 +570,6 @@ fn op_id(op: &Op) -> u64 {
 mod drive;
 #[path = "partition/leadership_log.rs"]
 mod leadership_log;
+pub(crate) use leadership_log::shard_list;
 #[path = "partition/requests.rs"]
 mod requests;

@@ -1,7 +1,11 @@
-//! `latchkey stats` and `latchkey keys`: the admin requests of PROTOCOL.md §5 (`GET /stats`,
-//! `GET /keys`) on the command line, rendered for people or passed through as JSON.
+//! `latchkey stats` and `latchkey keys`: the admin requests of docs/protocol.md §5 (`GET
+//! /stats`, `GET /keys`) on the command line, rendered for people or passed through as JSON.
 //!
-//! A run makes one HTTP/1.1 request on the lock port: it connects within
+//! With one `--server` item, a run makes one HTTP/1.1 request on the lock port. With several
+//! (a cluster's members), it makes the same requests of every member at once (`gather.rs`)
+//! and merges the answers (`merge.rs`): a member that does not answer is named on stderr and
+//! costs one timeout; the exit code is 83 when the merged view may be incomplete. One request
+//! connects within
 //! `--transport-timeout`, writes `GET ... HTTP/1.1` with `Connection: close`, reads the answer
 //! to its end within `--transport-timeout` more (at most 16 MiB of body), checks for
 //! `HTTP/1.1 200` and parses the body with serde_json. `--json` prints the body as received.
@@ -29,14 +33,18 @@ use rustls::{AlertDescription, ClientConnection, StreamOwned};
 use serde_json::Value;
 
 use super::{
-    first_server_addrs, shown_key, ConnectArgs, OutputArgs, EXIT_BUSY, EXIT_INDETERMINATE,
-    EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE,
+    fail_servers, parse_server_items, shown_key, ConnectArgs, OutputArgs, EXIT_BUSY,
+    EXIT_INDETERMINATE, EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE,
 };
 use crate::protocol::{parse_response, ErrorCode, Response};
 use crate::tls::Connector;
 
+pub(super) mod gather;
+pub(super) mod merge;
 mod render;
 
+use gather::gather;
+use merge::{merge_keys, merge_stats, MemberAnswer, MemberKeys};
 use render::{render_keys, render_stats};
 
 /// The largest answer body read (10,000 keys of 1 KiB are about 11 MiB of `/keys`).
@@ -99,9 +107,17 @@ impl Failure {
 
 /// `latchkey stats [--json]`: the server's figures (`GET /stats`), as sections like
 /// `redis-cli INFO` (`# Server`, `# Sessions`, `# Locks`, `# Latency`, `# Busy`, `# Loop`) or,
-/// with `--json`, the server's JSON object as received.
+/// with `--json`, the server's JSON object as received. With several `--server` items, every
+/// member is asked and the figures merged (see `merge.rs`); exit 83 when one did not answer.
 pub fn run_stats(args: StatsArgs) -> ExitCode {
-    let (body, stats) = match get_json("stats", &args.connect, "/stats") {
+    let items = match server_items("stats", &args.connect) {
+        Ok(items) => items,
+        Err(code) => return code,
+    };
+    if items.len() > 1 {
+        return run_stats_of_members(&args, &items);
+    }
+    let (body, stats) = match get_json("stats", &args.connect, &items[0].1, "/stats") {
         Ok(found) => found,
         Err(code) => return code,
     };
@@ -119,9 +135,19 @@ pub fn run_stats(args: StatsArgs) -> ExitCode {
 
 /// `latchkey keys [PREFIX] [--limit N] [--json]`: who holds what (`GET /keys`), as a table
 /// `KEY OWNER PEER HELD LEASE WAITERS` or, with `--json`, the server's JSON array as received.
+/// With several `--server` items, every member is asked and the lists merged (each key once,
+/// from its shard's leader); exit 83 when some shard has no leader among the members that
+/// answered (its keys may be missing).
 pub fn run_keys(args: KeysArgs) -> ExitCode {
+    let items = match server_items("keys", &args.connect) {
+        Ok(items) => items,
+        Err(code) => return code,
+    };
     let target = keys_target(&args.prefix, args.limit);
-    let (body, keys) = match get_json("keys", &args.connect, &target) {
+    if items.len() > 1 {
+        return run_keys_of_members(&args, &items, &target);
+    }
+    let (body, keys) = match get_json("keys", &args.connect, &items[0].1, &target) {
         Ok(found) => found,
         Err(code) => return code,
     };
@@ -133,6 +159,12 @@ pub fn run_keys(args: KeysArgs) -> ExitCode {
         print_body(&body);
         return ExitCode::SUCCESS;
     }
+    print_keys(&args, keys);
+    ExitCode::SUCCESS
+}
+
+/// The table of `keys` (or why it is empty), and a note when the limit may have cut it.
+fn print_keys(args: &KeysArgs, keys: &[Value]) {
     if keys.is_empty() {
         let prefix = &args.prefix;
         let starting = if prefix.is_empty() {
@@ -141,7 +173,7 @@ pub fn run_keys(args: KeysArgs) -> ExitCode {
             format!(" starting with `{}`", shown_key(prefix))
         };
         eprintln!("latchkey keys: no held keys{starting}");
-        return ExitCode::SUCCESS;
+        return;
     }
     print!("{}", render_keys(keys));
     if keys.len() >= args.limit as usize {
@@ -151,7 +183,109 @@ pub fn run_keys(args: KeysArgs) -> ExitCode {
              (--limit, at most {KEYS_LIMIT_MAX})"
         );
     }
-    ExitCode::SUCCESS
+}
+
+/// `latchkey stats` of several members: every member's `/stats` at once, merged.
+fn run_stats_of_members(args: &StatsArgs, items: &[(String, Vec<SocketAddr>)]) -> ExitCode {
+    let tls = match connector("stats", &args.connect) {
+        Ok(tls) => tls,
+        Err(code) => return code,
+    };
+    let timeout = args.connect.transport_timeout;
+    let answers: Vec<MemberAnswer> = gather(items, &["/stats"], timeout, tls.as_ref())
+        .into_iter()
+        .flatten()
+        .collect();
+    let failed = say_failed_members("stats", &answers);
+    if failed == answers.len() {
+        return ExitCode::from(EXIT_UNAVAILABLE);
+    }
+    let merged = merge_stats(&answers);
+    if args.output.json {
+        println!("{merged}");
+    } else {
+        print!("{}", render_stats(&merged));
+    }
+    match failed {
+        0 => ExitCode::SUCCESS,
+        _ => ExitCode::from(EXIT_UNAVAILABLE),
+    }
+}
+
+/// `latchkey keys` of several members: every member's `/stats` (which shards it leads) and
+/// `/keys` at once, merged.
+fn run_keys_of_members(
+    args: &KeysArgs,
+    items: &[(String, Vec<SocketAddr>)],
+    target: &str,
+) -> ExitCode {
+    let tls = match connector("keys", &args.connect) {
+        Ok(tls) => tls,
+        Err(code) => return code,
+    };
+    let timeout = args.connect.transport_timeout;
+    let answers = gather(items, &["/stats", target], timeout, tls.as_ref());
+    let lasts: Vec<MemberAnswer> = answers
+        .iter()
+        .map(|pair| MemberAnswer {
+            item: pair[1].item.clone(),
+            result: pair[1].result.clone(),
+        })
+        .collect();
+    let failed = say_failed_members("keys", &lasts);
+    let members: Vec<MemberKeys<'_>> = answers
+        .iter()
+        .filter_map(|pair| {
+            let stats = pair[0].result.as_ref().ok()?;
+            let keys = pair[1].result.as_ref().ok()?.as_array()?;
+            Some(MemberKeys { stats, keys })
+        })
+        .collect();
+    if members.is_empty() {
+        if failed < answers.len() {
+            let message = "no member answered GET /keys with a JSON array";
+            return fail("keys", &Failure::new(EXIT_REJECTED, message));
+        }
+        return ExitCode::from(EXIT_UNAVAILABLE);
+    }
+    let merged = merge_keys(&members, args.limit as usize);
+    if args.output.json {
+        println!("{}", Value::Array(merged.keys.clone()));
+    } else {
+        print_keys(args, &merged.keys);
+    }
+    if merged.uncovered.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    let count = merged.shard_count.unwrap_or(0);
+    let shards: Vec<u32> = merged.uncovered.iter().map(|&s| s as u32).collect();
+    eprintln!(
+        "latchkey keys: {} of {count} shards have no leader among the members that answered \
+         ({}): keys held there are not listed",
+        shards.len(),
+        crate::cluster::partition::shard_list(&shards)
+    );
+    ExitCode::from(EXIT_UNAVAILABLE)
+}
+
+/// Says which members did not answer; returns how many.
+fn say_failed_members(command: &str, answers: &[MemberAnswer]) -> usize {
+    let mut failed = 0;
+    for answer in answers {
+        if let Err(error) = &answer.result {
+            eprintln!("latchkey {command}: {}: {error}", answer.item);
+            failed += 1;
+        }
+    }
+    failed
+}
+
+/// The `--server` items, one per member, or the exit code after saying why not.
+fn server_items(
+    command: &str,
+    connect: &ConnectArgs,
+) -> Result<Vec<(String, Vec<SocketAddr>)>, ExitCode> {
+    parse_server_items(&connect.server).map_err(|failure| fail_servers(command, &failure))
 }
 
 /// Says `failure` and returns its exit code.
@@ -169,17 +303,17 @@ fn print_body(body: &[u8]) {
     let _ = stdout.flush();
 }
 
-/// `GET target` from the server `connect` names: the body and its JSON, or the exit code after
-/// saying why not.
+/// `GET target` from the server at `addrs` (the first that accepts): the body and its JSON,
+/// or the exit code after saying why not.
 fn get_json(
     command: &str,
     connect: &ConnectArgs,
+    addrs: &[SocketAddr],
     target: &str,
 ) -> Result<(Vec<u8>, Value), ExitCode> {
-    let addrs = first_server_addrs(command, connect)?;
     let connector = connector(command, connect)?;
     let timeout = connect.transport_timeout;
-    let body = fetch(&addrs, target, timeout, connector.as_ref()).map_err(|f| fail(command, &f))?;
+    let body = fetch(addrs, target, timeout, connector.as_ref()).map_err(|f| fail(command, &f))?;
     match serde_json::from_slice(&body) {
         Ok(value) => Ok((body, value)),
         Err(error) => {

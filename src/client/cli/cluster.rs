@@ -1,22 +1,37 @@
-//! `latchkey cluster status`: every member's view of the cluster, from its `GET /stats`.
+//! `latchkey cluster status` and `latchkey cluster leader KEY`: the cluster as its members
+//! see it, from every member's `GET /stats`, asked all at once.
 //!
-//! For each address of `--server a,b,c`: reachable or why not, the member's id, the shards it
+//! `status`: for each `--server` item, reachable or why not, the member's id, the shards it
 //! leads (and serves), the range of its shards' terms, the sum of their commit and applied
-//! indices, and its lag: over the shards, the most any member's commit index is ahead of what
-//! this member applied. `--json` prints one object with every member and every shard.
+//! indices, and its lag (over the shards, the most any member's commit index is ahead of what
+//! this member applied); then which member leads which shards, and the shards nobody serves.
+//! Exit 0 when every member answered, 83 when some did not.
+//!
+//! `leader KEY`: the key's shard (the fixed hash of docs/cluster-design.md, over the shard
+//! count the members report), the member that serves it (and its client address), and what
+//! every other member believes. Exit 0 when a member serves it, 83 when none of those that
+//! answered does (an election, or no quorum).
+//!
+//! `--json` prints one object with everything. Deliberately not here: changing anything (these
+//! commands only read).
 
-use super::admin::{connector, fetch};
-use super::{parse_servers, ConnectArgs, OutputArgs, EXIT_UNAVAILABLE, EXIT_USAGE};
+use super::admin::connector;
+use super::admin::gather::gather;
+use super::admin::merge::MemberAnswer;
+use super::{parse_server_items, shown_key, ConnectArgs, OutputArgs, EXIT_UNAVAILABLE};
+use crate::cluster::partition::{shard_list, shard_of};
 use serde_json::{json, Value};
-use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, HashMap};
 use std::process::ExitCode;
 
 /// `latchkey cluster ...`.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum ClusterCommand {
-    /// Members, reachable or not, shards led, terms, commit and applied indices, lag.
+    /// Members, reachable or not, shards led, terms, commit and applied indices, lag, and
+    /// which member leads which shards.
     Status(ClusterStatusArgs),
+    /// Which member leads KEY's shard, and what every member believes.
+    Leader(ClusterLeaderArgs),
 }
 
 /// Arguments of `latchkey cluster status`.
@@ -30,50 +45,69 @@ pub struct ClusterStatusArgs {
     pub output: OutputArgs,
 }
 
-/// One member as seen from its `/stats`.
+/// Arguments of `latchkey cluster leader`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClusterLeaderArgs {
+    /// The key.
+    #[arg(value_name = "KEY")]
+    pub key: String,
+    /// The members (`--server a,b,c`) and the transport timeout.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// Text or JSON.
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// One member as seen from its `/stats`: its `cluster` object, or why there is none.
 struct Seen {
-    addr: SocketAddr,
+    item: String,
     cluster: Result<Value, String>,
 }
 
-/// Runs `latchkey cluster ...`. Exit 0 when every member answered, 83 when some did not.
+/// Runs `latchkey cluster ...`.
 pub fn run_cluster(command: ClusterCommand) -> ExitCode {
-    let ClusterCommand::Status(args) = command;
-    let addrs = match parse_servers(&args.connect.server) {
-        Ok(addrs) => addrs,
-        Err(error) => {
-            eprintln!(
-                "latchkey cluster status: --server {}: {error}",
-                args.connect.server
-            );
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let tls = match connector("cluster status", &args.connect) {
-        Ok(tls) => tls,
+    match command {
+        ClusterCommand::Status(args) => run_status(&args),
+        ClusterCommand::Leader(args) => run_leader(&args),
+    }
+}
+
+/// Every member's `cluster` object (or why not), or the exit code after saying why nobody was
+/// asked.
+fn seen(command: &str, connect: &ConnectArgs) -> Result<Vec<Seen>, ExitCode> {
+    let items = parse_server_items(&connect.server)
+        .map_err(|failure| super::fail_servers(command, &failure))?;
+    let tls = connector(command, connect)?;
+    let answers = gather(&items, &["/stats"], connect.transport_timeout, tls.as_ref());
+    Ok(answers.into_iter().flatten().map(seen_of).collect())
+}
+
+fn seen_of(answer: MemberAnswer) -> Seen {
+    let cluster = answer.result.and_then(|stats| {
+        stats
+            .get("cluster")
+            .cloned()
+            .ok_or_else(|| "not a cluster member (no [cluster] in its configuration)".to_string())
+    });
+    Seen {
+        item: answer.item,
+        cluster,
+    }
+}
+
+fn run_status(args: &ClusterStatusArgs) -> ExitCode {
+    let seen = match seen("cluster status", &args.connect) {
+        Ok(seen) => seen,
         Err(code) => return code,
     };
-    let timeout = args.connect.transport_timeout;
-    let seen: Vec<Seen> = addrs
-        .iter()
-        .map(|&addr| {
-            let cluster = fetch(&[addr], "/stats", timeout, tls.as_ref())
-                .map_err(|failure| failure.message)
-                .and_then(|body: Vec<u8>| {
-                    let stats: Value = serde_json::from_slice(&body)
-                        .map_err(|e| format!("the answer to GET /stats is not JSON: {e}"))?;
-                    stats.get("cluster").cloned().ok_or_else(|| {
-                        "not a cluster member (no [cluster] in its configuration)".to_string()
-                    })
-                });
-            Seen { addr, cluster }
-        })
-        .collect();
     let rows = rows(&seen);
+    let leaders = shard_leaders(&seen);
     if args.output.json {
-        println!("{}", json!({ "members": rows }));
+        println!("{}", json!({ "members": rows, "shards": leaders }));
     } else {
         print!("{}", render(&rows));
+        print!("{}", render_leaders(&leaders, &seen));
     }
     if rows.iter().all(|row| row["reachable"] == json!(true)) {
         ExitCode::SUCCESS
@@ -98,7 +132,7 @@ fn rows(seen: &[Seen]) -> Vec<Value> {
     seen.iter()
         .map(|member| match &member.cluster {
             Err(error) => json!({
-                "address": member.addr.to_string(),
+                "address": member.item,
                 "reachable": false,
                 "error": error,
             }),
@@ -121,7 +155,7 @@ fn rows(seen: &[Seen]) -> Vec<Value> {
                     .max()
                     .unwrap_or(0);
                 json!({
-                    "address": member.addr.to_string(),
+                    "address": member.item,
                     "reachable": true,
                     "node_id": cluster["node_id"],
                     "shards": shards.len(),
@@ -145,6 +179,72 @@ fn shards(member: &Seen) -> Vec<Value> {
         Ok(cluster) => cluster["shards"].as_array().cloned().unwrap_or_default(),
         Err(_) => Vec::new(),
     }
+}
+
+/// Per shard, the member that serves it (the highest term if two claim it, as in the middle
+/// of a leadership change), with its term; `leader` null when no member that answered serves
+/// it.
+fn shard_leaders(seen: &[Seen]) -> Vec<Value> {
+    let mut serving: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    let mut known: BTreeMap<u64, ()> = BTreeMap::new();
+    for member in seen {
+        let Ok(cluster) = &member.cluster else {
+            continue;
+        };
+        let node = cluster["node_id"].as_u64().unwrap_or(0);
+        for shard in shards(member) {
+            let Some(id) = shard["shard"].as_u64() else {
+                continue;
+            };
+            known.insert(id, ());
+            if shard["serving"] != json!(true) {
+                continue;
+            }
+            let term = shard["term"].as_u64().unwrap_or(0);
+            let entry = serving.entry(id).or_insert((node, term));
+            if term > entry.1 {
+                *entry = (node, term);
+            }
+        }
+    }
+    known
+        .keys()
+        .map(|shard| match serving.get(shard) {
+            Some((node, term)) => json!({"shard": shard, "leader": node, "term": term}),
+            None => json!({"shard": shard, "leader": null}),
+        })
+        .collect()
+}
+
+/// `LEADERS`: one line per member that serves shards, and one for the shards nobody serves.
+fn render_leaders(leaders: &[Value], seen: &[Seen]) -> String {
+    let mut by_leader: BTreeMap<Option<u64>, Vec<u32>> = BTreeMap::new();
+    for entry in leaders {
+        let shard = entry["shard"].as_u64().unwrap_or(0) as u32;
+        by_leader
+            .entry(entry["leader"].as_u64())
+            .or_default()
+            .push(shard);
+    }
+    let mut text = String::from("\nLEADERS\n");
+    for (leader, shards) in &by_leader {
+        let who = match leader {
+            Some(node) => format!("member {node} ({})", client_address(seen, *node)),
+            None => "no leader among the members that answered".to_string(),
+        };
+        text += &format!("  {who}: {}\n", shard_list(shards));
+    }
+    text
+}
+
+/// Member `node`'s client address, from any member's list of members.
+fn client_address(seen: &[Seen], node: u64) -> String {
+    let found = seen.iter().find_map(|member| {
+        let members = member.cluster.as_ref().ok()?["members"].as_array()?.clone();
+        let entry = members.iter().find(|m| m["id"].as_u64() == Some(node))?;
+        entry["client"].as_str().map(str::to_owned)
+    });
+    found.unwrap_or_else(|| "address unknown".to_string())
 }
 
 /// The table: one line per member.
@@ -179,3 +279,124 @@ fn render(rows: &[Value]) -> String {
     }
     text
 }
+
+/// What `cluster leader KEY` found.
+fn run_leader(args: &ClusterLeaderArgs) -> ExitCode {
+    let seen = match seen("cluster leader", &args.connect) {
+        Ok(seen) => seen,
+        Err(code) => return code,
+    };
+    let found = leader_of(&args.key, &seen);
+    if args.output.json {
+        println!("{found}");
+    } else {
+        print!("{}", render_leader(&args.key, &found));
+    }
+    match found["leader"].is_null() {
+        false => ExitCode::SUCCESS,
+        true => ExitCode::from(EXIT_UNAVAILABLE),
+    }
+}
+
+/// `key`'s shard and who serves it, with every member's view (JSON).
+fn leader_of(key: &str, seen: &[Seen]) -> Value {
+    let count = seen.iter().find_map(|member| {
+        let cluster = member.cluster.as_ref().ok()?;
+        cluster["shard_count"]
+            .as_u64()
+            .filter(|&n| n > 0 && n <= u64::from(u32::MAX))
+    });
+    let Some(count) = count else {
+        let views: Vec<Value> = seen
+            .iter()
+            .map(|m| json!({"member": m.item, "error": error_of(m)}))
+            .collect();
+        return json!({"key": key, "shard": null, "leader": null, "members": views});
+    };
+    let shard = u64::from(shard_of(key.as_bytes(), count as u32));
+    let mut leader: Option<(u64, u64)> = None;
+    let views: Vec<Value> = seen
+        .iter()
+        .map(|member| {
+            let Ok(cluster) = &member.cluster else {
+                return json!({"member": member.item, "error": error_of(member)});
+            };
+            let node = cluster["node_id"].as_u64().unwrap_or(0);
+            let status = shards(member)
+                .into_iter()
+                .find(|s| s["shard"].as_u64() == Some(shard))
+                .unwrap_or(Value::Null);
+            let term = status["term"].as_u64().unwrap_or(0);
+            if status["serving"] == json!(true) && leader.map_or(true, |(_, t)| term > t) {
+                leader = Some((node, term));
+            }
+            json!({
+                "member": member.item,
+                "node_id": node,
+                "serving": status["serving"],
+                "believed_leader": status["leader"],
+                "term": status["term"],
+            })
+        })
+        .collect();
+    let (node, term) = leader.map_or((Value::Null, Value::Null), |(n, t)| (json!(n), json!(t)));
+    let address = leader.map(|(node, _)| client_address(seen, node));
+    json!({
+        "key": key,
+        "shard": shard,
+        "shard_count": count,
+        "leader": node,
+        "term": term,
+        "leader_address": address,
+        "members": views,
+    })
+}
+
+fn error_of(member: &Seen) -> String {
+    member.cluster.as_ref().err().cloned().unwrap_or_default()
+}
+
+/// `cluster leader` as text: the answer on the first line, every member's view after it.
+fn render_leader(key: &str, found: &Value) -> String {
+    let key = shown_key(key);
+    let mut text = match (found["shard"].as_u64(), found["leader"].as_u64()) {
+        (None, _) => format!("{key}: no member answered as a cluster member\n"),
+        (Some(shard), Some(node)) => format!(
+            "{key}: shard {shard} of {}, led by member {node} at {} (term {})\n",
+            found["shard_count"],
+            found["leader_address"].as_str().unwrap_or("?"),
+            found["term"],
+        ),
+        (Some(shard), None) => format!(
+            "{key}: shard {shard} of {} has no leader among the members that answered \
+             (an election under way, or no quorum)\n",
+            found["shard_count"],
+        ),
+    };
+    for view in found["members"].as_array().map_or(&[][..], Vec::as_slice) {
+        let member = view["member"].as_str().unwrap_or("?");
+        let line = if let Some(error) = view["error"].as_str() {
+            format!("no answer: {error}")
+        } else if view["serving"] == json!(true) {
+            format!(
+                "member {}: leader, serving (term {})",
+                view["node_id"], view["term"]
+            )
+        } else {
+            let believed = match view["believed_leader"].as_u64() {
+                Some(node) => format!("member {node}"),
+                None => "none".to_string(),
+            };
+            format!(
+                "member {}: follower, believes the leader is {believed} (term {})",
+                view["node_id"], view["term"]
+            )
+        };
+        text += &format!("  {member}: {line}\n");
+    }
+    text
+}
+
+#[cfg(test)]
+#[path = "cluster_tests.rs"]
+mod tests;

@@ -2,9 +2,9 @@
 //!
 //! Each comma-separated item is `host:port` and resolves to one or more addresses; all of
 //! them, without duplicates, are the client's members (at most [`MEMBERS_MAX`]). An error
-//! names the item that is wrong. `latchkey stats` and `keys` use the first item only (an
-//! admin request is about the member it is sent to). Deliberately not here: choosing a
-//! member for a request (see the client).
+//! names the item that is wrong. The admin commands (`stats`, `keys`, `cluster`) ask every
+//! item once, each a member ([`parse_server_items`]). Deliberately not here: choosing a member
+//! for a request (see the client).
 
 use std::fmt;
 use std::io;
@@ -67,9 +67,23 @@ pub fn parse_servers(list: &str) -> Result<Vec<SocketAddr>, ServerListError> {
     Ok(addrs)
 }
 
-/// The addresses of the first item of `list` only (`stats`, `keys`).
-pub fn parse_first_server(list: &str) -> Result<Vec<SocketAddr>, ServerListError> {
-    parse_servers(list.split(',').next().unwrap_or(list))
+/// Each item of `list` as written (trimmed) with its addresses, in order: one item per member
+/// for the admin commands, which ask every member once (an item whose name resolves to several
+/// addresses is one member reached at the first that accepts). Items that repeat one another's
+/// addresses are dropped; the same bounds and errors as [`parse_servers`].
+pub fn parse_server_items(list: &str) -> Result<Vec<(String, Vec<SocketAddr>)>, ServerListError> {
+    parse_servers(list)?;
+    let mut items: Vec<(String, Vec<SocketAddr>)> = Vec::new();
+    for item in list.split(',').map(str::trim) {
+        let addrs = parse_servers(item)?;
+        let seen = items
+            .iter()
+            .any(|(_, known)| addrs.iter().any(|addr| known.contains(addr)));
+        if !seen {
+            items.push((item.to_owned(), addrs));
+        }
+    }
+    Ok(items)
 }
 
 #[cfg(test)]
@@ -84,8 +98,19 @@ mod tests {
             "127.0.0.2:2".parse().unwrap(),
         ];
         assert_eq!(addrs, expected);
-        let first = parse_first_server("127.0.0.3:3,nonsense").unwrap();
-        assert_eq!(first, vec!["127.0.0.3:3".parse::<SocketAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn items_keep_their_addresses_together() {
+        let items = parse_server_items("127.0.0.1:1, 127.0.0.2:2,127.0.0.1:1").unwrap();
+        let names: Vec<&str> = items.iter().map(|(item, _)| item.as_str()).collect();
+        assert_eq!(names, ["127.0.0.1:1", "127.0.0.2:2"]);
+        assert_eq!(
+            items[1].1,
+            vec!["127.0.0.2:2".parse::<SocketAddr>().unwrap()]
+        );
+        let error = parse_server_items("127.0.0.1:1,no-port-here").unwrap_err();
+        assert_eq!(error.item, "no-port-here");
     }
 
     #[test]

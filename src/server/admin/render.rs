@@ -355,12 +355,22 @@ fn cluster_json(cluster: &ClusterStats) -> Value {
                 "term": status.term,
                 "commit": status.commit,
                 "applied": status.applied,
+                "holds": status.holds,
             })
         })
         .collect();
+    let members: Vec<Value> = cluster
+        .members
+        .iter()
+        .map(|(id, client)| json!({"id": id, "client": client.to_string()}))
+        .collect();
+    let serving = cluster.shards.iter().filter(|s| s.serving);
     json!({
         "node_id": cluster.node_id,
-        "shards_led": cluster.shards.iter().filter(|s| s.serving).count(),
+        "members": members,
+        "shard_count": cluster.shards.len(),
+        "locks_led": serving.clone().map(|s| s.holds).sum::<usize>(),
+        "shards_led": serving.count(),
         "leader_changes": cluster.leader_changes,
         "proposals": cluster.proposals,
         "restores": cluster.restores,

@@ -46,24 +46,59 @@ impl Section {
 }
 
 /// `latchkey stats` as text: `# Server`, `# Sessions`, `# Locks`, `# Latency`, `# Busy` and
-/// `# Loop`, separated by blank lines.
+/// `# Loop`, separated by blank lines; merged stats of several members (with a `members`
+/// list) begin with `# Members`.
 pub(super) fn render_stats(stats: &Value) -> String {
+    let members = stats.get("members").and_then(Value::as_array);
     let sections = [
-        server_section(stats),
-        sessions_section(stats),
-        locks_section(stats),
-        latency_section(stats),
-        busy_section(stats),
-        loop_section(stats),
+        members.map(|rows| members_section(rows)),
+        Some(server_section(stats)),
+        Some(sessions_section(stats)),
+        Some(locks_section(stats)),
+        Some(latency_section(stats)),
+        Some(busy_section(stats)),
+        Some(loop_section(stats)),
     ];
     let mut out = String::new();
-    for (index, section) in sections.iter().enumerate() {
+    for (index, section) in sections.iter().flatten().enumerate() {
         if index > 0 {
             out.push('\n');
         }
         section.write(&mut out);
     }
     out
+}
+
+/// One line per member of merged stats: who it is and its own figures, or its error.
+fn members_section(rows: &[Value]) -> Section {
+    let mut section = Section::new("Members");
+    for row in rows {
+        let name = text(row.get("member"));
+        if let Some(error) = row.get("error").and_then(Value::as_str) {
+            section.line(name, format!("no answer: {error}"));
+            continue;
+        }
+        let mut parts = Vec::new();
+        if let Some(id) = row.get("node_id").and_then(Value::as_u64) {
+            parts.push(format!("node {id}"));
+        }
+        let uptime = row.get("uptime_seconds").and_then(Value::as_f64);
+        parts.push(format!(
+            "up {}",
+            uptime.map_or_else(|| MISSING.to_owned(), uptime_text)
+        ));
+        parts.push(format!("sessions {}", count(row.get("sessions"))));
+        if let Some(led) = row.get("shards_led").and_then(Value::as_u64) {
+            let shards = count(row.get("shard_count"));
+            parts.push(format!("leads {led} of {shards} shards"));
+        }
+        parts.push(format!("locks {}", count(row.get("locks_held"))));
+        let worst = row.get("worst_iteration_seconds").and_then(Value::as_f64);
+        let worst = worst.map_or_else(|| MISSING.to_owned(), millis_text);
+        parts.push(format!("worst iteration {worst} ms"));
+        section.line(name, parts.join(", "));
+    }
+    section
 }
 
 fn text(value: Option<&Value>) -> String {
@@ -226,7 +261,11 @@ fn loop_section(stats: &Value) -> Section {
     let cores = cores.map_or(&[][..], Vec::as_slice);
     let core_number = |index: usize, core: &Value| {
         let number = core.get("core").and_then(Value::as_u64);
-        number.unwrap_or(index as u64)
+        let number = number.unwrap_or(index as u64);
+        match core.get("member").and_then(Value::as_str) {
+            Some(member) => format!("{member} core {number}"),
+            None => format!("core {number}"),
+        }
     };
     let worst = cores
         .iter()
@@ -235,13 +274,12 @@ fn loop_section(stats: &Value) -> Section {
         .max_by(|a, b| a.0.total_cmp(&b.0));
     let mut section = Section::new("Loop");
     let worst_text = match worst {
-        Some((max, core)) => format!("{} ms (core {core})", millis_text(max)),
+        Some((max, core)) => format!("{} ms ({core})", millis_text(max)),
         None => MISSING.to_owned(),
     };
     section.line("worst_iteration", worst_text);
     for (index, core) in cores.iter().enumerate() {
-        let name = format!("core {}", core_number(index, core));
-        section.line(name, stalls_text(core));
+        section.line(core_number(index, core), stalls_text(core));
     }
     section
 }
