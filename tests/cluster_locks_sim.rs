@@ -1,5 +1,5 @@
-//! Deterministic simulation of a three-member cluster at the level of locks: three
-//! `ClusterPartition`s (one core each, 4 shards) on a simulated network with loss,
+//! Deterministic simulation of a three-member cluster at the level of locks: three members of
+//! two cores each (a `ClusterPartition` per core, 4 shards) on a simulated network with loss,
 //! duplication, reordering, isolations and crash-restarts, driven by a few clients on a
 //! handful of keys, checked against a model of what each client may believe.
 //!
@@ -63,7 +63,7 @@ fn run_seed(seed: u64, run_us: u64) -> Outcome {
     probe(&mut sim);
     compare_digests(&mut sim);
     for node in &sim.world.nodes {
-        if let Some(partition) = &node.partition {
+        for partition in &node.partitions {
             sim.world.counts.restores += world::restores_of(partition);
         }
     }
@@ -91,8 +91,7 @@ fn settle(sim: &mut Sim) {
             .world
             .nodes
             .iter()
-            .filter_map(|node| node.partition.as_ref())
-            .flat_map(|p| (0..SHARDS).filter_map(move |s| p.machine(s)))
+            .flat_map(|node| (0..SHARDS).filter_map(move |s| node.machine(s)))
             .map(|machine| machine.len())
             .sum();
         if held == 0 {
@@ -158,7 +157,7 @@ fn compare_digests(sim: &mut Sim) {
             .nodes
             .iter()
             .filter_map(|node| {
-                let machine = node.partition.as_ref()?.machine(shard)?;
+                let machine = node.machine(shard)?;
                 Some((node.id, machine.applied(), machine.digest()))
             })
             .collect();

@@ -13,6 +13,7 @@
 
 use super::core::{Core, CoreSettings, Links};
 use super::net::{Net, Stream};
+use super::partition::Partition;
 use super::route::{KeyPool, Msg, Outbox, CHANNEL_DEPTH};
 use super::{queued, Shared, StallGauge};
 use crate::lock_table::{LockTable, QueueCounts, SessionId, TableConfig};
@@ -136,10 +137,12 @@ pub struct Limits {
     pub max_pending_per_session: u32,
 }
 
-/// Several cores and what they share, on a virtual clock.
-pub struct Harness {
+/// Several cores and what they share, on a virtual clock. The cores' partitions are lock
+/// tables (a single node) by default, or any other [`Partition`] (a cluster member's, see
+/// [`Harness::with_partitions`]).
+pub struct Harness<P: Partition = LockTable> {
     /// The cores.
-    pub cores: Vec<Core<PipeNet>>,
+    pub cores: Vec<Core<PipeNet, P>>,
     /// What they share.
     pub shared: Arc<Shared>,
     /// The virtual time in microseconds.
@@ -167,8 +170,34 @@ pub struct Client {
 }
 
 impl Harness {
-    /// A server of `limits.cores` cores at time 1 s.
+    /// A single node of `limits.cores` cores at time 1 s.
     pub fn new(limits: Limits) -> Harness {
+        Harness::with_partitions(limits, |index, shared| table(limits, index, shared))
+    }
+
+    /// Every key held in any partition, with its token.
+    pub fn holds(&self) -> Vec<(Vec<u8>, u64)> {
+        let tables = self.cores.iter().map(|core| core.table());
+        let holds = tables.flat_map(|table| table.holds().map(|(k, t, _)| (k.to_vec(), t)));
+        holds.collect()
+    }
+
+    /// Panics when a queue is over its bound or a table breaks an invariant.
+    pub fn check_bounds(&self) {
+        for core in &self.cores {
+            core.table().check_invariants();
+        }
+        self.check_queues();
+    }
+}
+
+impl<P: Partition> Harness<P> {
+    /// A server of `limits.cores` cores at time 1 s whose core `index` serves the partition
+    /// `partition(index, shared)` builds.
+    pub fn with_partitions(
+        limits: Limits,
+        mut partition: impl FnMut(usize, &Shared) -> P,
+    ) -> Harness<P> {
         let cores = limits.cores;
         let polls: Vec<Poll> = (0..cores).map(|_| Poll::new().expect("poll")).collect();
         let wakers: Vec<Arc<Waker>> = polls
@@ -210,7 +239,7 @@ impl Harness {
                     tokens: TokenKeeper::none(),
                     auth: None,
                 };
-                let table = table(limits, index, &shared);
+                let table = partition(index, &shared);
                 let settings = CoreSettings {
                     index,
                     cores,
@@ -343,17 +372,9 @@ impl Harness {
         self.ready(client, true, false, true);
     }
 
-    /// Every key held in any partition, with its token.
-    pub fn holds(&self) -> Vec<(Vec<u8>, u64)> {
-        let tables = self.cores.iter().map(|core| core.table());
-        let holds = tables.flat_map(|table| table.holds().map(|(k, t, _)| (k.to_vec(), t)));
-        holds.collect()
-    }
-
-    /// Panics when a queue is over its bound or a table breaks an invariant.
-    pub fn check_bounds(&self) {
+    /// Panics when an outbox or a session's output is over its bound.
+    pub fn check_queues(&self) {
         for core in &self.cores {
-            core.table().check_invariants();
             for peer in 0..self.cores.len() {
                 let queued = core.outbox_len(peer);
                 assert!(
@@ -398,3 +419,7 @@ fn table(limits: Limits, index: usize, shared: &Shared) -> LockTable {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+#[path = "harness/cluster_tests.rs"]
+mod cluster_tests;

@@ -103,7 +103,7 @@ impl Sim {
             self.clients_act();
             for id in 1..=MEMBERS {
                 let node = &self.world.nodes[(id - 1) as usize];
-                if node.partition.is_some() && node.wake_us <= self.now_us {
+                if node.is_up() && node.wake_us <= self.now_us {
                     let jitter = self.rng.below(200);
                     let (answers, freed) = self.world.iterate(id, self.now_us, jitter);
                     for token in freed {
@@ -136,7 +136,7 @@ impl Sim {
             .world
             .nodes
             .iter()
-            .filter(|n| n.partition.is_some())
+            .filter(|n| n.is_up())
             .map(|n| n.wake_us);
         let clients = self.clients.iter().map(|c| c.next_us);
         let faults = (self.next_fault_us < self.heal_us).then_some(self.next_fault_us);

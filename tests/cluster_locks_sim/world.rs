@@ -1,11 +1,14 @@
-//! The simulated cluster: three members of one core each, and the network between them.
+//! The simulated cluster: three members of [`CORES`] cores each (the shape a server runs by
+//! default on this machine), and the network between them.
 //!
-//! Each member is a `ClusterPartition<MemDurable, SimPeers>` on its own monotonic clock
-//! (global virtual time plus a per-member offset; no drift). `SimPeers` puts envelopes on a
-//! wire the world owns; the world delivers them after 0–20 ms, or drops (loss, a cut link,
-//! a crashed receiver), or duplicates them. Delays are drawn per message, so messages reorder.
-//! A crash drops the partition, keeps only the synced layer of its `MemDurable` and rebuilds
-//! the member from it on restart.
+//! Each core of a member is a `ClusterPartition<MemDurable, SimPeers>` hosting the shards `s`
+//! with `s % CORES == core`, with its own write-ahead image, as in a server; a member's cores
+//! share its monotonic clock (global virtual time plus a per-member offset; no drift).
+//! `SimPeers` puts envelopes on a wire the world owns; the world delivers them after 0–20 ms to
+//! the core that hosts the shard, or drops them (loss, a cut link, a crashed receiver), or
+//! duplicates them. Delays are drawn per message, so messages reorder. A crash drops every core
+//! of the member, keeps only the synced layer of each core's `MemDurable` and rebuilds the
+//! member from them on restart.
 //!
 //! Bounds: at most [`IN_FLIGHT_MAX`] messages in flight (more are dropped, counted) and at
 //! most [`INBOX_MAX`] delivered but not yet stepped per member.
@@ -26,6 +29,8 @@ use std::rc::Rc;
 pub const MEMBERS: u64 = 3;
 /// Shards of the cluster.
 pub const SHARDS: u32 = 4;
+/// Cores of every member (each hosts the shards `s` with `s % CORES == core`).
+pub const CORES: usize = 2;
 /// Messages in flight at most.
 pub const IN_FLIGHT_MAX: usize = 200_000;
 /// Messages delivered to a member and not yet stepped, at most.
@@ -47,12 +52,19 @@ pub fn member_at(addr: SocketAddr) -> Option<u64> {
 #[derive(Default)]
 pub struct Wire {
     outbox: Vec<(u64, Envelope)>,
-    inboxes: BTreeMap<u64, VecDeque<(u32, Message)>>,
+    /// Per (member, core): delivered, not yet stepped.
+    inboxes: BTreeMap<(u64, usize), VecDeque<(u32, Message)>>,
 }
 
-/// One member's way to the others: the shared wire.
+/// The core of a member that hosts `shard`.
+pub fn core_of(shard: u32) -> usize {
+    shard as usize % CORES
+}
+
+/// One member core's way to the others: the shared wire.
 pub struct SimPeers {
     id: u64,
+    core: usize,
     wire: Rc<RefCell<Wire>>,
 }
 
@@ -67,7 +79,7 @@ impl Peers for SimPeers {
         self.wire
             .borrow_mut()
             .inboxes
-            .get_mut(&self.id)?
+            .get_mut(&(self.id, self.core))?
             .pop_front()
     }
 }
@@ -94,16 +106,19 @@ pub struct FaultCounts {
 /// Applied entries between two compactions in the simulation.
 pub const COMPACT_EVERY_IN_SIM: u64 = 24;
 
-/// One member: its partition while up, its durable image while down.
+/// A member core's partition in the simulation.
+pub type SimPartition = ClusterPartition<MemDurable, SimPeers>;
+
+/// One member: its cores' partitions while up, their durable images while down.
 pub struct Node {
     /// The member's id.
     pub id: u64,
     /// Its clock: global time plus this.
     pub offset_us: u64,
-    /// The partition, while up.
-    pub partition: Option<ClusterPartition<MemDurable, SimPeers>>,
-    /// What survived the crash, while down.
-    pub image: Option<MemDurable>,
+    /// The partition of each core, while up (empty while down).
+    pub partitions: Vec<SimPartition>,
+    /// What survived the crash of each core, while down (empty while up).
+    pub images: Vec<MemDurable>,
     /// Restarts so far.
     pub incarnation: u64,
     /// When it next runs `handle_timers` (global µs).
@@ -131,12 +146,29 @@ pub struct World {
     seed: u64,
 }
 
-fn settings(id: u64) -> PartitionSettings {
+impl Node {
+    /// Whether the member is up.
+    pub fn is_up(&self) -> bool {
+        !self.partitions.is_empty()
+    }
+
+    /// The partition of the core that hosts `shard`, while up.
+    pub fn partition_of(&self, shard: u32) -> Option<&SimPartition> {
+        self.partitions.get(core_of(shard))
+    }
+
+    /// The machine of `shard`, while up.
+    pub fn machine(&self, shard: u32) -> Option<&latchkey::cluster::machine::ShardMachine> {
+        self.partition_of(shard)?.machine(shard)
+    }
+}
+
+fn settings(id: u64, core: usize) -> PartitionSettings {
     PartitionSettings {
         node_id: id,
         shards: SHARDS,
-        core: 0,
-        cores: 1,
+        core,
+        cores: CORES,
         clients: (1..=MEMBERS).map(|m| (m, client_addr(m))).collect(),
         max_waiters_per_key: 64,
         // Small, so that shards compact often and crashed or lagging members restore snapshots.
@@ -145,7 +177,7 @@ fn settings(id: u64) -> PartitionSettings {
 }
 
 /// Snapshots `partition` restored so far.
-pub fn restores_of(partition: &ClusterPartition<MemDurable, SimPeers>) -> u64 {
+pub fn restores_of(partition: &SimPartition) -> u64 {
     partition.cluster_stats().map_or(0, |stats| stats.restores)
 }
 
@@ -169,8 +201,8 @@ impl World {
             let mut node = Node {
                 id,
                 offset_us,
-                partition: None,
-                image: Some(MemDurable::new()),
+                partitions: Vec::new(),
+                images: (0..CORES).map(|_| MemDurable::new()).collect(),
                 incarnation: 0,
                 wake_us: rng.below(1000),
                 holds: BTreeSet::new(),
@@ -182,41 +214,49 @@ impl World {
     }
 
     fn start(&self, node: &mut Node) {
-        let durable = node.image.take().unwrap_or_default();
-        let recovered = durable.recovered();
-        let shards: Vec<u32> = (0..SHARDS).collect();
+        let mut images = std::mem::take(&mut node.images);
+        images.resize_with(CORES, MemDurable::new);
         let voters: Vec<u64> = (1..=MEMBERS).collect();
         let seed = self.seed ^ node.incarnation.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let member = Member::new(node.id, &voters, &shards, durable, recovered, seed)
-            .expect("a member builds from its recovered image");
-        let peers = SimPeers {
-            id: node.id,
-            wire: Rc::clone(&self.wire),
-        };
-        node.partition = Some(ClusterPartition::new(settings(node.id), member, peers));
+        for (core, durable) in images.into_iter().enumerate() {
+            let recovered = durable.recovered();
+            let shards: Vec<u32> = (0..SHARDS).filter(|&s| core_of(s) == core).collect();
+            let member = Member::new(node.id, &voters, &shards, durable, recovered, seed)
+                .expect("a member builds from its recovered image");
+            let peers = SimPeers {
+                id: node.id,
+                core,
+                wire: Rc::clone(&self.wire),
+            };
+            let settings = settings(node.id, core);
+            node.partitions
+                .push(ClusterPartition::new(settings, member, peers));
+            self.wire
+                .borrow_mut()
+                .inboxes
+                .insert((node.id, core), VecDeque::new());
+        }
         node.holds.clear();
-        self.wire
-            .borrow_mut()
-            .inboxes
-            .insert(node.id, VecDeque::new());
     }
 
     /// Whether member `id` is up.
     pub fn up(&self, id: u64) -> bool {
-        self.nodes[(id - 1) as usize].partition.is_some()
+        self.nodes[(id - 1) as usize].is_up()
     }
 
-    /// Crashes member `id`: its partition is dropped, its unsynced writes are lost.
+    /// Crashes member `id`: every core's partition is dropped, its unsynced writes are lost.
     pub fn crash(&mut self, id: u64) {
         let node = &mut self.nodes[(id - 1) as usize];
-        let Some(partition) = node.partition.take() else {
+        if !node.is_up() {
             return;
-        };
-        self.counts.restores += restores_of(&partition);
-        let mut image = partition.member().durable().clone();
-        image.crash();
-        node.image = Some(image);
-        self.wire.borrow_mut().inboxes.remove(&id);
+        }
+        for (core, partition) in std::mem::take(&mut node.partitions).into_iter().enumerate() {
+            self.counts.restores += restores_of(&partition);
+            let mut image = partition.member().durable().clone();
+            image.crash();
+            node.images.push(image);
+            self.wire.borrow_mut().inboxes.remove(&(id, core));
+        }
         self.counts.crashes += 1;
     }
 
@@ -227,14 +267,14 @@ impl World {
             Node {
                 id,
                 offset_us: 0,
-                partition: None,
-                image: None,
+                partitions: Vec::new(),
+                images: Vec::new(),
                 incarnation: 0,
                 wake_us: 0,
                 holds: BTreeSet::new(),
             },
         );
-        if node.partition.is_none() {
+        if !node.is_up() {
             node.incarnation += 1;
             node.wake_us = now_us;
             self.start(&mut node);
@@ -290,7 +330,7 @@ impl World {
             let (to, shard, message) = entry.remove();
             let linked = self.linked(message.from, to);
             let mut wire = self.wire.borrow_mut();
-            match wire.inboxes.get_mut(&to) {
+            match wire.inboxes.get_mut(&(to, core_of(shard))) {
                 Some(inbox) if linked && inbox.len() < INBOX_MAX => {
                     inbox.push_back((shard, message))
                 }
@@ -310,7 +350,8 @@ impl World {
     ) -> Vec<Answer> {
         let local = self.local_us(id, now_us);
         let node = &mut self.nodes[(id - 1) as usize];
-        let Some(partition) = node.partition.as_mut() else {
+        let core = core_of(latchkey::cluster::partition::shard_of(key, SHARDS));
+        let Some(partition) = node.partitions.get_mut(core) else {
             return Vec::new();
         };
         partition.handle(local, session, op, key);
@@ -323,19 +364,25 @@ impl World {
     pub fn iterate(&mut self, id: u64, now_us: u64, jitter_us: u64) -> (Vec<Answer>, Vec<u64>) {
         let local = self.local_us(id, now_us);
         let node = &mut self.nodes[(id - 1) as usize];
-        let Some(partition) = node.partition.as_mut() else {
+        if !node.is_up() {
             return (Vec::new(), Vec::new());
-        };
-        partition.handle_timers(local);
-        let answers = partition.take_answers();
+        }
+        let mut answers = Vec::new();
+        for partition in &mut node.partitions {
+            partition.handle_timers(local);
+            answers.extend(partition.take_answers());
+        }
         let holds: BTreeSet<u64> = (0..SHARDS)
-            .filter_map(|shard| partition.machine(shard))
+            .filter_map(|shard| node.machine(shard))
             .flat_map(|machine| machine.holds().map(|(_, hold)| hold.token))
             .collect();
         let freed = node.holds.difference(&holds).copied().collect();
         node.holds = holds;
-        let deadline = partition
-            .next_deadline_us()
+        let deadline = node
+            .partitions
+            .iter()
+            .filter_map(|partition| partition.next_deadline_us())
+            .min()
             .map_or(u64::MAX, |at| at.saturating_sub(node.offset_us));
         node.wake_us = deadline.clamp(now_us + 10, now_us + 1000 + jitter_us);
         (answers, freed)
@@ -344,6 +391,6 @@ impl World {
     /// Whether member `id` serves `shard` now.
     pub fn serving(&self, id: u64, shard: u32) -> bool {
         let node = &self.nodes[(id - 1) as usize];
-        node.partition.as_ref().is_some_and(|p| p.serving(shard))
+        node.partition_of(shard).is_some_and(|p| p.serving(shard))
     }
 }
