@@ -11,6 +11,7 @@ use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSetti
 use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits};
 use crate::cluster::wal::Wal;
 use crate::config::{ClusterConfig, Config};
+use crate::lock_table::QueueCounts;
 use crossbeam_channel::Receiver;
 use raft::eraftpb::Message;
 use std::io;
@@ -105,7 +106,13 @@ pub fn start(
     let mut partitions = Vec::with_capacity(cores);
     for (core, (_, receiver)) in channels.into_iter().enumerate() {
         match core_partition(config, cluster, core, seed, &peer_thread.handle, receiver) {
-            Ok(partition) => partitions.push(partition),
+            Ok(mut partition) => {
+                // With more than one core a session's acquires may queue on several.
+                if let Some(queues) = &shared.queues {
+                    partition.share_queue_counts(Arc::clone(queues) as Arc<dyn QueueCounts>);
+                }
+                partitions.push(partition);
+            }
             Err(error) => {
                 peer_thread.stop();
                 return Err(error);
@@ -147,6 +154,8 @@ fn core_partition(
         cores,
         clients: cluster.members.iter().map(|m| (m.id, m.client)).collect(),
         max_waiters_per_key: config.limits.max_waiters_per_key,
+        max_keys_per_shard: (config.limits.max_keys / cluster.shards as usize).max(1),
+        max_pending_per_session: config.limits.max_pending_per_session,
         compact_every: crate::cluster::partition::COMPACT_EVERY,
     };
     let peers = CorePeers {
