@@ -2,6 +2,9 @@
 //! [`crate::cluster`]).
 //!
 //! ```toml
+//! [server]
+//! cores = 2         # required: the data_dir records it
+//!
 //! [cluster]
 //! node_id = 1
 //! data_dir = "/var/lib/latchkey"
@@ -53,7 +56,8 @@ pub const SHARDS_DEFAULT: u32 = 64;
 pub struct ClusterConfig {
     /// `node_id`: which of `members` this server is. Required, at least 1.
     pub node_id: u64,
-    /// `data_dir`: where this member keeps its write-ahead logs and snapshots. Required.
+    /// `data_dir`: where this member keeps its write-ahead logs and snapshots, locked while it
+    /// runs and recording whose data it holds ([`crate::cluster::data_dir`]). Required.
     pub data_dir: PathBuf,
     /// `members`: every member of the cluster, this one included, in the file's order.
     pub members: Vec<MemberConfig>,
