@@ -8,7 +8,7 @@
 //!
 //! A waiter that had to queue (its key was held or had a queue when it arrived, and its wait
 //! is above 0) takes one of its session's `limits.max_pending_per_session` places
-//! ([`Places`]) and gives it back when it leaves its queue or is abandoned (answered early, or
+//! (`Places`) and gives it back when it leaves its queue or is abandoned (answered early, or
 //! its session closed): every way out of a queue is a method here that takes the places, so
 //! none can forget them.
 

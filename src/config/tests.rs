@@ -70,12 +70,14 @@ fn summary_is_one_line() {
 
 #[test]
 fn summary_says_tls_client_certificates_and_rules() {
-    let mut config = Config::default();
-    config.tls = Some(TlsConfig {
-        cert_file: PathBuf::from("server.crt"),
-        key_file: PathBuf::from("server.key"),
-        client_ca_file: None,
-    });
+    let mut config = Config {
+        tls: Some(TlsConfig {
+            cert_file: PathBuf::from("server.crt"),
+            key_file: PathBuf::from("server.key"),
+            client_ca_file: None,
+        }),
+        ..Config::default()
+    };
     let summary = config.summary();
     assert!(summary.ends_with(" tls=on (no client certificates) auth_rules=0; single node"));
     config.tls.as_mut().unwrap().client_ca_file = Some(PathBuf::from("ca.crt"));

@@ -180,8 +180,9 @@ mod tests {
         let names = ["cn\rx".to_string(), "san".to_string()];
         let line = forbidden_line(1, None, &names, key.as_bytes(), 3);
         assert!(!line.contains(['\r', '\n', '\u{1b}']), "{line:?}");
-        let says = "from unknown peer: X code 8 (Forbidden): identities \"cn\\rx\", \"san\" may \
-                    not use key \"a\\r\\u{1b}[2J\\\"\\\\ INFO forged\"; 3 more with this code since";
+        let says = "from unknown peer: X code 8 (Forbidden): identities \"cn\\rx\", \"san\" \
+                    may not use key \"a\\r\\u{1b}[2J\\\"\\\\ INFO forged\"; 3 more with this \
+                    code since";
         assert!(line.contains(says), "{line}");
         // The first 64 characters, and how many bytes were left out.
         let long = format!("{}é{}", "k".repeat(63), "z".repeat(100));
