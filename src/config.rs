@@ -8,8 +8,12 @@
 //!
 //! Invariants of a [`Config`] returned by this module (callers may rely on them without
 //! re-checking): every value is inside the range documented on its field; `server.cores` is a
-//! resolved count in `1..=CORES_MAX` (never the file's `0`); `limits.max_keys >= server.cores`,
-//! so every partition gets at least one key entry.
+//! resolved count in `1..=CORES_MAX` (never the file's `0`); a single node has
+//! `limits.max_keys >= server.cores`, so every partition gets at least one key entry. With
+//! `[cluster]` (see [`Config::check_cluster_mode`]): `cluster.shards <= limits.max_keys <=
+//! cluster.shards × HOLDS_MAX`, no setting that cluster mode would ignore is set
+//! (`tokens.state_dir`, a `timer.tick_ms` other than 1, a `tokens.reservation` other than its
+//! default), and, after [`Config::with_overrides`], `server.cores` was given explicitly.
 //!
 //! Every error names what it is about as `section.key` (or the unknown section or key), with the
 //! line it is on when it comes from the file and the path when it comes from [`Config::load`],
@@ -132,6 +136,9 @@ pub struct ServerConfig {
     /// How many cores (partitions, event loops) to run, resolved: `1..=CORES_MAX`. The file's
     /// `0` (the default) becomes one per CPU, capped at [`CORES_MAX`].
     pub cores: usize,
+    /// Whether `cores` is a count the file or `--cores` gave (not `0`, not left out). Cluster
+    /// mode requires one: its data directory records the core count.
+    pub cores_explicit: bool,
 }
 
 /// `[limits]`.
@@ -140,7 +147,9 @@ pub struct LimitsConfig {
     /// Open sessions at most; one more gets `X` code 7. `1..=CONNECTIONS_MAX`, default 10 000.
     pub max_connections: usize,
     /// Key entries (held keys) at most, across the server; each partition enforces
-    /// `max_keys / cores`. At least `cores`, default 4 000 000.
+    /// `max_keys / cores` (a cluster member: each shard it leads, `max_keys / shards`). At least
+    /// `cores` (a cluster: `shards`), default 4 000 000 (a cluster's file that leaves it out:
+    /// at most `shards × HOLDS_MAX`).
     pub max_keys: usize,
     /// Queued acquires per key at most; one more gets `B`. `1..=WAITERS_PER_KEY_MAX`,
     /// default 1024.
@@ -206,6 +215,7 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: LISTEN_DEFAULT,
             cores: cores_resolved(0),
+            cores_explicit: false,
         }
     }
 }
@@ -244,6 +254,7 @@ impl Config {
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
         let mut config = Config::default();
         let mut listen = None;
+        let mut max_keys_set = false;
         for (section, entries) in read_sections(text)? {
             if section == "tls" {
                 // An empty `[tls]` still asks for TLS (and is refused below for its missing
@@ -264,7 +275,14 @@ impl Config {
                 if (setting.section, setting.key) == ("server", "listen") {
                     listen = Some(config.server.listen);
                 }
+                max_keys_set |= (setting.section, setting.key) == ("limits", "max_keys");
             }
+        }
+        if let (Some(cluster), false) = (&config.cluster, max_keys_set) {
+            // Left out, max_keys is what the shards can hold if that is below its default; set,
+            // it is checked against that (see `check_cluster_mode`).
+            let holds_max = cluster::holds_max(cluster.shards);
+            config.limits.max_keys = config.limits.max_keys.min(holds_max);
         }
         config.check_relations()?;
         config.take_member_address(listen)?;
@@ -287,7 +305,8 @@ impl Config {
     }
 
     /// Applies the command line's `--listen` and `--cores` over the file's values. `cores` is
-    /// validated as `server.cores` is in the file: 0 means one per CPU, at most [`CORES_MAX`].
+    /// validated as `server.cores` is in the file: 0 means one per CPU (which a cluster member
+    /// refuses), at most [`CORES_MAX`].
     pub fn with_overrides(
         mut self,
         listen: Option<SocketAddr>,
@@ -303,33 +322,69 @@ impl Config {
                 return Err(ConfigError::new("server.cores", None, message));
             }
             self.server.cores = cores_resolved(cores);
+            self.server.cores_explicit = cores > 0;
         }
         self.check_relations()?;
         self.take_member_address(listen)?;
+        // Only now: the file may leave the count to the command line.
+        self.check_cluster_mode()?;
         Ok(self)
     }
 
-    /// In cluster mode, checks the cluster's relations and listens on this member's client
-    /// address; `listen` is the address the file or the command line set, if either did.
+    /// In cluster mode, checks the cluster's relations and what cluster mode asks of the other
+    /// sections, and listens on this member's client address; `listen` is the address the file
+    /// or the command line set, if either did.
     fn take_member_address(&mut self, listen: Option<SocketAddr>) -> Result<(), ConfigError> {
-        if let Some(cluster) = &self.cluster {
-            cluster.check(listen)?;
-            if let Some(member) = cluster.this_member() {
-                self.server.listen = member.client;
-            }
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
+        };
+        cluster.check(listen)?;
+        cluster::check_mode(self, cluster)?;
+        let member = cluster.this_member().map(|member| member.client);
+        if let Some(client) = member {
+            self.server.listen = client;
         }
         Ok(())
     }
 
-    /// The configuration on one line, for the startup log.
+    /// With `[cluster]`, refuses what cluster mode cannot honor, each error naming its key and
+    /// saying why: cores not given explicitly, a `max_keys` the shards cannot hold (or fewer
+    /// than one per shard), and the settings that only a single node uses (`tokens.state_dir`,
+    /// a `tokens.reservation` or `timer.tick_ms` other than their defaults). A configuration
+    /// from [`Config::load`] or [`Config::from_toml_str`] has passed all but the first (the
+    /// command line may give the cores): [`Config::with_overrides`] checks it all, and the
+    /// server again when it starts (a configuration may be built in code).
+    pub fn check_cluster_mode(&self) -> Result<(), ConfigError> {
+        match &self.cluster {
+            Some(cluster) => {
+                cluster::check_cores(self)?;
+                cluster::check_mode(self, cluster)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The configuration on one line, for the startup log: the address and limits, TLS (and
+    /// whether clients must present certificates), the authorization rules, and the role (a
+    /// single node, or which member of which cluster).
     pub fn summary(&self) -> String {
         let state_dir = match &self.tokens.state_dir {
             Some(path) => path.display().to_string(),
             None => "none".to_string(),
         };
+        let tls = match &self.tls {
+            None => "off",
+            Some(tls) if tls.client_ca_file.is_some() => "on (mTLS: client certificates required)",
+            Some(_) => "on (no client certificates)",
+        };
+        let role = match &self.cluster {
+            None => "single node".to_string(),
+            Some(cluster) => cluster.role(),
+        };
         format!(
             "listen={} cores={} max_connections={} max_keys={} max_waiters_per_key={} \
-             max_pending_per_session={} max_key_bytes={} tick_ms={} state_dir={}",
+             max_pending_per_session={} max_key_bytes={} tick_ms={} state_dir={} tls={tls} \
+             auth_rules={}; {role}",
             self.server.listen,
             self.server.cores,
             self.limits.max_connections,
@@ -339,6 +394,7 @@ impl Config {
             self.limits.max_key_bytes,
             self.timer.tick_ms,
             state_dir,
+            self.auth_rules.len(),
         )
     }
 
@@ -352,7 +408,9 @@ impl Config {
         match (setting.section, setting.key) {
             ("server", "listen") => self.server.listen = setting.socket_address()?,
             ("server", "cores") => {
-                self.server.cores = cores_resolved(setting.usize_in(0, CORES_MAX)?);
+                let cores = setting.usize_in(0, CORES_MAX)?;
+                self.server.cores = cores_resolved(cores);
+                self.server.cores_explicit = cores > 0;
             }
             ("limits", "max_connections") => {
                 self.limits.max_connections = setting.usize_in(1, CONNECTIONS_MAX)?;
@@ -420,7 +478,8 @@ impl Config {
                 .to_string();
             return Err(ConfigError::new("auth.rule", None, message));
         }
-        if self.limits.max_keys < self.server.cores {
+        // A cluster splits max_keys over its shards instead (see `check_cluster_mode`).
+        if self.cluster.is_none() && self.limits.max_keys < self.server.cores {
             let message = format!(
                 "limits.max_keys: must be at least server.cores ({}), because each core's \
                  partition holds max_keys / cores keys, got {}",

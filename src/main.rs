@@ -95,8 +95,9 @@ Signals:
 
 Exit codes:
   0   stopped after SIGTERM or SIGINT
-  70  could not start (address in use, cannot listen, tokens.state_dir unusable) or a core
-      failed while serving
+  70  could not start (address in use, cannot listen, tokens.state_dir unusable, a cluster
+      member's data_dir in use by another process or written for another node_id, cluster or
+      core count) or a core failed while serving
   78  the configuration was refused (the message names the key)";
 
 #[derive(clap::Args, Debug, Default)]
@@ -107,7 +108,8 @@ struct ServeArgs {
     /// Address to listen on, overriding [server] listen.
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
-    /// Cores (event loops and partitions), overriding [server] cores; 0 = one per CPU.
+    /// Cores (event loops and partitions), overriding [server] cores; 0 = one per CPU (a
+    /// cluster member needs a count).
     #[arg(long, value_name = "N")]
     cores: Option<usize>,
 }
@@ -206,8 +208,13 @@ fn serve(args: ServeArgs) -> ExitCode {
     match run_server(config) {
         Ok(code) => code,
         Err(e) => {
-            log::error!("cannot serve: {e}");
-            eprintln!("latchkey: {e}");
+            // Said once: the logger writes to stderr too. Without one for errors (`[log] level
+            // = "off"`), straight to stderr.
+            if log::log_enabled!(log::Level::Error) {
+                log::error!("cannot serve: {e}");
+            } else {
+                eprintln!("latchkey: cannot serve: {e}");
+            }
             ExitCode::from(EXIT_SOFTWARE)
         }
     }

@@ -291,7 +291,8 @@ fn a_cluster_member_refuses_a_data_dir_written_with_another_core_count() {
     let (code, stderr) = serve_until_exit(&["--cores", "2", "--config", config]);
     assert_eq!(code, Some(70), "stderr: {stderr}");
     assert!(
-        stderr.contains("written with shards=4 cores=1, this start has shards=4 cores=2"),
+        stderr.contains("server.cores: cluster.data_dir ")
+            && stderr.contains(" was written with server.cores = 1, this start has 2"),
         "stderr: {stderr}"
     );
 }

@@ -6,6 +6,7 @@
 //!
 //! | file | responsibility |
 //! |---|---|
+//! | `data_dir.rs` | [`data_dir::DataDir`]: the member's `data_dir`, locked for the life of the process, and its record of the member, the cluster's identity and the core count, checked at every start |
 //! | `durable.rs` | [`Durable`]: what a member must make durable (entries, hard states, snapshots) and sync once per loop iteration for all its groups; what it recovers |
 //! | `machine.rs` | [`machine::ShardMachine`]: one shard's replicated lock state (holds, tokens, local deadlines), applied from committed entries; `machine/codec.rs`: the bytes of its commands and snapshots |
 //! | `wal.rs`, `wal/` | [`wal::Wal`]: one core's write-ahead log, a [`Durable`] on disk (framed records in segments, group commit, torn-tail recovery, compaction) |
@@ -20,6 +21,7 @@
 //! drain the groups, and send their messages to the peers.
 
 pub mod balance;
+pub mod data_dir;
 pub mod durable;
 pub mod machine;
 pub mod mem_durable;

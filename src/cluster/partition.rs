@@ -15,9 +15,9 @@
 
 use super::machine::Command;
 use super::member::{Envelope, Member};
-use super::shard::Shard;
+use super::shard::{Places, Shard};
 use super::Durable;
-use crate::lock_table::{Answer, BusyReason, HeldKey, Op, SessionId, TableStats};
+use crate::lock_table::{Answer, BusyReason, HeldKey, Op, QueueCounts, SessionId, TableStats};
 use crate::metrics::Histogram;
 use crate::protocol::{Leader, Response};
 use crate::server::core::NOBODY;
@@ -71,6 +71,13 @@ pub struct PartitionSettings {
     pub clients: Vec<(u64, SocketAddr)>,
     /// Queued acquires per key at most (`limits.max_waiters_per_key`).
     pub max_waiters_per_key: u32,
+    /// Holds plus grants in flight a shard this member leads may have before an acquire of a
+    /// free key is refused `B` (`limits.max_keys / shards`, at least 1). Members' configs may
+    /// differ; what every member's machine applies is [`super::machine::HOLDS_MAX`].
+    pub max_keys_per_shard: usize,
+    /// Acquires one session may have queued (`limits.max_pending_per_session`): on this
+    /// partition, or on all with [`ClusterPartition::share_queue_counts`].
+    pub max_pending_per_session: u32,
     /// Applied entries between two compactions of a shard's log into a snapshot (at least 1;
     /// [`COMPACT_EVERY`] in a server, smaller in tests so that snapshots are sent and restored).
     pub compact_every: u64,
@@ -189,6 +196,8 @@ pub struct ClusterPartition<D: Durable, P: Peers> {
     /// Wait deadlines: (deadline µs, waiter seq) → (shard, key).
     wait_timers: BTreeMap<(u64, u64), (u32, Vec<u8>)>,
     answers: Vec<Answer>,
+    /// Sessions' places in `max_pending_per_session`, taken by their queued waiters.
+    places: Places,
     stats: TableStats,
     cluster_stats: ClusterStats,
     now_us: u64,
@@ -209,6 +218,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             .collect();
         let node_id = settings.node_id;
         let members = settings.clients.clone();
+        let places = Places::new(settings.max_pending_per_session);
         ClusterPartition {
             settings,
             member,
@@ -219,6 +229,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             next_seq: 1,
             wait_timers: BTreeMap::new(),
             answers: Vec::new(),
+            places,
             stats: TableStats::default(),
             cluster_stats: ClusterStats {
                 node_id,
@@ -235,6 +246,13 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             shutting_down: false,
             leadership_log: LeadershipLog::default(),
         }
+    }
+
+    /// Makes `max_pending_per_session` count a session's queued acquires in every partition
+    /// sharing `counts` (a server's cores), as [`crate::lock_table::LockTable`] does. Before
+    /// any request.
+    pub fn share_queue_counts(&mut self, counts: std::sync::Arc<dyn QueueCounts>) {
+        self.places.share(counts);
     }
 
     /// The member (for status and tests).
@@ -450,10 +468,10 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
                 let shard = &mut self.shards[local];
                 if let Some(queue) = shard.queues.get_mut(&key) {
                     for waiter in queue.iter_mut().filter(|w| w.session == session) {
-                        waiter.abandoned = true;
+                        self.places.abandon(waiter);
                     }
                 }
-                shard.remove_where(&key, |w| w.session == session);
+                shard.remove_where(&key, &mut self.places, |w| w.session == session);
             }
             self.shards[local].check_invariants();
         }
@@ -466,12 +484,12 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
             for key in keys {
                 if let Some(head) = self.shards[local].head_mut(&key) {
                     if head.proposed && !head.abandoned {
-                        head.abandoned = true;
+                        self.places.abandon(head);
                         let (session, owner, ends) = (head.session, head.owner, head.ends_pending);
                         self.busy(session, owner, ends, BusyReason::Shutdown);
                     }
                 }
-                let removed = self.shards[local].remove_where(&key, |_| true);
+                let removed = self.shards[local].remove_where(&key, &mut self.places, |_| true);
                 for waiter in removed {
                     self.busy(
                         waiter.session,

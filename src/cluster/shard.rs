@@ -5,11 +5,18 @@
 //! Waiters are leader-local on purpose: a queued acquire is not a replicated fact until its
 //! grant commits. The head of a key's queue is *proposed* (an `Acquire` entry is in the log
 //! and not yet applied) or waits for the key to be freed by a committed release or expiry.
+//!
+//! A waiter that had to queue (its key was held or had a queue when it arrived, and its wait
+//! is above 0) takes one of its session's `limits.max_pending_per_session` places
+//! (`Places`) and gives it back when it leaves its queue or is abandoned (answered early, or
+//! its session closed): every way out of a queue is a method here that takes the places, so
+//! none can forget them.
 
 use super::machine::ShardMachine;
 use super::member::Proposed;
-use crate::lock_table::SessionId;
+use crate::lock_table::{QueueCounts, SessionId};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 /// Entries [`Shard::grants`] may hold beyond twice the shard's holds before it is pruned.
 const GRANTS_SLACK: usize = 64;
@@ -35,8 +42,83 @@ pub(crate) struct Waiter {
     /// An `Acquire` entry for it is in the log, not yet applied.
     pub proposed: bool,
     /// It was answered (`T` or `B`) or its session closed while proposed: a grant that still
-    /// commits for it is released at once, unanswered.
+    /// commits for it is released at once, unanswered. Set with [`Places::abandon`].
     pub abandoned: bool,
+    /// It holds one of its session's places (see [`Places`]).
+    pub counted: bool,
+}
+
+/// The places queued acquires take in their sessions' `limits.max_pending_per_session`
+/// (docs/protocol.md §3), for one partition's shards: counted here per session, and, with
+/// shared counts (a server of more than one core, whose sessions' acquires queue on any core),
+/// there too, where the limit is decided.
+pub(crate) struct Places {
+    max: u32,
+    /// Places held by waiters of this partition, per session (no zero counts).
+    held: HashMap<SessionId, u32>,
+    shared: Option<Arc<dyn QueueCounts>>,
+}
+
+impl Places {
+    /// No places held; a session may hold `max`.
+    pub fn new(max: u32) -> Places {
+        Places {
+            max,
+            held: HashMap::new(),
+            shared: None,
+        }
+    }
+
+    /// Decides the limit with `counts`, shared with the other partitions of the server (no
+    /// place may be held yet).
+    pub fn share(&mut self, counts: Arc<dyn QueueCounts>) {
+        assert!(self.held.is_empty(), "places shared after some were taken");
+        self.shared = Some(counts);
+    }
+
+    /// Takes a place for `session`; false (nothing taken) when it holds `max` already. The
+    /// caller queues a waiter with `counted` set right after.
+    pub fn try_take(&mut self, session: SessionId) -> bool {
+        let held = self.held.get(&session).copied().unwrap_or(0);
+        let free = match &self.shared {
+            Some(shared) => shared.try_add(session, self.max),
+            None => held < self.max,
+        };
+        if free {
+            self.held.insert(session, held + 1);
+        }
+        free
+    }
+
+    /// Gives back the place `waiter` holds, if it holds one.
+    pub fn give_back(&mut self, waiter: &mut Waiter) {
+        if !std::mem::replace(&mut waiter.counted, false) {
+            return;
+        }
+        let session = waiter.session;
+        match self.held.get_mut(&session) {
+            Some(held) if *held > 1 => *held -= 1,
+            Some(_) => {
+                self.held.remove(&session);
+            }
+            None => panic!("session {session:#x}: a place given back that was not taken"),
+        }
+        if let Some(shared) = &self.shared {
+            shared.remove(session);
+        }
+    }
+
+    /// Marks `waiter` abandoned (answered early, or its session closed): it stays queued
+    /// until its entry decides, and its session has the place back now.
+    pub fn abandon(&mut self, waiter: &mut Waiter) {
+        waiter.abandoned = true;
+        self.give_back(waiter);
+    }
+
+    /// Places held by waiters of this partition.
+    pub fn held(&self) -> usize {
+        self.held.values().map(|&held| held as usize).sum()
+    }
 }
 
 /// This member's role in the shard's group, as far as serving requests goes.
@@ -68,6 +150,8 @@ pub(crate) struct Shard {
     pub queues: HashMap<Vec<u8>, VecDeque<Waiter>>,
     /// Waiters in all queues.
     pub waiters: usize,
+    /// Queue heads with an `Acquire` in the log (grants that may add a hold when applied).
+    proposed: usize,
     /// Tokens with an `Expire` in the log (leader only).
     pub expiring: HashSet<u64>,
     /// The token the next checkpoint continues after.
@@ -99,6 +183,7 @@ impl Shard {
             role: Role::Follower,
             queues: HashMap::new(),
             waiters: 0,
+            proposed: 0,
             expiring: HashSet::new(),
             checkpoint_after: 0,
             checkpoint_at_us: 0,
@@ -138,17 +223,17 @@ impl Shard {
         self.queues.get(key).map_or(0, VecDeque::len)
     }
 
-    /// Removes and returns the head of `key`'s queue.
-    pub fn pop_head(&mut self, key: &[u8]) -> Option<Waiter> {
+    /// Removes and returns the head of `key`'s queue; its place goes back to `places`.
+    pub fn pop_head(&mut self, key: &[u8], places: &mut Places) -> Option<Waiter> {
         let queue = self.queues.get_mut(key)?;
-        let head = queue.pop_front();
+        let mut head = queue.pop_front()?;
         if queue.is_empty() {
             self.queues.remove(key);
         }
-        if head.is_some() {
-            self.waiters -= 1;
-        }
-        head
+        self.waiters -= 1;
+        self.proposed -= usize::from(head.proposed);
+        places.give_back(&mut head);
+        Some(head)
     }
 
     /// The head of `key`'s queue.
@@ -156,11 +241,30 @@ impl Shard {
         self.queues.get_mut(key).and_then(VecDeque::front_mut)
     }
 
-    /// Removes the waiters `keep` refuses from `key`'s queue, returning them (a proposed head
-    /// is never removed: `keep` sees it and decides only for the others).
+    /// Marks the head of `key`'s queue proposed (its `Acquire` is in the log) or not (its
+    /// entry found the key held); false when the queue has no head.
+    pub fn set_head_proposed(&mut self, key: &[u8], proposed: bool) -> bool {
+        let Some(head) = self.queues.get_mut(key).and_then(VecDeque::front_mut) else {
+            return false;
+        };
+        let was = std::mem::replace(&mut head.proposed, proposed);
+        self.proposed = self.proposed + usize::from(proposed) - usize::from(was);
+        true
+    }
+
+    /// Holds plus grants in flight: what the shard's holds may number once the proposed
+    /// acquires apply (a proposed acquire on a held key is counted too, until it applies).
+    pub fn holds_and_grants(&self) -> usize {
+        self.machine.len() + self.proposed
+    }
+
+    /// Removes the waiters `remove` picks from `key`'s queue, returning them, their places
+    /// back in `places` (a proposed head is never removed: `remove` is asked only about the
+    /// others).
     pub fn remove_where(
         &mut self,
         key: &[u8],
+        places: &mut Places,
         mut remove: impl FnMut(&Waiter) -> bool,
     ) -> Vec<Waiter> {
         let Some(queue) = self.queues.get_mut(key) else {
@@ -179,12 +283,16 @@ impl Shard {
             self.queues.remove(key);
         }
         self.waiters -= removed.len();
+        for waiter in &mut removed {
+            places.give_back(waiter);
+        }
         removed
     }
 
-    /// Takes every waiter that is not proposed out of every queue (the member stops leading);
-    /// proposed heads stay, to be decided by the entry in the log.
-    pub fn take_unproposed(&mut self) -> Vec<Waiter> {
+    /// Takes every waiter that is not proposed out of every queue (the member stops leading),
+    /// their places back in `places`; proposed heads stay, to be decided by the entry in the
+    /// log.
+    pub fn take_unproposed(&mut self, places: &mut Places) -> Vec<Waiter> {
         let mut taken = Vec::new();
         for queue in self.queues.values_mut() {
             queue.retain(|waiter| {
@@ -198,7 +306,18 @@ impl Shard {
         }
         self.queues.retain(|_, queue| !queue.is_empty());
         self.waiters -= taken.len();
+        for waiter in &mut taken {
+            places.give_back(waiter);
+        }
         taken
+    }
+
+    /// Waiters that hold a place, of `session` or (`None`) of any session.
+    pub fn counted(&self, session: Option<SessionId>) -> usize {
+        let waiters = self.queues.values().flatten();
+        waiters
+            .filter(|w| w.counted && session.map_or(true, |session| w.session == session))
+            .count()
     }
 
     /// Checks the counts (debug builds, after every change of the queues).
@@ -206,11 +325,20 @@ impl Shard {
         if cfg!(debug_assertions) {
             let counted: usize = self.queues.values().map(VecDeque::len).sum();
             assert_eq!(counted, self.waiters, "waiter count");
+            let heads = self.queues.values().filter_map(VecDeque::front);
+            let proposed = heads.filter(|head| head.proposed).count();
+            assert_eq!(proposed, self.proposed, "proposed heads");
             for queue in self.queues.values() {
                 assert!(!queue.is_empty(), "an empty queue is kept");
                 assert!(
                     queue.iter().skip(1).all(|waiter| !waiter.proposed),
                     "only the head of a queue may be proposed"
+                );
+                assert!(
+                    queue
+                        .iter()
+                        .all(|waiter| !(waiter.counted && waiter.abandoned)),
+                    "an abandoned waiter holds a place"
                 );
             }
         }

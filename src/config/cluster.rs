@@ -2,6 +2,9 @@
 //! [`crate::cluster`]).
 //!
 //! ```toml
+//! [server]
+//! cores = 2         # required: the data_dir records it
+//!
 //! [cluster]
 //! node_id = 1
 //! data_dir = "/var/lib/latchkey"
@@ -17,8 +20,23 @@
 //! Without the section the server is a single node. With it, `node_id`, `data_dir` and
 //! `members` are required; the member serves clients on its `client` address (a `[server]
 //! listen`, if given, must be that address) and its peers on `peer`.
+//!
+//! Cluster mode also asks of the other sections ([`check_mode`]):
+//! * `[server] cores` (or `--cores`) must be an explicit count, not `0` (one per CPU): each core
+//!   keeps its own write-ahead log in `data_dir` (one `fdatasync` per core per loop iteration
+//!   groups the commits of that core's shards), and the `data_dir` records the count, so a count
+//!   that followed the machine's CPUs would tie the data to the machine. A count above the
+//!   CPU count is allowed (a member moved to a smaller machine still starts).
+//! * `[limits] max_keys` is split over the shards (each shard's leader refuses a new key past
+//!   `max_keys / shards` holds and grants in flight); it must be at least `shards` and at most
+//!   `shards ×` [`HOLDS_MAX`] (every member's machines refuse holds past that, whatever their
+//!   configs say). Left out, it is the smaller of its default and that capacity.
+//! * `[tokens]` and `[timer]` are the single node's: tokens come from the replicated log, and
+//!   waits and leases have timers of their own, so `tokens.state_dir`, a `tokens.reservation`
+//!   or a `timer.tick_ms` other than its default is refused rather than ignored.
 
-use super::{described, ConfigError};
+use super::{described, Config, ConfigError, RESERVATION_DEFAULT, TICK_MS_DEFAULT};
+use crate::cluster::machine::HOLDS_MAX;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,7 +56,8 @@ pub const SHARDS_DEFAULT: u32 = 64;
 pub struct ClusterConfig {
     /// `node_id`: which of `members` this server is. Required, at least 1.
     pub node_id: u64,
-    /// `data_dir`: where this member keeps its write-ahead logs and snapshots. Required.
+    /// `data_dir`: where this member keeps its write-ahead logs and snapshots, locked while it
+    /// runs and recording whose data it holds ([`crate::cluster::data_dir`]). Required.
     pub data_dir: PathBuf,
     /// `members`: every member of the cluster, this one included, in the file's order.
     pub members: Vec<MemberConfig>,
@@ -114,6 +133,21 @@ impl ClusterConfig {
         }
     }
 
+    /// The member's role for the startup line: `cluster member 2 of 3, 64 shards, peers on
+    /// 127.0.0.1:7521, fsync on`.
+    pub fn role(&self) -> String {
+        let peer = self
+            .this_member()
+            .map_or("none".to_string(), |member| member.peer.to_string());
+        format!(
+            "cluster member {} of {}, {} shards, peers on {peer}, fsync {}",
+            self.node_id,
+            self.members.len(),
+            self.shards,
+            if self.fsync { "on" } else { "off" }
+        )
+    }
+
     /// The ids of every member, in the file's order.
     pub fn voters(&self) -> Vec<u64> {
         self.members.iter().map(|m| m.id).collect()
@@ -168,6 +202,87 @@ impl ClusterConfig {
             _ => Ok(()),
         }
     }
+}
+
+/// The most holds `shards` shards keep together: every member's machines refuse a grant past
+/// [`HOLDS_MAX`] per shard.
+pub(super) fn holds_max(shards: u32) -> usize {
+    (shards as usize).saturating_mul(HOLDS_MAX)
+}
+
+fn error(key: &str, problem: String) -> ConfigError {
+    ConfigError::new(key, None, format!("{key}: {problem}"))
+}
+
+/// Refuses a cluster member whose core count was not given (see the module docs).
+pub(super) fn check_cores(config: &Config) -> Result<(), ConfigError> {
+    if config.server.cores_explicit {
+        return Ok(());
+    }
+    Err(error(
+        "server.cores",
+        "a cluster member needs an explicit core count (1 to 1024, in [server] cores or \
+         --cores; 0 or left out means one per CPU): each core keeps its own write-ahead log in \
+         cluster.data_dir, synced once per loop iteration, and the data_dir records the count, \
+         so a count that followed the machine's CPUs would tie the data to the machine"
+            .into(),
+    ))
+}
+
+/// What cluster mode asks of the rest of `config` but the core count (see the module docs);
+/// the first refusal, naming its key and saying why.
+pub(super) fn check_mode(config: &Config, cluster: &ClusterConfig) -> Result<(), ConfigError> {
+    let (max_keys, shards) = (config.limits.max_keys, cluster.shards);
+    if max_keys > holds_max(shards) {
+        return Err(error(
+            "limits.max_keys",
+            format!(
+                "a cluster of {shards} shards holds at most {} keys ({HOLDS_MAX} per shard, the \
+                 same cap on every member), got {max_keys}; lower it or raise cluster.shards",
+                holds_max(shards)
+            ),
+        ));
+    }
+    if max_keys < shards as usize {
+        return Err(error(
+            "limits.max_keys",
+            format!(
+                "must be at least cluster.shards ({shards}), because the leader of each shard \
+                 holds max_keys / shards keys, got {max_keys}"
+            ),
+        ));
+    }
+    if let Some(dir) = &config.tokens.state_dir {
+        return Err(error(
+            "tokens.state_dir",
+            format!(
+                "a cluster member's tokens come from the replicated log (they grow with its \
+                 index, which survives restarts), so a token state directory has no meaning in \
+                 cluster mode; remove it (got {:?})",
+                dir.display().to_string()
+            ),
+        ));
+    }
+    if config.tokens.reservation != RESERVATION_DEFAULT {
+        return Err(error(
+            "tokens.reservation",
+            "sizes the token reservations persisted in tokens.state_dir, which cluster mode \
+             does not use; remove it"
+                .into(),
+        ));
+    }
+    if config.timer.tick_ms != TICK_MS_DEFAULT {
+        return Err(error(
+            "timer.tick_ms",
+            format!(
+                "sizes the single node's timing wheel; a cluster member times waits and leases \
+                 with timers of its own (waits to the microsecond, leases to the millisecond), \
+                 so a coarser tick has no meaning there; remove it or set 1 (got {})",
+                config.timer.tick_ms
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Reads `cluster.members` (`value`, on line `line`): an array of `{ id, client, peer }`.
@@ -231,3 +346,6 @@ pub(super) fn read_members(value: &Value, line: usize) -> Result<Vec<MemberConfi
     }
     Ok(members)
 }
+
+#[cfg(test)]
+mod tests;

@@ -59,10 +59,38 @@ fn summary_is_one_line() {
     config.server.cores = 2;
     let expected = "listen=127.0.0.1:7420 cores=2 max_connections=10000 max_keys=4000000 \
                     max_waiters_per_key=1024 max_pending_per_session=1024 \
-                    max_key_bytes=1024 tick_ms=1 state_dir=none";
+                    max_key_bytes=1024 tick_ms=1 state_dir=none tls=off auth_rules=0; \
+                    single node";
     assert_eq!(config.summary(), expected);
     config.tokens.state_dir = Some(PathBuf::from("/var/lib/latchkey"));
-    assert!(config.summary().ends_with(" state_dir=/var/lib/latchkey"));
+    assert!(config
+        .summary()
+        .contains(" state_dir=/var/lib/latchkey tls=off "));
+}
+
+#[test]
+fn summary_says_tls_client_certificates_and_rules() {
+    let mut config = Config {
+        tls: Some(TlsConfig {
+            cert_file: PathBuf::from("server.crt"),
+            key_file: PathBuf::from("server.key"),
+            client_ca_file: None,
+        }),
+        ..Config::default()
+    };
+    let summary = config.summary();
+    assert!(summary.ends_with(" tls=on (no client certificates) auth_rules=0; single node"));
+    config.tls.as_mut().unwrap().client_ca_file = Some(PathBuf::from("ca.crt"));
+    config.auth_rules = vec![
+        AuthRule {
+            identity: "a".into(),
+            prefixes: vec!["a/".into()],
+        };
+        2
+    ];
+    let summary = config.summary();
+    let says = " tls=on (mTLS: client certificates required) auth_rules=2; single node";
+    assert!(summary.ends_with(says), "{summary}");
 }
 
 #[test]
@@ -130,6 +158,7 @@ fn full_file() {
         server: ServerConfig {
             listen: "[::1]:9000".parse().unwrap(),
             cores: 3,
+            cores_explicit: true,
         },
         limits,
         timer: TimerConfig { tick_ms: 1000 },
@@ -248,7 +277,7 @@ fn syntax_errors_are_one_line_with_position() {
 fn state_dir_empty_is_none() {
     let config = parsed("[tokens]\nstate_dir = \"\"");
     assert_eq!(config.tokens.state_dir, None);
-    assert!(config.summary().ends_with(" state_dir=none"));
+    assert!(config.summary().contains(" state_dir=none "));
     let config = parsed("[tokens]\nstate_dir = \"state\"");
     assert_eq!(config.tokens.state_dir, Some(PathBuf::from("state")));
 }

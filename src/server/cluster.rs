@@ -1,20 +1,23 @@
-//! Starting a cluster member: per core a write-ahead log, the Raft groups of the core's shards
-//! and the [`ClusterPartition`] that serves them; one peer thread for the member.
+//! Starting a cluster member: its data directory, then per core a write-ahead log, the Raft
+//! groups of the core's shards and the [`ClusterPartition`] that serves them; one peer thread
+//! for the member.
 //!
-//! The data directory records the layout it was written with (`layout`: shards and cores): a
-//! member restarted with another core count would look for its shards' logs in the wrong
-//! directories, so it refuses to start instead, naming both layouts.
+//! The data directory is locked and its record checked ([`DataDir`]) before anything in it is
+//! opened: a second process on the same directory, or a start whose node id, cluster or core
+//! count differs from what the directory holds, is refused naming the key. A core count that
+//! differed would look for the shards' logs in the wrong directories.
 
 use super::Shared;
+use crate::cluster::data_dir::{DataDir, Expected};
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
 use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits};
 use crate::cluster::wal::Wal;
 use crate::config::{ClusterConfig, Config};
+use crate::lock_table::QueueCounts;
 use crossbeam_channel::Receiver;
 use raft::eraftpb::Message;
 use std::io;
-use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -66,14 +69,25 @@ impl PeerThread {
     }
 }
 
-/// Opens every core's log, builds its groups and partition, and starts the peer thread.
+/// Checks what cluster mode asks of `config` (again, for a configuration built in code), then
+/// locks the member's data directory and checks its record: the first thing a member does, and
+/// what it holds until it exits.
+pub fn open_data_dir(config: &Config, cluster: &ClusterConfig) -> io::Result<DataDir> {
+    config
+        .check_cluster_mode()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let expected = Expected::of(cluster, config.server.cores);
+    DataDir::open(&cluster.data_dir, &expected)
+}
+
+/// Opens every core's log, builds its groups and partition, and starts the peer thread. The
+/// data directory must be open ([`open_data_dir`]).
 pub fn start(
     config: &Config,
     cluster: &ClusterConfig,
     shared: &Arc<Shared>,
 ) -> io::Result<(Vec<MemberPartition>, PeerThread)> {
     let cores = config.server.cores;
-    check_layout(&cluster.data_dir, cluster.shards, cores)?;
     let this = cluster
         .this_member()
         .ok_or_else(|| io::Error::other("cluster.node_id is not a member"))?;
@@ -105,21 +119,19 @@ pub fn start(
     let mut partitions = Vec::with_capacity(cores);
     for (core, (_, receiver)) in channels.into_iter().enumerate() {
         match core_partition(config, cluster, core, seed, &peer_thread.handle, receiver) {
-            Ok(partition) => partitions.push(partition),
+            Ok(mut partition) => {
+                // With more than one core a session's acquires may queue on several.
+                if let Some(queues) = &shared.queues {
+                    partition.share_queue_counts(Arc::clone(queues) as Arc<dyn QueueCounts>);
+                }
+                partitions.push(partition);
+            }
             Err(error) => {
                 peer_thread.stop();
                 return Err(error);
             }
         }
     }
-    log::info!(
-        "cluster member {} of {}: {} shards over {cores} cores, peers on {}, fsync {}",
-        cluster.node_id,
-        cluster.members.len(),
-        cluster.shards,
-        this.peer,
-        cluster.fsync
-    );
     Ok((partitions, peer_thread))
 }
 
@@ -147,6 +159,8 @@ fn core_partition(
         cores,
         clients: cluster.members.iter().map(|m| (m.id, m.client)).collect(),
         max_waiters_per_key: config.limits.max_waiters_per_key,
+        max_keys_per_shard: (config.limits.max_keys / cluster.shards as usize).max(1),
+        max_pending_per_session: config.limits.max_pending_per_session,
         compact_every: crate::cluster::partition::COMPACT_EVERY,
     };
     let peers = CorePeers {
@@ -154,37 +168,4 @@ fn core_partition(
         inbound,
     };
     Ok(ClusterPartition::new(settings, member, peers))
-}
-
-/// Creates `data_dir` and its `layout` file on first start; refuses a directory written with
-/// another shard or core count.
-fn check_layout(data_dir: &Path, shards: u32, cores: usize) -> io::Result<()> {
-    let named = |e: io::Error| {
-        io::Error::new(
-            e.kind(),
-            format!("cluster.data_dir {}: {e}", data_dir.display()),
-        )
-    };
-    std::fs::create_dir_all(data_dir).map_err(named)?;
-    let path = data_dir.join("layout");
-    let wanted = format!("shards={shards} cores={cores}\n");
-    match std::fs::read_to_string(&path) {
-        Ok(found) if found == wanted => Ok(()),
-        Ok(found) => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "cluster.data_dir {}: written with {}, this start has {} (a member keeps its \
-                 shard and core counts; start it with --cores as before)",
-                data_dir.display(),
-                found.trim(),
-                wanted.trim()
-            ),
-        )),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let temporary = data_dir.join("layout.tmp");
-            std::fs::write(&temporary, &wanted).map_err(named)?;
-            std::fs::rename(&temporary, &path).map_err(named)
-        }
-        Err(e) => Err(named(e)),
-    }
 }

@@ -480,8 +480,10 @@ impl<N: Net, P: Partition> Core<N, P> {
             if !self.sessions[slot].grant(rules).permits(key) {
                 self.counters.requests_forbidden += 1;
                 let id = request.correlation_id();
+                let session = &self.sessions[slot];
+                super::logs::log_forbidden(&mut self.logs, self.now_us, session, key);
                 let (code, consumed) = (ErrorCode::Forbidden, used);
-                return self.refuse_frame(slot, FrameError { code, id, consumed });
+                return self.answer_refused(slot, FrameError { code, id, consumed });
             }
         }
         let partition = self.table.core_of_key(key, self.settings.cores);
@@ -508,13 +510,18 @@ impl<N: Net, P: Partition> Core<N, P> {
         Step::Executed
     }
 
-    /// Answers a refused frame with its `X`; a closing error ends the session.
+    /// Logs a refused frame and answers it with its `X`; a closing error ends the session.
     fn refuse_frame(&mut self, slot: usize, error: FrameError) -> Step {
+        self.log_refused_frame(slot, error.code);
+        self.answer_refused(slot, error)
+    }
+
+    /// Answers a refused frame (logged already) with its `X`; a closing error ends the session.
+    fn answer_refused(&mut self, slot: usize, error: FrameError) -> Step {
         let session = &mut self.sessions[slot];
         if session.unparsed(&self.buffers).first() == Some(&b'A') {
             self.counters.acquires_rejected += 1;
         }
-        self.log_refused_frame(slot, error.code);
         let session = &mut self.sessions[slot];
         session.push_answer(&error.response());
         self.mark_dirty(slot);

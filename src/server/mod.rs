@@ -208,6 +208,9 @@ pub struct ServerHandle {
     peers: Option<cluster::PeerThread>,
     /// Keeps the address ours until the server is gone.
     _guard: AddressGuard,
+    /// A cluster member's data directory, locked until the server is gone (after the cores
+    /// and the peer thread stopped: `Drop` joins them before the fields drop).
+    _data_dir: Option<crate::cluster::data_dir::DataDir>,
 }
 
 impl ServerHandle {
@@ -322,6 +325,13 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         .as_ref()
         .map(crate::tls::server_config)
         .transpose()?;
+    // A member's data directory is locked and checked first: a second process on it, or a
+    // start that disagrees with what it holds, stops here before anything else is touched.
+    let data_dir = config
+        .cluster
+        .as_ref()
+        .map(|cluster| cluster::open_data_dir(&config, cluster))
+        .transpose()?;
     let bound = bind::bind(config.server.listen, cores)?;
     let mut plan = plan(&config, notify)?;
     let mut handle = ServerHandle {
@@ -331,6 +341,7 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         persister: None,
         peers: None,
         _guard: bound.guard,
+        _data_dir: data_dir,
     };
     let listeners = bound.listeners;
     match &config.cluster {

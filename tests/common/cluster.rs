@@ -22,6 +22,8 @@ pub struct Member {
     pub peer: SocketAddr,
     /// Its config file.
     pub config: PathBuf,
+    /// Its data directory.
+    pub data: PathBuf,
     /// The running process, if any.
     pub process: Option<ServerProcess>,
     /// Its log (stderr), across restarts.
@@ -35,6 +37,41 @@ pub struct Cluster {
     /// With [`Cluster::start_with`] `linked`: the link each member reaches each other through.
     links: Vec<((usize, usize), Link)>,
     dir: TempDir,
+}
+
+/// What [`Cluster::start`] writes before `[cluster]`: one core per member.
+pub const DEFAULT_SECTIONS: &str = "[server]\ncores = 1\n";
+
+/// Runs `latchkey serve --config CONFIG ARGS...` that is expected to stop by itself (a refused
+/// start) within 10 s; its exit code and stderr.
+pub fn serve_to_exit(config: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn latchkey");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("latchkey serve --config {} kept running", config.display());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = String::new();
+    let pipe = child.stderr.as_mut().expect("stderr piped");
+    pipe.read_to_string(&mut stderr).expect("read stderr");
+    (status.code(), stderr)
 }
 
 /// Free loopback ports: bound, read and released (the kernel does not hand them out again at
@@ -59,6 +96,23 @@ impl Cluster {
     /// peer address through a [`Link`] of its own (`links[(from, to)]`), so that a test can cut
     /// one member off its peers while clients still reach it.
     pub fn start_with(label: &str, n: usize, shards: u32, fsync: bool, linked: bool) -> Cluster {
+        Cluster::start_full(label, n, shards, fsync, linked, DEFAULT_SECTIONS)
+    }
+
+    /// As [`start`](Self::start), with `sections` (TOML, `[server]` included: a member needs
+    /// its cores) before each member's `[cluster]`.
+    pub fn start_sections(label: &str, n: usize, shards: u32, sections: &str) -> Cluster {
+        Cluster::start_full(label, n, shards, true, false, sections)
+    }
+
+    fn start_full(
+        label: &str,
+        n: usize,
+        shards: u32,
+        fsync: bool,
+        linked: bool,
+        sections: &str,
+    ) -> Cluster {
         let dir = TempDir::new(label);
         let ports = free_ports(2 * n);
         let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
@@ -92,7 +146,7 @@ impl Cluster {
                 let config = dir.path().join(format!("member-{id}.toml"));
                 let data = dir.path().join(format!("data-{id}"));
                 let text = format!(
-                    "[server]\ncores = 1\n[cluster]\nnode_id = {id}\ndata_dir = {:?}\n\
+                    "{sections}[cluster]\nnode_id = {id}\ndata_dir = {:?}\n\
                      shards = {shards}\nfsync = {fsync}\nmembers = [\n{}\n]\n",
                     data,
                     list.join("\n")
@@ -103,6 +157,7 @@ impl Cluster {
                     client: addr(ports[2 * i]),
                     peer: addr(ports[2 * i + 1]),
                     config,
+                    data,
                     process: None,
                     log: Arc::new(Mutex::new(String::new())),
                 }
@@ -148,6 +203,26 @@ impl Cluster {
         // Later lines go to the new log; keep both readable through `member.log`.
         member.log = log;
         member.process = Some(process);
+    }
+
+    /// Stops member `index` with SIGTERM and waits for its exit 0.
+    pub fn stop(&mut self, index: usize) {
+        if let Some(mut process) = self.members[index].process.take() {
+            process.signal(libc::SIGTERM);
+            let status = process.wait_timeout(Duration::from_secs(10));
+            let status = status.expect("a member exits within 10 s of SIGTERM");
+            assert!(status.success(), "member {} exited {status}", index + 1);
+        }
+    }
+
+    /// Member `index`'s config file as text.
+    pub fn config_text(&self, index: usize) -> String {
+        std::fs::read_to_string(&self.members[index].config).expect("read config")
+    }
+
+    /// A file in the cluster's directory (for configs a test writes).
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
     }
 
     /// kill -9 member `index`.

@@ -62,9 +62,9 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                 if waiter.abandoned {
                     continue;
                 }
-                waiter.abandoned = true;
+                self.places.abandon(waiter);
             } else {
-                self.shards[local].remove_where(&key, |w| w.seq == seq);
+                self.shards[local].remove_where(&key, &mut self.places, |w| w.seq == seq);
             }
             self.stats.timed_out += 1;
             self.answer(session, Response::Timeout { owner }, ends);
@@ -374,12 +374,15 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             Applied::Granted { token, .. } => self.answer_grant(shard, key, token),
             Applied::Held { .. } => {
                 let now_us = self.now_us;
+                if !self.shards[local].set_head_proposed(key, false) {
+                    return;
+                }
                 let Some(head) = self.shards[local].head_mut(key) else {
                     return;
                 };
-                head.proposed = false;
                 if head.abandoned || head.deadline_us <= now_us {
-                    let head = self.shards[local].pop_head(key).expect("a head");
+                    let places = &mut self.places;
+                    let head = self.shards[local].pop_head(key, places).expect("a head");
                     if !head.abandoned {
                         self.stats.timed_out += 1;
                         let response = Response::Timeout { owner: head.owner };
@@ -393,7 +396,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             }
             _ => {
                 // Full, Exhausted, NoFloor: refused for capacity.
-                if let Some(head) = self.shards[local].pop_head(key) {
+                if let Some(head) = self.shards[local].pop_head(key, &mut self.places) {
                     if !head.abandoned {
                         let reason = BusyReason::Keys;
                         self.busy(head.session, head.owner, head.ends_pending, reason);
@@ -417,7 +420,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let local = self.local(shard);
         match pending.kind {
             PendingKind::Acquire { key } => {
-                if let Some(head) = self.shards[local].pop_head(&key) {
+                if let Some(head) = self.shards[local].pop_head(&key, &mut self.places) {
                     if !head.abandoned {
                         let response = self.moved(shard, head.owner);
                         self.answer(head.session, response, head.ends_pending);
@@ -503,7 +506,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let local = self.local(shard);
         self.shards[local].role = Role::Follower;
         self.shards[local].expiring.clear();
-        for waiter in self.shards[local].take_unproposed() {
+        for waiter in self.shards[local].take_unproposed(&mut self.places) {
             self.busy(
                 waiter.session,
                 waiter.owner,

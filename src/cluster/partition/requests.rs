@@ -1,5 +1,16 @@
 //! Clients' acquires, cancels and queries on a shard this member serves, and the answers
 //! of acquires.
+//!
+//! The single node's limits hold here with its rules (docs/protocol.md §3), decided by the
+//! shard's leader before anything is proposed, so a refused acquire leaves nothing in the log:
+//! * `max_keys`: an acquire of a free key (no hold, no queue) while the shard's holds and
+//!   grants in flight number `max_keys / shards` gets `B` (each shard is a partition of the key
+//!   space, as each core is on a single node). Members' configs may differ, so the machine's
+//!   own cap, applied on every member, is a constant ([`crate::cluster::machine::HOLDS_MAX`]).
+//! * `max_waiters_per_key`: an acquire with wait > 0 on a key whose queue is full gets `B`.
+//! * `max_pending_per_session`: an acquire with wait > 0 that must queue (its key is held or
+//!   has a queue) while its session has that many queued gets `B`; one on a free key is
+//!   proposed at once and, as a grant at once on a single node, never counts.
 
 use super::{ClusterPartition, Peers, PendingKind, PendingRead};
 use crate::cluster::machine::Command;
@@ -7,6 +18,9 @@ use crate::cluster::shard::Waiter;
 use crate::cluster::Durable;
 use crate::lock_table::{BusyReason, SessionId};
 use crate::protocol::Response;
+
+/// Up to this many queued waiters, debug builds check every place before each acquire.
+const PLACES_CHECKED_WAITERS_MAX: usize = 4096;
 
 impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     /// An acquire: queued behind the key's queue, or proposed at once when the queue is empty.
@@ -22,14 +36,24 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         if self.shutting_down {
             return self.busy(session, owner, ends_pending, BusyReason::Shutdown);
         }
+        self.check_places();
         let local = self.local(shard);
         let queued = self.shards[local].queue_len(key);
+        let free = queued == 0 && self.shards[local].machine.holder(key).is_none();
+        if free && self.shards[local].holds_and_grants() >= self.settings.max_keys_per_shard {
+            return self.busy(session, owner, ends_pending, BusyReason::Keys);
+        }
         if queued > 0 && wait_s == 0 {
             self.stats.timed_out += 1;
             return self.answer(session, Response::Timeout { owner }, false);
         }
         if queued >= self.settings.max_waiters_per_key as usize {
             return self.busy(session, owner, ends_pending, BusyReason::WaitersPerKey);
+        }
+        // Taken last: a place taken (in shared counts too) is always followed by the enqueue.
+        let counted = ends_pending && !free;
+        if counted && !self.places.try_take(session) {
+            return self.busy(session, owner, true, BusyReason::PendingPerSession);
         }
         let deadline_us = self.now_us + u64::from(wait_s) * 1_000_000;
         let seq = self.seq();
@@ -43,6 +67,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             seq,
             proposed: false,
             abandoned: false,
+            counted,
         };
         self.shards[local].enqueue(key, waiter);
         if wait_s > 0 {
@@ -73,10 +98,8 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         };
         let kind = PendingKind::Acquire { key: key.to_vec() };
         if self.propose(shard, &command, session, kind) {
-            if let Some(head) = self.shards[local].head_mut(key) {
-                head.proposed = true;
-            }
-        } else if let Some(head) = self.shards[local].pop_head(key) {
+            self.shards[local].set_head_proposed(key, true);
+        } else if let Some(head) = self.shards[local].pop_head(key, &mut self.places) {
             let response = self.moved(shard, head.owner);
             self.answer(head.session, response, head.ends_pending);
         }
@@ -88,8 +111,9 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     pub(super) fn cancel(&mut self, shard: u32, session: SessionId, key: &[u8], owner: u64) {
         self.stats.cancels += 1;
         let local = self.local(shard);
-        let removed =
-            self.shards[local].remove_where(key, |w| w.session == session && w.owner == owner);
+        let removed = self.shards[local].remove_where(key, &mut self.places, |w| {
+            w.session == session && w.owner == owner
+        });
         for waiter in removed {
             self.stats.timed_out += 1;
             self.answer(
@@ -177,7 +201,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     /// `T` and the grant is released.
     pub(super) fn answer_grant(&mut self, shard: u32, key: &[u8], token: u64) {
         let local = self.local(shard);
-        let Some(head) = self.shards[local].pop_head(key) else {
+        let Some(head) = self.shards[local].pop_head(key, &mut self.places) else {
             return;
         };
         let lease_over_us = head.received_us + u64::from(head.lease_ms) * 1000;
@@ -207,4 +231,19 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             entry: shard,
         });
     }
+
+    /// Checks that the places held are exactly those of the queued waiters that hold one (debug
+    /// builds, up to [`PLACES_CHECKED_WAITERS_MAX`] waiters: it is O(waiters); before each
+    /// acquire, so a way out of a queue that forgot its place shows at the next acquire).
+    pub(super) fn check_places(&self) {
+        let waiters: usize = self.shards.iter().map(|shard| shard.waiters).sum();
+        if cfg!(debug_assertions) && waiters <= PLACES_CHECKED_WAITERS_MAX {
+            let counted: usize = self.shards.iter().map(|shard| shard.counted(None)).sum();
+            assert_eq!(counted, self.places.held(), "places held by queued waiters");
+        }
+    }
 }
+
+#[cfg(test)]
+#[path = "limits_tests.rs"]
+mod tests;

@@ -14,6 +14,7 @@ use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{
     shard_of, shards_of_core, ClusterPartition, PartitionSettings, Peers,
 };
+use crate::lock_table::QueueCounts;
 use raft::eraftpb::Message;
 
 const SHARDS: u32 = 4;
@@ -43,7 +44,7 @@ type MemberHarness = Harness<ClusterPartition<MemDurable, NoPeers>>;
 
 /// A one-member cluster of two cores whose every shard is served.
 fn member() -> MemberHarness {
-    let mut harness = Harness::with_partitions(LIMITS, |core, _| {
+    let mut harness = Harness::with_partitions(LIMITS, |core, shared| {
         let shards = shards_of_core(core, LIMITS.cores, SHARDS);
         let member = Member::new(1, &[1], &shards, MemDurable::new(), Vec::new(), 7)
             .expect("a one-member group");
@@ -54,9 +55,15 @@ fn member() -> MemberHarness {
             cores: LIMITS.cores,
             clients: vec![(1, "127.0.0.1:7420".parse().expect("address"))],
             max_waiters_per_key: LIMITS.max_waiters_per_key,
+            max_keys_per_shard: LIMITS.max_keys,
+            max_pending_per_session: LIMITS.max_pending_per_session,
             compact_every: 24,
         };
-        ClusterPartition::new(settings, member, NoPeers)
+        let mut partition = ClusterPartition::new(settings, member, NoPeers);
+        if let Some(queues) = &shared.queues {
+            partition.share_queue_counts(Arc::clone(queues) as Arc<dyn QueueCounts>);
+        }
+        partition
     });
     // Elections take 10 to 20 ticks of 10 ms; then the barrier applies.
     for _ in 0..100 {
