@@ -1,11 +1,13 @@
 //! The peer transport over loopback TCP: delivery to the right core exactly once, reconnection
-//! after a restart, hostile connections refused without harm to the others, bounded queues.
+//! after a restart, hellos of misconfigured members refused on both sides and retried, who is
+//! reachable, hostile connections and messages refused or dropped without harm to the others
+//! (and without harm to a real member), bounded queues.
 //!
 //! Every wait is bounded by a generous deadline; nothing asserts on speed.
 
 use crossbeam_channel::Receiver;
-use latchkey::cluster::peer::frame::{Hello, VERSION};
-use latchkey::cluster::peer::{self, PeerConfig, PeerHandle, PeerLimits, PeerStats};
+use latchkey::cluster::peer::frame::{Hello, REPLY_BYTES, VERSION};
+use latchkey::cluster::peer::{self, LinkState, PeerConfig, PeerHandle, PeerLimits, PeerStats};
 use mio::{Events, Poll, Token, Waker};
 use raft::eraftpb::{Message, MessageType};
 use std::collections::HashSet;
@@ -18,6 +20,8 @@ use std::time::{Duration, Instant};
 
 const SHARDS: u32 = 8;
 const CORES: usize = 2;
+/// The cluster identity digest the members of these tests share.
+const IDENTITY: u64 = 0x1d_e471_7e57;
 /// Every wait gives up after this: far beyond what loopback needs.
 const PATIENCE: Duration = Duration::from_secs(15);
 
@@ -44,15 +48,27 @@ fn route(shard: u32) -> usize {
 }
 
 fn start(node_id: u64, all: &[SocketAddr], limits: PeerLimits) -> Member {
-    let _ = env_logger::builder().is_test(true).try_init();
     let peers = (all.iter().enumerate())
         .map(|(i, &addr)| (i as u64 + 1, addr))
         .collect();
+    start_with(node_id, all[node_id as usize - 1], peers, IDENTITY, limits)
+}
+
+/// Member `node_id` listening on `listen`, dialing `peers`, of the cluster `identity`.
+fn start_with(
+    node_id: u64,
+    listen: SocketAddr,
+    peers: Vec<(u64, SocketAddr)>,
+    identity: u64,
+    limits: PeerLimits,
+) -> Member {
+    let _ = env_logger::builder().is_test(true).try_init();
     let config = PeerConfig {
         node_id,
-        listen: all[node_id as usize - 1],
+        listen,
         peers,
         shards: SHARDS,
+        identity,
         seed: 0x5eed + node_id,
         limits,
     };
@@ -232,17 +248,22 @@ fn a_restarted_member_is_reconnected_and_gets_what_was_queued_while_it_was_down(
     wait_for("member 1 to see the close", || {
         load(&one.stats().disconnects) >= 1
     });
-    // With nothing to send, member 1 neither reconnects nor spins: it sleeps in poll.
-    thread::sleep(Duration::from_millis(200)); // past the first backoff delay (at most 50 ms)
+    // With member 2 down, member 1 keeps trying to reach it (to see it come back), at most
+    // once per backoff_max (1 s) once the backoff has grown, and does not spin.
+    thread::sleep(Duration::from_millis(1500)); // the backoff reaches its maximum
     let stats = one.stats();
     let (iterations, disconnects) = (load(&stats.iterations), load(&stats.disconnects));
-    thread::sleep(Duration::from_millis(500));
+    thread::sleep(Duration::from_millis(2000));
     let idle = load(&stats.iterations) - iterations;
+    let attempts = load(&stats.disconnects) - disconnects;
     assert!(
-        idle <= 5,
-        "{idle} loop iterations in 500 ms with nothing to do"
+        (1..=5).contains(&attempts),
+        "{attempts} connect attempts in 2 s"
     );
-    assert_eq!(load(&stats.disconnects), disconnects, "no connect attempts");
+    assert!(
+        idle <= 60,
+        "{idle} loop iterations in 2 s with nothing to do"
+    );
     send_numbered(&one, 1, 2, 10..110);
     wait_for("the messages to be queued", || {
         load(&one.stats().queued_messages) == 100
@@ -267,22 +288,39 @@ fn closed_by_server(stream: &mut TcpStream) -> bool {
     closed_within(stream, PATIENCE)
 }
 
-/// Whether the server closed `stream` (EOF or reset) within `within`.
+/// Whether the server closed `stream` (EOF or reset) within `within`, having written at most
+/// its reply to the hello.
 fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
     stream.set_read_timeout(Some(within)).expect("timeout");
     let mut buffer = [0u8; 64];
-    match stream.read(&mut buffer) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(error) => !matches!(
-            error.kind(),
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-        ),
+    let mut read = 0;
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => return true,
+            Ok(more) if read + more <= REPLY_BYTES => read += more,
+            Ok(_) => return false, // more than a reply
+            Err(error) => {
+                return !matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            }
+        }
     }
 }
 
-fn hello(shards: u32, node_id: u64) -> Vec<u8> {
-    Hello { shards, node_id }.encode().to_vec()
+/// A hello from `from` to member 2.
+fn hello(shards: u32, from: u64) -> Vec<u8> {
+    let identity = IDENTITY;
+    let to = 2;
+    Hello {
+        shards,
+        from,
+        to,
+        identity,
+    }
+    .encode()
+    .to_vec()
 }
 
 #[test]
@@ -309,12 +347,18 @@ fn hostile_connections_are_closed_and_the_others_keep_working() {
     let mut forged = Vec::new();
     peer::frame::encode(1, &message(1, 2, 0, 0), &mut forged).expect("encodes");
     wrong_sender.extend_from_slice(&forged); // says it is node 1, on node 3's connection
+    let mut wrong_member = hello(SHARDS, 3);
+    wrong_member[17..25].copy_from_slice(&1u64.to_be_bytes()); // meant for member 1
+    let mut wrong_identity = hello(SHARDS, 3);
+    wrong_identity[25..].copy_from_slice(&(IDENTITY + 1).to_be_bytes());
     let attempts: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
         ("wrong version", wrong_version),
         ("wrong shard count", hello(SHARDS + 1, 3)),
         ("unknown node id", hello(SHARDS, 99)),
         ("its own node id", hello(SHARDS, 2)),
+        ("meant for another member", wrong_member),
+        ("another cluster identity", wrong_identity),
         ("an oversized length", oversized),
         ("a shard out of range", shard_out_of_range),
         ("an undecodable message", undecodable),
@@ -479,17 +523,21 @@ fn measure_throughput_and_round_trip() {
     );
 }
 
-/// Whether `stream` is still open after `within` (nothing read, no close).
+/// Whether `stream` is still open after `within` (nothing read but an accepting reply, no
+/// close).
 fn still_open(stream: &mut TcpStream, within: Duration) -> bool {
     stream.set_read_timeout(Some(within)).expect("timeout");
+    let mut reply = [0u8; REPLY_BYTES];
+    if stream.read_exact(&mut reply).is_err() || reply[5] != 0 {
+        return false; // closed, or refused
+    }
     let mut buffer = [0u8; 8];
     match stream.read(&mut buffer) {
         Err(error) => matches!(
             error.kind(),
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
         ),
-        Ok(0) => false,                  // closed
-        Ok(read) => read > buffer.len(), // a peer never gets bytes back: false
+        Ok(read) => read > buffer.len(), // closed, or bytes beyond the reply: false
     }
 }
 
@@ -546,4 +594,259 @@ fn a_message_too_large_for_an_envelope_is_dropped_and_counted() {
     assert!(received[0].2.context.len() > peer::frame::FRAME_BYTES_MAX - 2048);
     assert_eq!(load(&two.stats().refusals), 0);
     one.stop();
+}
+
+/// Limits whose backoff tops out at 200 ms, so that retries come quickly.
+fn quick_limits() -> PeerLimits {
+    PeerLimits {
+        backoff_max: Duration::from_millis(200),
+        ..PeerLimits::default()
+    }
+}
+
+/// Member `member`'s view of peer `peer`.
+fn view(member: &Member, peer: u64) -> peer::PeerStatus {
+    let report = member.handle.report();
+    let found = report
+        .peers
+        .into_iter()
+        .find(|status| status.node_id == peer);
+    found.expect("a peer of the member")
+}
+
+#[test]
+fn members_of_another_cluster_identity_refuse_each_other_on_both_sides_until_fixed() {
+    let all = addresses(2);
+    let one = start(1, &all, quick_limits());
+    let peers = vec![(1, all[0])];
+    let mut two = start_with(2, all[1], peers, IDENTITY ^ 1, quick_limits());
+    send_numbered(&one, 1, 2, 0..5);
+    // Each side refuses the other's hello, and hears the other refuse its own.
+    wait_for("both sides to refuse and be refused", || {
+        [(&one, 2), (&two, 1)].iter().all(|&(member, other)| {
+            let status = view(member, other);
+            status.link == LinkState::Refused && status.refused_inbound.is_some()
+        })
+    });
+    for (member, other) in [(&one, 2), (&two, 1)] {
+        assert!(load(&member.stats().refusals) >= 1);
+        assert!(load(&member.stats().refused_by_peers) >= 1);
+        let status = view(member, other);
+        assert_eq!(status.link, LinkState::Refused, "{status:?}");
+        assert!(
+            status.reason.contains("cluster identity differs"),
+            "{status:?}"
+        );
+        let inbound = status.refused_inbound.as_deref().unwrap_or_default();
+        assert!(inbound.contains("cluster identity differs"), "{status:?}");
+        assert!(!status.reachable);
+        let report = member.handle.report();
+        assert_eq!((report.reachable, report.quorum), (1, false));
+    }
+    assert!(
+        two.receive_for(Duration::from_millis(300)).is_empty(),
+        "nothing delivered"
+    );
+    // Member 2 comes back with the cluster's identity: member 1 reconnects by itself (it keeps
+    // retrying) and what it queued meanwhile arrives.
+    two.stop();
+    let mut two = start(2, &all, quick_limits());
+    let numbers: HashSet<u64> = two.receive(5).0.iter().map(|(_, _, m)| m.commit).collect();
+    assert_eq!(numbers, (0..5).collect());
+    wait_for("member 1 to see member 2 connected and reachable", || {
+        let status = view(&one, 2);
+        status.link == LinkState::Connected && status.reachable
+    });
+}
+
+#[test]
+fn a_peer_address_that_leads_to_another_member_is_refused_as_dialed_but_reached() {
+    let all = addresses(3);
+    // Member 1 believes member 2 listens on member 3's address; member 2 never runs.
+    let peers = vec![(2, all[2]), (3, all[2])];
+    let one = start_with(1, all[0], peers, IDENTITY, quick_limits());
+    let three = start(3, &all, quick_limits());
+    let reason = "node 1 dialed node 2 but reached node 3: member 1's peer address for 2 is wrong";
+    wait_for("member 1 to be told", || {
+        view(&one, 2).reason.contains(reason)
+    });
+    assert_eq!(view(&one, 2).link, LinkState::Refused);
+    wait_for("member 3 to say why", || {
+        view(&three, 1).refused_inbound.is_some()
+    });
+    let refused = view(&three, 1).refused_inbound.unwrap_or_default();
+    assert!(refused.contains(reason), "member 3 says why: {refused}");
+    wait_for("member 1 and 3 to reach each other", || {
+        view(&one, 3).reachable && view(&three, 1).reachable
+    });
+    let report = one.handle.report();
+    assert_eq!(
+        (report.members, report.reachable, report.quorum),
+        (3, 2, true)
+    );
+}
+
+#[test]
+fn peers_are_reachable_while_they_talk_and_the_quorum_follows_them() {
+    let all = addresses(3);
+    let one = start(1, &all, quick_limits());
+    let mut others: Vec<Member> = (2..=3).map(|id| start(id, &all, quick_limits())).collect();
+    // Nothing is sent between them but keepalives: every peer is reachable all the same.
+    wait_for("all three reachable", || one.handle.report().reachable == 3);
+    assert!(one.handle.report().quorum);
+    for member in &mut others {
+        member.stop();
+    }
+    wait_for("member 1 alone, without a quorum", || {
+        let report = one.handle.report();
+        report.reachable == 1 && !report.quorum
+    });
+    let status = view(&one, 2);
+    assert_ne!(status.link, LinkState::Connected, "{status:?}");
+    assert!(!status.reason.is_empty(), "why: {status:?}");
+    let _two = start(2, &all, quick_limits());
+    wait_for("member 2 back, and the quorum", || {
+        let report = one.handle.report();
+        report.reachable == 2 && report.quorum
+    });
+}
+
+/// Accepts `listener`'s next connection and answers its hello as member `node_id` (accepting
+/// it); returns the stream (the dialer's bytes after the hello are left unread).
+fn accept_as(listener: &TcpListener, node_id: u64) -> TcpStream {
+    use latchkey::cluster::peer::frame::{Reply, Verdict, HELLO_BYTES};
+    let (mut stream, _) = listener.accept().expect("member 1 dials");
+    let mut hello = [0u8; HELLO_BYTES];
+    stream.read_exact(&mut hello).expect("its hello");
+    let reply = Reply {
+        verdict: Verdict::Accepted,
+        shards: SHARDS,
+        node_id,
+        identity: IDENTITY,
+    };
+    stream.write_all(&reply.encode()).expect("reply");
+    stream
+}
+
+#[test]
+fn a_silent_peer_is_unreachable_after_the_window_although_its_connections_are_up() {
+    let all = addresses(2);
+    // The test plays member 2: it accepts member 1's connection and says hello to member 1,
+    // then writes nothing, as a member stopped by SIGSTOP would (its kernel still acks).
+    let listener = TcpListener::bind(all[1]).expect("member 2's address");
+    let one = start(1, &all, quick_limits());
+    let _incoming = accept_as(&listener, 2);
+    let mut outgoing = TcpStream::connect(all[0]).expect("connect to member 1");
+    outgoing.write_all(&hello_to(1, 2)).expect("hello");
+    wait_for("member 2 reachable", || view(&one, 2).reachable);
+    let reachable_at = Instant::now();
+    wait_for("member 2 unreachable", || !view(&one, 2).reachable);
+    let waited = reachable_at.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900),
+        "not before the window: {waited:?}"
+    );
+    let status = view(&one, 2);
+    assert_eq!(status.link, LinkState::Connected, "TCP is fine: {status:?}");
+    // A keepalive makes it reachable again.
+    outgoing
+        .write_all(&peer::frame::KEEPALIVE)
+        .expect("keepalive");
+    wait_for("member 2 reachable again", || view(&one, 2).reachable);
+}
+
+/// A hello from `from` to member `to`.
+fn hello_to(to: u64, from: u64) -> Vec<u8> {
+    let hello = Hello {
+        shards: SHARDS,
+        from,
+        to,
+        identity: IDENTITY,
+    };
+    hello.encode().to_vec()
+}
+
+/// An envelope of `bytes` for `shard`.
+fn envelope(shard: u32, bytes: &[u8]) -> Vec<u8> {
+    let mut wire = (4 + bytes.len() as u32).to_be_bytes().to_vec();
+    wire.extend_from_slice(&shard.to_be_bytes());
+    wire.extend_from_slice(bytes);
+    wire
+}
+
+/// A hundred thousand nested groups in an unknown field: RUSTSEC-2024-0437's crafted input.
+fn nested_groups() -> Vec<u8> {
+    let (start, end) = ([0xa3, 0x01], [0xa4, 0x01]); // field 20, wire types 3 and 4
+    let mut bytes = start.repeat(100_000);
+    bytes.extend_from_slice(&end.repeat(100_000));
+    bytes
+}
+
+fn encoded(message: &Message) -> Vec<u8> {
+    use protobuf::Message as _;
+    message.write_to_bytes().expect("encodes")
+}
+
+/// Member 3's messages to member 2 that a legitimate leader never sends: a snapshot whose data
+/// is garbage, an append whose entry does not decode, an append of a configuration change.
+fn invalid_messages() -> Vec<Message> {
+    use raft::eraftpb::{ConfState, Entry, EntryType};
+    let mut snapshot = message(3, 2, 0, 0);
+    snapshot.set_msg_type(MessageType::MsgSnapshot);
+    snapshot.set_term(5);
+    let data = snapshot.mut_snapshot();
+    data.set_data(b"not a shard snapshot".to_vec().into());
+    data.mut_metadata().set_index(10);
+    data.mut_metadata().set_term(5);
+    let voters = ConfState::from((vec![1, 2, 3], vec![]));
+    data.mut_metadata().set_conf_state(voters);
+    let append = |kind: EntryType, data: &[u8]| {
+        let mut append = message(3, 2, 0, 0);
+        append.set_msg_type(MessageType::MsgAppend);
+        append.set_term(5);
+        let mut entry = Entry::default();
+        entry.set_entry_type(kind);
+        entry.set_index(1);
+        entry.set_term(5);
+        entry.set_data(data.to_vec().into());
+        append.mut_entries().push(entry);
+        append.set_commit(1);
+        append
+    };
+    vec![
+        snapshot,
+        append(EntryType::EntryNormal, &[0xff; 12]),
+        append(EntryType::EntryConfChange, &[1, 2]),
+    ]
+}
+
+#[test]
+fn invalid_content_is_dropped_and_counted_and_crafted_deep_protobuf_closes_the_link() {
+    let all = addresses(3);
+    let mut two = start(2, &all, PeerLimits::default());
+    let mut raw = TcpStream::connect(all[1]).expect("connect");
+    raw.write_all(&hello(SHARDS, 3)).expect("hello");
+    let mut reply = [0u8; REPLY_BYTES];
+    raw.read_exact(&mut reply).expect("a reply");
+    assert_eq!(reply[5], 0, "accepted");
+    let mut wire = Vec::new();
+    for invalid in invalid_messages() {
+        wire.extend_from_slice(&envelope(1, &encoded(&invalid)));
+    }
+    wire.extend_from_slice(&envelope(1, &encoded(&message(3, 2, 77, 0))));
+    raw.write_all(&wire).expect("write");
+    // The invalid ones are dropped and counted; the heartbeat after them on the same
+    // connection arrives: the connection stayed.
+    let (received, _) = two.receive(1);
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].2.commit, 77);
+    assert_eq!(load(&two.stats().drops_invalid), 3);
+    assert_eq!(two.handle.report().counters.invalid_dropped, 3);
+    assert_eq!(load(&two.stats().refusals), 0);
+    // Crafted deep nesting is refused before protobuf parses it: the connection is closed.
+    raw.write_all(&envelope(1, &nested_groups()))
+        .expect("write");
+    assert!(closed_by_server(&mut raw), "closed");
+    assert_eq!(load(&two.stats().refusals), 1);
+    assert!(two.receive_for(Duration::from_millis(100)).is_empty());
 }

@@ -8,7 +8,7 @@
 use super::Shared;
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
-use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits};
+use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits, PeerReport};
 use crate::cluster::wal::Wal;
 use crate::config::{ClusterConfig, Config};
 use crossbeam_channel::Receiver;
@@ -44,6 +44,10 @@ impl Peers for CorePeers {
 
     fn try_recv(&mut self) -> Option<(u32, Message)> {
         self.inbound.try_recv().ok()
+    }
+
+    fn report(&self) -> Option<PeerReport> {
+        Some(self.handle.report())
     }
 }
 
@@ -89,6 +93,7 @@ pub fn start(
         listen: this.peer,
         peers: cluster.members.iter().map(|m| (m.id, m.peer)).collect(),
         shards: cluster.shards,
+        identity: cluster.identity().digest,
         seed,
         limits: PeerLimits::default(),
     };
