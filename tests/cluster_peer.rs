@@ -5,6 +5,8 @@
 //!
 //! Every wait is bounded by a generous deadline; nothing asserts on speed.
 
+mod common;
+
 use crossbeam_channel::Receiver;
 use latchkey::cluster::peer::frame::{Hello, REPLY_BYTES, VERSION};
 use latchkey::cluster::peer::{self, LinkState, PeerConfig, PeerHandle, PeerLimits, PeerStats};
@@ -849,4 +851,72 @@ fn invalid_content_is_dropped_and_counted_and_crafted_deep_protobuf_closes_the_l
     assert!(closed_by_server(&mut raw), "closed");
     assert_eq!(load(&two.stats().refusals), 1);
     assert!(two.receive_for(Duration::from_millis(100)).is_empty());
+}
+
+/// A real member keeps serving through what crashed it or forked its replica before: a peer
+/// sends it a snapshot whose data is garbage (it panicked restoring it) and an entry that does
+/// not decode, committed (it skipped the entry: its state silently apart from the others').
+/// Both are dropped before raft takes them, counted in `/stats`, and the member serves on.
+#[test]
+fn a_real_member_drops_invalid_snapshots_and_entries_and_keeps_serving() {
+    use common::cluster::http_get;
+    use common::server::{Conn, TempDir};
+    use latchkey::config::{ClusterConfig, Config, MemberConfig};
+    use latchkey::protocol::Response;
+    let dir = TempDir::new("peer-invalid");
+    let ports = addresses(6);
+    let members: Vec<MemberConfig> = (0..3)
+        .map(|i| MemberConfig {
+            id: i as u64 + 1,
+            client: ports[2 * i],
+            peer: ports[2 * i + 1],
+        })
+        .collect();
+    let cluster = ClusterConfig {
+        node_id: 1,
+        data_dir: dir.path().join("data"),
+        members,
+        shards: 1,
+        fsync: false,
+    };
+    let identity = cluster.identity().digest;
+    let mut config = Config::default();
+    config.server.listen = ports[0];
+    config.server.cores = 1;
+    config.cluster = Some(cluster);
+    let server = latchkey::server::start(config).expect("member 1 starts");
+    // The test speaks as member 2 (member 3 never runs).
+    let mut raw = TcpStream::connect(ports[1]).expect("member 1's peer port");
+    let hello = Hello {
+        shards: 1,
+        from: 2,
+        to: 1,
+        identity,
+    };
+    raw.write_all(&hello.encode()).expect("hello");
+    let mut reply = [0u8; REPLY_BYTES];
+    raw.read_exact(&mut reply).expect("a reply");
+    assert_eq!(reply[5], 0, "accepted");
+    let mut wire = Vec::new();
+    for mut invalid in invalid_messages() {
+        (invalid.from, invalid.to) = (2, 1);
+        wire.extend_from_slice(&envelope(0, &encoded(&invalid)));
+    }
+    raw.write_all(&wire).expect("write");
+    let started = Instant::now();
+    let invalid = loop {
+        let (_, body) = http_get(ports[0], "/stats").expect("/stats");
+        let stats: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        let counted = stats["cluster"]["peer_counters"]["invalid_messages"].as_u64();
+        if counted == Some(3) || started.elapsed() > PATIENCE {
+            break counted;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(invalid, Some(3), "each invalid message counted");
+    assert!(!server.failed(), "the member is alive");
+    let mut conn = Conn::connect(ports[0]);
+    assert_eq!(conn.ping(9), Response::Pong { nonce: 9 });
+    server.shutdown();
+    server.join().expect("a clean stop");
 }

@@ -39,10 +39,10 @@
 //! |---|---|
 //! | `peer/frame.rs` | [`frame`]: hello, reply and envelope encode/decode. No I/O |
 //! | `peer/wire.rs` | [`wire`]: a message's protobuf shape checked before it is parsed. No I/O |
-//! | `peer/content.rs` | [`content`]: a message's entries and snapshot checked for the shards. No I/O |
+//! | `peer/content.rs` | [`content`]: entries and snapshots checked for the shards. No I/O |
 //! | `peer/queue.rs` | one peer's outbound queue of envelopes, the reconnect backoff. No I/O |
-//! | `peer/link.rs` | one outbound connection: connect, hello, reply, writes, keepalives, reconnect |
-//! | `peer/inbound.rs` | one inbound connection: hello checked and answered, envelopes read in place, dispatch |
+//! | `peer/link.rs` | one outbound connection: hello, reply, writes, keepalives, reconnect |
+//! | `peer/inbound.rs` | one inbound connection: hello answered, envelopes read, dispatch |
 //! | `peer/status.rs` | [`status`]: links, reachability and quorum: published and logged |
 //! | `peer/thread.rs` | the peer thread's mio loop |
 

@@ -59,6 +59,16 @@ impl Cluster {
     /// peer address through a [`Link`] of its own (`links[(from, to)]`), so that a test can cut
     /// one member off its peers while clients still reach it.
     pub fn start_with(label: &str, n: usize, shards: u32, fsync: bool, linked: bool) -> Cluster {
+        let mut cluster = Cluster::configure(label, n, shards, fsync, linked);
+        for index in 0..n {
+            cluster.launch(index);
+        }
+        cluster
+    }
+
+    /// As [`start_with`](Self::start_with), but starts nothing: a test may edit a member's
+    /// config file ([`Cluster::edit_config`]) before it [`launch`](Self::launch)es it.
+    pub fn configure(label: &str, n: usize, shards: u32, fsync: bool, linked: bool) -> Cluster {
         let dir = TempDir::new(label);
         let ports = free_ports(2 * n);
         let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
@@ -108,15 +118,18 @@ impl Cluster {
                 }
             })
             .collect();
-        let mut cluster = Cluster {
+        Cluster {
             members,
             links,
             dir,
-        };
-        for index in 0..n {
-            cluster.launch(index);
         }
-        cluster
+    }
+
+    /// Rewrites member `index`'s config file with `edit` (takes effect at its next launch).
+    pub fn edit_config(&self, index: usize, edit: impl FnOnce(String) -> String) {
+        let path = &self.members[index].config;
+        let text = std::fs::read_to_string(path).expect("read config");
+        std::fs::write(path, edit(text)).expect("write config");
     }
 
     /// Cuts (or heals) every link between member `index` and the others, both ways.
@@ -307,4 +320,32 @@ impl Link {
     pub fn heal(&self) {
         self.cut.store(false, std::sync::atomic::Ordering::Release);
     }
+}
+
+/// `GET path` on `addr`: the status and the body, `None` if it does not answer within 5 s.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let timeout = Duration::from_secs(5);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    let status = head.get(9..12)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// The value of the sample `series` (name and labels) in a `/metrics` text.
+pub fn metric(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// A free loopback address (bound, read and released).
+pub fn free_address() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_ports(1)[0]))
 }

@@ -2,7 +2,6 @@
 //! the other replicas': a committed entry that does not decode, a write-ahead log sync that
 //! failed.
 
-use super::*;
 use crate::cluster::mem_durable::{MemDurable, SyncMode};
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};

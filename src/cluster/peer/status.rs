@@ -19,7 +19,8 @@
 //! [`crate::server::logs::LOG_PERIOD_US`]; a change that must wait is logged when the period
 //! allows, saying how many changes there were since the last line, so the last line always
 //! tells the current state. Nothing is logged in the first [`REACHABLE_WINDOW`] after start
-//! (peers are still connecting) but what is then true.
+//! (peers are still connecting); then what is true is logged once (peers unreachable, the
+//! quorum), a line that does not count against the limit.
 //!
 //! Deliberately not here: the sockets (`link.rs`, `inbound.rs`), and what raft makes of it.
 
@@ -215,19 +216,24 @@ impl ChangeLog {
     }
 
     /// Takes the line due now, if the state differs from the last one logged and the period
-    /// allows it: the state logged before (if any), and the changes since then.
+    /// allows it: the state logged before (if any), and the changes since then. The first line
+    /// (what is true after the start) does not count against the period.
     fn take_line(&mut self, now: Instant, period: Duration) -> Option<(Option<bool>, u64)> {
         let current = self.current?;
         if self.logged == Some(current) {
             return None;
         }
-        if self.lines[self.next].is_some_and(|at| now < at + period) {
-            return None;
+        if self.logged.is_some() {
+            if self.lines[self.next].is_some_and(|at| now < at + period) {
+                return None;
+            }
+            self.lines[self.next] = Some(now);
+            self.next = (self.next + 1) % LINES_PER_PERIOD;
         }
-        self.lines[self.next] = Some(now);
-        self.next = (self.next + 1) % LINES_PER_PERIOD;
         let before = self.logged.replace(current);
-        Some((before, std::mem::take(&mut self.changes)))
+        let changes = std::mem::take(&mut self.changes);
+        // Changes before the first line are the start settling, not news.
+        Some((before, if before.is_some() { changes } else { 0 }))
     }
 
     /// Takes the current state as logged without a line.
@@ -259,8 +265,10 @@ pub(crate) struct Watch {
     period: Duration,
     peers: Vec<Watched>,
     quorum: ChangeLog,
-    /// Whether this member ever had a quorum (so that a gain is "regained").
+    /// Whether this member ever had a quorum (so that a loss is "lost", not "not yet").
     had_quorum: bool,
+    /// Whether the last quorum line said it was lost (so that a gain is "regained").
+    said_lost: bool,
     published_at: Option<Instant>,
     /// Something changed since the last publication.
     dirty: bool,
@@ -293,6 +301,7 @@ impl Watch {
             peers,
             quorum: ChangeLog::default(),
             had_quorum: false,
+            said_lost: false,
             published_at: None,
             dirty: false,
         }
@@ -341,7 +350,9 @@ impl Watch {
         }
         let members = self.peers.len() as u64 + 1;
         let reachable = 1 + self.peers.iter().filter(|p| p.seen.reachable).count() as u64;
-        self.quorum.observe(is_majority(reachable, members));
+        let quorum = is_majority(reachable, members);
+        self.quorum.observe(quorum);
+        self.had_quorum |= quorum;
         if now >= self.started + REACHABLE_WINDOW {
             self.log_peers(now);
             self.log_quorum(reachable, members, now);
@@ -382,22 +393,22 @@ impl Watch {
     }
 
     fn log_quorum(&mut self, reachable: u64, members: u64, now: Instant) {
-        let Some((before, changes)) = self.quorum.take_line(now, self.period) else {
+        let Some((_, changes)) = self.quorum.take_line(now, self.period) else {
             return;
         };
         let need = members / 2 + 1;
         let count = format!("{reachable} of {members} members reachable");
-        match (self.quorum.logged == Some(true), before, self.had_quorum) {
-            (true, _, true) => log::info!("quorum regained: {count}{}", more(changes)),
-            (true, _, false) => log::info!("quorum reached: {count}"),
-            (false, Some(true), _) => log::info!(
-                "quorum lost: {count}, {need} needed: no shard can elect a leader or commit \
-                 here{}",
-                more(changes)
+        let more = more(changes);
+        match (self.quorum.logged == Some(true), self.said_lost) {
+            (true, true) => log::info!("quorum regained: {count}{more}"),
+            (true, false) => log::info!("quorum reached: {count}{more}"),
+            (false, _) if self.had_quorum => log::info!(
+                "quorum lost: {count}, {need} needed: this member can neither lead a shard \
+                 nor commit{more}"
             ),
-            (false, _, _) => log::info!("no quorum yet: {count}, {need} needed"),
+            (false, _) => log::info!("no quorum yet: {count}, {need} needed{more}"),
         }
-        self.had_quorum |= self.quorum.logged == Some(true);
+        self.said_lost = self.quorum.logged == Some(false) && self.had_quorum;
     }
 }
 
@@ -419,4 +430,86 @@ fn unreachable_why(seen: &Seen, now: Instant) -> String {
         why += &format!("; this member refused its connection: {reason}");
     }
     why
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(state: LinkState, since: Instant) -> LinkStatus {
+        LinkStatus {
+            state,
+            reason: String::new(),
+            since,
+        }
+    }
+
+    #[test]
+    fn a_peer_is_reachable_with_an_accepted_link_and_bytes_within_the_window() {
+        let start = Instant::now();
+        let peers = [
+            (2, "127.0.0.1:2".parse().unwrap()),
+            (3, "127.0.0.1:3".parse().unwrap()),
+        ];
+        let mut watch = Watch::new(&peers, start, Duration::from_secs(10));
+        let board = parking_lot::Mutex::new(Board::default());
+        let stats = PeerStats::default();
+        let connected = status(LinkState::Connected, start);
+        let now = start + Duration::from_secs(5);
+        let cases = [
+            (true, Some(now - Duration::from_millis(999)), true),
+            (true, Some(now - REACHABLE_WINDOW), false),
+            (true, None, false),
+            (false, Some(now), false),
+        ];
+        for (accepted, heard, reachable) in cases {
+            let links = [(&connected, accepted), (&connected, false)];
+            watch.update(links.into_iter(), &[heard, None], now, &board);
+            let report = board.lock().report(now, &stats);
+            assert_eq!(report.peers[0].reachable, reachable, "{accepted} {heard:?}");
+            assert_eq!(report.reachable, 1 + u64::from(reachable));
+            assert_eq!(report.quorum, reachable, "2 of 3 is a majority, 1 is not");
+        }
+        assert!(is_majority(2, 3) && is_majority(3, 5) && !is_majority(2, 4));
+    }
+
+    #[test]
+    fn changes_are_logged_twice_a_period_at_most_and_the_last_line_is_the_current_state() {
+        let period = Duration::from_secs(10);
+        let base = Instant::now();
+        let at = |seconds: u64| base + Duration::from_secs(seconds);
+        let mut log = ChangeLog::default();
+        log.observe(true);
+        assert_eq!(
+            log.take_line(at(1), period),
+            Some((None, 0)),
+            "what is true at start"
+        );
+        assert_eq!(log.take_line(at(1), period), None, "said once");
+        log.observe(false);
+        assert_eq!(log.take_line(at(2), period), Some((Some(true), 1)));
+        log.observe(true);
+        assert_eq!(log.take_line(at(3), period), Some((Some(false), 1)));
+        log.observe(false);
+        assert_eq!(
+            log.take_line(at(4), period),
+            None,
+            "two lines in this period already"
+        );
+        log.observe(true);
+        log.observe(false);
+        assert_eq!(
+            log.take_line(at(11), period),
+            None,
+            "the first of the two is not 10 s old"
+        );
+        let line = log.take_line(at(12), period);
+        assert_eq!(
+            line,
+            Some((Some(true), 3)),
+            "the current state, and the changes since"
+        );
+        assert_eq!(more(3), " (2 more changes since the last such line)");
+        assert_eq!(more(1), "");
+    }
 }

@@ -15,7 +15,7 @@
 //!
 //! * every field has a valid wire type and lies within its enclosing message;
 //! * no group wire type appears at any level walked (raft's schema has no groups);
-//! * the walk descends only into the message fields of raft's schema ([`child`]), at most
+//! * the walk descends only into the message fields of raft's schema (`child`), at most
 //!   [`DEPTH_MAX`] levels; every other length-delimited field is opaque bytes, which protobuf
 //!   2.28 stores without parsing (an unknown field) or reads as bytes (`data`, `context`).
 //!
