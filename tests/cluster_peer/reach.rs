@@ -60,10 +60,15 @@ fn members_of_another_cluster_identity_refuse_each_other_on_both_sides_until_fix
     let mut two = start(2, &all, quick_limits());
     let numbers: HashSet<u64> = two.receive(5).0.iter().map(|(_, _, m)| m.commit).collect();
     assert_eq!(numbers, (0..5).collect());
-    wait_for("member 1 to see member 2 connected and reachable", || {
-        let status = view(&one, 2);
-        status.link == LinkState::Connected && status.reachable
-    });
+    wait_for(
+        "member 1 to see member 2 connected, reachable, its refusal history",
+        || {
+            let status = view(&one, 2);
+            status.link == LinkState::Connected
+                && status.reachable
+                && status.refused_inbound.is_none()
+        },
+    );
 }
 
 #[test]

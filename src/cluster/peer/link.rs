@@ -380,9 +380,13 @@ impl Link {
                 PeerStats::add(&stats.refused_by_peers, 1);
                 let now_us = now.saturating_duration_since(self.epoch).as_micros() as u64;
                 if let Some(left_out) = self.refusals_log.allow(now_us) {
+                    let more = match left_out {
+                        0 => String::new(),
+                        n => format!("; {n} more refusals since the last such line"),
+                    };
                     log::warn!(
-                        "peer {} at {} refused this member's connection: {reason} (retrying; \
-                         {left_out} more refusals since the last such line)",
+                        "peer {} at {} refused this member's connection: {reason} (retrying \
+                         with a backoff{more})",
                         self.node_id,
                         self.addr
                     );

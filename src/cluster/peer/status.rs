@@ -101,7 +101,8 @@ pub struct PeerStatus {
     pub reachable: bool,
     /// How long ago something last arrived from it, in milliseconds (`None`: never).
     pub heard_ms_ago: Option<u64>,
-    /// Why this member last refused a connection from it, if it did.
+    /// Why this member refused the last connection whose hello named this peer, if it did
+    /// and accepted none from it since.
     pub refused_inbound: Option<String>,
 }
 
@@ -317,6 +318,24 @@ impl Watch {
         }
     }
 
+    /// Peer `index`'s connection to this member was accepted: a refusal of an earlier one is
+    /// history.
+    pub(crate) fn accepted_inbound(&mut self, index: usize) {
+        if let Some(peer) = self.peers.get_mut(index) {
+            if peer.seen.refused_inbound.take().is_some() {
+                self.dirty = true;
+            }
+        }
+    }
+
+    /// Writes what is known now to `board`.
+    pub(crate) fn publish(&self, board: &mut Board) {
+        board.members = self.peers.len() as u64 + 1;
+        board.seen.clear();
+        let seen = self.peers.iter().map(|peer| peer.seen.clone());
+        board.seen.extend(seen);
+    }
+
     /// When [`Watch::update`] next has something to notice: a reachable peer's window ends.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         let ends = self.peers.iter().filter(|peer| peer.seen.reachable);
@@ -361,12 +380,7 @@ impl Watch {
             .published_at
             .map_or(true, |at| now >= at + PUBLISH_EVERY);
         if changed || stale {
-            let mut board = board.lock();
-            board.members = members;
-            board.seen.clear();
-            board
-                .seen
-                .extend(self.peers.iter().map(|peer| peer.seen.clone()));
+            self.publish(&mut board.lock());
             self.published_at = Some(now);
         }
     }

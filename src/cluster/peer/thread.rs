@@ -109,6 +109,9 @@ impl Peer {
             invalid_log: Throttle::default(),
         };
         let period = Duration::from_micros(LOG_PERIOD_US);
+        let watch = Watch::new(&config.peers, now, period);
+        // Published before any core can ask: the members and every peer "connecting".
+        watch.publish(&mut board.lock());
         Ok(Peer {
             poll,
             waker,
@@ -127,7 +130,7 @@ impl Peer {
             started: now,
             refusals_log: Throttle::default(),
             peer_refusals_log: vec![Throttle::default(); config.peers.len()],
-            watch: Watch::new(&config.peers, now, period),
+            watch,
             board: Arc::clone(board),
         })
     }
@@ -257,6 +260,9 @@ impl Peer {
         for other in older {
             let replaced = io::Error::other("replaced by a newer connection from the same node");
             self.close(other, Close::Gone(replaced), now);
+        }
+        if let Some(index) = self.context.peers.iter().position(|&id| id == node_id) {
+            self.watch.accepted_inbound(index);
         }
         log::debug!(
             "peer {node_id} connected from {}",
