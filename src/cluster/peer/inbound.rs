@@ -287,15 +287,14 @@ impl Inbound {
                 None => return Ok(()),
             },
         };
+        // Bytes arrived from it (a part of a large envelope counts: the peer is talking).
+        context.note_heard(from);
         // Bounded: each pass consumes at least a header's bytes of what was read.
         while let Some((envelope, used)) = frame::decode(&self.buffer[at..self.filled])
             .map_err(|error| Close::Refused(error.to_string()))?
         {
             context.deliver(from, envelope, stats)?;
             at += used;
-        }
-        if at > 0 {
-            context.note_heard(from);
         }
         self.buffer.copy_within(at..self.filled, 0);
         self.filled -= at;
