@@ -15,8 +15,12 @@
 //!    leader changes.
 //!
 //! Nothing but `finish_drain` may be called between the two halves (raft-rs forbids stepping
-//! a node between `ready` and `advance`); that is asserted. After an error from either half the
-//! member must be dropped and rebuilt from what the `Durable` recovers.
+//! a node between `ready` and `advance`); that is asserted. After an error from either half
+//! (a failed write or sync of the `Durable`) the member cannot go on: its groups are half
+//! advanced and the write-ahead log refuses every later write. A server stops the process
+//! (exit 70, an error line naming the operation and the file: see
+//! `crate::cluster::partition`'s drain); only a test harness rebuilds a member from what the
+//! `Durable` recovers.
 //!
 //! # Invariants (checked after every mutation in debug builds)
 //! Per group: applied ≤ commit ≤ last index; the election timeout comes from the seeded
@@ -29,9 +33,12 @@
 //!
 //! It deliberately does not: change membership, send anything, keep a state machine, or
 //! trust hostile peers beyond refusing unknown shards, non-voters, local message types,
-//! foreign snapshot configurations and heartbeats committing past our log (raft-rs would
-//! panic on that one). A Byzantine voter, or a member whose synced writes were lost, can
-//! still make raft-rs panic (e.g. an append conflicting with a committed entry).
+//! foreign snapshot configurations, appends whose entries do not follow their index one by
+//! one, and heartbeats committing past our log (raft-rs would panic on the last two: slicing
+//! out of range, or committing past its last index). What entries and snapshots carry is
+//! checked before they get here (`crate::cluster::peer::content`). raft-rs trusts its voters:
+//! a Byzantine voter (the peer port has no authentication), or a member whose synced writes
+//! were lost, can still make it panic, which stops the member.
 
 mod drain;
 mod group;
@@ -151,7 +158,8 @@ pub enum CompactError {
         /// The group's applied index.
         applied: u64,
     },
-    /// The log was compacted but recording the snapshot failed: rebuild the member.
+    /// The log was compacted but recording the snapshot failed: the member cannot go on (a
+    /// server stops; a test harness rebuilds it from what the durable recovers).
     Durable(std::io::Error),
 }
 
@@ -210,6 +218,16 @@ pub struct Member<D: Durable> {
     ticks: u64,
     /// The tick of the last balancing pass.
     balanced_at_ticks: u64,
+}
+
+/// Whether a message's entries (if any) are at `index + 1`, `index + 2`, ...: raft-rs slices
+/// an append by those positions and would panic on a gap.
+fn entries_follow(message: &Message) -> bool {
+    let mut expected = message.index;
+    message.get_entries().iter().all(|entry| {
+        expected = expected.saturating_add(1);
+        entry.index == expected && expected != u64::MAX
+    })
 }
 
 /// The raft-rs configuration of every group (see the constants for the values).
@@ -366,8 +384,9 @@ impl<D: Durable> Member<D> {
     }
 
     /// Hands a peer's message for `shard` to its group. Messages for unknown shards, from
-    /// non-voters, not addressed here, of local types, or carrying a snapshot of another
-    /// configuration are refused.
+    /// non-voters, not addressed here, of local types, carrying a snapshot of another
+    /// configuration, or entries that do not follow the message's index one by one are
+    /// refused.
     pub fn step(&mut self, shard: u32, message: Message) -> Result<(), StepError> {
         let (id, voters_ok) = (self.id, self.voters.contains(&message.from));
         if message.to != id || !voters_ok {
@@ -377,7 +396,10 @@ impl<D: Durable> Member<D> {
             });
         }
         let kind = message.get_msg_type();
-        if raft::raw_node::is_local_msg(kind) || !self.snapshot_fits(&message) {
+        let invalid = raft::raw_node::is_local_msg(kind)
+            || !self.snapshot_fits(&message)
+            || !entries_follow(&message);
+        if invalid {
             return Err(StepError::Invalid(kind));
         }
         let group = self

@@ -15,6 +15,7 @@
 
 use super::machine::Command;
 use super::member::{Envelope, Member};
+use super::peer::PeerReport;
 use super::shard::{Places, Shard};
 use super::Durable;
 use crate::lock_table::{Answer, BusyReason, HeldKey, Op, QueueCounts, SessionId, TableStats};
@@ -54,6 +55,10 @@ pub trait Peers {
     fn send(&mut self, batch: Vec<Envelope>);
     /// The next message a peer sent for one of this core's shards, if any.
     fn try_recv(&mut self) -> Option<(u32, Message)>;
+    /// The links to the other members and the quorum, if this way knows them.
+    fn report(&self) -> Option<PeerReport> {
+        None
+    }
 }
 
 /// What a cluster partition needs to know besides its member.
@@ -133,6 +138,8 @@ pub struct ClusterStats {
     pub commit_latency: Histogram,
     /// One write-ahead log sync (`finish_drain`: write, `fdatasync`), in microseconds.
     pub sync_latency: Histogram,
+    /// The member's links to its peers and its quorum (the same on every core).
+    pub peers: Option<PeerReport>,
 }
 
 /// Bounds of the commit and sync latency histograms, in microseconds.
@@ -240,6 +247,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                 restores: 0,
                 commit_latency: Histogram::new(LATENCY_BOUNDS_US),
                 sync_latency: Histogram::new(LATENCY_BOUNDS_US),
+                peers: None,
             },
             now_us: 0,
             next_tick_us: 0,
@@ -536,6 +544,7 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
                 }
             })
             .collect();
+        stats.peers = self.peers.report();
         Some(stats)
     }
 

@@ -6,36 +6,54 @@
 //! message to the core that owns the message's shard, on that core's channel, and wakes the
 //! core's `mio::Waker` once per loop iteration in which it delivered anything to it.
 //!
-//! Connections are one-way. A member opens one connection to each other member on demand (the
-//! first message for it), writes the hello and then envelopes ([`frame`]); it never reads
-//! anything but the close. After an error it reconnects with a jittered backoff (50 ms doubling
-//! to 1 s by default). Each peer has a bounded queue of encoded envelopes; when it is full the
-//! newest message is dropped and counted (raft tolerates loss and retries).
+//! Raft messages flow one way on a connection. A member keeps one connection to each other
+//! member (its *link*: connected at start, and again after every failure, with a jittered
+//! backoff from 50 ms doubling to 1 s by default). It writes a hello naming itself, the member
+//! it meant to reach and the cluster's identity ([`frame`]); the reader checks it and replies
+//! (accepted, or refused and why), so a misconfigured member is refused and logged on both
+//! sides, and retried (a fixed configuration heals without a restart here). Once accepted, the
+//! link writes envelopes, and a keepalive when it has nothing else to write. Each peer has a
+//! bounded queue of encoded envelopes; when it is full the newest message is dropped and
+//! counted (raft tolerates loss and retries).
+//!
+//! Each peer's state (connected, refused and why, unreachable and why, since when), whether it
+//! is reachable and whether this member has a quorum are published ([`PeerHandle::report`]) and
+//! logged when they change ([`status`]).
 //!
 //! Invariants (checked in debug builds): a queue's bounds ([`PeerLimits`]) hold after every push;
 //! at most one connection per peer each way (a second hello from a node replaces its first
 //! connection); each inbound connection's buffer holds at most one envelope's bytes beyond what
 //! it has parsed ([`frame::FRAME_BYTES_MAX`]).
 //!
-//! Hostile or broken input (wrong magic, version or shard count, an unknown node id, an
-//! oversized or undecodable envelope, a message for a shard out of range or not from the node
-//! that said hello) closes that one connection and counts a refusal, with a `warn!` line naming the
-//! address and the reason (at most one line per 10 s, counting those left out). Deliberately not here: fault injection (tests put a proxy in
-//! front), TLS between members, and any acknowledgement (raft has its own).
+//! Hostile or broken input (wrong magic, version, shard count or identity, an unknown node id or
+//! recipient, an oversized envelope, a message whose protobuf shape is refused ([`wire`]: the
+//! guard against RUSTSEC-2024-0437) or that does not parse, a message for a shard out of range
+//! or not from the node that said hello) closes that one connection and counts a refusal, with a
+//! `warn!` line naming the address and the reason (at most one line per 10 s per peer the hello
+//! named, and one for strangers, counting those left out). A well-formed message whose entries
+//! or snapshot do not decode for the shard machine is dropped and counted ([`content`]). No
+//! input from the peer port panics. Deliberately not here: fault injection (tests put a proxy
+//! in front), TLS and authentication between members, and acknowledgements (raft has its own).
 //!
 //! | file | responsibility |
 //! |---|---|
-//! | `peer/frame.rs` | [`frame`]: hello and envelope encode/decode. No I/O |
+//! | `peer/frame.rs` | [`frame`]: hello, reply and envelope encode/decode. No I/O |
+//! | `peer/wire.rs` | [`wire`]: a message's protobuf shape checked before it is parsed. No I/O |
+//! | `peer/content.rs` | [`content`]: entries and snapshots checked for the shards. No I/O |
 //! | `peer/queue.rs` | one peer's outbound queue of envelopes, the reconnect backoff. No I/O |
-//! | `peer/link.rs` | one outbound connection: connect, hello, coalesced writes, reconnect |
-//! | `peer/inbound.rs` | one inbound connection: hello check, envelopes read in place, dispatch |
+//! | `peer/link.rs` | one outbound connection: hello, reply, writes, keepalives, reconnect |
+//! | `peer/inbound.rs` | one inbound connection: hello answered, envelopes read, dispatch |
+//! | `peer/status.rs` | [`status`]: links, reachability and quorum: published and logged |
 //! | `peer/thread.rs` | the peer thread's mio loop |
 
+pub mod content;
 pub mod frame;
 mod inbound;
 mod link;
 mod queue;
+pub mod status;
 mod thread;
+pub mod wire;
 
 use crossbeam_channel::{Sender, TrySendError};
 use raft::eraftpb::Message;
@@ -44,7 +62,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+pub use status::{LinkState, PeerCounters, PeerReport, PeerStatus};
 
 /// The most other members a member may have (peers are looked up by a scan).
 pub const PEERS_MAX: usize = 64;
@@ -61,7 +81,8 @@ pub struct PeerLimits {
     pub channel_batches_max: usize,
     /// Inbound connections at once, at most (default 64); more are closed at accept.
     pub inbound_connections_max: usize,
-    /// An inbound connection must complete its hello within this (default 5 s).
+    /// An inbound connection must complete its hello within this, and a peer must reply to
+    /// this member's hello within it (default 5 s).
     pub hello_timeout: Duration,
     /// An outbound connect must complete within this (default 2 s).
     pub connect_timeout: Duration,
@@ -97,6 +118,9 @@ pub struct PeerConfig {
     pub peers: Vec<(u64, SocketAddr)>,
     /// The cluster's shard count, the same on every member.
     pub shards: u32,
+    /// The cluster's identity digest ([`crate::config::ClusterIdentity`]), the same on every
+    /// member: a hello with another one is refused.
+    pub identity: u64,
     /// Seeds the reconnect jitter.
     pub seed: u64,
     /// Bounds and timings.
@@ -126,7 +150,8 @@ pub struct PeerStats {
     pub messages_sent: AtomicU64,
     /// Envelope bytes wholly written to a peer's socket.
     pub bytes_sent: AtomicU64,
-    /// Messages received and decoded: handed to their core, or counted in `drops_inbound`.
+    /// Messages received and decoded: handed to their core, or counted in `drops_inbound` or
+    /// `drops_invalid`.
     pub messages_received: AtomicU64,
     /// Envelope bytes received and decoded.
     pub bytes_received: AtomicU64,
@@ -146,7 +171,13 @@ pub struct PeerStats {
     pub accepts: AtomicU64,
     /// Inbound connections refused: bad hello, bad envelope, hello timeout, over the limit.
     pub refusals: AtomicU64,
-    /// Iterations of the peer thread's loop (an idle thread makes about one a second).
+    /// Connections of this member that a peer refused (its reply said why).
+    pub refused_by_peers: AtomicU64,
+    /// Messages received but dropped because what they carry for the shards does not decode
+    /// ([`content`]).
+    pub drops_invalid: AtomicU64,
+    /// Iterations of the peer thread's loop (an idle thread makes a few a second: keepalives,
+    /// reconnects).
     pub iterations: AtomicU64,
     /// Messages now waiting in all peers' queues (a gauge, updated once per loop iteration).
     pub queued_messages: AtomicU64,
@@ -167,6 +198,7 @@ pub struct PeerHandle {
     waker: Arc<mio::Waker>,
     stop: Arc<AtomicBool>,
     stats: Arc<PeerStats>,
+    board: Arc<parking_lot::Mutex<status::Board>>,
     local_addr: SocketAddr,
 }
 
@@ -201,6 +233,12 @@ impl PeerHandle {
         &self.stats
     }
 
+    /// Every peer's link and reachability, the quorum, and the counters, as the peer thread
+    /// last published them (at most about 100 ms old).
+    pub fn report(&self) -> PeerReport {
+        self.board.lock().report(Instant::now(), &self.stats)
+    }
+
     /// The address the peer thread listens on (the port chosen if `listen` had port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
@@ -232,12 +270,15 @@ where
     let (sender, receiver) = crossbeam_channel::bounded(config.limits.channel_batches_max);
     let stats = Arc::new(PeerStats::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let peer = thread::Peer::new(config, inbound, Box::new(route), receiver, &stats, &stop)?;
+    let board = Arc::new(parking_lot::Mutex::new(status::Board::default()));
+    let cores = (inbound, Box::new(route) as Box<dyn Fn(u32) -> usize + Send>);
+    let peer = thread::Peer::new(config, cores, receiver, &stats, &stop, &board)?;
     let handle = PeerHandle {
         sender,
         waker: peer.waker(),
         stop,
         stats,
+        board,
         local_addr: peer.local_addr()?,
     };
     let name = format!("lk-peer-{}", handle.local_addr.port());

@@ -204,10 +204,20 @@ impl Wal {
 
     fn usable(&self) -> io::Result<()> {
         if self.poisoned {
-            let what = "wal: an earlier write or sync failed; reopen to recover";
+            let what = format!(
+                "write-ahead log {}: an earlier write or sync failed; reopen to recover",
+                self.dir.display()
+            );
             return Err(io::Error::other(what));
         }
         Ok(())
+    }
+
+    /// `error` of `operation` on the current segment, naming both (the kind is kept).
+    fn on_segment(&self, operation: &str, error: io::Error) -> io::Error {
+        let path = self.segments.last().map_or(&self.dir, |(_, path)| path);
+        let what = format!("{operation} {}: {error}", path.display());
+        io::Error::new(error.kind(), what)
     }
 
     /// Encodes one record into the buffer, refusing a record over [`RECORD_BYTES_MAX`] and one
@@ -262,7 +272,7 @@ impl Wal {
     fn write_buffer(&mut self) -> io::Result<()> {
         if let Err(error) = self.file.write_all(&self.buffer) {
             self.poisoned = true;
-            return Err(error);
+            return Err(self.on_segment("write to", error));
         }
         self.file_bytes += self.buffer.len() as u64;
         self.next_seq += self.buffered_records;
@@ -444,13 +454,14 @@ impl Durable for Wal {
         if self.options.fsync {
             if let Err(error) = self.file.sync_data() {
                 self.poisoned = true;
-                return Err(error);
+                return Err(self.on_segment("fdatasync of", error));
             }
         }
         self.stats.syncs += 1;
         if let Err(error) = self.maybe_rotate() {
             self.poisoned = true;
-            return Err(error);
+            let what = format!("rotating or compacting {}: {error}", self.dir.display());
+            return Err(io::Error::new(error.kind(), what));
         }
         self.check_invariants();
         Ok(())

@@ -11,7 +11,7 @@ use super::Shared;
 use crate::cluster::data_dir::{DataDir, Expected};
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
-use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits};
+use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits, PeerReport};
 use crate::cluster::wal::Wal;
 use crate::config::{ClusterConfig, Config};
 use crate::lock_table::QueueCounts;
@@ -47,6 +47,10 @@ impl Peers for CorePeers {
 
     fn try_recv(&mut self) -> Option<(u32, Message)> {
         self.inbound.try_recv().ok()
+    }
+
+    fn report(&self) -> Option<PeerReport> {
+        Some(self.handle.report())
     }
 }
 
@@ -103,6 +107,7 @@ pub fn start(
         listen: this.peer,
         peers: cluster.members.iter().map(|m| (m.id, m.peer)).collect(),
         shards: cluster.shards,
+        identity: cluster.identity().digest,
         seed,
         limits: PeerLimits::default(),
     };

@@ -96,16 +96,30 @@ impl Cluster {
     /// peer address through a [`Link`] of its own (`links[(from, to)]`), so that a test can cut
     /// one member off its peers while clients still reach it.
     pub fn start_with(label: &str, n: usize, shards: u32, fsync: bool, linked: bool) -> Cluster {
-        Cluster::start_full(label, n, shards, fsync, linked, DEFAULT_SECTIONS)
+        let mut cluster = Cluster::configure(label, n, shards, fsync, linked, DEFAULT_SECTIONS);
+        cluster.launch_all();
+        cluster
     }
 
     /// As [`start`](Self::start), with `sections` (TOML, `[server]` included: a member needs
     /// its cores) before each member's `[cluster]`.
     pub fn start_sections(label: &str, n: usize, shards: u32, sections: &str) -> Cluster {
-        Cluster::start_full(label, n, shards, true, false, sections)
+        let mut cluster = Cluster::configure(label, n, shards, true, false, sections);
+        cluster.launch_all();
+        cluster
     }
 
-    fn start_full(
+    /// Starts every member.
+    pub fn launch_all(&mut self) {
+        for index in 0..self.members.len() {
+            self.launch(index);
+        }
+    }
+
+    /// As [`start_with`](Self::start_with) with `sections` before each `[cluster]`, but starts
+    /// nothing: a test may edit a member's config file ([`Cluster::edit_config`]) before it
+    /// [`launch`](Self::launch)es it.
+    pub fn configure(
         label: &str,
         n: usize,
         shards: u32,
@@ -163,15 +177,18 @@ impl Cluster {
                 }
             })
             .collect();
-        let mut cluster = Cluster {
+        Cluster {
             members,
             links,
             dir,
-        };
-        for index in 0..n {
-            cluster.launch(index);
         }
-        cluster
+    }
+
+    /// Rewrites member `index`'s config file with `edit` (takes effect at its next launch).
+    pub fn edit_config(&self, index: usize, edit: impl FnOnce(String) -> String) {
+        let path = &self.members[index].config;
+        let text = std::fs::read_to_string(path).expect("read config");
+        std::fs::write(path, edit(text)).expect("write config");
     }
 
     /// Cuts (or heals) every link between member `index` and the others, both ways.
@@ -382,4 +399,32 @@ impl Link {
     pub fn heal(&self) {
         self.cut.store(false, std::sync::atomic::Ordering::Release);
     }
+}
+
+/// `GET path` on `addr`: the status and the body, `None` if it does not answer within 5 s.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let timeout = Duration::from_secs(5);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    let status = head.get(9..12)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// The value of the sample `series` (name and labels) in a `/metrics` text.
+pub fn metric(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// A free loopback address (bound, read and released).
+pub fn free_address() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_ports(1)[0]))
 }

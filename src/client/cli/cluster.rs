@@ -4,8 +4,10 @@
 //! `status`: for each `--server` item, reachable or why not, the member's id, the shards it
 //! leads (and serves), the range of its shards' terms, the sum of their commit and applied
 //! indices, and its lag (over the shards, the most any member's commit index is ahead of what
-//! this member applied); then which member leads which shards, and the shards nobody serves.
-//! Exit 0 when every member answered, 83 when some did not.
+//! this member applied). Under a member's line, each peer it does not reach (refused and why,
+//! down and why, silent), and its quorum when it has none. Then which member leads which
+//! shards, and the shards nobody serves. Exit 0 when every member answered, 83 when some did
+//! not.
 //!
 //! `leader KEY`: the key's shard (the fixed hash of docs/cluster-design.md, over the shard
 //! count the members report), the member that serves it (and its client address), and what
@@ -167,6 +169,11 @@ fn rows(seen: &[Seen]) -> Vec<Value> {
                     "lag": lag,
                     "leader_changes": cluster["leader_changes"],
                     "proposals": cluster["proposals"],
+                    "quorum": cluster["quorum"],
+                    "members_reachable": cluster["members_reachable"],
+                    "members_total": cluster["member_count"],
+                    "shards_without_leader": cluster["shards_without_leader"],
+                    "peers": cluster["peers"],
                     "shard_states": cluster["shards"],
                 })
             }
@@ -275,6 +282,41 @@ fn render(rows: &[Value]) -> String {
             field("commit"),
             field("applied"),
             field("lag"),
+        );
+        text += &member_notes(row);
+    }
+    text
+}
+
+/// Lines under a member: each peer it does not reach and why, and its quorum if it has none.
+fn member_notes(row: &Value) -> String {
+    let mut text = String::new();
+    for peer in row["peers"].as_array().into_iter().flatten() {
+        if peer["reachable"] == json!(true) {
+            continue;
+        }
+        let reason = peer["reason"].as_str().unwrap_or_default();
+        let state = match peer["link"].as_str().unwrap_or_default() {
+            "refused" => format!("refused: {reason}"),
+            "unreachable" => format!("down: {reason}"),
+            "connected" => match peer["heard_seconds_ago"].as_f64() {
+                Some(ago) => format!("silent: nothing received for {ago:.1} s"),
+                None => "silent: nothing received yet".to_string(),
+            },
+            other => other.to_string(),
+        };
+        let since = peer["for_seconds"].as_f64().unwrap_or(0.0);
+        text += &format!(
+            "{:<7} peer {} at {} {state} (for {since:.1} s)\n",
+            "",
+            peer["node_id"],
+            peer["address"].as_str().unwrap_or("?")
+        );
+    }
+    if row["quorum"] == json!(false) {
+        text += &format!(
+            "{:<7} no quorum: {} of {} members reachable\n",
+            "", row["members_reachable"], row["members_total"]
         );
     }
     text

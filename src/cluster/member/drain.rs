@@ -197,8 +197,8 @@ fn envelopes(shard: u32, messages: Vec<Message>, out: &mut Vec<Envelope>) {
 impl<D: Durable> Member<D> {
     /// First half of a drain: writes every ready group's snapshot, entries and hard state to
     /// its storage and to the durable (unsynced), and returns what may be acted on before the
-    /// sync. Collects at most [`DRAIN_ENTRY_BYTES_MAX`] (see there). On an error, drop the
-    /// member and rebuild it from what the durable recovers.
+    /// sync. Collects at most [`DRAIN_ENTRY_BYTES_MAX`] (see there). After an error the member
+    /// cannot go on (see the module docs of [`Member`]).
     pub fn begin_drain(&mut self) -> io::Result<Drain> {
         assert!(!self.drain.pending, "begin_drain twice");
         self.drain.pending = true;
@@ -284,7 +284,7 @@ impl<D: Durable> Member<D> {
 
     /// Second half of a drain: syncs the durable once for every group, then advances the
     /// groups and returns what may be sent or applied only now. On an error nothing is
-    /// advanced; drop the member and rebuild it from what the durable recovers.
+    /// advanced, and the member cannot go on (see the module docs of [`Member`]).
     pub fn finish_drain(&mut self) -> io::Result<Drained> {
         assert!(self.drain.pending, "finish_drain without begin_drain");
         let mut out = Drained::default();

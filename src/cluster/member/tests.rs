@@ -116,6 +116,44 @@ fn step_refuses_strangers_unknown_shards_and_local_or_foreign_messages() {
 }
 
 #[test]
+fn an_append_whose_entries_skip_or_repeat_an_index_is_refused_not_a_panic() {
+    let mut one = member(1);
+    let append = |index: u64, indices: &[u64]| {
+        let mut message = Message {
+            from: 2,
+            to: 1,
+            term: 1,
+            index,
+            ..Default::default()
+        };
+        message.set_msg_type(MessageType::MsgAppend);
+        for &at in indices {
+            let entry = raft::eraftpb::Entry {
+                index: at,
+                term: 1,
+                ..Default::default()
+            };
+            message.mut_entries().push(entry);
+        }
+        message
+    };
+    // raft-rs would slice the entries at `conflict - (index + 1)`: out of range for a gap.
+    for (index, indices) in [(0, vec![5]), (0, vec![1, 3]), (2, vec![3, 3]), (4, vec![2])] {
+        let refused = one.step(0, append(index, &indices));
+        assert!(
+            matches!(refused, Err(StepError::Invalid(_))),
+            "{indices:?}: {refused:?}"
+        );
+    }
+    let huge = append(u64::MAX - 1, &[u64::MAX]);
+    assert!(matches!(one.step(0, huge), Err(StepError::Invalid(_))));
+    // Entries that follow their index are taken.
+    one.step(0, append(0, &[1, 2]))
+        .expect("a well-formed append");
+    one.check_invariants();
+}
+
+#[test]
 fn a_proposal_commits_everywhere_at_the_index_and_term_given() {
     let mut trio = Trio::new();
     let leader = trio.elect();

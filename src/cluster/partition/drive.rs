@@ -1,12 +1,26 @@
 //! One iteration's work of a cluster partition: peers' messages, ticks, wait timers, the
 //! leader's expiries and checkpoints, the group-commit drain, and applying what committed.
+//!
+//! # Stopping the member
+//!
+//! Some failures leave this member unable to keep its promises, and it stops rather than go
+//! on ([`stop_member`]): a write or sync of the write-ahead log that failed (what is on disk is
+//! unknown, and the log refuses every later write), a snapshot that does not restore, and a
+//! committed entry that does not decode (skipping either would leave this replica's state apart
+//! from the others', silently). Peers' messages are checked before raft takes them
+//! (`crate::cluster::peer::content`), so only a bug or damage on disk gets here. Stopping is
+//! an `error!` line naming the shard, the index or the operation, then a panic of the core
+//! thread: the server's existing failure path (`crate::server`'s failure guard) marks the
+//! server failed, stops the other cores, and the binary exits 70. A panic is chosen over
+//! unwinding by hand because the core is in the middle of a drain whose state cannot be
+//! finished; nothing else may run on it after.
 
 use super::{
     ClusterPartition, Peers, Pending, PendingKind, CHECKPOINT_EVERY_US, CHECKPOINT_HOLDS,
     EXPIRIES_PER_ITERATION, INBOUND_PER_ITERATION, PROMOTE_GRACE_MS, TICKS_CAUGHT_UP_MAX, TICK_US,
 };
 use crate::cluster::machine::{Applied, Command, ShardMachine};
-use crate::cluster::member::{Committed, EntryKind, LeaderChanged, ReadReady};
+use crate::cluster::member::{Committed, CompactError, EntryKind, LeaderChanged, ReadReady};
 use crate::cluster::shard::Role;
 use crate::cluster::Durable;
 use crate::lock_table::BusyReason;
@@ -20,6 +34,8 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                 return;
             };
             if let Err(error) = self.member.step(shard, message) {
+                // Expected now and then (a message for a term long gone); a peer's hostile
+                // messages are refused and counted before they get here.
                 log::debug!("shard {shard}: message refused: {error}");
             }
         }
@@ -138,7 +154,10 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         }
         let drain = match self.member.begin_drain() {
             Ok(drain) => drain,
-            Err(error) => panic!("cluster: writing the log failed: {error}"),
+            Err(error) => stop_member(format!(
+                "core {}: writing the write-ahead log failed: {error}",
+                self.settings.core
+            )),
         };
         if !drain.messages.is_empty() {
             self.peers.send(drain.messages);
@@ -149,7 +168,10 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let sync_started = std::time::Instant::now();
         let drained = match self.member.finish_drain() {
             Ok(drained) => drained,
-            Err(error) => panic!("cluster: syncing the log failed: {error}"),
+            Err(error) => stop_member(format!(
+                "core {}: syncing the write-ahead log failed: {error}",
+                self.settings.core
+            )),
         };
         let sync_us = sync_started.elapsed().as_micros() as u64;
         self.cluster_stats.sync_latency.record(sync_us);
@@ -187,7 +209,9 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                     self.settle_covered(shard, at, pending);
                 }
             }
-            Err(error) => panic!("cluster: shard {shard}: a snapshot does not decode: {error}"),
+            Err(error) => stop_member(format!(
+                "shard {shard}: the snapshot at index {index} does not restore: {error}"
+            )),
         }
     }
 
@@ -265,14 +289,10 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             let command = match entry.kind {
                 EntryKind::Command => match Command::decode(&entry.data) {
                     Ok(command) => Some(command),
-                    Err(error) => {
-                        log::error!(
-                            "shard {}: entry {} does not decode: {error}",
-                            entry.shard,
-                            entry.index
-                        );
-                        None
-                    }
+                    Err(error) => stop_member(format!(
+                        "shard {}: committed entry {} (term {}) does not decode: {error}",
+                        entry.shard, entry.index, entry.term
+                    )),
                 },
                 EntryKind::Empty | EntryKind::ConfChange => None,
             };
@@ -551,7 +571,24 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let shard_id = shard.machine.shard();
         match self.member.compact(shard_id, applied, data) {
             Ok(()) => self.shards[local].compacted_at = applied,
+            Err(CompactError::Durable(error)) => stop_member(format!(
+                "shard {shard_id}: recording the snapshot at index {applied} in the write-ahead \
+                 log failed: {error}"
+            )),
             Err(error) => log::debug!("shard {shard_id}: compaction deferred: {error}"),
         }
     }
 }
+
+/// Stops this member: see the module docs. `what` names the shard and index, or the operation.
+pub(crate) fn stop_member(what: String) -> ! {
+    log::error!(
+        "{what}: this member stops (the process exits 70) rather than go on with a state it \
+         cannot vouch for"
+    );
+    panic!("cluster member stopped: {what}");
+}
+
+#[cfg(test)]
+#[path = "drive_tests.rs"]
+mod tests;

@@ -1,13 +1,25 @@
-//! The member ↔ member wire format: a hello, then envelopes. No I/O.
+//! The member ↔ member wire format: a hello, its reply, then envelopes. No I/O.
 //!
-//! A connection is one-way: the member that opened it writes, the other reads. It begins with a
-//! [`Hello`] of [`HELLO_BYTES`] bytes:
+//! A connection carries raft messages one way: the member that opened it (the *dialer*) writes,
+//! the other (the *reader*) reads. It begins with a [`Hello`] of [`HELLO_BYTES`] bytes:
 //!
 //! ```text
-//! [magic "LKPR"][version u8][cluster shards u32 BE][from node id u64 BE]
+//! [magic "LKPR"][version u8][cluster shards u32 BE][from node id u64 BE][to node id u64 BE]
+//! [cluster identity digest u64 BE]
 //! ```
 //!
-//! then carries envelopes, each one raft message for one shard:
+//! `to` is the member the dialer meant to reach, so a reader reached at a wrong address says so;
+//! the identity digest ([`crate::config::ClusterIdentity`]) is the shard count and every
+//! member's id and client address, so members configured with different member lists refuse
+//! each other. The reader answers with one [`Reply`] of [`REPLY_BYTES`] bytes, the only bytes
+//! that ever flow back:
+//!
+//! ```text
+//! [magic "LKPR"][version u8][verdict u8][its shards u32 BE][its node id u64 BE][its digest u64 BE]
+//! ```
+//!
+//! A refusal is sent, then the connection closed, so the refusal is logged on both sides. A
+//! dialer sends envelopes only after an accepting reply, each one raft message for one shard:
 //!
 //! ```text
 //! [len u32 BE][shard u32 BE][protobuf bytes of raft::eraftpb::Message]
@@ -15,20 +27,26 @@
 //!
 //! `len` counts the bytes after itself (the shard and the message), at least 4 and at most
 //! [`FRAME_BYTES_MAX`]. [`decode`] checks the length before anything is allocated for it, and
-//! borrows the message bytes from the caller's buffer ("incomplete" is `Ok(None)`).
+//! borrows the message bytes from the caller's buffer ("incomplete" is `Ok(None)`). An envelope
+//! for shard [`KEEPALIVE_SHARD`] with no message is a keepalive: a dialer with nothing to send
+//! writes one every [`KEEPALIVE_INTERVAL`], so that a reader hears from every live peer.
 //!
-//! Deliberately not here: parsing the protobuf (the reader does it, so that a bad message closes
-//! the connection like any other bad frame), sockets, and any reply channel (there is none).
+//! Deliberately not here: parsing the protobuf (the reader checks its shape with
+//! [`super::wire`] and parses it, so that a bad message closes the connection like any other
+//! bad frame), sockets, and acknowledgements (raft has its own).
 
 use raft::eraftpb::Message;
 use std::fmt;
+use std::time::Duration;
 
-/// The first four bytes of every peer connection.
+/// The first four bytes of every peer connection, and of the reply.
 pub const MAGIC: [u8; 4] = *b"LKPR";
-/// The version of this wire format, in every hello.
-pub const VERSION: u8 = 1;
-/// Bytes in a hello: magic, version, shard count, node id.
-pub const HELLO_BYTES: usize = 4 + 1 + 4 + 8;
+/// The version of this wire format, in every hello and reply (2: `to`, the identity, replies).
+pub const VERSION: u8 = 2;
+/// Bytes in a hello: magic, version, shard count, from, to, identity digest.
+pub const HELLO_BYTES: usize = 4 + 1 + 4 + 8 + 8 + 8;
+/// Bytes in a reply: magic, version, verdict, shard count, node id, identity digest.
+pub const REPLY_BYTES: usize = 4 + 1 + 1 + 4 + 8 + 8;
 /// Bytes of the `len` field that starts every envelope.
 pub const LEN_BYTES: usize = 4;
 /// Bytes before the message in an envelope: `len` and `shard`.
@@ -36,23 +54,49 @@ pub const HEADER_BYTES: usize = LEN_BYTES + 4;
 /// The largest `len` accepted or sent: 16 MiB (shard and message). A bigger envelope closes the
 /// connection that announced it; a bigger outgoing message is dropped and counted.
 pub const FRAME_BYTES_MAX: usize = 16 << 20;
+/// The shard of a keepalive envelope (no cluster has this many shards).
+pub const KEEPALIVE_SHARD: u32 = u32::MAX;
+/// The bytes of a keepalive envelope.
+pub const KEEPALIVE: [u8; HEADER_BYTES] = [0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff];
+/// A dialer that wrote nothing for this long writes a keepalive.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(200);
 
 const _: () = assert!(FRAME_BYTES_MAX <= u32::MAX as usize);
 const _: () = assert!(FRAME_BYTES_MAX > HEADER_BYTES);
+const _: () = assert!(KEEPALIVE_SHARD as u64 > crate::config::SHARDS_MAX as u64);
 
-/// The hello that opens a peer connection: who is writing, and for which cluster shape.
+/// The hello that opens a peer connection: who is writing, whom it meant to reach, and the
+/// cluster it believes in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hello {
     /// The cluster's shard count, which must be the reader's own.
     pub shards: u32,
     /// The writing member's node id, which must be one of the reader's peers.
+    pub from: u64,
+    /// The member the writer meant to reach, which must be the reader.
+    pub to: u64,
+    /// The writer's cluster identity digest, which must be the reader's own.
+    pub identity: u64,
+}
+
+/// What a reader checks a hello against: itself.
+#[derive(Clone, Copy, Debug)]
+pub struct Local<'a> {
+    /// The reader's shard count.
+    pub shards: u32,
+    /// The reader's node id.
     pub node_id: u64,
+    /// The reader's cluster identity digest.
+    pub identity: u64,
+    /// The reader's peers' node ids (itself not among them).
+    pub peers: &'a [u64],
 }
 
 /// Why a hello was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HelloError {
-    /// The connection did not begin with [`MAGIC`] (these are the bytes it began with).
+    /// The connection did not begin with [`MAGIC`] (these are the bytes it began with): not a
+    /// latchkey peer, so no reply is sent.
     Magic([u8; 4]),
     /// A version other than [`VERSION`].
     Version(u8),
@@ -65,11 +109,44 @@ pub enum HelloError {
     },
     /// A node id that is not one of the reader's peers (the reader's own id included).
     UnknownNode(u64),
+    /// The writer meant to reach another member: its peer address for `to` leads here.
+    WrongMember {
+        /// The writer.
+        from: u64,
+        /// The member it meant to reach.
+        to: u64,
+        /// The member it reached (the reader).
+        reached: u64,
+    },
+    /// Another cluster identity: the members lists (ids, client addresses) or shard counts
+    /// differ.
+    Identity {
+        /// The writer.
+        from: u64,
+        /// The reader's digest.
+        ours: u64,
+        /// The writer's digest.
+        theirs: u64,
+    },
+}
+
+impl HelloError {
+    /// The verdict to reply with, if any (none to a stranger that is not a latchkey peer).
+    pub fn verdict(&self) -> Option<Verdict> {
+        match self {
+            HelloError::Magic(_) => None,
+            HelloError::Version(_) => Some(Verdict::Version),
+            HelloError::Shards { .. } => Some(Verdict::Shards),
+            HelloError::UnknownNode(_) => Some(Verdict::UnknownNode),
+            HelloError::WrongMember { .. } => Some(Verdict::WrongMember),
+            HelloError::Identity { .. } => Some(Verdict::Identity),
+        }
+    }
 }
 
 impl fmt::Display for HelloError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
+        match *self {
             HelloError::Magic(bytes) => write!(f, "bad magic {bytes:02x?} (not a latchkey peer)"),
             HelloError::Version(version) => {
                 write!(
@@ -81,8 +158,50 @@ impl fmt::Display for HelloError {
                 write!(f, "peer has {theirs} shards, this member has {ours}")
             }
             HelloError::UnknownNode(id) => write!(f, "node id {id} is not a peer of this member"),
+            HelloError::WrongMember { from, to, reached } => write!(
+                f,
+                "node {from} dialed node {to} but reached node {reached}: member {from}'s peer \
+                 address for {to} is wrong"
+            ),
+            HelloError::Identity { from, ours, theirs } => write!(
+                f,
+                "cluster identity differs: node {from} has {theirs:016x}, this member \
+                 {ours:016x} (their members lists or shard counts differ)"
+            ),
         }
     }
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_be_bytes(word)
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_be_bytes(word)
+}
+
+/// Checks magic and version as soon as their bytes are there (so garbage is refused at once):
+/// `Err` with the bytes seen, or whether the version byte has arrived.
+fn check_preamble(bytes: &[u8]) -> Result<(), PreambleError> {
+    let magic_seen = bytes.len().min(MAGIC.len());
+    if bytes[..magic_seen] != MAGIC[..magic_seen] {
+        let mut magic = [0u8; 4];
+        magic[..magic_seen].copy_from_slice(&bytes[..magic_seen]);
+        return Err(PreambleError::Magic(magic));
+    }
+    match bytes.get(4) {
+        Some(&version) if version != VERSION => Err(PreambleError::Version(version)),
+        _ => Ok(()),
+    }
+}
+
+enum PreambleError {
+    Magic([u8; 4]),
+    Version(u8),
 }
 
 impl Hello {
@@ -92,46 +211,187 @@ impl Hello {
         bytes[..4].copy_from_slice(&MAGIC);
         bytes[4] = VERSION;
         bytes[5..9].copy_from_slice(&self.shards.to_be_bytes());
-        bytes[9..].copy_from_slice(&self.node_id.to_be_bytes());
+        bytes[9..17].copy_from_slice(&self.from.to_be_bytes());
+        bytes[17..25].copy_from_slice(&self.to.to_be_bytes());
+        bytes[25..].copy_from_slice(&self.identity.to_be_bytes());
         bytes
     }
 
-    /// Reads a hello from the start of `bytes` and checks it against the reader's shard count
-    /// and peers (`known(id)`): `Ok(None)` until [`HELLO_BYTES`] bytes are there. Magic and
-    /// version are checked as soon as their bytes arrive, so garbage is refused at once.
-    pub fn decode(
-        bytes: &[u8],
-        shards: u32,
-        known: impl Fn(u64) -> bool,
-    ) -> Result<Option<Hello>, HelloError> {
-        let magic_seen = bytes.len().min(MAGIC.len());
-        if bytes[..magic_seen] != MAGIC[..magic_seen] {
-            let mut magic = [0u8; 4];
-            magic[..magic_seen].copy_from_slice(&bytes[..magic_seen]);
-            return Err(HelloError::Magic(magic));
-        }
-        if let Some(&version) = bytes.get(4) {
-            if version != VERSION {
-                return Err(HelloError::Version(version));
-            }
-        }
+    /// Reads a hello from the start of `bytes`: `Ok(None)` until [`HELLO_BYTES`] bytes are
+    /// there. Magic and version are checked as soon as their bytes arrive, so garbage is
+    /// refused at once; [`Hello::check`] checks the rest.
+    pub fn decode(bytes: &[u8]) -> Result<Option<Hello>, HelloError> {
+        check_preamble(bytes).map_err(|error| match error {
+            PreambleError::Magic(magic) => HelloError::Magic(magic),
+            PreambleError::Version(version) => HelloError::Version(version),
+        })?;
         let Some(bytes) = bytes.get(..HELLO_BYTES) else {
             return Ok(None);
         };
-        let theirs = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]);
-        if theirs != shards {
-            return Err(HelloError::Shards {
-                ours: shards,
-                theirs,
-            });
+        Ok(Some(Hello {
+            shards: u32_at(bytes, 5),
+            from: u64_at(bytes, 9),
+            to: u64_at(bytes, 17),
+            identity: u64_at(bytes, 25),
+        }))
+    }
+
+    /// Checks the hello against the reader (`local`): the shard count, the sender, the
+    /// recipient, then the identity.
+    pub fn check(&self, local: &Local<'_>) -> Result<(), HelloError> {
+        if self.shards != local.shards {
+            let (ours, theirs) = (local.shards, self.shards);
+            return Err(HelloError::Shards { ours, theirs });
         }
-        let mut id = [0u8; 8];
-        id.copy_from_slice(&bytes[9..]);
-        let node_id = u64::from_be_bytes(id);
-        if !known(node_id) {
-            return Err(HelloError::UnknownNode(node_id));
+        if !local.peers.contains(&self.from) || self.from == local.node_id {
+            return Err(HelloError::UnknownNode(self.from));
         }
-        Ok(Some(Hello { shards, node_id }))
+        if self.to != local.node_id {
+            let (from, to, reached) = (self.from, self.to, local.node_id);
+            return Err(HelloError::WrongMember { from, to, reached });
+        }
+        if self.identity != local.identity {
+            let (from, ours, theirs) = (self.from, local.identity, self.identity);
+            return Err(HelloError::Identity { from, ours, theirs });
+        }
+        Ok(())
+    }
+}
+
+/// A reader's answer to a hello.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Verdict {
+    /// Envelopes may follow.
+    Accepted = 0,
+    /// Refused: another wire version.
+    Version = 1,
+    /// Refused: another shard count.
+    Shards = 2,
+    /// Refused: the dialer is not one of the reader's peers.
+    UnknownNode = 3,
+    /// Refused: the dialer meant to reach another member.
+    WrongMember = 4,
+    /// Refused: another cluster identity.
+    Identity = 5,
+}
+
+impl Verdict {
+    fn from_byte(byte: u8) -> Option<Verdict> {
+        const ALL: [Verdict; 6] = [
+            Verdict::Accepted,
+            Verdict::Version,
+            Verdict::Shards,
+            Verdict::UnknownNode,
+            Verdict::WrongMember,
+            Verdict::Identity,
+        ];
+        ALL.into_iter().find(|verdict| *verdict as u8 == byte)
+    }
+}
+
+/// The reply to a hello: the verdict, and who the reader is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// Accepted, or why not.
+    pub verdict: Verdict,
+    /// The reader's shard count.
+    pub shards: u32,
+    /// The reader's node id.
+    pub node_id: u64,
+    /// The reader's cluster identity digest.
+    pub identity: u64,
+}
+
+/// Why a reply could not be read; the connection is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyError {
+    /// The reply did not begin with [`MAGIC`].
+    Magic([u8; 4]),
+    /// The reader speaks another wire version.
+    Version(u8),
+    /// A verdict byte this version does not know.
+    Verdict(u8),
+}
+
+impl fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplyError::Magic(bytes) => {
+                write!(
+                    f,
+                    "a reply with bad magic {bytes:02x?} (not a latchkey peer)"
+                )
+            }
+            ReplyError::Version(version) => {
+                write!(
+                    f,
+                    "it speaks peer wire version {version}, this member {VERSION}"
+                )
+            }
+            ReplyError::Verdict(byte) => write!(f, "a reply with an unknown verdict {byte}"),
+        }
+    }
+}
+
+impl Reply {
+    /// The reply's bytes.
+    pub fn encode(&self) -> [u8; REPLY_BYTES] {
+        let mut bytes = [0u8; REPLY_BYTES];
+        bytes[..4].copy_from_slice(&MAGIC);
+        bytes[4] = VERSION;
+        bytes[5] = self.verdict as u8;
+        bytes[6..10].copy_from_slice(&self.shards.to_be_bytes());
+        bytes[10..18].copy_from_slice(&self.node_id.to_be_bytes());
+        bytes[18..].copy_from_slice(&self.identity.to_be_bytes());
+        bytes
+    }
+
+    /// Reads a reply from the start of `bytes`: `Ok(None)` until [`REPLY_BYTES`] are there
+    /// (magic and version are checked as soon as they arrive).
+    pub fn decode(bytes: &[u8]) -> Result<Option<Reply>, ReplyError> {
+        check_preamble(bytes).map_err(|error| match error {
+            PreambleError::Magic(magic) => ReplyError::Magic(magic),
+            PreambleError::Version(version) => ReplyError::Version(version),
+        })?;
+        let Some(bytes) = bytes.get(..REPLY_BYTES) else {
+            return Ok(None);
+        };
+        let verdict = Verdict::from_byte(bytes[5]).ok_or(ReplyError::Verdict(bytes[5]))?;
+        Ok(Some(Reply {
+            verdict,
+            shards: u32_at(bytes, 6),
+            node_id: u64_at(bytes, 10),
+            identity: u64_at(bytes, 18),
+        }))
+    }
+
+    /// Why the dialer that sent `hello` may not send envelopes on this connection, in words;
+    /// `None` when the reply accepts it and names the member and cluster it meant to reach.
+    pub fn refusal(&self, hello: &Hello) -> Option<String> {
+        let (from, to, reached) = (hello.from, hello.to, self.node_id);
+        let why = match self.verdict {
+            Verdict::Accepted if reached == to && self.identity == hello.identity => return None,
+            Verdict::Accepted | Verdict::WrongMember if reached != to => format!(
+                "node {from} dialed node {to} but reached node {reached}: member {from}'s peer \
+                 address for {to} is wrong"
+            ),
+            Verdict::Accepted | Verdict::Identity => format!(
+                "cluster identity differs: node {reached} has {:016x}, this member {:016x} \
+                 (their members lists or shard counts differ)",
+                self.identity, hello.identity
+            ),
+            Verdict::Version => format!("it does not speak peer wire version {VERSION}"),
+            Verdict::Shards => format!(
+                "it has {} shards, this member has {}",
+                self.shards, hello.shards
+            ),
+            Verdict::UnknownNode => {
+                format!("this member's id {from} is not in node {reached}'s members list")
+            }
+            Verdict::WrongMember => format!("node {reached} says it is not the member dialed"),
+        };
+        Some(why)
     }
 }
 
@@ -142,6 +402,13 @@ pub struct Envelope<'a> {
     pub shard: u32,
     /// The protobuf bytes of the `raft::eraftpb::Message`, not yet parsed.
     pub message: &'a [u8],
+}
+
+impl Envelope<'_> {
+    /// Whether this is a keepalive (shard [`KEEPALIVE_SHARD`], no message).
+    pub fn is_keepalive(&self) -> bool {
+        self.shard == KEEPALIVE_SHARD && self.message.is_empty()
+    }
 }
 
 /// Why an envelope could not be read; the connection is closed.

@@ -20,63 +20,190 @@ fn message(index: u64, payload: usize) -> Message {
     message
 }
 
-#[test]
-fn hello_round_trips_and_arrives_in_pieces() {
-    let hello = Hello {
+const PEERS: [u64; 2] = [1, 3];
+
+/// Member 2 of a cluster of 64 shards with identity 0xabc, peers 1 and 3.
+fn local() -> Local<'static> {
+    Local {
         shards: 64,
-        node_id: 3,
-    };
-    let bytes = hello.encode();
-    assert_eq!(&bytes[..4], b"LKPR");
-    for cut in 0..HELLO_BYTES {
-        assert_eq!(
-            Hello::decode(&bytes[..cut], 64, |id| id == 3),
-            Ok(None),
-            "cut {cut}"
-        );
+        node_id: 2,
+        identity: 0xabc,
+        peers: &PEERS,
     }
-    assert_eq!(Hello::decode(&bytes, 64, |id| id == 3), Ok(Some(hello)));
+}
+
+fn hello_from(from: u64) -> Hello {
+    Hello {
+        shards: 64,
+        from,
+        to: 2,
+        identity: 0xabc,
+    }
 }
 
 #[test]
-fn hello_refusals_name_the_reason() {
-    let bytes = Hello {
+fn hello_round_trips_and_arrives_in_pieces() {
+    let hello = hello_from(3);
+    let bytes = hello.encode();
+    assert_eq!(&bytes[..4], b"LKPR");
+    assert_eq!(bytes[4], VERSION);
+    for cut in 0..HELLO_BYTES {
+        assert_eq!(Hello::decode(&bytes[..cut]), Ok(None), "cut {cut}");
+    }
+    assert_eq!(Hello::decode(&bytes), Ok(Some(hello)));
+    assert_eq!(hello.check(&local()), Ok(()));
+}
+
+#[test]
+fn every_hello_refusal_names_the_reason_and_has_a_verdict() {
+    assert_eq!(Hello::decode(b"G"), Err(HelloError::Magic(*b"G\0\0\0")));
+    let magic = Hello::decode(b"GET / HTTP/1.1");
+    assert_eq!(magic, Err(HelloError::Magic(*b"GET ")));
+    assert_eq!(magic.unwrap_err().verdict(), None, "no reply to a stranger");
+    let mut version = hello_from(1).encode();
+    version[4] = VERSION - 1;
+    let refused = Hello::decode(&version[..5]).unwrap_err();
+    assert_eq!(refused, HelloError::Version(VERSION - 1));
+    assert_eq!(refused.verdict(), Some(Verdict::Version));
+    let cases = [
+        (
+            Hello {
+                shards: 32,
+                ..hello_from(1)
+            },
+            HelloError::Shards {
+                ours: 64,
+                theirs: 32,
+            },
+            Verdict::Shards,
+            "peer has 32 shards, this member has 64",
+        ),
+        (
+            hello_from(9),
+            HelloError::UnknownNode(9),
+            Verdict::UnknownNode,
+            "node id 9",
+        ),
+        (
+            hello_from(2),
+            HelloError::UnknownNode(2),
+            Verdict::UnknownNode,
+            "not a peer",
+        ),
+        (
+            Hello {
+                to: 3,
+                ..hello_from(1)
+            },
+            HelloError::WrongMember {
+                from: 1,
+                to: 3,
+                reached: 2,
+            },
+            Verdict::WrongMember,
+            "node 1 dialed node 3 but reached node 2: member 1's peer address for 3 is wrong",
+        ),
+        (
+            Hello {
+                identity: 0xdef,
+                ..hello_from(3)
+            },
+            HelloError::Identity {
+                from: 3,
+                ours: 0xabc,
+                theirs: 0xdef,
+            },
+            Verdict::Identity,
+            "cluster identity differs: node 3",
+        ),
+    ];
+    for (hello, error, verdict, text) in cases {
+        let decoded = Hello::decode(&hello.encode())
+            .expect("well formed")
+            .expect("whole");
+        assert_eq!(decoded.check(&local()), Err(error), "{hello:?}");
+        assert_eq!(error.verdict(), Some(verdict));
+        assert!(error.to_string().contains(text), "{error} lacks {text:?}");
+    }
+}
+
+/// The reply member 2 sends with `verdict`.
+fn reply(verdict: Verdict) -> Reply {
+    Reply {
+        verdict,
         shards: 64,
-        node_id: 9,
+        node_id: 2,
+        identity: 0xabc,
     }
-    .encode();
-    assert_eq!(
-        Hello::decode(b"G", 64, |_| true),
-        Err(HelloError::Magic(*b"G\0\0\0"))
-    );
-    assert_eq!(
-        Hello::decode(b"GET / HTTP/1.1", 64, |_| true),
-        Err(HelloError::Magic(*b"GET "))
-    );
+}
+
+#[test]
+fn replies_round_trip_split_anywhere_and_say_why_on_the_dialer_side() {
+    let accepted = reply(Verdict::Accepted);
+    let bytes = accepted.encode();
+    for cut in 0..REPLY_BYTES {
+        assert_eq!(Reply::decode(&bytes[..cut]), Ok(None), "cut {cut}");
+    }
+    assert_eq!(Reply::decode(&bytes), Ok(Some(accepted)));
+    // Member 1 dialed member 2: accepted.
+    let hello = Hello {
+        from: 1,
+        ..hello_from(1)
+    };
+    assert_eq!(accepted.refusal(&hello), None);
+    let cases = [
+        (reply(Verdict::Shards), "it has 64 shards"),
+        (
+            reply(Verdict::UnknownNode),
+            "this member's id 1 is not in node 2's members list",
+        ),
+        (reply(Verdict::Identity), "cluster identity differs"),
+        (reply(Verdict::Version), "wire version"),
+    ];
+    for (refusal, text) in cases {
+        let decoded = Reply::decode(&refusal.encode())
+            .expect("valid")
+            .expect("whole");
+        let why = decoded.refusal(&hello).expect("refused");
+        assert!(why.contains(text), "{why} lacks {text:?}");
+    }
+    // Member 1 meant to reach member 5 and reached member 2, which said so (or, hostile or
+    // confused, accepted): the dialer says which address is wrong either way.
+    let wrong = Hello { to: 5, ..hello };
+    for verdict in [Verdict::WrongMember, Verdict::Accepted] {
+        let why = reply(verdict).refusal(&wrong).expect("refused");
+        let expected = "node 1 dialed node 5 but reached node 2: member 1's peer address for 5";
+        assert!(why.contains(expected), "{why}");
+    }
+    // An accepting reply with another identity is refused by the dialer.
+    let other = Reply {
+        identity: 0x1,
+        ..accepted
+    };
+    assert!(other
+        .refusal(&hello)
+        .expect("refused")
+        .contains("identity differs"));
+    // Malformed replies.
+    assert_eq!(Reply::decode(b"HTTP/1.1"), Err(ReplyError::Magic(*b"HTTP")));
     let mut version = bytes;
-    version[4] = 2;
-    assert_eq!(
-        Hello::decode(&version[..5], 64, |_| true),
-        Err(HelloError::Version(2))
-    );
-    let shards = Hello::decode(&bytes, 32, |_| true);
-    assert_eq!(
-        shards,
-        Err(HelloError::Shards {
-            ours: 32,
-            theirs: 64
-        })
-    );
-    assert_eq!(
-        Hello::decode(&bytes, 64, |id| id != 9),
-        Err(HelloError::UnknownNode(9))
-    );
-    let text = HelloError::Shards {
-        ours: 32,
-        theirs: 64,
-    }
-    .to_string();
-    assert!(text.contains("64 shards") && text.contains("32"), "{text}");
+    version[4] = 1;
+    assert_eq!(Reply::decode(&version), Err(ReplyError::Version(1)));
+    let mut verdict = bytes;
+    verdict[5] = 77;
+    assert_eq!(Reply::decode(&verdict), Err(ReplyError::Verdict(77)));
+}
+
+#[test]
+fn a_keepalive_is_an_envelope_for_no_shard() {
+    let (envelope, used) = decode(&KEEPALIVE).expect("valid").expect("whole");
+    assert!(envelope.is_keepalive());
+    assert_eq!(used, KEEPALIVE.len());
+    let not = Envelope {
+        shard: KEEPALIVE_SHARD,
+        message: &[1],
+    };
+    assert!(!not.is_keepalive(), "a keepalive carries nothing");
 }
 
 #[test]
@@ -154,16 +281,25 @@ fn seeded_runner(cases: u32) -> TestRunner {
     )
 }
 
-/// Feeds bytes to the reader's steps (hello, then envelopes, then protobuf) as a reader would.
+/// Feeds bytes to the reader's steps (hello, then envelopes, then the shape check, protobuf
+/// and the content check) as a reader would.
 fn read_all(bytes: &[u8]) {
-    let after_hello = match Hello::decode(bytes, 64, |_| true) {
-        Ok(Some(_)) => &bytes[HELLO_BYTES..],
+    let after_hello = match Hello::decode(bytes) {
+        Ok(Some(hello)) => {
+            let _ = hello.check(&local());
+            &bytes[HELLO_BYTES..]
+        }
         Ok(None) | Err(_) => bytes,
     };
+    let _ = Reply::decode(bytes);
     let mut at = 0;
     while let Ok(Some((envelope, used))) = decode(&after_hello[at..]) {
         assert!(used >= HEADER_BYTES && at + used <= after_hello.len());
-        let _ = Message::parse_from_bytes(envelope.message);
+        if super::super::wire::check(envelope.message).is_ok() {
+            if let Ok(message) = Message::parse_from_bytes(envelope.message) {
+                let _ = super::super::content::check(envelope.shard % 64, 64, &message);
+            }
+        }
         at += used;
     }
 }
@@ -186,12 +322,7 @@ fn valid_envelopes_with_arbitrary_message_bytes_never_panic() {
     let strategy = (any::<u32>(), prop::collection::vec(any::<u8>(), 0..256));
     runner
         .run(&strategy, |(shard, payload)| {
-            let mut wire = Hello {
-                shards: 64,
-                node_id: 1,
-            }
-            .encode()
-            .to_vec();
+            let mut wire = hello_from(1).encode().to_vec();
             wire.extend_from_slice(&(4 + payload.len() as u32).to_be_bytes());
             wire.extend_from_slice(&shard.to_be_bytes());
             wire.extend_from_slice(&payload);

@@ -1,21 +1,30 @@
-//! One inbound connection from a peer: the hello checked, envelopes read in place from a reusable
-//! buffer, each message decoded and handed to the core that owns its shard.
+//! One inbound connection from a peer: the hello checked and answered, envelopes read in place
+//! from a reusable buffer, each message's shape checked ([`super::wire`]) before protobuf parses
+//! it, what it carries for the shards checked ([`super::content`]), and handed to the core that
+//! owns its shard.
 //!
 //! The buffer starts at [`BUFFER_BYTES`] and grows only to hold one envelope whose announced
 //! length was checked (at most [`frame::FRAME_BYTES_MAX`] and a header), and only after the hello
 //! was accepted; it shrinks back once that envelope is consumed. So an unknown connection holds
 //! at most [`BUFFER_BYTES`], a peer's at most one envelope more.
 //!
-//! Deliberately not here: sending anything back (connections are one-way), and deciding what
-//! to do with a second connection from the same node (the thread replaces the older one).
+//! The reply to the hello is the only thing written back: [`frame::REPLY_BYTES`] on a socket
+//! that has never been written, which the kernel takes whole (a short write closes the
+//! connection). A refused hello is answered, then the connection closed. A message whose shape
+//! is refused closes the connection; one whose content is invalid is dropped and counted, and
+//! the connection stays (raft tolerates loss).
+//!
+//! Deliberately not here: deciding what to do with a second connection from the same node (the
+//! thread replaces the older one), and logging closes (the thread does, rate-limited).
 
-use super::frame::{self, Envelope, Hello, HELLO_BYTES, LEN_BYTES};
-use super::{CoreInbox, PeerStats};
+use super::frame::{self, Envelope, Hello, Local, Reply, Verdict, HELLO_BYTES, LEN_BYTES};
+use super::{content, wire, CoreInbox, PeerStats};
+use crate::server::logs::Throttle;
 use crossbeam_channel::TrySendError;
 use mio::net::TcpStream;
 use protobuf::Message as _;
 use raft::eraftpb::Message;
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::time::Instant;
 
@@ -84,19 +93,58 @@ pub(crate) struct Context {
     pub(crate) node_id: u64,
     /// The cluster's shard count.
     pub(crate) shards: u32,
-    /// The peers' node ids: a hello must name one.
+    /// This member's cluster identity digest: a hello must carry it.
+    pub(crate) identity: u64,
+    /// The peers' node ids, in the links' order: a hello must name one.
     pub(crate) peers: Vec<u64>,
+    /// When something last arrived from each peer (same order).
+    pub(crate) heard: Vec<Option<Instant>>,
     /// The cores.
     pub(crate) cores: Cores,
+    /// The time of this loop iteration.
+    pub(crate) now: Instant,
+    /// When the thread started (the throttle's clock counts from it).
+    pub(crate) epoch: Instant,
+    /// Lines about dropped invalid messages.
+    pub(crate) invalid_log: Throttle,
 }
 
 impl Context {
+    fn local(&self) -> Local<'_> {
+        Local {
+            shards: self.shards,
+            node_id: self.node_id,
+            identity: self.identity,
+            peers: &self.peers,
+        }
+    }
+
+    fn reply(&self, verdict: Verdict) -> [u8; frame::REPLY_BYTES] {
+        let reply = Reply {
+            verdict,
+            shards: self.shards,
+            node_id: self.node_id,
+            identity: self.identity,
+        };
+        reply.encode()
+    }
+
+    /// Notes that something arrived from `peer` now.
+    fn note_heard(&mut self, peer: u64) {
+        if let Some(index) = self.peers.iter().position(|&id| id == peer) {
+            self.heard[index] = Some(self.now);
+        }
+    }
+
     fn deliver(
         &mut self,
         from: u64,
         envelope: Envelope<'_>,
         stats: &PeerStats,
     ) -> Result<(), Close> {
+        if envelope.is_keepalive() {
+            return Ok(());
+        }
         let shard = envelope.shard;
         if shard >= self.shards {
             let reason = format!(
@@ -105,6 +153,8 @@ impl Context {
             );
             return Err(Close::Refused(reason));
         }
+        wire::check(envelope.message)
+            .map_err(|error| Close::Refused(format!("shard {shard}: refused unparsed: {error}")))?;
         let message = Message::parse_from_bytes(envelope.message)
             .map_err(|error| Close::Refused(format!("undecodable message: {error}")))?;
         if message.from != from || message.to != self.node_id {
@@ -117,6 +167,18 @@ impl Context {
             &stats.bytes_received,
             (frame::HEADER_BYTES + envelope.message.len()) as u64,
         );
+        if let Err(invalid) = content::check(shard, self.shards, &message) {
+            PeerStats::add(&stats.drops_invalid, 1);
+            let now_us = self.now.saturating_duration_since(self.epoch).as_micros() as u64;
+            if let Some(left_out) = self.invalid_log.allow(now_us) {
+                let kind = message.get_msg_type();
+                log::warn!(
+                    "peer {from}: a {kind:?} for shard {shard} dropped: {invalid} ({left_out} \
+                     more invalid messages dropped since the last such line)"
+                );
+            }
+            return Ok(());
+        }
         self.cores.deliver(shard, message, stats);
         Ok(())
     }
@@ -130,6 +192,8 @@ pub(crate) struct Inbound {
     buffer: Vec<u8>,
     filled: usize,
     peer: Option<u64>,
+    /// The node a whole hello named, accepted or not.
+    claimed: Option<u64>,
     hello_deadline: Instant,
 }
 
@@ -149,6 +213,7 @@ impl Inbound {
             buffer,
             filled: 0,
             peer: None,
+            claimed: None,
             hello_deadline,
         }
     }
@@ -166,6 +231,11 @@ impl Inbound {
     /// The node that said hello, once it has.
     pub(crate) fn peer(&self) -> Option<u64> {
         self.peer
+    }
+
+    /// The node its hello named, even if the hello was refused.
+    pub(crate) fn claimed(&self) -> Option<u64> {
+        self.claimed
     }
 
     /// When it must have said hello, until it has.
@@ -209,20 +279,16 @@ impl Inbound {
         let mut at = 0;
         let from = match self.peer {
             Some(from) => from,
-            None => {
-                let known = |id| context.peers.contains(&id);
-                let bytes = &self.buffer[..self.filled];
-                match Hello::decode(bytes, context.shards, known) {
-                    Ok(None) => return Ok(()),
-                    Ok(Some(hello)) => {
-                        self.peer = Some(hello.node_id);
-                        at = HELLO_BYTES;
-                        hello.node_id
-                    }
-                    Err(error) => return Err(Close::Refused(error.to_string())),
+            None => match self.hello(context)? {
+                Some(from) => {
+                    at = HELLO_BYTES;
+                    from
                 }
-            }
+                None => return Ok(()),
+            },
         };
+        // Bytes arrived from it (a part of a large envelope counts: the peer is talking).
+        context.note_heard(from);
         // Bounded: each pass consumes at least a header's bytes of what was read.
         while let Some((envelope, used)) = frame::decode(&self.buffer[at..self.filled])
             .map_err(|error| Close::Refused(error.to_string()))?
@@ -233,6 +299,37 @@ impl Inbound {
         self.buffer.copy_within(at..self.filled, 0);
         self.filled -= at;
         self.size_buffer()
+    }
+
+    /// Reads and answers the hello once it is whole: the node it names if accepted.
+    fn hello(&mut self, context: &Context) -> Result<Option<u64>, Close> {
+        let refuse = |stream: &mut TcpStream, error: frame::HelloError| {
+            if let Some(verdict) = error.verdict() {
+                // Best effort: the dialer learns why; the close follows anyway.
+                let _ = stream.write(&context.reply(verdict));
+            }
+            Close::Refused(error.to_string())
+        };
+        let hello = match Hello::decode(&self.buffer[..self.filled]) {
+            Ok(None) => return Ok(None),
+            Ok(Some(hello)) => hello,
+            Err(error) => return Err(refuse(&mut self.stream, error)),
+        };
+        self.claimed = Some(hello.from);
+        if let Err(error) = hello.check(&context.local()) {
+            return Err(refuse(&mut self.stream, error));
+        }
+        let reply = context.reply(Verdict::Accepted);
+        match self.stream.write(&reply) {
+            Ok(written) if written == reply.len() => {}
+            Ok(written) => {
+                let what = format!("the reply to the hello: {written} of {} bytes", reply.len());
+                return Err(Close::Gone(io::Error::new(io::ErrorKind::WriteZero, what)));
+            }
+            Err(error) => return Err(Close::Gone(error)),
+        }
+        self.peer = Some(hello.from);
+        Ok(Some(hello.from))
     }
 
     /// Grows the buffer to hold the next envelope whole, or shrinks it back when it need not.

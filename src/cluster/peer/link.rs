@@ -1,17 +1,25 @@
-//! One outbound connection to one peer: connect on demand, hello, coalesced writes, reconnect.
+//! One outbound connection to one peer: connect, hello, reply, coalesced writes, keepalives,
+//! reconnect.
 //!
-//! States: `Idle` (no connection, nothing asked of it) → `Connecting` (a non-blocking connect
-//! in flight, bounded by the connect timeout) → `Connected` (hello, then the queue's bytes) →
-//! on any error `Waiting` (the backoff's delay) → `Connecting` again. The queue survives every
-//! state: what was not wholly written goes on the next connection.
+//! States: `Waiting` (the backoff's delay; at start, none) → `Connecting` (a non-blocking
+//! connect in flight, bounded by the connect timeout) → `Connected` (the hello written, the
+//! reply awaited within the reply timeout; once it accepts, the queue's bytes) → on any error
+//! or refusal `Waiting` again. A link always tries to be connected, whether or not it has
+//! something to send, so that a peer that came back is seen as soon as it is up. The queue
+//! survives every state: what was not wholly written goes on the next connection.
 //!
-//! The connection is write-only; it is registered for reading only to see the peer close it
-//! (a restart) — any byte the peer writes is a protocol error and closes it. Writes stop at
-//! `WouldBlock` until the next writable event, and at most [`WRITES_PER_FLUSH`] per flush.
+//! Only the reply to the hello is read ([`frame::REPLY_BYTES`], never more than it); any later
+//! byte is a protocol error and closes the connection. A refusal is logged (rate-limited per
+//! link) with the reason the peer gave, and retried with the backoff: a peer restarted with a
+//! fixed configuration is reconnected without a restart here. Writes stop at `WouldBlock`
+//! until the next writable event, and at most [`WRITES_PER_FLUSH`] per flush. A connected link
+//! that wrote nothing for [`frame::KEEPALIVE_INTERVAL`] writes a keepalive envelope.
 
-use super::frame::HELLO_BYTES;
+use super::frame::{self, Hello, Reply, HELLO_BYTES, REPLY_BYTES};
 use super::queue::{Backoff, Queue, Refused};
+use super::status::{LinkState, LinkStatus};
 use super::{PeerLimits, PeerStats};
+use crate::server::logs::Throttle;
 use mio::event::Event;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
@@ -23,8 +31,46 @@ use std::time::{Duration, Instant};
 /// Writes per flush of one link, at most (each may carry many envelopes).
 pub(crate) const WRITES_PER_FLUSH: usize = 16;
 
+/// Bytes written before any envelope: the hello, or a keepalive.
+struct Control {
+    bytes: [u8; HELLO_BYTES],
+    len: usize,
+    written: usize,
+}
+
+impl Control {
+    fn of(bytes: &[u8]) -> Control {
+        let mut control = Control {
+            bytes: [0; HELLO_BYTES],
+            len: bytes.len(),
+            written: 0,
+        };
+        control.bytes[..bytes.len()].copy_from_slice(bytes);
+        control
+    }
+
+    fn unwritten(&self) -> &[u8] {
+        &self.bytes[self.written..self.len]
+    }
+}
+
+const _: () = assert!(frame::KEEPALIVE.len() <= HELLO_BYTES);
+
+/// An established connection.
+struct Connection {
+    stream: TcpStream,
+    since: Instant,
+    blocked: bool,
+    control: Control,
+    reply: [u8; REPLY_BYTES],
+    reply_read: usize,
+    /// Until the reply accepts the hello, nothing but the hello is written.
+    accepted: bool,
+    reply_deadline: Instant,
+    last_write: Instant,
+}
+
 enum State {
-    Idle,
     Waiting {
         until: Instant,
     },
@@ -32,12 +78,15 @@ enum State {
         stream: TcpStream,
         deadline: Instant,
     },
-    Connected {
-        stream: TcpStream,
-        hello_written: usize,
-        since: Instant,
-        blocked: bool,
-    },
+    Connected(Box<Connection>),
+}
+
+/// Why a connection ended.
+enum Failure {
+    /// The socket failed or closed.
+    Io(io::Error),
+    /// The peer refused the hello (or its reply was not one): why, in words.
+    Refused(String),
 }
 
 /// The connection to one peer and the queue of what it has not sent yet.
@@ -45,22 +94,26 @@ pub(crate) struct Link {
     node_id: u64,
     addr: SocketAddr,
     token: Token,
-    hello: [u8; HELLO_BYTES],
+    hello: Hello,
     queue: Queue,
     state: State,
+    status: LinkStatus,
     backoff: Backoff,
     connect_timeout: Duration,
+    reply_timeout: Duration,
     backoff_max: Duration,
+    epoch: Instant,
+    refusals_log: Throttle,
 }
 
 impl Link {
-    /// A link to `node_id` at `addr`, with nothing queued and no connection yet.
+    /// A link to `node_id` at `addr` saying `hello`, with nothing queued, connecting at `now`.
     pub(crate) fn new(
         (node_id, addr): (u64, SocketAddr),
         token: Token,
-        hello: [u8; HELLO_BYTES],
+        hello: Hello,
         limits: &PeerLimits,
-        seed: u64,
+        (seed, now): (u64, Instant),
     ) -> Link {
         Link {
             node_id,
@@ -68,10 +121,18 @@ impl Link {
             token,
             hello,
             queue: Queue::new(limits.queue_messages_max, limits.queue_bytes_max),
-            state: State::Idle,
+            state: State::Waiting { until: now },
+            status: LinkStatus {
+                state: LinkState::Connecting,
+                reason: String::new(),
+                since: now,
+            },
             backoff: Backoff::new(limits.backoff_min, limits.backoff_max, seed),
             connect_timeout: limits.connect_timeout,
+            reply_timeout: limits.hello_timeout,
             backoff_max: limits.backoff_max,
+            epoch: now,
+            refusals_log: Throttle::default(),
         }
     }
 
@@ -83,6 +144,16 @@ impl Link {
     /// The queue (for gauges).
     pub(crate) fn queue(&self) -> &Queue {
         &self.queue
+    }
+
+    /// The link's state, why, and since when.
+    pub(crate) fn status(&self) -> &LinkStatus {
+        &self.status
+    }
+
+    /// Whether the link is connected and the peer accepted its hello.
+    pub(crate) fn accepted(&self) -> bool {
+        matches!(&self.state, State::Connected(connection) if connection.accepted)
     }
 
     /// Queues `message` for `shard`, counting a drop if it cannot be.
@@ -102,40 +173,49 @@ impl Link {
 
     /// When [`Link::on_timer`] next has something to do.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        match self.state {
-            State::Waiting { until } => Some(until),
-            State::Connecting { deadline, .. } => Some(deadline),
-            State::Idle | State::Connected { .. } => None,
+        match &self.state {
+            State::Waiting { until } => Some(*until),
+            State::Connecting { deadline, .. } => Some(*deadline),
+            State::Connected(connection) if !connection.accepted => Some(connection.reply_deadline),
+            State::Connected(connection) => {
+                let idle = connection.control.unwritten().is_empty() && self.queue.messages() == 0;
+                idle.then_some(connection.last_write + frame::KEEPALIVE_INTERVAL)
+            }
         }
     }
 
     /// Whether a flush now would write (connected, writable, something to write).
     pub(crate) fn wants_flush(&self) -> bool {
-        match self.state {
-            State::Connected {
-                hello_written,
-                blocked,
-                ..
-            } => !blocked && (hello_written < HELLO_BYTES || !self.queue.unsent().is_empty()),
+        match &self.state {
+            State::Connected(connection) if !connection.blocked => {
+                let envelopes = connection.accepted && !self.queue.unsent().is_empty();
+                envelopes || !connection.control.unwritten().is_empty()
+            }
             _ => false,
         }
     }
 
-    /// Connects when there is something to send and no reason to wait; gives up a connect that
-    /// took too long.
+    /// Connects when the backoff allows; gives up a connect or a reply that took too long;
+    /// writes a keepalive on an idle connection.
     pub(crate) fn on_timer(&mut self, registry: &Registry, now: Instant, stats: &PeerStats) {
-        match self.state {
-            State::Idle if self.queue.messages() > 0 => self.connect(registry, now, stats),
-            State::Waiting { until } if until <= now => {
-                if self.queue.messages() > 0 {
-                    self.connect(registry, now, stats);
-                } else {
-                    self.state = State::Idle; // nothing to send: no deadline to spin on
-                }
-            }
-            State::Connecting { deadline, .. } if deadline <= now => {
+        match &mut self.state {
+            State::Waiting { until } if *until <= now => self.connect(registry, now, stats),
+            State::Connecting { deadline, .. } if *deadline <= now => {
                 let error = io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
-                self.fail(registry, now, stats, &error);
+                self.fail(registry, now, stats, Failure::Io(error));
+            }
+            State::Connected(connection)
+                if !connection.accepted && connection.reply_deadline <= now =>
+            {
+                let what = format!("no reply to the hello within {:?}", self.reply_timeout);
+                let error = io::Error::new(io::ErrorKind::TimedOut, what);
+                self.fail(registry, now, stats, Failure::Io(error));
+            }
+            State::Connected(connection) if connection.accepted => {
+                let idle = connection.control.unwritten().is_empty() && self.queue.messages() == 0;
+                if idle && connection.last_write + frame::KEEPALIVE_INTERVAL <= now {
+                    connection.control = Control::of(&frame::KEEPALIVE);
+                }
             }
             _ => {}
         }
@@ -155,7 +235,7 @@ impl Link {
                 let deadline = now + self.connect_timeout;
                 self.state = State::Connecting { stream, deadline };
             }
-            Err(error) => self.fail(registry, now, stats, &error),
+            Err(error) => self.fail(registry, now, stats, Failure::Io(error)),
         }
     }
 
@@ -168,109 +248,152 @@ impl Link {
         stats: &PeerStats,
     ) {
         let outcome = match &mut self.state {
-            State::Connecting { stream, .. } => connect_outcome(stream),
-            State::Connected {
-                stream, blocked, ..
-            } => {
+            State::Connecting { stream, .. } => match connect_outcome(stream) {
+                Ok(true) => return self.connected(now, stats),
+                Ok(false) => Ok(()),
+                Err(error) => Err(Failure::Io(error)),
+            },
+            State::Connected(connection) => {
                 if event.is_writable() {
-                    *blocked = false;
+                    connection.blocked = false;
                 }
-                read_until_blocked(stream).map(|()| false)
+                read_reply(connection, &self.hello)
             }
-            State::Idle | State::Waiting { .. } => Ok(false), // a stale event
+            State::Waiting { .. } => Ok(()), // a stale event
         };
         match outcome {
-            Ok(true) => {
-                let State::Connecting { stream, .. } =
-                    std::mem::replace(&mut self.state, State::Idle)
-                else {
-                    unreachable!("connect_outcome runs only while connecting");
-                };
-                if let Err(error) = stream.set_nodelay(true) {
-                    log::warn!("peer {}: TCP_NODELAY not set: {error}", self.node_id);
+            Ok(()) => {
+                if self.accepted() && self.status.state != LinkState::Connected {
+                    self.status.set(LinkState::Connected, String::new(), now);
+                    log::debug!("peer {}: {} accepted the hello", self.node_id, self.addr);
                 }
-                log::debug!("peer {}: connected to {}", self.node_id, self.addr);
-                PeerStats::add(&stats.connects, 1);
-                let connected = State::Connected {
-                    stream,
-                    hello_written: 0,
-                    since: now,
-                    blocked: false,
-                };
-                self.state = connected;
             }
-            Ok(false) => {}
-            Err(error) => self.fail(registry, now, stats, &error),
+            Err(failure) => self.fail(registry, now, stats, failure),
         }
     }
 
-    /// Writes the hello and queued envelopes until the socket is full or the queue empty.
-    pub(crate) fn flush(&mut self, registry: &Registry, now: Instant, stats: &PeerStats) {
-        let State::Connected {
-            stream,
-            hello_written,
-            blocked,
-            ..
-        } = &mut self.state
+    /// The connect completed: the hello goes first, and the reply is awaited.
+    fn connected(&mut self, now: Instant, stats: &PeerStats) {
+        let State::Connecting { stream, .. } =
+            std::mem::replace(&mut self.state, State::Waiting { until: now })
         else {
+            unreachable!("connected runs only while connecting");
+        };
+        if let Err(error) = stream.set_nodelay(true) {
+            log::warn!("peer {}: TCP_NODELAY not set: {error}", self.node_id);
+        }
+        log::debug!("peer {}: connected to {}", self.node_id, self.addr);
+        PeerStats::add(&stats.connects, 1);
+        self.state = State::Connected(Box::new(Connection {
+            stream,
+            since: now,
+            blocked: false,
+            control: Control::of(&self.hello.encode()),
+            reply: [0; REPLY_BYTES],
+            reply_read: 0,
+            accepted: false,
+            reply_deadline: now + self.reply_timeout,
+            last_write: now,
+        }));
+    }
+
+    /// Writes the hello or a keepalive, then queued envelopes (once accepted), until the socket
+    /// is full or nothing is left.
+    pub(crate) fn flush(&mut self, registry: &Registry, now: Instant, stats: &PeerStats) {
+        let State::Connected(connection) = &mut self.state else {
             return;
         };
         // Bounded: at most WRITES_PER_FLUSH writes, whatever the socket takes.
         for _ in 0..WRITES_PER_FLUSH {
-            let hello = &self.hello[*hello_written..];
-            let unsent = self.queue.unsent();
-            if hello.is_empty() && unsent.is_empty() {
+            let control = connection.control.unwritten();
+            let unsent = match connection.accepted {
+                true => self.queue.unsent(),
+                false => &[],
+            };
+            if control.is_empty() && unsent.is_empty() {
                 return;
             }
-            let result = if hello.is_empty() {
+            let stream = &mut connection.stream;
+            let result = if control.is_empty() {
                 stream.write(unsent)
             } else {
-                stream.write_vectored(&[IoSlice::new(hello), IoSlice::new(unsent)])
+                stream.write_vectored(&[IoSlice::new(control), IoSlice::new(unsent)])
             };
             let error = match result {
                 Ok(0) => io::Error::new(io::ErrorKind::WriteZero, "wrote nothing"),
                 Ok(written) => {
-                    let of_hello = written.min(hello.len());
-                    *hello_written += of_hello;
-                    let (messages, bytes) = self.queue.advance(written - of_hello);
+                    let of_control = written.min(control.len());
+                    connection.control.written += of_control;
+                    connection.last_write = now;
+                    let (messages, bytes) = self.queue.advance(written - of_control);
                     PeerStats::add(&stats.messages_sent, messages);
                     PeerStats::add(&stats.bytes_sent, bytes);
                     continue;
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    *blocked = true;
+                    connection.blocked = true;
                     return;
                 }
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
                 Err(error) => error,
             };
-            return self.fail(registry, now, stats, &error);
+            return self.fail(registry, now, stats, Failure::Io(error));
         }
     }
 
     /// Closes the connection if any (at shutdown).
     pub(crate) fn close(&mut self, registry: &Registry) {
-        let state = std::mem::replace(&mut self.state, State::Idle);
-        if let State::Connecting { mut stream, .. } | State::Connected { mut stream, .. } = state {
-            let _ = registry.deregister(&mut stream);
+        let state = std::mem::replace(&mut self.state, State::Waiting { until: self.epoch });
+        match state {
+            State::Connecting { mut stream, .. } => {
+                let _ = registry.deregister(&mut stream);
+            }
+            State::Connected(mut connection) => {
+                let _ = registry.deregister(&mut connection.stream);
+            }
+            State::Waiting { .. } => {}
         }
     }
 
-    fn fail(&mut self, registry: &Registry, now: Instant, stats: &PeerStats, error: &io::Error) {
-        if let State::Connected { since, .. } = self.state {
+    fn fail(&mut self, registry: &Registry, now: Instant, stats: &PeerStats, failure: Failure) {
+        if let State::Connected(connection) = &self.state {
             // A connection that lived long was a success: the next failure starts afresh.
-            if now.saturating_duration_since(since) >= self.backoff_max {
+            let lived = now.saturating_duration_since(connection.since);
+            if connection.accepted && lived >= self.backoff_max {
                 self.backoff.reset();
             }
         }
         self.close(registry);
         self.queue.rewind();
         let delay = self.backoff.next_delay();
-        log::debug!(
-            "peer {} at {}: {error}; retry in {delay:?}",
-            self.node_id,
-            self.addr
-        );
+        match failure {
+            Failure::Io(error) => {
+                log::debug!(
+                    "peer {} at {}: {error}; retry in {delay:?}",
+                    self.node_id,
+                    self.addr
+                );
+                self.status
+                    .set(LinkState::Unreachable, error.to_string(), now);
+            }
+            Failure::Refused(reason) => {
+                PeerStats::add(&stats.refused_by_peers, 1);
+                let now_us = now.saturating_duration_since(self.epoch).as_micros() as u64;
+                if let Some(left_out) = self.refusals_log.allow(now_us) {
+                    let more = match left_out {
+                        0 => String::new(),
+                        n => format!("; {n} more refusals since the last such line"),
+                    };
+                    log::warn!(
+                        "peer {} at {} refused this member's connection: {reason} (retrying \
+                         with a backoff{more})",
+                        self.node_id,
+                        self.addr
+                    );
+                }
+                self.status.set(LinkState::Refused, reason, now);
+            }
+        }
         PeerStats::add(&stats.disconnects, 1);
         self.state = State::Waiting { until: now + delay };
     }
@@ -288,26 +411,48 @@ fn connect_outcome(stream: &TcpStream) -> io::Result<bool> {
     }
 }
 
-/// Reads what the peer sent on a write-only connection: nothing is fine, a close or a byte is an
-/// error.
-fn read_until_blocked(stream: &mut TcpStream) -> io::Result<()> {
+/// Reads what the peer sent: its reply to the hello (never more than it), then nothing — a
+/// close or any byte after the reply is an error.
+fn read_reply(connection: &mut Connection, hello: &Hello) -> Result<(), Failure> {
     let mut scratch = [0u8; 64];
-    // Bounded: every pass but an interrupted one returns.
-    for _ in 0..16 {
-        match stream.read(&mut scratch) {
+    // Bounded: every pass but an interrupted one returns or reads a byte of the reply.
+    for _ in 0..REPLY_BYTES + 16 {
+        let into = match connection.accepted {
+            true => &mut scratch[..],
+            false => &mut connection.reply[connection.reply_read..],
+        };
+        match connection.stream.read(into) {
+            Ok(0) if connection.accepted => {
+                let error = io::Error::new(io::ErrorKind::UnexpectedEof, "closed by peer");
+                return Err(Failure::Io(error));
+            }
             Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "closed by peer",
-                ))
+                let what = "closed by peer before it replied to the hello (not a latchkey \
+                            peer of this version?)";
+                let error = io::Error::new(io::ErrorKind::UnexpectedEof, what);
+                return Err(Failure::Io(error));
+            }
+            Ok(read) if connection.accepted => {
+                let what = format!("peer wrote {read} bytes after its reply");
+                return Err(Failure::Io(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    what,
+                )));
             }
             Ok(read) => {
-                let message = format!("peer wrote {read} bytes on a write-only connection");
-                return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+                connection.reply_read += read;
+                match Reply::decode(&connection.reply[..connection.reply_read]) {
+                    Ok(None) => {}
+                    Ok(Some(reply)) => match reply.refusal(hello) {
+                        None => connection.accepted = true,
+                        Some(reason) => return Err(Failure::Refused(reason)),
+                    },
+                    Err(error) => return Err(Failure::Refused(error.to_string())),
+                }
             }
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(error) => return Err(error),
+            Err(error) => return Err(Failure::Io(error)),
         }
     }
     Ok(())

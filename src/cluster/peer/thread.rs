@@ -1,10 +1,12 @@
 //! The peer thread's mio loop.
 //!
-//! One iteration: poll (timeout: the next backoff, connect or hello deadline, zero if work was
-//! cut short, at most [`POLL_TIMEOUT_MAX`]) → handle events (accept, connect completions, reads
-//! delivered to cores) → continue passes cut short last time → drain the cores' channel into
-//! the peers' queues (at most [`BATCHES_PER_ITERATION`]) → timers (connect, reconnect, give up
-//! connects and hellos) → flush every writable link → wake each core delivered to, once.
+//! One iteration: poll (timeout: the next backoff, connect, reply, keepalive, hello or
+//! reachability deadline, zero if work was cut short, at most [`POLL_TIMEOUT_MAX`]) → handle
+//! events (accept, connect completions, replies, reads delivered to cores) → continue passes
+//! cut short last time → drain the cores' channel into the peers' queues (at most
+//! [`BATCHES_PER_ITERATION`]) → timers (connect, reconnect, keepalives, give up connects,
+//! replies and hellos) → flush every writable link → wake each core delivered to, once →
+//! decide who is reachable, log what changed, publish ([`super::status`]).
 //!
 //! Tokens: the waker, the listener, one per link (its index; a link's socket changes but a
 //! stale event finds it waiting and is ignored), and one per inbound connection carrying its
@@ -13,8 +15,9 @@
 use super::frame::Hello;
 use super::inbound::{Close, Context, Cores, Inbound};
 use super::link::Link;
+use super::status::{Board, Watch};
 use super::{CoreInbox, Outgoing, PeerConfig, PeerLimits, PeerStats, PEERS_MAX};
-use crate::server::logs::Throttle;
+use crate::server::logs::{Throttle, LOG_PERIOD_US};
 use crossbeam_channel::Receiver;
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
@@ -57,41 +60,58 @@ pub(crate) struct Peer {
     inbox_more: bool,
     started: Instant,
     refusals_log: Throttle,
+    /// Refusals of hellos that name a peer, one throttle per peer (links' order), so that a
+    /// stranger's flood never hides a misconfigured member.
+    peer_refusals_log: Vec<Throttle>,
+    watch: Watch,
+    board: Arc<parking_lot::Mutex<Board>>,
 }
 
 impl Peer {
     /// Binds the listener and registers it; the loop starts in [`Peer::run`].
     pub(crate) fn new(
         config: PeerConfig,
-        inbound: Vec<CoreInbox>,
-        route: Box<dyn Fn(u32) -> usize + Send>,
+        (inbound, route): (Vec<CoreInbox>, Box<dyn Fn(u32) -> usize + Send>),
         receiver: Receiver<Vec<Outgoing>>,
         stats: &Arc<PeerStats>,
         stop: &Arc<AtomicBool>,
+        board: &Arc<parking_lot::Mutex<Board>>,
     ) -> io::Result<Peer> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let mut listener = TcpListener::bind(config.listen)?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
-        let hello = Hello {
-            shards: config.shards,
-            node_id: config.node_id,
-        }
-        .encode();
+        let now = Instant::now();
         let links = (config.peers.iter().enumerate())
             .map(|(index, &peer)| {
+                let hello = Hello {
+                    shards: config.shards,
+                    from: config.node_id,
+                    to: peer.0,
+                    identity: config.identity,
+                };
                 let seed = config.seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-                Link::new(peer, Token(LINK_BASE + index), hello, &config.limits, seed)
+                let token = Token(LINK_BASE + index);
+                Link::new(peer, token, hello, &config.limits, (seed, now))
             })
             .collect();
         let connections_max = config.limits.inbound_connections_max.max(1);
         let context = Context {
             node_id: config.node_id,
             shards: config.shards,
+            identity: config.identity,
             peers: config.peers.iter().map(|&(id, _)| id).collect(),
+            heard: vec![None; config.peers.len()],
             cores: Cores::new(inbound, route),
+            now,
+            epoch: now,
+            invalid_log: Throttle::default(),
         };
+        let period = Duration::from_micros(LOG_PERIOD_US);
+        let watch = Watch::new(&config.peers, now, period);
+        // Published before any core can ask: the members and every peer "connecting".
+        watch.publish(&mut board.lock());
         Ok(Peer {
             poll,
             waker,
@@ -107,8 +127,11 @@ impl Peer {
             limits: config.limits,
             again: Vec::with_capacity(connections_max + 1),
             inbox_more: false,
-            started: Instant::now(),
+            started: now,
             refusals_log: Throttle::default(),
+            peer_refusals_log: vec![Throttle::default(); config.peers.len()],
+            watch,
+            board: Arc::clone(board),
         })
     }
 
@@ -138,6 +161,7 @@ impl Peer {
                 break;
             }
             let now = Instant::now();
+            self.context.now = now;
             for event in events.iter() {
                 self.on_event(event, now);
             }
@@ -152,6 +176,12 @@ impl Peer {
             }
             self.context.cores.wake();
             self.update_gauges();
+            let links = self
+                .links
+                .iter()
+                .map(|link| (link.status(), link.accepted()));
+            self.watch
+                .update(links, &self.context.heard, now, &self.board);
         }
         self.shut_down();
     }
@@ -166,7 +196,10 @@ impl Peer {
             .connections
             .iter()
             .filter_map(|(_, inbound)| inbound.hello_deadline());
-        let next = links.chain(hellos).min().unwrap_or(now + POLL_TIMEOUT_MAX);
+        let watch = self.watch.deadline();
+        let next = (links.chain(hellos).chain(watch))
+            .min()
+            .unwrap_or(now + POLL_TIMEOUT_MAX);
         next.saturating_duration_since(now).min(POLL_TIMEOUT_MAX)
     }
 
@@ -228,6 +261,9 @@ impl Peer {
             let replaced = io::Error::other("replaced by a newer connection from the same node");
             self.close(other, Close::Gone(replaced), now);
         }
+        if let Some(index) = self.context.peers.iter().position(|&id| id == node_id) {
+            self.watch.accepted_inbound(index);
+        }
         log::debug!(
             "peer {node_id} connected from {}",
             self.connections[key].addr()
@@ -277,24 +313,33 @@ impl Peer {
     fn close(&mut self, key: usize, close: Close, now: Instant) {
         let mut inbound = self.connections.remove(key);
         let _ = self.poll.registry().deregister(inbound.stream());
-        let (addr, peer) = (inbound.addr(), inbound.peer());
+        let (addr, claimed) = (inbound.addr(), inbound.claimed());
         match close {
             Close::Gone(error) => {
-                log::debug!("peer {peer:?} connection from {addr} closed: {error}")
+                log::debug!("peer {claimed:?} connection from {addr} closed: {error}")
             }
             Close::Refused(reason) => {
-                self.log_refusal(addr, peer, &reason, now);
+                self.log_refusal(addr, claimed, &reason, now);
             }
         }
     }
 
-    /// Counts a refusal and logs it, at most one line per [`crate::server::logs::LOG_PERIOD_US`] (saying how many
-    /// were left out), so that a stream of hostile connections never floods the log.
-    fn log_refusal(&mut self, addr: SocketAddr, peer: Option<u64>, reason: &str, now: Instant) {
+    /// Counts a refusal and logs it, at most one line per [`LOG_PERIOD_US`] for strangers and
+    /// one per peer the hello named (saying how many were left out), so that a stream of hostile
+    /// connections never floods the log nor hides a misconfigured member.
+    fn log_refusal(&mut self, addr: SocketAddr, claimed: Option<u64>, reason: &str, now: Instant) {
         PeerStats::add(&self.stats.refusals, 1);
         let now_us = now.saturating_duration_since(self.started).as_micros() as u64;
-        if let Some(suppressed) = self.refusals_log.allow(now_us) {
-            let node = peer.map_or(String::new(), |id| format!(" (node {id})"));
+        let index = claimed.and_then(|id| self.context.peers.iter().position(|&p| p == id));
+        if let Some(index) = index {
+            self.watch.refused_inbound(index, reason);
+        }
+        let throttle = match index {
+            Some(index) => &mut self.peer_refusals_log[index],
+            None => &mut self.refusals_log,
+        };
+        if let Some(suppressed) = throttle.allow(now_us) {
+            let node = claimed.map_or(String::new(), |id| format!(" (node {id})"));
             log::warn!(
                 "peer connection from {addr}{node} refused: {reason} \
                  ({suppressed} more refused since the last such line)"

@@ -1,5 +1,9 @@
 //! Admin HTTP on the lock port: `GET /metrics`, `/stats`, `/keys` and `/health`.
 //!
+//! `/health` of a single node is answered at once (`200 serving`, `503` while shutting down);
+//! a cluster member's gathers every core's figures like `/stats`, and is `503` without a
+//! quorum or with a shard that has no leader ([`health`]).
+//!
 //! A session whose first four bytes are `GET ` (no op is `G`, PROTOCOL.md §5) is one HTTP/1.1
 //! request: its head is read (at most [`http::HEAD_BYTES_MAX`], within [`READ_DEADLINE_US`]),
 //! answered, and the session closed like any other (its answer written first). It counts
@@ -19,6 +23,7 @@
 //!
 //! [`TableStats`]: crate::lock_table::TableStats
 
+pub mod health;
 pub mod http;
 pub mod render;
 
@@ -98,6 +103,14 @@ pub enum AdminMsg {
     },
 }
 
+/// What a gathering of every core's figures answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Report {
+    Metrics,
+    Stats,
+    Health,
+}
+
 /// One admin request a core serves.
 pub(super) struct AdminJob {
     session: SessionId,
@@ -110,7 +123,7 @@ enum JobState {
     Reading,
     /// Waiting for the other cores' figures.
     Stats {
-        metrics: bool,
+        report: Report,
         cores: Vec<Option<CoreStats>>,
         awaited: usize,
     },
@@ -279,26 +292,13 @@ impl<N: Net, P: Partition> Core<N, P> {
         let cores = self.settings.cores;
         let others: Vec<usize> = (0..cores).filter(|&c| c != self.settings.index).collect();
         let state = match route {
-            Route::Health => {
-                let (status, body) = match self.stop_deadline.is_some() {
-                    false => (200, "serving\n"),
-                    true => (503, "shutting down\n"),
-                };
-                let answer = http::response(status, "text/plain; charset=utf-8", body.as_bytes());
-                return self.answer_admin(id, answer);
+            Route::Health if self.table.cluster_stats().is_none() => {
+                let health = health::decide(self.stop_deadline.is_some(), None);
+                return self.answer_health(id, &health);
             }
-            Route::Metrics | Route::Stats => {
-                let mut gathered = vec![None; cores];
-                gathered[self.settings.index] = Some(self.core_stats());
-                for &core in &others {
-                    self.send_admin(core, AdminMsg::StatsRequest { session: id });
-                }
-                JobState::Stats {
-                    metrics: route == Route::Metrics,
-                    cores: gathered,
-                    awaited: others.len(),
-                }
-            }
+            Route::Health => self.gather_stats(id, Report::Health, &others),
+            Route::Metrics => self.gather_stats(id, Report::Metrics, &others),
+            Route::Stats => self.gather_stats(id, Report::Stats, &others),
             Route::Keys { prefix, limit } => {
                 for &core in &others {
                     let request = AdminMsg::KeysRequest {
@@ -322,6 +322,26 @@ impl<N: Net, P: Partition> Core<N, P> {
             job.deadline_us = self.now_us + GATHER_DEADLINE_US;
         }
         self.finish_admin(id);
+    }
+
+    /// Asks the `others` cores for their figures, for `report`.
+    fn gather_stats(&mut self, id: SessionId, report: Report, others: &[usize]) -> JobState {
+        let mut cores = vec![None; self.settings.cores];
+        cores[self.settings.index] = Some(self.core_stats());
+        for &core in others {
+            self.send_admin(core, AdminMsg::StatsRequest { session: id });
+        }
+        JobState::Stats {
+            report,
+            cores,
+            awaited: others.len(),
+        }
+    }
+
+    fn answer_health(&mut self, id: SessionId, health: &health::Health) {
+        let text = "text/plain; charset=utf-8";
+        let answer = http::response(health.status, text, health.body.as_bytes());
+        self.answer_admin(id, answer);
     }
 
     fn send_admin(&mut self, core: usize, msg: AdminMsg) {
@@ -444,7 +464,7 @@ impl<N: Net, P: Partition> Core<N, P> {
         let state = std::mem::replace(&mut self.admin_jobs[position].state, JobState::Reading);
         match state {
             JobState::Reading => {}
-            JobState::Stats { metrics, cores, .. } => {
+            JobState::Stats { report, cores, .. } => {
                 // Every core answered once `awaited` is 0; should one be missing, say so.
                 let Some(cores) = cores.into_iter().collect::<Option<Vec<CoreStats>>>() else {
                     let missing = Refusal {
@@ -454,17 +474,22 @@ impl<N: Net, P: Partition> Core<N, P> {
                     return self.answer_admin(id, http::refusal_response(missing));
                 };
                 let stats = self.server_stats(cores);
-                let answer = match metrics {
-                    true => http::response(
+                let answer = match report {
+                    Report::Metrics => http::response(
                         200,
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                         render::metrics_text(&stats).as_bytes(),
                     ),
-                    false => http::response(
+                    Report::Stats => http::response(
                         200,
                         "application/json",
                         render::stats_json(&stats).as_bytes(),
                     ),
+                    Report::Health => {
+                        let total = stats.total();
+                        let health = health::decide(stats.shutting_down, total.cluster.as_ref());
+                        return self.answer_health(id, &health);
+                    }
                 };
                 self.answer_admin(id, answer);
             }

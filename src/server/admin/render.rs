@@ -1,6 +1,7 @@
 //! The server's figures, gathered from every core, as Prometheus text and as JSON. No I/O.
 
 use crate::cluster::partition::ClusterStats;
+use crate::cluster::peer::{PeerReport, PeerStatus};
 use crate::config::LimitsConfig;
 use crate::lock_table::{BusyReason, HeldKey, TableStats};
 use crate::metrics::Histogram;
@@ -244,6 +245,15 @@ fn cluster_metrics(
         "Shards this member leads and serves",
         led,
     )?;
+    gauge(
+        encoder,
+        "latchkey_cluster_shards_without_leader",
+        "Shards of this member whose leader it does not know: their keys cannot be served",
+        super::health::shards_without_leader(cluster) as u64,
+    )?;
+    if let Some(peers) = &cluster.peers {
+        peer_metrics(encoder, peers)?;
+    }
     counter(
         encoder,
         "latchkey_cluster_leader_changes",
@@ -273,6 +283,62 @@ fn cluster_metrics(
         "latchkey_cluster_sync_latency_seconds",
         "One write-ahead log sync (write and fdatasync)",
         &[(None, &cluster.sync_latency)],
+    )
+}
+
+/// A member's links to its peers and its quorum (cluster mode only).
+fn peer_metrics(
+    encoder: &mut DescriptorEncoder,
+    peers: &PeerReport,
+) -> Result<(), std::fmt::Error> {
+    gauge(
+        encoder,
+        "latchkey_cluster_members",
+        "Members of the cluster, this one included",
+        peers.members,
+    )?;
+    gauge(
+        encoder,
+        "latchkey_cluster_members_reachable",
+        "Members this one reaches both ways within 1 s, itself included",
+        peers.reachable,
+    )?;
+    gauge(
+        encoder,
+        "latchkey_cluster_quorum",
+        "1 when the members reachable are a majority of the members, else 0",
+        u64::from(peers.quorum),
+    )?;
+    let help = "1 when this member reaches the peer both ways within 1 s, else 0";
+    let mut metric = encoder.encode_descriptor(
+        "latchkey_cluster_peer_reachable",
+        help,
+        None,
+        MetricType::Gauge,
+    )?;
+    for peer in &peers.peers {
+        let labels = [("peer", peer.node_id.to_string())];
+        let mut family = metric.encode_family(&labels)?;
+        family.encode_gauge(&u64::from(peer.reachable))?;
+    }
+    let counters = &peers.counters;
+    counter(
+        encoder,
+        "latchkey_cluster_peer_connections_refused",
+        "Connections to this member's peer port it refused (a misconfigured hello, a bad frame)",
+        counters.refusals,
+    )?;
+    counter(
+        encoder,
+        "latchkey_cluster_peer_connections_refused_by_peers",
+        "Connections of this member a peer refused (their configurations differ)",
+        counters.refused_by_peers,
+    )?;
+    counter(
+        encoder,
+        "latchkey_cluster_peer_invalid_messages",
+        "Peer messages dropped because their entries or snapshot do not decode",
+        counters.invalid_dropped,
     )
 }
 
@@ -365,11 +431,27 @@ fn cluster_json(cluster: &ClusterStats) -> Value {
         .map(|(id, client)| json!({"id": id, "client": client.to_string()}))
         .collect();
     let serving = cluster.shards.iter().filter(|s| s.serving);
+    let peers = cluster.peers.as_ref();
     json!({
         "node_id": cluster.node_id,
         "members": members,
         "shard_count": cluster.shards.len(),
         "locks_led": serving.clone().map(|s| s.holds).sum::<usize>(),
+        "member_count": peers.map(|peers| peers.members),
+        "members_reachable": peers.map(|peers| peers.reachable),
+        "quorum": peers.map(|peers| peers.quorum),
+        "peers": peers.map_or(Vec::new(), |peers| peers.peers.iter().map(peer_json).collect()),
+        "peer_counters": peers.map(|peers| {
+            let counters = &peers.counters;
+            json!({
+                "refusals": counters.refusals,
+                "refused_by_peers": counters.refused_by_peers,
+                "invalid_messages": counters.invalid_dropped,
+                "messages_sent": counters.messages_sent,
+                "messages_received": counters.messages_received,
+            })
+        }),
+        "shards_without_leader": super::health::shards_without_leader(cluster),
         "shards_led": serving.count(),
         "leader_changes": cluster.leader_changes,
         "proposals": cluster.proposals,
@@ -377,6 +459,21 @@ fn cluster_json(cluster: &ClusterStats) -> Value {
         "commit_latency_seconds": histogram_json(&cluster.commit_latency),
         "sync_latency_seconds": histogram_json(&cluster.sync_latency),
         "shards": shards,
+    })
+}
+
+/// One peer as `/stats` shows it: its link (`connected`, `refused`, `unreachable`,
+/// `connecting`), why, for how long, whether it is reachable, when it was last heard from.
+fn peer_json(peer: &PeerStatus) -> Value {
+    json!({
+        "node_id": peer.node_id,
+        "address": peer.addr.to_string(),
+        "link": peer.link.label(),
+        "reason": peer.reason,
+        "for_seconds": peer.for_ms as f64 / 1e3,
+        "reachable": peer.reachable,
+        "heard_seconds_ago": peer.heard_ms_ago.map(|ms| ms as f64 / 1e3),
+        "refused_inbound": peer.refused_inbound,
     })
 }
 
