@@ -115,12 +115,14 @@ mod exchange;
 mod members;
 mod pipeline;
 mod pool;
+mod report;
 mod session;
 mod ticket;
 
 pub use error::{AcquireError, ArgumentError, RequestError, SessionFailure};
 pub use exchange::REDIRECTS_MAX;
 pub use members::{LEADER_CACHE_MAX, MEMBERS_MAX};
+pub use report::{MemberState, UnavailableReport};
 pub use ticket::{ExtendOutcome, ReleaseOutcome, Ticket};
 
 use call::{Call, Op};
@@ -216,9 +218,10 @@ pub(crate) enum Exchange {
         sent_at: Instant,
         read_at: Instant,
     },
-    /// The deadline passed while the request was definitely unsent; `established` says
-    /// whether it was waiting on a connected session at that moment.
-    Unsent { established: bool },
+    /// The request ended definitely unsent; `serving` says whether it was waiting on an
+    /// established session when the deadline passed (else nothing served it: only `M`s,
+    /// failed sessions or silence; see `exchange.rs`).
+    Unsent { serving: bool },
     /// The request may have reached the server and no answer was delivered.
     Indeterminate,
 }
@@ -266,6 +269,17 @@ impl Client {
     /// results of the calls themselves are unchanged (PROTOCOL.md §4.1).
     pub fn last_session_failure(&self) -> Option<SessionFailure> {
         self.shared.members.last_failure()
+    }
+
+    /// What each member did for the latest of this client's calls that ended unavailable
+    /// ([`AcquireError::Unavailable`], [`RequestError::Unavailable`]): answered that it knows
+    /// no leader, named a leader, could not be reached (and why), or was silent. Its `Display`
+    /// says it in one line, e.g. `no leader for this key: 1 of 3 members reachable, no quorum
+    /// (...)`. `None` while no call ended so. For messages to a person, like
+    /// [`last_session_failure`](Self::last_session_failure): with many threads it may belong
+    /// to another thread's call, and it stays after later calls succeed.
+    pub fn last_unavailable(&self) -> Option<UnavailableReport> {
+        self.shared.members.last_unavailable()
     }
 
     /// Takes the lock on `key`, waiting at most `wait` for it, holding it at most `lease`.
@@ -333,8 +347,8 @@ impl Client {
             Exchange::Answer {
                 response, read_at, ..
             } => (response, read_at),
-            Exchange::Unsent { established: true } => return Err(AcquireError::Timeout),
-            Exchange::Unsent { established: false } => return Err(AcquireError::Unavailable),
+            Exchange::Unsent { serving: true } => return Err(AcquireError::Timeout),
+            Exchange::Unsent { serving: false } => return Err(AcquireError::Unavailable),
             Exchange::Indeterminate => return Err(AcquireError::Indeterminate),
         };
         match response {
