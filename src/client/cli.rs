@@ -114,9 +114,9 @@ pub struct ConnectArgs {
     /// `keys` use the first item only.
     #[arg(long, env = "LATCHKEY_SERVER", default_value = DEFAULT_ADDR)]
     pub server: String,
-    /// How long the transport may take: a connect, the answer to a release,
-    /// extend, query or ping, a `--wait 0` acquire, and the answer to the Cancel sent when
-    /// `--wait` runs out.
+    /// How long the transport may take: a connect (TCP, TLS and a ping round trip; with N
+    /// members in --server, each gets 1/N of it), the answer to a release, extend, query or
+    /// ping, a `--wait 0` acquire, and the answer to the Cancel sent when `--wait` runs out.
     #[arg(long, default_value = "5s", value_parser = parse_transport_timeout)]
     pub transport_timeout: Duration,
     /// TLS to the server.
@@ -387,18 +387,29 @@ fn fail_servers(command: &str, failure: &ServerListError) -> ExitCode {
     ExitCode::from(if usage { EXIT_USAGE } else { EXIT_UNAVAILABLE })
 }
 
-/// The client of the command-line tools: one session; the transport timeout also bounds the
-/// connect.
+/// How long one member may take to connect (TCP, TLS and the handshake ping) for a client of
+/// `members` distinct addresses: an equal share of the transport timeout, so that a paused
+/// member (its kernel accepts connections, nothing answers) costs a call only its share and
+/// the others are tried within the transport timeout. One server gets all of it.
+pub fn connect_timeout(transport_timeout: Duration, members: usize) -> Duration {
+    transport_timeout / u32::try_from(members.max(1)).unwrap_or(u32::MAX)
+}
+
+/// The client of the command-line tools: one session per member; the connect timeout is the
+/// member's share of the transport timeout ([`connect_timeout`]).
 fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAddr), ExitCode> {
     let addrs = server_addrs(command, connect)?;
     let tls = connect.tls().map_err(|message| {
         eprintln!("latchkey {command}: {message}");
         ExitCode::from(EXIT_USAGE)
     })?;
+    let mut distinct = addrs.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
     let config = ClientConfig {
         addrs: addrs.clone(),
         sessions: 1,
-        connect_timeout: connect.transport_timeout,
+        connect_timeout: connect_timeout(connect.transport_timeout, distinct.len()),
         transport_timeout: connect.transport_timeout,
         tls,
         ..ClientConfig::default()
@@ -421,12 +432,27 @@ fn failure_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
     }
 }
 
+/// What to say about a call that ended unavailable: what the members did (no leader, no
+/// quorum, a leader that cannot be reached...), else why the server could not be reached.
+fn unavailable_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
+    match client.last_unavailable() {
+        // A member answered: it is not a matter of reaching "the server".
+        Some(report) if report.reachable() > 0 || report.listed() > 1 => report.to_string(),
+        Some(report) if !report.members().is_empty() => {
+            format!("cannot reach the server: {report}")
+        }
+        _ => format!(
+            "cannot reach the server: {}",
+            failure_text(client, addr, fallback)
+        ),
+    }
+}
+
 /// What to say about a query or ping that got no answer.
 fn request_message(client: &Client, addr: SocketAddr, error: &RequestError) -> String {
     match error {
         RequestError::Unavailable => {
-            let cause = failure_text(client, addr, "no connection within --transport-timeout");
-            format!("cannot reach the server: {cause}")
+            unavailable_text(client, addr, "no connection within --transport-timeout")
         }
         RequestError::NoAnswer => {
             failure_text(client, addr, "no answer within --transport-timeout")
@@ -463,11 +489,19 @@ fn acquire_message(
             format_duration(args.wait)
         ),
         AcquireError::Unavailable => {
-            let cause = failure_text(client, addr, "no connection was established");
-            format!(
-                "cannot reach the server within {}: {cause}",
-                allowance_text(args)
-            )
+            let allowance = allowance_text(args);
+            match client.last_unavailable() {
+                Some(report) if report.reachable() > 0 || report.listed() > 1 => {
+                    format!("{report}; nothing was executed within {allowance}")
+                }
+                Some(report) if !report.members().is_empty() => {
+                    format!("cannot reach the server within {allowance}: {report}")
+                }
+                _ => {
+                    let cause = failure_text(client, addr, "no connection was established");
+                    format!("cannot reach the server within {allowance}: {cause}")
+                }
+            }
         }
         AcquireError::Indeterminate => match client.last_session_failure() {
             Some(failure) => format!("{error}; the session failed: {failure}"),

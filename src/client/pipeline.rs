@@ -47,7 +47,9 @@
 //! * No request is encoded before the handshake ping's pong was read, and the pong is never
 //!   delivered to a caller (its nonce is the pipeline's own, in no correlation map).
 //! * A stalled pipeline holds no queued request of a caller: stalling hands them back unsent,
-//!   and [`submit`](Pipeline::submit) hands back every new one.
+//!   and [`submit`](Pipeline::submit) hands back every new one; the driver resolves them
+//!   (`NotSent`) with [`resolve_returned`](Pipeline::resolve_returned) once it has published
+//!   the stall.
 //!
 //! Deliberately not here: sockets, threads, and retrying on another session (the client does
 //! that with the [`Outcome::NotSent`] it gets back).
@@ -137,7 +139,7 @@ pub(crate) struct Pipeline {
     awaiting_since: Option<Instant>,
     /// Answers are overdue and nothing was read since: no new call is taken.
     stalled: bool,
-    /// Fire-and-forget calls handed back unsent while stalled, for another session.
+    /// Calls handed back unsent while stalled, not resolved yet.
     returned: Vec<Call>,
     close: Option<CloseReason>,
     entries: Slab<Entry>,
@@ -626,7 +628,7 @@ impl Pipeline {
                 self.close,
                 Some(CloseReason::Tls(_) | CloseReason::Protocol(_))
             );
-        let mut unsent_releases = std::mem::take(&mut self.returned);
+        let mut unsent_releases = self.resolve_returned();
         for entry in self.entries.drain() {
             let possibly_sent = !refused
                 && matches!(
@@ -687,7 +689,6 @@ impl Pipeline {
                 "stalled: nothing queued"
             );
         }
-        assert!(self.returned.iter().all(|call| call.reply.is_none()));
         // The spans tile the part of the output not yet fully handed to the socket.
         let mut previous_end = self
             .spans

@@ -437,7 +437,7 @@ impl Driver {
             log::debug!("session {} to {}: stalled {stalled}", self.id, self.addr);
         }
         let now = Instant::now();
-        for mut call in self.pipeline.take_returned() {
+        for mut call in self.pipeline.resolve_returned() {
             call.attempts += 1;
             if call.deadline > now && call.attempts < 3 {
                 (self.orphans)(call);
@@ -466,7 +466,13 @@ impl Driver {
         }
     }
 
+    /// Moves new calls into the pipeline; none once the session must end: `finish` resolves
+    /// them after the session is retired, so no caller hears back from a session that still
+    /// looks alive.
     fn take_inbox(&mut self) {
+        if self.pipeline.close_reason().is_some() {
+            return;
+        }
         let calls = std::mem::take(&mut self.shared.inbox.lock().calls);
         for call in calls {
             self.pipeline.submit(call);

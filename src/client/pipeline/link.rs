@@ -76,9 +76,22 @@ impl Pipeline {
         self.stalled
     }
 
-    /// The fire-and-forget calls handed back unsent since the last call, for another session.
-    pub(crate) fn take_returned(&mut self) -> Vec<Call> {
-        std::mem::take(&mut self.returned)
+    /// Resolves the calls handed back unsent since the last time: their callers hear
+    /// `NotSent`; the fire-and-forget releases are returned, for another session. The driver
+    /// calls it after it published the stall, so that a caller who hears `NotSent` from a
+    /// stalled session sees it stalled.
+    pub(crate) fn resolve_returned(&mut self) -> Vec<Call> {
+        let mut background = Vec::new();
+        for call in self.returned.drain(..) {
+            match call.reply {
+                Some(tx) => {
+                    reply(Some(tx), Outcome::NotSent);
+                }
+                None if matches!(call.op, Op::Release { .. }) => background.push(call),
+                None => {}
+            }
+        }
+        background
     }
 
     /// The bytes of the handshake ping not handed to the socket yet.
@@ -180,16 +193,10 @@ impl Pipeline {
         }
     }
 
-    /// A call this session will not send: the caller hears `NotSent`; a fire-and-forget
-    /// release goes back to the pool through [`take_returned`](Self::take_returned).
+    /// A call this session will not send: kept for
+    /// [`resolve_returned`](Self::resolve_returned).
     pub(super) fn hand_back(&mut self, call: Call) {
-        match call.reply {
-            Some(tx) => {
-                reply(Some(tx), Outcome::NotSent);
-            }
-            None if matches!(call.op, Op::Release { .. }) => self.returned.push(call),
-            None => {}
-        }
+        self.returned.push(call);
     }
 }
 

@@ -185,13 +185,18 @@ fn an_overdue_answer_stalls_the_session_at_the_limit_never_before() {
     pipeline.submit(queued);
     pipeline.handle_deadlines(t0 + SILENCE);
     assert!(pipeline.is_stalled());
+    assert!(
+        rx_queued.try_recv().is_err(),
+        "resolved once the driver published the stall"
+    );
+    assert!(pipeline.resolve_returned().is_empty());
     assert_eq!(rx_queued.try_recv(), Ok(Outcome::NotSent));
-    // New calls are handed back at once; a background release goes back to the pool.
+    // New calls are handed back too; a background release goes back to the pool.
     let (new, rx_new) = acquire(3, true, t0 + TRANSPORT);
     pipeline.submit(new);
-    assert_eq!(rx_new.try_recv(), Ok(Outcome::NotSent));
     pipeline.submit(background_release(9, t0 + TRANSPORT));
-    assert_eq!(pipeline.take_returned().len(), 1);
+    assert_eq!(pipeline.resolve_returned().len(), 1);
+    assert_eq!(rx_new.try_recv(), Ok(Outcome::NotSent));
     assert!(
         write_all(&mut pipeline, t0 + SILENCE).is_empty(),
         "nothing goes out"
