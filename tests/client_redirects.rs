@@ -440,7 +440,7 @@ fn the_cli_says_no_leader_and_no_quorum_and_exits_83() {
         "{stderr}"
     );
     assert!(!stderr.contains("held by someone else"), "{stderr}");
-    let output = latchkey(&["query", "--server", &list, "k"])
+    let output = latchkey(&["query", "--server", &list, "--transport-timeout", "1s", "k"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
