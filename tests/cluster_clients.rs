@@ -1,0 +1,186 @@
+//! The client and the command line against real clusters of `latchkey serve` processes on
+//! loopback (issue 17): a member paused with SIGSTOP and listed first does not turn a held
+//! lock into "indeterminate", and a cluster without a quorum is said to be one (exit 83), not
+//! disguised as a held lock.
+//!
+//! Every wait is bounded; timing assertions are "never early" and "not too late" with slack.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, Member};
+use common::server::{fresh_id, wait_until, Conn};
+use latchkey::client::cli;
+use latchkey::protocol::{Leader, Request, Response};
+
+const SETTLE: Duration = Duration::from_secs(10);
+/// The command line's default transport timeout.
+const TRANSPORT: Duration = Duration::from_secs(5);
+
+fn latchkey(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .env_remove("LATCHKEY_SERVER")
+        .args(args)
+        .output()
+        .expect("latchkey runs")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn list(members: &[&Member]) -> String {
+    let addrs: Vec<String> = members.iter().map(|m| m.client.to_string()).collect();
+    addrs.join(",")
+}
+
+/// Holds `key` on whichever member leads it (wait 0, lease 60 s); that member's index.
+fn hold(cluster: &Cluster, key: &'static str) -> usize {
+    let owner = fresh_id();
+    let acquire = move || Request::Acquire {
+        wait_s: 0,
+        lease_s: 60,
+        owner,
+        key: key.as_bytes(),
+    };
+    match cluster.call(key, &[], SETTLE, acquire) {
+        (leader, Response::Acquired { .. }) => leader,
+        (_, other) => panic!("acquire of {key} answered {other:?}"),
+    }
+}
+
+/// Sends SIGCONT to a stopped member when dropped, whatever the test did.
+struct Resume<'a> {
+    cluster: &'a Cluster,
+    index: usize,
+}
+
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        self.cluster.signal(self.index, libc::SIGCONT);
+    }
+}
+
+#[test]
+fn a_paused_member_listed_first_does_not_hide_a_held_lock() {
+    let cluster = Cluster::start("clients-paused", 3, 4, false);
+    let key = "jobs/paused";
+    let leader = hold(&cluster, key);
+    // A member that does not lead the key, stopped: the kernel still completes connects to it.
+    let paused = (leader + 1) % 3;
+    let others: Vec<usize> = (0..3).filter(|&i| i != paused).collect();
+    cluster.signal(paused, libc::SIGSTOP);
+    let _resume = Resume {
+        cluster: &cluster,
+        index: paused,
+    };
+    let m = &cluster.members;
+    let servers = list(&[&m[paused], &m[others[0]], &m[others[1]]]);
+    let connect = cli::connect_timeout(TRANSPORT, 3);
+
+    let start = Instant::now();
+    let output = latchkey(&[
+        "lock", "--server", &servers, "--wait", "0", key, "--", "true",
+    ]);
+    let elapsed = start.elapsed();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_TIMEOUT)),
+        "held (80), not indeterminate (82): {}",
+        stderr(&output)
+    );
+    assert!(
+        stderr(&output).contains("the lock is held by someone else"),
+        "{}",
+        stderr(&output)
+    );
+    // The paused member costs its connect timeout (no answer to the handshake ping), once.
+    assert!(
+        elapsed >= connect,
+        "never before the connect timeout: {elapsed:?}"
+    );
+    assert!(elapsed < connect + Duration::from_secs(3), "{elapsed:?}");
+
+    let output = latchkey(&["query", "--server", &servers, key]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.starts_with("held=1 "), "{stdout}");
+    let output = latchkey(&["ping", "--server", &servers]);
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
+/// Whether member `index` answers a `Q` on `key` with an `M` naming no leader.
+fn knows_no_leader(cluster: &Cluster, index: usize, key: &str) -> bool {
+    let Ok(stream) = std::net::TcpStream::connect(cluster.members[index].client) else {
+        return false;
+    };
+    let mut conn = Conn::over(stream);
+    conn.send(Request::Query {
+        nonce: fresh_id(),
+        key: key.as_bytes(),
+    });
+    matches!(
+        conn.recv_within(Duration::from_millis(500)),
+        Some(Response::Moved { leader, .. }) if leader == Leader::UNKNOWN
+    )
+}
+
+#[test]
+fn without_a_quorum_lock_and_query_say_no_leader_and_exit_83() {
+    let mut cluster = Cluster::start("clients-quorum", 3, 4, false);
+    let key = "jobs/quorum";
+    let leader = hold(&cluster, key);
+    let survivor = (leader + 1) % 3;
+    for index in (0..3).filter(|&i| i != survivor) {
+        cluster.kill(index);
+    }
+    // The survivor steps down (check quorum) and then knows no leader.
+    assert!(
+        wait_until(SETTLE, || knows_no_leader(&cluster, survivor, key)),
+        "the survivor keeps naming a leader"
+    );
+    let m = &cluster.members;
+    let servers = list(&[&m[0], &m[1], &m[2]]);
+
+    let start = Instant::now();
+    let output = latchkey(&[
+        "lock", "--server", &servers, "--wait", "3s", key, "--", "true",
+    ]);
+    let said = stderr(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_UNAVAILABLE)),
+        "{said}"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(3),
+        "tried until --wait ran out"
+    );
+    assert!(
+        said.contains("no leader for this key: 1 of 3 members reachable, no quorum"),
+        "{said}"
+    );
+    assert!(!said.contains("held by someone else"), "{said}");
+
+    let output = latchkey(&[
+        "query",
+        "--server",
+        &servers,
+        "--transport-timeout",
+        "2s",
+        key,
+    ]);
+    let said = stderr(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_UNAVAILABLE)),
+        "{said}"
+    );
+    assert!(
+        said.contains("no leader for this key: 1 of 3 members reachable, no quorum"),
+        "{said}"
+    );
+    assert!(!said.contains("--transport-timeout"), "{said}");
+}
