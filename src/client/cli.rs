@@ -18,7 +18,9 @@
 //!
 //! Every command's `--server` (a server, or a cluster's members as `a,b,c`; see
 //! [`parse_servers`]) defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
-//! `--transport-timeout` (5 s) is the transport allowance of PROTOCOL.md §4. Durations are
+//! `--transport-timeout` (5 s) is the transport allowance of PROTOCOL.md §4 (with N members,
+//! each member's connect — TCP, TLS and a ping round trip — gets 1/N of it: see
+//! [`connect_timeout`]). Durations are
 //! one syntax everywhere ([`parse_duration`]). Messages name the server's address and why its
 //! session failed when the client knows ([`Client::last_session_failure`]), and show at most
 //! the first 64 characters of a key ([`shown_key`]).
@@ -33,7 +35,7 @@
 //! | 80 | held by someone else: not acquired within `--wait` (`--conflict-exit-code N`: N) |
 //! | 81 | busy: the server refused for capacity or shutdown |
 //! | 82 | indeterminate: the request may have reached the server, no definitive answer |
-//! | 83 | unavailable: no session to the server could be established |
+//! | 83 | unavailable, nothing executed: no server could be reached (or it does not answer), or a cluster's members know no leader for the key (no quorum) or name one that cannot be reached; the message says which |
 //! | 84 | rejected: the server refused the request (`stats`, `keys`: not a 200 with JSON) |
 //! | 85 | lease lost while CMD ran; CMD was signalled |
 //! | 126, 127 | CMD could not be run / was not found (the lock was released) |
@@ -83,7 +85,8 @@ pub const EXIT_TIMEOUT: u8 = 80;
 pub const EXIT_BUSY: u8 = 81;
 /// Exit code when the request may have reached the server and no definitive answer came.
 pub const EXIT_INDETERMINATE: u8 = 82;
-/// Exit code when no session to the server could be established.
+/// Exit code when nothing was executed because no server could take the request: none could
+/// be reached, or a cluster had no leader for the key.
 pub const EXIT_UNAVAILABLE: u8 = 83;
 /// Exit code when the server refused the request with an error code (`X`), among them 8: the
 /// key is forbidden for this client's identity.
@@ -655,6 +658,20 @@ pub fn run_lock(args: LockArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_member_gets_an_equal_share_of_the_transport_timeout_to_connect() {
+        let transport = Duration::from_secs(5);
+        assert_eq!(
+            connect_timeout(transport, 1),
+            transport,
+            "one server: all of it"
+        );
+        assert_eq!(connect_timeout(transport, 0), transport);
+        assert_eq!(connect_timeout(transport, 2), Duration::from_millis(2500));
+        let share = connect_timeout(transport, 3);
+        assert!(share * 3 <= transport && share * 3 > transport - Duration::from_millis(1));
+    }
 
     #[test]
     fn a_forbidden_key_is_a_rejection_exit_84_said_as_such() {

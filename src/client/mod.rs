@@ -19,19 +19,31 @@
 //!   again on another session, with backoff of at most 250 ms, until the deadline — except
 //!   after a TLS error in the handshake (a certificate refused by either side), which another
 //!   attempt would meet again: the call ends [`Unavailable`](AcquireError::Unavailable) at once.
-//! * At the deadline an unsent request ends [`Timeout`](AcquireError::Timeout) (a session was
-//!   up) or [`Unavailable`](AcquireError::Unavailable) (none was); a sent, unanswered acquire
+//! * At the deadline an unsent request ends [`Timeout`](AcquireError::Timeout) (it waited on
+//!   an established session) or [`Unavailable`](AcquireError::Unavailable) (it did not); a
+//!   sent, unanswered acquire
 //!   gets a Cancel on its session and the single terminal answer decides; a grant found too
 //!   late is released at once and the call ends [`Indeterminate`](AcquireError::Indeterminate).
+//! * A session is established only after a round trip that carries no request: after the
+//!   TCP connect (and TLS) it sends a `P` of its own and nothing else until that `P` comes
+//!   back, within [`ClientConfig::connect_timeout`]. A server that accepts but does not
+//!   answer (paused: its kernel completes connects from the backlog) is a failed connect:
+//!   nothing was sent. An established session whose answers are overdue (a request the
+//!   server answers at once — anything but an acquire with a wait — handed at least the
+//!   connect timeout ago, and nothing read since) *stalls*: it takes no new call, hands back
+//!   what it had not sent, and takes calls again once it reads (docs/protocol.md §4.3).
 //! * Cluster members (PROTOCOL.md §5): [`ClientConfig::addrs`] lists them, with a pool of
 //!   sessions per member. A keyed request goes to its key's cached leader, else the last
 //!   leader seen, else the members in turn. An `M` (Moved) is a definite answer that nothing
 //!   executed, so the same request (same owner, token or nonce and deadline) goes to the
 //!   leader it names, or, with none named, to the next member after a backoff; at most
-//!   [`REDIRECTS_MAX`] per call, then it ends like a request unsent at its deadline with a
-//!   member up: an acquire [`Timeout`](AcquireError::Timeout), other calls
-//!   [`Unavailable`](RequestError::Unavailable). A single node never sends `M`: with one
-//!   address nothing of this costs more than one atomic load.
+//!   [`REDIRECTS_MAX`] per call. A call that ends unsent because nothing served it — only
+//!   `M`s without a leader, a named leader that could not be reached, more than
+//!   [`REDIRECTS_MAX`] `M`s, members unreachable or silent — is
+//!   [`Unavailable`](AcquireError::Unavailable) (nothing was executed; not `Timeout`, which
+//!   says "held by someone else"), and [`Client::last_unavailable`] says what each member
+//!   did. A single node never sends `M`: with one address nothing of this costs more than
+//!   one atomic load, and the report is built only when an attempt fails.
 //!
 //! # Example
 //!
@@ -87,6 +99,7 @@
 //! | `error.rs` | [`AcquireError`], [`RequestError`], [`ArgumentError`], [`SessionFailure`] |
 //! | `args.rs` | rounding waits and leases, the wire wait, margins, owner and nonce ids |
 //! | `exchange.rs` | one request's attempts: retrying unsent requests, following `M` |
+//! | `report.rs` | [`UnavailableReport`]: what each member did for a call that ended unavailable |
 //! | `members.rs` | a pool per member address; the leader cache |
 //! | `pool.rs` | the session slots to one address; replacing a failed session |
 //! | `session.rs` | one connection: its thread, its inbox, the socket (mio) |
@@ -94,6 +107,7 @@
 //! | `pipeline.rs` | one session's requests without I/O: correlation, what deadlines do |
 //! | `pipeline/output.rs` | encoding just before the write; the guard of one write attempt |
 //! | `pipeline/deadlines.rs` | exact deadlines on the timing wheel, cancelled with their call |
+//! | `pipeline/link.rs` | the handshake ping that establishes a session; stalls when silent |
 //! | `cli.rs` | `latchkey lock`, `query`, `ping`: arguments, messages, exit codes |
 //! | `cli/supervise.rs` | running `latchkey lock`'s command: extending, signals, a lost lease |
 //!
@@ -143,7 +157,9 @@ pub struct ClientConfig {
     pub addrs: Vec<SocketAddr>,
     /// Sessions (connections) to pipeline calls over, per member address. Default 2.
     pub sessions: usize,
-    /// How long one TCP connect may take. Default 2 s.
+    /// How long a session may take to be established: the TCP connect, the TLS handshake
+    /// and the round trip of its handshake ping. Also how long an answer may be overdue
+    /// before the session stalls (takes no new call until it reads). Default 2 s.
     pub connect_timeout: Duration,
     /// The transport allowance: the deadline of a wait-0 acquire and of release, extend,
     /// query and ping, and how long a Cancel may stay unanswered. Default 5 s.
