@@ -184,3 +184,93 @@ fn without_a_quorum_lock_and_query_say_no_leader_and_exit_83() {
     );
     assert!(!said.contains("--transport-timeout"), "{said}");
 }
+
+/// The members `keys` are led by, once at least two members lead some of them (the cluster
+/// spreads its shards' leadership); `None` if that does not happen within [`SETTLE`].
+fn spread_leaders(cluster: &Cluster, keys: &[String]) -> Option<Vec<usize>> {
+    let until = Instant::now() + SETTLE;
+    while Instant::now() < until {
+        let mut leaders: Vec<usize> = keys
+            .iter()
+            .filter_map(|key| cluster.serving(key, &[], Duration::from_secs(2)))
+            .map(|(index, _)| index)
+            .collect();
+        leaders.sort_unstable();
+        leaders.dedup();
+        if leaders.len() >= 2 {
+            return Some(leaders);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+#[test]
+fn bench_follows_moved_across_a_clusters_leaders() {
+    use latchkey::bench::{execute, parse_target, BenchConfig, Workload};
+    let cluster = Cluster::start("clients-bench", 3, 4, false);
+    let probes: Vec<String> = (0..16).map(|n| format!("probe/{n}")).collect();
+    let leaders = spread_leaders(&cluster, &probes).expect("shards led by several members");
+    let m = &cluster.members;
+    let servers = list(&[&m[0], &m[1], &m[2]]);
+    let run = |workload: Workload, tune: &dyn Fn(&mut BenchConfig)| {
+        let target = parse_target(&servers).expect("a member list is a target");
+        let mut config = BenchConfig::new(target, workload);
+        config.connections = 4;
+        config.pipeline = 4;
+        config.threads = 2;
+        config.warmup = Duration::from_millis(100);
+        config.duration = Duration::from_millis(600);
+        config.keys = 400;
+        config.lease = Duration::from_secs(5);
+        tune(&mut config);
+        let config = config.validate().expect("valid bench config");
+        let report = execute(&config).expect("the run was made");
+        assert_eq!(
+            report.unexpected(),
+            0,
+            "{}\n{}",
+            report.alarm(),
+            report.to_json()
+        );
+        assert!(report.stats.cycles > 0, "{}", report.to_table());
+        report
+    };
+    let uncontended = run(Workload::Uncontended, &|_| {});
+    let counts = uncontended.stats.counts;
+    assert!(
+        counts.granted > 0 && counts.released > 0,
+        "{}",
+        uncontended.to_table()
+    );
+    assert!(
+        counts.moved > 0,
+        "keys on {leaders:?}: requests were redirected and followed\n{}",
+        uncontended.to_table()
+    );
+    let contended = run(Workload::Contended, &|config| {
+        config.hot_keys = 4;
+        config.hold = Duration::from_micros(200);
+    });
+    assert!(
+        contended.stats.counts.granted > 0,
+        "{}",
+        contended.to_table()
+    );
+
+    // The binary, with the members in LATCHKEY_SERVER.
+    let output = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .args(["bench", "--workload", "uncontended", "--duration", "300ms"])
+        .args(["--warmup", "0", "--connections", "2", "--pipeline", "2"])
+        .args(["--keys", "40", "--threads", "1", "--json"])
+        .env("LATCHKEY_SERVER", &servers)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}\n{stdout}", stderr(&output));
+    assert!(
+        stdout.contains(&format!("\"target\":\"latchkey://{servers}\"")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\"ok\":true"), "{stdout}");
+}
