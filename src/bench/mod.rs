@@ -53,7 +53,7 @@
 //! has a socket to each member, requests go to their key's leader as a per-worker cache
 //! learned from `M` answers names it, and an `M` sends the same request to the leader it
 //! names (see `cluster.rs`). `M`s are counted (`M` in the report), not unexpected; a cycle
-//! that meets more than [`cluster::REDIRECTS_MAX`] is given up and is (`no_leader`). With one
+//! that meets more than 64 is given up, and that is unexpected (`no_leader`). With one
 //! address nothing of this runs: one socket per connection, no cache.
 //!
 //! Deliberately not here: reconnecting (a failed connection is an error that the report
@@ -136,7 +136,7 @@ impl fmt::Display for Target {
 /// Parses `latchkey://HOST:PORT`, `latchkeys://HOST:PORT` or `redis://HOST:PORT`; a bare
 /// `HOST:PORT` is latchkey without TLS (the form `LATCHKEY_SERVER` and `--server` take). A
 /// latchkey target may list a cluster's members: `latchkey://a:7420,b:7420,c:7420` or
-/// `a:7420,b:7420,c:7420` (at most [`cluster::MEMBERS_MAX`]).
+/// `a:7420,b:7420,c:7420` (at most [`crate::client::MEMBERS_MAX`]).
 pub fn parse_target(text: &str) -> Result<Target, String> {
     let schemes = [
         ("latchkey://", Dialect::Latchkey, false),

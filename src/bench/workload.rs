@@ -364,7 +364,7 @@ struct Slot {
     lease_end: Option<Instant>,
     /// The member the outstanding request went to (0 for a single node).
     member: u8,
-    /// `M`s followed in this cycle (at most [`REDIRECTS_MAX`]).
+    /// `M`s followed in this cycle (at most [`REDIRECTS_MAX`](super::cluster::REDIRECTS_MAX)).
     redirects: u8,
 }
 
