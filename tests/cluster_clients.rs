@@ -274,3 +274,64 @@ fn bench_follows_moved_across_a_clusters_leaders() {
     );
     assert!(stdout.contains("\"ok\":true"), "{stdout}");
 }
+
+#[test]
+fn a_holder_that_loses_the_quorum_says_why_it_cannot_extend() {
+    let mut cluster = Cluster::start("clients-holder", 3, 4, false);
+    let key = "jobs/holder";
+    let m = &cluster.members;
+    let servers = list(&[&m[0], &m[1], &m[2]]);
+    let holder = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .env_remove("LATCHKEY_SERVER")
+        .args([
+            "lock",
+            "--server",
+            &servers,
+            "--lease",
+            "3s",
+            "--transport-timeout",
+            "1s",
+        ])
+        .args(["--grace", "1s", key, "--", "sleep", "60"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("latchkey lock runs");
+    let (leader, _) = (0..)
+        .find_map(|_| {
+            let found = cluster.serving(key, &[], SETTLE)?;
+            let held = matches!(found.1, Response::State { held: true, .. });
+            if !held {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            held.then_some(found)
+        })
+        .expect("the holder took the lock");
+    let survivor = (leader + 1) % 3;
+    for index in (0..3).filter(|&i| i != survivor) {
+        cluster.kill(index);
+    }
+    let start = Instant::now();
+    let output = holder.wait_with_output().expect("the holder ends");
+    let said = stderr(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_LEASE_LOST)),
+        "{said}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(said.contains("latchkey lock: extend failed: "), "{said}");
+    // What it met: a survivor without a leader, or still naming the killed one at first.
+    assert!(
+        said.contains("no leader for this key: 1 of 3 members reachable, no quorum")
+            || said.contains("cannot be reached"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("no server session could be established"),
+        "{said}"
+    );
+}
