@@ -35,7 +35,7 @@
 //! | 80 | held by someone else: not acquired within `--wait` (`--conflict-exit-code N`: N) |
 //! | 81 | busy: the server refused for capacity or shutdown |
 //! | 82 | indeterminate: the request may have reached the server, no definitive answer |
-//! | 83 | unavailable, nothing executed: no server could be reached (or it does not answer), or a cluster's members know no leader for the key (no quorum) or name one that cannot be reached; the message says which |
+//! | 83 | unavailable: nothing executed; no server answers, or none leads the key (says which) |
 //! | 84 | rejected: the server refused the request (`stats`, `keys`: not a 200 with JSON) |
 //! | 85 | lease lost while CMD ran; CMD was signalled |
 //! | 126, 127 | CMD could not be run / was not found (the lock was released) |
