@@ -309,8 +309,9 @@ fn a_paused_member_gets_only_the_handshake_ping_and_the_next_one_serves() {
         _ => leader_reply(frame, 2),
     }));
     let connect = Duration::from_millis(400);
-    let client = client_with_connect(&[paused.addr(), leader.addr()], connect);
+    // The first member's session starts connecting when the client is built.
     let start = Instant::now();
+    let client = client_with_connect(&[paused.addr(), leader.addr()], connect);
     // A held key, wait 0: the answer is the leader's T, not Indeterminate.
     let result = client.acquire("k", Duration::ZERO, LEASE);
     let elapsed = start.elapsed();
