@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
 # A three-member cluster against a single node, measured with `latchkey bench` in one run.
 #
-#   benches/cluster.sh BINARY [DURATION]
+#   benches/cluster.sh BINARY [DURATION] [SHARDS...]
 #
 # For the single node and for a cluster with fsync on and off: start the server(s) on loopback
 # (one core each; the cluster's three members and the load share this machine's CPUs), run the
 # uncontended workload at pipeline 1 (one connection: the latency of one acquire+release after
 # another) and at pipeline 16 (50 connections), and the contended workload (8 hot keys, 50
-# connections, pipeline 1), and print requests/s and per-request latency percentiles; for the
-# cluster also the leader's fsync (WAL sync) and commit latency from its /stats.
+# connections, pipeline 1), and print requests/s and per-request latency percentiles and the
+# redirects (M) followed; for the cluster also each leader's fsync (WAL sync) and commit
+# latency from its /stats.
 #
-# The cluster has one shard, so that one member leads every key: `latchkey bench` sends all of
-# its load to one address and does not follow redirects (M). The script finds the leader with a
-# Q and benches it; its followers replicate every entry as in any cluster.
+# Each cluster shape is run with 1 shard and with 64 shards (or the SHARDS given). With one
+# shard one member leads every key: the script finds it with a Q and benches it alone. With
+# several, leadership is spread over the members: the script waits until every probe key has
+# a leader, then benches all three members (`--target a,b,c`): the bench sends each request to
+# its key's leader, learning leaders from M answers (counted in the M column; each key costs
+# at most one redirect once its leader is known).
 set -euo pipefail
 binary=${1:?latchkey binary}
 duration=${2:-5s}
+shift $(( $# < 2 ? $# : 2 ))
+shard_counts=("$@")
+[ ${#shard_counts[@]} -gt 0 ] || shard_counts=(1 64)
 dir=$(mktemp -d /tmp/latchkey-cluster-bench.XXXXXX)
 pids=()
 cleanup() { for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done; rm -rf "$dir"; }
@@ -43,11 +50,41 @@ sys.exit("no leader")
 PY
 }
 
-run_bench() { # label port
-    local label=$1 port=$2
+# Waits until each of 512 probe keys is served (answers Q) by some member: every shard that
+# the probes hash to has a leader.
+wait_all_led() {
+    python3 - "$@" <<'PY'
+import socket, struct, sys, time
+ports = [int(p) for p in sys.argv[1:]]
+conns = {}
+def served(key, nonce):
+    for port in ports:
+        try:
+            s = conns.get(port) or socket.create_connection(("127.0.0.1", port), timeout=1)
+            conns[port] = s
+            s.sendall(b"Q" + struct.pack(">Q", nonce) + key + b"\n")
+            answer = s.recv(64)
+            if answer[:1] == b"Q":
+                return True
+        except OSError:
+            conns.pop(port, None)
+    return False
+pending = [f"probe/{n}".encode() for n in range(512)]
+deadline = time.time() + 60
+while pending and time.time() < deadline:
+    pending = [k for i, k in enumerate(pending) if not served(k, i + 1)]
+    if pending:
+        time.sleep(0.05)
+if pending:
+    sys.exit(f"{len(pending)} probe keys still without a leader")
+PY
+}
+
+run_bench() { # label target
+    local label=$1 target=$2
     for spec in "uncontended 1 1" "uncontended 16 50" "contended 1 50"; do
         read -r workload pipeline connections <<<"$spec"
-        json=$("$binary" bench --target "latchkey://127.0.0.1:$port" --workload "$workload" \
+        json=$("$binary" bench --target "latchkey://$target" --workload "$workload" \
             --pipeline "$pipeline" --connections "$connections" --duration "$duration" \
             --warmup 1s --json)
         python3 - "$label" "$workload" "$pipeline" "$connections" "$json" <<'PY'
@@ -55,8 +92,9 @@ import json, sys
 label, workload, pipeline, connections, text = sys.argv[1:]
 r = json.loads(text)
 l = r["latency_us"]
-print(f"{label:<18} {workload:<12} p{pipeline:<3} c{connections:<3} {r['requests_per_sec']:>10,.0f} req/s"
-      f"  latency p50 {l['p50']:>8.1f} us  p99 {l['p99']:>9.1f} us  ok={r['ok']}")
+print(f"{label:<24} {workload:<12} p{pipeline:<3} c{connections:<3} {r['requests_per_sec']:>10,.0f} req/s"
+      f"  latency p50 {l['p50']:>8.1f} us  p99 {l['p99']:>9.1f} us  M {r['counts']['M']:>6}"
+      f"  ok={r['ok']}")
 PY
     done
 }
@@ -72,7 +110,7 @@ for name in ("sync_latency_seconds", "commit_latency_seconds"):
     h = c[name]
     mean = h["sum"] / h["count"] * 1e6 if h["count"] else 0.0
     p50 = h["p50"] * 1e6 if h["p50"] is not None else float("nan")
-    print(f"{'':<18} leader {name[:-16]:<6} latency: {h['count']:>9,} samples  mean {mean:>8.1f} us"
+    print(f"{'':<24} :{sys.argv[1]} {name[:-16]:<6} latency: {h['count']:>9,} samples  mean {mean:>8.1f} us"
           f"  p50 <= {p50:>8.0f} us  max {h['max'] * 1e6:>9.0f} us")
 PY
 }
@@ -81,10 +119,11 @@ port=$(free_port)
 "$binary" serve --cores 1 --listen "127.0.0.1:$port" >/dev/null 2>&1 &
 pids+=($!)
 wait_port "$port"
-run_bench "single node" "$port"
+run_bench "single node" "127.0.0.1:$port"
 kill -TERM "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
 pids=()
 
+for shards in "${shard_counts[@]}"; do
 for fsync in true false; do
     ports=(); peers=()
     for i in 1 2 3; do ports+=("$(free_port)"); peers+=("$(free_port)"); done
@@ -93,24 +132,33 @@ for fsync in true false; do
         members+="  { id = $((i + 1)), client = \"127.0.0.1:${ports[$i]}\", peer = \"127.0.0.1:${peers[$i]}\" },"$'\n'
     done
     for i in 1 2 3; do
-        cat >"$dir/member-$i-$fsync.toml" <<TOML
+        tag="$i-$shards-$fsync"
+        cat >"$dir/member-$tag.toml" <<TOML
 [server]
 cores = 1
 [cluster]
 node_id = $i
-data_dir = "$dir/data-$i-$fsync"
-shards = 1
+data_dir = "$dir/data-$tag"
+shards = $shards
 fsync = $fsync
 members = [
 $members]
 TOML
-        "$binary" serve --config "$dir/member-$i-$fsync.toml" >/dev/null 2>&1 &
+        "$binary" serve --config "$dir/member-$tag.toml" >/dev/null 2>&1 &
         pids+=($!)
     done
-    leader=$(find_leader "${ports[@]}")
-    run_bench "cluster fsync=$fsync" "$leader"
-    leader_sync "$leader"
+    label="cluster s=$shards fsync=$fsync"
+    if [ "$shards" -eq 1 ]; then
+        leader=$(find_leader "${ports[@]}")
+        run_bench "$label" "127.0.0.1:$leader"
+        leader_sync "$leader"
+    else
+        wait_all_led "${ports[@]}"
+        run_bench "$label" "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
+        for p in "${ports[@]}"; do leader_sync "$p"; done
+    fi
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     pids=()
+done
 done

@@ -506,12 +506,14 @@ fn the_client_remembers_why_its_last_session_failed() {
         let _ = stream.write_all(b"-ERR unknown command\r\n");
         thread::sleep(ms(500));
     });
+    // The handshake ping met it: the ping call itself was never sent, and the session never
+    // counted as connected.
     let client = common::client(&[addr], 1, Duration::from_secs(2));
-    assert_eq!(client.ping(), Err(RequestError::NoAnswer));
+    assert_eq!(client.ping(), Err(RequestError::Unavailable));
     let failure = client
         .last_session_failure()
         .expect("a failure was recorded");
-    assert!(failure.connected());
+    assert!(!failure.connected());
     assert!(
         failure.cause().starts_with("not a latchkey server"),
         "{failure}"

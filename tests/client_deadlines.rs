@@ -113,6 +113,10 @@ fn a_request_still_unsent_on_a_live_session_at_its_deadline_is_a_timeout_and_nev
         addrs: vec![server.addr()],
         sessions: 1,
         session_calls_max: 2 * tickets_count,
+        // The releases stay unanswered: a silence limit (the connect timeout) shorter than
+        // the test would stall the session and hand the acquire back unsent (Unavailable).
+        // This test is about a session that is up and merely full.
+        connect_timeout: Duration::from_secs(30),
         ..ClientConfig::default()
     };
     let client = Client::with_config(config).unwrap();

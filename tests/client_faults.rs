@@ -56,10 +56,36 @@ fn freed_within(observer: &Client, key: &str, within: Duration) -> Option<Durati
 }
 
 #[test]
-fn unsent_retry_on_another_session_keeps_owner_and_deadline() {
+fn a_session_refused_before_its_handshake_pong_gets_only_the_ping() {
+    // A full server's X 7 comes before anything is read: the handshake ping is all the
+    // refused session carries; the acquire goes out once, on the next session, with the
+    // call's deadline (at most 1.7 s left).
     let upstream = Upstream::start();
     let proxy = Proxy::start(upstream.addr());
     proxy.refuse_next(1, ms(800));
+    let client = client(&[proxy.addr()], 1, Duration::from_secs(2));
+    let ticket = client.acquire("retry", ms(2500), LEASE).unwrap();
+    let frames = proxy.acquire_frames();
+    assert_eq!(
+        frames.len(),
+        1,
+        "never sent to the refused session: {frames:?}"
+    );
+    assert_eq!(frames[0].1, 2, "same deadline: at most 1.7 s were left");
+    assert_eq!(proxy.connections(), 2);
+    assert_eq!(proxy.pings(), 2, "one handshake per session");
+    assert!(upstream.observer().query("retry").unwrap().held);
+    drop(ticket);
+}
+
+#[test]
+fn unsent_retry_on_another_session_keeps_owner_and_deadline() {
+    // The first session is established (its handshake answered) and then refused with X 7:
+    // what was written to it counts as not sent (§4.3) and goes out again, same owner, same
+    // deadline.
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(upstream.addr());
+    proxy.refuse_next_after_pong(1, ms(800));
     let client = client(&[proxy.addr()], 1, Duration::from_secs(2));
     let ticket = client.acquire("retry", ms(2500), LEASE).unwrap();
     let frames = proxy.acquire_frames();
@@ -80,7 +106,8 @@ fn unsent_retry_on_another_session_keeps_owner_and_deadline() {
 fn a_cut_after_a_partial_frame_is_indeterminate_and_never_resent() {
     let upstream = Upstream::start();
     let proxy = Proxy::start(upstream.addr());
-    proxy.cut_after(5);
+    // The 10-byte handshake ping, then 5 bytes of the acquire.
+    proxy.cut_after(10 + 5);
     let client = client(&[proxy.addr()], 2, Duration::from_secs(1));
     let result = client.acquire("cut", ms(1000), LEASE);
     assert_eq!(result.unwrap_err(), AcquireError::Indeterminate);
@@ -102,7 +129,7 @@ fn a_cut_after_a_partial_frame_is_indeterminate_and_never_resent() {
 fn a_cut_after_the_whole_frame_is_indeterminate_and_the_lease_recovers_the_grant() {
     let upstream = Upstream::start();
     let proxy = Proxy::start(upstream.addr());
-    proxy.cut_after(12 + "cut-whole".len());
+    proxy.cut_after(10 + 12 + "cut-whole".len());
     let client = client(&[proxy.addr()], 1, Duration::from_secs(1));
     let result = client.acquire("cut-whole", ms(1000), Duration::from_secs(1));
     assert_eq!(result.unwrap_err(), AcquireError::Indeterminate);
@@ -119,6 +146,8 @@ fn a_grant_held_past_the_deadline_is_indeterminate_and_released_promptly() {
     let upstream = Upstream::start();
     let proxy = Proxy::start(upstream.addr());
     let client = client(&[proxy.addr()], 1, Duration::from_secs(3));
+    // The session is up (its handshake pong passed) before the server's bytes are held.
+    client.ping().unwrap();
     proxy.hold();
     let acquiring = {
         let client = client.clone();
@@ -176,6 +205,7 @@ fn a_late_timeout_is_a_timeout() {
     let holder = observer.acquire("late", ms(100), LEASE).unwrap();
     let proxy = Proxy::start(upstream.addr());
     let client = client(&[proxy.addr()], 1, Duration::from_secs(3));
+    client.ping().unwrap();
     proxy.hold();
     let acquiring = {
         let client = client.clone();
@@ -202,11 +232,9 @@ fn a_server_refusing_every_session_is_unavailable_and_nothing_was_executed() {
     let result = client.acquire("refused", ms(800), LEASE);
     assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
     assert_between(start.elapsed(), ms(800), ms(800) + LATE);
+    // X 7 comes before the handshake pong on every session: the acquire was never sent.
     let acquires = proxy.acquires();
-    assert!(
-        acquires.len() <= 1,
-        "one owner across all retries: {acquires:?}"
-    );
+    assert!(acquires.is_empty(), "never sent: {acquires:?}");
 }
 
 #[test]

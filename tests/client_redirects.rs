@@ -92,12 +92,21 @@ fn a_redirect_loop_ends_with_bounded_redirects() {
     let start = Instant::now();
     let result = client.acquire("k", wait, LEASE);
     assert!(start.elapsed() <= wait + TRANSPORT, "ends by the deadline");
-    // Members answered and nothing was ever queued: a Timeout, as when the wait runs out.
-    assert_eq!(result.unwrap_err(), AcquireError::Timeout);
+    // Members answered, but none served the key and nothing was executed: Unavailable (a
+    // Timeout is only a T, or a request waiting on a serving member's session).
+    assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
+    let report = client.last_unavailable().expect("what the members did");
+    assert_eq!(report.reachable(), 2);
+    assert!(
+        report
+            .to_string()
+            .starts_with(&format!("{REDIRECTS_MAX} redirects followed")),
+        "{report}"
+    );
     let (to_a, to_b) = (acquires(&a), acquires(&b));
     assert_eq!(to_a.len() + to_b.len(), REDIRECTS_MAX as usize + 1);
     assert!(to_a.iter().chain(&to_b).all(|owner| *owner == to_a[0]));
-    // Other calls end Unavailable.
+    // Other calls end Unavailable too.
     assert_eq!(client.query("k").unwrap_err(), RequestError::Unavailable);
 }
 
@@ -269,4 +278,180 @@ fn latchkey_lock_keeps_its_lock_through_a_leader_change() {
         key: "k".into(),
     };
     assert!(b.received().contains(&release), "B released it");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paused members, silent sessions, and the truth about "unavailable".
+
+/// A client of `addrs` whose connect timeout (and silence limit) is `connect`.
+fn client_with_connect(
+    addrs: &[std::net::SocketAddr],
+    connect: Duration,
+) -> latchkey::client::Client {
+    let config = latchkey::client::ClientConfig {
+        addrs: addrs.to_vec(),
+        sessions: 1,
+        connect_timeout: connect,
+        transport_timeout: TRANSPORT,
+        ..latchkey::client::ClientConfig::default()
+    };
+    latchkey::client::Client::with_config(config).unwrap()
+}
+
+#[test]
+fn a_paused_member_gets_only_the_handshake_ping_and_the_next_one_serves() {
+    let paused = FakeMember::start(leading(1));
+    paused.pause_handshakes();
+    let leader = FakeMember::start(Arc::new(|frame| match *frame {
+        Frame::Acquire { owner, .. } => {
+            Reply::Answer(latchkey::protocol::Response::Timeout { owner })
+        }
+        _ => leader_reply(frame, 2),
+    }));
+    let connect = Duration::from_millis(400);
+    // The first member's session starts connecting when the client is built.
+    let start = Instant::now();
+    let client = client_with_connect(&[paused.addr(), leader.addr()], connect);
+    // A held key, wait 0: the answer is the leader's T, not Indeterminate.
+    let result = client.acquire("k", Duration::ZERO, LEASE);
+    let elapsed = start.elapsed();
+    assert_eq!(result.unwrap_err(), AcquireError::Timeout);
+    assert_between(elapsed, connect, connect + Duration::from_secs(3));
+    assert_eq!(paused.handshakes(), 1);
+    assert_eq!(
+        paused.received(),
+        [],
+        "nothing but the handshake ping reached it"
+    );
+    assert_eq!(acquires(&leader).len(), 1);
+    // Query and ping go on to the member that answers too.
+    assert!(!client.query("q").unwrap().held);
+    client.ping().unwrap();
+    assert_eq!(paused.received(), []);
+}
+
+#[test]
+fn a_member_that_stops_answering_stops_taking_calls() {
+    // It answers the handshake, then nothing: its session stalls once an answer is overdue
+    // (the connect timeout), and later calls go to the other member.
+    let silent = FakeMember::start(Arc::new(|_| Reply::Silent));
+    let leader = FakeMember::start(leading(8));
+    let connect = Duration::from_millis(300);
+    let client = client_with_connect(&[silent.addr(), leader.addr()], connect);
+    assert_eq!(client.query("first").unwrap_err(), RequestError::NoAnswer);
+    assert_eq!(
+        silent.received().len(),
+        1,
+        "the query went to the silent member"
+    );
+    for key in ["a", "b", "c", "d"] {
+        let ticket = client.acquire(key, Duration::ZERO, LEASE).unwrap();
+        assert_eq!(ticket.token(), 8);
+    }
+    let to_silent = silent.received();
+    assert_eq!(to_silent.len(), 1, "nothing more reached it: {to_silent:?}");
+    assert_eq!(acquires(&leader).len(), 4);
+}
+
+#[test]
+fn an_acquire_that_met_only_no_leader_is_unavailable_and_says_so() {
+    let electing = FakeMember::start(redirect_to(None));
+    let (dead1, dead2) = (dead_addr(), dead_addr());
+    let client = client(&[electing.addr(), dead1, dead2], 1, TRANSPORT);
+    let wait = Duration::from_millis(800);
+    let start = Instant::now();
+    let result = client.acquire("k", wait, LEASE);
+    assert_eq!(
+        result.unwrap_err(),
+        AcquireError::Unavailable,
+        "not Timeout"
+    );
+    assert_between(start.elapsed(), wait, wait + TRANSPORT);
+    let report = client.last_unavailable().expect("what the members did");
+    assert_eq!((report.reachable(), report.listed()), (1, 3));
+    assert!(report.no_quorum());
+    let text = report.to_string();
+    assert!(
+        text.starts_with("no leader for this key: 1 of 3 members reachable, no quorum ("),
+        "{text}"
+    );
+    assert!(text.contains(&format!("{dead1}: cannot connect")), "{text}");
+    // The same for a query; and nothing was ever granted or queued.
+    assert_eq!(client.query("k").unwrap_err(), RequestError::Unavailable);
+    assert!(client
+        .last_unavailable()
+        .unwrap()
+        .to_string()
+        .starts_with("no leader"));
+}
+
+#[test]
+fn an_acquire_that_met_a_leaders_timeout_is_a_timeout() {
+    let electing = FakeMember::start(redirect_to(None));
+    let leader = FakeMember::start(Arc::new(|frame| match *frame {
+        Frame::Acquire { owner, .. } => {
+            Reply::Answer(latchkey::protocol::Response::Timeout { owner })
+        }
+        _ => Reply::Silent,
+    }));
+    let client = client(&[electing.addr(), leader.addr()], 1, TRANSPORT);
+    let result = client.acquire("k", Duration::from_millis(800), LEASE);
+    assert_eq!(result.unwrap_err(), AcquireError::Timeout);
+    assert_eq!(acquires(&leader).len(), 1);
+}
+
+#[test]
+fn a_named_leader_that_cannot_be_reached_is_unavailable_and_named() {
+    let gone = dead_addr();
+    let follower = FakeMember::start(redirect_to(Some(gone)));
+    let client = client(&[follower.addr()], 1, TRANSPORT);
+    let result = client.acquire("k", Duration::from_millis(600), LEASE);
+    assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
+    let text = client.last_unavailable().unwrap().to_string();
+    assert!(
+        text.starts_with(&format!(
+            "the key's leader {gone} (named by {}) cannot be reached: cannot connect",
+            follower.addr()
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_cli_says_no_leader_and_no_quorum_and_exits_83() {
+    let electing = FakeMember::start(redirect_to(None));
+    let list = format!("{},{},{}", electing.addr(), dead_addr(), dead_addr());
+    let output = latchkey(&["lock", "--server", &list, "--wait", "1s", "k", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_UNAVAILABLE)),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "latchkey lock: k: no leader for this key: 1 of 3 members reachable, no quorum"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("nothing was executed within --wait 1s"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("held by someone else"), "{stderr}");
+    let output = latchkey(&["query", "--server", &list, "--transport-timeout", "1s", "k"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_UNAVAILABLE)),
+        "{stderr}"
+    );
+    assert!(
+        stderr.starts_with("latchkey query: k: no leader for this key: 1 of 3 members reachable"),
+        "{stderr}"
+    );
 }

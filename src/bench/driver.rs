@@ -128,6 +128,19 @@ fn resolve(address: &str) -> Result<SocketAddr, BenchError> {
         .ok_or_else(|| BenchError::Resolve(format!("{address}: no address")))
 }
 
+/// Resolves every member of the target (each `HOST:PORT` to its first address), without
+/// duplicates.
+fn resolve_members(target: &super::Target) -> Result<Vec<SocketAddr>, BenchError> {
+    let mut members = Vec::new();
+    for address in target.addresses() {
+        let resolved = resolve(address)?;
+        if !members.contains(&resolved) {
+            members.push(resolved);
+        }
+    }
+    Ok(members)
+}
+
 /// Loads the release script into Redis and returns its SHA-1.
 fn load_script(address: SocketAddr) -> Result<[u8; SHA_BYTES], BenchError> {
     let failed = |error: io::Error| BenchError::Redis(format!("{address}: {error}"));
@@ -202,7 +215,7 @@ fn share(total: u64, index: usize, parts: usize) -> std::ops::Range<u64> {
 }
 
 /// Each worker's connections and keys.
-fn plan_workers(config: &BenchConfig, address: SocketAddr, plan: &Plan) -> Vec<WorkerSpec> {
+fn plan_workers(config: &BenchConfig, members: &[SocketAddr], plan: &Plan) -> Vec<WorkerSpec> {
     let slots = u64::from(config.connections) * u64::from(config.pipeline);
     let samples = LATENESS_SAMPLES_MAX.min(config.keys).min(slots);
     let sample_stride = (config.keys / samples.max(1)).max(1);
@@ -228,11 +241,16 @@ fn plan_workers(config: &BenchConfig, address: SocketAddr, plan: &Plan) -> Vec<W
                 )),
             };
             let connections = share(u64::from(config.connections), index, config.threads);
+            let key_space = match config.workload {
+                Workload::Contended => config.hot_keys,
+                Workload::Uncontended | Workload::Hold => config.keys,
+            };
             WorkerSpec {
                 index,
                 connections: connections.start as u32..connections.end as u32,
                 pipeline: config.pipeline,
-                address,
+                members: members.to_vec(),
+                key_space,
                 plan: plan.clone(),
                 keys,
                 warmup: config.warmup,
@@ -306,9 +324,9 @@ fn spawn(
 
 /// Runs the benchmark `config` describes and returns what it measured.
 pub fn execute(config: &BenchConfig) -> Result<Report, BenchError> {
-    let address = resolve(&config.target.address)?;
+    let members = resolve_members(&config.target)?;
     let sha = match config.target.dialect {
-        Dialect::Redis => load_script(address)?,
+        Dialect::Redis => load_script(members[0])?,
         Dialect::Latchkey => [0; SHA_BYTES],
     };
     let plan = Plan::new(config, run_tag());
@@ -328,7 +346,7 @@ pub fn execute(config: &BenchConfig) -> Result<Report, BenchError> {
         clock: HandoffClock::new(epoch, hot_keys),
     });
     let mut handles = Vec::with_capacity(config.threads);
-    for spec in plan_workers(config, address, &plan) {
+    for spec in plan_workers(config, &members, &plan) {
         match spawn(spec, &shared, config, sha) {
             Ok(handle) => handles.push(handle),
             Err(error) => {
@@ -369,7 +387,8 @@ pub fn execute(config: &BenchConfig) -> Result<Report, BenchError> {
 
 /// Waits until every worker has connected (or one failed).
 fn open_gate(config: &BenchConfig, shared: &Shared, workers: usize) -> Result<(), BenchError> {
-    let connect_all = CONNECT_TIMEOUT * (config.connections / config.threads as u32 + 1);
+    let members = config.target.addresses().count() as u32;
+    let connect_all = CONNECT_TIMEOUT * (members * config.connections / config.threads as u32 + 1);
     let give_up_at = Instant::now() + connect_all;
     loop {
         if shared.failed.load(Ordering::Acquire) > 0 {

@@ -9,6 +9,8 @@
 //! | `wire.rs` | the `Wire` interface and the latchkey dialect (uses [`crate::protocol`]) |
 //! | `redis.rs` | a minimal RESP encoder/decoder and the Redis dialect (`SET NX PX`, `EVALSHA`) |
 //! | `workload.rs` | the per-connection state machine: slots, cycles, timers, key choice. No I/O |
+//! | `workload/redirect.rs` | a slot's answer to `M`: the same request to the leader, or later |
+//! | `cluster.rs` | a cluster target: the per-key leader cache, the outbox that routes by it |
 //! | `stats.rs` | counters and HDR histograms one worker thread fills |
 //! | `report.rs` | merged results: the human table and the `--json` object |
 //! | `worker.rs` | one load thread: the mio loop over its connections |
@@ -45,9 +47,20 @@
 //! Invariants: each pipeline slot has at most one request outstanding, so per-connection
 //! buffers are sized once at start; nothing on the request path allocates.
 //!
+//! # Clusters
+//!
+//! `--target a,b,c` (or `LATCHKEY_SERVER=a,b,c`) benches a latchkey cluster: every connection
+//! has a socket to each member, requests go to their key's leader as a per-worker cache
+//! learned from `M` answers names it, and an `M` sends the same request to the leader it
+//! names (see `cluster.rs`). `M`s are counted (`M` in the report), not unexpected; a cycle
+//! that meets more than 64 is given up, and that is unexpected (`no_leader`). With one
+//! address nothing of this runs: one socket per connection, no cache.
+//!
 //! Deliberately not here: reconnecting (a failed connection is an error that the report
-//! shows), TLS to Redis, or any address other than the one given.
+//! shows), TLS to Redis, or any address other than the ones given (an `M` naming a member
+//! outside the target is an error of the run).
 
+mod cluster;
 mod driver;
 mod redis;
 mod report;
@@ -89,15 +102,23 @@ pub enum Dialect {
 }
 
 /// Where to send load: `latchkey://HOST:PORT`, `latchkeys://HOST:PORT` (over TLS) or
-/// `redis://HOST:PORT`.
+/// `redis://HOST:PORT`; for a latchkey cluster, its members as `HOST:PORT,HOST:PORT,...`
+/// after the scheme.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     /// The dialect named by the scheme.
     pub dialect: Dialect,
     /// Over TLS (`latchkeys://`; latchkey only, see [`BenchConfig::validate`]).
     pub tls: bool,
-    /// `HOST:PORT` as given.
+    /// `HOST:PORT` as given, or the members of a cluster joined by commas.
     pub address: String,
+}
+
+impl Target {
+    /// Each `HOST:PORT` of the target: one, or a cluster's members.
+    pub fn addresses(&self) -> impl Iterator<Item = &str> {
+        self.address.split(',')
+    }
 }
 
 impl fmt::Display for Target {
@@ -113,7 +134,9 @@ impl fmt::Display for Target {
 }
 
 /// Parses `latchkey://HOST:PORT`, `latchkeys://HOST:PORT` or `redis://HOST:PORT`; a bare
-/// `HOST:PORT` is latchkey without TLS (the form `LATCHKEY_SERVER` and `--server` take).
+/// `HOST:PORT` is latchkey without TLS (the form `LATCHKEY_SERVER` and `--server` take). A
+/// latchkey target may list a cluster's members: `latchkey://a:7420,b:7420,c:7420` or
+/// `a:7420,b:7420,c:7420` (at most [`crate::client::MEMBERS_MAX`]).
 pub fn parse_target(text: &str) -> Result<Target, String> {
     let schemes = [
         ("latchkey://", Dialect::Latchkey, false),
@@ -133,17 +156,36 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
             ))
         }
     };
-    let address = rest.trim_end_matches('/');
-    let port_ok = address
-        .rsplit_once(':')
-        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-    if !port_ok {
-        return Err(format!("`{text}`: expected HOST:PORT after the scheme"));
+    let items: Vec<&str> = rest
+        .trim_end_matches('/')
+        .split(',')
+        .map(str::trim)
+        .collect();
+    for item in &items {
+        let port_ok = item
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(format!(
+                "`{text}`: expected HOST:PORT after the scheme, not `{item}`"
+            ));
+        }
+    }
+    if items.len() > 1 && dialect == Dialect::Redis {
+        return Err(format!(
+            "`{text}`: a list of members is for a latchkey cluster"
+        ));
+    }
+    if items.len() > cluster::MEMBERS_MAX {
+        return Err(format!(
+            "`{text}`: at most {} members",
+            cluster::MEMBERS_MAX
+        ));
     }
     Ok(Target {
         dialect,
         tls,
-        address: address.to_string(),
+        address: items.join(","),
     })
 }
 
@@ -173,8 +215,9 @@ impl Workload {
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// latchkey://HOST:PORT (also the echo baseline), latchkeys://HOST:PORT (latchkey over TLS:
-    /// needs --tls-ca) or redis://HOST:PORT; a bare HOST:PORT is latchkey. Defaults to the
-    /// latchkey server in LATCHKEY_SERVER.
+    /// needs --tls-ca) or redis://HOST:PORT; a bare HOST:PORT is latchkey. A cluster: its
+    /// members, latchkey://A:PORT,B:PORT,C:PORT (requests follow M to each key's leader).
+    /// Defaults to the latchkey server(s) in LATCHKEY_SERVER.
     #[arg(long, env = "LATCHKEY_SERVER", value_parser = parse_target)]
     pub target: Target,
     /// TLS to a latchkeys:// target.

@@ -7,6 +7,8 @@
 //! Redis answers are reported in the latchkey letters: `A` = `SET NX` granted, `T` = gave up
 //! (held key and no wait left), `R` = the release script deleted the key, `N` = it did not,
 //! `X` = an error reply. `retries` counts Redis `SET NX` attempts that found the key held.
+//! Against a cluster, `M` counts the requests a member redirected (followed, not unexpected)
+//! and `no_leader` the cycles given up after too many redirects (unexpected).
 //!
 //! Deliberately not here: measuring anything.
 
@@ -161,7 +163,7 @@ impl Report {
         let counts = &stats.counts;
         let mut text = format!(
             "UNEXPECTED: {} unexpected answers or errors in the {} run against {} \
-             (T {}, B {}, N {}, X {} in the window; {} outside it; \
+             (T {}, B {}, N {}, X {}, no leader {} in the window; {} outside it; \
              I/O errors {}, protocol errors {})",
             self.unexpected(),
             self.config.workload.name(),
@@ -170,6 +172,7 @@ impl Report {
             counts.busy,
             counts.not_held,
             counts.refused,
+            counts.no_leader,
             stats.unexpected_outside_window,
             stats.errors.io,
             stats.errors.protocol,
@@ -310,7 +313,7 @@ impl Report {
         let _ = write!(
             out,
             ",\"counts\":{{\"A\":{},\"T\":{},\"B\":{},\"X\":{},\"N\":{},\"R\":{},\
-             \"retries\":{}}},\"errors\":{{\"io\":{},\"protocol\":{},\
+             \"retries\":{},\"M\":{},\"no_leader\":{}}},\"errors\":{{\"io\":{},\"protocol\":{},\
              \"unexpected_outside_window\":{},\"first\":{}}},\"unexpected\":{},\"ok\":{}",
             counts.granted,
             counts.timeout,
@@ -319,6 +322,8 @@ impl Report {
             counts.not_held,
             counts.released,
             counts.retries,
+            counts.moved,
+            counts.no_leader,
             stats.errors.io,
             stats.errors.protocol,
             stats.unexpected_outside_window,
@@ -448,13 +453,14 @@ impl Report {
             (
                 "answers",
                 format!(
-                    "A {}  R {}  T {}  B {}  N {}  X {}",
+                    "A {}  R {}  T {}  B {}  N {}  X {}  M {}",
                     counts.granted,
                     counts.released,
                     counts.timeout,
                     counts.busy,
                     counts.not_held,
-                    counts.refused
+                    counts.refused,
+                    counts.moved
                 ),
             ),
             (

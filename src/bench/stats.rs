@@ -36,6 +36,12 @@ pub struct Counts {
     pub released: u64,
     /// Redis only: `SET NX` attempts that found the key held and were retried.
     pub retries: u64,
+    /// `M`: requests a cluster member redirected (sent again to the leader it named, or to
+    /// another member when it named none).
+    pub moved: u64,
+    /// Requests given up after [`REDIRECTS_MAX`](super::cluster::REDIRECTS_MAX) `M`s in one
+    /// cycle: no leader could be reached.
+    pub no_leader: u64,
 }
 
 impl Counts {
@@ -48,6 +54,8 @@ impl Counts {
         self.not_held += other.not_held;
         self.released += other.released;
         self.retries += other.retries;
+        self.moved += other.moved;
+        self.no_leader += other.no_leader;
     }
 
     /// Answers that a healthy server never gives in `workload`.
@@ -56,7 +64,7 @@ impl Counts {
             Workload::Contended => 0,
             Workload::Uncontended | Workload::Hold => self.timeout + self.busy,
         };
-        waiting + self.refused + self.not_held
+        waiting + self.refused + self.not_held + self.no_leader
     }
 }
 
@@ -306,11 +314,14 @@ mod tests {
             busy: 3,
             refused: 5,
             not_held: 7,
+            moved: 100,
+            no_leader: 11,
             ..Counts::default()
         };
-        assert_eq!(counts.unexpected(Workload::Uncontended), 17);
-        assert_eq!(counts.unexpected(Workload::Hold), 17);
-        assert_eq!(counts.unexpected(Workload::Contended), 12);
+        // A redirect is how a cluster is driven; giving up after too many is not.
+        assert_eq!(counts.unexpected(Workload::Uncontended), 28);
+        assert_eq!(counts.unexpected(Workload::Hold), 28);
+        assert_eq!(counts.unexpected(Workload::Contended), 23);
     }
 
     #[test]

@@ -152,6 +152,37 @@ fn validation_names_the_bad_flag() {
 }
 
 #[test]
+fn a_target_may_list_a_clusters_members() {
+    // As LATCHKEY_SERVER and --server take them.
+    let target = parse_target("127.0.0.1:1, 127.0.0.1:2,127.0.0.1:3").unwrap();
+    assert_eq!(target.dialect, Dialect::Latchkey);
+    assert_eq!(
+        target.addresses().collect::<Vec<_>>(),
+        ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+    );
+    assert_eq!(
+        target.to_string(),
+        "latchkey://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"
+    );
+    let target = parse_target("latchkeys://a:1,b:2/").unwrap();
+    assert!(target.tls);
+    assert_eq!(target.addresses().count(), 2);
+    let args = parse("--target a:1,b:2,c:3 --workload uncontended").unwrap();
+    assert_eq!(args.target.addresses().count(), 3);
+    assert_eq!(parse_target("a:1").unwrap().addresses().count(), 1);
+    let seventeen: Vec<String> = (1..=17).map(|port| format!("h:{port}")).collect();
+    for bad in [
+        "a:1,".to_string(),
+        "a:1,,b:2".to_string(),
+        "a:1,b".to_string(),
+        "redis://a:1,b:2".to_string(),
+        seventeen.join(","),
+    ] {
+        assert!(parse_target(&bad).is_err(), "{bad:?} should not parse");
+    }
+}
+
+#[test]
 fn latchkeys_is_latchkey_over_tls() {
     let target = parse_target("latchkeys://127.0.0.1:7420/").unwrap();
     assert_eq!(

@@ -80,6 +80,14 @@ pub enum Answer {
         /// The `X` code (Redis: 0).
         code: u8,
     },
+    /// `M` (latchkey cluster members only): the request had no effect; `leader` leads its
+    /// key, or `None` when the member knows no leader.
+    Moved {
+        /// Correlation id of the request (owner, token or nonce).
+        id: u64,
+        /// The member the answering one believes leads the key.
+        leader: Option<std::net::SocketAddr>,
+    },
 }
 
 /// An answer and, when the dialect knows it, the slot it belongs to.
@@ -104,8 +112,6 @@ pub enum WireError {
     UnexpectedReply(u8),
     /// A reply with no request outstanding.
     Unsolicited,
-    /// `M`: the target is a cluster member that does not lead the key (the leader it named).
-    Moved(Option<std::net::SocketAddr>),
 }
 
 impl fmt::Display for WireError {
@@ -113,14 +119,6 @@ impl fmt::Display for WireError {
         match self {
             WireError::Frame(error) => write!(f, "bad response frame: {error}"),
             WireError::UnaskedOp(op) => write!(f, "response `{}` to no request sent", *op as char),
-            WireError::Moved(leader) => {
-                let leader = leader.map_or("unknown".to_string(), |addr| addr.to_string());
-                write!(
-                    f,
-                    "the target is a cluster member that does not lead this key (leader: \
-                     {leader}); the benchmark does not follow redirects"
-                )
-            }
             WireError::Resp(error) => write!(f, "bad RESP reply: {error}"),
             WireError::UnexpectedReply(kind) => {
                 write!(
@@ -222,7 +220,10 @@ impl Wire for LatchkeyWire {
             Response::Extended { .. } | Response::Pong { .. } => {
                 return Err(WireError::UnaskedOp(response.op()))
             }
-            Response::Moved { leader, .. } => return Err(WireError::Moved(leader.addr())),
+            Response::Moved { id, leader } => Answer::Moved {
+                id,
+                leader: leader.addr(),
+            },
         };
         Ok(Some((Reply { answer, slot: None }, used)))
     }
@@ -320,6 +321,32 @@ mod tests {
                 Answer::Remaining {
                     nonce: 8,
                     lease_ms: expected
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn latchkey_moved_names_the_leader_or_none() {
+        let mut wire = LatchkeyWire::new(30);
+        let leader: std::net::SocketAddr = "10.0.0.3:7420".parse().unwrap();
+        for (named, expected) in [
+            (crate::protocol::Leader::at(leader), Some(leader)),
+            (crate::protocol::Leader::UNKNOWN, None),
+        ] {
+            let mut bytes = Vec::new();
+            Response::Moved {
+                id: 9,
+                leader: named,
+            }
+            .encode(&mut bytes);
+            let (reply, used) = wire.parse(&bytes).unwrap().unwrap();
+            assert_eq!(used, bytes.len());
+            assert_eq!(
+                reply.answer,
+                Answer::Moved {
+                    id: 9,
+                    leader: expected
                 }
             );
         }

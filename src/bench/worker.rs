@@ -20,9 +20,14 @@
 //! Over TLS a `write` may leave records in rustls when the socket is full; the connection then
 //! asks for writability like for unsent requests, and `send` flushes them.
 //!
-//! Invariants: a connection's unsent bytes never exceed `pipeline` requests (one per slot), so
-//! the buffers sized at connect time never grow; a `Token` is the worker's connection number,
-//! never reused (connections are not replaced), so no generation is needed.
+//! Clusters: with several members in the target, a connection has one socket (a *lane*) per
+//! member; its session's requests go to the lane of their key's leader (`cluster.rs`), and
+//! answers are read from every lane. A single node has one lane per connection.
+//!
+//! Invariants: a lane's unsent bytes never exceed `pipeline` requests (one per slot), so
+//! the buffers sized at connect time never grow; a `Token` is the worker's connection number
+//! times the lanes per connection plus the lane, never reused (connections are not replaced),
+//! so no generation is needed.
 //!
 //! Deliberately not here: the start gate, progress and RSS (the driver), what an answer means
 //! (the session).
@@ -35,11 +40,12 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
 
+use super::cluster::{Leaders, Outbox};
 use super::driver::{BenchError, Shared};
 use super::stats::Stats;
 use super::stream::BenchStream;
 use super::wire::{Answer, Wire};
-use super::workload::{Context, KeySource, Outbox, Plan, Session, Timers};
+use super::workload::{Context, KeySource, Plan, ReplyError, Session, Timers};
 use crate::protocol::ErrorCode;
 
 /// Events handled per poll.
@@ -64,8 +70,10 @@ pub struct WorkerSpec {
     pub connections: std::ops::Range<u32>,
     /// Requests outstanding per connection.
     pub pipeline: u16,
-    /// The server.
-    pub address: SocketAddr,
+    /// The server, or the members of a cluster (a lane per member in every connection).
+    pub members: Vec<SocketAddr>,
+    /// Key numbers are below this (sizes the leader cache of a cluster).
+    pub key_space: u64,
     /// The run's plan.
     pub plan: Plan,
     /// This worker's keys.
@@ -93,14 +101,21 @@ enum Failure {
     Protocol(String),
 }
 
-struct Connection<W: Wire, S: BenchStream> {
+/// One member's socket of a connection, with its read buffer.
+struct Lane<S: BenchStream> {
     stream: S,
-    wire: W,
-    session: Session,
     input: Box<[u8]>,
     input_len: usize,
-    output: Vec<u8>,
     wants_write: bool,
+}
+
+struct Connection<W: Wire, S: BenchStream> {
+    lanes: Vec<Lane<S>>,
+    /// Each lane's dialect and unsent bytes, beside `lanes` so that a session's outbox can
+    /// borrow them all while one lane's input is parsed.
+    wires: Vec<W>,
+    outputs: Vec<Vec<u8>>,
+    session: Session,
     dirty: bool,
     open: bool,
 }
@@ -116,6 +131,8 @@ struct Core<W: Wire, S: BenchStream> {
     open: usize,
     pipeline: u16,
     shared: Arc<Shared>,
+    /// The members and each key's leader, for every connection of this worker.
+    leaders: Leaders,
 }
 
 /// A load thread.
@@ -141,24 +158,31 @@ impl<W: Wire, S: BenchStream> Worker<W, S> {
         let now = Instant::now();
         let pipeline = usize::from(spec.pipeline);
         let count = spec.connections.len();
+        let members = spec.members.len();
         let mut connections = Vec::with_capacity(count);
         for (local, global) in spec.connections.clone().enumerate() {
-            let failed = |error| BenchError::Connect {
-                address: spec.address,
-                error,
-            };
-            let mut stream = dial(spec.address).map_err(failed)?;
-            poll.registry()
-                .register(&mut stream, Token(local), Interest::READABLE)
-                .map_err(failed)?;
+            let mut lanes = Vec::with_capacity(members);
+            for (lane, &address) in spec.members.iter().enumerate() {
+                let failed = |error| BenchError::Connect { address, error };
+                let mut stream = dial(address).map_err(failed)?;
+                let token = Token(local * members + lane);
+                poll.registry()
+                    .register(&mut stream, token, Interest::READABLE)
+                    .map_err(failed)?;
+                lanes.push(Lane {
+                    stream,
+                    input: vec![0; INPUT_BYTES_MIN.max(pipeline * 32)].into_boxed_slice(),
+                    input_len: 0,
+                    wants_write: false,
+                });
+            }
             connections.push(Connection {
-                stream,
-                wire: make_wire(),
+                lanes,
+                wires: (0..members).map(|_| make_wire()).collect(),
+                outputs: (0..members)
+                    .map(|_| Vec::with_capacity(pipeline * REQUEST_BYTES_PER_SLOT))
+                    .collect(),
                 session: Session::new(local as u32, global, spec.pipeline, now),
-                input: vec![0; INPUT_BYTES_MIN.max(pipeline * 32)].into_boxed_slice(),
-                input_len: 0,
-                output: Vec::with_capacity(pipeline * REQUEST_BYTES_PER_SLOT),
-                wants_write: false,
                 dirty: false,
                 open: true,
             });
@@ -173,6 +197,7 @@ impl<W: Wire, S: BenchStream> Worker<W, S> {
             open: count,
             pipeline: spec.pipeline,
             shared,
+            leaders: Leaders::new(spec.members, spec.key_space),
         };
         Ok(Worker {
             poll,
@@ -198,10 +223,11 @@ impl<W: Wire, S: BenchStream> Worker<W, S> {
             Err(error) => return Err(BenchError::Poll(error)),
         }
         let now = Instant::now();
+        let lanes = self.core.leaders.members();
         for event in self.events.iter() {
-            let index = event.token().0;
+            let (index, lane) = (event.token().0 / lanes, event.token().0 % lanes);
             if event.is_readable() || event.is_read_closed() || event.is_error() {
-                self.core.read(index, Instant::now(), &self.poll);
+                self.core.read(index, lane, Instant::now(), &self.poll);
             }
             if event.is_writable() {
                 self.core.mark_dirty(index);
@@ -312,11 +338,12 @@ impl<W: Wire, S: BenchStream> Worker<W, S> {
     }
 }
 
-/// A split borrow of a core: its connections and dirty list, and a session context over the
-/// rest.
+/// A split borrow of a core: its connections, dirty list and leader cache, and a session
+/// context over the rest.
 struct Parts<'a, W: Wire, S: BenchStream> {
     connections: &'a mut [Connection<W, S>],
     dirty: &'a mut Vec<u32>,
+    leaders: &'a mut Leaders,
     ctx: Context<'a>,
 }
 
@@ -330,6 +357,7 @@ impl<W: Wire, S: BenchStream> Core<W, S> {
             timers,
             dirty,
             shared,
+            leaders,
             ..
         } = self;
         let ctx = Context {
@@ -343,6 +371,7 @@ impl<W: Wire, S: BenchStream> Core<W, S> {
         Parts {
             connections,
             dirty,
+            leaders,
             ctx,
         }
     }
@@ -380,13 +409,15 @@ impl<W: Wire, S: BenchStream> Core<W, S> {
         let Parts {
             connections,
             dirty,
+            leaders,
             mut ctx,
         } = self.parts(now);
         for (index, connection) in connections.iter_mut().enumerate() {
             if connection.open {
                 let mut outbox = Outbox {
-                    wire: &mut connection.wire,
-                    out: &mut connection.output,
+                    wires: &mut connection.wires,
+                    outs: &mut connection.outputs,
+                    leaders: &mut *leaders,
                 };
                 connection.session.kick(&mut ctx, &mut outbox);
                 mark(connection, dirty, index);
@@ -395,10 +426,11 @@ impl<W: Wire, S: BenchStream> Core<W, S> {
         self.flush(poll);
     }
 
-    fn read(&mut self, index: usize, now: Instant, poll: &Poll) {
+    fn read(&mut self, index: usize, lane: usize, now: Instant, poll: &Poll) {
         let Parts {
             connections,
             dirty,
+            leaders,
             mut ctx,
         } = self.parts(now);
         let connection = &mut connections[index];
@@ -406,9 +438,10 @@ impl<W: Wire, S: BenchStream> Core<W, S> {
             return;
         }
         // Answers only queue requests on their own connection: write them now, so they leave
-        // when they were stamped (one `write`, as the end-of-iteration flush would do).
-        let result = receive(connection, &mut ctx).and_then(|()| send(connection, poll));
-        if !connection.output.is_empty() {
+        // when they were stamped (one `write` per lane, as the end-of-iteration flush would).
+        let result =
+            receive(connection, lane, &mut ctx, leaders).and_then(|()| send(connection, poll));
+        if connection.outputs.iter().any(|output| !output.is_empty()) {
             mark(connection, dirty, index);
         }
         if let Err(failure) = result {
@@ -418,23 +451,19 @@ impl<W: Wire, S: BenchStream> Core<W, S> {
 
     fn fire_timers(&mut self, now: Instant) {
         // Bounded: firing a timer never sets another, and each slot has at most one.
-        loop {
-            let due = self
-                .timers
-                .hold
-                .pop_due(now)
-                .or_else(|| self.timers.retry.pop_due(now));
-            let Some((local, slot)) = due else { return };
+        while let Some((local, slot)) = self.timers.pop_due(now) {
             let Parts {
                 connections,
                 dirty,
+                leaders,
                 mut ctx,
             } = self.parts(now);
             let connection = &mut connections[local as usize];
             if connection.open {
                 let mut outbox = Outbox {
-                    wire: &mut connection.wire,
-                    out: &mut connection.output,
+                    wires: &mut connection.wires,
+                    outs: &mut connection.outputs,
+                    leaders,
                 };
                 connection.session.handle_timer(slot, &mut ctx, &mut outbox);
                 mark(connection, dirty, local as usize);
@@ -464,9 +493,11 @@ impl<W: Wire, S: BenchStream> Core<W, S> {
             return;
         }
         connection.open = false;
-        // The socket is dropped with the worker; errors here change nothing.
-        let _ = poll.registry().deregister(&mut connection.stream);
-        let _ = connection.stream.shutdown();
+        // The sockets are dropped with the worker; errors here change nothing.
+        for lane in &mut connection.lanes {
+            let _ = poll.registry().deregister(&mut lane.stream);
+            let _ = lane.stream.shutdown();
+        }
         connection.session.abandon();
         self.open -= 1;
         let number = connection.session.connection();
@@ -483,26 +514,31 @@ impl<W: Wire, S: BenchStream> Core<W, S> {
     }
 }
 
-/// Reads until the socket is drained and applies every complete answer.
+/// Reads `lane` until its socket is drained and applies every complete answer.
 fn receive<W: Wire, S: BenchStream>(
     connection: &mut Connection<W, S>,
+    lane: usize,
     ctx: &mut Context<'_>,
+    leaders: &mut Leaders,
 ) -> Result<(), Failure> {
     loop {
-        let space = connection.input.len() - connection.input_len;
+        let Lane {
+            stream,
+            input,
+            input_len,
+            ..
+        } = &mut connection.lanes[lane];
+        let space = input.len() - *input_len;
         if space == 0 {
             return Err(Failure::Protocol(
                 "an answer longer than the read buffer".into(),
             ));
         }
-        match connection
-            .stream
-            .read(&mut connection.input[connection.input_len..])
-        {
+        match stream.read(&mut input[*input_len..]) {
             Ok(0) => return Err(Failure::Io("the server closed the connection".into())),
             Ok(read) => {
-                connection.input_len += read;
-                apply(connection, ctx)?;
+                *input_len += read;
+                apply(connection, lane, ctx, leaders)?;
                 if read < space {
                     return Ok(());
                 }
@@ -514,30 +550,35 @@ fn receive<W: Wire, S: BenchStream>(
     }
 }
 
-/// Parses and applies every complete answer in the input buffer, then compacts it.
+/// Parses and applies every complete answer in `lane`'s input buffer, then compacts it.
 fn apply<W: Wire, S: BenchStream>(
     connection: &mut Connection<W, S>,
+    lane: usize,
     ctx: &mut Context<'_>,
+    leaders: &mut Leaders,
 ) -> Result<(), Failure> {
     let Connection {
-        wire,
+        lanes,
+        wires,
+        outputs,
         session,
-        input,
-        input_len,
-        output,
         ..
     } = connection;
+    let Lane {
+        input, input_len, ..
+    } = &mut lanes[lane];
     let mut offset = 0;
     let result = loop {
-        match wire.parse(&input[offset..*input_len]) {
+        match wires[lane].parse(&input[offset..*input_len]) {
             Ok(Some((reply, used))) => {
                 offset += used;
                 let mut outbox = Outbox {
-                    wire: &mut *wire,
-                    out: &mut *output,
+                    wires: &mut wires[..],
+                    outs: &mut outputs[..],
+                    leaders: &mut *leaders,
                 };
-                if let Err(uncorrelated) = session.handle_reply(reply, ctx, &mut outbox) {
-                    break Err(Failure::Protocol(describe(uncorrelated.0)));
+                if let Err(error) = session.handle_reply(reply, ctx, &mut outbox) {
+                    break Err(Failure::Protocol(describe(error)));
                 }
             }
             Ok(None) => break Ok(()),
@@ -546,35 +587,56 @@ fn apply<W: Wire, S: BenchStream>(
     };
     input.copy_within(offset..*input_len, 0);
     *input_len -= offset;
-    if let (Err(Failure::Protocol(text)), Some(redis)) = (&result, wire.first_error_text()) {
+    if let (Err(Failure::Protocol(text)), Some(redis)) = (&result, wires[lane].first_error_text()) {
         return Err(Failure::Protocol(format!("{text} (server said: {redis})")));
     }
     result
 }
 
-fn describe(answer: Answer) -> String {
-    match answer {
-        Answer::Refused { id: 0, code } => match ErrorCode::from_u8(code) {
-            Some(code) => format!("the server refused the session: {code}"),
-            None => format!("X with unknown code {code} and no correlation id"),
-        },
-        other => format!("answer {other:?} matches no outstanding request"),
+fn describe(error: ReplyError) -> String {
+    match error {
+        ReplyError::Uncorrelated(Answer::Refused { id: 0, code }) => {
+            match ErrorCode::from_u8(code) {
+                Some(code) => format!("the server refused the session: {code}"),
+                None => format!("X with unknown code {code} and no correlation id"),
+            }
+        }
+        other => other.to_string(),
     }
 }
 
-/// Writes the queued bytes (one `write` unless the socket takes less), keeps the rest, and
-/// asks for writability only while something is left (queued bytes, or output the stream
-/// holds: TLS records).
+/// Writes every lane's queued bytes (one `write` each unless the socket takes less), keeps
+/// the rest, and asks for writability only while something is left (queued bytes, or output
+/// the stream holds: TLS records).
 fn send<W: Wire, S: BenchStream>(
     connection: &mut Connection<W, S>,
     poll: &Poll,
 ) -> Result<(), Failure> {
+    let lanes = connection.lanes.len();
+    let first_token = connection.session.local() as usize * lanes;
+    for (index, (lane, output)) in connection
+        .lanes
+        .iter_mut()
+        .zip(connection.outputs.iter_mut())
+        .enumerate()
+    {
+        send_lane(lane, output, poll, Token(first_token + index))?;
+    }
+    Ok(())
+}
+
+fn send_lane<S: BenchStream>(
+    lane: &mut Lane<S>,
+    output: &mut Vec<u8>,
+    poll: &Poll,
+    token: Token,
+) -> Result<(), Failure> {
     let mut sent = 0;
     let result = loop {
-        if sent == connection.output.len() {
+        if sent == output.len() {
             break Ok(());
         }
-        match connection.stream.write(&connection.output[sent..]) {
+        match lane.stream.write(&output[sent..]) {
             Ok(0) => break Err(Failure::Io("write accepted no bytes".into())),
             Ok(written) => sent += written,
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => break Ok(()),
@@ -582,20 +644,19 @@ fn send<W: Wire, S: BenchStream>(
             Err(error) => break Err(Failure::Io(format!("write: {error}"))),
         }
     };
-    connection.output.drain(..sent);
-    let result = result.and_then(|()| flush_held(&mut connection.stream));
-    let wants_write = !connection.output.is_empty() || connection.stream.holds_output();
-    if result.is_ok() && wants_write != connection.wants_write {
+    output.drain(..sent);
+    let result = result.and_then(|()| flush_held(&mut lane.stream));
+    let wants_write = !output.is_empty() || lane.stream.holds_output();
+    if result.is_ok() && wants_write != lane.wants_write {
         let interest = if wants_write {
             Interest::READABLE | Interest::WRITABLE
         } else {
             Interest::READABLE
         };
-        let token = Token(connection.session.local() as usize);
         poll.registry()
-            .reregister(&mut connection.stream, token, interest)
+            .reregister(&mut lane.stream, token, interest)
             .map_err(|error| Failure::Io(format!("reregister: {error}")))?;
-        connection.wants_write = wants_write;
+        lane.wants_write = wants_write;
     }
     result
 }

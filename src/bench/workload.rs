@@ -8,7 +8,10 @@
 //!
 //! A slot is `Idle`, `Querying` (a `hold` waiter asking what is left of the lease), `Acquiring`
 //! (one acquire outstanding), `Backoff` (Redis: `SET NX` found the key held; retry timer
-//! pending), `Holding` (hold timer pending) or `Releasing` (one release outstanding).
+//! pending), `Holding` (hold timer pending), `Releasing` (one release outstanding) or
+//! `Rerouting` (a cluster member answered `M` naming no leader; the request goes to another
+//! member when its timer fires). An `M` naming a leader sends the same request there at once
+//! (`workload/redirect.rs`; routing in `cluster.rs`).
 //! Invariants: a slot has at most one request outstanding and at most one timer pending;
 //! `active` counts the slots that are not idle.
 //!
@@ -19,11 +22,11 @@
 //! Deliberately not here: sockets and buffers (the driver), turning requests into bytes (the
 //! [`Wire`]).
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+pub use super::cluster::Outbox;
 use super::stats::Stats;
 use super::wire::{key_name, Answer, Reply, Wire};
 use super::{seconds_rounded_up, BenchConfig, Dialect, Workload, REDIS_RETRY, WIRE_SECONDS_MAX};
@@ -284,74 +287,6 @@ impl HandoffClock {
     }
 }
 
-/// Timers of one constant delay, so entries are pushed in deadline order and a FIFO suffices.
-#[derive(Debug)]
-pub struct DelayQueue {
-    delay: Duration,
-    entries: VecDeque<(Instant, u32, u16)>,
-}
-
-impl DelayQueue {
-    /// A queue of `delay` timers with room for one per slot (`slots`).
-    pub fn new(delay: Duration, slots: usize) -> DelayQueue {
-        DelayQueue {
-            delay,
-            entries: VecDeque::with_capacity(slots),
-        }
-    }
-
-    fn push(&mut self, now: Instant, connection: u32, slot: u16) {
-        debug_assert!(self
-            .entries
-            .back()
-            .map_or(true, |&(last, _, _)| last <= now + self.delay));
-        self.entries.push_back((now + self.delay, connection, slot));
-    }
-
-    /// The next timer due at `now`: (worker's connection number, slot).
-    pub fn pop_due(&mut self, now: Instant) -> Option<(u32, u16)> {
-        let &(deadline, connection, slot) = self.entries.front()?;
-        if deadline > now {
-            return None;
-        }
-        self.entries.pop_front();
-        Some((connection, slot))
-    }
-
-    /// When the next timer is due.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        self.entries.front().map(|&(deadline, _, _)| deadline)
-    }
-}
-
-/// The worker's timers: hold timers and Redis retry timers.
-#[derive(Debug)]
-pub struct Timers {
-    /// `--hold` timers.
-    pub hold: DelayQueue,
-    /// Redis `SET NX` retry timers.
-    pub retry: DelayQueue,
-}
-
-impl Timers {
-    /// Timers for a worker with `slots` slots.
-    pub fn new(plan: &Plan, slots: usize) -> Timers {
-        let retry = plan.retry_every.unwrap_or(REDIS_RETRY);
-        Timers {
-            hold: DelayQueue::new(plan.hold, slots),
-            retry: DelayQueue::new(retry, slots),
-        }
-    }
-
-    /// When the next timer is due.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        match (self.hold.next_deadline(), self.retry.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-}
-
 /// Everything a session needs from its worker for one call.
 pub struct Context<'a> {
     /// The time of this driver iteration.
@@ -368,21 +303,27 @@ pub struct Context<'a> {
     pub clock: &'a HandoffClock,
 }
 
-/// Where a session writes requests: the connection's dialect and output buffer.
-pub struct Outbox<'a, W: Wire> {
-    /// The connection's dialect.
-    pub wire: &'a mut W,
-    /// The connection's unsent bytes.
-    pub out: &'a mut Vec<u8>,
+/// An answer the session cannot apply: the connection can no longer be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyError {
+    /// It matches no outstanding request of the session.
+    Uncorrelated(Answer),
+    /// An `M` named a leader that is not one of the target's members.
+    UnknownLeader(std::net::SocketAddr),
 }
 
-/// An answer that matches no outstanding request of the session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Uncorrelated(pub Answer);
-
-impl fmt::Display for Uncorrelated {
+impl fmt::Display for ReplyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "answer {:?} matches no outstanding request", self.0)
+        match self {
+            ReplyError::Uncorrelated(answer) => {
+                write!(f, "answer {answer:?} matches no outstanding request")
+            }
+            ReplyError::UnknownLeader(leader) => write!(
+                f,
+                "a member named {leader} as a key's leader, which is not in the target: list \
+                 every member of the cluster (--target a,b,c)"
+            ),
+        }
     }
 }
 
@@ -395,6 +336,16 @@ enum State {
     Backoff,
     Holding,
     Releasing,
+    /// An `M` named no leader: the request goes to another member when its timer fires.
+    Rerouting(Resend),
+}
+
+/// Which request of a slot an `M` sent back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resend {
+    Acquire,
+    Release,
+    Query,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -411,6 +362,10 @@ struct Slot {
     /// Until when the acquire may wait (Redis retries stop here).
     deadline: Instant,
     lease_end: Option<Instant>,
+    /// The member the outstanding request went to (0 for a single node).
+    member: u8,
+    /// `M`s followed in this cycle (at most [`REDIRECTS_MAX`](super::cluster::REDIRECTS_MAX)).
+    redirects: u8,
 }
 
 /// One connection's slots.
@@ -437,6 +392,8 @@ impl Session {
             sent_at: now,
             deadline: now,
             lease_end: None,
+            member: 0,
+            redirects: 0,
         };
         Session {
             local,
@@ -515,19 +472,19 @@ impl Session {
             sent_at: now,
             deadline: now + pick.wait,
             lease_end: None,
+            member: 0,
+            redirects: 0,
         };
         self.active += 1;
         let key = key_name(ctx.plan.prefix, ctx.plan.tag, pick.key);
         let slot = index as u16;
-        if waiter {
+        self.slots[index].member = if waiter {
             // The owner doubles as the query's nonce; the acquire follows the answer.
-            outbox.wire.encode_query(outbox.out, slot, &key, owner);
-            return;
-        }
-        let wait_s = wait_seconds(pick.wait);
-        outbox
-            .wire
-            .encode_acquire(outbox.out, slot, &key, owner, wait_s);
+            outbox.query(slot, pick.key, &key, owner)
+        } else {
+            let wait_s = wait_seconds(pick.wait);
+            outbox.acquire(slot, pick.key, &key, owner, wait_s)
+        };
     }
 
     /// A `hold` waiter learnt what is left of the holder's lease: the lease ends then, give or
@@ -555,9 +512,7 @@ impl Session {
         slot.deadline = now + ctx.plan.waiter_wait;
         let key = key_name(ctx.plan.prefix, ctx.plan.tag, slot.key);
         let wait_s = wait_seconds(ctx.plan.waiter_wait);
-        outbox
-            .wire
-            .encode_acquire(outbox.out, index as u16, &key, slot.owner, wait_s);
+        slot.member = outbox.acquire(index as u16, slot.key, &key, slot.owner, wait_s);
     }
 
     fn finish<W: Wire>(&mut self, index: usize, ctx: &mut Context<'_>, outbox: &mut Outbox<'_, W>) {
@@ -579,9 +534,7 @@ impl Session {
             ctx.clock.note_release(slot.key, ctx.now);
         }
         let key = key_name(ctx.plan.prefix, ctx.plan.tag, slot.key);
-        outbox
-            .wire
-            .encode_release(outbox.out, index as u16, &key, slot.token);
+        slot.member = outbox.release(index as u16, slot.key, &key, slot.token);
     }
 
     /// The slot an answer belongs to.
@@ -611,6 +564,13 @@ impl Session {
             Answer::Refused { id, .. } => scan(State::Acquiring, id)
                 .or_else(|| scan(State::Releasing, id))
                 .or_else(|| scan(State::Querying, id)),
+            // An owner (acquire, query) names its slot; a token (release) is scanned for.
+            Answer::Moved { id, .. } => {
+                let index = reply.slot.map_or(id & ((1 << SLOT_BITS) - 1), u64::from) as usize;
+                waiting_on(index, State::Acquiring, id)
+                    .or_else(|| waiting_on(index, State::Querying, id))
+                    .or_else(|| scan(State::Releasing, id))
+            }
         }
     }
 
@@ -621,8 +581,19 @@ impl Session {
         reply: Reply,
         ctx: &mut Context<'_>,
         outbox: &mut Outbox<'_, W>,
-    ) -> Result<(), Uncorrelated> {
-        let index = self.find(&reply).ok_or(Uncorrelated(reply.answer))?;
+    ) -> Result<(), ReplyError> {
+        let index = self
+            .find(&reply)
+            .ok_or(ReplyError::Uncorrelated(reply.answer))?;
+        match reply.answer {
+            Answer::Moved { leader, .. } => return self.redirected(index, leader, ctx, outbox),
+            // The member that answered leads the key: the cycle's next request goes there.
+            Answer::Refused { .. } => {}
+            _ => {
+                let slot = &self.slots[index];
+                outbox.leaders.confirm(slot.key, slot.member);
+            }
+        }
         ctx.stats
             .request(ctx.now.saturating_duration_since(self.slots[index].sent_at));
         let workload = ctx.plan.workload;
@@ -649,6 +620,7 @@ impl Session {
             }
             Answer::NotHeld { .. } => ctx.stats.answer(workload, |c| c.not_held += 1),
             Answer::Refused { .. } => ctx.stats.answer(workload, |c| c.refused += 1),
+            Answer::Moved { .. } => unreachable!("handled above"),
         }
         self.finish(index, ctx, outbox);
         self.check_invariants();
@@ -739,10 +711,9 @@ impl Session {
                 slot.sent_at = ctx.now;
                 let key = key_name(ctx.plan.prefix, ctx.plan.tag, slot.key);
                 let wait_s = wait_seconds(slot.deadline.saturating_duration_since(ctx.now));
-                outbox
-                    .wire
-                    .encode_acquire(outbox.out, index as u16, &key, slot.owner, wait_s);
+                slot.member = outbox.acquire(index as u16, slot.key, &key, slot.owner, wait_s);
             }
+            State::Rerouting(resend) => self.resend(index, resend, ctx, outbox),
             // A connection that was abandoned leaves its timers behind.
             State::Idle | State::Querying | State::Acquiring | State::Releasing => {}
         }
@@ -760,6 +731,13 @@ impl Session {
         }
     }
 }
+
+mod redirect;
+mod timers;
+
+#[cfg(test)]
+use timers::DelayQueue;
+pub use timers::Timers;
 
 #[cfg(test)]
 #[path = "workload_tests.rs"]

@@ -2,6 +2,7 @@
 //! send and answers nothing by itself.
 
 use super::*;
+use crate::bench::cluster::{Leaders, MOVED_RETRY, REDIRECTS_MAX};
 use crate::bench::stats::Stats;
 use crate::bench::wire::{ParseOutcome, Reply};
 use crate::bench::{parse_target, BenchConfig};
@@ -73,8 +74,9 @@ struct Rig {
     timers: Timers,
     keys: KeySource,
     clock: HandoffClock,
-    wire: FakeWire,
-    out: Vec<u8>,
+    wires: Vec<FakeWire>,
+    outs: Vec<Vec<u8>>,
+    leaders: Leaders,
     session: Session,
 }
 
@@ -92,9 +94,20 @@ impl Rig {
             plan,
             stats,
             keys,
-            wire: FakeWire::default(),
-            out: Vec::new(),
+            wires: vec![FakeWire::default()],
+            outs: vec![Vec::new()],
+            leaders: Leaders::new(vec!["127.0.0.1:1".parse().unwrap()], 1),
         }
+    }
+
+    /// A rig whose target is a cluster of `members` members (a lane each).
+    fn cluster(config: BenchConfig, keys: KeySource, members: u16, key_space: u64) -> Rig {
+        let mut rig = Rig::new(config, keys);
+        let addrs = (1..=members).map(member).collect();
+        rig.wires = (0..members).map(|_| FakeWire::default()).collect();
+        rig.outs = vec![Vec::new(); usize::from(members)];
+        rig.leaders = Leaders::new(addrs, key_space);
+        rig
     }
 
     fn call<R>(
@@ -110,8 +123,9 @@ impl Rig {
             clock: &self.clock,
         };
         let mut outbox = Outbox {
-            wire: &mut self.wire,
-            out: &mut self.out,
+            wires: &mut self.wires,
+            outs: &mut self.outs,
+            leaders: &mut self.leaders,
         };
         f(&mut self.session, &mut ctx, &mut outbox)
     }
@@ -120,19 +134,14 @@ impl Rig {
         self.call(|session, ctx, outbox| session.kick(ctx, outbox));
     }
 
-    fn answer(&mut self, answer: Answer) -> Result<(), Uncorrelated> {
+    fn answer(&mut self, answer: Answer) -> Result<(), ReplyError> {
         let reply = Reply { answer, slot: None };
         self.call(|session, ctx, outbox| session.handle_reply(reply, ctx, outbox))
     }
 
     fn fire_timers(&mut self) {
         let now = self.now;
-        while let Some((_, slot)) = self
-            .timers
-            .hold
-            .pop_due(now)
-            .or_else(|| self.timers.retry.pop_due(now))
-        {
+        while let Some((_, slot)) = self.timers.pop_due(now) {
             self.call(|session, ctx, outbox| session.handle_timer(slot, ctx, outbox));
         }
     }
@@ -142,8 +151,18 @@ impl Rig {
     }
 
     fn take_sent(&mut self) -> Vec<Sent> {
-        std::mem::take(&mut self.wire.sent)
+        std::mem::take(&mut self.wires[0].sent)
     }
+
+    /// What was sent to member `index` (0-based) since the last look.
+    fn take_sent_to(&mut self, index: usize) -> Vec<Sent> {
+        std::mem::take(&mut self.wires[index].sent)
+    }
+}
+
+/// The address of member `n` (1-based) of a rig's cluster.
+fn member(n: u16) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], n))
 }
 
 fn config(target: &str, workload: Workload, pipeline: u16) -> BenchConfig {
@@ -238,7 +257,10 @@ fn answers_that_match_nothing_are_errors() {
         owner: owner + (1 << 32),
         token: 1,
     };
-    assert_eq!(rig.answer(stranger), Err(Uncorrelated(stranger)));
+    assert_eq!(
+        rig.answer(stranger),
+        Err(ReplyError::Uncorrelated(stranger))
+    );
     assert!(
         rig.answer(Answer::Released { token: 1 }).is_err(),
         "nothing is being released"
@@ -509,5 +531,217 @@ fn the_generator_covers_its_range() {
     assert!(
         seen.iter().all(|&count| (800..1200).contains(&count)),
         "{seen:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// A cluster target: following M.
+
+/// A three-member rig, pipeline 1, uncontended on keys 0..4.
+fn cluster_rig() -> Rig {
+    let config = config(
+        "latchkey://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+        Workload::Uncontended,
+        1,
+    );
+    let spread = KeySource::Spread {
+        stride: 1,
+        per_slot: 4,
+        rng: Rng::new(11),
+    };
+    Rig::cluster(config, spread, 3, 4)
+}
+
+/// Everything sent since the last look, as (member index, request).
+fn sent_anywhere(rig: &mut Rig) -> Vec<(usize, Sent)> {
+    let mut all = Vec::new();
+    for index in 0..rig.wires.len() {
+        all.extend(
+            rig.take_sent_to(index)
+                .into_iter()
+                .map(|sent| (index, sent)),
+        );
+    }
+    all
+}
+
+#[test]
+fn an_m_naming_a_leader_sends_the_same_request_there_and_the_key_stays_there() {
+    let mut rig = cluster_rig();
+    rig.kick();
+    let first = sent_anywhere(&mut rig);
+    let [(asked, Sent::Acquire { owner, ref key, .. })] = first[..] else {
+        panic!("{first:?}")
+    };
+    let leader = (asked + 1) % 3;
+    let named = member(leader as u16 + 1);
+    rig.advance(Duration::from_micros(40));
+    rig.answer(Answer::Moved {
+        id: owner,
+        leader: Some(named),
+    })
+    .unwrap();
+    let again = sent_anywhere(&mut rig);
+    let expected = Sent::Acquire {
+        slot: 0,
+        key: key.clone(),
+        owner,
+        wait_s: 0,
+    };
+    assert_eq!(
+        again,
+        [(leader, expected)],
+        "same owner, to the leader, at once"
+    );
+    assert_eq!(rig.stats.counts.moved, 1);
+    assert_eq!(rig.stats.requests, 0, "an M is not an answered request");
+    rig.advance(Duration::from_micros(40));
+    rig.answer(Answer::Granted { owner, token: 9 }).unwrap();
+    let release = sent_anywhere(&mut rig);
+    assert!(
+        matches!(release[..], [(l, Sent::Release { token: 9, .. })] if l == leader),
+        "the release goes to the key's leader: {release:?}"
+    );
+    assert!(
+        rig.stats.latency.max() >= 80_000,
+        "the grant's latency counts from the first send"
+    );
+    rig.answer(Answer::Released { token: 9 }).unwrap();
+    assert_eq!(rig.stats.counts.unexpected(Workload::Uncontended), 0);
+}
+
+#[test]
+fn an_m_without_a_leader_waits_then_tries_the_next_member() {
+    let mut rig = cluster_rig();
+    rig.kick();
+    let first = sent_anywhere(&mut rig);
+    let [(asked, Sent::Acquire { owner, .. })] = first[..] else {
+        panic!("{first:?}")
+    };
+    rig.answer(Answer::Moved {
+        id: owner,
+        leader: None,
+    })
+    .unwrap();
+    assert!(sent_anywhere(&mut rig).is_empty(), "waits for an election");
+    rig.advance(MOVED_RETRY - Duration::from_micros(1));
+    rig.fire_timers();
+    assert!(sent_anywhere(&mut rig).is_empty(), "never early");
+    rig.advance(Duration::from_micros(1));
+    rig.fire_timers();
+    let again = sent_anywhere(&mut rig);
+    assert!(
+        matches!(again[..], [(next, Sent::Acquire { owner: o, .. })]
+            if next == (asked + 1) % 3 && o == owner),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn a_redirected_release_keeps_its_token() {
+    let mut rig = cluster_rig();
+    rig.kick();
+    let first = sent_anywhere(&mut rig);
+    let [(asked, Sent::Acquire { owner, .. })] = first[..] else {
+        panic!("{first:?}")
+    };
+    rig.answer(Answer::Granted { owner, token: 4 }).unwrap();
+    assert!(matches!(sent_anywhere(&mut rig)[..], [(l, Sent::Release { .. })] if l == asked));
+    // Leadership moved between the grant and the release.
+    let new_leader = (asked + 2) % 3;
+    rig.answer(Answer::Moved {
+        id: 4,
+        leader: Some(member(new_leader as u16 + 1)),
+    })
+    .unwrap();
+    let again = sent_anywhere(&mut rig);
+    assert!(
+        matches!(again[..], [(l, Sent::Release { token: 4, .. })] if l == new_leader),
+        "{again:?}"
+    );
+    rig.answer(Answer::Released { token: 4 }).unwrap();
+    assert_eq!(rig.stats.cycles, 1);
+}
+
+#[test]
+fn a_contended_acquire_sent_again_waits_what_is_left() {
+    let mut config = config("latchkey://127.0.0.1:1,127.0.0.1:2", Workload::Contended, 1);
+    config.wait = Duration::from_secs(5);
+    let hot = KeySource::Hot {
+        count: 1,
+        rng: Rng::new(2),
+    };
+    let mut rig = Rig::cluster(config, hot, 2, 1);
+    rig.kick();
+    let first = sent_anywhere(&mut rig);
+    let [(
+        asked,
+        Sent::Acquire {
+            owner, wait_s: 5, ..
+        },
+    )] = first[..]
+    else {
+        panic!("{first:?}")
+    };
+    rig.advance(Duration::from_millis(2500));
+    let other = member(((asked + 1) % 2) as u16 + 1);
+    rig.answer(Answer::Moved {
+        id: owner,
+        leader: Some(other),
+    })
+    .unwrap();
+    let again = sent_anywhere(&mut rig);
+    assert!(
+        matches!(again[..], [(_, Sent::Acquire { wait_s: 3, owner: o, .. })] if o == owner),
+        "2.5 s left, rounded up: {again:?}"
+    );
+}
+
+#[test]
+fn a_cycle_gives_up_after_redirects_max_and_says_no_leader() {
+    let mut rig = cluster_rig();
+    rig.kick();
+    let first = sent_anywhere(&mut rig);
+    let [(_, Sent::Acquire { owner, .. })] = first[..] else {
+        panic!("{first:?}")
+    };
+    for round in 0..usize::from(REDIRECTS_MAX) {
+        rig.answer(Answer::Moved {
+            id: owner,
+            leader: Some(member((round % 3) as u16 + 1)),
+        })
+        .unwrap();
+        let again = sent_anywhere(&mut rig);
+        assert!(
+            matches!(again[..], [(_, Sent::Acquire { owner: o, .. })] if o == owner),
+            "round {round}: {again:?}"
+        );
+    }
+    rig.answer(Answer::Moved {
+        id: owner,
+        leader: Some(member(1)),
+    })
+    .unwrap();
+    assert_eq!(rig.stats.counts.no_leader, 1);
+    assert_eq!(rig.stats.counts.unexpected(Workload::Uncontended), 1);
+    let next = sent_anywhere(&mut rig);
+    assert!(
+        matches!(next[..], [(_, Sent::Acquire { owner: o, .. })] if o != owner),
+        "the slot moved on to a new cycle: {next:?}"
+    );
+}
+
+#[test]
+fn an_m_naming_a_member_outside_the_target_is_an_error() {
+    let mut rig = cluster_rig();
+    rig.kick();
+    let owner = acquire_owner(&sent_anywhere(&mut rig)[0].1);
+    let stranger = member(99);
+    assert_eq!(
+        rig.answer(Answer::Moved {
+            id: owner,
+            leader: Some(stranger),
+        }),
+        Err(ReplyError::UnknownLeader(stranger))
     );
 }

@@ -113,7 +113,8 @@ pub(crate) enum Outcome {
     NotSent,
     /// Like `NotSent`, but the session could not be established for a reason another attempt
     /// within this call would not fix (a TLS error in the handshake: an unknown CA, a refused
-    /// certificate): the call fails at once instead of retrying until its deadline.
+    /// certificate; or bytes that are not latchkey frames in answer to the handshake ping):
+    /// the call fails at once instead of retrying until its deadline.
     Unreachable,
     /// The request may have reached the server and no definitive answer was delivered.
     Indeterminate,
@@ -141,6 +142,11 @@ pub(crate) enum CloseReason {
     ConnectFailed(io::ErrorKind),
     /// The connection was not established within the connect timeout.
     ConnectTimeout,
+    /// TCP (and TLS) came up, but the handshake ping got no answer within the connect
+    /// timeout: a paused or wedged server (the kernel accepts for it from its backlog).
+    HandshakeTimeout,
+    /// The handshake ping was answered with this op instead of its pong.
+    HandshakeAnswer(u8),
     /// The server sent `X` code 7: every request of the session counts as not sent.
     Refused,
     /// The server closed the connection.
@@ -179,6 +185,15 @@ impl fmt::Display for CloseReason {
         match self {
             CloseReason::ConnectFailed(kind) => write!(f, "cannot connect: {kind}"),
             CloseReason::ConnectTimeout => f.write_str("cannot connect: timed out"),
+            CloseReason::HandshakeTimeout => f.write_str(
+                "connected, but no answer to a ping within the connect timeout (the server \
+                 may be paused or overloaded)",
+            ),
+            CloseReason::HandshakeAnswer(op) => write!(
+                f,
+                "not a latchkey server: it answered a ping with `{}`",
+                op.escape_ascii()
+            ),
             CloseReason::Refused => {
                 f.write_str("the server refused the session: it has too many (X 7)")
             }

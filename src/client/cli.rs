@@ -18,7 +18,9 @@
 //!
 //! Every command's `--server` (a server, or a cluster's members as `a,b,c`; see
 //! [`parse_servers`]) defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
-//! `--transport-timeout` (5 s) is the transport allowance of PROTOCOL.md §4. Durations are
+//! `--transport-timeout` (5 s) is the transport allowance of PROTOCOL.md §4 (with N members,
+//! each member's connect — TCP, TLS and a ping round trip — gets 1/N of it: see
+//! [`connect_timeout`]). Durations are
 //! one syntax everywhere ([`parse_duration`]). Messages name the server's address and why its
 //! session failed when the client knows ([`Client::last_session_failure`]), and show at most
 //! the first 64 characters of a key ([`shown_key`]).
@@ -33,7 +35,7 @@
 //! | 80 | held by someone else: not acquired within `--wait` (`--conflict-exit-code N`: N) |
 //! | 81 | busy: the server refused for capacity or shutdown |
 //! | 82 | indeterminate: the request may have reached the server, no definitive answer |
-//! | 83 | unavailable: no session to the server could be established |
+//! | 83 | unavailable: nothing executed; no server answers, or none leads the key (says which) |
 //! | 84 | rejected: the server refused the request (`stats`, `keys`: not a 200 with JSON) |
 //! | 85 | lease lost while CMD ran; CMD was signalled |
 //! | 126, 127 | CMD could not be run / was not found (the lock was released) |
@@ -83,7 +85,8 @@ pub const EXIT_TIMEOUT: u8 = 80;
 pub const EXIT_BUSY: u8 = 81;
 /// Exit code when the request may have reached the server and no definitive answer came.
 pub const EXIT_INDETERMINATE: u8 = 82;
-/// Exit code when no session to the server could be established.
+/// Exit code when nothing was executed because no server could take the request: none could
+/// be reached, or a cluster had no leader for the key.
 pub const EXIT_UNAVAILABLE: u8 = 83;
 /// Exit code when the server refused the request with an error code (`X`), among them 8: the
 /// key is forbidden for this client's identity.
@@ -114,9 +117,9 @@ pub struct ConnectArgs {
     /// and `cluster` ask every member and merge what they answer.
     #[arg(long, env = "LATCHKEY_SERVER", default_value = DEFAULT_ADDR)]
     pub server: String,
-    /// How long the transport may take: a connect, the answer to a release,
-    /// extend, query or ping, a `--wait 0` acquire, and the answer to the Cancel sent when
-    /// `--wait` runs out.
+    /// How long the transport may take: a connect (TCP, TLS and a ping round trip; with N
+    /// members in --server, each gets 1/N of it), the answer to a release, extend, query or
+    /// ping, a `--wait 0` acquire, and the answer to the Cancel sent when `--wait` runs out.
     #[arg(long, default_value = "5s", value_parser = parse_transport_timeout)]
     pub transport_timeout: Duration,
     /// TLS to the server.
@@ -382,18 +385,29 @@ fn fail_servers(command: &str, failure: &ServerListError) -> ExitCode {
     ExitCode::from(if usage { EXIT_USAGE } else { EXIT_UNAVAILABLE })
 }
 
-/// The client of the command-line tools: one session; the transport timeout also bounds the
-/// connect.
+/// How long one member may take to connect (TCP, TLS and the handshake ping) for a client of
+/// `members` distinct addresses: an equal share of the transport timeout, so that a paused
+/// member (its kernel accepts connections, nothing answers) costs a call only its share and
+/// the others are tried within the transport timeout. One server gets all of it.
+pub fn connect_timeout(transport_timeout: Duration, members: usize) -> Duration {
+    transport_timeout / u32::try_from(members.max(1)).unwrap_or(u32::MAX)
+}
+
+/// The client of the command-line tools: one session per member; the connect timeout is the
+/// member's share of the transport timeout ([`connect_timeout`]).
 fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAddr), ExitCode> {
     let addrs = server_addrs(command, connect)?;
     let tls = connect.tls().map_err(|message| {
         eprintln!("latchkey {command}: {message}");
         ExitCode::from(EXIT_USAGE)
     })?;
+    let mut distinct = addrs.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
     let config = ClientConfig {
         addrs: addrs.clone(),
         sessions: 1,
-        connect_timeout: connect.transport_timeout,
+        connect_timeout: connect_timeout(connect.transport_timeout, distinct.len()),
         transport_timeout: connect.transport_timeout,
         tls,
         ..ClientConfig::default()
@@ -416,12 +430,27 @@ fn failure_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
     }
 }
 
+/// What to say about a call that ended unavailable: what the members did (no leader, no
+/// quorum, a leader that cannot be reached...), else why the server could not be reached.
+fn unavailable_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
+    match client.last_unavailable() {
+        // A member answered: it is not a matter of reaching "the server".
+        Some(report) if report.reachable() > 0 || report.listed() > 1 => report.to_string(),
+        Some(report) if !report.members().is_empty() => {
+            format!("cannot reach the server: {report}")
+        }
+        _ => format!(
+            "cannot reach the server: {}",
+            failure_text(client, addr, fallback)
+        ),
+    }
+}
+
 /// What to say about a query or ping that got no answer.
 fn request_message(client: &Client, addr: SocketAddr, error: &RequestError) -> String {
     match error {
         RequestError::Unavailable => {
-            let cause = failure_text(client, addr, "no connection within --transport-timeout");
-            format!("cannot reach the server: {cause}")
+            unavailable_text(client, addr, "no connection within --transport-timeout")
         }
         RequestError::NoAnswer => {
             failure_text(client, addr, "no answer within --transport-timeout")
@@ -458,11 +487,19 @@ fn acquire_message(
             format_duration(args.wait)
         ),
         AcquireError::Unavailable => {
-            let cause = failure_text(client, addr, "no connection was established");
-            format!(
-                "cannot reach the server within {}: {cause}",
-                allowance_text(args)
-            )
+            let allowance = allowance_text(args);
+            match client.last_unavailable() {
+                Some(report) if report.reachable() > 0 || report.listed() > 1 => {
+                    format!("{report}; nothing was executed within {allowance}")
+                }
+                Some(report) if !report.members().is_empty() => {
+                    format!("cannot reach the server within {allowance}: {report}")
+                }
+                _ => {
+                    let cause = failure_text(client, addr, "no connection was established");
+                    format!("cannot reach the server within {allowance}: {cause}")
+                }
+            }
         }
         AcquireError::Indeterminate => match client.last_session_failure() {
             Some(failure) => format!("{error}; the session failed: {failure}"),
@@ -616,6 +653,20 @@ pub fn run_lock(args: LockArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_member_gets_an_equal_share_of_the_transport_timeout_to_connect() {
+        let transport = Duration::from_secs(5);
+        assert_eq!(
+            connect_timeout(transport, 1),
+            transport,
+            "one server: all of it"
+        );
+        assert_eq!(connect_timeout(transport, 0), transport);
+        assert_eq!(connect_timeout(transport, 2), Duration::from_millis(2500));
+        let share = connect_timeout(transport, 3);
+        assert!(share * 3 <= transport && share * 3 > transport - Duration::from_millis(1));
+    }
 
     #[test]
     fn a_forbidden_key_is_a_rejection_exit_84_said_as_such() {

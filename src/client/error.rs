@@ -100,8 +100,12 @@ pub enum AcquireError {
     Busy,
     /// The server refused the request with `X` and this code.
     Rejected(ErrorCode),
-    /// No session was established, or every session failed before any byte of the request
-    /// was handed to it, before the deadline. The request was never sent.
+    /// No server could take the request before the deadline: no session was established,
+    /// every session failed or stalled before any byte of the request was handed to it, or
+    /// the cluster members that answered knew no leader for the key (or named one that could
+    /// not be reached). The request was never sent and nothing was executed;
+    /// [`Client::last_unavailable`](super::Client::last_unavailable) says what each member
+    /// did.
     Unavailable,
     /// The request may have reached the server and no definitive answer was delivered. The
     /// caller does not hold the lock; a grant it did not observe is recovered at the latest
@@ -125,7 +129,9 @@ impl fmt::Display for AcquireError {
             AcquireError::Timeout => f.write_str("timed out waiting for the lock"),
             AcquireError::Busy => f.write_str("the server is busy (capacity or shutdown)"),
             AcquireError::Rejected(code) => write!(f, "the server rejected the request: {code}"),
-            AcquireError::Unavailable => f.write_str("no server session could be established"),
+            AcquireError::Unavailable => f.write_str(
+                "no server could take the request before the deadline; nothing was sent",
+            ),
             AcquireError::Indeterminate => {
                 f.write_str("the outcome is unknown (the request may have reached the server)")
             }
@@ -145,7 +151,9 @@ impl From<ArgumentError> for AcquireError {
 /// Why a release, extend, query or ping got no answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestError {
-    /// The request was never sent: no session could take it before its transport deadline.
+    /// The request was never sent: no server could take it before its transport deadline
+    /// (as for [`AcquireError::Unavailable`]; see
+    /// [`Client::last_unavailable`](super::Client::last_unavailable)).
     Unavailable,
     /// The request may have reached the server, and no answer came within the transport
     /// timeout (or its session failed).
@@ -159,7 +167,9 @@ pub enum RequestError {
 impl fmt::Display for RequestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RequestError::Unavailable => f.write_str("no server session could be established"),
+            RequestError::Unavailable => f.write_str(
+                "no server could take the request before the deadline; nothing was sent",
+            ),
             RequestError::NoAnswer => f.write_str("no answer from the server"),
             RequestError::Rejected(code) => write!(f, "the server rejected the request: {code}"),
             RequestError::InvalidArgument(error) => write!(f, "invalid argument: {error}"),

@@ -4,22 +4,34 @@
 //! The rules (the module docs of [`super`] hold for every attempt):
 //!
 //! * An attempt goes to the member [`Members::route`] names for the request's key.
-//! * A session that gives the request back unsent is avoided next; with several members the
-//!   next attempt goes to the next member in turn, and the failed member stops being the
-//!   key's route. Attempts are spaced by [`Backoff`] (at most [`BACKOFF_MAX`]).
+//! * A session that gives the request back unsent (it failed before sending it, its handshake
+//!   ping went unanswered, or it is stalled: answers overdue) is avoided next; with several
+//!   members the next attempt goes to the next member in turn, and the failed member stops
+//!   being the key's route. Attempts are spaced by [`Backoff`] (at most [`BACKOFF_MAX`]).
 //! * An `M` naming a leader: the leader is remembered and the same request (same owner, token
-//!   or nonce, same deadline) goes to it at once. An `M` without a leader (an election): back
-//!   off, then the next member in turn.
-//! * A call follows at most [`REDIRECTS_MAX`] `M`s; past that it ends as an unsent request
-//!   with a member that answered: an acquire [`Timeout`](super::AcquireError::Timeout) (it
-//!   was never queued anywhere, like a wait that ran out), any other request
-//!   [`Unavailable`](super::RequestError::Unavailable). The deadline ends it the same way.
+//!   or nonce, same deadline) goes to it at once. An `M` without a leader (an election, or no
+//!   quorum): back off, then the next member in turn.
+//! * The request ends *unsent* when its deadline passes while it is definitely unsent, or
+//!   after [`REDIRECTS_MAX`] `M`s. It counts as *serving* (an acquire then ends
+//!   [`Timeout`](super::AcquireError::Timeout), like a wait that ran out) only when the
+//!   deadline passed while it waited, unsent, on an established session. Otherwise nothing
+//!   served it: it met only `M`s, failed sessions or silence, and it ends
+//!   [`Unavailable`](super::AcquireError::Unavailable) (any other call
+//!   [`Unavailable`](super::RequestError::Unavailable) either way), with an
+//!   [`UnavailableReport`] of what each member did, kept for
+//!   [`Client::last_unavailable`](super::Client::last_unavailable). An `M` naming a leader
+//!   that then cannot be reached is such a case: nothing was executed anywhere.
 //! * An `M` is a definite answer that nothing executed; a request that may have been sent and
 //!   got no definite answer is never sent again: it ends
 //!   [`Indeterminate`](super::Exchange::Indeterminate) at once.
 //!
+//! Cost on a single node: the report is built only once an attempt fails; a call answered at
+//! its first attempt allocates nothing here.
+//!
 //! Deliberately not here: what the answer means to the caller (see [`super::Client`]).
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -27,7 +39,9 @@ use crossbeam_channel::RecvTimeoutError;
 
 use super::call::{Call, Op, Outcome};
 use super::members::Members;
-use super::{Client, Exchange, BACKOFF_MAX};
+use super::report::{MemberState, UnavailableReport};
+use super::session::Session;
+use super::{Client, Exchange, BACKOFF_MAX, MEMBERS_MAX};
 use crate::protocol::Response;
 
 /// The most `M` answers one call follows before it gives up (a redirect loop ends).
@@ -40,8 +54,10 @@ struct Attempts {
     avoid: Option<u64>,
     /// `M` answers followed so far (at most [`REDIRECTS_MAX`]).
     redirects: u32,
-    /// Whether some member answered (an `M`): at the deadline the call is a Timeout.
-    answered: bool,
+    /// Whether the request names a key.
+    keyed: bool,
+    /// What each member did, once an attempt did not end the call.
+    report: Option<UnavailableReport>,
 }
 
 /// What to do after one attempt.
@@ -49,7 +65,7 @@ enum Next {
     /// The request ended.
     Done(Exchange),
     /// Try again at this member.
-    Retry(std::net::SocketAddr),
+    Retry(SocketAddr),
 }
 
 impl Client {
@@ -62,24 +78,28 @@ impl Client {
             backoff: Backoff::default(),
             avoid: None,
             redirects: 0,
-            answered: false,
+            keyed: key.is_some(),
+            report: None,
         };
         let mut addr = members.route(key.as_deref());
         // Bounded: every pass either ends, sleeps a backoff, or counts a redirect.
         loop {
             if Instant::now() >= deadline {
-                let established = attempts.answered;
-                return Exchange::Unsent { established };
+                return attempts.unavailable(members);
             }
             let pool = match members.pool(addr) {
                 Ok(Some(pool)) => pool,
                 Ok(None) => {
+                    let cause = format!("more than {MEMBERS_MAX} members: no session to it");
+                    attempts.note(members, addr, MemberState::Unreachable { cause });
                     attempts.backoff.sleep(deadline);
                     addr = members.next_member_except(Some(addr));
                     continue;
                 }
                 Err(error) => {
                     log::warn!("cannot start a session pool for {addr}: {error}");
+                    let cause = error.to_string();
+                    attempts.note(members, addr, MemberState::Unreachable { cause });
                     attempts.backoff.sleep(deadline);
                     addr = members.next_member_except(Some(addr));
                     continue;
@@ -89,12 +109,14 @@ impl Client {
                 Ok(session) => session,
                 Err(error) => {
                     log::warn!("cannot start a session: {error}");
+                    let cause = error.to_string();
+                    attempts.note(members, addr, MemberState::Unreachable { cause });
                     attempts.backoff.sleep(deadline);
                     continue;
                 }
             };
             let outcome = self.attempt(&session, &op, deadline);
-            match attempts.next(outcome, session.id(), addr, members, key.as_ref(), deadline) {
+            match attempts.next(outcome, &session, addr, members, key.as_ref(), deadline) {
                 Next::Done(exchange) => return exchange,
                 Next::Retry(next) => addr = next,
             }
@@ -105,7 +127,7 @@ impl Client {
     /// would not take it (so it was not sent).
     fn attempt(
         &self,
-        session: &super::session::Session,
+        session: &Session,
         op: &Op,
         deadline: Instant,
     ) -> Option<Result<Outcome, RecvTimeoutError>> {
@@ -125,21 +147,21 @@ impl Client {
 }
 
 impl Attempts {
-    /// What one attempt at `addr` on session `session` means for the request.
+    /// What one attempt at `addr` on `session` means for the request.
     fn next(
         &mut self,
         outcome: Option<Result<Outcome, RecvTimeoutError>>,
-        session: u64,
-        addr: std::net::SocketAddr,
+        session: &Session,
+        addr: SocketAddr,
         members: &Members,
-        key: Option<&std::sync::Arc<str>>,
+        key: Option<&Arc<str>>,
         deadline: Instant,
     ) -> Next {
         let outcome = match outcome {
             None => Outcome::NotSent,
             Some(Ok(outcome)) => outcome,
             Some(Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected)) => {
-                log::error!("session {session} gave no outcome");
+                log::error!("session {} gave no outcome", session.id());
                 return Next::Done(Exchange::Indeterminate);
             }
         };
@@ -157,15 +179,24 @@ impl Attempts {
                 sent_at,
                 read_at,
             }),
-            Outcome::Expired { established } => Next::Done(Exchange::Unsent {
-                established: established || self.answered,
-            }),
-            // Retrying would meet the same TLS refusal: unavailable now.
-            Outcome::Unreachable => Next::Done(Exchange::Unsent {
-                established: self.answered,
-            }),
+            // It waited, unsent, on a session that was up: as when a wait runs out.
+            Outcome::Expired { established: true } => {
+                Next::Done(Exchange::Unsent { serving: true })
+            }
+            Outcome::Expired { established: false } => {
+                self.note(members, addr, MemberState::Connecting);
+                Next::Done(self.unavailable(members))
+            }
+            // Retrying would meet the same refusal (TLS, not a latchkey server): unavailable now.
+            Outcome::Unreachable => {
+                let state = Self::failed_state(session, addr, members);
+                self.note(members, addr, state);
+                Next::Done(self.unavailable(members))
+            }
             Outcome::NotSent => {
-                self.avoid = Some(session);
+                let state = Self::failed_state(session, addr, members);
+                self.note(members, addr, state);
+                self.avoid = Some(session.id());
                 members.forget(key.map(|key| &**key), addr);
                 self.backoff.sleep(deadline);
                 Next::Retry(members.next_member_except(Some(addr)))
@@ -178,35 +209,78 @@ impl Attempts {
         }
     }
 
+    /// Why `session` to `addr` gave a request back unsent: its failure, or its silence.
+    fn failed_state(session: &Session, addr: SocketAddr, members: &Members) -> MemberState {
+        if !session.is_failed() {
+            if session.is_stalled() {
+                return MemberState::Silent;
+            }
+            let cause = "its session took no more calls".to_string();
+            return MemberState::Unreachable { cause };
+        }
+        let cause = members.failure_of(addr).map_or_else(
+            || "its session ended".to_string(),
+            |f| f.cause().to_string(),
+        );
+        MemberState::Unreachable { cause }
+    }
+
     /// `addr` answered `M` naming `leader` (or none): where the request goes next.
     fn redirected(
         &mut self,
-        leader: Option<std::net::SocketAddr>,
-        addr: std::net::SocketAddr,
+        leader: Option<SocketAddr>,
+        addr: SocketAddr,
         members: &Members,
-        key: Option<&std::sync::Arc<str>>,
+        key: Option<&Arc<str>>,
         deadline: Instant,
     ) -> Next {
-        self.answered = true;
         self.redirects += 1;
+        let named = leader.filter(|&leader| leader != addr);
+        let state = match named {
+            Some(leader) => MemberState::Redirected { leader },
+            None => MemberState::NoLeader,
+        };
+        self.note(members, addr, state);
         if self.redirects > REDIRECTS_MAX {
             log::warn!("{REDIRECTS_MAX} redirects followed without an answer: giving up");
-            return Next::Done(Exchange::Unsent { established: true });
+            if let Some(report) = self.report.as_mut() {
+                report.redirects_exhausted();
+            }
+            return Next::Done(self.unavailable(members));
         }
         self.avoid = None;
-        match leader {
-            Some(leader) if leader != addr => {
+        match named {
+            Some(leader) => {
                 members.learn(key, leader);
                 Next::Retry(leader)
             }
             // No leader known, or this member names itself: wait for the election.
-            _ => {
+            None => {
                 members.forget(key.map(|key| &**key), addr);
                 self.backoff.next = self.backoff.next.max(BACKOFF_MIN);
                 self.backoff.sleep(deadline);
                 Next::Retry(members.next_member_except(Some(addr)))
             }
         }
+    }
+
+    /// Records what `addr` did (the report is started on first use).
+    fn note(&mut self, members: &Members, addr: SocketAddr, state: MemberState) {
+        let keyed = self.keyed;
+        self.report
+            .get_or_insert_with(|| UnavailableReport::new(keyed, members.listed()))
+            .record(addr, state);
+    }
+
+    /// The request ends unsent with nothing serving it: its report is kept for the caller.
+    fn unavailable(&mut self, members: &Members) -> Exchange {
+        let keyed = self.keyed;
+        let report = self
+            .report
+            .take()
+            .unwrap_or_else(|| UnavailableReport::new(keyed, members.listed()));
+        members.note_unavailable(report);
+        Exchange::Unsent { serving: false }
     }
 }
 

@@ -27,6 +27,7 @@ use parking_lot::{Mutex, RwLock};
 use super::call::Call;
 use super::error::SessionFailure;
 use super::pool::Pool;
+use super::report::UnavailableReport;
 use super::session::{FailureLog, SessionConfig};
 
 /// The most member addresses a client keeps sessions to, configured and learned from `M`.
@@ -50,6 +51,8 @@ pub(crate) struct Members {
     session_config: SessionConfig,
     session_ids: Arc<AtomicU64>,
     failures: FailureLog,
+    /// What the members did for the latest call that ended unavailable.
+    unavailable: Mutex<Option<UnavailableReport>>,
 }
 
 /// The leader cache.
@@ -105,6 +108,7 @@ impl Members {
             session_config,
             session_ids,
             failures,
+            unavailable: Mutex::new(None),
         })
     }
 
@@ -208,7 +212,27 @@ impl Members {
 
     /// Why the latest session that failed did, if one did.
     pub(crate) fn last_failure(&self) -> Option<SessionFailure> {
-        self.failures.lock().clone()
+        self.failures.lock().latest().cloned()
+    }
+
+    /// Why the latest session to `addr` that failed did, if one did.
+    pub(crate) fn failure_of(&self, addr: SocketAddr) -> Option<SessionFailure> {
+        self.failures.lock().of(addr).cloned()
+    }
+
+    /// The number of configured (distinct) addresses.
+    pub(crate) fn listed(&self) -> usize {
+        self.configured.len()
+    }
+
+    /// Keeps `report` as the latest call's that ended unavailable.
+    pub(crate) fn note_unavailable(&self, report: UnavailableReport) {
+        *self.unavailable.lock() = Some(report);
+    }
+
+    /// The report of the latest call that ended unavailable.
+    pub(crate) fn last_unavailable(&self) -> Option<UnavailableReport> {
+        self.unavailable.lock().clone()
     }
 
     /// The number of cached keys (for tests).

@@ -19,19 +19,31 @@
 //!   again on another session, with backoff of at most 250 ms, until the deadline — except
 //!   after a TLS error in the handshake (a certificate refused by either side), which another
 //!   attempt would meet again: the call ends [`Unavailable`](AcquireError::Unavailable) at once.
-//! * At the deadline an unsent request ends [`Timeout`](AcquireError::Timeout) (a session was
-//!   up) or [`Unavailable`](AcquireError::Unavailable) (none was); a sent, unanswered acquire
+//! * At the deadline an unsent request ends [`Timeout`](AcquireError::Timeout) (it waited on
+//!   an established session) or [`Unavailable`](AcquireError::Unavailable) (it did not); a
+//!   sent, unanswered acquire
 //!   gets a Cancel on its session and the single terminal answer decides; a grant found too
 //!   late is released at once and the call ends [`Indeterminate`](AcquireError::Indeterminate).
+//! * A session is established only after a round trip that carries no request: after the
+//!   TCP connect (and TLS) it sends a `P` of its own and nothing else until that `P` comes
+//!   back, within [`ClientConfig::connect_timeout`]. A server that accepts but does not
+//!   answer (paused: its kernel completes connects from the backlog) is a failed connect:
+//!   nothing was sent. An established session whose answers are overdue (a request the
+//!   server answers at once — anything but an acquire with a wait — handed at least the
+//!   connect timeout ago, and nothing read since) *stalls*: it takes no new call, hands back
+//!   what it had not sent, and takes calls again once it reads (docs/protocol.md §4.3).
 //! * Cluster members (PROTOCOL.md §5): [`ClientConfig::addrs`] lists them, with a pool of
 //!   sessions per member. A keyed request goes to its key's cached leader, else the last
 //!   leader seen, else the members in turn. An `M` (Moved) is a definite answer that nothing
 //!   executed, so the same request (same owner, token or nonce and deadline) goes to the
 //!   leader it names, or, with none named, to the next member after a backoff; at most
-//!   [`REDIRECTS_MAX`] per call, then it ends like a request unsent at its deadline with a
-//!   member up: an acquire [`Timeout`](AcquireError::Timeout), other calls
-//!   [`Unavailable`](RequestError::Unavailable). A single node never sends `M`: with one
-//!   address nothing of this costs more than one atomic load.
+//!   [`REDIRECTS_MAX`] per call. A call that ends unsent because nothing served it — only
+//!   `M`s without a leader, a named leader that could not be reached, more than
+//!   [`REDIRECTS_MAX`] `M`s, members unreachable or silent — is
+//!   [`Unavailable`](AcquireError::Unavailable) (nothing was executed; not `Timeout`, which
+//!   says "held by someone else"), and [`Client::last_unavailable`] says what each member
+//!   did. A single node never sends `M`: with one address nothing of this costs more than
+//!   one atomic load, and the report is built only when an attempt fails.
 //!
 //! # Example
 //!
@@ -87,6 +99,7 @@
 //! | `error.rs` | [`AcquireError`], [`RequestError`], [`ArgumentError`], [`SessionFailure`] |
 //! | `args.rs` | rounding waits and leases, the wire wait, margins, owner and nonce ids |
 //! | `exchange.rs` | one request's attempts: retrying unsent requests, following `M` |
+//! | `report.rs` | [`UnavailableReport`]: what each member did for a call that ended unavailable |
 //! | `members.rs` | a pool per member address; the leader cache |
 //! | `pool.rs` | the session slots to one address; replacing a failed session |
 //! | `session.rs` | one connection: its thread, its inbox, the socket (mio) |
@@ -94,6 +107,7 @@
 //! | `pipeline.rs` | one session's requests without I/O: correlation, what deadlines do |
 //! | `pipeline/output.rs` | encoding just before the write; the guard of one write attempt |
 //! | `pipeline/deadlines.rs` | exact deadlines on the timing wheel, cancelled with their call |
+//! | `pipeline/link.rs` | the handshake ping that establishes a session; stalls when silent |
 //! | `cli.rs` | `latchkey lock`, `query`, `ping`: arguments, messages, exit codes |
 //! | `cli/supervise.rs` | running `latchkey lock`'s command: extending, signals, a lost lease |
 //!
@@ -115,12 +129,14 @@ mod exchange;
 mod members;
 mod pipeline;
 mod pool;
+mod report;
 mod session;
 mod ticket;
 
 pub use error::{AcquireError, ArgumentError, RequestError, SessionFailure};
 pub use exchange::REDIRECTS_MAX;
 pub use members::{LEADER_CACHE_MAX, MEMBERS_MAX};
+pub use report::{MemberState, UnavailableReport};
 pub use ticket::{ExtendOutcome, ReleaseOutcome, Ticket};
 
 use call::{Call, Op};
@@ -141,7 +157,9 @@ pub struct ClientConfig {
     pub addrs: Vec<SocketAddr>,
     /// Sessions (connections) to pipeline calls over, per member address. Default 2.
     pub sessions: usize,
-    /// How long one TCP connect may take. Default 2 s.
+    /// How long a session may take to be established: the TCP connect, the TLS handshake
+    /// and the round trip of its handshake ping. Also how long an answer may be overdue
+    /// before the session stalls (takes no new call until it reads). Default 2 s.
     pub connect_timeout: Duration,
     /// The transport allowance: the deadline of a wait-0 acquire and of release, extend,
     /// query and ping, and how long a Cancel may stay unanswered. Default 5 s.
@@ -216,9 +234,10 @@ pub(crate) enum Exchange {
         sent_at: Instant,
         read_at: Instant,
     },
-    /// The deadline passed while the request was definitely unsent; `established` says
-    /// whether it was waiting on a connected session at that moment.
-    Unsent { established: bool },
+    /// The request ended definitely unsent; `serving` says whether it was waiting on an
+    /// established session when the deadline passed (else nothing served it: only `M`s,
+    /// failed sessions or silence; see `exchange.rs`).
+    Unsent { serving: bool },
     /// The request may have reached the server and no answer was delivered.
     Indeterminate,
 }
@@ -266,6 +285,17 @@ impl Client {
     /// results of the calls themselves are unchanged (PROTOCOL.md §4.1).
     pub fn last_session_failure(&self) -> Option<SessionFailure> {
         self.shared.members.last_failure()
+    }
+
+    /// What each member did for the latest of this client's calls that ended unavailable
+    /// ([`AcquireError::Unavailable`], [`RequestError::Unavailable`]): answered that it knows
+    /// no leader, named a leader, could not be reached (and why), or was silent. Its `Display`
+    /// says it in one line, e.g. `no leader for this key: 1 of 3 members reachable, no quorum
+    /// (...)`. `None` while no call ended so. For messages to a person, like
+    /// [`last_session_failure`](Self::last_session_failure): with many threads it may belong
+    /// to another thread's call, and it stays after later calls succeed.
+    pub fn last_unavailable(&self) -> Option<UnavailableReport> {
+        self.shared.members.last_unavailable()
     }
 
     /// Takes the lock on `key`, waiting at most `wait` for it, holding it at most `lease`.
@@ -333,8 +363,8 @@ impl Client {
             Exchange::Answer {
                 response, read_at, ..
             } => (response, read_at),
-            Exchange::Unsent { established: true } => return Err(AcquireError::Timeout),
-            Exchange::Unsent { established: false } => return Err(AcquireError::Unavailable),
+            Exchange::Unsent { serving: true } => return Err(AcquireError::Timeout),
+            Exchange::Unsent { serving: false } => return Err(AcquireError::Unavailable),
             Exchange::Indeterminate => return Err(AcquireError::Indeterminate),
         };
         match response {

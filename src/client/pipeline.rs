@@ -17,6 +17,12 @@
 //! Once [`close_reason`](Pipeline::close_reason) is set, the driver stops using the socket
 //! and calls [`finish`](Pipeline::finish), which resolves every call still open.
 //!
+//! Before any of that, the link must come up (`link.rs`): once TCP (and TLS) is connected,
+//! the driver calls [`start_handshake`](Pipeline::start_handshake), the pipeline offers a
+//! `P` with a nonce of its own and nothing else, and only the `P` that answers it makes the
+//! session established. Calls submitted meanwhile wait in the queue, unsent. After that,
+//! the pipeline watches for silence: see [`is_stalled`](Pipeline::is_stalled).
+//!
 //! Invariants:
 //! * A request is *unsent* (stage `Queued` or `Encoded`) exactly while no byte of it has been
 //!   handed to the socket. A frame is `Encoded` only while an [`Output`](output::Output)
@@ -38,6 +44,12 @@
 //! * Answers to Release and Extend carry only the token, so requests naming one token are
 //!   matched first-in first-out, in the order their first byte was handed to the socket
 //!   (the server answers same-key requests of a session in the order sent).
+//! * No request is encoded before the handshake ping's pong was read, and the pong is never
+//!   delivered to a caller (its nonce is the pipeline's own, in no correlation map).
+//! * A stalled pipeline holds no queued request of a caller: stalling hands them back unsent,
+//!   and [`submit`](Pipeline::submit) hands back every new one; the driver resolves them
+//!   (`NotSent`) with [`resolve_returned`](Pipeline::resolve_returned) once it has published
+//!   the stall.
 //!
 //! Deliberately not here: sockets, threads, and retrying on another session (the client does
 //! that with the [`Outcome::NotSent`] it gets back).
@@ -54,9 +66,11 @@ use crate::protocol::{parse_response, ErrorCode, Response};
 use crate::wheel::TimerHandle;
 
 mod deadlines;
+mod link;
 pub(crate) mod output;
 
 use deadlines::Deadlines;
+use link::{Link, PING_BYTES};
 
 /// Bytes of frames encoded ahead of the socket at most; the rest stay queued, so their wire
 /// wait is computed later.
@@ -115,7 +129,18 @@ struct Entry {
 #[derive(Debug)]
 pub(crate) struct Pipeline {
     transport_timeout: Duration,
-    established: bool,
+    /// How long an answer may be overdue before the session stops taking calls.
+    silence_limit: Duration,
+    link: Link,
+    /// The handshake ping's frame.
+    hello: [u8; PING_BYTES],
+    /// The earliest instant a request the server answers at once was handed to the socket
+    /// since the last read; `None` when nothing is overdue-able.
+    awaiting_since: Option<Instant>,
+    /// Answers are overdue and nothing was read since: no new call is taken.
+    stalled: bool,
+    /// Calls handed back unsent while stalled, not resolved yet.
+    returned: Vec<Call>,
     close: Option<CloseReason>,
     entries: Slab<Entry>,
     next_seq: u64,
@@ -139,12 +164,23 @@ fn reply(tx: Option<Sender<Outcome>>, outcome: Outcome) -> bool {
 }
 
 impl Pipeline {
-    /// An empty pipeline for a session that is not connected yet. Instants before `epoch`
-    /// count as `epoch` on the timer wheel (they are still compared exactly).
-    pub(crate) fn new(transport_timeout: Duration, epoch: Instant) -> Pipeline {
+    /// An empty pipeline for a session that is not connected yet; `silence_limit` is how long
+    /// answers may be overdue before it stops taking calls (the client's connect timeout).
+    /// Instants before `epoch` count as `epoch` on the timer wheel (they are still compared
+    /// exactly).
+    pub(crate) fn new(
+        transport_timeout: Duration,
+        silence_limit: Duration,
+        epoch: Instant,
+    ) -> Pipeline {
         Pipeline {
             transport_timeout,
-            established: false,
+            silence_limit,
+            link: Link::Connecting,
+            hello: [0; PING_BYTES],
+            awaiting_since: None,
+            stalled: false,
+            returned: Vec::new(),
             close: None,
             entries: Slab::new(),
             next_seq: 0,
@@ -159,16 +195,6 @@ impl Pipeline {
             fired: Vec::new(),
             held: Vec::new(),
         }
-    }
-
-    /// The connection is up: queued frames may go out.
-    pub(crate) fn set_established(&mut self) {
-        self.established = true;
-    }
-
-    /// Whether the connection is up.
-    pub(crate) fn is_established(&self) -> bool {
-        self.established
     }
 
     /// Why the session must end, once it must.
@@ -194,13 +220,21 @@ impl Pipeline {
     /// millisecond, or a cascade point of it; waking early is harmless). `None` when no
     /// deadline is armed.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.timers.next_deadline()
+        match (self.timers.next_deadline(), self.stall_at()) {
+            (Some(timer), Some(stall)) => Some(timer.min(stall)),
+            (timer, stall) => timer.or(stall),
+        }
     }
 
-    /// Queues a call. Its deadline is armed; an unsent call is never sent after it.
+    /// Queues a call. Its deadline is armed; an unsent call is never sent after it. A closed
+    /// or stalled pipeline hands it back unsent at once.
     pub(crate) fn submit(&mut self, call: Call) {
         if self.close.is_some() {
             reply(call.reply, Outcome::NotSent);
+            return;
+        }
+        if self.stalled {
+            self.hand_back(call);
             return;
         }
         let deadline = call.deadline;
@@ -285,13 +319,19 @@ impl Pipeline {
     }
 
     /// Correlates the answers at the start of `input`, read at `now`; returns the bytes used.
+    /// The driver calls it after every read that returned bytes: any byte read ends a stall.
     pub(crate) fn handle_read(&mut self, input: &[u8], now: Instant) -> usize {
+        self.note_read();
         let mut consumed = 0;
         while self.close.is_none() {
             match parse_response(&input[consumed..]) {
                 Ok(Some((response, used))) => {
                     consumed += used;
-                    self.handle_response(response, now);
+                    if self.is_handshaking() {
+                        self.handle_handshake_answer(response);
+                    } else {
+                        self.handle_response(response, now);
+                    }
                 }
                 Ok(None) => break,
                 Err(error) => self.close(CloseReason::Protocol(error)),
@@ -493,6 +533,7 @@ impl Pipeline {
         }
         fired.clear();
         self.fired = fired;
+        self.handle_silence(now);
         self.check_invariants();
     }
 
@@ -563,14 +604,15 @@ impl Pipeline {
         reply(
             entry.call.reply,
             Outcome::Expired {
-                established: self.established,
+                established: self.is_established(),
             },
         );
     }
 
     /// Resolves every open call once the session has ended: `NotSent` while no byte was handed
-    /// to the socket (or always, after `X` code 7; `Unreachable` when a TLS error ended the
-    /// handshake), else `Indeterminate`; and delivers the
+    /// to the socket (or always, after `X` code 7; `Unreachable` when a TLS error, or bytes
+    /// that are not latchkey frames, ended it before it was established), else
+    /// `Indeterminate`; and delivers the
     /// answer held back from an `X` that closed the session. Returns the fire-and-forget
     /// releases that were never sent, for another session.
     ///
@@ -581,8 +623,12 @@ impl Pipeline {
             let _ = tx.try_send(outcome);
         }
         let refused = self.close == Some(CloseReason::Refused);
-        let unreachable = !self.established && matches!(self.close, Some(CloseReason::Tls(_)));
-        let mut unsent_releases = Vec::new();
+        let unreachable = !self.is_established()
+            && matches!(
+                self.close,
+                Some(CloseReason::Tls(_) | CloseReason::Protocol(_))
+            );
+        let mut unsent_releases = self.resolve_returned();
         for entry in self.entries.drain() {
             let possibly_sent = !refused
                 && matches!(
@@ -627,7 +673,22 @@ impl Pipeline {
             return;
         }
         assert!(self.out_written <= self.out.len());
-        assert!(self.established || self.out.is_empty());
+        assert!(self.is_established() || self.out.is_empty());
+        assert!(
+            !self.stalled || self.is_established(),
+            "only a live link stalls"
+        );
+        if self.stalled {
+            let caller_queued = |&h: &Handle| {
+                self.entry(h).is_some_and(|e| {
+                    e.stage == Stage::Queued && !matches!(e.call.op, Op::Cancel { .. })
+                })
+            };
+            assert!(
+                !self.queue.iter().any(caller_queued),
+                "stalled: nothing queued"
+            );
+        }
         // The spans tile the part of the output not yet fully handed to the socket.
         let mut previous_end = self
             .spans

@@ -84,17 +84,21 @@ impl Pool {
         Ok(session)
     }
 
-    /// A live session for the next call, other than session `avoid` when another exists.
+    /// A live session for the next call: one that is neither session `avoid` nor stalled
+    /// when one exists, else one that is not stalled, else any (a stalled session refuses the
+    /// call, which then goes to another member).
     pub(crate) fn pick(&self, avoid: Option<u64>) -> io::Result<Arc<Session>> {
         let count = self.slots.len();
         let start = self.next_slot.fetch_add(1, Ordering::Relaxed);
-        let mut fallback = None;
+        let mut fallback: Option<Arc<Session>> = None;
         for offset in 0..count {
             let session = self.slot_session((start + offset) % count)?;
-            if Some(session.id()) != avoid {
+            if Some(session.id()) != avoid && !session.is_stalled() {
                 return Ok(session);
             }
-            fallback = Some(session);
+            if fallback.as_ref().map_or(true, |other| other.is_stalled()) {
+                fallback = Some(session);
+            }
         }
         Ok(fallback.expect("a pool has at least one slot"))
     }

@@ -18,10 +18,17 @@
 //! ends the session at once and holds that answer back until [`Pipeline::finish`]. A session
 //! never reconnects: the pool replaces a failed session by a new one.
 //!
-//! Over TLS the session counts as established (and encodes its first request) only once the
-//! handshake is done, so a handshake that fails (wrong CA, refused certificate) is a failed
-//! connect and nothing was sent. Bytes handed to rustls count as handed to the socket: "possibly
-//! sent" is the safe side of the line.
+//! The session counts as established (and encodes its first request) only once its
+//! handshake ping was answered (see `pipeline/link.rs`), after the TCP connect and, over TLS,
+//! the TLS handshake, all within the connect timeout. So a server that accepts but does not
+//! serve (paused: the kernel completes the connect from its backlog), a TLS handshake that
+//! fails (wrong CA, refused certificate) and a peer that is not a latchkey server are failed
+//! connects, and nothing was sent. Bytes handed to rustls count as handed to the socket:
+//! "possibly sent" is the safe side of the line.
+//!
+//! An established session whose answers are overdue stalls (`pipeline/link.rs`): the driver
+//! publishes that after every loop iteration, [`Session::submit`] refuses new calls meanwhile
+//! (they were not sent), and the pool prefers other sessions.
 //!
 //! Deliberately not here: choosing a session and retrying elsewhere (see [`super::pool`]).
 
@@ -112,8 +119,45 @@ impl Connection {
 /// Where a session hands the background releases it could not send.
 pub(crate) type Orphans = Box<dyn Fn(Call) + Send>;
 
-/// Where sessions record why the latest of them failed (shared by every session of a client).
-pub(crate) type FailureLog = Arc<Mutex<Option<SessionFailure>>>;
+/// Where sessions record why they failed (shared by every session of a client).
+pub(crate) type FailureLog = Arc<Mutex<Failures>>;
+
+/// Why sessions failed: the latest of all, and the latest per address.
+#[derive(Debug, Default)]
+pub(crate) struct Failures {
+    latest: Option<SessionFailure>,
+    /// One per address, at most [`FAILED_ADDRS_MAX`] (a client has at most
+    /// [`super::MEMBERS_MAX`] pools, so this only bounds a bug).
+    by_addr: Vec<SessionFailure>,
+}
+
+/// The most addresses whose latest failure is kept.
+const FAILED_ADDRS_MAX: usize = 2 * super::MEMBERS_MAX;
+
+impl Failures {
+    fn record(&mut self, failure: SessionFailure) {
+        match self.by_addr.iter_mut().find(|f| f.addr() == failure.addr()) {
+            Some(old) => *old = failure.clone(),
+            None => {
+                if self.by_addr.len() >= FAILED_ADDRS_MAX {
+                    self.by_addr.remove(0);
+                }
+                self.by_addr.push(failure.clone());
+            }
+        }
+        self.latest = Some(failure);
+    }
+
+    /// Why the latest session that failed did.
+    pub(crate) fn latest(&self) -> Option<&SessionFailure> {
+        self.latest.as_ref()
+    }
+
+    /// Why the latest session to `addr` that failed did.
+    pub(crate) fn of(&self, addr: SocketAddr) -> Option<&SessionFailure> {
+        self.by_addr.iter().find(|failure| failure.addr() == addr)
+    }
+}
 
 /// The caller's side of a session: submit calls; dropping it shuts the session down after
 /// its queued writes (background releases) went out.
@@ -127,6 +171,8 @@ struct Shared {
     waker: Waker,
     inbox_calls_max: usize,
     failed: AtomicBool,
+    /// Answers are overdue and nothing was read since: no new call is taken.
+    stalled: AtomicBool,
     shutdown: AtomicBool,
 }
 
@@ -154,9 +200,14 @@ impl Session {
             waker,
             inbox_calls_max: config.inbox_calls_max,
             failed: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
         });
-        let transport_timeout = config.transport_timeout;
+        let pipeline = Pipeline::new(
+            config.transport_timeout,
+            config.connect_timeout,
+            Instant::now(),
+        );
         let driver = Driver {
             id,
             addr,
@@ -166,7 +217,7 @@ impl Session {
             events: Events::with_capacity(EVENTS_MAX),
             stream: None,
             tcp_connected: false,
-            pipeline: Pipeline::new(transport_timeout, Instant::now()),
+            pipeline,
             input: vec![0; INPUT_BYTES],
             input_len: 0,
             orphans,
@@ -188,10 +239,19 @@ impl Session {
         self.shared.failed.load(Ordering::Acquire)
     }
 
-    /// Hands a call to the session thread, or gives it back when the session has ended or its
-    /// inbox is full (the call was not sent).
+    /// Whether the session's answers are overdue (see the module docs): it takes no new call
+    /// until it reads again.
+    pub(crate) fn is_stalled(&self) -> bool {
+        self.shared.stalled.load(Ordering::Acquire)
+    }
+
+    /// Hands a call to the session thread, or gives it back when the session has ended, is
+    /// stalled or its inbox is full (the call was not sent).
     #[allow(clippy::result_large_err)]
     pub(crate) fn submit(&self, call: Call) -> Result<(), Call> {
+        if self.is_stalled() {
+            return Err(call);
+        }
         {
             let mut inbox = self.shared.inbox.lock();
             if inbox.closed || inbox.calls.len() >= self.shared.inbox_calls_max {
@@ -279,23 +339,28 @@ impl Driver {
                 .events
                 .iter()
                 .any(|e| e.token() == STREAM && e.is_writable());
-            if !self.pipeline.is_established() {
-                if (readable || writable) && !self.tcp_connected {
+            if self.pipeline.is_connecting() && (readable || writable) {
+                if !self.tcp_connected {
                     self.check_connected();
                 }
-                if (readable || writable) && self.tcp_connected {
+                if self.tcp_connected {
                     self.handshake();
                 }
-                if !self.pipeline.is_established() && now >= connect_deadline {
-                    self.pipeline.close(CloseReason::ConnectTimeout);
-                }
             }
-            if self.pipeline.is_established() && readable {
+            if !self.pipeline.is_established() && now >= connect_deadline {
+                let reason = match self.pipeline.is_handshaking() {
+                    true => CloseReason::HandshakeTimeout,
+                    false => CloseReason::ConnectTimeout,
+                };
+                self.pipeline.close(reason);
+            }
+            if !self.pipeline.is_connecting() && readable {
                 self.read(now);
             }
             self.take_inbox();
             self.pipeline.handle_deadlines(now);
             self.flush();
+            self.publish_stall();
             if let Some(reason) = self.pipeline.close_reason() {
                 return reason.clone();
             }
@@ -343,11 +408,11 @@ impl Driver {
         }
     }
 
-    /// Moves the TLS handshake along (the session is established once it is done); plain TCP
-    /// is established at once.
+    /// Moves the TLS handshake along; once it is done (at once for plain TCP), the handshake
+    /// ping goes out with a nonce of this session's own.
     fn handshake(&mut self) {
         let tls = match self.stream.as_mut().expect("connected") {
-            Connection::Plain(_) => return self.pipeline.set_established(),
+            Connection::Plain(_) => return self.pipeline.start_handshake(super::args::next_id()),
             Connection::Tls(tls) => tls,
         };
         if let Err(error) = tls.progress() {
@@ -360,7 +425,23 @@ impl Driver {
         }
         if !tls.handshaking() {
             log::debug!("session {}: TLS established with {}", self.id, self.addr);
-            self.pipeline.set_established();
+            self.pipeline.start_handshake(super::args::next_id());
+        }
+    }
+
+    /// Tells callers whether the session stalled, and hands the fire-and-forget calls it gave
+    /// back to the pool.
+    fn publish_stall(&mut self) {
+        let stalled = self.pipeline.is_stalled();
+        if self.shared.stalled.swap(stalled, Ordering::AcqRel) != stalled {
+            log::debug!("session {} to {}: stalled {stalled}", self.id, self.addr);
+        }
+        let now = Instant::now();
+        for mut call in self.pipeline.resolve_returned() {
+            call.attempts += 1;
+            if call.deadline > now && call.attempts < 3 {
+                (self.orphans)(call);
+            }
         }
     }
 
@@ -385,7 +466,13 @@ impl Driver {
         }
     }
 
+    /// Moves new calls into the pipeline; none once the session must end: `finish` resolves
+    /// them after the session is retired, so no caller hears back from a session that still
+    /// looks alive.
     fn take_inbox(&mut self) {
+        if self.pipeline.close_reason().is_some() {
+            return;
+        }
         let calls = std::mem::take(&mut self.shared.inbox.lock().calls);
         for call in calls {
             self.pipeline.submit(call);
@@ -463,7 +550,7 @@ impl Driver {
             // Recorded before any call hears back, so a caller that asks why sees this.
             let connected = self.pipeline.is_established();
             let failure = SessionFailure::new(self.addr, reason.to_string(), connected);
-            *self.failures.lock() = Some(failure);
+            self.failures.lock().record(failure);
         }
         // Marked failed and closed before any call hears back (including the `Rejected` of an
         // `X` that closed the session, held by the pipeline until `finish`), so neither a

@@ -128,6 +128,11 @@ impl Ticket {
         }
     }
 
+    /// The client this ticket was granted through.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// The key this ticket holds.
     pub fn key(&self) -> &str {
         &self.key

@@ -1,13 +1,16 @@
 //! A fake cluster member: a listener on 127.0.0.1 whose connections parse requests with
 //! [`parse_request`] and answer what a script says (an answer, silence, or a close), recording
-//! every request it received.
+//! every request it received. The client's handshake ping (the first frame of every session)
+//! is not given to the script: the member answers it with its pong, or, when it plays a
+//! paused process ([`FakeMember::pause_handshakes`]), ignores it; either way it is counted
+//! ([`FakeMember::handshakes`]) and not recorded with the requests.
 //!
 //! Bounds: each connection's buffer holds at most 64 KiB; every blocking read and accept
 //! polls a stop flag every 20 ms, so dropping a member stops its threads promptly.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -36,6 +39,16 @@ pub struct FakeMember {
     received: Arc<Mutex<Vec<Frame>>>,
     script: Arc<Mutex<Script>>,
     stop: Arc<AtomicBool>,
+    greeting: Arc<Greeting>,
+}
+
+/// The handshake pings of a member's sessions.
+#[derive(Default)]
+struct Greeting {
+    /// Ignore them (a paused member).
+    paused: AtomicBool,
+    /// Handshake pings received.
+    count: AtomicUsize,
 }
 
 const POLL: Duration = Duration::from_millis(20);
@@ -51,14 +64,27 @@ impl FakeMember {
             received: Arc::default(),
             script: Arc::new(Mutex::new(script)),
             stop: Arc::default(),
+            greeting: Arc::default(),
         };
-        let (received, script, stop) = (
-            Arc::clone(&member.received),
-            Arc::clone(&member.script),
-            Arc::clone(&member.stop),
-        );
-        thread::spawn(move || accept_loop(listener, received, script, stop));
+        let shared = Shared {
+            received: Arc::clone(&member.received),
+            script: Arc::clone(&member.script),
+            stop: Arc::clone(&member.stop),
+            greeting: Arc::clone(&member.greeting),
+        };
+        thread::spawn(move || accept_loop(listener, shared));
         member
+    }
+
+    /// From now on, handshake pings get no answer, as from a paused (SIGSTOP) process whose
+    /// kernel still accepts connections.
+    pub fn pause_handshakes(&self) {
+        self.greeting.paused.store(true, Ordering::Relaxed);
+    }
+
+    /// Handshake pings received so far (answered or not).
+    pub fn handshakes(&self) -> usize {
+        self.greeting.count.load(Ordering::Relaxed)
     }
 
     /// This member's address.
@@ -83,21 +109,21 @@ impl Drop for FakeMember {
     }
 }
 
-fn accept_loop(
-    listener: TcpListener,
+/// What every connection of a member shares.
+#[derive(Clone)]
+struct Shared {
     received: Arc<Mutex<Vec<Frame>>>,
     script: Arc<Mutex<Script>>,
     stop: Arc<AtomicBool>,
-) {
-    while !stop.load(Ordering::Relaxed) {
+    greeting: Arc<Greeting>,
+}
+
+fn accept_loop(listener: TcpListener, shared: Shared) {
+    while !shared.stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, _)) => {
-                let (received, script, stop) = (
-                    Arc::clone(&received),
-                    Arc::clone(&script),
-                    Arc::clone(&stop),
-                );
-                thread::spawn(move || serve(stream, received, script, stop));
+                let shared = shared.clone();
+                thread::spawn(move || serve(stream, shared));
             }
             Err(error) if error.kind() == ErrorKind::WouldBlock => thread::sleep(POLL),
             Err(_) => return,
@@ -105,18 +131,14 @@ fn accept_loop(
     }
 }
 
-fn serve(
-    mut stream: TcpStream,
-    received: Arc<Mutex<Vec<Frame>>>,
-    script: Arc<Mutex<Script>>,
-    stop: Arc<AtomicBool>,
-) {
+fn serve(mut stream: TcpStream, shared: Shared) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(POLL));
     let _ = stream.set_nodelay(true);
     let mut buffer = Vec::new();
     let mut chunk = [0u8; 4096];
-    while !stop.load(Ordering::Relaxed) && buffer.len() < BUFFER_MAX {
+    let mut greeted = false;
+    while !shared.stop.load(Ordering::Relaxed) && buffer.len() < BUFFER_MAX {
         match stream.read(&mut chunk) {
             Ok(0) => return,
             Ok(n) => buffer.extend_from_slice(&chunk[..n]),
@@ -130,8 +152,21 @@ fn serve(
                 Err(_) => return,
             };
             buffer.drain(..used);
-            received.lock().unwrap().push(frame.clone());
-            let reply = (script.lock().unwrap())(&frame);
+            let reply = match (greeted, &frame) {
+                (false, &Frame::Ping { nonce }) => {
+                    greeted = true;
+                    shared.greeting.count.fetch_add(1, Ordering::Relaxed);
+                    match shared.greeting.paused.load(Ordering::Relaxed) {
+                        true => Reply::Silent,
+                        false => Reply::Answer(Response::Pong { nonce }),
+                    }
+                }
+                _ => {
+                    greeted = true;
+                    shared.received.lock().unwrap().push(frame.clone());
+                    (shared.script.lock().unwrap())(&frame)
+                }
+            };
             match reply {
                 Reply::Answer(response) => {
                     let mut out = Vec::new();

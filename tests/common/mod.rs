@@ -178,13 +178,27 @@ impl FakeServer {
         self.listener.local_addr().unwrap()
     }
 
-    /// The next connection; panics if none comes within [`PATIENCE`].
+    /// The next connection, with its handshake answered (see [`FakeConn::handshake`]);
+    /// panics if none comes within [`PATIENCE`].
     pub fn accept(&self) -> FakeConn {
         self.try_accept(PATIENCE).expect("no connection came")
     }
 
-    /// The next connection within `within`, if any.
+    /// The next connection within `within`, if any, with its handshake answered.
     pub fn try_accept(&self, within: Duration) -> Option<FakeConn> {
+        let mut conn = self.try_accept_raw(within)?;
+        conn.handshake();
+        Some(conn)
+    }
+
+    /// The next connection as accepted: its handshake ping unread and unanswered (a server
+    /// that refuses the session, or is paused).
+    pub fn accept_raw(&self) -> FakeConn {
+        self.try_accept_raw(PATIENCE).expect("no connection came")
+    }
+
+    /// The next connection within `within`, if any, as accepted.
+    pub fn try_accept_raw(&self, within: Duration) -> Option<FakeConn> {
         let until = Instant::now() + within;
         loop {
             match self.listener.accept() {
@@ -240,6 +254,24 @@ impl FakeConn {
                 Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Got::Eof,
                 Err(e) => panic!("read: {e}"),
             }
+        }
+    }
+
+    /// Reads the client's handshake ping, its first frame on every session, and answers it;
+    /// returns its nonce. The client sends nothing else before that pong.
+    #[track_caller]
+    pub fn handshake(&mut self) -> u64 {
+        let nonce = self.handshake_ping();
+        self.send(Response::Pong { nonce });
+        nonce
+    }
+
+    /// Reads the client's handshake ping without answering it; returns its nonce.
+    #[track_caller]
+    pub fn handshake_ping(&mut self) -> u64 {
+        match self.frame() {
+            Frame::Ping { nonce } => nonce,
+            other => panic!("a session starts with its handshake ping, not {other:?}"),
         }
     }
 

@@ -2,9 +2,13 @@
 //!
 //! It forwards bytes both ways and can, on command: delay each chunk (either direction), hold
 //! the server's bytes back until released, cut a connection once N client bytes have been
-//! forwarded on it, and refuse the next connections with `X` 7 as a full server would. It
-//! parses what the client sends and counts Acquire and Cancel frames per owner, so a test can
-//! prove that an acquire was sent exactly once.
+//! forwarded on it, and refuse the next connections with `X` 7 as a full server would (or,
+//! artificially, only after answering the client's handshake ping, so that requests reach
+//! the refused session). It parses what the client sends and counts Acquire and Cancel frames
+//! per owner and Ping frames, so a test can prove that an acquire was sent exactly once.
+//!
+//! Every client session starts with its handshake ping (10 bytes) and sends nothing else
+//! before the pong: byte counts (`cut_after`) include it.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -35,6 +39,9 @@ struct State {
     cut_after: Option<usize>,
     refuse_next: usize,
     refuse_after: Duration,
+    /// Refused sessions get a pong to every ping before their `X` 7.
+    refuse_pong: bool,
+    pings: usize,
     connections: usize,
     acquires: Vec<(u64, u8)>,
     cancels: HashMap<u64, usize>,
@@ -101,6 +108,22 @@ impl Proxy {
             s.refuse_next = count;
             s.refuse_after = after;
         });
+    }
+
+    /// As [`refuse_next`](Self::refuse_next), but a refused session first gets the pong of
+    /// its handshake ping, so the client sends its requests before the `X` 7 (which no real
+    /// server sends after answering: the client's rule for `X` 7 must hold all the same).
+    pub fn refuse_next_after_pong(&self, count: usize, after: Duration) {
+        self.with(|s| {
+            s.refuse_next = count;
+            s.refuse_after = after;
+            s.refuse_pong = true;
+        });
+    }
+
+    /// Ping frames the client sent through the proxy (handshakes included).
+    pub fn pings(&self) -> usize {
+        self.with(|s| s.pings)
     }
 
     /// Connections accepted so far (forwarded or refused).
@@ -183,6 +206,7 @@ fn refuse_session(mut client: TcpStream, shared: &Shared, after: Duration) {
     let mut counter = Counter::default();
     let mut chunk = [0u8; 4096];
     let until = Instant::now() + after;
+    let pong = shared.state.lock().unwrap().refuse_pong;
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -191,7 +215,15 @@ fn refuse_session(mut client: TcpStream, shared: &Shared, after: Duration) {
         client.set_read_timeout(Some(left)).unwrap();
         match client.read(&mut chunk) {
             Ok(0) => return,
-            Ok(read) => counter.feed(&chunk[..read], shared),
+            Ok(read) => {
+                for nonce in counter.feed(&chunk[..read], shared) {
+                    if pong {
+                        let mut bytes = Vec::new();
+                        Response::Pong { nonce }.encode(&mut bytes);
+                        let _ = client.write_all(&bytes);
+                    }
+                }
+            }
             Err(e)
                 if matches!(
                     e.kind(),
@@ -210,7 +242,7 @@ fn refuse_session(mut client: TcpStream, shared: &Shared, after: Duration) {
     let _ = client.shutdown(Shutdown::Write);
     client.set_read_timeout(Some(super::PATIENCE)).unwrap();
     while let Ok(read @ 1..) = client.read(&mut chunk) {
-        counter.feed(&chunk[..read], shared);
+        let _ = counter.feed(&chunk[..read], shared);
     }
 }
 
@@ -222,9 +254,11 @@ struct Counter {
 }
 
 impl Counter {
-    fn feed(&mut self, bytes: &[u8], shared: &Shared) {
+    /// Counts the frames `bytes` complete; returns the nonces of the pings among them.
+    fn feed(&mut self, bytes: &[u8], shared: &Shared) -> Vec<u64> {
+        let mut pings = Vec::new();
         if self.broken {
-            return;
+            return pings;
         }
         self.input.extend_from_slice(bytes);
         let mut state = shared.state.lock().unwrap();
@@ -238,14 +272,18 @@ impl Counter {
                         Request::Cancel { owner, .. } => {
                             *state.cancels.entry(owner).or_default() += 1
                         }
+                        Request::Ping { nonce } => {
+                            state.pings += 1;
+                            pings.push(nonce);
+                        }
                         _ => {}
                     }
                     self.input.drain(..used);
                 }
-                Ok(None) => return,
+                Ok(None) => return pings,
                 Err(_) => {
                     self.broken = true;
-                    return;
+                    return pings;
                 }
             }
         }
@@ -264,7 +302,7 @@ fn pump_up(mut client: TcpStream, mut server: TcpStream, shared: &Shared) {
             }
             Ok(read) => read,
         };
-        counter.feed(&chunk[..read], shared);
+        let _ = counter.feed(&chunk[..read], shared);
         let (delay, cut_after) = {
             let state = shared.state.lock().unwrap();
             (state.delay_up, state.cut_after)

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::{shown_key, LockArgs, EXIT_INDETERMINATE, EXIT_LEASE_LOST, FORBIDDEN_TEXT};
-use crate::client::{ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
+use crate::client::{Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
 use crate::protocol::ErrorCode;
 
 /// How soon a failed extend is tried again (never later than lease/3).
@@ -148,12 +148,13 @@ fn extend_until_stopped(
             Err(error) => {
                 let now = Instant::now();
                 let left = ticket.valid_until().saturating_duration_since(now);
+                let why = failure(ticket.client(), &error);
                 if left.is_zero() {
                     // The watcher reports the lease lost at the bound; nothing left to keep.
-                    eprintln!("latchkey lock: extend failed: {error}");
+                    eprintln!("latchkey lock: extend failed: {why}");
                     return;
                 }
-                eprintln!("latchkey lock: extend failed: {error}; retrying");
+                eprintln!("latchkey lock: extend failed: {why}; retrying");
                 let retry = period.min(EXTEND_RETRY).min(left / 4);
                 next = now + retry.max(EXTEND_RETRY_MIN);
             }
@@ -216,6 +217,7 @@ fn status_code(status: ExitStatus) -> u8 {
 /// Releases the lock after CMD; a failure only means the lease will recover it.
 pub(super) fn release(ticket: Ticket) {
     let key = shown_key(ticket.key());
+    let client = ticket.client().clone();
     match ticket.release() {
         Ok(ReleaseOutcome::Released) => {}
         Ok(ReleaseOutcome::NotHeld) => {
@@ -226,6 +228,22 @@ pub(super) fn release(ticket: Ticket) {
                 "latchkey lock: {key}: release refused: {FORBIDDEN_TEXT}; the lease recovers it"
             )
         }
-        Err(error) => eprintln!("latchkey lock: release failed ({error}); the lease recovers it"),
+        Err(error) => {
+            let why = failure(&client, &error);
+            eprintln!("latchkey lock: release failed ({why}); the lease recovers it")
+        }
+    }
+}
+
+/// Why an extend or release got no answer, as true as the client knows it: when nothing was
+/// sent, what the cluster's members did (no leader, no quorum...) or why the server could not
+/// be reached.
+fn failure(client: &Client, error: &RequestError) -> String {
+    match error {
+        RequestError::Unavailable => {
+            let addr = client.config().addrs[0];
+            super::unavailable_text(client, addr, "no connection within --transport-timeout")
+        }
+        other => other.to_string(),
     }
 }

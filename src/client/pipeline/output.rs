@@ -49,7 +49,7 @@ impl Pipeline {
     /// requests already past their deadline are expired instead of sent. The guard offers the
     /// bytes; see [`Output`].
     pub(crate) fn output(&mut self, now: Instant) -> Output<'_> {
-        if self.close.is_none() && self.established {
+        if self.close.is_none() && self.is_established() {
             self.compact();
             self.encode_queued(now);
             self.check_invariants();
@@ -80,10 +80,14 @@ impl Pipeline {
         }
     }
 
-    /// The bytes of the current write attempt: nothing once the session must end.
+    /// The bytes of the current write attempt: nothing once the session must end, only the
+    /// handshake ping until its pong was read.
     fn offered(&self) -> &[u8] {
-        if self.close.is_some() || !self.established {
+        if self.close.is_some() {
             return &[];
+        }
+        if !self.is_established() {
+            return self.hello_offered();
         }
         &self.out[self.out_written..]
     }
@@ -130,6 +134,9 @@ impl Pipeline {
     /// The socket took `written` more bytes of the offered output; `now` is the instant read
     /// before that write.
     fn handle_written(&mut self, written: usize, now: Instant) {
+        if self.hello_written(written) {
+            return;
+        }
         self.out_written += written;
         assert!(
             self.out_written <= self.out.len(),
@@ -160,6 +167,7 @@ impl Pipeline {
             if let Op::Release { token, .. } | Op::Extend { token, .. } = entry.call.op {
                 self.tokens.entry(token).or_default().push_back(handle);
             }
+            self.note_handed(handle, now);
         }
         let Some(entry) = self.entry_mut(handle) else {
             return;

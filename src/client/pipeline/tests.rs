@@ -5,7 +5,11 @@ use crate::protocol::{parse_request, Request, KEY_BYTES_MAX};
 use crossbeam_channel::Receiver;
 
 pub(super) const TRANSPORT: Duration = Duration::from_secs(5);
+/// The silence limit (the client's connect timeout).
+pub(super) const SILENCE: Duration = Duration::from_secs(2);
 pub(super) const OWNER: u64 = 0xa11ce;
+/// The nonce of the handshake ping.
+pub(super) const HELLO: u64 = 0x4e110;
 
 pub(super) fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
@@ -123,9 +127,19 @@ fn follow_wake_ups(pipeline: &mut Pipeline, deadline: Instant) {
     panic!("the wake-ups never reached the deadline's millisecond");
 }
 
+/// The handshake at `now`, as a driver and a server run it: the ping goes out alone, its
+/// pong establishes the session.
+pub(super) fn handshake(pipeline: &mut Pipeline, now: Instant) {
+    pipeline.start_handshake(HELLO);
+    assert_eq!(write_all(pipeline, now), vec![Sent::Ping { nonce: HELLO }]);
+    feed(pipeline, Response::Pong { nonce: HELLO }, now);
+    assert!(pipeline.is_established());
+}
+
 pub(super) fn established() -> Pipeline {
-    let mut pipeline = Pipeline::new(TRANSPORT, Instant::now());
-    pipeline.set_established();
+    let now = Instant::now();
+    let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, now);
+    handshake(&mut pipeline, now);
     pipeline
 }
 
@@ -163,9 +177,9 @@ pub(super) fn answered(rx: &Receiver<Outcome>) -> Response {
 fn an_unsent_request_at_its_deadline_expires_and_is_never_encoded() {
     let t0 = Instant::now();
     for up in [false, true] {
-        let mut pipeline = Pipeline::new(TRANSPORT, Instant::now());
+        let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, Instant::now());
         if up {
-            pipeline.set_established();
+            handshake(&mut pipeline, t0);
         }
         let (call, rx) = acquire(OWNER, false, t0 + ms(100));
         pipeline.submit(call);
@@ -174,7 +188,9 @@ fn an_unsent_request_at_its_deadline_expires_and_is_never_encoded() {
         assert!(rx.try_recv().is_err(), "never early");
         pipeline.handle_deadlines(t0 + ms(100));
         assert_eq!(rx.try_recv(), Ok(Outcome::Expired { established: up }));
-        pipeline.set_established();
+        if !up {
+            handshake(&mut pipeline, t0 + ms(100));
+        }
         assert!(pipeline.output(t0 + ms(100)).bytes().is_empty());
     }
 }
@@ -403,9 +419,9 @@ fn a_failed_session_separates_possibly_sent_from_definitely_unsent() {
 fn a_tls_error_before_the_session_was_established_makes_every_call_unreachable() {
     let t0 = Instant::now();
     for established_first in [false, true] {
-        let mut pipeline = Pipeline::new(TRANSPORT, t0);
+        let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, t0);
         if established_first {
-            pipeline.set_established();
+            handshake(&mut pipeline, t0);
         }
         let (call, rx) = acquire(OWNER, false, t0 + ms(3000));
         pipeline.submit(call);
@@ -753,8 +769,8 @@ fn answered_and_expired_calls_leave_no_timer_behind() {
 #[test]
 fn a_deadline_inside_a_millisecond_fires_at_its_exact_instant_never_before() {
     let epoch = Instant::now();
-    let mut pipeline = Pipeline::new(TRANSPORT, epoch);
-    pipeline.set_established();
+    let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, epoch);
+    handshake(&mut pipeline, epoch);
     let deadline = epoch + Duration::from_micros(100_500);
     let (call, rx) = acquire(OWNER, false, deadline);
     pipeline.submit(call);

@@ -51,7 +51,16 @@ struct Peer {
 }
 
 impl Peer {
+    /// Accepts the session's connection and answers its handshake ping, its first frame.
     fn accept(listener: &TcpListener) -> Peer {
+        let mut peer = Peer::accept_silent(listener);
+        let nonce = peer.next_id().expect("the handshake ping");
+        peer.send(Response::Pong { nonce });
+        peer
+    }
+
+    /// Accepts the session's connection and answers nothing.
+    fn accept_silent(listener: &TcpListener) -> Peer {
         let (stream, _) = listener.accept().unwrap();
         stream.set_read_timeout(Some(PATIENCE)).unwrap();
         Peer {
@@ -154,4 +163,110 @@ fn an_uncorrelated_closing_error_retires_the_session_before_any_call_hears_back(
         assert!(session.submit(again).is_err(), "round {round}");
         assert_eq!(peer.next_id(), None, "round {round}");
     }
+}
+
+fn spawn_with(listener: &TcpListener, config: SessionConfig, failures: FailureLog) -> Session {
+    let addr = listener.local_addr().unwrap();
+    Session::spawn(1, addr, config, Box::new(|_| {}), failures).unwrap()
+}
+
+/// Waits (bounded) until `condition` holds.
+fn eventually(mut condition: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + PATIENCE;
+    while Instant::now() < until {
+        if condition() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+/// A server that accepts (the kernel does, from the backlog) but never answers: only the
+/// handshake ping reaches it, and at the connect timeout every call is definitely unsent.
+#[test]
+fn a_server_that_never_answers_the_handshake_ping_gets_nothing_else() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let connect_timeout = Duration::from_millis(300);
+    let failures = FailureLog::default();
+    let config = SessionConfig {
+        connect_timeout,
+        ..config()
+    };
+    let start = Instant::now();
+    let session = spawn_with(&listener, config, Arc::clone(&failures));
+    let (first, rx) = call(acquire(0x3000));
+    session.submit(first).unwrap();
+    let mut peer = Peer::accept_silent(&listener);
+    assert!(peer.next_id().is_some(), "the handshake ping");
+    assert_eq!(
+        rx.recv_timeout(PATIENCE),
+        Ok(Outcome::NotSent),
+        "nothing was sent: another session may take it"
+    );
+    assert!(
+        start.elapsed() >= connect_timeout,
+        "never before the connect timeout"
+    );
+    assert!(session.is_failed());
+    assert_eq!(
+        peer.next_id(),
+        None,
+        "the ping was all it got, then the close"
+    );
+    let failure = failures.lock().latest().cloned().expect("recorded");
+    assert_eq!(failure.cause(), CloseReason::HandshakeTimeout.to_string());
+    assert!(!failure.connected());
+}
+
+/// An established session whose answer is overdue stops taking calls, and takes them again
+/// once it reads.
+#[test]
+fn an_overdue_answer_stalls_the_session_until_it_reads() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silence = Duration::from_millis(300);
+    let config = SessionConfig {
+        connect_timeout: silence,
+        ..config()
+    };
+    let session = spawn_with(&listener, config, FailureLog::default());
+    let mut peer = Peer::accept(&listener);
+    let nonce = 0x4000;
+    let (query, rx) = call(Op::Query {
+        key: Arc::from("k"),
+        nonce,
+    });
+    let sent_at = Instant::now();
+    session.submit(query).unwrap();
+    assert_eq!(peer.next_id(), Some(nonce));
+    assert!(eventually(|| session.is_stalled()), "stalls");
+    assert!(sent_at.elapsed() >= silence, "never early");
+    let (refused, _rx) = call(Op::Ping { nonce: nonce + 1 });
+    assert!(
+        session.submit(refused).is_err(),
+        "a stalled session takes no call"
+    );
+    peer.send(Response::State {
+        nonce,
+        held: false,
+        lease_ms: 0,
+        waiters: 0,
+    });
+    assert!(matches!(
+        rx.recv_timeout(PATIENCE),
+        Ok(Outcome::Answer { .. })
+    ));
+    assert!(
+        eventually(|| !session.is_stalled()),
+        "reading ends the stall"
+    );
+    let (ping, rx_ping) = call(Op::Ping { nonce: nonce + 2 });
+    session.submit(ping).unwrap();
+    assert_eq!(peer.next_id(), Some(nonce + 2));
+    peer.send(Response::Pong { nonce: nonce + 2 });
+    assert!(matches!(
+        rx_ping.recv_timeout(PATIENCE),
+        Ok(Outcome::Answer { .. })
+    ));
+    assert!(!session.is_failed());
 }

@@ -1,7 +1,8 @@
 //! Writing on virtual time: when frames are encoded, what a write attempt leaves behind.
 
 use super::super::tests::{
-    acquire, decode, established, ms, write_all, write_some, Sent, OWNER, TRANSPORT,
+    acquire, decode, established, handshake, ms, write_all, write_some, Sent, OWNER, SILENCE,
+    TRANSPORT,
 };
 use super::super::{Outcome, Pipeline};
 use std::time::Instant;
@@ -9,14 +10,14 @@ use std::time::Instant;
 #[test]
 fn wire_wait_is_computed_when_the_frame_is_encoded_not_when_submitted() {
     let t0 = Instant::now();
-    let mut pipeline = Pipeline::new(TRANSPORT, Instant::now());
+    let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, Instant::now());
     let (call, _rx) = acquire(OWNER, false, t0 + ms(3000));
     pipeline.submit(call);
     assert!(
         pipeline.output(t0).bytes().is_empty(),
         "nothing goes out before the connection is up"
     );
-    pipeline.set_established();
+    handshake(&mut pipeline, t0 + ms(1000));
     let frames = write_all(&mut pipeline, t0 + ms(1500));
     let expected = Sent::Acquire {
         wait_s: 2,

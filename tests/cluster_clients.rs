@@ -1,0 +1,337 @@
+//! The client and the command line against real clusters of `latchkey serve` processes on
+//! loopback (issue 17): a member paused with SIGSTOP and listed first does not turn a held
+//! lock into "indeterminate", and a cluster without a quorum is said to be one (exit 83), not
+//! disguised as a held lock.
+//!
+//! Every wait is bounded; timing assertions are "never early" and "not too late" with slack.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, Member};
+use common::server::{fresh_id, wait_until, Conn};
+use latchkey::client::cli;
+use latchkey::protocol::{Leader, Request, Response};
+
+const SETTLE: Duration = Duration::from_secs(10);
+/// The command line's default transport timeout.
+const TRANSPORT: Duration = Duration::from_secs(5);
+
+fn latchkey(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .env_remove("LATCHKEY_SERVER")
+        .args(args)
+        .output()
+        .expect("latchkey runs")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn list(members: &[&Member]) -> String {
+    let addrs: Vec<String> = members.iter().map(|m| m.client.to_string()).collect();
+    addrs.join(",")
+}
+
+/// Holds `key` on whichever member leads it (wait 0, lease 60 s); that member's index.
+fn hold(cluster: &Cluster, key: &'static str) -> usize {
+    let owner = fresh_id();
+    let acquire = move || Request::Acquire {
+        wait_s: 0,
+        lease_s: 60,
+        owner,
+        key: key.as_bytes(),
+    };
+    match cluster.call(key, &[], SETTLE, acquire) {
+        (leader, Response::Acquired { .. }) => leader,
+        (_, other) => panic!("acquire of {key} answered {other:?}"),
+    }
+}
+
+/// Sends SIGCONT to a stopped member when dropped, whatever the test did.
+struct Resume<'a> {
+    cluster: &'a Cluster,
+    index: usize,
+}
+
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        self.cluster.signal(self.index, libc::SIGCONT);
+    }
+}
+
+#[test]
+fn a_paused_member_listed_first_does_not_hide_a_held_lock() {
+    let cluster = Cluster::start("clients-paused", 3, 4, false);
+    let key = "jobs/paused";
+    let leader = hold(&cluster, key);
+    // A member that does not lead the key, stopped: the kernel still completes connects to it.
+    let paused = (leader + 1) % 3;
+    let others: Vec<usize> = (0..3).filter(|&i| i != paused).collect();
+    cluster.signal(paused, libc::SIGSTOP);
+    let _resume = Resume {
+        cluster: &cluster,
+        index: paused,
+    };
+    let m = &cluster.members;
+    let servers = list(&[&m[paused], &m[others[0]], &m[others[1]]]);
+    let connect = cli::connect_timeout(TRANSPORT, 3);
+
+    let start = Instant::now();
+    let output = latchkey(&[
+        "lock", "--server", &servers, "--wait", "0", key, "--", "true",
+    ]);
+    let elapsed = start.elapsed();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_TIMEOUT)),
+        "held (80), not indeterminate (82): {}",
+        stderr(&output)
+    );
+    assert!(
+        stderr(&output).contains("the lock is held by someone else"),
+        "{}",
+        stderr(&output)
+    );
+    // The paused member costs its connect timeout (no answer to the handshake ping), once.
+    assert!(
+        elapsed >= connect,
+        "never before the connect timeout: {elapsed:?}"
+    );
+    assert!(elapsed < connect + Duration::from_secs(3), "{elapsed:?}");
+
+    let output = latchkey(&["query", "--server", &servers, key]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.starts_with("held=1 "), "{stdout}");
+    let output = latchkey(&["ping", "--server", &servers]);
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
+/// Whether member `index` answers a `Q` on `key` with an `M` naming no leader.
+fn knows_no_leader(cluster: &Cluster, index: usize, key: &str) -> bool {
+    let Ok(stream) = std::net::TcpStream::connect(cluster.members[index].client) else {
+        return false;
+    };
+    let mut conn = Conn::over(stream);
+    conn.send(Request::Query {
+        nonce: fresh_id(),
+        key: key.as_bytes(),
+    });
+    matches!(
+        conn.recv_within(Duration::from_millis(500)),
+        Some(Response::Moved { leader, .. }) if leader == Leader::UNKNOWN
+    )
+}
+
+#[test]
+fn without_a_quorum_lock_and_query_say_no_leader_and_exit_83() {
+    let mut cluster = Cluster::start("clients-quorum", 3, 4, false);
+    let key = "jobs/quorum";
+    let leader = hold(&cluster, key);
+    let survivor = (leader + 1) % 3;
+    for index in (0..3).filter(|&i| i != survivor) {
+        cluster.kill(index);
+    }
+    // The survivor steps down (check quorum) and then knows no leader.
+    assert!(
+        wait_until(SETTLE, || knows_no_leader(&cluster, survivor, key)),
+        "the survivor keeps naming a leader"
+    );
+    let m = &cluster.members;
+    let servers = list(&[&m[0], &m[1], &m[2]]);
+
+    let start = Instant::now();
+    let output = latchkey(&[
+        "lock", "--server", &servers, "--wait", "3s", key, "--", "true",
+    ]);
+    let said = stderr(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_UNAVAILABLE)),
+        "{said}"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(3),
+        "tried until --wait ran out"
+    );
+    assert!(
+        said.contains("no leader for this key: 1 of 3 members reachable, no quorum"),
+        "{said}"
+    );
+    assert!(!said.contains("held by someone else"), "{said}");
+
+    let output = latchkey(&[
+        "query",
+        "--server",
+        &servers,
+        "--transport-timeout",
+        "2s",
+        key,
+    ]);
+    let said = stderr(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_UNAVAILABLE)),
+        "{said}"
+    );
+    assert!(
+        said.contains("no leader for this key: 1 of 3 members reachable, no quorum"),
+        "{said}"
+    );
+    assert!(!said.contains("--transport-timeout"), "{said}");
+}
+
+/// The members `keys` are led by, once at least two members lead some of them (the cluster
+/// spreads its shards' leadership); `None` if that does not happen within [`SETTLE`].
+fn spread_leaders(cluster: &Cluster, keys: &[String]) -> Option<Vec<usize>> {
+    let until = Instant::now() + SETTLE;
+    while Instant::now() < until {
+        let mut leaders: Vec<usize> = keys
+            .iter()
+            .filter_map(|key| cluster.serving(key, &[], Duration::from_secs(2)))
+            .map(|(index, _)| index)
+            .collect();
+        leaders.sort_unstable();
+        leaders.dedup();
+        if leaders.len() >= 2 {
+            return Some(leaders);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+#[test]
+fn bench_follows_moved_across_a_clusters_leaders() {
+    use latchkey::bench::{execute, parse_target, BenchConfig, Workload};
+    let cluster = Cluster::start("clients-bench", 3, 4, false);
+    let probes: Vec<String> = (0..16).map(|n| format!("probe/{n}")).collect();
+    let leaders = spread_leaders(&cluster, &probes).expect("shards led by several members");
+    let m = &cluster.members;
+    let servers = list(&[&m[0], &m[1], &m[2]]);
+    let run = |workload: Workload, tune: &dyn Fn(&mut BenchConfig)| {
+        let target = parse_target(&servers).expect("a member list is a target");
+        let mut config = BenchConfig::new(target, workload);
+        config.connections = 4;
+        config.pipeline = 4;
+        config.threads = 2;
+        config.warmup = Duration::from_millis(100);
+        config.duration = Duration::from_millis(600);
+        config.keys = 400;
+        config.lease = Duration::from_secs(5);
+        tune(&mut config);
+        let config = config.validate().expect("valid bench config");
+        let report = execute(&config).expect("the run was made");
+        assert_eq!(
+            report.unexpected(),
+            0,
+            "{}\n{}",
+            report.alarm(),
+            report.to_json()
+        );
+        assert!(report.stats.cycles > 0, "{}", report.to_table());
+        report
+    };
+    let uncontended = run(Workload::Uncontended, &|_| {});
+    let counts = uncontended.stats.counts;
+    assert!(
+        counts.granted > 0 && counts.released > 0,
+        "{}",
+        uncontended.to_table()
+    );
+    assert!(
+        counts.moved > 0,
+        "keys on {leaders:?}: requests were redirected and followed\n{}",
+        uncontended.to_table()
+    );
+    let contended = run(Workload::Contended, &|config| {
+        config.hot_keys = 4;
+        config.hold = Duration::from_micros(200);
+    });
+    assert!(
+        contended.stats.counts.granted > 0,
+        "{}",
+        contended.to_table()
+    );
+
+    // The binary, with the members in LATCHKEY_SERVER.
+    let output = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .args(["bench", "--workload", "uncontended", "--duration", "300ms"])
+        .args(["--warmup", "0", "--connections", "2", "--pipeline", "2"])
+        .args(["--keys", "40", "--threads", "1", "--json"])
+        .env("LATCHKEY_SERVER", &servers)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}\n{stdout}", stderr(&output));
+    assert!(
+        stdout.contains(&format!("\"target\":\"latchkey://{servers}\"")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\"ok\":true"), "{stdout}");
+}
+
+#[test]
+fn a_holder_that_loses_the_quorum_says_why_it_cannot_extend() {
+    let mut cluster = Cluster::start("clients-holder", 3, 4, false);
+    let key = "jobs/holder";
+    let m = &cluster.members;
+    let servers = list(&[&m[0], &m[1], &m[2]]);
+    let holder = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .env_remove("LATCHKEY_SERVER")
+        .args([
+            "lock",
+            "--server",
+            &servers,
+            "--lease",
+            "3s",
+            "--transport-timeout",
+            "1s",
+        ])
+        .args(["--grace", "1s", key, "--", "sleep", "60"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("latchkey lock runs");
+    let (leader, _) = (0..)
+        .find_map(|_| {
+            let found = cluster.serving(key, &[], SETTLE)?;
+            let held = matches!(found.1, Response::State { held: true, .. });
+            if !held {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            held.then_some(found)
+        })
+        .expect("the holder took the lock");
+    let survivor = (leader + 1) % 3;
+    for index in (0..3).filter(|&i| i != survivor) {
+        cluster.kill(index);
+    }
+    let start = Instant::now();
+    let output = holder.wait_with_output().expect("the holder ends");
+    let said = stderr(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_LEASE_LOST)),
+        "{said}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(said.contains("latchkey lock: extend failed: "), "{said}");
+    // What it met: a survivor without a leader, or still naming the killed one at first.
+    assert!(
+        said.contains("no leader for this key: 1 of 3 members reachable, no quorum")
+            || said.contains("cannot be reached"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("no server session could be established"),
+        "{said}"
+    );
+}
