@@ -540,7 +540,8 @@ pub fn stats_json(stats: &ServerStats) -> String {
     text
 }
 
-fn histogram_json(histogram: &Histogram) -> Value {
+/// A histogram in the `/stats` form: count, sum, max, p50, p99 and cumulative buckets.
+pub(crate) fn histogram_json(histogram: &Histogram) -> Value {
     let quantile = |q| histogram.quantile_bound_us(q).map(seconds);
     let buckets: Vec<Value> = histogram
         .cumulative()

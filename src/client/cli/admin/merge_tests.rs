@@ -2,25 +2,9 @@
 
 use super::*;
 use crate::metrics::Histogram;
+use crate::server::admin::render::histogram_json;
 
 const BOUNDS_US: &[u64] = &[10, 100, 1000];
-
-/// A histogram in the `/stats` form, as the server writes it.
-fn histogram_json(histogram: &Histogram) -> Value {
-    let seconds = |us: u64| us as f64 / 1e6;
-    let buckets: Vec<Value> = histogram
-        .cumulative()
-        .map(|(bound, total)| json!([seconds(bound), total]))
-        .collect();
-    json!({
-        "count": histogram.count(),
-        "sum": seconds(histogram.sum_us()),
-        "max": seconds(histogram.max_us()),
-        "p50": histogram.quantile_bound_us(0.5).map(seconds),
-        "p99": histogram.quantile_bound_us(0.99).map(seconds),
-        "buckets": buckets,
-    })
-}
 
 fn filled(values: &[u64]) -> Histogram {
     let mut histogram = Histogram::new(BOUNDS_US);
