@@ -322,3 +322,31 @@ fn max_pending_per_session_holds_across_partitions_that_share_counts() {
     }
     assert_eq!(counts.queued(waiter), 0);
 }
+
+#[test]
+fn a_wait_0_acquire_of_a_held_key_is_answered_t_without_an_entry() {
+    let limits = Limits {
+        keys_per_shard: 1000,
+        pending_per_session: 16,
+    };
+    let mut bench = Bench::new(1, 0, 1, limits);
+    let key = b"wait0/held".to_vec();
+    let token = bench.hold(10, &key, 1);
+    let proposals = |bench: &Bench| bench.partition.cluster_stats().map(|s| s.proposals);
+    let before = proposals(&bench);
+    bench.acquire(11, &key, 0, 2);
+    assert_eq!(bench.answer(2), Response::Timeout { owner: 2 }, "at once");
+    bench.settle();
+    assert_eq!(proposals(&bench), before, "nothing proposed for it");
+    assert!(
+        bench.answers.is_empty(),
+        "one answer only: {:?}",
+        bench.answers
+    );
+    // Released, the key is granted to the next wait-0 acquire (through the log, as always).
+    bench.send(10, Op::Release { token }, &key);
+    bench.settle();
+    assert_eq!(bench.answer(token), Response::Released { token });
+    let next = bench.hold(11, &key, 3);
+    assert!(next > token);
+}

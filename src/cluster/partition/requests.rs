@@ -43,7 +43,12 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         if free && self.shards[local].holds_and_grants() >= self.settings.max_keys_per_shard {
             return self.busy(session, owner, ends_pending, BusyReason::Keys);
         }
-        if queued > 0 && wait_s == 0 {
+        // A `wait = 0` acquire of a key held (as this leader applied it) or queued changes
+        // nothing: `T` at once, from the leader's state, with no entry and no sync, as a single
+        // node answers it. `T` promises nothing: a release still in the log makes it no less
+        // true ("held when asked"), and the acquire never queued (docs/cluster-design.md).
+        let held = self.shards[local].machine.holder(key).is_some();
+        if wait_s == 0 && (queued > 0 || held) {
             self.stats.timed_out += 1;
             return self.answer(session, Response::Timeout { owner }, false);
         }
