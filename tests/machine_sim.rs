@@ -6,14 +6,17 @@
 //! a Barrier, and proposes Expire and Checkpoint commands only once it has applied its Barrier.
 //! Members sometimes catch up from another member's snapshot instead of its log.
 //!
+//! Releases and expiries sometimes carry a waiter (`then`) that the same entry grants the key
+//! to (a handoff).
+//!
 //! Checked after every apply: outcomes and digests agree across members at each index; no
 //! member's deadline for a hold is earlier than the client's (propose time + lease of the last
-//! grant or extension); an expiry is never proposed before the client's deadline; tokens are
-//! unique and strictly increase per key.
+//! grant, handoff or extension); an expiry is never proposed before the client's deadline;
+//! tokens are unique and strictly increase per key, handoffs' included.
 //!
 //! Replay one seed with `MACHINE_SIM_SEED=<n> cargo test --test machine_sim`.
 
-use latchkey::cluster::machine::{Applied, Command, ShardMachine};
+use latchkey::cluster::machine::{Applied, Command, Grant, ShardMachine};
 use std::collections::HashMap;
 
 const MEMBERS: usize = 3;
@@ -80,6 +83,10 @@ fn key_of(n: u64) -> Vec<u8> {
 fn normalized(applied: Applied) -> Applied {
     match applied {
         Applied::Granted { token, .. } => Applied::Granted {
+            token,
+            deadline_ms: 0,
+        },
+        Applied::HandedOff { token, .. } => Applied::HandedOff {
             token,
             deadline_ms: 0,
         },
@@ -186,7 +193,8 @@ impl Sim {
             _ => self.rng.below(1 << 40),
         };
         let command = if self.rng.below(2) == 0 {
-            Command::Release { key, token }
+            let then = self.maybe_then();
+            Command::Release { key, token, then }
         } else {
             let lease_ms = 20 + self.rng.below(2_000) as u32;
             Command::Extend {
@@ -206,8 +214,22 @@ impl Sim {
         let local_ms = self.now_ms + member.offset_ms;
         let as_of = member.machine.applied();
         for (key, token) in member.machine.due(local_ms, 3) {
-            self.propose(Some(Command::Expire { key, token, as_of }));
+            let then = self.maybe_then();
+            self.propose(Some(Command::Expire {
+                key,
+                token,
+                as_of,
+                then,
+            }));
         }
+    }
+
+    /// Half the time, a waiter for a release or expiry to hand its key to.
+    fn maybe_then(&mut self) -> Option<Grant> {
+        (self.rng.below(2) == 0).then(|| Grant {
+            owner: self.rng.below(4),
+            lease_ms: 20 + self.rng.below(2_000) as u32,
+        })
     }
 
     fn propose_checkpoint(&mut self) {
@@ -292,20 +314,44 @@ impl Sim {
             ) => {
                 promised.insert(*token, at + u64::from(*lease_ms));
             }
-            (Some(Command::Release { token, .. }), Applied::Released) => {
-                promised
-                    .remove(token)
-                    .expect("a released hold was promised");
+            (Some(Command::Release { token, then, .. }), ended) => {
+                if matches!(ended, Applied::Released | Applied::HandedOff { .. }) {
+                    promised
+                        .remove(token)
+                        .expect("a released hold was promised");
+                }
+                Self::handed_off(promised, then, ended, at);
             }
-            (Some(Command::Expire { token, .. }), Applied::Expired) => {
-                let client_ms = promised
-                    .remove(token)
-                    .expect("an expired hold was promised");
-                assert!(
-                    at >= client_ms,
-                    "member {member}: token {token} expired at {at}, promised until {client_ms}"
-                );
+            (Some(Command::Expire { token, then, .. }), ended) => {
+                if matches!(ended, Applied::Expired | Applied::HandedOff { .. }) {
+                    let client_ms = promised
+                        .remove(token)
+                        .expect("an expired hold was promised");
+                    assert!(
+                        at >= client_ms,
+                        "member {member}: token {token} expired at {at}, promised until \
+                         {client_ms}"
+                    );
+                }
+                Self::handed_off(promised, then, ended, at);
             }
+            _ => {}
+        }
+    }
+
+    /// A handoff promises its waiter the lease from the propose time; a release or expiry
+    /// that names no waiter, or has no effect, grants nothing.
+    fn handed_off(
+        promised: &mut HashMap<u64, u64>,
+        then: &Option<Grant>,
+        ended: Applied,
+        at: u64,
+    ) {
+        match (then, ended) {
+            (Some(grant), Applied::HandedOff { token, .. }) => {
+                promised.insert(token, at + u64::from(grant.lease_ms));
+            }
+            (None, Applied::HandedOff { .. }) => panic!("a handoff without a waiter"),
             _ => {}
         }
     }
@@ -318,7 +364,7 @@ impl Sim {
         if at == self.agreed.len() {
             self.agreed.push((normal, digest));
             *self.outcomes.entry(outcome_name(applied)).or_default() += 1;
-            if let Applied::Granted { token, .. } = applied {
+            if let Applied::Granted { token, .. } | Applied::HandedOff { token, .. } = applied {
                 let key = command_key(&self.log[at].command).expect("acquire names a key");
                 let last = self.last_token.insert(key, token).unwrap_or(0);
                 assert!(token > last, "token {token} after {last}");
@@ -367,6 +413,7 @@ fn outcome_name(applied: Applied) -> &'static str {
         Applied::Released => "released",
         Applied::Extended { .. } => "extended",
         Applied::Expired => "expired",
+        Applied::HandedOff { .. } => "handed_off",
         Applied::Renewed => "renewed",
         Applied::NotHolder => "not_holder",
         Applied::Barrier { .. } => "barrier",
@@ -408,6 +455,7 @@ fn run(seed: u64) {
         "released",
         "extended",
         "expired",
+        "handed_off",
         "not_holder",
     ] {
         assert!(

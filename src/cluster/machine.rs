@@ -15,6 +15,14 @@
 //! grant before any Barrier is refused ([`Applied::NoFloor`]); an overflowing token is refused
 //! ([`Applied::Exhausted`]), never wrapped.
 //!
+//! # Handoffs
+//!
+//! A [`Command::Release`] or [`Command::Expire`] may name a waiter (`then`): if it frees the
+//! key, the same entry grants it to that waiter ([`Applied::HandedOff`]), with the token of
+//! this entry's index, exactly as an `Acquire` at that index would. One grant per entry keeps
+//! the tokens unique and increasing. If the release or expiry has no effect, neither has the
+//! grant.
+//!
 //! # Leases never end early
 //!
 //! A member's deadline for a hold is never earlier than the client's (propose time + lease),
@@ -41,11 +49,13 @@
 
 mod codec;
 #[cfg(test)]
+mod handoff_tests;
+#[cfg(test)]
 mod tests;
 
 pub use codec::{
-    CheckpointHold, Command, DecodeError, SnapshotHold, SnapshotImage, CHECKPOINT_HOLDS_MAX,
-    COMMAND_VERSION, SNAPSHOT_VERSION,
+    CheckpointHold, Command, DecodeError, Grant, SnapshotHold, SnapshotImage, CHECKPOINT_HOLDS_MAX,
+    COMMAND_VERSION, COMMAND_VERSION_MIN, SNAPSHOT_VERSION,
 };
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -97,15 +107,24 @@ pub enum Applied {
     Exhausted,
     /// Acquire: no Barrier has set the floor yet (no change).
     NoFloor,
-    /// Release: the key is free.
+    /// Release: the key is free (with a `then`: its grant was refused, the token would
+    /// overflow).
     Released,
     /// Extend: the lease restarts from the apply time.
     Extended {
         /// This member's new deadline.
         deadline_ms: u64,
     },
-    /// Expire: the key is free.
+    /// Expire: the key is free (with a `then`: as [`Applied::Released`]).
     Expired,
+    /// Release or Expire with a `then`: the holder left and the key is now held by `then`'s
+    /// owner with this token.
+    HandedOff {
+        /// The new token.
+        token: u64,
+        /// This member's deadline for the new hold.
+        deadline_ms: u64,
+    },
     /// Expire: the holder was renewed after the leader decided to expire it (no change).
     Renewed,
     /// Release, Extend or Expire: the token is not the key's holder (no change).
@@ -179,13 +198,24 @@ impl ShardMachine {
                 owner,
                 lease_ms,
             } => self.acquire(key, *owner, *lease_ms, now_ms),
-            Command::Release { key, token } => self.release(key, *token),
+            Command::Release { key, token, then } => {
+                let released = self.release(key, *token);
+                self.hand_off(key, released, then, now_ms)
+            }
             Command::Extend {
                 key,
                 token,
                 lease_ms,
             } => self.extend(key, *token, *lease_ms, now_ms),
-            Command::Expire { key, token, as_of } => self.expire(key, *token, *as_of),
+            Command::Expire {
+                key,
+                token,
+                as_of,
+                then,
+            } => {
+                let expired = self.expire(key, *token, *as_of);
+                self.hand_off(key, expired, then, now_ms)
+            }
             Command::Checkpoint { as_of, holds } => self.cap(*as_of, holds, now_ms),
         };
         self.after_mutation();
@@ -508,6 +538,32 @@ impl ShardMachine {
             }
         }
         Applied::Checkpointed { capped }
+    }
+
+    /// After a release or expiry: grants the key to `then` if the holder left (`ended` is
+    /// `Released` or `Expired`); any other outcome stands unchanged.
+    fn hand_off(
+        &mut self,
+        key: &[u8],
+        ended: Applied,
+        then: &Option<Grant>,
+        now_ms: u64,
+    ) -> Applied {
+        let Some(grant) = then else {
+            return ended;
+        };
+        if !matches!(ended, Applied::Released | Applied::Expired) {
+            return ended;
+        }
+        // The key is free and a hold was just removed, so neither `Held` nor `Full` can come
+        // back, nor `NoFloor` (a hold existed); only an overflowing token.
+        match self.acquire(key, grant.owner, grant.lease_ms, now_ms) {
+            Applied::Granted { token, deadline_ms } => Applied::HandedOff { token, deadline_ms },
+            refused => {
+                debug_assert_eq!(refused, Applied::Exhausted);
+                ended
+            }
+        }
     }
 
     fn is_holder(&self, key: &[u8], token: u64) -> bool {

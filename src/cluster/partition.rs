@@ -26,6 +26,7 @@ use crate::server::partition::Partition;
 use crate::server::persist::TokenKeeper;
 use crate::server::route::partition_of;
 use leadership_log::LeadershipLog;
+use requests::End;
 use raft::eraftpb::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -155,6 +156,9 @@ struct Pending {
     kind: PendingKind,
     /// When it was proposed (server clock, µs).
     proposed_us: u64,
+    /// The key whose queue head this entry also grants: a release or expiry with a `then`
+    /// (a handoff). The head is decided with the entry.
+    handoff: Option<Vec<u8>>,
 }
 
 #[derive(Clone, Debug)]
@@ -290,8 +294,16 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         shard as usize / self.settings.cores
     }
 
+    /// Now in whole milliseconds, rounded down: what is due by now is due by this.
     fn now_ms(&self) -> u64 {
         self.now_us / 1000
+    }
+
+    /// Now in whole milliseconds, rounded up: the time an applied lease counts from, so that
+    /// a deadline in milliseconds is never before `now_us + lease` (rounded down, a lease
+    /// could end up to a millisecond early).
+    fn apply_ms(&self) -> u64 {
+        self.now_us.div_ceil(1000)
     }
 
     fn answer(&mut self, session: SessionId, response: Response, ends_pending: bool) {
@@ -323,8 +335,10 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         self.next_seq
     }
 
-    /// Proposes `command` on `shard` and remembers what to do when it applies. False when
-    /// this member cannot propose (not the leader any more, or the proposal was refused).
+    /// Proposes `command` on `shard` and remembers what to do when it applies. A release or
+    /// expiry with a `then` marks the head of its key's queue proposed with it (the caller
+    /// took `then` from that head). False when this member cannot propose (not the leader any
+    /// more, or the proposal was refused).
     fn propose(
         &mut self,
         shard: u32,
@@ -334,11 +348,22 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     ) -> bool {
         match self.member.propose(shard, command.encode()) {
             Ok(proposed) => {
+                let handoff = match command {
+                    Command::Release { key, then, .. } | Command::Expire { key, then, .. } => {
+                        then.is_some().then(|| key.clone())
+                    }
+                    _ => None,
+                };
+                if let Some(key) = &handoff {
+                    let local = self.local(shard);
+                    self.shards[local].propose_head(key, true, self.now_us);
+                }
                 let pending = Pending {
                     term: proposed.term,
                     session,
                     kind,
                     proposed_us: self.now_us,
+                    handoff,
                 };
                 self.pending.insert((shard, proposed.index), pending);
                 self.cluster_stats.proposals += 1;
@@ -375,11 +400,8 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
                 owner,
             } => self.acquire(shard, session, key, (wait_s, lease_s, owner)),
             Op::Release { token } => {
-                let command = Command::Release {
-                    key: key.to_vec(),
-                    token,
-                };
-                if !self.propose(shard, &command, session, PendingKind::Release { token }) {
+                let kind = PendingKind::Release { token };
+                if !self.propose_end(shard, key, token, End::Release, session, kind) {
                     let response = self.moved(shard, token);
                     self.answer(session, response, false);
                 }
@@ -455,13 +477,7 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
         else {
             return;
         };
-        let command = Command::Release { key, token };
-        if !self.propose(
-            shard,
-            &command,
-            super::super::server::core::NOBODY,
-            PendingKind::Orphan,
-        ) {
+        if !self.propose_end(shard, &key, token, End::Release, NOBODY, PendingKind::Orphan) {
             log::warn!(
                 "shard {shard}: cannot release undelivered token {token} (not the leader); \
                  its lease will free the key"

@@ -3,8 +3,11 @@
 //! and where the next checkpoint starts.
 //!
 //! Waiters are leader-local on purpose: a queued acquire is not a replicated fact until its
-//! grant commits. The head of a key's queue is *proposed* (an `Acquire` entry is in the log
-//! and not yet applied) or waits for the key to be freed by a committed release or expiry.
+//! grant commits. The head of a key's queue is *proposed* — an entry that grants it is in the
+//! log and not yet applied: an `Acquire` of the key, free in the applied state, or the `then`
+//! of a release or expiry of the key's holder (a handoff, one entry) — or it waits: for the
+//! holder's release or expiry, which will carry it, or for a release or expiry already in the
+//! log (proposed before it arrived) to free the key.
 //!
 //! A waiter that had to queue (its key was held or had a queue when it arrived, and its wait
 //! is above 0) takes one of its session's `limits.max_pending_per_session` places
@@ -12,7 +15,7 @@
 //! its session closed): every way out of a queue is a method here that takes the places, so
 //! none can forget them.
 
-use super::machine::ShardMachine;
+use super::machine::{Grant, ShardMachine};
 use super::member::Proposed;
 use crate::lock_table::{QueueCounts, SessionId};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -30,17 +33,20 @@ pub(crate) struct Waiter {
     pub owner: u64,
     /// The lease it asks for.
     pub lease_ms: u32,
-    /// When it arrived (server clock, µs): a grant applied a whole lease after that is
-    /// stale (see `answer_grant`).
-    pub received_us: u64,
+    /// When the entry that grants it was proposed (server clock, µs; 0 while not proposed):
+    /// a grant applied a whole lease after that is stale (see `answer_grant`).
+    pub proposed_us: u64,
     /// When its wait ends (server clock, µs).
     pub deadline_us: u64,
     /// Its wait was more than 0 (its answer ends a pending acquire of the session).
     pub ends_pending: bool,
     /// A unique number, to find it from its wait timer.
     pub seq: u64,
-    /// An `Acquire` entry for it is in the log, not yet applied.
+    /// An entry that grants it is in the log, not yet applied.
     pub proposed: bool,
+    /// That entry is the `then` of a release or expiry (a handoff), not an `Acquire`: it
+    /// adds no hold, so it does not count in [`Shard::holds_and_grants`].
+    pub handoff: bool,
     /// It was answered (`T` or `B`) or its session closed while proposed: a grant that still
     /// commits for it is released at once, unanswered. Set with [`Places::abandon`].
     pub abandoned: bool,
@@ -150,7 +156,8 @@ pub(crate) struct Shard {
     pub queues: HashMap<Vec<u8>, VecDeque<Waiter>>,
     /// Waiters in all queues.
     pub waiters: usize,
-    /// Queue heads with an `Acquire` in the log (grants that may add a hold when applied).
+    /// Queue heads with an `Acquire` in the log (grants that may add a hold when applied;
+    /// a handoff adds none).
     proposed: usize,
     /// Tokens with an `Expire` in the log (leader only).
     pub expiring: HashSet<u64>,
@@ -231,7 +238,7 @@ impl Shard {
             self.queues.remove(key);
         }
         self.waiters -= 1;
-        self.proposed -= usize::from(head.proposed);
+        self.proposed -= usize::from(head.proposed && !head.handoff);
         places.give_back(&mut head);
         Some(head)
     }
@@ -241,15 +248,44 @@ impl Shard {
         self.queues.get_mut(key).and_then(VecDeque::front_mut)
     }
 
-    /// Marks the head of `key`'s queue proposed (its `Acquire` is in the log) or not (its
-    /// entry found the key held); false when the queue has no head.
-    pub fn set_head_proposed(&mut self, key: &[u8], proposed: bool) -> bool {
+    /// Marks the head of `key`'s queue proposed at `now_us`: by an `Acquire`, or (`handoff`)
+    /// as the `then` of a release or expiry. The head must not be proposed already.
+    pub fn propose_head(&mut self, key: &[u8], handoff: bool, now_us: u64) {
+        let head = self.queues.get_mut(key).and_then(VecDeque::front_mut);
+        let head = head.expect("a head to propose");
+        assert!(!head.proposed, "a head proposed twice");
+        head.proposed = true;
+        head.handoff = handoff;
+        head.proposed_us = now_us;
+        self.proposed += usize::from(!handoff);
+    }
+
+    /// Marks the head of `key`'s queue waiting again (its entry did not grant it the key);
+    /// false when the queue has no proposed head.
+    pub fn unpropose_head(&mut self, key: &[u8]) -> bool {
         let Some(head) = self.queues.get_mut(key).and_then(VecDeque::front_mut) else {
             return false;
         };
-        let was = std::mem::replace(&mut head.proposed, proposed);
-        self.proposed = self.proposed + usize::from(proposed) - usize::from(was);
+        if !head.proposed {
+            return false;
+        }
+        self.proposed -= usize::from(!head.handoff);
+        head.proposed = false;
+        head.handoff = false;
+        head.proposed_us = 0;
         true
+    }
+
+    /// The head of `key`'s queue as the `then` of a release or expiry of `token`: when it
+    /// waits (is not proposed) and `token` holds the key in the applied state, so that the
+    /// entry will very likely free the key.
+    pub fn waiting_head(&self, key: &[u8], token: u64) -> Option<Grant> {
+        let head = self.queues.get(key).and_then(VecDeque::front)?;
+        let holds = self.machine.holder(key).is_some_and(|hold| hold.token == token);
+        (holds && !head.proposed).then_some(Grant {
+            owner: head.owner,
+            lease_ms: head.lease_ms,
+        })
     }
 
     /// Holds plus grants in flight: what the shard's holds may number once the proposed
@@ -326,13 +362,17 @@ impl Shard {
             let counted: usize = self.queues.values().map(VecDeque::len).sum();
             assert_eq!(counted, self.waiters, "waiter count");
             let heads = self.queues.values().filter_map(VecDeque::front);
-            let proposed = heads.filter(|head| head.proposed).count();
-            assert_eq!(proposed, self.proposed, "proposed heads");
+            let proposed = heads.filter(|head| head.proposed && !head.handoff).count();
+            assert_eq!(proposed, self.proposed, "heads proposed by an Acquire");
             for queue in self.queues.values() {
                 assert!(!queue.is_empty(), "an empty queue is kept");
                 assert!(
                     queue.iter().skip(1).all(|waiter| !waiter.proposed),
                     "only the head of a queue may be proposed"
+                );
+                assert!(
+                    queue.iter().all(|waiter| waiter.proposed || !waiter.handoff),
+                    "a handoff that is not proposed"
                 );
                 assert!(
                     queue

@@ -3,6 +3,20 @@
 //! Every form starts with a version byte ([`COMMAND_VERSION`], [`SNAPSHOT_VERSION`]); all
 //! integers are big-endian; a key is a `u16` length then `1..=KEY_BYTES_MAX` bytes.
 //!
+//! # Versions of a command
+//!
+//! Commands are a replicated format: an entry written by an earlier build must still decode,
+//! and mean the same, on every later one (a member replays its own log, and receives entries
+//! that earlier leaders wrote). This build writes version 2 and reads 1 and 2:
+//! * version 1: the forms of the first cluster build;
+//! * version 2: the same forms, except that `Release` and `Expire` carry a `then` after their
+//!   fixed fields — a flag byte (0: none; 1: a [`Grant`], `owner:u64 lease_ms:u32`, follows).
+//!   A version-1 `Release` or `Expire` decodes with `then: None`, which is what it did.
+//!
+//! A member of an earlier build refuses a version-2 entry (unknown version) rather than guess
+//! at it: members never disagree on what an entry does, and the peer wire version keeps
+//! members of the two builds from forming a group at all (docs/cluster.md, upgrades).
+//!
 //! Invariants: decoding accepts any bytes and returns an error value for anything that is not
 //! exactly one well-formed form (trailing bytes are an error); it never panics and never
 //! allocates more than the input can hold. Encoding asserts what the caller must guarantee
@@ -14,8 +28,11 @@
 use crate::protocol::KEY_BYTES_MAX;
 use std::fmt;
 
-/// The first byte of every encoded [`Command`].
-pub const COMMAND_VERSION: u8 = 1;
+/// The first byte of every [`Command`] this build encodes (it decodes
+/// [`COMMAND_VERSION_MIN`]`..=COMMAND_VERSION`).
+pub const COMMAND_VERSION: u8 = 2;
+/// The oldest command version this build decodes.
+pub const COMMAND_VERSION_MIN: u8 = 1;
 /// The first byte of every encoded snapshot.
 pub const SNAPSHOT_VERSION: u8 = 1;
 /// The most holds one [`Command::Checkpoint`] may carry (its encoding stays under ~4.2 MB even
@@ -55,12 +72,16 @@ pub enum Command {
         /// The lease, in milliseconds.
         lease_ms: u32,
     },
-    /// Free `key` if `token` holds it.
+    /// Free `key` if `token` holds it; then, if `then` names a waiter, grant it the key in
+    /// the same entry (one commit per handoff).
     Release {
         /// The key.
         key: Vec<u8>,
         /// The token the client holds.
         token: u64,
+        /// The head of the key's queue on the leader, granted the key if the release takes
+        /// effect (its token comes from this entry's index, as an `Acquire`'s would).
+        then: Option<Grant>,
     },
     /// Restart the lease of `key` from the apply time if `token` holds it.
     Extend {
@@ -80,6 +101,8 @@ pub enum Command {
         /// The leader's applied index when it saw the deadline pass: a grant or extension
         /// applied after it makes this expiry stale.
         as_of: u64,
+        /// As [`Command::Release`]'s: granted the key if the expiry takes effect.
+        then: Option<Grant>,
     },
     /// Caps each listed hold's deadline at `apply time + remaining_ms`.
     Checkpoint {
@@ -89,6 +112,15 @@ pub enum Command {
         /// At most [`CHECKPOINT_HOLDS_MAX`] holds.
         holds: Vec<CheckpointHold>,
     },
+}
+
+/// The waiter a [`Command::Release`] or [`Command::Expire`] hands its key to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The waiter's owner id (protocol §2.1).
+    pub owner: u64,
+    /// Its lease, in milliseconds.
+    pub lease_ms: u32,
 }
 
 /// One hold in a [`Command::Checkpoint`].
@@ -143,6 +175,8 @@ pub enum DecodeError {
     Version(u8),
     /// An unknown command tag.
     Tag(u8),
+    /// A flag byte that is neither 0 nor 1.
+    Flag(u8),
     /// A key length outside `1..=KEY_BYTES_MAX`.
     KeyLength(usize),
     /// More holds than the form allows.
@@ -159,6 +193,7 @@ impl fmt::Display for DecodeError {
             Self::Truncated => write!(f, "truncated"),
             Self::Version(v) => write!(f, "unknown version {v}"),
             Self::Tag(t) => write!(f, "unknown command tag {t}"),
+            Self::Flag(b) => write!(f, "flag byte {b} (0 or 1 expected)"),
             Self::KeyLength(n) => write!(f, "key length {n} outside 1..={KEY_BYTES_MAX}"),
             Self::TooManyHolds(n) => write!(f, "{n} holds is too many"),
             Self::Trailing(n) => write!(f, "{n} trailing bytes"),
@@ -189,9 +224,10 @@ impl Command {
                 out.extend_from_slice(&lease_ms.to_be_bytes());
                 put_key(out, key);
             }
-            Self::Release { key, token } => {
+            Self::Release { key, token, then } => {
                 out.push(TAG_RELEASE);
                 out.extend_from_slice(&token.to_be_bytes());
+                put_then(out, then);
                 put_key(out, key);
             }
             Self::Extend {
@@ -204,13 +240,30 @@ impl Command {
                 out.extend_from_slice(&lease_ms.to_be_bytes());
                 put_key(out, key);
             }
-            Self::Expire { key, token, as_of } => {
+            Self::Expire {
+                key,
+                token,
+                as_of,
+                then,
+            } => {
                 out.push(TAG_EXPIRE);
                 out.extend_from_slice(&token.to_be_bytes());
                 out.extend_from_slice(&as_of.to_be_bytes());
+                put_then(out, then);
                 put_key(out, key);
             }
             Self::Checkpoint { as_of, holds } => encode_checkpoint(out, *as_of, holds),
+        }
+    }
+
+    /// The key the command names, if it names one.
+    pub fn key(&self) -> Option<&[u8]> {
+        match self {
+            Self::Acquire { key, .. }
+            | Self::Release { key, .. }
+            | Self::Extend { key, .. }
+            | Self::Expire { key, .. } => Some(key),
+            Self::Barrier { .. } | Self::Checkpoint { .. } => None,
         }
     }
 
@@ -221,13 +274,15 @@ impl Command {
         out
     }
 
-    /// Decodes exactly one command from `bytes`.
+    /// Decodes exactly one command of any version this build reads (see the module docs).
     pub fn decode(bytes: &[u8]) -> Result<Command, DecodeError> {
         let mut reader = Reader::new(bytes);
         let version = reader.u8()?;
-        if version != COMMAND_VERSION {
+        if !(COMMAND_VERSION_MIN..=COMMAND_VERSION).contains(&version) {
             return Err(DecodeError::Version(version));
         }
+        // Version 1 had no `then`; every later version has it.
+        let has_then = version >= 2;
         let command = match reader.u8()? {
             TAG_BARRIER => Command::Barrier {
                 floor: reader.u64()?,
@@ -243,9 +298,11 @@ impl Command {
             }
             TAG_RELEASE => {
                 let token = reader.u64()?;
+                let then = reader.then(has_then)?;
                 Command::Release {
                     key: reader.key()?,
                     token,
+                    then,
                 }
             }
             TAG_EXTEND => {
@@ -259,8 +316,14 @@ impl Command {
             }
             TAG_EXPIRE => {
                 let (token, as_of) = (reader.u64()?, reader.u64()?);
+                let then = reader.then(has_then)?;
                 let key = reader.key()?;
-                Command::Expire { key, token, as_of }
+                Command::Expire {
+                    key,
+                    token,
+                    as_of,
+                    then,
+                }
             }
             TAG_CHECKPOINT => decode_checkpoint(&mut reader)?,
             tag => return Err(DecodeError::Tag(tag)),
@@ -373,6 +436,17 @@ impl SnapshotImage {
     }
 }
 
+fn put_then(out: &mut Vec<u8>, then: &Option<Grant>) {
+    match then {
+        None => out.push(0),
+        Some(grant) => {
+            out.push(1);
+            out.extend_from_slice(&grant.owner.to_be_bytes());
+            out.extend_from_slice(&grant.lease_ms.to_be_bytes());
+        }
+    }
+}
+
 fn put_key(out: &mut Vec<u8>, key: &[u8]) {
     assert!(
         (1..=KEY_BYTES_MAX).contains(&key.len()),
@@ -433,6 +507,21 @@ impl<'a> Reader<'a> {
         let key = rest.get(..length).ok_or(DecodeError::Truncated)?;
         self.at += length;
         Ok(key.to_vec())
+    }
+
+    /// A `then` if the version has one (`present`): a flag byte, and a [`Grant`] after a 1.
+    fn then(&mut self, present: bool) -> Result<Option<Grant>, DecodeError> {
+        if !present {
+            return Ok(None);
+        }
+        match self.u8()? {
+            0 => Ok(None),
+            1 => {
+                let (owner, lease_ms) = (self.u64()?, self.u32()?);
+                Ok(Some(Grant { owner, lease_ms }))
+            }
+            flag => Err(DecodeError::Flag(flag)),
+        }
     }
 
     /// Refuses a count of records that the remaining bytes cannot hold, before allocating.

@@ -24,6 +24,7 @@ fn release(text: &str, token: u64) -> Command {
     Command::Release {
         key: key(text),
         token,
+        then: None,
     }
 }
 
@@ -40,6 +41,7 @@ fn expire(text: &str, token: u64, as_of: u64) -> Command {
         key: key(text),
         token,
         as_of,
+        then: None,
     }
 }
 
@@ -477,7 +479,8 @@ fn every_command_round_trips_and_bad_bytes_are_errors() {
         longer.push(0);
         assert_eq!(Command::decode(&longer), Err(DecodeError::Trailing(1)));
     }
-    assert_eq!(Command::decode(&[2, 1]), Err(DecodeError::Version(2)));
+    assert_eq!(Command::decode(&[0, 1]), Err(DecodeError::Version(0)));
+    assert_eq!(Command::decode(&[3, 1]), Err(DecodeError::Version(3)));
     assert_eq!(Command::decode(&[1, 99]), Err(DecodeError::Tag(99)));
     let empty_key = [1, 3, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];
     assert_eq!(Command::decode(&empty_key), Err(DecodeError::KeyLength(0)));
@@ -493,6 +496,12 @@ fn every_command_round_trips_and_bad_bytes_are_errors() {
 
 fn key_strategy() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(any::<u8>(), 1..40)
+}
+
+fn then_strategy() -> impl Strategy<Value = Option<Grant>> {
+    prop::option::of(
+        (any::<u64>(), any::<u32>()).prop_map(|(owner, lease_ms)| Grant { owner, lease_ms }),
+    )
 }
 
 fn command_strategy() -> impl Strategy<Value = Command> {
@@ -513,7 +522,8 @@ fn command_strategy() -> impl Strategy<Value = Command> {
                 lease_ms,
             }
         }),
-        (key_strategy(), any::<u64>()).prop_map(|(key, token)| Command::Release { key, token }),
+        (key_strategy(), any::<u64>(), then_strategy())
+            .prop_map(|(key, token, then)| Command::Release { key, token, then }),
         (key_strategy(), any::<u64>(), any::<u32>()).prop_map(|(key, token, lease_ms)| {
             Command::Extend {
                 key,
@@ -521,8 +531,14 @@ fn command_strategy() -> impl Strategy<Value = Command> {
                 lease_ms,
             }
         }),
-        (key_strategy(), any::<u64>(), any::<u64>())
-            .prop_map(|(key, token, as_of)| Command::Expire { key, token, as_of }),
+        (key_strategy(), any::<u64>(), any::<u64>(), then_strategy()).prop_map(
+            |(key, token, as_of, then)| Command::Expire {
+                key,
+                token,
+                as_of,
+                then
+            }
+        ),
         (any::<u64>(), prop::collection::vec(hold, 0..20))
             .prop_map(|(as_of, holds)| Command::Checkpoint { as_of, holds }),
     ]

@@ -15,6 +15,7 @@
 //! unwinding by hand because the core is in the middle of a drain whose state cannot be
 //! finished; nothing else may run on it after.
 
+use super::requests::End;
 use super::{
     ClusterPartition, Peers, Pending, PendingKind, CHECKPOINT_EVERY_US, CHECKPOINT_HOLDS,
     EXPIRIES_PER_ITERATION, INBOUND_PER_ITERATION, PROMOTE_GRACE_MS, TICKS_CAUGHT_UP_MAX, TICK_US,
@@ -25,6 +26,7 @@ use crate::cluster::shard::Role;
 use crate::cluster::Durable;
 use crate::lock_table::BusyReason;
 use crate::protocol::Response;
+use crate::server::core::NOBODY;
 use std::time::SystemTime;
 
 impl<D: Durable, P: Peers> ClusterPartition<D, P> {
@@ -58,7 +60,9 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     }
 
     /// Queued acquires whose wait ended: `T` (a proposed one is answered now and its grant,
-    /// if it still commits, released).
+    /// if it still commits, released) — except a head whose key's lease ran out before its
+    /// wait did (this iteration is late): as on a single node (docs/protocol.md §3, deadline
+    /// order), the expiry is proposed now and hands it the key.
     pub(super) fn fire_wait_timers(&mut self) {
         while let Some(entry) = self.wait_timers.first_entry() {
             let (deadline, seq) = *entry.key();
@@ -67,13 +71,17 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             }
             let (shard, key) = entry.remove();
             let local = self.local(shard);
-            let Some(queue) = self.shards[local].queues.get_mut(&key) else {
-                continue;
-            };
-            let Some(waiter) = queue.iter_mut().find(|w| w.seq == seq) else {
+            let queue = self.shards[local].queues.get(&key);
+            let Some(waiter) = queue.and_then(|queue| queue.iter().find(|w| w.seq == seq)) else {
                 continue;
             };
             let (session, owner, ends) = (waiter.session, waiter.owner, waiter.ends_pending);
+            if !waiter.proposed && self.expire_before_wait(shard, &key, seq, deadline) {
+                continue;
+            }
+            let queue = self.shards[local].queues.get_mut(&key);
+            let waiter = queue.and_then(|queue| queue.iter_mut().find(|w| w.seq == seq));
+            let waiter = waiter.expect("the waiter found above");
             if waiter.proposed {
                 if waiter.abandoned {
                     continue;
@@ -106,16 +114,8 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let due = self.shards[local]
             .machine
             .due(now_ms, EXPIRIES_PER_ITERATION);
-        let as_of = self.shards[local].machine.applied();
         for (key, token) in due {
-            if self.shards[local].expiring.contains(&token) {
-                continue;
-            }
-            let command = Command::Expire { key, token, as_of };
-            let nobody = crate::server::core::NOBODY;
-            if self.propose(shard_id, &command, nobody, PendingKind::Expire { token }) {
-                self.shards[local].expiring.insert(token);
-            }
+            self.propose_expiry(shard_id, &key, token);
         }
         let shard = &self.shards[local];
         if self.now_us >= shard.checkpoint_at_us && !shard.machine.is_empty() {
@@ -129,12 +129,49 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                 }
                 _ => 0,
             };
-            let nobody = crate::server::core::NOBODY;
-            if self.propose(shard_id, &command, nobody, PendingKind::Orphan) {
+            if self.propose(shard_id, &command, NOBODY, PendingKind::Orphan) {
                 let shard = &mut self.shards[local];
                 shard.checkpoint_after = last;
                 shard.checkpoint_at_us = self.now_us + CHECKPOINT_EVERY_US;
             }
+        }
+    }
+
+    /// Proposes the expiry of `token`'s hold on `key` (with the head of its queue as `then`,
+    /// if it waits), unless one is in the log already. False when none was proposed now.
+    fn propose_expiry(&mut self, shard: u32, key: &[u8], token: u64) -> bool {
+        let local = self.local(shard);
+        if self.shards[local].expiring.contains(&token) {
+            return false;
+        }
+        let end = End::Expire {
+            as_of: self.shards[local].machine.applied(),
+        };
+        let kind = PendingKind::Expire { token };
+        let proposed = self.propose_end(shard, key, token, end, NOBODY, kind);
+        if proposed {
+            self.shards[local].expiring.insert(token);
+        }
+        proposed
+    }
+
+    /// Whether the waiter `seq`, whose wait ended at `wait_end_us`, is the head of `key`'s
+    /// queue and the key's lease ended before that (in this member's applied state): then the
+    /// expiry is proposed now with it as `then` (true), and the waiter is decided by that
+    /// entry instead of being answered `T`.
+    fn expire_before_wait(&mut self, shard: u32, key: &[u8], seq: u64, wait_end_us: u64) -> bool {
+        let local = self.local(shard);
+        let state = &self.shards[local];
+        let head = state.queues.get(key).and_then(|queue| queue.front());
+        if !state.serving() || head.is_none_or(|head| head.seq != seq) {
+            return false;
+        }
+        let lease = state.machine.holder(key).map(|h| (h.token, h.deadline_ms));
+        match lease {
+            Some((token, lease_end_ms)) if lease_end_ms.saturating_mul(1000) < wait_end_us => {
+                self.propose_expiry(shard, key, token)
+            }
+            _ => false,
         }
     }
 
@@ -191,7 +228,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     fn restore(&mut self, shard: u32, data: &[u8], index: u64) {
         let local = self.local(shard);
         let shards = self.settings.shards;
-        match ShardMachine::restore(shard, shards, data, self.now_ms()) {
+        match ShardMachine::restore(shard, shards, data, self.apply_ms()) {
             Ok(machine) => {
                 self.cluster_stats.restores += 1;
                 self.shards[local].machine = machine;
@@ -218,30 +255,21 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     /// A request whose entry (at `at`) a restored snapshot covers: its outcome is read from
     /// the restored state where it can be, and is otherwise answered on the safe side. An
     /// acquire granted at `at` and still held gets its `A`; any other acquire had no effect
-    /// that still stands (`M`). A release whose token still holds had no effect (`M`); one
-    /// whose token holds nothing gets `R`: it was released by this request or, if its lease
-    /// ran out first, expired no earlier than its holder's own count of the lease, so `R`
-    /// tells the holder nothing it may act on (an `N` would tell a holder whose lease still
-    /// runs that it lost the lock early). An extend renewed at `at` gets `E`; one
-    /// whose token holds without it `M`; one whose token holds nothing `N`.
-    fn settle_covered(&mut self, shard: u32, at: u64, pending: Pending) {
+    /// that still stands (`M`) — and so for a queue head handed the key by a release or expiry
+    /// at `at`. A release whose token still holds had no effect (`M`); one whose token holds
+    /// nothing gets `R`: it was released by this request or, if its lease ran out first,
+    /// expired no earlier than its holder's own count of the lease, so `R` tells the holder
+    /// nothing it may act on (an `N` would tell a holder whose lease still runs that it lost
+    /// the lock early). An extend renewed at `at` gets `E`; one whose token holds without it
+    /// `M`; one whose token holds nothing `N`.
+    fn settle_covered(&mut self, shard: u32, at: u64, mut pending: Pending) {
         let local = self.local(shard);
+        // A head carried by a release is answered after the release (its `R` first).
+        let handoff = pending.handoff.take();
         match &pending.kind {
             PendingKind::Acquire { key } => {
-                let head_owner = self.shards[local].head_mut(key).map(|head| head.owner);
-                let granted = self.shards[local]
-                    .machine
-                    .granted_at(key, at)
-                    .filter(|hold| Some(hold.owner) == head_owner)
-                    .map(|hold| hold.token);
-                match granted {
-                    Some(token) => {
-                        let key = key.clone();
-                        self.answer_grant(shard, &key, token);
-                        self.shards[local].check_invariants();
-                    }
-                    None => self.lost(shard, pending),
-                }
+                let key = key.clone();
+                self.settle_covered_head(shard, at, &key);
             }
             PendingKind::Release { token } => {
                 let token = *token;
@@ -276,10 +304,30 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                 self.lost(shard, pending);
             }
         }
+        if let Some(key) = handoff {
+            self.settle_covered_head(shard, at, &key);
+        }
+    }
+
+    /// The head of `key`'s queue, proposed at `at` (which a restored snapshot covers): `A` if
+    /// the hold that entry granted is still there, else `M` (see `settle_covered`).
+    fn settle_covered_head(&mut self, shard: u32, at: u64, key: &[u8]) {
+        let local = self.local(shard);
+        let head_owner = self.shards[local].head_mut(key).map(|head| head.owner);
+        let granted = self.shards[local]
+            .machine
+            .granted_at(key, at)
+            .filter(|hold| Some(hold.owner) == head_owner)
+            .map(|hold| hold.token);
+        match granted {
+            Some(token) => self.answer_grant(shard, key, token),
+            None => self.head_lost(shard, key),
+        }
+        self.shards[local].check_invariants();
     }
 
     fn apply(&mut self, committed: Vec<Committed>) {
-        let now_ms = self.now_ms();
+        let now_ms = self.apply_ms();
         for entry in committed {
             let local = self.local(entry.shard);
             let machine = &mut self.shards[local].machine;
@@ -321,7 +369,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let ours = pending.as_ref().is_some_and(|p| p.term == term);
         if let Some(pending) = pending
             .as_ref()
-            .filter(|p| ours && p.session != crate::server::core::NOBODY)
+            .filter(|p| ours && p.session != NOBODY)
         {
             let latency = self.now_us.saturating_sub(pending.proposed_us);
             self.cluster_stats.commit_latency.record(latency);
@@ -332,17 +380,17 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let (Some(command), Some(applied)) = (command, applied) else {
             return;
         };
+        // The queue head this entry carries (ours only: another term's `then` is nobody's here).
+        let handoff = pending.as_ref().filter(|_| ours).is_some_and(|p| p.handoff.is_some());
         match (command, applied) {
             (Command::Acquire { key, .. }, outcome) if ours => {
                 self.acquire_applied(shard, key, outcome);
             }
-            (Command::Release { key, token }, outcome) => {
+            (Command::Release { key, token, .. }, outcome) => {
                 if ours {
                     self.release_applied(&pending, *token, outcome);
                 }
-                if outcome == Applied::Released {
-                    self.key_freed(shard, key);
-                }
+                self.hold_ended(shard, key, outcome, handoff);
             }
             (Command::Extend { token, .. }, outcome) if ours => {
                 let session = pending.as_ref().map_or(0, |p| p.session);
@@ -361,10 +409,10 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             (Command::Expire { key, token, .. }, outcome) => {
                 let local = self.local(shard);
                 self.shards[local].expiring.remove(token);
-                if outcome == Applied::Expired {
+                if matches!(outcome, Applied::Expired | Applied::HandedOff { .. }) {
                     self.stats.lease_expirations += 1;
-                    self.key_freed(shard, key);
                 }
+                self.hold_ended(shard, key, outcome, handoff);
             }
             (Command::Barrier { .. }, _) if ours => self.promoted(shard, term),
             _ => {}
@@ -378,54 +426,62 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         if !matches!(pending.kind, PendingKind::Release { .. }) {
             return; // an orphan release: nobody to answer
         }
-        let response = if outcome == Applied::Released {
-            self.stats.released += 1;
-            Response::Released { token }
-        } else {
-            self.stats.release_not_held += 1;
-            Response::NotHeld { token }
+        let response = match outcome {
+            Applied::Released | Applied::HandedOff { .. } => {
+                self.stats.released += 1;
+                Response::Released { token }
+            }
+            _ => {
+                self.stats.release_not_held += 1;
+                Response::NotHeld { token }
+            }
         };
         self.answer(pending.session, response, false);
+    }
+
+    /// A release or expiry of `key` applied with `outcome`; `handoff`: it carried this
+    /// member's queue head as `then`. The head handed the key gets its answer; a head the
+    /// entry did not grant waits again (or leaves); a freed key goes to the next waiter.
+    fn hold_ended(&mut self, shard: u32, key: &[u8], outcome: Applied, handoff: bool) {
+        match outcome {
+            Applied::HandedOff { token, .. } if handoff => self.answer_grant(shard, key, token),
+            // Another leader's handoff: nobody here waits for that grant.
+            Applied::HandedOff { .. } => {}
+            Applied::Released | Applied::Expired => {
+                if handoff {
+                    // The key is free but the grant was refused (its token would overflow).
+                    self.head_refused(shard, key);
+                }
+                self.key_freed(shard, key);
+            }
+            _ if handoff => self.head_missed(shard, key),
+            _ => {}
+        }
     }
 
     fn acquire_applied(&mut self, shard: u32, key: &[u8], outcome: Applied) {
         let local = self.local(shard);
         match outcome {
             Applied::Granted { token, .. } => self.answer_grant(shard, key, token),
-            Applied::Held { .. } => {
-                let now_us = self.now_us;
-                if !self.shards[local].set_head_proposed(key, false) {
-                    return;
-                }
-                let Some(head) = self.shards[local].head_mut(key) else {
-                    return;
-                };
-                if head.abandoned || head.deadline_us <= now_us {
-                    let places = &mut self.places;
-                    let head = self.shards[local].pop_head(key, places).expect("a head");
-                    if !head.abandoned {
-                        self.stats.timed_out += 1;
-                        let response = Response::Timeout { owner: head.owner };
-                        self.answer(head.session, response, head.ends_pending);
-                    }
-                    // The next waiter tries when the key frees; or now, if it already is.
-                    if self.shards[local].machine.holder(key).is_none() {
-                        self.propose_head(shard, key);
-                    }
-                }
-            }
+            Applied::Held { .. } => self.head_missed(shard, key),
             _ => {
                 // Full, Exhausted, NoFloor: refused for capacity.
-                if let Some(head) = self.shards[local].pop_head(key, &mut self.places) {
-                    if !head.abandoned {
-                        let reason = BusyReason::Keys;
-                        self.busy(head.session, head.owner, head.ends_pending, reason);
-                    }
-                }
+                self.head_refused(shard, key);
                 self.propose_head(shard, key);
             }
         }
         self.shards[local].check_invariants();
+    }
+
+    /// The proposed head of `key`'s queue was refused the key for capacity: `B`.
+    fn head_refused(&mut self, shard: u32, key: &[u8]) {
+        let local = self.local(shard);
+        if let Some(head) = self.shards[local].pop_head(key, &mut self.places) {
+            if !head.abandoned {
+                let reason = BusyReason::Keys;
+                self.busy(head.session, head.owner, head.ends_pending, reason);
+            }
+        }
     }
 
     /// A committed release or expiry freed `key`: the leader proposes the next waiter.
@@ -435,19 +491,15 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         }
     }
 
-    /// A proposal whose index got another entry: it had no effect. Its client gets `M`.
+    /// A proposal whose index got another entry: it had no effect. Its client gets `M`, and
+    /// so does a queue head it carried.
     fn lost(&mut self, shard: u32, pending: Pending) {
         let local = self.local(shard);
+        if let Some(key) = pending.handoff.as_deref() {
+            self.head_lost(shard, key);
+        }
         match pending.kind {
-            PendingKind::Acquire { key } => {
-                if let Some(head) = self.shards[local].pop_head(&key, &mut self.places) {
-                    if !head.abandoned {
-                        let response = self.moved(shard, head.owner);
-                        self.answer(head.session, response, head.ends_pending);
-                    }
-                }
-                self.shards[local].check_invariants();
-            }
+            PendingKind::Acquire { key } => self.head_lost(shard, &key),
             PendingKind::Release { token } | PendingKind::Extend { token } => {
                 let response = self.moved(shard, token);
                 self.answer(pending.session, response, false);
@@ -459,11 +511,26 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         }
     }
 
+    /// The entry proposed for the head of `key`'s queue had no effect that still stands: the
+    /// head leaves with `M` (the client asks the leader again), and a free key goes to the next
+    /// waiter.
+    fn head_lost(&mut self, shard: u32, key: &[u8]) {
+        let local = self.local(shard);
+        if let Some(head) = self.shards[local].pop_head(key, &mut self.places) {
+            if !head.abandoned {
+                let response = self.moved(shard, head.owner);
+                self.answer(head.session, response, head.ends_pending);
+            }
+        }
+        self.key_freed(shard, key);
+        self.shards[local].check_invariants();
+    }
+
     /// The barrier of `term` applied: this member has everything committed before its term.
     /// Every lease gets the grace before it may expire here, then the shard is served.
     fn promoted(&mut self, shard: u32, term: u64) {
         let local = self.local(shard);
-        let now_ms = self.now_ms();
+        let now_ms = self.apply_ms();
         let state = &mut self.shards[local];
         if !matches!(state.role, Role::Promoting { barrier } if barrier.term == term) {
             return;
@@ -503,14 +570,14 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     fn promote(&mut self, shard: u32) {
         let floor = crate::tokens::wall_clock_floor(SystemTime::now());
         let command = Command::Barrier { floor };
-        let nobody = crate::server::core::NOBODY;
         match self.member.propose(shard, command.encode()) {
             Ok(barrier) => {
                 let pending = Pending {
                     term: barrier.term,
-                    session: nobody,
+                    session: NOBODY,
                     kind: PendingKind::Barrier,
                     proposed_us: self.now_us,
+                    handoff: None,
                 };
                 self.pending.insert((shard, barrier.index), pending);
                 let local = self.local(shard);

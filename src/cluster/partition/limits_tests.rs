@@ -253,27 +253,18 @@ fn a_proposed_waiter_gives_its_place_back_when_its_session_closes() {
     bench.acquire(2, key, 30, 2);
     bench.settle();
     assert_eq!(bench.places(), 1);
-    // The release applies and proposes the waiter's grant; before it applies, the waiter's
+    // The release carries the waiter's grant (one entry); before it applies, the waiter's
     // session closes: its place is back at once (a server frees the session's slot next).
     bench.send(1, Op::Release { token }, key);
-    let head_proposed = |bench: &Bench| {
-        let queue = bench.partition.shards[0].queues.get(&key[..]);
-        queue
-            .and_then(|queue| queue.front())
-            .is_some_and(|head| head.proposed)
-    };
-    for _ in 0..20 {
-        bench.step();
-        if head_proposed(&bench) {
-            break;
-        }
-    }
-    assert_eq!(bench.answer(token), Response::Released { token });
-    assert!(head_proposed(&bench), "the grant is in flight");
+    let queue = bench.partition.shards[0].queues.get(&key[..]);
+    let head = queue.and_then(|queue| queue.front());
+    assert!(head.is_some_and(|head| head.proposed && head.handoff), "the grant is in flight");
     bench.partition.handle_session_closed(2);
     assert_eq!(bench.places(), 0);
-    // The grant applies for nobody and is released: the key is free for the next session.
+    // The release applies and grants the key to nobody, which is released: the key is free
+    // for the next session.
     bench.settle();
+    assert_eq!(bench.answer(token), Response::Released { token });
     assert!(bench.answers.is_empty(), "{:?}", bench.answers);
     bench.hold(3, key, 3);
 }

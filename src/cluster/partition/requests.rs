@@ -1,8 +1,16 @@
-//! Clients' acquires, cancels and queries on a shard this member serves, and the answers
-//! of acquires.
+//! Clients' acquires, cancels and queries on a shard this member serves, the proposals that
+//! grant queue heads, and the answers of acquires.
 //!
-//! The single node's limits hold here with its rules (docs/protocol.md §3), decided by the
-//! shard's leader before anything is proposed, so a refused acquire leaves nothing in the log:
+//! The queue rules are the single node's (docs/protocol.md §3), decided by the shard's leader
+//! from its applied state and its queues before anything is proposed, so that an acquire that
+//! changes nothing leaves nothing in the log (`tests/queue_rules.rs` checks both partitions
+//! against one model of those rules):
+//! * `wait = 0` on a key the applied state shows held, or with a queue, is answered `T` at
+//!   once: no entry, no sync (docs/cluster-design.md says why that is safe).
+//! * `wait > 0` on such a key queues without an entry: the head of a held key's queue is
+//!   granted by the entry that ends the hold — the holder's release or the leader's expiry
+//!   carries it as `then` (one commit per handoff). Only an acquire of a free key is proposed
+//!   as an `Acquire` at once.
 //! * `max_keys`: an acquire of a free key (no hold, no queue) while the shard's holds and
 //!   grants in flight number `max_keys / shards` gets `B` (each shard is a partition of the key
 //!   space, as each core is on a single node). Members' configs may differ, so the machine's
@@ -13,18 +21,31 @@
 //!   proposed at once and, as a grant at once on a single node, never counts.
 
 use super::{ClusterPartition, Peers, PendingKind, PendingRead};
-use crate::cluster::machine::Command;
+use crate::cluster::machine::{Command, Grant};
 use crate::cluster::shard::Waiter;
 use crate::cluster::Durable;
 use crate::lock_table::{BusyReason, SessionId};
 use crate::protocol::Response;
+use crate::server::core::NOBODY;
 
 /// Up to this many queued waiters, debug builds check every place before each acquire.
 const PLACES_CHECKED_WAITERS_MAX: usize = 4096;
 
+/// How a hold ends (see [`ClusterPartition::propose_end`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum End {
+    /// A release of the token (a client's, or the leader's of an orphan grant).
+    Release,
+    /// The leader's expiry, decided with its applied index `as_of`.
+    Expire {
+        /// See [`Command::Expire`].
+        as_of: u64,
+    },
+}
+
 impl<D: Durable, P: Peers> ClusterPartition<D, P> {
-    /// An acquire: queued behind the key's queue, or proposed at once when the queue is empty.
-    /// A `wait = 0` acquire never queues: with others queued it is answered `T`.
+    /// An acquire: proposed at once on a free key, answered `T` at once (wait 0) or queued
+    /// (wait > 0) on a held one; `B` at a limit or during shutdown.
     pub(super) fn acquire(
         &mut self,
         shard: u32,
@@ -47,8 +68,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         // nothing: `T` at once, from the leader's state, with no entry and no sync, as a single
         // node answers it. `T` promises nothing: a release still in the log makes it no less
         // true ("held when asked"), and the acquire never queued (docs/cluster-design.md).
-        let held = self.shards[local].machine.holder(key).is_some();
-        if wait_s == 0 && (queued > 0 || held) {
+        if !free && wait_s == 0 {
             self.stats.timed_out += 1;
             return self.answer(session, Response::Timeout { owner }, false);
         }
@@ -66,11 +86,12 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             session,
             owner,
             lease_ms: u32::from(lease_s) * 1000,
-            received_us: self.now_us,
+            proposed_us: 0,
             deadline_us,
             ends_pending,
             seq,
             proposed: false,
+            handoff: false,
             abandoned: false,
             counted,
         };
@@ -79,16 +100,20 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             self.wait_timers
                 .insert((deadline_us, seq), (shard, key.to_vec()));
         }
-        if queued == 0 {
+        if free {
             self.propose_head(shard, key);
         }
         self.shards[local].check_invariants();
     }
 
-    /// Proposes the `Acquire` of the head of `key`'s queue, unless it is proposed already.
-    /// A head that cannot be proposed (leadership just lost) is answered `M`.
+    /// Proposes the `Acquire` of the head of `key`'s queue if it waits and the key is free in
+    /// the applied state (a head of a held key waits for the entry that ends the hold). A head
+    /// that cannot be proposed (leadership just lost) is answered `M`.
     pub(super) fn propose_head(&mut self, shard: u32, key: &[u8]) {
         let local = self.local(shard);
+        if self.shards[local].machine.holder(key).is_some() {
+            return;
+        }
         let Some(head) = self.shards[local].head_mut(key) else {
             return;
         };
@@ -103,11 +128,39 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         };
         let kind = PendingKind::Acquire { key: key.to_vec() };
         if self.propose(shard, &command, session, kind) {
-            self.shards[local].set_head_proposed(key, true);
+            self.shards[local].propose_head(key, false, self.now_us);
         } else if let Some(head) = self.shards[local].pop_head(key, &mut self.places) {
             let response = self.moved(shard, head.owner);
             self.answer(head.session, response, head.ends_pending);
         }
+    }
+
+    /// Proposes the end of `token`'s hold on `key` — a client's release, an orphan's, or the
+    /// leader's expiry — with the head of the key's queue as its `then` when the head waits
+    /// and `token` holds the key in the applied state: one entry frees the key and grants it.
+    /// False when this member cannot propose.
+    pub(super) fn propose_end(
+        &mut self,
+        shard: u32,
+        key: &[u8],
+        token: u64,
+        end: End,
+        session: SessionId,
+        kind: PendingKind,
+    ) -> bool {
+        let local = self.local(shard);
+        let then: Option<Grant> = self.shards[local].waiting_head(key, token);
+        let key = key.to_vec();
+        let command = match end {
+            End::Release => Command::Release { key, token, then },
+            End::Expire { as_of } => Command::Expire {
+                key,
+                token,
+                as_of,
+                then,
+            },
+        };
+        self.propose(shard, &command, session, kind)
     }
 
     /// Cancel: every queued, unproposed acquire of `owner` from `session` on `key` leaves
@@ -195,28 +248,27 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         self.answer(session, Response::Busy { owner }, ends_pending);
     }
 
-    /// The grant of the head of `key`'s queue was applied with `token`: answer it (the answer
-    /// names the shard as its entry, so that an undelivered grant comes back here to be
-    /// released), or release it at once if its waiter was abandoned.
+    /// The grant of the head of `key`'s queue was applied with `token` (by its `Acquire` or
+    /// as a handoff): answer it (the answer names the shard as its entry, so that an
+    /// undelivered grant comes back here to be released), or release it at once if its waiter
+    /// was abandoned — handing the key on to the next waiter in the same entry.
     ///
-    /// A grant applied a whole lease after its request arrived (this member lost its quorum
-    /// and applies it only on rejoining) is stale: the rest of the cluster may have expired it
-    /// and granted the key again since, so an `A` now would name an older token after a newer
-    /// one. The client, counting from its send time, holds nothing any more anyway: it gets
-    /// `T` and the grant is released.
+    /// A grant applied a whole lease after the entry that granted it was proposed (this member
+    /// lost its quorum and applies it only on rejoining) is stale: the rest of the cluster,
+    /// which applied the entry no earlier than it was proposed and counts the lease from
+    /// there, may have expired it and granted the key again since, so an `A` now would name an
+    /// older token after a newer one. The client gets `T` and the grant is released. (Counted
+    /// from the proposal, not from the request's arrival: a waiter that queued longer than its
+    /// lease is granted normally.)
     pub(super) fn answer_grant(&mut self, shard: u32, key: &[u8], token: u64) {
         let local = self.local(shard);
         let Some(head) = self.shards[local].pop_head(key, &mut self.places) else {
             return;
         };
-        let lease_over_us = head.received_us + u64::from(head.lease_ms) * 1000;
+        let lease_over_us = head.proposed_us + u64::from(head.lease_ms) * 1000;
         if head.abandoned || self.now_us >= lease_over_us {
-            let command = Command::Release {
-                key: key.to_vec(),
-                token,
-            };
-            let nobody = crate::server::core::NOBODY;
-            self.propose(shard, &command, nobody, PendingKind::Orphan);
+            let orphan = PendingKind::Orphan;
+            self.propose_end(shard, key, token, End::Release, NOBODY, orphan);
             if !head.abandoned {
                 self.stats.timed_out += 1;
                 let response = Response::Timeout { owner: head.owner };
@@ -235,6 +287,34 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             ends_pending: head.ends_pending,
             entry: shard,
         });
+    }
+
+    /// The entry proposed for the head of `key`'s queue did not grant it the key (an
+    /// `Acquire` found it held, or a release or expiry carrying it had no effect): the head
+    /// waits again — or, abandoned or with its wait over, leaves (`T` if not answered yet) —
+    /// and a key left free goes to the next waiter.
+    pub(super) fn head_missed(&mut self, shard: u32, key: &[u8]) {
+        let local = self.local(shard);
+        if !self.shards[local].unpropose_head(key) {
+            return;
+        }
+        let now_us = self.now_us;
+        let over = self.shards[local]
+            .head_mut(key)
+            .is_some_and(|head| head.abandoned || head.deadline_us <= now_us);
+        if over {
+            let head = self.shards[local].pop_head(key, &mut self.places);
+            let head = head.expect("a head");
+            if !head.abandoned {
+                self.stats.timed_out += 1;
+                let response = Response::Timeout { owner: head.owner };
+                self.answer(head.session, response, head.ends_pending);
+            }
+        }
+        if self.serving(shard) {
+            self.propose_head(shard, key);
+        }
+        self.shards[local].check_invariants();
     }
 
     /// Checks that the places held are exactly those of the queued waiters that hold one (debug
