@@ -6,13 +6,14 @@
 # For the single node and for a cluster with fsync on and off: start the server(s) on loopback
 # (one core each; the cluster's three members and the load share this machine's CPUs), run the
 # uncontended workload at pipeline 1 (one connection: the latency of one acquire+release after
-# another) and at pipeline 16 (50 connections), and the contended workload (8 hot keys, 50
-# connections, pipeline 1), and print requests/s and per-request latency percentiles and the
-# redirects (M) followed; for the cluster also each leader's fsync (WAL sync) and commit
+# another) and at pipeline 16 (50 connections), the contended workload (8 hot keys, 50
+# connections, pipeline 1) and handoffs (1 hot key, 8 connections: cycles/s is handoffs/s), and
+# print requests/s, cycles/s and per-request latency percentiles and the redirects (M) followed; for the cluster also each leader's fsync (WAL sync) and commit
 # latency from its /stats.
 #
 # Each cluster shape is run with 1 shard and with 64 shards (or the SHARDS given). With one
-# shard one member leads every key: the script finds it with a Q and benches it alone. With
+# shard one member leads every key: the script finds it with a Q and lists it first (the bench
+# still follows M if leadership moves during the run). With
 # several, leadership is spread over the members: the script waits until every probe key has
 # a leader, then benches all three members (`--target a,b,c`): the bench sends each request to
 # its key's leader, learning leaders from M answers (counted in the M column; each key costs
@@ -82,19 +83,20 @@ PY
 
 run_bench() { # label target
     local label=$1 target=$2
-    for spec in "uncontended 1 1" "uncontended 16 50" "contended 1 50"; do
-        read -r workload pipeline connections <<<"$spec"
+    for spec in "uncontended 1 1 8" "uncontended 16 50 8" "contended 1 50 8" "contended 1 8 1"; do
+        read -r workload pipeline connections hot <<<"$spec"
         json=$("$binary" bench --target "latchkey://$target" --workload "$workload" \
-            --pipeline "$pipeline" --connections "$connections" --duration "$duration" \
-            --warmup 1s --json)
-        python3 - "$label" "$workload" "$pipeline" "$connections" "$json" <<'PY'
+            --pipeline "$pipeline" --connections "$connections" --hot-keys "$hot" \
+            --duration "$duration" --warmup 1s --json)
+        python3 - "$label" "$workload" "$pipeline" "$connections" "$hot" "$json" <<'PY'
 import json, sys
-label, workload, pipeline, connections, text = sys.argv[1:]
+label, workload, pipeline, connections, hot, text = sys.argv[1:]
 r = json.loads(text)
 l = r["latency_us"]
-print(f"{label:<24} {workload:<12} p{pipeline:<3} c{connections:<3} {r['requests_per_sec']:>10,.0f} req/s"
-      f"  latency p50 {l['p50']:>8.1f} us  p99 {l['p99']:>9.1f} us  M {r['counts']['M']:>6}"
-      f"  ok={r['ok']}")
+name = workload if workload == "uncontended" else f"contended/{hot}"
+print(f"{label:<24} {name:<12} p{pipeline:<3} c{connections:<3} {r['requests_per_sec']:>10,.0f} req/s"
+      f" {r['cycles_per_sec']:>9,.0f} cycles/s  latency p50 {l['p50']:>8.1f} us  p99 {l['p99']:>9.1f} us"
+      f"  M {r['counts']['M']:>6}  ok={r['ok']}")
 PY
     done
 }
@@ -150,7 +152,9 @@ TOML
     label="cluster s=$shards fsync=$fsync"
     if [ "$shards" -eq 1 ]; then
         leader=$(find_leader "${ports[@]}")
-        run_bench "$label" "127.0.0.1:$leader"
+        targets="127.0.0.1:$leader"
+        for p in "${ports[@]}"; do [ "$p" = "$leader" ] || targets+=",127.0.0.1:$p"; done
+        run_bench "$label" "$targets"
         leader_sync "$leader"
     else
         wait_all_led "${ports[@]}"
