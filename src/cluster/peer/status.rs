@@ -16,7 +16,7 @@
 //!
 //! Changes are logged at info: a peer unreachable (and why) or reachable again, quorum lost or
 //! regained. At most [`LINES_PER_PERIOD`] lines per peer (and for the quorum) per
-//! [`crate::server::logs::LOG_PERIOD_US`]; a change that must wait is logged when the period
+//! [`crate::logging::LOG_PERIOD_US`]; a change that must wait is logged when the period
 //! allows, saying how many changes there were since the last line, so the last line always
 //! tells the current state. Nothing is logged in the first [`REACHABLE_WINDOW`] after start
 //! (peers are still connecting); then what is true is logged once (peers unreachable, the
