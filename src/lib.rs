@@ -15,6 +15,7 @@
 //! | [`config`] | the TOML config file, defaults, validation (errors name the key) |
 //! | [`logging`] | the logger: `[log] format` text or one JSON object a line, `RUST_LOG` |
 //! | [`protocol`] | request and response frames: parse in place, encode; error codes. No I/O |
+//! | [`partition`] | what a core serves: the `Partition` trait, `Op`, `Answer`, sessions, stats, the key hash |
 //! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
 //! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
 //! | [`hash`] | FNV-1a: digests stable across builds (shard state, cluster identity) |
@@ -45,6 +46,7 @@ pub mod hash;
 pub mod lock_table;
 pub mod logging;
 pub mod metrics;
+pub mod partition;
 pub mod protocol;
 pub mod server;
 pub mod tls;

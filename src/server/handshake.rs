@@ -18,12 +18,12 @@
 
 use super::close::CloseReason;
 use super::core::{slot_of, Core};
-use crate::logging::Throttle;
 use super::net::{Net, Stream};
 use super::session::Phase;
 use super::tls::HANDSHAKE_DEADLINE;
-use crate::lock_table::SessionId;
-use crate::server::partition::Partition;
+use crate::logging::Throttle;
+use crate::partition::Partition;
+use crate::partition::SessionId;
 use std::collections::VecDeque;
 
 /// Sessions in their handshake, oldest first, with their deadlines.

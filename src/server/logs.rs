@@ -11,10 +11,10 @@
 use super::core::Core;
 use super::net::{Net, Stream};
 use super::session::Session;
-use crate::lock_table::{BusyCounts, BusyReason};
-use crate::protocol::ErrorCode;
-use crate::server::partition::Partition;
 use crate::logging::Throttle;
+use crate::partition::Partition;
+use crate::partition::{BusyCounts, BusyReason};
+use crate::protocol::ErrorCode;
 use std::net::SocketAddr;
 
 /// Characters of a forbidden key that its line shows.
@@ -142,6 +142,7 @@ fn more(left_out: u64, what: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::logging::LOG_PERIOD_US;
 
     #[test]
     fn a_forbidden_line_names_identity_and_key_quoted_escaped_and_bounded() {

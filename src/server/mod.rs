@@ -51,8 +51,7 @@ pub mod core;
 pub mod handshake;
 pub mod logs;
 pub mod net;
-pub mod partition;
-pub mod persist;
+
 pub mod queued;
 pub mod reactor;
 pub mod route;
@@ -63,15 +62,16 @@ pub mod tls;
 mod harness;
 
 use crate::config::{Config, CORES_MAX};
-use crate::lock_table::{LockTable, QueueCounts, TableConfig};
+use crate::lock_table::{LockTable, TableConfig};
+use crate::partition::Partition;
+use crate::partition::QueueCounts;
 use crate::tokens::{self, StateDir, TokenRange};
+use crate::tokens::{Persister, TokenKeeper};
 use bind::AddressGuard;
 use mio::net::TcpStream;
 use mio::{Poll, Waker};
 use net::MioStream;
 use parking_lot::Mutex;
-use partition::Partition;
-use persist::{Persister, TokenKeeper};
 use reactor::{CoreSettings, Links, Reactor, ReactorParts, WAKER};
 use route::{KeyPool, Msg, Outbox, CHANNEL_DEPTH};
 use std::fmt;
@@ -347,8 +347,13 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
     match &config.cluster {
         None => {
             if let Some(state) = &plan.state_dir {
-                let shared = Arc::clone(&plan.shared);
-                handle.persister = Some(Persister::start(state.clone(), shared)?);
+                let (waking, stopping) = (Arc::clone(&plan.shared), Arc::clone(&plan.shared));
+                handle.persister = Some(Persister::start(
+                    state.clone(),
+                    cores,
+                    move |core| drop(waking.wakers[core].wake()),
+                    move || stopping.shutdown.load(Ordering::Acquire),
+                )?);
             }
             let mut tables = Vec::with_capacity(cores);
             for index in 0..cores {

@@ -515,7 +515,7 @@ pub fn keys_on_partition(
 ) -> Vec<String> {
     (0..)
         .map(|i| format!("{prefix}-{i}"))
-        .filter(|key| latchkey::server::route::partition_of(key.as_bytes(), cores) == partition)
+        .filter(|key| latchkey::partition::partition_of(key.as_bytes(), cores) == partition)
         .take(count)
         .collect()
 }

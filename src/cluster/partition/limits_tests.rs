@@ -7,10 +7,10 @@
 use super::super::{ClusterPartition, PartitionSettings, Peers, COMPACT_EVERY};
 use crate::cluster::mem_durable::MemDurable;
 use crate::cluster::member::{Envelope, Member};
-use crate::lock_table::{Answer, BusyReason, Op, QueueCounts, SessionId};
+use crate::partition::Partition;
+use crate::partition::{Answer, BusyReason, Op, QueueCounts, SessionId};
 use crate::protocol::Response;
 use crate::server::core::session_id;
-use crate::server::partition::Partition;
 use crate::server::queued::SessionQueues;
 use raft::eraftpb::Message;
 use std::sync::Arc;
@@ -258,7 +258,10 @@ fn a_proposed_waiter_gives_its_place_back_when_its_session_closes() {
     bench.send(1, Op::Release { token }, key);
     let queue = bench.partition.shards[0].queues.get(&key[..]);
     let head = queue.and_then(|queue| queue.front());
-    assert!(head.is_some_and(|head| head.proposed && head.handoff), "the grant is in flight");
+    assert!(
+        head.is_some_and(|head| head.proposed && head.handoff),
+        "the grant is in flight"
+    );
     bench.partition.handle_session_closed(2);
     assert_eq!(bench.places(), 0);
     // The release applies and grants the key to nobody, which is released: the key is free

@@ -14,7 +14,7 @@ use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{
     shard_of, shards_of_core, ClusterPartition, PartitionSettings, Peers,
 };
-use crate::lock_table::QueueCounts;
+use crate::partition::QueueCounts;
 use raft::eraftpb::Message;
 
 const SHARDS: u32 = 4;
