@@ -24,6 +24,7 @@
 //! | [`tls`] | TLS files (PEM, expiry, key matches certificate), rustls configurations, identities |
 //! | [`auth`] | authorization by key prefix: which keys a client certificate's identity may use |
 //! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
+//! | [`node`] | a latchkey process: starts the server as a single node or a cluster member |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
 //! | [`cluster`] | cluster mode: shards replicated over members with raft-rs (issue 12) |
 //! | [`client`] | the official client (PROTOCOL.md §4); `lock`, `query`, `ping`, `stats`, `keys` |
@@ -46,6 +47,7 @@ pub mod hash;
 pub mod lock_table;
 pub mod logging;
 pub mod metrics;
+pub mod node;
 pub mod partition;
 pub mod protocol;
 pub mod server;

@@ -546,7 +546,7 @@ impl LockTable {
         }
     }
 
-    /// The key of a live entry (as named in [`Answer::entry`]).
+    /// The key of a live entry (as an `A` answer's [`GrantRef`] names it).
     pub fn entry_key(&self, entry: u32) -> Option<&[u8]> {
         self.entries.get(entry).map(|held| held.key.as_slice())
     }

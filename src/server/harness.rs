@@ -420,7 +420,3 @@ fn table(limits: Limits, index: usize, shared: &Shared) -> LockTable {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-#[path = "harness/cluster_tests.rs"]
-mod cluster_tests;

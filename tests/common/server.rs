@@ -30,7 +30,7 @@ pub fn start(cores: usize) -> ServerHandle {
 
 /// Starts an in-process server with `config`.
 pub fn start_with(config: Config) -> ServerHandle {
-    latchkey::server::start(config).expect("server starts")
+    latchkey::node::start(config).expect("server starts")
 }
 
 /// The `latchkey` binary running as a child process.

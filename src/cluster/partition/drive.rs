@@ -163,7 +163,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let local = self.local(shard);
         let state = &self.shards[local];
         let head = state.queues.get(key).and_then(|queue| queue.front());
-        if !state.serving() || head.is_none_or(|head| head.seq != seq) {
+        if !state.serving() || !head.is_some_and(|head| head.seq == seq) {
             return false;
         }
         let lease = state.machine.holder(key).map(|h| (h.token, h.deadline_ms));
