@@ -5,7 +5,8 @@
 //! of a running server). Time does not move: no lease or wait runs out during a measurement.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use latchkey::lock_table::{Acquire, Answer, LockTable, TableConfig};
+use latchkey::lock_table::{Acquire, LockTable, TableConfig};
+use latchkey::partition::Answer;
 use latchkey::protocol::Response;
 use latchkey::tokens::TokenRange;
 

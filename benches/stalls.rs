@@ -85,7 +85,7 @@ fn start_server(max_keys: usize) -> ServerHandle {
     if pinning {
         pin(0);
     }
-    let server = latchkey::server::start(config).expect("server starts");
+    let server = latchkey::node::start(config).expect("server starts");
     if pinning {
         pin(1);
     }

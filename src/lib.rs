@@ -15,6 +15,7 @@
 //! | [`config`] | the TOML config file, defaults, validation (errors name the key) |
 //! | [`logging`] | the logger: `[log] format` text or one JSON object a line, `RUST_LOG` |
 //! | [`protocol`] | request and response frames: parse in place, encode; error codes. No I/O |
+//! | [`partition`] | what a core serves: the `Partition` trait, `Op`, `Answer`, sessions, stats, the key hash |
 //! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
 //! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
 //! | [`hash`] | FNV-1a: digests stable across builds (shard state, cluster identity) |
@@ -23,6 +24,7 @@
 //! | [`tls`] | TLS files (PEM, expiry, key matches certificate), rustls configurations, identities |
 //! | [`auth`] | authorization by key prefix: which keys a client certificate's identity may use |
 //! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
+//! | [`node`] | a latchkey process: starts the server as a single node or a cluster member |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
 //! | [`cluster`] | cluster mode: shards replicated over members with raft-rs (issue 12) |
 //! | [`client`] | the official client (PROTOCOL.md §4); `lock`, `query`, `ping`, `stats`, `keys` |
@@ -45,6 +47,8 @@ pub mod hash;
 pub mod lock_table;
 pub mod logging;
 pub mod metrics;
+pub mod node;
+pub mod partition;
 pub mod protocol;
 pub mod server;
 pub mod tls;

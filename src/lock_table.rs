@@ -31,19 +31,17 @@
 //! [`SessionId`] here), and token persistence ([`crate::tokens`]).
 
 use crate::chunked::ChunkedSlab;
+use crate::partition::{
+    Answer, BusyReason, GrantRef, HeldKey, Op, QueueCounts, SessionId, TableStats,
+};
 use crate::protocol::{Request, Response};
 use crate::tokens::TokenRange;
 use crate::wheel::{TimerHandle, Wheel};
 use hashbrown::DefaultHashBuilder;
 use index::SegmentedTable;
 pub use keys::{KeyBytes, KeyStore, INLINE_KEY_BYTES};
-pub use op::Op;
-pub use stats::{BusyCounts, BusyReason, HeldKey, TableStats};
 use std::hash::BuildHasher;
 use std::sync::Arc;
-
-/// An opaque session identity chosen by the reactor (unique for the life of the process).
-pub type SessionId = u64;
 
 /// Marks "no index" in the intrusive lists.
 const NIL: u32 = u32::MAX;
@@ -69,32 +67,6 @@ pub struct TableConfig {
     pub max_pending_per_session: u32,
     /// Length of one timer tick in microseconds; at least 1.
     pub tick_us: u64,
-}
-
-/// Per-session counts of queued acquires shared by the partitions of one server, so that
-/// `max_pending_per_session` bounds a session's queued acquires across all of them (its
-/// acquires may queue in several). Without one, a table counts its own waiters of the session,
-/// which is exact when there is one partition.
-pub trait QueueCounts: Send + Sync {
-    /// Counts one more queued acquire of `session`, unless it already has `max`: then counts
-    /// nothing and returns false. Atomic: two partitions never both take the last place.
-    fn try_add(&self, session: SessionId, max: u32) -> bool;
-    /// One queued acquire of `session` left its queue (granted, timed out, cancelled,
-    /// withdrawn or refused at shutdown).
-    fn remove(&self, session: SessionId);
-}
-
-/// One answer the table produced, addressed to a session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Answer {
-    /// The session the answer goes to.
-    pub session: SessionId,
-    /// The frame to write.
-    pub response: Response,
-    /// True when this answers an Acquire with wait > 0 (the session's pending count drops).
-    pub ends_pending: bool,
-    /// For `Acquired`: the entry of the granted key ([`LockTable::entry_key`]); else `u32::MAX`.
-    pub entry: u32,
 }
 
 /// The fields of an Acquire the table needs.
@@ -298,7 +270,7 @@ impl LockTable {
                 session,
                 response: granted,
                 ends_pending,
-                entry,
+                grant: GrantRef(entry),
             });
             return self.debug_check_entry(entry);
         };
@@ -574,7 +546,7 @@ impl LockTable {
         }
     }
 
-    /// The key of a live entry (as named in [`Answer::entry`]).
+    /// The key of a live entry (as an `A` answer's [`GrantRef`] names it).
     pub fn entry_key(&self, entry: u32) -> Option<&[u8]> {
         self.entries.get(entry).map(|held| held.key.as_slice())
     }
@@ -658,7 +630,7 @@ impl LockTable {
             session,
             response,
             ends_pending,
-            entry: NIL,
+            grant: GrantRef::NONE,
         });
     }
 
@@ -766,7 +738,7 @@ impl LockTable {
                 session,
                 response: granted,
                 ends_pending: true,
-                entry,
+                grant: GrantRef(entry),
             });
             return;
         }
@@ -882,8 +854,7 @@ impl LockTable {
 mod check;
 mod index;
 mod keys;
-mod op;
-mod stats;
+mod partition;
 
 #[cfg(test)]
 mod tests;

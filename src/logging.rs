@@ -9,6 +9,9 @@
 //!   `ts` is RFC 3339 in UTC with microseconds, from the wall clock ([`timestamp`]); strings
 //!   are escaped by serde_json, so a message with quotes or newlines stays one valid line.
 //!
+//! [`Throttle`] rate-limits one kind of line: the server's cores and the cluster's peer thread
+//! use it so that nothing a client or a peer does can flood the log.
+//!
 //! Deliberately not here: what is logged and at which level (the callers), log files and
 //! rotation (stderr only: systemd's journal or the shipper owns that), and time zones (UTC
 //! only, so lines from several hosts sort together).
@@ -126,6 +129,30 @@ fn date_of(days: u64) -> (u64, u64, u64) {
         day_of_year -= length;
     }
     unreachable!("a day of the year falls in one of its months")
+}
+
+/// At most one line per kind per this period.
+pub const LOG_PERIOD_US: u64 = 10_000_000;
+/// One kind of line: when it was last written, and how many were left out since.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Throttle {
+    logged_at_us: Option<u64>,
+    suppressed: u64,
+}
+
+impl Throttle {
+    /// Whether a line may be written at `now_us`; if so, how many were left out before it.
+    pub fn allow(&mut self, now_us: u64) -> Option<u64> {
+        if self
+            .logged_at_us
+            .is_some_and(|at| now_us < at + LOG_PERIOD_US)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.logged_at_us = Some(now_us);
+        Some(std::mem::take(&mut self.suppressed))
+    }
 }
 
 #[cfg(test)]

@@ -229,7 +229,7 @@ fn run_server(config: Config) -> std::io::Result<ExitCode> {
         .register(&mut signals, SIGNALS, Interest::READABLE)?;
     let notify = Arc::new(Waker::new(poll.registry(), NOTIFY)?);
     let summary = config.summary();
-    let server = latchkey::server::start_with_notify(config, Some(notify))?;
+    let server = latchkey::node::start_with_notify(config, Some(notify))?;
     let addr = server.local_addr();
     log::info!("latchkey listening on {addr}: {summary}");
     let mut stdout = std::io::stdout();

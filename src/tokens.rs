@@ -14,8 +14,13 @@
 //! Partitions draw from disjoint sequences: partition `p` of `n` issues tokens `≡ p (mod n)`
 //! above the floor, so no counter is shared between cores.
 //!
-//! This module does file I/O; the lock table itself only sees a [`TokenRange`].
+//! This module does file I/O; the lock table itself only sees a [`TokenRange`]. The
+//! [`persister`] writes the marks on a thread of its own, at the request of each partition's
+//! [`TokenKeeper`].
 
+pub mod persister;
+
+pub use persister::{Persister, TokenKeeper, TokenLimit};
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};

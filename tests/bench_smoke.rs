@@ -37,7 +37,7 @@ fn bench_drives_a_server_without_errors() {
     let mut config = Config::default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.server.cores = 1;
-    let server = latchkey::server::start(config).expect("server starts");
+    let server = latchkey::node::start(config).expect("server starts");
     let address = server.local_addr();
 
     let uncontended = run(address, Workload::Uncontended, |config| {
@@ -83,7 +83,7 @@ fn bench_takes_its_target_from_latchkey_server() {
     let mut config = Config::default();
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.server.cores = 1;
-    let server = latchkey::server::start(config).expect("server starts");
+    let server = latchkey::node::start(config).expect("server starts");
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"))
         .args(["bench", "--workload", "uncontended", "--duration", "200ms"])
         .args(["--warmup", "0", "--connections", "1", "--pipeline", "1"])

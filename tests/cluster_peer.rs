@@ -14,7 +14,8 @@ mod reach;
 
 use crossbeam_channel::Receiver;
 use latchkey::cluster::peer::frame::{Hello, REPLY_BYTES, VERSION};
-use latchkey::cluster::peer::{self, LinkState, PeerConfig, PeerHandle, PeerLimits, PeerStats};
+use latchkey::cluster::peer::{self, PeerConfig, PeerHandle, PeerLimits, PeerStats};
+use latchkey::partition::cluster_stats::LinkState;
 use mio::{Events, Poll, Token, Waker};
 use raft::eraftpb::{Message, MessageType};
 use std::collections::HashSet;

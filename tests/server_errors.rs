@@ -9,8 +9,8 @@ use common::server::{
     encode_all, fresh_id, keys_on_partition, start, start_with, test_config, Conn, Expect,
     KeyState, Script,
 };
+use latchkey::partition::partition_of;
 use latchkey::protocol::{ErrorCode, Request, Response};
-use latchkey::server::route::partition_of;
 use latchkey::server::ServerHandle;
 use std::thread;
 use std::time::Duration;

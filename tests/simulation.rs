@@ -34,7 +34,8 @@ mod generator;
 use common::partition_model::{Expect, Model};
 use common::rng::Rng;
 use generator::key_name;
-use latchkey::lock_table::{Answer, LockTable, SessionId, TableConfig};
+use latchkey::lock_table::{LockTable, TableConfig};
+use latchkey::partition::{Answer, SessionId};
 use latchkey::protocol::{Request, Response};
 use latchkey::tokens::TokenRange;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -487,7 +488,7 @@ impl Sim {
         let same_response = match (expected.response, actual.response) {
             (Response::Acquired { owner, .. }, Response::Acquired { owner: got, .. }) => {
                 let key = self.key(expected.key.expect("a grant names its key"));
-                owner == got && self.table.entry_key(actual.entry) == Some(key)
+                owner == got && self.table.entry_key(actual.grant.0) == Some(key)
             }
             (want, got) => want == got,
         };

@@ -145,12 +145,12 @@ fn startup_errors_name_the_key_and_the_path() {
     for (tls, key, path) in cases {
         let mut config = good.clone();
         config.tls = Some(tls);
-        let error = latchkey::server::start(config).err().expect("refused");
+        let error = latchkey::node::start(config).err().expect("refused");
         let text = error.to_string();
         assert!(text.contains(key), "{text}");
         assert!(text.contains(&path.display().to_string()), "{text}");
     }
-    let text = latchkey::server::start(good.clone())
+    let text = latchkey::node::start(good.clone())
         .map(|_| ())
         .err()
         .map(|e| e.to_string());

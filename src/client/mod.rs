@@ -54,7 +54,7 @@
 //! # let mut config = latchkey::config::Config::default();
 //! # config.server.listen = "127.0.0.1:0".parse().unwrap();
 //! # config.server.cores = 1;
-//! # let server = latchkey::server::start(config)?;
+//! # let server = latchkey::node::start(config)?;
 //! # let addr = server.local_addr();
 //! // `addr` is where a latchkey server listens (here one started in-process).
 //! let client = Client::connect(addr)?;
@@ -310,7 +310,7 @@ impl Client {
     /// # let mut config = latchkey::config::Config::default();
     /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
     /// # config.server.cores = 1;
-    /// # let server = latchkey::server::start(config)?;
+    /// # let server = latchkey::node::start(config)?;
     /// # let client = Client::connect(server.local_addr())?;
     ///
     /// match client.acquire("reports/daily", Duration::from_millis(200), Duration::from_secs(10)) {
@@ -392,7 +392,7 @@ impl Client {
     /// # let mut config = latchkey::config::Config::default();
     /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
     /// # config.server.cores = 1;
-    /// # let server = latchkey::server::start(config)?;
+    /// # let server = latchkey::node::start(config)?;
     /// # let client = latchkey::client::Client::connect(server.local_addr())?;
     /// let ticket = client.acquire("k", Duration::ZERO, Duration::from_secs(10))?;
     /// let state = client.query("k")?;

@@ -69,7 +69,7 @@ pub enum ExtendOutcome {
 /// # let mut config = latchkey::config::Config::default();
 /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
 /// # config.server.cores = 1;
-/// # let server = latchkey::server::start(config)?;
+/// # let server = latchkey::node::start(config)?;
 /// # let client = latchkey::client::Client::connect(server.local_addr())?;
 /// let ticket = client.acquire("k", Duration::from_secs(1), Duration::from_secs(10))?;
 /// // The bound is the A's read plus the lease minus max(100 ms, lease / 10).

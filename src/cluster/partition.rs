@@ -15,19 +15,20 @@
 
 use super::machine::Command;
 use super::member::{Envelope, Member};
-use super::peer::PeerReport;
 use super::shard::{Places, Shard};
 use super::Durable;
-use crate::lock_table::{Answer, BusyReason, HeldKey, Op, QueueCounts, SessionId, TableStats};
 use crate::metrics::Histogram;
+use crate::partition::cluster_stats::{ClusterStats, PeerReport, ShardStatus, LATENCY_BOUNDS_US};
+use crate::partition::partition_of;
+use crate::partition::GrantRef;
+use crate::partition::Partition;
+use crate::partition::NOBODY;
+use crate::partition::{Answer, BusyReason, HeldKey, Op, QueueCounts, SessionId, TableStats};
 use crate::protocol::{Leader, Response};
-use crate::server::core::NOBODY;
-use crate::server::partition::Partition;
-use crate::server::persist::TokenKeeper;
-use crate::server::route::partition_of;
+use crate::tokens::TokenKeeper;
 use leadership_log::LeadershipLog;
-use requests::End;
 use raft::eraftpb::Message;
+use requests::End;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
@@ -100,53 +101,6 @@ pub fn shards_of_core(core: usize, cores: usize, shards: u32) -> Vec<u32> {
         .filter(|s| *s as usize % cores == core)
         .collect()
 }
-
-/// One hosted shard as `GET /stats` and `latchkey cluster status` show it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShardStatus {
-    /// The shard.
-    pub shard: u32,
-    /// The leader this member knows of.
-    pub leader: Option<u64>,
-    /// Whether this member serves the shard (leads it and applied its barrier).
-    pub serving: bool,
-    /// The group's term.
-    pub term: u64,
-    /// The group's commit index on this member.
-    pub commit: u64,
-    /// The index this member applied.
-    pub applied: u64,
-    /// Keys its replicated state holds (on a follower: as far as it applied).
-    pub holds: usize,
-}
-
-/// A cluster partition's figures (one core's shards).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClusterStats {
-    /// This member's id.
-    pub node_id: u64,
-    /// Every member's id and client address, as this member's configuration lists them.
-    pub members: Vec<(u64, SocketAddr)>,
-    /// The core's shards.
-    pub shards: Vec<ShardStatus>,
-    /// Times a shard of this core saw its leader change.
-    pub leader_changes: u64,
-    /// Entries this core proposed.
-    pub proposals: u64,
-    /// Snapshots this core's shards restored (from a leader, or from the log at start).
-    pub restores: u64,
-    /// From a client request's proposal to its entry's apply, in microseconds.
-    pub commit_latency: Histogram,
-    /// One write-ahead log sync (`finish_drain`: write, `fdatasync`), in microseconds.
-    pub sync_latency: Histogram,
-    /// The member's links to its peers and its quorum (the same on every core).
-    pub peers: Option<PeerReport>,
-}
-
-/// Bounds of the commit and sync latency histograms, in microseconds.
-pub const LATENCY_BOUNDS_US: &[u64] = &[
-    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
-];
 
 /// A request waiting for its entry to be applied.
 #[derive(Clone, Debug)]
@@ -311,7 +265,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             session,
             response,
             ends_pending,
-            entry: u32::MAX,
+            grant: GrantRef::NONE,
         });
     }
 
@@ -466,10 +420,10 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
         }
     }
 
-    fn release_granted(&mut self, now_us: u64, entry: u32, token: u64) {
+    fn release_granted(&mut self, now_us: u64, grant: GrantRef, token: u64) {
         self.now_us = self.now_us.max(now_us);
-        // `entry` is the shard of the grant (see `answer_grant`).
-        let shard = entry;
+        // A cluster partition's grant reference is the shard (see `answer_grant`).
+        let GrantRef(shard) = grant;
         let Some(key) = self
             .shard(shard)
             .and_then(|s| s.machine.key_of(token))
@@ -477,7 +431,14 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
         else {
             return;
         };
-        if !self.propose_end(shard, &key, token, End::Release, NOBODY, PendingKind::Orphan) {
+        if !self.propose_end(
+            shard,
+            &key,
+            token,
+            End::Release,
+            NOBODY,
+            PendingKind::Orphan,
+        ) {
             log::warn!(
                 "shard {shard}: cannot release undelivered token {token} (not the leader); \
                  its lease will free the key"

@@ -64,7 +64,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use status::{LinkState, PeerCounters, PeerReport, PeerStatus};
+use crate::partition::cluster_stats::PeerReport;
 
 /// The most other members a member may have (peers are looked up by a scan).
 pub const PEERS_MAX: usize = 64;

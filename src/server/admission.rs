@@ -9,8 +9,8 @@
 use super::core::{session_id, Core, SLOTS_MAX};
 use super::net::{Net, Stream};
 use super::session::Session;
+use crate::partition::Partition;
 use crate::protocol::{ErrorCode, Response};
-use crate::server::partition::Partition;
 use std::io::Write;
 use std::sync::atomic::Ordering;
 

@@ -24,7 +24,7 @@ use super::core::Core;
 use super::net::Net;
 use super::route::Msg;
 use super::session::Phase;
-use crate::server::partition::Partition;
+use crate::partition::Partition;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -102,7 +102,7 @@ impl<N: Net, P: Partition> Core<N, P> {
     fn release_unsent_grants(&mut self, slot: usize) {
         let unsent = self.sessions[slot].discard_output();
         for grant in unsent {
-            self.release_grant(grant.partition as usize, grant.entry, grant.token);
+            self.release_grant(grant.partition as usize, grant.grant, grant.token);
         }
         self.route_answers();
     }

@@ -35,14 +35,17 @@ use super::admin::{AdminJob, KeyScan};
 use super::buffers::ReadBuffers;
 use super::close::CloseReason;
 use super::net::Net;
-use super::persist::TokenKeeper;
 use super::route::{KeyPool, Msg, Outbox, OUTBOX_REQUESTS_MAX};
 use super::session::{Phase, ReadOutcome, Session};
 use super::Shared;
 use crate::auth::AuthRules;
-use crate::lock_table::{Answer, LockTable, Op, SessionId};
+use crate::lock_table::LockTable;
+use crate::partition::GrantRef;
+use crate::partition::Partition;
+use crate::partition::NOBODY;
+use crate::partition::{Answer, Op, SessionId};
 use crate::protocol::{parse_request, ErrorCode, FrameError, Response};
-use crate::server::partition::Partition;
+use crate::tokens::TokenKeeper;
 use crossbeam_channel::Receiver;
 use slab::Slab;
 use std::sync::Arc;
@@ -66,8 +69,6 @@ const GENERATION_BITS: u32 = 32;
 pub const SLOTS_MAX: usize = 1 << SLOT_BITS;
 /// Bits of a session id that name its core.
 const CORE_BITS: u32 = 64 - SLOT_BITS - GENERATION_BITS;
-/// The session of answers nobody reads (releases of grants that were never delivered).
-pub const NOBODY: SessionId = u64::MAX;
 /// Longest a session's answers wait for the prompt answers of its requests to other cores, so
 /// that they leave in one `write` (see `flush_sessions`). Normally the wait ends sooner: when
 /// those answers arrive, one cross-core round trip later.
@@ -586,7 +587,7 @@ impl<N: Net, P: Partition> Core<N, P> {
         if matches!(session.phase(), Phase::Dead | Phase::Lingering) {
             return false;
         }
-        session.push_grant(&answer.response, partition, answer.entry);
+        session.push_grant(&answer.response, partition, answer.grant);
         let resume = session.resume(self.settings.max_pending_per_session);
         self.mark_dirty(slot);
         if resume {
@@ -598,19 +599,19 @@ impl<N: Net, P: Partition> Core<N, P> {
     /// A grant that will never be written: the partition that made it releases it at once.
     fn release_undelivered(&mut self, partition: usize, answer: &Answer) {
         if let Response::Acquired { token, .. } = answer.response {
-            self.release_grant(partition, answer.entry, token);
+            self.release_grant(partition, answer.grant, token);
         }
     }
 
-    /// Releases `token`'s grant of `entry` in `partition` (here, or by a message).
-    pub(super) fn release_grant(&mut self, partition: usize, entry: u32, token: u64) {
+    /// Releases `token`'s grant `grant` in `partition` (here, or by a message).
+    pub(super) fn release_grant(&mut self, partition: usize, grant: GrantRef, token: u64) {
         log::debug!("releasing token {token}: its grant never reached its session");
         if partition == self.settings.index {
-            self.table.release_granted(self.now_us, entry, token);
+            self.table.release_granted(self.now_us, grant, token);
             return;
         }
         match self.links.outboxes[partition].as_mut() {
-            Some(outbox) => outbox.push(Msg::OrphanRelease { entry, token }),
+            Some(outbox) => outbox.push(Msg::OrphanRelease { grant, token }),
             None => log::error!("grant of unknown partition {partition}"),
         }
     }
@@ -653,8 +654,8 @@ impl<N: Net, P: Partition> Core<N, P> {
                     }
                 }
             }
-            Msg::OrphanRelease { entry, token } => {
-                self.table.release_granted(self.now_us, entry, token);
+            Msg::OrphanRelease { grant, token } => {
+                self.table.release_granted(self.now_us, grant, token);
             }
             Msg::Admin(msg) => self.handle_admin_msg(*msg),
         }

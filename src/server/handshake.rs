@@ -11,19 +11,19 @@
 //! emptiness check per iteration.
 //!
 //! Each close is counted and logged at info, naming the peer and the reason, at most one line
-//! per kind (deadline, TLS error) per [`LOG_PERIOD_US`](super::logs::LOG_PERIOD_US), saying
+//! per kind (deadline, TLS error) per [`LOG_PERIOD_US`](crate::logging::LOG_PERIOD_US), saying
 //! how many more there were.
 //!
 //! Invariant: at most one entry per session, and no more entries than sessions.
 
 use super::close::CloseReason;
 use super::core::{slot_of, Core};
-use super::logs::Throttle;
 use super::net::{Net, Stream};
 use super::session::Phase;
 use super::tls::HANDSHAKE_DEADLINE;
-use crate::lock_table::SessionId;
-use crate::server::partition::Partition;
+use crate::logging::Throttle;
+use crate::partition::Partition;
+use crate::partition::SessionId;
 use std::collections::VecDeque;
 
 /// Sessions in their handshake, oldest first, with their deadlines.

@@ -13,12 +13,13 @@
 
 use super::core::{Core, CoreSettings, Links};
 use super::net::{Net, Stream};
-use super::partition::Partition;
 use super::route::{KeyPool, Msg, Outbox, CHANNEL_DEPTH};
 use super::{queued, Shared, StallGauge};
-use crate::lock_table::{LockTable, QueueCounts, SessionId, TableConfig};
+use crate::lock_table::{LockTable, TableConfig};
+use crate::partition::Partition;
+use crate::partition::{QueueCounts, SessionId};
 use crate::protocol::{parse_response, Request, Response};
-use crate::server::persist::TokenKeeper;
+use crate::tokens::TokenKeeper;
 use crate::tokens::{first_token, TokenRange};
 use mio::{Poll, Waker};
 use parking_lot::Mutex;
@@ -419,7 +420,3 @@ fn table(limits: Limits, index: usize, shared: &Shared) -> LockTable {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-#[path = "harness/cluster_tests.rs"]
-mod cluster_tests;

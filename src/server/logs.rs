@@ -1,6 +1,6 @@
 //! What a core logs beyond opens and closes: refused frames (`X`) and `B` answers, each at
 //! info and rate-limited, so that a hostile or overloaded client never floods the log. At most
-//! one line per [`LOG_PERIOD_US`] per kind (per error code; all `B` together), saying how many
+//! one line per [`LOG_PERIOD_US`](crate::logging::LOG_PERIOD_US) per kind (per error code; all `B` together), saying how many
 //! more happened since the last line. No line per request.
 //!
 //! A forbidden key (`X` code 8) is logged with who asked and for what: the session's
@@ -11,37 +11,14 @@
 use super::core::Core;
 use super::net::{Net, Stream};
 use super::session::Session;
-use crate::lock_table::{BusyCounts, BusyReason};
+use crate::logging::Throttle;
+use crate::partition::Partition;
+use crate::partition::{BusyCounts, BusyReason};
 use crate::protocol::ErrorCode;
-use crate::server::partition::Partition;
 use std::net::SocketAddr;
 
-/// At most one line per kind per this period.
-pub const LOG_PERIOD_US: u64 = 10_000_000;
 /// Characters of a forbidden key that its line shows.
 pub const KEY_CHARS_LOGGED: usize = 64;
-
-/// One kind of line: when it was last written, and how many were left out since.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Throttle {
-    logged_at_us: Option<u64>,
-    suppressed: u64,
-}
-
-impl Throttle {
-    /// Whether a line may be written at `now_us`; if so, how many were left out before it.
-    pub fn allow(&mut self, now_us: u64) -> Option<u64> {
-        if self
-            .logged_at_us
-            .is_some_and(|at| now_us < at + LOG_PERIOD_US)
-        {
-            self.suppressed += 1;
-            return None;
-        }
-        self.logged_at_us = Some(now_us);
-        Some(std::mem::take(&mut self.suppressed))
-    }
-}
 
 /// A core's throttles, and the `B` counts of its partition at the last busy line.
 #[derive(Debug, Default)]
@@ -165,6 +142,7 @@ fn more(left_out: u64, what: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::logging::LOG_PERIOD_US;
 
     #[test]
     fn a_forbidden_line_names_identity_and_key_quoted_escaped_and_bounded() {

@@ -4,8 +4,10 @@
 //! ([`bind`]: the kernel spreads new connections over them, so no acceptor thread hands sockets
 //! around and each core owns the sessions it accepted), computes where tokens start, and spawns
 //! one thread per core running a [`reactor::Reactor`] around a [`core::Core`]. Each core owns
-//! one partition of the key space ([`route::partition_of`]); requests for another core's keys
-//! travel over bounded `crossbeam-channel`s.
+//! one partition of the key space ([`crate::partition::partition_of`]); requests for another
+//! core's keys travel over bounded `crossbeam-channel`s. A core's partition is a single node's
+//! lock table, or whatever a [`Backend`] starts (a cluster member's, started by
+//! [`crate::node`]): the server only knows the [`crate::partition::Partition`] trait.
 //!
 //! Shared between cores, and only for admission, shutdown, failure and statistics: the
 //! connection count (one atomic add per accepted connection, so `max_connections` holds
@@ -27,15 +29,12 @@
 //! | `core.rs` | one core's logic: read, parse, authorize, execute or route, answer, flush |
 //! | `admission.rs` | a new connection: a session, or `X` code 7 past `max_connections` |
 //! | `close.rs` | the close protocol of sessions, and shutdown |
-//! | `cluster.rs` | a cluster member's start: per core a WAL, Raft groups and partition; the peer thread |
 //! | `session.rs` | one connection's stream, input, output and accounting |
 //! | `buffers.rs` | the read buffers lent to sessions |
-//! | `route.rs` | which core owns a key, the messages between cores, their bounded outboxes |
+//! | `route.rs` | the messages between cores, their bounded outboxes |
 //! | `queued.rs` | queued-acquire counts per session, shared by the partitions |
-//! | `persist.rs` | token reservations persisted off the event loops |
 //! | `alarm.rs` | the timerfd that wakes a loop on its next timer |
 //! | `net.rs` | the stream and registration traits the core runs over |
-//! | `partition.rs` | what a core's partition does: the lock table, or a cluster member's shards |
 //! | `tls.rs` | a session's stream over TLS (rustls, sans-IO, edge-triggered) |
 //! | `handshake.rs` | TLS sessions' failures: the handshake deadline, TLS errors |
 //! | `admin/` | the HTTP admin requests on the lock port |
@@ -46,13 +45,11 @@ pub mod alarm;
 pub mod bind;
 pub mod buffers;
 pub mod close;
-pub mod cluster;
 pub mod core;
 pub mod handshake;
 pub mod logs;
 pub mod net;
-pub mod partition;
-pub mod persist;
+
 pub mod queued;
 pub mod reactor;
 pub mod route;
@@ -60,18 +57,19 @@ pub mod session;
 pub mod tls;
 
 #[cfg(test)]
-mod harness;
+pub(crate) mod harness;
 
 use crate::config::{Config, CORES_MAX};
-use crate::lock_table::{LockTable, QueueCounts, TableConfig};
+use crate::lock_table::{LockTable, TableConfig};
+use crate::partition::Partition;
+use crate::partition::QueueCounts;
 use crate::tokens::{self, StateDir, TokenRange};
+use crate::tokens::{Persister, TokenKeeper};
 use bind::AddressGuard;
 use mio::net::TcpStream;
 use mio::{Poll, Waker};
 use net::MioStream;
 use parking_lot::Mutex;
-use partition::Partition;
-use persist::{Persister, TokenKeeper};
 use reactor::{CoreSettings, Links, Reactor, ReactorParts, WAKER};
 use route::{KeyPool, Msg, Outbox, CHANNEL_DEPTH};
 use std::fmt;
@@ -91,7 +89,7 @@ pub struct Shared {
     wakers: Vec<Arc<Waker>>,
     notify: Option<Arc<Waker>>,
     /// Queued acquires per session across partitions (with more than one core).
-    queues: Option<Arc<queued::SessionQueues>>,
+    pub(crate) queues: Option<Arc<queued::SessionQueues>>,
     /// Per core, its loop iterations (poll excluded): the worst since the last
     /// [`ServerHandle::take_worst_loop_us`] and a histogram. The stall detector.
     loop_gauges: Box<[StallGauge]>,
@@ -204,13 +202,11 @@ pub struct ServerHandle {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<Result<(), ServerError>>>,
     persister: Option<Persister>,
-    /// A cluster member's peer thread, stopped after the cores.
-    peers: Option<cluster::PeerThread>,
+    /// What a [`Backend`] started beside the cores (a cluster member's peer thread and data
+    /// directory), stopped after the cores.
+    beside: Option<Box<dyn Beside>>,
     /// Keeps the address ours until the server is gone.
     _guard: AddressGuard,
-    /// A cluster member's data directory, locked until the server is gone (after the cores
-    /// and the peer thread stopped: `Drop` joins them before the fields drop).
-    _data_dir: Option<crate::cluster::data_dir::DataDir>,
 }
 
 impl ServerHandle {
@@ -282,8 +278,8 @@ impl ServerHandle {
         if let Some(persister) = self.persister.take() {
             persister.join();
         }
-        if let Some(peers) = self.peers.take() {
-            peers.stop();
+        if let Some(beside) = self.beside.take() {
+            beside.stop();
         }
         outcome
     }
@@ -291,14 +287,41 @@ impl ServerHandle {
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        if !self.threads.is_empty() || self.peers.is_some() {
+        if !self.threads.is_empty() || self.beside.is_some() {
             self.shutdown();
             let _ = self.join_threads();
         }
     }
 }
 
-/// Starts a server with `config`.
+/// What a server's cores serve when they are not a single node's lock tables: the partitions
+/// of a cluster member (`crate::node` starts one with the member's backend). The server knows
+/// nothing of what is behind the [`Partition`] trait.
+pub trait Backend {
+    /// A core's partition.
+    type Partition: Partition + Send + 'static;
+    /// One partition per core (`wakers[c]` wakes core `c`; `queues`: the per-session counts
+    /// of queued acquires shared by the cores, when there are several), and what must stop
+    /// after the cores.
+    fn start(
+        self,
+        config: &Config,
+        wakers: &[Arc<Waker>],
+        queues: Option<Arc<dyn QueueCounts>>,
+    ) -> io::Result<Started<Self::Partition>>;
+}
+
+/// What [`Backend::start`] gives: a partition per core, and what runs beside the cores.
+pub type Started<P> = (Vec<P>, Box<dyn Beside>);
+
+/// What a [`Backend`] runs beside the cores (threads, locked directories): stopped and dropped
+/// after every core has stopped.
+pub trait Beside: Send {
+    /// Stops it and waits for it.
+    fn stop(self: Box<Self>);
+}
+
+/// Starts a single node with `config` (a cluster member starts with `crate::node::start`).
 pub fn start(config: Config) -> io::Result<ServerHandle> {
     start_with_notify(config, None)
 }
@@ -312,8 +335,47 @@ struct Plan {
     shared: Arc<Shared>,
 }
 
-/// Starts a server; `notify` is woken when a core stops (normally or not) or on shutdown.
+/// Starts a single node; `notify` is woken when a core stops (normally or not) or on
+/// shutdown.
 pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Result<ServerHandle> {
+    if config.cluster.is_some() {
+        let message = "a cluster member is started by latchkey::node::start, not server::start";
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+    }
+    start_inner(config, notify, None::<NoBackend>)
+}
+
+/// Starts a server whose cores serve `backend`'s partitions; `notify` as in
+/// [`start_with_notify`].
+pub fn start_backend<B: Backend>(
+    config: Config,
+    notify: Option<Arc<Waker>>,
+    backend: B,
+) -> io::Result<ServerHandle> {
+    start_inner(config, notify, Some(backend))
+}
+
+/// The type of "no backend" (a single node).
+enum NoBackend {}
+
+impl Backend for NoBackend {
+    type Partition = LockTable;
+
+    fn start(
+        self,
+        _: &Config,
+        _: &[Arc<Waker>],
+        _: Option<Arc<dyn QueueCounts>>,
+    ) -> io::Result<Started<LockTable>> {
+        match self {}
+    }
+}
+
+fn start_inner<B: Backend>(
+    config: Config,
+    notify: Option<Arc<Waker>>,
+    backend: Option<B>,
+) -> io::Result<ServerHandle> {
     let cores = config.server.cores;
     if cores == 0 || cores > CORES_MAX {
         let message = format!("server.cores must be in 1..={CORES_MAX}, got {cores}");
@@ -325,13 +387,6 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         .as_ref()
         .map(crate::tls::server_config)
         .transpose()?;
-    // A member's data directory is locked and checked first: a second process on it, or a
-    // start that disagrees with what it holds, stops here before anything else is touched.
-    let data_dir = config
-        .cluster
-        .as_ref()
-        .map(|cluster| cluster::open_data_dir(&config, cluster))
-        .transpose()?;
     let bound = bind::bind(config.server.listen, cores)?;
     let mut plan = plan(&config, notify)?;
     let mut handle = ServerHandle {
@@ -339,16 +394,20 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
         shared: Arc::clone(&plan.shared),
         threads: Vec::with_capacity(cores),
         persister: None,
-        peers: None,
+        beside: None,
         _guard: bound.guard,
-        _data_dir: data_dir,
     };
     let listeners = bound.listeners;
-    match &config.cluster {
+    match backend {
         None => {
             if let Some(state) = &plan.state_dir {
-                let shared = Arc::clone(&plan.shared);
-                handle.persister = Some(Persister::start(state.clone(), shared)?);
+                let (waking, stopping) = (Arc::clone(&plan.shared), Arc::clone(&plan.shared));
+                handle.persister = Some(Persister::start(
+                    state.clone(),
+                    cores,
+                    move |core| drop(waking.wakers[core].wake()),
+                    move || stopping.shutdown.load(Ordering::Acquire),
+                )?);
             }
             let mut tables = Vec::with_capacity(cores);
             for index in 0..cores {
@@ -369,9 +428,10 @@ pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Resu
                 &mut handle,
             )?;
         }
-        Some(cluster_config) => {
-            let (partitions, peers) = cluster::start(&config, cluster_config, &plan.shared)?;
-            handle.peers = Some(peers);
+        Some(backend) => {
+            let queues = (plan.shared.queues.clone()).map(|queues| queues as Arc<dyn QueueCounts>);
+            let (partitions, beside) = backend.start(&config, &plan.shared.wakers, queues)?;
+            handle.beside = Some(beside);
             let partitions = partitions
                 .into_iter()
                 .map(|partition| (partition, TokenKeeper::none()))

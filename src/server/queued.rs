@@ -15,7 +15,7 @@
 //! session's waiters before the slot is freed.
 
 use super::reactor::{core_of, slot_of};
-use crate::lock_table::{QueueCounts, SessionId};
+use crate::partition::{QueueCounts, SessionId};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 

@@ -1,6 +1,6 @@
 //! Which core owns a key, and the messages cores send each other.
 //!
-//! [`partition_of`] is a pure function of the key bytes and the core count, so every core
+//! [`partition_of`](crate::partition::partition_of) is a pure function of the key bytes and the core count, so every core
 //! agrees on the owner without sharing anything. A request whose key belongs to another core
 //! travels as a [`Msg`] (its key copied once into the message: inline when short, in a buffer
 //! of the shared [`KeyPool`] when long, so nothing allocates per request); the answer travels
@@ -14,7 +14,10 @@
 //! sender's messages in order), so requests of one session for one key reach the partition in
 //! the order sent, and the answers come back in the order produced.
 
-use crate::lock_table::{Answer, Op, SessionId, INLINE_KEY_BYTES};
+use crate::partition::GrantRef;
+use crate::partition::{Answer, Op, SessionId};
+
+use crate::lock_table::INLINE_KEY_BYTES;
 use crate::protocol::KEY_BYTES_MAX;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use mio::Waker;
@@ -23,26 +26,6 @@ use std::sync::Arc;
 
 /// Messages a core's inbox holds at most; past that, senders keep messages in their outbox.
 pub const CHANNEL_DEPTH: usize = 65_536;
-
-/// The core (partition) that owns `key` among `cores`: FNV-1a, a murmur3 finalizer (FNV's high
-/// bits are poorly mixed for short keys), then a multiply-shift range reduction. Stable across
-/// runs and builds: every core must agree, and a benchmark must be repeatable.
-pub fn partition_of(key: &[u8], cores: usize) -> usize {
-    if cores <= 1 {
-        return 0;
-    }
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &byte in key {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    hash ^= hash >> 33;
-    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    hash ^= hash >> 33;
-    ((u128::from(hash) * cores as u128) >> 64) as usize
-}
 
 /// A key as a message carries it: inline when short, in a pooled buffer when long.
 #[derive(Debug)]
@@ -160,8 +143,8 @@ pub enum Msg {
     },
     /// A grant never reached its session: release it at once (if it still holds the key).
     OrphanRelease {
-        /// The granted key's entry in the destination's partition.
-        entry: u32,
+        /// The grant, as the destination's partition named it.
+        grant: GrantRef,
         /// The granted token.
         token: u64,
     },
@@ -253,30 +236,6 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn partition_is_stable_and_in_range() {
-        for cores in 1..9 {
-            for i in 0..1000u32 {
-                let key = format!("key-{i}");
-                let p = partition_of(key.as_bytes(), cores);
-                assert!(p < cores);
-                assert_eq!(p, partition_of(key.as_bytes(), cores));
-            }
-        }
-        // Fixed values: a change here would route keys differently after an upgrade.
-        assert_eq!(partition_of(b"a", 2), 1);
-        assert_eq!(partition_of(b"key-1", 4), 2);
-        assert_eq!(partition_of(b"orders/42", 3), 0);
-        assert_eq!(partition_of(b"k1", 2), 0);
-        let spread: Vec<usize> = (0..1000u32)
-            .map(|i| partition_of(format!("k{i}").as_bytes(), 4))
-            .fold(vec![0; 4], |mut counts, p| {
-                counts[p] += 1;
-                counts
-            });
-        assert!(spread.iter().all(|&n| n > 150), "uneven spread {spread:?}");
-    }
 
     #[test]
     fn long_keys_travel_in_pooled_buffers() {

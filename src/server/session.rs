@@ -21,7 +21,8 @@
 use super::buffers::{BufferId, ReadBuffers, READ_BUFFER_BYTES};
 use super::net::Stream;
 use crate::auth::{AuthRules, Grant};
-use crate::lock_table::SessionId;
+use crate::partition::GrantRef;
+use crate::partition::SessionId;
 use crate::protocol::Response;
 use std::collections::VecDeque;
 use std::io;
@@ -76,8 +77,8 @@ pub struct UnsentGrant {
     end: u64,
     /// The partition that granted it.
     pub partition: u32,
-    /// The granted key's entry in that partition.
-    pub entry: u32,
+    /// The grant as that partition names it.
+    pub grant: GrantRef,
     /// The granted token.
     pub token: u64,
 }
@@ -402,8 +403,8 @@ impl<S: Stream> Session<S> {
         self.write_buffer.extend_from_slice(bytes);
     }
 
-    /// Appends the `A` of a grant by `partition` of its `entry`, remembering it until written.
-    pub fn push_grant(&mut self, response: &Response, partition: usize, entry: u32) {
+    /// Appends the `A` of `grant` by `partition`, remembering it until written.
+    pub fn push_grant(&mut self, response: &Response, partition: usize, grant: GrantRef) {
         let Response::Acquired { token, .. } = *response else {
             return self.push_answer(response);
         };
@@ -411,7 +412,7 @@ impl<S: Stream> Session<S> {
         self.unsent_grants.push_back(UnsentGrant {
             end: self.written_total + self.unsent() as u64,
             partition: partition as u32,
-            entry,
+            grant,
             token,
         });
     }

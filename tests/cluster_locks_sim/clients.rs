@@ -9,7 +9,7 @@
 
 use super::rng::Rng;
 use super::world::{MEMBERS, SHARDS};
-use latchkey::lock_table::Op;
+use latchkey::partition::Op;
 use std::collections::BTreeMap;
 
 /// Resends of one request after `M`, at most.

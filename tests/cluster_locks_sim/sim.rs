@@ -11,7 +11,7 @@ use super::clients::{Client, Pending, Request, RESENDS_MAX};
 use super::rng::Rng;
 use super::world::{World, MEMBERS, SHARDS};
 use latchkey::cluster::partition::shard_of;
-use latchkey::lock_table::{Answer, Op};
+use latchkey::partition::{Answer, Op};
 use latchkey::protocol::Response;
 use std::collections::HashMap;
 

@@ -17,8 +17,8 @@ use super::rng::Rng;
 use latchkey::cluster::mem_durable::MemDurable;
 use latchkey::cluster::member::{Envelope, Member};
 use latchkey::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
-use latchkey::lock_table::Answer;
-use latchkey::server::partition::Partition;
+use latchkey::partition::Answer;
+use latchkey::partition::Partition;
 use raft::eraftpb::Message;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -347,7 +347,7 @@ impl World {
         id: u64,
         now_us: u64,
         session: u64,
-        op: latchkey::lock_table::Op,
+        op: latchkey::partition::Op,
         key: &[u8],
     ) -> Vec<Answer> {
         let local = self.local_us(id, now_us);

@@ -121,7 +121,7 @@ fn a_real_member_drops_invalid_snapshots_and_entries_and_keeps_serving() {
     config.server.cores_explicit = true;
     config.limits.max_keys = 1_000_000;
     config.cluster = Some(cluster);
-    let server = latchkey::server::start(config).expect("member 1 starts");
+    let server = latchkey::node::start(config).expect("member 1 starts");
     // The test speaks as member 2 (member 3 never runs).
     let mut raw = TcpStream::connect(ports[1]).expect("member 1's peer port");
     let hello = Hello {

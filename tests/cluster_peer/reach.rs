@@ -12,7 +12,7 @@ fn quick_limits() -> PeerLimits {
 }
 
 /// Member `member`'s view of peer `peer`.
-fn view(member: &Member, peer: u64) -> peer::PeerStatus {
+fn view(member: &Member, peer: u64) -> latchkey::partition::cluster_stats::PeerStatus {
     let report = member.handle.report();
     let found = report
         .peers

@@ -346,7 +346,7 @@ pub fn start_server(configure: impl FnOnce(&mut Config)) -> ServerHandle {
     config.server.listen = "127.0.0.1:0".parse().unwrap();
     config.server.cores = 2;
     configure(&mut config);
-    latchkey::server::start(config).expect("server starts")
+    latchkey::node::start(config).expect("server starts")
 }
 
 /// A server that is not latchkey: for `within`, it answers every chunk any client sends with

@@ -11,7 +11,9 @@
 //! iteration, so everything due at that instant is due together: waits first (a waiter whose
 //! wait ran out is not granted), then leases.
 
-use latchkey::lock_table::{SessionId, TableConfig};
+use latchkey::partition::SessionId;
+
+use latchkey::lock_table::TableConfig;
 use latchkey::protocol::Response;
 use latchkey::tokens::TokenRange;
 use std::collections::VecDeque;

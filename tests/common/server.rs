@@ -30,7 +30,7 @@ pub fn start(cores: usize) -> ServerHandle {
 
 /// Starts an in-process server with `config`.
 pub fn start_with(config: Config) -> ServerHandle {
-    latchkey::server::start(config).expect("server starts")
+    latchkey::node::start(config).expect("server starts")
 }
 
 /// The `latchkey` binary running as a child process.
@@ -515,7 +515,7 @@ pub fn keys_on_partition(
 ) -> Vec<String> {
     (0..)
         .map(|i| format!("{prefix}-{i}"))
-        .filter(|key| latchkey::server::route::partition_of(key.as_bytes(), cores) == partition)
+        .filter(|key| latchkey::partition::partition_of(key.as_bytes(), cores) == partition)
         .take(count)
         .collect()
 }

@@ -19,7 +19,9 @@
 //! Not here: sockets, cross-core routing, output bounds (the real server tests cover those).
 #![allow(dead_code)]
 
-use latchkey::lock_table::{Answer, LockTable, SessionId, TableConfig};
+use latchkey::partition::{Answer, SessionId};
+
+use latchkey::lock_table::{LockTable, TableConfig};
 use latchkey::protocol::{parse_request, ErrorCode, Request, Response};
 use latchkey::tokens::TokenRange;
 use std::collections::HashMap;

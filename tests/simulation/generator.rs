@@ -5,8 +5,7 @@
 
 use super::{Checked, Sim, MICROS_PER_SECOND};
 use crate::common::rng::Rng;
-use latchkey::lock_table::SessionId;
-
+use latchkey::partition::SessionId;
 /// Short keys live inline in the table, long ones on the heap: use both.
 pub(super) fn key_name(rng: &mut Rng, index: usize) -> Vec<u8> {
     match rng.below(4) {

@@ -6,7 +6,7 @@ use crate::cluster::mem_durable::{MemDurable, SyncMode};
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use crate::cluster::Recovered;
-use crate::server::partition::Partition;
+use crate::partition::Partition;
 use raft::eraftpb::{Entry, HardState, Message};
 
 /// No other member: a one-member cluster is its own majority.

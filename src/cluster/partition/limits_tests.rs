@@ -7,12 +7,11 @@
 use super::super::{ClusterPartition, PartitionSettings, Peers, COMPACT_EVERY};
 use crate::cluster::mem_durable::MemDurable;
 use crate::cluster::member::{Envelope, Member};
-use crate::lock_table::{Answer, BusyReason, Op, QueueCounts, SessionId};
+use crate::partition::Partition;
+use crate::partition::{Answer, BusyReason, Op, QueueCounts, SessionId};
 use crate::protocol::Response;
-use crate::server::core::session_id;
-use crate::server::partition::Partition;
-use crate::server::queued::SessionQueues;
 use raft::eraftpb::Message;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A one-member cluster has no peers.
@@ -258,7 +257,10 @@ fn a_proposed_waiter_gives_its_place_back_when_its_session_closes() {
     bench.send(1, Op::Release { token }, key);
     let queue = bench.partition.shards[0].queues.get(&key[..]);
     let head = queue.and_then(|queue| queue.front());
-    assert!(head.is_some_and(|head| head.proposed && head.handoff), "the grant is in flight");
+    assert!(
+        head.is_some_and(|head| head.proposed && head.handoff),
+        "the grant is in flight"
+    );
     bench.partition.handle_session_closed(2);
     assert_eq!(bench.places(), 0);
     // The release applies and grants the key to nobody, which is released: the key is free
@@ -275,7 +277,7 @@ fn max_pending_per_session_holds_across_partitions_that_share_counts() {
         keys_per_shard: 1000,
         pending_per_session: 2,
     };
-    let counts = Arc::new(SessionQueues::new(2, 16));
+    let counts = Arc::new(Counts::default());
     let mut cores: Vec<Bench> = (0..2)
         .map(|core| Bench::new(4, core, 2, limits()))
         .collect();
@@ -284,8 +286,7 @@ fn max_pending_per_session_holds_across_partitions_that_share_counts() {
             .partition
             .share_queue_counts(Arc::clone(&counts) as Arc<dyn QueueCounts>);
     }
-    let (holder, waiter) = (session_id(0, 1, 1), session_id(1, 2, 1));
-    assert!(counts.admit(holder) && counts.admit(waiter));
+    let (holder, waiter) = (1, 2);
     // Shards 0 and 2 are core 0's, 1 and 3 core 1's.
     let keys: Vec<Vec<u8>> = (0..4)
         .flat_map(|shard| keys_of_shard(shard, 4, 1))
@@ -340,4 +341,35 @@ fn a_wait_0_acquire_of_a_held_key_is_answered_t_without_an_entry() {
     assert_eq!(bench.answer(token), Response::Released { token });
     let next = bench.hold(11, &key, 3);
     assert!(next > token);
+}
+
+/// Queue counts shared by two cores' partitions, as a server's are (the server's own keeps
+/// them per session slot; here a map is enough).
+#[derive(Default)]
+struct Counts(parking_lot::Mutex<HashMap<SessionId, u32>>);
+
+impl Counts {
+    fn queued(&self, session: SessionId) -> u32 {
+        self.0.lock().get(&session).copied().unwrap_or(0)
+    }
+}
+
+impl QueueCounts for Counts {
+    fn try_add(&self, session: SessionId, max: u32) -> bool {
+        let mut counts = self.0.lock();
+        let count = counts.entry(session).or_insert(0);
+        if *count >= max {
+            return false;
+        }
+        *count += 1;
+        true
+    }
+
+    fn remove(&self, session: SessionId) {
+        let mut counts = self.0.lock();
+        let count = counts
+            .get_mut(&session)
+            .expect("a queued acquire to remove");
+        *count -= 1;
+    }
 }

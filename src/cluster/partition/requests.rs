@@ -24,9 +24,10 @@ use super::{ClusterPartition, Peers, PendingKind, PendingRead};
 use crate::cluster::machine::{Command, Grant};
 use crate::cluster::shard::Waiter;
 use crate::cluster::Durable;
-use crate::lock_table::{BusyReason, SessionId};
+use crate::partition::GrantRef;
+use crate::partition::NOBODY;
+use crate::partition::{BusyReason, SessionId};
 use crate::protocol::Response;
-use crate::server::core::NOBODY;
 
 /// Up to this many queued waiters, debug builds check every place before each acquire.
 const PLACES_CHECKED_WAITERS_MAX: usize = 4096;
@@ -278,14 +279,14 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         }
         self.stats.acquired += 1;
         self.shards[local].record_grant(token, head.session, self.now_us);
-        self.answers.push(crate::lock_table::Answer {
+        self.answers.push(crate::partition::Answer {
             session: head.session,
             response: Response::Acquired {
                 owner: head.owner,
                 token,
             },
             ends_pending: head.ends_pending,
-            entry: shard,
+            grant: GrantRef(shard),
         });
     }
 

@@ -19,7 +19,7 @@
 
 use super::frame::{self, Envelope, Hello, Local, Reply, Verdict, HELLO_BYTES, LEN_BYTES};
 use super::{content, wire, CoreInbox, PeerStats};
-use crate::server::logs::Throttle;
+use crate::logging::Throttle;
 use crossbeam_channel::TrySendError;
 use mio::net::TcpStream;
 use protobuf::Message as _;

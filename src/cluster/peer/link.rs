@@ -17,9 +17,10 @@
 
 use super::frame::{self, Hello, Reply, HELLO_BYTES, REPLY_BYTES};
 use super::queue::{Backoff, Queue, Refused};
-use super::status::{LinkState, LinkStatus};
+use super::status::LinkStatus;
 use super::{PeerLimits, PeerStats};
-use crate::server::logs::Throttle;
+use crate::logging::Throttle;
+use crate::partition::cluster_stats::LinkState;
 use mio::event::Event;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};

@@ -16,7 +16,7 @@
 //!
 //! Changes are logged at info: a peer unreachable (and why) or reachable again, quorum lost or
 //! regained. At most [`LINES_PER_PERIOD`] lines per peer (and for the quorum) per
-//! [`crate::server::logs::LOG_PERIOD_US`]; a change that must wait is logged when the period
+//! [`crate::logging::LOG_PERIOD_US`]; a change that must wait is logged when the period
 //! allows, saying how many changes there were since the last line, so the last line always
 //! tells the current state. Nothing is logged in the first [`REACHABLE_WINDOW`] after start
 //! (peers are still connecting); then what is true is logged once (peers unreachable, the
@@ -25,6 +25,9 @@
 //! Deliberately not here: the sockets (`link.rs`, `inbound.rs`), and what raft makes of it.
 
 use super::PeerStats;
+use crate::partition::cluster_stats::{
+    is_majority, LinkState, PeerCounters, PeerReport, PeerStatus,
+};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -37,31 +40,6 @@ pub const REACHABLE_WINDOW: Duration = Duration::from_secs(1);
 pub const LINES_PER_PERIOD: usize = 2;
 /// How often the thread publishes the heard-from times when nothing else changed.
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
-
-/// The state of this member's connection to a peer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinkState {
-    /// Not connected yet since the start.
-    Connecting,
-    /// Connected, and the peer accepted the hello.
-    Connected,
-    /// The peer refused the hello (another cluster identity, shard count, a wrong address...).
-    Refused,
-    /// The connection failed or was lost (refused by the kernel, timed out, reset, closed).
-    Unreachable,
-}
-
-impl LinkState {
-    /// The state in one word, as `/stats` shows it.
-    pub fn label(self) -> &'static str {
-        match self {
-            LinkState::Connecting => "connecting",
-            LinkState::Connected => "connected",
-            LinkState::Refused => "refused",
-            LinkState::Unreachable => "unreachable",
-        }
-    }
-}
 
 /// A link's state, why (empty when connected), and since when.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,63 +60,6 @@ impl LinkStatus {
             };
         }
     }
-}
-
-/// One peer as `/stats` shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerStatus {
-    /// Its node id.
-    pub node_id: u64,
-    /// The peer address this member dials.
-    pub addr: SocketAddr,
-    /// This member's connection to it.
-    pub link: LinkState,
-    /// Why it is refused or unreachable (empty when connected).
-    pub reason: String,
-    /// How long the link has been in this state, in milliseconds.
-    pub for_ms: u64,
-    /// Whether it is reachable (see the module docs).
-    pub reachable: bool,
-    /// How long ago something last arrived from it, in milliseconds (`None`: never).
-    pub heard_ms_ago: Option<u64>,
-    /// Why this member refused the last connection whose hello named this peer, if it did
-    /// and accepted none from it since.
-    pub refused_inbound: Option<String>,
-}
-
-/// The peer thread's counters at one moment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PeerCounters {
-    /// Inbound connections refused (bad hello, bad frame, hello timeout, over the limit).
-    pub refusals: u64,
-    /// Connections of this member that a peer refused.
-    pub refused_by_peers: u64,
-    /// Messages dropped because what they carry for the shards does not decode.
-    pub invalid_dropped: u64,
-    /// Messages received from peers.
-    pub messages_received: u64,
-    /// Messages sent to peers.
-    pub messages_sent: u64,
-}
-
-/// Every peer and the quorum, as `/stats` and `/health` use them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerReport {
-    /// Members of the cluster, this one included.
-    pub members: u64,
-    /// Members reachable from this one, itself included.
-    pub reachable: u64,
-    /// Whether `reachable` is a majority of `members`.
-    pub quorum: bool,
-    /// Each peer.
-    pub peers: Vec<PeerStatus>,
-    /// The counters.
-    pub counters: PeerCounters,
-}
-
-/// Whether `reachable` of `members` members are a majority.
-pub fn is_majority(reachable: u64, members: u64) -> bool {
-    2 * reachable > members
 }
 
 /// One peer as the thread last saw it.

@@ -17,7 +17,7 @@ use super::inbound::{Close, Context, Cores, Inbound};
 use super::link::Link;
 use super::status::{Board, Watch};
 use super::{CoreInbox, Outgoing, PeerConfig, PeerLimits, PeerStats, PEERS_MAX};
-use crate::server::logs::{Throttle, LOG_PERIOD_US};
+use crate::logging::{Throttle, LOG_PERIOD_US};
 use crossbeam_channel::Receiver;
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};

@@ -69,12 +69,12 @@ fn drain(table: &mut LockTable) -> Vec<Seen> {
             let key = match answer.response {
                 Response::Acquired { .. } => {
                     let key = table
-                        .entry_key(answer.entry)
+                        .entry_key(answer.grant.0)
                         .expect("a grant names a live entry");
                     Some(key.to_vec())
                 }
                 _ => {
-                    assert_eq!(answer.entry, u32::MAX, "only grants name an entry");
+                    assert_eq!(answer.grant, GrantRef::NONE, "only grants name an entry");
                     None
                 }
             };

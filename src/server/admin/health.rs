@@ -8,7 +8,7 @@
 //!
 //! Deliberately not here: gathering the figures (the admin job does, from every core).
 
-use crate::cluster::partition::ClusterStats;
+use crate::partition::ClusterStats;
 
 /// The status and body of `/health`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,9 +68,9 @@ pub fn decide(shutting_down: bool, cluster: Option<&ClusterStats>) -> Health {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::partition::{ShardStatus, LATENCY_BOUNDS_US};
-    use crate::cluster::peer::{PeerCounters, PeerReport};
     use crate::metrics::Histogram;
+    use crate::partition::cluster_stats::{PeerCounters, PeerReport};
+    use crate::partition::cluster_stats::{ShardStatus, LATENCY_BOUNDS_US};
 
     /// A member's figures: `shards` shards, the first `leaderless` without a leader, and
     /// `reachable` of 3 members reachable.
@@ -107,7 +107,7 @@ mod tests {
 
     #[test]
     fn stats_and_metrics_show_the_figures_the_decision_uses() {
-        use crate::cluster::peer::{LinkState, PeerStatus};
+        use crate::partition::cluster_stats::{LinkState, PeerStatus};
         use crate::server::admin::render::{metrics_text, stats_json, CoreStats, ServerStats};
         let mut cluster = member(4, 3, 1);
         let peers = cluster.peers.as_mut().expect("peers");
@@ -123,7 +123,7 @@ mod tests {
         });
         peers.counters.invalid_dropped = 7;
         let core = CoreStats {
-            table: crate::lock_table::TableStats::default(),
+            table: crate::partition::TableStats::default(),
             sessions: 0,
             sessions_refused: 0,
             acquires_rejected: 0,

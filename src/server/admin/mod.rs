@@ -21,7 +21,7 @@
 //! the serving core then merges them and asks the cores that own the holders' sessions for
 //! their addresses.
 //!
-//! [`TableStats`]: crate::lock_table::TableStats
+//! [`TableStats`]: crate::partition::TableStats
 
 pub mod health;
 pub mod http;
@@ -33,8 +33,8 @@ use super::net::Net;
 use super::route::Msg;
 use super::session::Phase;
 use crate::auth::Grant;
-use crate::lock_table::{HeldKey, SessionId};
-use crate::server::partition::Partition;
+use crate::partition::Partition;
+use crate::partition::{HeldKey, SessionId};
 use http::{Head, Refusal, Route};
 use render::{CoreStats, ServerStats};
 use std::collections::{BinaryHeap, HashMap};

@@ -1,10 +1,10 @@
 //! The server's figures, gathered from every core, as Prometheus text and as JSON. No I/O.
 
-use crate::cluster::partition::ClusterStats;
-use crate::cluster::peer::{PeerReport, PeerStatus};
 use crate::config::LimitsConfig;
-use crate::lock_table::{BusyReason, HeldKey, TableStats};
 use crate::metrics::Histogram;
+use crate::partition::cluster_stats::{PeerReport, PeerStatus};
+use crate::partition::ClusterStats;
+use crate::partition::{BusyReason, HeldKey, TableStats};
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use serde_json::{json, Value};

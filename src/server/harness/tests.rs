@@ -3,7 +3,8 @@
 //! queue stays bounded, every acquire of a session still open is answered exactly once.
 
 use super::*;
-use crate::server::route::{partition_of, OUTBOX_REQUESTS_MAX};
+use crate::partition::partition_of;
+use crate::server::route::OUTBOX_REQUESTS_MAX;
 use std::collections::{HashMap, HashSet};
 
 const LIMITS: Limits = Limits {

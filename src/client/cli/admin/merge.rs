@@ -20,7 +20,6 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::{json, Map, Value};
 
 use crate::cluster::partition::shard_of;
-
 /// One member's answer: its `--server` item, and the parsed JSON or why there is none.
 pub(crate) struct MemberAnswer {
     /// The `--server` item as written.

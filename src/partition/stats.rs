@@ -120,7 +120,7 @@ impl Default for TableStats {
 
 impl TableStats {
     /// Counts a `B` answer to an Acquire.
-    pub(super) fn busy(&mut self, reason: BusyReason) {
+    pub(crate) fn busy(&mut self, reason: BusyReason) {
         self.busy.count(reason);
     }
 

@@ -7,15 +7,18 @@
 //! The member is a one-member cluster (it elects itself; no network), on the in-memory durable
 //! image of the simulations: everything is replicated through Raft entries as in a server.
 
-use super::*;
 use crate::cluster::machine::ShardMachine;
 use crate::cluster::mem_durable::MemDurable;
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{
     shard_of, shards_of_core, ClusterPartition, PartitionSettings, Peers,
 };
-use crate::lock_table::QueueCounts;
+use crate::partition::Partition;
+use crate::partition::QueueCounts;
+use crate::protocol::{Request, Response};
+use crate::server::harness::*;
 use raft::eraftpb::Message;
+use std::sync::Arc;
 
 const SHARDS: u32 = 4;
 const LIMITS: Limits = Limits {

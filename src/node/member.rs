@@ -7,15 +7,17 @@
 //! count differs from what the directory holds, is refused naming the key. A core count that
 //! differed would look for the shards' logs in the wrong directories.
 
-use super::Shared;
 use crate::cluster::data_dir::{DataDir, Expected};
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
-use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits, PeerReport};
+use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits};
 use crate::cluster::wal::Wal;
 use crate::config::{ClusterConfig, Config};
-use crate::lock_table::QueueCounts;
+use crate::partition::cluster_stats::PeerReport;
+use crate::partition::QueueCounts;
+use crate::server::{Backend, Beside, Started};
 use crossbeam_channel::Receiver;
+use mio::Waker;
 use raft::eraftpb::Message;
 use std::io;
 use std::sync::Arc;
@@ -73,10 +75,60 @@ impl PeerThread {
     }
 }
 
+/// A cluster member as the server's [`Backend`]: its data directory (locked and checked by
+/// [`MemberBackend::open`] before the server binds anything) and its configuration.
+pub struct MemberBackend {
+    cluster: ClusterConfig,
+    data_dir: DataDir,
+}
+
+impl MemberBackend {
+    /// Checks what cluster mode asks of `config`, locks the member's data directory and checks
+    /// its record: the first thing a member does.
+    pub fn open(config: &Config, cluster: &ClusterConfig) -> io::Result<MemberBackend> {
+        let data_dir = open_data_dir(config, cluster)?;
+        Ok(MemberBackend {
+            cluster: cluster.clone(),
+            data_dir,
+        })
+    }
+}
+
+/// What runs beside a member's cores: the peer thread, then the data directory, unlocked
+/// when it drops (after the cores and the peer thread stopped).
+struct MemberBeside {
+    peers: PeerThread,
+    _data_dir: DataDir,
+}
+
+impl Beside for MemberBeside {
+    fn stop(self: Box<Self>) {
+        self.peers.stop();
+    }
+}
+
+impl Backend for MemberBackend {
+    type Partition = MemberPartition;
+
+    fn start(
+        self,
+        config: &Config,
+        wakers: &[Arc<Waker>],
+        queues: Option<Arc<dyn QueueCounts>>,
+    ) -> io::Result<Started<MemberPartition>> {
+        let (partitions, peers) = start(config, &self.cluster, wakers, queues)?;
+        let beside = MemberBeside {
+            peers,
+            _data_dir: self.data_dir,
+        };
+        Ok((partitions, Box::new(beside)))
+    }
+}
+
 /// Checks what cluster mode asks of `config` (again, for a configuration built in code), then
 /// locks the member's data directory and checks its record: the first thing a member does, and
 /// what it holds until it exits.
-pub fn open_data_dir(config: &Config, cluster: &ClusterConfig) -> io::Result<DataDir> {
+fn open_data_dir(config: &Config, cluster: &ClusterConfig) -> io::Result<DataDir> {
     config
         .check_cluster_mode()
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
@@ -86,10 +138,11 @@ pub fn open_data_dir(config: &Config, cluster: &ClusterConfig) -> io::Result<Dat
 
 /// Opens every core's log, builds its groups and partition, and starts the peer thread. The
 /// data directory must be open ([`open_data_dir`]).
-pub fn start(
+fn start(
     config: &Config,
     cluster: &ClusterConfig,
-    shared: &Arc<Shared>,
+    wakers: &[Arc<Waker>],
+    queues: Option<Arc<dyn QueueCounts>>,
 ) -> io::Result<(Vec<MemberPartition>, PeerThread)> {
     let cores = config.server.cores;
     let this = cluster
@@ -113,7 +166,7 @@ pub fn start(
     };
     let inbound = channels
         .iter()
-        .zip(&shared.wakers)
+        .zip(wakers)
         .map(|((sender, _), waker)| (sender.clone(), Arc::clone(waker)))
         .collect();
     let (handle, thread) = peer::spawn(peer_config, inbound, move |shard| shard as usize % cores)
@@ -126,8 +179,8 @@ pub fn start(
         match core_partition(config, cluster, core, seed, &peer_thread.handle, receiver) {
             Ok(mut partition) => {
                 // With more than one core a session's acquires may queue on several.
-                if let Some(queues) = &shared.queues {
-                    partition.share_queue_counts(Arc::clone(queues) as Arc<dyn QueueCounts>);
+                if let Some(queues) = &queues {
+                    partition.share_queue_counts(Arc::clone(queues));
                 }
                 partitions.push(partition);
             }

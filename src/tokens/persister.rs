@@ -14,11 +14,9 @@
 //!
 //! Invariant: a table's limit is only ever raised to a mark this thread wrote durably.
 
-use super::Shared;
-use crate::lock_table::LockTable;
-use crate::tokens::StateDir;
+use super::StateDir;
 use crossbeam_channel::{Receiver, Sender};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -42,11 +40,15 @@ pub struct Persister {
 }
 
 impl Persister {
-    /// Starts the thread for `state`; it wakes partition `p`'s core when its mark is
-    /// persisted, stops retrying once the server shuts down, and ends when every keeper is
-    /// gone.
-    pub fn start(state: StateDir, shared: Arc<Shared>) -> std::io::Result<Persister> {
-        let cores = shared.wakers.len();
+    /// Starts the thread for `state` and `cores` partitions; it calls `persisted(p)` (which
+    /// wakes partition `p`'s core) when `p`'s mark is persisted, stops retrying once
+    /// `stopped()` (the server shuts down), and ends when every keeper is gone.
+    pub fn start(
+        state: StateDir,
+        cores: usize,
+        persisted: impl Fn(usize) + Send + 'static,
+        stopped: impl Fn() -> bool + Send + 'static,
+    ) -> std::io::Result<Persister> {
         let (requests, inbox) = crossbeam_channel::bounded(cores);
         let marks = Arc::new(Marks {
             persisted: (0..cores).map(|_| AtomicU64::new(0)).collect(),
@@ -54,7 +56,7 @@ impl Persister {
         let thread_marks = Arc::clone(&marks);
         let thread = std::thread::Builder::new()
             .name("latchkey-tokens".into())
-            .spawn(move || run(&state, &inbox, &thread_marks, &shared))?;
+            .spawn(move || run(&state, &inbox, &thread_marks, &persisted, &stopped))?;
         Ok(Persister {
             requests,
             marks,
@@ -79,6 +81,17 @@ impl Persister {
         drop(self.requests);
         let _ = self.thread.join();
     }
+}
+
+/// A partition that issues tokens up to a limit its keeper raises (a single node's lock
+/// table, [`crate::lock_table::LockTable`]).
+pub trait TokenLimit {
+    /// Tokens left below the limit.
+    fn token_headroom(&self) -> u64;
+    /// The next token the partition would issue.
+    fn next_token(&self) -> u64;
+    /// Raises the limit to `limit` (a mark persisted durably).
+    fn raise_token_limit(&mut self, limit: u64);
 }
 
 /// The way from a keeper to the thread: its request channel and the marks it reports.
@@ -108,7 +121,7 @@ impl TokenKeeper {
     /// Once per loop iteration: raises the table's limit to a newly persisted mark, or asks
     /// for one when less than half the reservation is left. Never blocks; one atomic load
     /// while a request is out, nothing otherwise.
-    pub fn top_up(&mut self, table: &mut LockTable) {
+    pub fn top_up(&mut self, table: &mut impl TokenLimit) {
         let Some((requests, marks)) = &self.link else {
             return;
         };
@@ -139,18 +152,29 @@ impl TokenKeeper {
     }
 }
 
-fn run(state: &StateDir, inbox: &Receiver<(usize, u64)>, marks: &Marks, shared: &Shared) {
+fn run(
+    state: &StateDir,
+    inbox: &Receiver<(usize, u64)>,
+    marks: &Marks,
+    persisted: &dyn Fn(usize),
+    stopped: &dyn Fn() -> bool,
+) {
     while let Ok((partition, mark)) = inbox.recv() {
-        if !persist_until_done(state, partition, mark, &shared.shutdown) {
+        if !persist_until_done(state, partition, mark, stopped) {
             return;
         }
         marks.persisted[partition].fetch_max(mark, Ordering::AcqRel);
-        let _ = shared.wakers[partition].wake();
+        persisted(partition);
     }
 }
 
 /// Persists `mark` for `partition`, retrying with backoff; false when stopped first.
-fn persist_until_done(state: &StateDir, partition: usize, mark: u64, stop: &AtomicBool) -> bool {
+fn persist_until_done(
+    state: &StateDir,
+    partition: usize,
+    mark: u64,
+    stopped: &dyn Fn() -> bool,
+) -> bool {
     let mut backoff = BACKOFF_MIN;
     let mut failures = 0u64;
     let mut logged_at: Option<Instant> = None;
@@ -182,7 +206,7 @@ fn persist_until_done(state: &StateDir, partition: usize, mark: u64, stop: &Atom
         }
         let until = Instant::now() + backoff;
         while Instant::now() < until {
-            if stop.load(Ordering::Acquire) {
+            if stopped() {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(20).min(backoff));

@@ -1,0 +1,37 @@
+//! A latchkey process: a single node, or a cluster member. The one module that knows both the
+//! server (the cores, [`crate::server`]) and the cluster ([`crate::cluster`]): it starts the
+//! server, with a member's partitions behind the server's [`Backend`](crate::server::Backend)
+//! trait when `[cluster]` is configured. The server and the cluster do not import each other;
+//! they share only the vocabulary of [`crate::partition`].
+
+pub mod member;
+
+#[cfg(test)]
+mod harness_tests;
+
+use crate::config::Config;
+use crate::server::{self, ServerHandle};
+use member::MemberBackend;
+use mio::Waker;
+use std::io;
+use std::sync::Arc;
+
+/// Starts a single node or a cluster member with `config`.
+pub fn start(config: Config) -> io::Result<ServerHandle> {
+    start_with_notify(config, None)
+}
+
+/// Starts a single node or a cluster member; `notify` is woken when a core stops (normally or
+/// not) or on shutdown.
+///
+/// A member's data directory is locked and checked first: a second process on it, or a start
+/// that disagrees with what it holds, stops here before anything else is touched.
+pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Result<ServerHandle> {
+    match config.cluster.clone() {
+        None => server::start_with_notify(config, notify),
+        Some(cluster) => {
+            let backend = MemberBackend::open(&config, &cluster)?;
+            server::start_backend(config, notify, backend)
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! What a core serves, in the words both kinds of partition speak: the [`Partition`] trait
+//! between a core and the state it serves, the requests it executes ([`Op`]), the answers it
+//! produces ([`Answer`], with a typed [`GrantRef`]), sessions ([`SessionId`], [`NOBODY`]),
+//! the per-session queue counts shared between cores ([`QueueCounts`]), what it counts
+//! ([`stats`], [`cluster_stats`]) and the fixed hash that picks a key's partition
+//! ([`partition_of`]: a single node's core, a cluster's shard).
+//!
+//! A single node's partition is its [`crate::lock_table::LockTable`]; a cluster member's is
+//! the cluster partition of one core (`crate::cluster::partition`: its shards' Raft groups and
+//! lock services). The core ([`crate::server`]) is generic over the trait, so the single node
+//! compiles to direct calls into the lock table. This module is the only thing the server and
+//! the cluster share: neither imports the other.
+//!
+//! Deliberately not here: any behaviour. This is vocabulary; the queue rules are
+//! docs/protocol.md §3, kept by the lock table and the cluster partition and checked against
+//! one model.
+
+pub mod cluster_stats;
+mod op;
+pub mod stats;
+
+pub use cluster_stats::ClusterStats;
+pub use op::Op;
+pub use stats::{BusyCounts, BusyReason, HeldKey, TableStats};
+
+use crate::protocol::Response;
+use crate::tokens::TokenKeeper;
+
+/// An opaque session identity chosen by the reactor (unique for the life of the process).
+pub type SessionId = u64;
+
+/// The session of answers nobody reads (releases of grants that were never delivered).
+pub const NOBODY: SessionId = u64::MAX;
+/// Per-session counts of queued acquires shared by the partitions of one server, so that
+/// `max_pending_per_session` bounds a session's queued acquires across all of them (its
+/// acquires may queue in several). Without one, a table counts its own waiters of the session,
+/// which is exact when there is one partition.
+pub trait QueueCounts: Send + Sync {
+    /// Counts one more queued acquire of `session`, unless it already has `max`: then counts
+    /// nothing and returns false. Atomic: two partitions never both take the last place.
+    fn try_add(&self, session: SessionId, max: u32) -> bool;
+    /// One queued acquire of `session` left its queue (granted, timed out, cancelled,
+    /// withdrawn or refused at shutdown).
+    fn remove(&self, session: SessionId);
+}
+
+/// One answer the table produced, addressed to a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The session the answer goes to.
+    pub session: SessionId,
+    /// The frame to write.
+    pub response: Response,
+    /// True when this answers an Acquire with wait > 0 (the session's pending count drops).
+    pub ends_pending: bool,
+    /// For `Acquired`: which grant it was ([`GrantRef::NONE`] for any other answer).
+    pub grant: GrantRef,
+}
+
+/// Which grant an `A` answer came from, as the partition that made it names it: what the core
+/// gives back to [`Partition::release_granted`] when the answer never reached its session (its
+/// session closed first). Opaque to the core: a single node's lock table names the held key's
+/// entry ([`crate::lock_table::LockTable::entry_key`]), a cluster partition the shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantRef(pub u32);
+
+impl GrantRef {
+    /// No grant: the reference of every answer but `A`.
+    pub const NONE: GrantRef = GrantRef(u32::MAX);
+}
+
+/// A core's partition: it executes keyed requests, fires its timers and produces answers for
+/// sessions of any core (see [`Answer`]).
+pub trait Partition {
+    /// The core (of `cores`) whose partition serves `key`.
+    fn core_of_key(&self, key: &[u8], cores: usize) -> usize;
+    /// Executes a keyed request of `session` at `now_us`; its answers (now or later) come out
+    /// of [`take_answers`](Self::take_answers).
+    fn handle(&mut self, now_us: u64, session: SessionId, op: Op, key: &[u8]);
+    /// Fires what is due at `now_us` and does the partition's periodic work.
+    fn handle_timers(&mut self, now_us: u64);
+    /// When [`handle_timers`](Self::handle_timers) must run next, if anything is scheduled.
+    fn next_deadline_us(&self) -> Option<u64>;
+    /// The answers produced since the last call (give the vector back with
+    /// [`return_answers`](Self::return_answers), to keep its allocation).
+    fn take_answers(&mut self) -> Vec<Answer>;
+    /// Gives back a vector taken by [`take_answers`](Self::take_answers).
+    fn return_answers(&mut self, answers: Vec<Answer>);
+    /// Releases the grant `grant` of `token`, whose `A` never reached its session.
+    fn release_granted(&mut self, now_us: u64, grant: GrantRef, token: u64);
+    /// `session` closed: its queued acquires leave.
+    fn handle_session_closed(&mut self, session: SessionId);
+    /// The server is stopping: queued acquires are answered `B`, new ones refused.
+    fn handle_shutdown(&mut self);
+    /// Keeps the token reservation topped up (a single node's tokens are persisted ahead).
+    fn top_up_tokens(&mut self, keeper: &mut TokenKeeper);
+    /// The partition's counters.
+    fn stats(&self) -> &TableStats;
+    /// Keys held now.
+    fn key_count(&self) -> usize;
+    /// Acquires queued now.
+    fn waiter_count(&self) -> usize;
+    /// A cluster member's figures of this core's shards; `None` for a single node.
+    fn cluster_stats(&self) -> Option<ClusterStats> {
+        None
+    }
+    /// Scans at most `slots` entries from `cursor` for held keys starting with `prefix` (see
+    /// [`crate::lock_table::LockTable::scan_held`]); `None` when the scan reached the end.
+    fn scan_held(
+        &self,
+        now_us: u64,
+        cursor: u32,
+        slots: u32,
+        prefix: &[u8],
+        found: &mut dyn FnMut(HeldKey),
+    ) -> Option<u32>;
+}
+
+/// The core (partition) that owns `key` among `cores`: FNV-1a, a murmur3 finalizer (FNV's high
+/// bits are poorly mixed for short keys), then a multiply-shift range reduction. Stable across
+/// runs and builds: every core must agree, and a benchmark must be repeatable.
+pub fn partition_of(key: &[u8], cores: usize) -> usize {
+    if cores <= 1 {
+        return 0;
+    }
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in key {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^= hash >> 33;
+    ((u128::from(hash) * cores as u128) >> 64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_is_stable_and_in_range() {
+        for cores in 1..9 {
+            for i in 0..1000u32 {
+                let key = format!("key-{i}");
+                let p = partition_of(key.as_bytes(), cores);
+                assert!(p < cores);
+                assert_eq!(p, partition_of(key.as_bytes(), cores));
+            }
+        }
+        // Fixed values: a change here would route keys differently after an upgrade.
+        assert_eq!(partition_of(b"a", 2), 1);
+        assert_eq!(partition_of(b"key-1", 4), 2);
+        assert_eq!(partition_of(b"orders/42", 3), 0);
+        assert_eq!(partition_of(b"k1", 2), 0);
+        let spread: Vec<usize> = (0..1000u32)
+            .map(|i| partition_of(format!("k{i}").as_bytes(), 4))
+            .fold(vec![0; 4], |mut counts, p| {
+                counts[p] += 1;
+                counts
+            });
+        assert!(spread.iter().all(|&n| n > 150), "uneven spread {spread:?}");
+    }
+}
