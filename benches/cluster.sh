@@ -8,12 +8,18 @@
 # uncontended workload at pipeline 1 (one connection: the latency of one acquire+release after
 # another) and at pipeline 16 (50 connections), the contended workload (8 hot keys, 50
 # connections, pipeline 1) and handoffs (1 hot key, 8 connections: cycles/s is handoffs/s), and
-# print requests/s, cycles/s and per-request latency percentiles and the redirects (M) followed; for the cluster also each leader's fsync (WAL sync) and commit
+# print requests/s, cycles/s and per-request latency percentiles (the handoff p99 for the
+# contended ones) and the redirects (M) followed; at pipeline 16 also the server CPU per request
+# (user+sys of every member, from /proc/PID/stat around a bench run without warm-up, summed);
+# after each shape the worst event-loop iteration of each server (`GET /stats`,
+# loop_iteration_seconds: the busiest core's max since start) and the disk's own `fdatasync`
+# latency, measured right there on the data directories' file system (4 KiB write + fdatasync,
+# 300 times); for the cluster also each leader's fsync (WAL sync) and commit
 # latency from its /stats.
 #
 # Each cluster shape is run with 1 shard and with 64 shards (or the SHARDS given). With one
-# shard one member leads every key: the script finds it with a Q and lists it first (the bench
-# still follows M if leadership moves during the run). With
+# shard one member leads every key: the script finds it with a Q and benches it alone (listing
+# every member would cost each new key of the uncontended workload a redirect). With
 # several, leadership is spread over the members: the script waits until every probe key has
 # a leader, then benches all three members (`--target a,b,c`): the bench sends each request to
 # its key's leader, learning leaders from M answers (counted in the M column; each key costs
@@ -81,22 +87,81 @@ if pending:
 PY
 }
 
-run_bench() { # label target
+# The user+sys CPU ticks of the given processes, summed.
+cpu_ticks() {
+    local total=0 pid fields
+    for pid in "$@"; do
+        read -r -a fields <<<"$(sed 's/.*) //' "/proc/$pid/stat")"
+        total=$((total + fields[11] + fields[12]))
+    done
+    echo "$total"
+}
+
+# The disk's own fdatasync latency where the data directories live (the physics a replicated
+# request cannot beat), measured with nothing of latchkey in the way.
+disk_sync() { # label
+    python3 - "$dir" "$1" <<'PY'
+import os, statistics, sys, time
+path = os.path.join(sys.argv[1], "fdatasync-probe")
+fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+block, times = b"x" * 4096, []
+for i in range(300):
+    os.pwrite(fd, block, (i % 64) * 4096)
+    start = time.perf_counter()
+    os.fdatasync(fd)
+    times.append((time.perf_counter() - start) * 1e6)
+os.close(fd)
+os.unlink(path)
+times.sort()
+print(f"{sys.argv[2]:<24} disk fdatasync (4 KiB): p50 {times[150]:>7.0f} us  p99 {times[296]:>7.0f} us"
+      f"  mean {statistics.mean(times):>7.0f} us")
+PY
+}
+
+# The worst loop iteration of each server since it started (GET /stats on its client port).
+worst_loop() { # label ports...
+    local label=$1
+    shift
+    python3 - "$label" "$@" <<'PY'
+import json, sys, urllib.request
+label, ports = sys.argv[1], sys.argv[2:]
+worst = []
+for port in ports:
+    stats = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5))
+    worst.append(max(core["max"] for core in stats["loop_iteration_seconds"]) * 1e6)
+print(f"{label:<24} worst loop iteration per server: " + ", ".join(f"{w:,.0f} us" for w in worst))
+PY
+}
+
+run_bench() { # label target server-pids...
     local label=$1 target=$2
+    shift 2
     for spec in "uncontended 1 1 8" "uncontended 16 50 8" "contended 1 50 8" "contended 1 8 1"; do
         read -r workload pipeline connections hot <<<"$spec"
+        # The pipeline-16 run is the CPU measurement: no warm-up, so that every request the
+        # bench counts falls between the two readings.
+        local warmup=1s before after
+        [ "$pipeline" = 16 ] && warmup=0s
+        before=$(cpu_ticks "$@")
         json=$("$binary" bench --target "latchkey://$target" --workload "$workload" \
             --pipeline "$pipeline" --connections "$connections" --hot-keys "$hot" \
-            --duration "$duration" --warmup 1s --json)
-        python3 - "$label" "$workload" "$pipeline" "$connections" "$hot" "$json" <<'PY'
+            --duration "$duration" --warmup "$warmup" --json)
+        after=$(cpu_ticks "$@")
+        python3 - "$label" "$workload" "$pipeline" "$connections" "$hot" "$((after - before))" \
+            "$(getconf CLK_TCK)" "$json" <<'PY'
 import json, sys
-label, workload, pipeline, connections, hot, text = sys.argv[1:]
+label, workload, pipeline, connections, hot, ticks, hz, text = sys.argv[1:]
 r = json.loads(text)
 l = r["latency_us"]
 name = workload if workload == "uncontended" else f"contended/{hot}"
-print(f"{label:<24} {name:<12} p{pipeline:<3} c{connections:<3} {r['requests_per_sec']:>10,.0f} req/s"
-      f" {r['cycles_per_sec']:>9,.0f} cycles/s  latency p50 {l['p50']:>8.1f} us  p99 {l['p99']:>9.1f} us"
-      f"  M {r['counts']['M']:>6}  ok={r['ok']}")
+line = (f"{label:<24} {name:<12} p{pipeline:<3} c{connections:<3} {r['requests_per_sec']:>10,.0f} req/s"
+        f" {r['cycles_per_sec']:>9,.0f} cycles/s  latency p50 {l['p50']:>8.1f} us  p99 {l['p99']:>9.1f} us")
+if workload == "contended":
+    line += f"  handoff p99 {r['handoff_latency_us']['p99']:>9.1f} us"
+if pipeline == "16":
+    cpu_us = int(ticks) * 1e6 / int(hz) / max(r["requests"], 1)
+    line += f"  server CPU {cpu_us:.2f} us/request"
+print(line + f"  M {r['counts']['M']:>6}  ok={r['ok']}")
 PY
     done
 }
@@ -121,7 +186,9 @@ port=$(free_port)
 "$binary" serve --cores 1 --listen "127.0.0.1:$port" >/dev/null 2>&1 &
 pids+=($!)
 wait_port "$port"
-run_bench "single node" "127.0.0.1:$port"
+disk_sync "this disk"
+run_bench "single node" "127.0.0.1:$port" "${pids[0]}"
+worst_loop "single node" "$port"
 kill -TERM "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
 pids=()
 
@@ -152,15 +219,16 @@ TOML
     label="cluster s=$shards fsync=$fsync"
     if [ "$shards" -eq 1 ]; then
         leader=$(find_leader "${ports[@]}")
-        targets="127.0.0.1:$leader"
-        for p in "${ports[@]}"; do [ "$p" = "$leader" ] || targets+=",127.0.0.1:$p"; done
-        run_bench "$label" "$targets"
+        run_bench "$label" "127.0.0.1:$leader" "${pids[@]}"
         leader_sync "$leader"
     else
         wait_all_led "${ports[@]}"
-        run_bench "$label" "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
+        run_bench "$label" "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}" \
+            "${pids[@]}"
         for p in "${ports[@]}"; do leader_sync "$p"; done
     fi
+    worst_loop "$label" "${ports[@]}"
+    if [ "$fsync" = true ]; then disk_sync "this disk"; fi
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     pids=()
