@@ -21,9 +21,9 @@
 # shard one member leads every key: the script finds it with a Q and benches it alone (listing
 # every member would cost each new key of the uncontended workload a redirect). With
 # several, leadership is spread over the members: the script waits until every probe key has
-# a leader, then benches all three members (`--target a,b,c`): the bench sends each request to
-# its key's leader, learning leaders from M answers (counted in the M column; each key costs
-# at most one redirect once its leader is known).
+# a leader, then benches all three members (`--target a,b,c`, `--shards N`): the bench sends
+# each request to its key's leader, learning leaders from M answers per shard (counted in the M
+# column; each shard costs at most one redirect once its leader is known).
 set -euo pipefail
 binary=${1:?latchkey binary}
 duration=${2:-5s}
@@ -133,9 +133,9 @@ print(f"{label:<24} worst loop iteration per server: " + ", ".join(f"{w:,.0f} us
 PY
 }
 
-run_bench() { # label target server-pids...
-    local label=$1 target=$2
-    shift 2
+run_bench() { # label target shards server-pids...
+    local label=$1 target=$2 shards=$3
+    shift 3
     for spec in "uncontended 1 1 8" "uncontended 16 50 8" "contended 1 50 8" "contended 1 8 1"; do
         read -r workload pipeline connections hot <<<"$spec"
         # The pipeline-16 run is the CPU measurement: no warm-up, so that every request the
@@ -145,7 +145,7 @@ run_bench() { # label target server-pids...
         before=$(cpu_ticks "$@")
         json=$("$binary" bench --target "latchkey://$target" --workload "$workload" \
             --pipeline "$pipeline" --connections "$connections" --hot-keys "$hot" \
-            --duration "$duration" --warmup "$warmup" --json)
+            --duration "$duration" --warmup "$warmup" ${shards:+--shards "$shards"} --json)
         after=$(cpu_ticks "$@")
         python3 - "$label" "$workload" "$pipeline" "$connections" "$hot" "$((after - before))" \
             "$(getconf CLK_TCK)" "$json" <<'PY'
@@ -187,7 +187,7 @@ port=$(free_port)
 pids+=($!)
 wait_port "$port"
 disk_sync "this disk"
-run_bench "single node" "127.0.0.1:$port" "${pids[0]}"
+run_bench "single node" "127.0.0.1:$port" "" "${pids[0]}"
 worst_loop "single node" "$port"
 kill -TERM "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
 pids=()
@@ -219,12 +219,12 @@ TOML
     label="cluster s=$shards fsync=$fsync"
     if [ "$shards" -eq 1 ]; then
         leader=$(find_leader "${ports[@]}")
-        run_bench "$label" "127.0.0.1:$leader" "${pids[@]}"
+        run_bench "$label" "127.0.0.1:$leader" "" "${pids[@]}"
         leader_sync "$leader"
     else
         wait_all_led "${ports[@]}"
         run_bench "$label" "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}" \
-            "${pids[@]}"
+            "$shards" "${pids[@]}"
         for p in "${ports[@]}"; do leader_sync "$p"; done
     fi
     worst_loop "$label" "${ports[@]}"

@@ -10,7 +10,11 @@
 //!
 //! The cache is per worker, direct-mapped over the key numbers (a key's cell is its number
 //! modulo the cache size) and allocated once, at most [`LEADER_CACHE_MAX`] cells: a collision
-//! or a stale cell only costs a redirect. A member that answers a request (not `M`) leads its
+//! or a stale cell only costs a redirect. With `--shards N` (the cluster's shard count) it is
+//! per shard instead, as a client that knows the shard map keeps it: a key's cell is its shard
+//! ([`crate::partition::partition_of`] of its name, the hash every member uses), so a key never
+//! used before costs no redirect once its shard's leader is known — without it, every new key
+//! of `uncontended` costs one, which is the client's cost and not the cluster's. A member that answers a request (not `M`) leads its
 //! key, so the release after a grant goes where the grant came from. A key nobody learned yet
 //! goes to the members in turn.
 //!
@@ -23,7 +27,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::wire::Wire;
+use super::wire::{key_name, Wire};
+use crate::partition::partition_of;
 
 /// The most `M`s one cycle follows before it is given up.
 pub const REDIRECTS_MAX: u8 = 64;
@@ -36,29 +41,65 @@ pub const MEMBERS_MAX: usize = crate::client::MEMBERS_MAX;
 
 const _: () = assert!(MEMBERS_MAX < u8::MAX as usize);
 
-/// A worker's members and the leader it last learned for each key.
+/// How a key number becomes its shard: the cluster's shard count and the run's key names.
+#[derive(Clone, Copy, Debug)]
+pub struct ShardMap {
+    /// The cluster's shard count.
+    pub shards: u32,
+    /// The first byte of every key name of the run.
+    pub prefix: u8,
+    /// The run's tag in every key name.
+    pub tag: [u8; 3],
+}
+
+impl ShardMap {
+    /// The shard of key number `key`.
+    #[inline]
+    fn shard(&self, key: u64) -> usize {
+        let name = key_name(self.prefix, self.tag, key);
+        partition_of(&name, self.shards as usize)
+    }
+}
+
+/// A worker's members and the leader it last learned for each key (or each shard).
 #[derive(Clone, Debug)]
 pub struct Leaders {
     members: Vec<SocketAddr>,
-    /// Key number modulo its length → member index + 1, 0 when unknown; empty with one member.
+    /// A key's cell (see [`Leaders::cell`]) → member index + 1, 0 when unknown; empty with one
+    /// member.
     cells: Box<[u8]>,
+    /// Cells are shards, not key numbers.
+    shards: Option<ShardMap>,
     /// The member the next key without a known leader goes to.
     next: usize,
 }
 
 impl Leaders {
-    /// The cache for `members` (1..=[`MEMBERS_MAX`]) and keys numbered below `keys`.
-    pub fn new(members: Vec<SocketAddr>, keys: u64) -> Leaders {
+    /// The cache for `members` (1..=[`MEMBERS_MAX`]) and keys numbered below `keys`: per key,
+    /// or per shard with `shards`.
+    pub fn new(members: Vec<SocketAddr>, keys: u64, shards: Option<ShardMap>) -> Leaders {
         debug_assert!((1..=MEMBERS_MAX).contains(&members.len()));
+        let size = shards.map_or(keys, |map| u64::from(map.shards));
         let cells = if members.len() > 1 {
-            vec![0u8; keys.clamp(1, LEADER_CACHE_MAX) as usize].into_boxed_slice()
+            vec![0u8; size.clamp(1, LEADER_CACHE_MAX) as usize].into_boxed_slice()
         } else {
             Box::default()
         };
         Leaders {
             members,
             cells,
+            shards,
             next: 0,
+        }
+    }
+
+    /// Key number `key`'s cell: its shard, or its number modulo the cache size. The cache must
+    /// not be empty.
+    #[inline]
+    fn cell(&self, key: u64) -> usize {
+        match &self.shards {
+            Some(map) => map.shard(key),
+            None => (key % self.cells.len() as u64) as usize,
         }
     }
 
@@ -73,7 +114,7 @@ impl Leaders {
         if self.cells.is_empty() {
             return 0;
         }
-        let cell = self.cells[(key % self.cells.len() as u64) as usize];
+        let cell = self.cells[self.cell(key)];
         if cell != 0 {
             return usize::from(cell - 1);
         }
@@ -86,8 +127,8 @@ impl Leaders {
     pub fn learn(&mut self, key: u64, leader: SocketAddr) -> Option<usize> {
         let member = self.members.iter().position(|&addr| addr == leader)?;
         if !self.cells.is_empty() {
-            let len = self.cells.len() as u64;
-            self.cells[(key % len) as usize] = member as u8 + 1;
+            let cell = self.cell(key);
+            self.cells[cell] = member as u8 + 1;
         }
         Some(member)
     }
@@ -98,8 +139,8 @@ impl Leaders {
         if self.cells.is_empty() {
             return;
         }
-        let len = self.cells.len() as u64;
-        self.cells[(key % len) as usize] = member + 1;
+        let cell = self.cell(key);
+        self.cells[cell] = member + 1;
     }
 
     /// Member `member` knows no leader for `key`: its next request goes to the next member.
@@ -108,8 +149,8 @@ impl Leaders {
             return;
         }
         let next = (member + 1) % self.members.len();
-        let len = self.cells.len() as u64;
-        self.cells[(key % len) as usize] = next as u8 + 1;
+        let cell = self.cell(key);
+        self.cells[cell] = next as u8 + 1;
     }
 }
 
@@ -158,7 +199,7 @@ mod tests {
 
     #[test]
     fn one_member_needs_no_cache() {
-        let mut leaders = Leaders::new(vec![addr(1)], 1_000_000);
+        let mut leaders = Leaders::new(vec![addr(1)], 1_000_000, None);
         assert!(leaders.cells.is_empty());
         assert_eq!(leaders.member_for(5), 0);
         assert_eq!(leaders.learn(5, addr(1)), Some(0));
@@ -169,7 +210,7 @@ mod tests {
 
     #[test]
     fn learned_leaders_are_used_and_unknown_keys_go_round() {
-        let mut leaders = Leaders::new(vec![addr(1), addr(2), addr(3)], 100);
+        let mut leaders = Leaders::new(vec![addr(1), addr(2), addr(3)], 100, None);
         assert_eq!(leaders.cells.len(), 100);
         let guesses: Vec<usize> = (0..6).map(|key| leaders.member_for(key)).collect();
         assert_eq!(guesses, [1, 2, 0, 1, 2, 0], "in turn");
@@ -193,9 +234,34 @@ mod tests {
 
     #[test]
     fn the_cache_is_bounded() {
-        let leaders = Leaders::new(vec![addr(1), addr(2)], u64::MAX);
+        let leaders = Leaders::new(vec![addr(1), addr(2)], u64::MAX, None);
         assert_eq!(leaders.cells.len() as u64, LEADER_CACHE_MAX);
-        let tiny = Leaders::new(vec![addr(1), addr(2)], 0);
+        let tiny = Leaders::new(vec![addr(1), addr(2)], 0, None);
         assert_eq!(tiny.cells.len(), 1);
+    }
+
+    #[test]
+    fn with_the_shard_map_a_new_key_of_a_known_shard_goes_to_its_leader() {
+        let map = ShardMap {
+            shards: 4,
+            prefix: b'u',
+            tag: *b"abc",
+        };
+        let mut leaders = Leaders::new(vec![addr(1), addr(2), addr(3)], 1_000_000, Some(map));
+        assert_eq!(leaders.cells.len(), 4, "one cell per shard");
+        let shard_of = |key: u64| partition_of(&key_name(b'u', *b"abc", key), 4);
+        let sibling = (1..1000)
+            .find(|&key| shard_of(key) == shard_of(0))
+            .expect("a sibling");
+        assert_eq!(leaders.learn(0, addr(3)), Some(2));
+        assert_eq!(leaders.member_for(sibling), 2, "same shard, same leader");
+        let other = (1..1000)
+            .find(|&key| shard_of(key) != shard_of(0))
+            .expect("another");
+        assert_ne!(
+            leaders.member_for(other),
+            2,
+            "another shard is not known yet"
+        );
     }
 }

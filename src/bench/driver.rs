@@ -251,6 +251,7 @@ fn plan_workers(config: &BenchConfig, members: &[SocketAddr], plan: &Plan) -> Ve
                 pipeline: config.pipeline,
                 members: members.to_vec(),
                 key_space,
+                shards: config.shards,
                 plan: plan.clone(),
                 keys,
                 warmup: config.warmup,

@@ -262,6 +262,11 @@ pub struct BenchArgs {
     /// PID of a local server, to read its RSS (`hold`).
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// A cluster's shard count (`cluster.shards`): keeps the leader cache per shard, as a
+    /// client that knows the shard map does, instead of per key (a key never used before then
+    /// costs no redirect once its shard's leader is known).
+    #[arg(long)]
+    pub shards: Option<u32>,
 }
 
 /// A validated run description: what [`execute`] needs.
@@ -295,6 +300,8 @@ pub struct BenchConfig {
     pub threads: usize,
     /// Server PID for RSS readings.
     pub server_pid: Option<u32>,
+    /// A cluster's shard count: the leader cache is per shard.
+    pub shards: Option<u32>,
     /// Whether to print a progress line on stderr while running.
     pub progress: bool,
 }
@@ -317,6 +324,7 @@ impl BenchConfig {
             lease: Duration::from_secs(30),
             threads: 1,
             server_pid: None,
+            shards: None,
             progress: false,
         }
     }
@@ -324,7 +332,13 @@ impl BenchConfig {
     /// Checks the limits and rounds the lease as the wire will carry it.
     pub fn validate(mut self) -> Result<BenchConfig, String> {
         let slots = u64::from(self.connections) * u64::from(self.pipeline);
-        let checks: [(bool, String); 8] = [
+        let shards_max = crate::config::SHARDS_MAX;
+        let checks: [(bool, String); 9] = [
+            (
+                self.shards
+                    .is_some_and(|shards| !(1..=shards_max).contains(&shards)),
+                format!("--shards is 1..={shards_max}"),
+            ),
             (
                 self.connections == 0,
                 "--connections must be at least 1".into(),
@@ -439,6 +453,7 @@ impl BenchArgs {
             lease: self.lease,
             threads: self.threads.unwrap_or(cpus),
             server_pid: self.server_pid,
+            shards: self.shards,
             progress: !self.json,
             ..BenchConfig::new(self.target.clone(), self.workload)
         };

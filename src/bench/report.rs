@@ -284,7 +284,7 @@ impl Report {
             out,
             "{{\"target\":{},\"workload\":{},\"parameters\":{{\"connections\":{},\"pipeline\":{},\
              \"threads\":{},\"duration_ms\":{},\"warmup_ms\":{},\"keys\":{},\"hot_keys\":{},\
-             \"hold_ms\":{},\"wait_ms\":{},\"lease_ms\":{},\"server_pid\":{}}}",
+             \"hold_ms\":{},\"wait_ms\":{},\"lease_ms\":{},\"server_pid\":{},\"shards\":{}}}",
             json_string(&config.target.to_string()),
             json_string(config.workload.name()),
             config.connections,
@@ -298,6 +298,7 @@ impl Report {
             millis(config.wait),
             millis(config.lease),
             json_optional(config.server_pid.map(|pid| pid.to_string())),
+            json_optional(config.shards.map(|shards| shards.to_string())),
         );
         let _ = write!(
             out,

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token};
 
-use super::cluster::{Leaders, Outbox};
+use super::cluster::{Leaders, Outbox, ShardMap};
 use super::driver::{BenchError, Shared};
 use super::stats::Stats;
 use super::stream::BenchStream;
@@ -74,6 +74,8 @@ pub struct WorkerSpec {
     pub members: Vec<SocketAddr>,
     /// Key numbers are below this (sizes the leader cache of a cluster).
     pub key_space: u64,
+    /// A cluster's shard count: the leader cache is per shard.
+    pub shards: Option<u32>,
     /// The run's plan.
     pub plan: Plan,
     /// This worker's keys.
@@ -187,6 +189,11 @@ impl<W: Wire, S: BenchStream> Worker<W, S> {
                 open: true,
             });
         }
+        let shard_map = spec.shards.map(|shards| ShardMap {
+            shards,
+            prefix: spec.plan.prefix,
+            tag: spec.plan.tag,
+        });
         let core = Core {
             timers: Timers::new(&spec.plan, count * pipeline),
             plan: spec.plan,
@@ -197,7 +204,7 @@ impl<W: Wire, S: BenchStream> Worker<W, S> {
             open: count,
             pipeline: spec.pipeline,
             shared,
-            leaders: Leaders::new(spec.members, spec.key_space),
+            leaders: Leaders::new(spec.members, spec.key_space, shard_map),
         };
         Ok(Worker {
             poll,

@@ -96,7 +96,7 @@ impl Rig {
             keys,
             wires: vec![FakeWire::default()],
             outs: vec![Vec::new()],
-            leaders: Leaders::new(vec!["127.0.0.1:1".parse().unwrap()], 1),
+            leaders: Leaders::new(vec!["127.0.0.1:1".parse().unwrap()], 1, None),
         }
     }
 
@@ -106,7 +106,7 @@ impl Rig {
         let addrs = (1..=members).map(member).collect();
         rig.wires = (0..members).map(|_| FakeWire::default()).collect();
         rig.outs = vec![Vec::new(); usize::from(members)];
-        rig.leaders = Leaders::new(addrs, key_space);
+        rig.leaders = Leaders::new(addrs, key_space, None);
         rig
     }
 
