@@ -1,0 +1,587 @@
+//! One seed's run: the random operations, the model's prediction of each, and the comparison of
+//! both subjects with it (see `tests/queue_rules.rs`).
+
+use crate::common::partition_model::{Expect, Model};
+use crate::common::rng::Rng;
+use crate::subject::{Limits, Shown, Subject};
+use latchkey::lock_table::{Answer, Op as TableOp, SessionId, TableConfig};
+use latchkey::protocol::Response;
+use latchkey::tokens::TokenRange;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt::Write as _;
+
+const MS: u64 = 1000;
+/// Operations kept for the failure report.
+const TRACE_KEPT: usize = 60;
+/// A token no subject issues and the model never holds: a release or extend with it is `N`.
+const NEVER_ISSUED: u64 = u64::MAX - 7;
+
+/// One step.
+#[derive(Clone, Copy, Debug)]
+pub enum Step {
+    Advance {
+        to_us: u64,
+    },
+    Acquire {
+        session: SessionId,
+        key: usize,
+        wait_s: u8,
+        lease_s: u8,
+        owner: u64,
+    },
+    Release {
+        session: SessionId,
+        key: usize,
+        right: bool,
+    },
+    Extend {
+        session: SessionId,
+        key: usize,
+        lease_s: u8,
+        right: bool,
+    },
+    Cancel {
+        session: SessionId,
+        key: usize,
+        owner: u64,
+    },
+    Query {
+        session: SessionId,
+        key: usize,
+        nonce: u64,
+    },
+    Close {
+        session: SessionId,
+    },
+    Shutdown,
+}
+
+impl Step {
+    fn name(&self) -> &'static str {
+        match self {
+            Step::Advance { .. } => "advance",
+            Step::Acquire { wait_s: 0, .. } => "acquire0",
+            Step::Acquire { .. } => "acquire",
+            Step::Release { .. } => "release",
+            Step::Extend { .. } => "extend",
+            Step::Cancel { .. } => "cancel",
+            Step::Query { .. } => "query",
+            Step::Close { .. } => "close",
+            Step::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// An answer as compared: (session, kind, owner or nonce, ends-pending, `Q`'s fields).
+type Said = (SessionId, char, u64, bool, Option<(bool, u32, u32)>);
+
+type Checked = Result<(), String>;
+
+/// One seed's run.
+pub struct Run {
+    seed: u64,
+    rng: Rng,
+    keys: Vec<Vec<u8>>,
+    limits: Limits,
+    shards: u32,
+    model: Model,
+    /// Per key, the owner holding it in the model.
+    model_holder: Vec<Option<u64>>,
+    next_logical_token: u64,
+    subjects: Vec<Subject>,
+    open: Vec<SessionId>,
+    next_session: SessionId,
+    next_owner: u64,
+    /// The key each owner asked for.
+    owner_key: HashMap<u64, usize>,
+    shutdown_at: Option<u64>,
+    trace: VecDeque<(u64, Step)>,
+    step: u64,
+    /// How often each kind of step got each kind of answer: what a budget covered.
+    pub stats: Stats,
+}
+
+/// Answers by kind of step and kind of answer.
+pub type Stats = BTreeMap<(&'static str, char), u64>;
+
+impl Run {
+    pub fn new(seed: u64) -> Run {
+        let mut rng = Rng(seed ^ 0x5157_5155_4555_4553);
+        let key_count = rng.between(2, 5) as usize;
+        let shards = rng.pick(&[1, 1, 2, 3]);
+        let max_keys = match shards == 1 && rng.percent(30) {
+            true => rng.between(1, key_count as u64) as usize,
+            false => key_count,
+        };
+        let limits = Limits {
+            max_keys,
+            max_waiters_per_key: rng.between(1, 4) as u32,
+            max_pending_per_session: rng.between(1, 4) as u32,
+        };
+        let keys = (0..key_count)
+            .map(|k| format!("k{k}").into_bytes())
+            .collect();
+        let (cluster, now_us) = Subject::cluster(limits, shards, key_count, 1_000_000, seed);
+        let table = Subject::table(limits, key_count, now_us);
+        let config = TableConfig {
+            max_keys: limits.max_keys,
+            max_waiters_per_key: limits.max_waiters_per_key,
+            max_pending_per_session: limits.max_pending_per_session,
+            tick_us: MS,
+        };
+        let tokens = TokenRange {
+            next: 1,
+            step: 1,
+            limit: u64::MAX,
+        };
+        let sessions = rng.between(1, 3);
+        Run {
+            seed,
+            keys,
+            limits,
+            shards,
+            model: Model::new(config, tokens, key_count, now_us),
+            model_holder: vec![None; key_count],
+            next_logical_token: 1,
+            subjects: vec![table, cluster],
+            open: (1..=sessions).collect(),
+            next_session: sessions + 1,
+            next_owner: 1,
+            owner_key: HashMap::new(),
+            shutdown_at: rng.percent(25).then(|| rng.between(50, 400)),
+            rng,
+            trace: VecDeque::new(),
+            step: 0,
+            stats: Stats::new(),
+        }
+    }
+
+    /// Runs `steps` random steps, each checked.
+    pub fn steps(&mut self, steps: u64) -> Checked {
+        for _ in 0..steps {
+            let step = self.random_step();
+            self.step += 1;
+            if self.trace.len() == TRACE_KEPT {
+                self.trace.pop_front();
+            }
+            self.trace.push_back((self.model.now_us, step));
+            self.run_step(step)?;
+        }
+        Ok(())
+    }
+
+    /// The seed's parameters and its last steps.
+    pub fn report(&self) -> String {
+        let mut out = format!(
+            "seed {}: {} keys, {} shard(s), {:?}; failed at step {}; last steps (time µs):\n",
+            self.seed,
+            self.keys.len(),
+            self.shards,
+            self.limits,
+            self.step
+        );
+        for (now_us, step) in &self.trace {
+            let _ = writeln!(out, "  {now_us} {step:?}");
+        }
+        out
+    }
+
+    // ----- random steps ----------------------------------------------------------------------
+
+    fn random_step(&mut self) -> Step {
+        if self.shutdown_at == Some(self.step) {
+            return Step::Shutdown;
+        }
+        let session = self.open[self.rng.below(self.open.len() as u64) as usize];
+        let key = self.rng.below(self.keys.len() as u64) as usize;
+        match self.rng.below(100) {
+            0..=21 => self.random_advance(),
+            22..=61 => self.random_acquire(session, key),
+            62..=74 => Step::Release {
+                session,
+                key,
+                right: self.rng.percent(80),
+            },
+            75..=81 => Step::Extend {
+                session,
+                key,
+                lease_s: self.rng.between(1, 3) as u8,
+                right: self.rng.percent(75),
+            },
+            82..=90 => {
+                let queued = self.model.queued_owners(session, key);
+                let owner = match queued.is_empty() || self.rng.percent(20) {
+                    true => self.rng.between(1, self.next_owner),
+                    false => self.rng.pick(&queued),
+                };
+                Step::Cancel {
+                    session,
+                    key,
+                    owner,
+                }
+            }
+            91..=95 => Step::Query {
+                session,
+                key,
+                nonce: self.rng.next_u64() >> 8,
+            },
+            _ => Step::Close { session },
+        }
+    }
+
+    fn random_acquire(&mut self, session: SessionId, key: usize) -> Step {
+        let wait_s = match self.rng.percent(35) {
+            true => 0,
+            false => self.rng.between(1, 3) as u8,
+        };
+        let queued = self.model.queued_owners(session, key);
+        // A resend: the same owner queued twice on one key of one session.
+        let owner = match !queued.is_empty() && self.rng.percent(8) {
+            true => self.rng.pick(&queued),
+            false => {
+                self.next_owner += 1;
+                self.next_owner
+            }
+        };
+        Step::Acquire {
+            session,
+            key,
+            wait_s,
+            lease_s: self.rng.between(1, 3) as u8,
+            owner,
+        }
+    }
+
+    /// Time moves by whole milliseconds: to the next deadline, just before or after it, or by
+    /// a random span.
+    fn random_advance(&mut self) -> Step {
+        let now_us = self.model.now_us;
+        let next = self.model.deadlines().filter(|&d| d > now_us).min();
+        let to_us = match (next, self.rng.below(8)) {
+            (Some(next), 0 | 1) => next,
+            (Some(next), 2) => next - MS,
+            (Some(next), 3) => next + MS,
+            (_, 4) => now_us + self.rng.between(200, 2_500) * MS,
+            (_, 5) if self.rng.percent(20) => now_us + self.rng.between(3_000, 9_000) * MS,
+            _ => now_us + self.rng.between(1, 40) * MS,
+        };
+        Step::Advance {
+            to_us: to_us.max(now_us + MS),
+        }
+    }
+
+    // ----- one step --------------------------------------------------------------------------
+
+    fn run_step(&mut self, step: Step) -> Checked {
+        if let Step::Acquire { owner, key, .. } = step {
+            self.owner_key.insert(owner, key);
+        }
+        // Tokens are picked from the model's state before the step changes it.
+        let tokens: Vec<u64> = match step {
+            Step::Release { key, right, .. } | Step::Extend { key, right, .. } => {
+                let subjects = self.subjects.iter();
+                subjects
+                    .map(|s| self.subject_token(s, key, right))
+                    .collect()
+            }
+            _ => vec![NEVER_ISSUED; self.subjects.len()],
+        };
+        let expected = self.predict(step)?;
+        for said in &expected {
+            let kind = said_of(said.session, &said.response, said.ends_pending)?.1;
+            *self.stats.entry((step.name(), kind)).or_default() += 1;
+        }
+        let now_us = self.model.now_us;
+        let mut subjects = std::mem::take(&mut self.subjects);
+        let checked = subjects
+            .iter_mut()
+            .zip(tokens)
+            .try_for_each(|(subject, token)| {
+                self.check_subject(subject, step, (now_us, token), &expected)
+            });
+        self.subjects = subjects;
+        checked?;
+        for grant in expected.iter().filter(|e| e.key.is_some()) {
+            let key = grant.key.expect("a grant names its key");
+            if let Response::Acquired { owner, .. } = grant.response {
+                self.model.set_token(key, self.next_logical_token)?;
+                self.next_logical_token += 1;
+                self.model_holder[key] = Some(owner);
+            }
+        }
+        for (key, held) in self.model.held.iter().enumerate() {
+            if held.is_none() {
+                self.model_holder[key] = None;
+            }
+        }
+        self.check_states()
+    }
+
+    /// The model's answers to `step` (it moves the model's clock for `Advance`).
+    fn predict(&mut self, step: Step) -> Result<Vec<Expect>, String> {
+        let model = &mut self.model;
+        Ok(match step {
+            Step::Advance { to_us } => {
+                model.now_us = to_us;
+                // Tokens never run out here: which keys get one is never in question.
+                model.timers(&[])?
+            }
+            Step::Acquire {
+                session,
+                key,
+                wait_s,
+                lease_s,
+                owner,
+            } => {
+                let queued: usize = (0..self.keys.len())
+                    .map(|k| model.queued_owners(session, k).len())
+                    .sum();
+                let at_limit = queued >= self.limits.max_pending_per_session as usize;
+                model.acquire(session, key, (wait_s, lease_s, owner), at_limit)
+            }
+            Step::Release {
+                session,
+                key,
+                right,
+            } => {
+                let token = self.model_token(key, right);
+                self.model.release(session, key, token)
+            }
+            Step::Extend {
+                session,
+                key,
+                lease_s,
+                right,
+            } => {
+                let token = self.model_token(key, right);
+                vec![self.model.extend(session, key, lease_s, token)]
+            }
+            Step::Cancel {
+                session,
+                key,
+                owner,
+            } => model.cancel(session, key, owner),
+            Step::Query {
+                session,
+                key,
+                nonce,
+            } => vec![model.query(session, key, nonce)],
+            Step::Close { session } => {
+                model.close_session(session);
+                self.open.retain(|&open| open != session);
+                self.open.push(self.next_session);
+                self.next_session += 1;
+                Vec::new()
+            }
+            Step::Shutdown => model.shutdown(),
+        })
+    }
+
+    /// The token the model is given: its holder's (`right`, held) or one that never held.
+    fn model_token(&self, key: usize, right: bool) -> u64 {
+        match &self.model.held[key] {
+            Some(held) if right => held.token,
+            _ => NEVER_ISSUED,
+        }
+    }
+
+    /// The token `subject` is given: its holder's as its own `A` said (`right`, held in the
+    /// model), else one that held the key before (or none ever did).
+    fn subject_token(&self, subject: &Subject, key: usize, right: bool) -> u64 {
+        let holder = right && self.model.held[key].is_some();
+        let token = match holder {
+            true => subject.tokens[key],
+            false => subject.stale[key],
+        };
+        token.unwrap_or(NEVER_ISSUED)
+    }
+
+    /// Runs `step` on `subject`, compares its answers with `expected` and records its grants.
+    fn check_subject(
+        &self,
+        subject: &mut Subject,
+        step: Step,
+        (now_us, token): (u64, u64),
+        expected: &[Expect],
+    ) -> Checked {
+        let key_of = |key: usize| self.keys[key].as_slice();
+        let mut sent_token = None;
+        let answers = match step {
+            Step::Advance { to_us } => {
+                subject.partition().handle_timers(to_us);
+                subject.settle(to_us)?
+            }
+            Step::Acquire {
+                session,
+                key,
+                wait_s,
+                lease_s,
+                owner,
+            } => {
+                let op = TableOp::Acquire {
+                    wait_s,
+                    lease_s,
+                    owner,
+                };
+                subject.handle(now_us, session, op, key_of(key))?
+            }
+            Step::Release { session, key, .. } => {
+                sent_token = Some(token);
+                subject.handle(now_us, session, TableOp::Release { token }, key_of(key))?
+            }
+            Step::Extend {
+                session,
+                key,
+                lease_s,
+                ..
+            } => {
+                sent_token = Some(token);
+                let op = TableOp::Extend { lease_s, token };
+                subject.handle(now_us, session, op, key_of(key))?
+            }
+            Step::Cancel {
+                session,
+                key,
+                owner,
+            } => subject.handle(now_us, session, TableOp::Cancel { owner }, key_of(key))?,
+            Step::Query {
+                session,
+                key,
+                nonce,
+            } => subject.handle(now_us, session, TableOp::Query { nonce }, key_of(key))?,
+            Step::Close { session } => {
+                subject.partition().handle_session_closed(session);
+                subject.settle(now_us)?
+            }
+            Step::Shutdown => {
+                subject.partition().handle_shutdown();
+                subject.settle(now_us)?
+            }
+        };
+        let name = subject.name;
+        let mut said: Vec<Said> = answers
+            .iter()
+            .map(|answer| said_of(answer.session, &answer.response, answer.ends_pending))
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{name}: {e}"))?;
+        let mut predicted: Vec<Said> = expected
+            .iter()
+            .map(|e| said_of(e.session, &e.response, e.ends_pending))
+            .collect::<Result<_, _>>()?;
+        said.sort_unstable();
+        predicted.sort_unstable();
+        if said != predicted {
+            return Err(format!(
+                "{name} answered {said:?}, the model {predicted:?}\n  {name}'s answers: \
+                 {answers:?}"
+            ));
+        }
+        for answer in &answers {
+            self.record_answer(subject, answer, sent_token)?;
+        }
+        Ok(())
+    }
+
+    /// Checks the tokens of one answer and records a grant.
+    fn record_answer(
+        &self,
+        subject: &mut Subject,
+        answer: &Answer,
+        sent_token: Option<u64>,
+    ) -> Checked {
+        let name = subject.name;
+        match answer.response {
+            Response::Released { token }
+            | Response::Extended { token }
+            | Response::NotHeld { token } => {
+                if Some(token) != sent_token {
+                    return Err(format!("{name}: {:?} for token {sent_token:?}", answer));
+                }
+            }
+            Response::Acquired { owner, token } => {
+                let key = self.key_of_grant(owner)?;
+                if token <= subject.last[key] {
+                    return Err(format!(
+                        "{name}: token {token} of key {key} after {}",
+                        subject.last[key]
+                    ));
+                }
+                subject.last[key] = token;
+                if let Some(previous) = subject.tokens[key].replace(token) {
+                    subject.stale[key] = Some(previous);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The key an `A` for `owner` granted: owners are unique but for resends on one key.
+    fn key_of_grant(&self, owner: u64) -> Result<usize, String> {
+        let key = self.owner_key.get(&owner).copied();
+        key.ok_or_else(|| format!("a grant to owner {owner}, who never asked"))
+    }
+
+    /// Every subject holds what the model holds, with the same queues and leases.
+    fn check_states(&mut self) -> Checked {
+        let now_us = self.model.now_us;
+        let model: Vec<Option<Shown>> = (0..self.keys.len())
+            .map(|key| {
+                let held = self.model.held[key].as_ref()?;
+                Some(Shown {
+                    owner: self.model_holder[key].expect("a holder for every held key"),
+                    waiters: held.queue.len() as u32,
+                    lease_left_us: held.lease_end_us.saturating_sub(now_us),
+                })
+            })
+            .collect();
+        let waiters = self.model.waiter_count();
+        for subject in &self.subjects {
+            let (shown, subject_waiters) = subject.shown(now_us, &self.keys);
+            let name = subject.name;
+            if subject_waiters != waiters {
+                return Err(format!(
+                    "{name} has {subject_waiters} waiters, the model {waiters}"
+                ));
+            }
+            for (key, (shown, model)) in shown.iter().zip(&model).enumerate() {
+                let agree = match (shown, model) {
+                    (None, None) => true,
+                    (Some(shown), Some(model)) => {
+                        let lease = shown.lease_left_us.checked_sub(model.lease_left_us);
+                        shown.owner == model.owner
+                            && shown.waiters == model.waiters
+                            && lease.is_some_and(|more| more <= subject.lease_slack_us)
+                    }
+                    _ => false,
+                };
+                if !agree {
+                    return Err(format!(
+                        "key {key}: {name} shows {shown:?}, the model {model:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An answer as compared (see [`Said`]); tokens are each subject's own and left out.
+fn said_of(session: SessionId, response: &Response, ends_pending: bool) -> Result<Said, String> {
+    let (kind, id, state) = match *response {
+        Response::Acquired { owner, .. } => ('A', owner, None),
+        Response::Timeout { owner } => ('T', owner, None),
+        Response::Busy { owner } => ('B', owner, None),
+        Response::Released { .. } => ('R', 0, None),
+        Response::Extended { .. } => ('E', 0, None),
+        Response::NotHeld { .. } => ('N', 0, None),
+        Response::State {
+            nonce,
+            held,
+            lease_ms,
+            waiters,
+        } => ('Q', nonce, Some((held, lease_ms, waiters))),
+        other => return Err(format!("an answer the queue rules never give: {other:?}")),
+    };
+    Ok((session, kind, id, ends_pending, state))
+}
