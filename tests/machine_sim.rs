@@ -341,12 +341,7 @@ impl Sim {
 
     /// A handoff promises its waiter the lease from the propose time; a release or expiry
     /// that names no waiter, or has no effect, grants nothing.
-    fn handed_off(
-        promised: &mut HashMap<u64, u64>,
-        then: &Option<Grant>,
-        ended: Applied,
-        at: u64,
-    ) {
+    fn handed_off(promised: &mut HashMap<u64, u64>, then: &Option<Grant>, ended: Applied, at: u64) {
         match (then, ended) {
             (Some(grant), Applied::HandedOff { token, .. }) => {
                 promised.insert(token, at + u64::from(grant.lease_ms));

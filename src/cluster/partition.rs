@@ -26,8 +26,8 @@ use crate::server::partition::Partition;
 use crate::server::persist::TokenKeeper;
 use crate::server::route::partition_of;
 use leadership_log::LeadershipLog;
-use requests::End;
 use raft::eraftpb::Message;
+use requests::End;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
@@ -477,7 +477,14 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
         else {
             return;
         };
-        if !self.propose_end(shard, &key, token, End::Release, NOBODY, PendingKind::Orphan) {
+        if !self.propose_end(
+            shard,
+            &key,
+            token,
+            End::Release,
+            NOBODY,
+            PendingKind::Orphan,
+        ) {
             log::warn!(
                 "shard {shard}: cannot release undelivered token {token} (not the leader); \
                  its lease will free the key"

@@ -281,7 +281,10 @@ impl Shard {
     /// entry will very likely free the key.
     pub fn waiting_head(&self, key: &[u8], token: u64) -> Option<Grant> {
         let head = self.queues.get(key).and_then(VecDeque::front)?;
-        let holds = self.machine.holder(key).is_some_and(|hold| hold.token == token);
+        let holds = self
+            .machine
+            .holder(key)
+            .is_some_and(|hold| hold.token == token);
         (holds && !head.proposed).then_some(Grant {
             owner: head.owner,
             lease_ms: head.lease_ms,
@@ -371,7 +374,9 @@ impl Shard {
                     "only the head of a queue may be proposed"
                 );
                 assert!(
-                    queue.iter().all(|waiter| waiter.proposed || !waiter.handoff),
+                    queue
+                        .iter()
+                        .all(|waiter| waiter.proposed || !waiter.handoff),
                     "a handoff that is not proposed"
                 );
                 assert!(

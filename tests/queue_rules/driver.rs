@@ -493,10 +493,10 @@ impl Run {
         match answer.response {
             Response::Released { token }
             | Response::Extended { token }
-            | Response::NotHeld { token } => {
-                if Some(token) != sent_token {
-                    return Err(format!("{name}: {:?} for token {sent_token:?}", answer));
-                }
+            | Response::NotHeld { token }
+                if Some(token) != sent_token =>
+            {
+                return Err(format!("{name}: {answer:?} for token {sent_token:?}"));
             }
             Response::Acquired { owner, token } => {
                 let key = self.key_of_grant(owner)?;

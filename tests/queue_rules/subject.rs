@@ -166,7 +166,7 @@ impl Subject {
             self.partition().handle_timers(now_us);
             answers.extend(self.take());
             let next = self.partition().next_deadline_us();
-            if next.is_none_or(|next| next > now_us) {
+            if next.map_or(true, |next| next > now_us) {
                 if let Part::Table(table) = &self.part {
                     table.check_invariants();
                 }

@@ -88,7 +88,10 @@ fn a_release_that_has_no_effect_grants_nothing() {
     assert!(machine.holder(b"other").is_none());
     assert_eq!(machine.len(), 1);
     // Without a waiter, a release frees the key as it always did.
-    assert_eq!(machine.apply(5, &release("k", token, None), 0), Applied::Released);
+    assert_eq!(
+        machine.apply(5, &release("k", token, None), 0),
+        Applied::Released
+    );
     assert!(machine.is_empty());
 }
 

@@ -163,7 +163,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let local = self.local(shard);
         let state = &self.shards[local];
         let head = state.queues.get(key).and_then(|queue| queue.front());
-        if !state.serving() || head.is_none_or(|head| head.seq != seq) {
+        if !state.serving() || head.map_or(true, |head| head.seq != seq) {
             return false;
         }
         let lease = state.machine.holder(key).map(|h| (h.token, h.deadline_ms));
@@ -367,10 +367,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         pending: Option<Pending>,
     ) {
         let ours = pending.as_ref().is_some_and(|p| p.term == term);
-        if let Some(pending) = pending
-            .as_ref()
-            .filter(|p| ours && p.session != NOBODY)
-        {
+        if let Some(pending) = pending.as_ref().filter(|p| ours && p.session != NOBODY) {
             let latency = self.now_us.saturating_sub(pending.proposed_us);
             self.cluster_stats.commit_latency.record(latency);
         }
@@ -381,7 +378,10 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             return;
         };
         // The queue head this entry carries (ours only: another term's `then` is nobody's here).
-        let handoff = pending.as_ref().filter(|_| ours).is_some_and(|p| p.handoff.is_some());
+        let handoff = pending
+            .as_ref()
+            .filter(|_| ours)
+            .is_some_and(|p| p.handoff.is_some());
         match (command, applied) {
             (Command::Acquire { key, .. }, outcome) if ours => {
                 self.acquire_applied(shard, key, outcome);

@@ -258,7 +258,10 @@ fn a_proposed_waiter_gives_its_place_back_when_its_session_closes() {
     bench.send(1, Op::Release { token }, key);
     let queue = bench.partition.shards[0].queues.get(&key[..]);
     let head = queue.and_then(|queue| queue.front());
-    assert!(head.is_some_and(|head| head.proposed && head.handoff), "the grant is in flight");
+    assert!(
+        head.is_some_and(|head| head.proposed && head.handoff),
+        "the grant is in flight"
+    );
     bench.partition.handle_session_closed(2);
     assert_eq!(bench.places(), 0);
     // The release applies and grants the key to nobody, which is released: the key is free
