@@ -59,6 +59,8 @@ pub struct Subject {
     pub stale: Vec<Option<u64>>,
     /// Per key, the last token granted: tokens of a key strictly increase.
     pub last: Vec<u64>,
+    /// Tokens of the releases and extends sent since it last settled (each answer echoes one).
+    pub sent: Vec<u64>,
     /// Lease time the subject may show beyond the model's (never less): its granularity.
     pub lease_slack_us: u64,
 }
@@ -79,6 +81,7 @@ impl Subject {
             tokens: vec![None; keys],
             stale: vec![None; keys],
             last: vec![0; keys],
+            sent: Vec::new(),
             lease_slack_us,
         }
     }
@@ -187,16 +190,9 @@ impl Subject {
         kept
     }
 
-    /// A keyed request at `now_us`, settled.
-    pub fn handle(
-        &mut self,
-        now_us: u64,
-        session: SessionId,
-        op: Op,
-        key: &[u8],
-    ) -> Result<Vec<Answer>, String> {
+    /// A keyed request at `now_us` (its answers come with the next settle).
+    pub fn send(&mut self, now_us: u64, session: SessionId, op: Op, key: &[u8]) {
         self.partition().handle(now_us, session, op, key);
-        self.settle(now_us)
     }
 
     /// Every held key (by index into `keys`) as of `now_us`, and the queued acquires in all.

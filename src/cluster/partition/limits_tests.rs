@@ -344,3 +344,66 @@ fn a_wait_0_acquire_of_a_held_key_is_answered_t_without_an_entry() {
     let next = bench.hold(11, &key, 3);
     assert!(next > token);
 }
+
+#[test]
+fn a_head_with_its_grant_in_flight_is_the_holder_to_be_not_a_waiter() {
+    let limits = Limits {
+        keys_per_shard: 1000,
+        pending_per_session: 16,
+    };
+    let mut bench = Bench::new(1, 0, 1, limits);
+    bench.partition.settings.max_waiters_per_key = 1;
+    let key = b"limits/in-flight";
+    // An acquire of a free key is proposed; before it applies, one more queues behind it (as
+    // behind the holder on a single node, which granted the first at once), and a third is
+    // refused: that queue is full.
+    bench.acquire(1, key, 5, 1);
+    bench.acquire(2, key, 5, 2);
+    bench.acquire(3, key, 5, 3);
+    assert_eq!(bench.answer(3), Response::Busy { owner: 3 });
+    bench.send(4, Op::Query { nonce: 9 }, key);
+    bench.settle();
+    let Response::Acquired { token, .. } = bench.answer(1) else {
+        panic!("the first acquire holds the key");
+    };
+    let state = bench.answer(9);
+    assert!(
+        matches!(state, Response::State { waiters: 1, .. }),
+        "{state:?}"
+    );
+    assert!(bench.answers.is_empty(), "2 waits: {:?}", bench.answers);
+    // The same with a handoff in flight: the release carries 2's grant, and 4 queues behind.
+    bench.send(1, Op::Release { token }, key);
+    bench.acquire(3, key, 5, 4);
+    bench.settle();
+    assert_eq!(bench.answer(token), Response::Released { token });
+    assert!(matches!(bench.answer(2), Response::Acquired { .. }));
+    assert!(bench.answers.is_empty(), "4 waits: {:?}", bench.answers);
+    assert_eq!(bench.partition.shards[0].queue_len(key), 1);
+}
+
+#[test]
+fn a_head_handed_the_key_gives_its_place_back_with_the_entry_that_grants_it() {
+    let limits = Limits {
+        keys_per_shard: 1000,
+        pending_per_session: 1,
+    };
+    let mut bench = Bench::new(1, 0, 1, limits);
+    let keys: [&[u8]; 2] = [b"limits/first", b"limits/second"];
+    let token = bench.hold(1, keys[0], 1);
+    bench.hold(1, keys[1], 2);
+    bench.acquire(2, keys[0], 30, 3);
+    bench.settle();
+    assert_eq!(bench.places(), 1);
+    // The release carries 3's grant: on a single node 3 holds the key now and queues no more,
+    // so its session may queue another acquire before the entry applies.
+    bench.send(1, Op::Release { token }, keys[0]);
+    assert_eq!(bench.places(), 0);
+    bench.acquire(2, keys[1], 30, 4);
+    bench.settle();
+    assert_eq!(bench.answer(token), Response::Released { token });
+    assert!(matches!(bench.answer(3), Response::Acquired { .. }));
+    assert!(bench.answers.is_empty(), "4 waits: {:?}", bench.answers);
+    assert_eq!(bench.places(), 1);
+    bench.partition.check_places();
+}
