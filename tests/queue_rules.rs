@@ -5,6 +5,11 @@
 //! one-member cluster partition on `MemDurable` (`queue_rules/subject.rs`), all on one virtual
 //! clock.
 //!
+//! Why that model and not `src/lock_table/tests/model/`: it states the rules alone (plain
+//! deques, time as deadlines), it leaves a grant's token open — the table issues its own and
+//! the cluster's come from log indices — and it is reachable from an integration test; the
+//! in-crate one issues the table's exact tokens and is tied to the table's proptest observer.
+//!
 //! Operations: acquires (wait 0 and > 0, now and then a resend of a queued owner), releases
 //! and extends (the holder's token or a wrong one), cancels, queries, session closes, time
 //! moving (to a deadline, just before or after it, by milliseconds or seconds) so that waits
@@ -18,11 +23,24 @@
 //! may read up to a millisecond more, never less: it counts in milliseconds), and the key and
 //! waiter counts agree.
 //!
-//! Documented differences allowed: the cluster answers once its entry applied (a step
-//! settles before it is compared: `Subject::settle`); a one-member cluster never says `M`.
-//! Time moves in whole milliseconds, so the cluster's millisecond leases and the table's 1 ms
-//! tick land on the model's instants exactly; rounding within a millisecond is not what this
-//! test is about.
+//! Bursts: now and then a few requests run at one instant without settling in between, so
+//! that the cluster decides each while the entries of the ones before are in flight (a grant
+//! of a free key, a release carrying the queue head's grant); the model takes them in arrival
+//! order, as the single node does. Their answers are compared together, once settled.
+//!
+//! Documented differences allowed: the cluster answers once its entry applied (a step or burst
+//! settles before it is compared: `Subject::settle`); a one-member cluster never says `M`;
+//! the cluster decides an acquire from its applied state (docs/cluster-design.md), so a burst
+//! never acquires a key that a release or expiry in flight frees (the cluster answers `T`
+//! or queues where the single node grants), and never closes a session or shuts down (an
+//! acquire in flight is not granted yet: it gets `B` or nothing, and its grant is released).
+//!
+//! Time: half the seeds run on the millisecond grid, where the cluster's millisecond leases
+//! and the table's 1 ms tick land on the model's instants exactly; the other half run a fixed
+//! fraction of a millisecond off it, where the cluster rounds a lease up (never early): its
+//! lease may read up to a millisecond more (`Q`'s `lease_ms` one more), never less, and time
+//! never moves exactly onto a deadline (the table fires it at the next whole millisecond,
+//! the cluster's wait timer at once: both within docs/protocol.md §3.5).
 //!
 //! On failure it prints the seed, the step and the last operations. Environment:
 //! `LATCHKEY_QUEUE_RULES_SEED=N` replays one seed; `LATCHKEY_QUEUE_RULES_SEEDS` (default 24)

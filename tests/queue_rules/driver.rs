@@ -123,7 +123,14 @@ impl Run {
         let keys = (0..key_count)
             .map(|k| format!("k{k}").into_bytes())
             .collect();
-        let (cluster, now_us) = Subject::cluster(limits, shards, key_count, 1_000_000, seed);
+        // Half the seeds run off the millisecond grid: every instant and deadline is then
+        // `offset_us` past a whole millisecond, where the cluster's millisecond leases round up.
+        let offset_us = match rng.percent(50) {
+            true => 0,
+            false => rng.between(1, 999),
+        };
+        let start_us = 1_000_000 + offset_us;
+        let (cluster, now_us) = Subject::cluster(limits, shards, key_count, start_us, seed);
         let table = Subject::table(limits, key_count, now_us);
         let config = TableConfig {
             max_keys: limits.max_keys,
@@ -260,21 +267,27 @@ impl Run {
     }
 
     /// Time moves by whole milliseconds: to the next deadline, just before or after it, or by
-    /// a random span.
+    /// a random span. Off the millisecond grid, never exactly to a deadline: the table's 1 ms
+    /// tick fires it at the next whole millisecond, the cluster's wait timers at once (both
+    /// within docs/protocol.md §3.5: never early, at most a tick late).
     fn random_advance(&mut self) -> Step {
         let now_us = self.model.now_us;
         let next = self.model.deadlines().filter(|&d| d > now_us).min();
+        let on_grid = now_us % MS == 0;
         let to_us = match (next, self.rng.below(8)) {
-            (Some(next), 0 | 1) => next,
+            (Some(next), 0 | 1) if on_grid => next,
+            (Some(next), 0 | 1) => next + MS,
             (Some(next), 2) => next - MS,
             (Some(next), 3) => next + MS,
             (_, 4) => now_us + self.rng.between(200, 2_500) * MS,
             (_, 5) if self.rng.percent(20) => now_us + self.rng.between(3_000, 9_000) * MS,
             _ => now_us + self.rng.between(1, 40) * MS,
         };
-        Step::Advance {
-            to_us: to_us.max(now_us + MS),
+        let mut to_us = to_us.max(now_us + MS);
+        while !on_grid && self.model.deadlines().any(|deadline| deadline == to_us) {
+            to_us += MS;
         }
+        Step::Advance { to_us }
     }
 
     /// A burst: a few requests at one instant (after time moved, sometimes), fed without
@@ -556,6 +569,18 @@ impl Run {
             .iter()
             .map(|e| said_of(e.session, &e.response, e.ends_pending))
             .collect::<Result<_, _>>()?;
+        // `Q` of a cluster off the millisecond grid: its lease, rounded up to whole
+        // milliseconds, reads one more than the model's (never less).
+        for (_, kind, nonce, _, state) in said.iter_mut() {
+            let Some((_, lease_ms, _)) = state else {
+                continue;
+            };
+            let same = |p: &&Said| p.1 == *kind && p.2 == *nonce;
+            let model_ms = predicted.iter().find(same).and_then(|p| p.4).map(|q| q.1);
+            if subject.lease_slack_us > 0 && *lease_ms > 0 && model_ms == Some(*lease_ms - 1) {
+                *lease_ms -= 1;
+            }
+        }
         said.sort_unstable();
         predicted.sort_unstable();
         if said != predicted {

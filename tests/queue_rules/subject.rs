@@ -138,9 +138,10 @@ impl Subject {
                     answers.is_empty(),
                     "answers before any request: {answers:?}"
                 );
-                // The cluster counts leases in milliseconds: slack below one.
+                // The cluster counts leases in whole milliseconds, rounded up (never early):
+                // off the grid, a lease reads up to a millisecond more than the model's.
                 let part = Part::Cluster(Box::new(partition));
-                return (Subject::new("cluster", part, keys, 999), now_us);
+                return (Subject::new("cluster", part, keys, 1000), now_us);
             }
             now_us += 1000;
             partition.handle_timers(now_us);
