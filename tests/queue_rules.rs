@@ -70,7 +70,7 @@ fn env_u64(name: &str) -> Option<u64> {
 fn run_seed(seed: u64, steps: u64, stats: &mut Stats) -> Result<(), String> {
     let mut run = None;
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
-        let run = run.insert(Run::new(seed));
+        let run = run.insert(Run::new(seed, steps));
         run.steps(steps)
     }));
     for (&kind, &count) in run.iter().flat_map(|run| &run.stats) {

@@ -32,13 +32,13 @@ pub enum Step {
     Release {
         session: SessionId,
         key: usize,
-        right: bool,
+        token: Pick,
     },
     Extend {
         session: SessionId,
         key: usize,
         lease_s: u8,
-        right: bool,
+        token: Pick,
     },
     Cancel {
         session: SessionId,
@@ -72,6 +72,18 @@ impl Step {
     }
 }
 
+/// Which token a release or extend names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pick {
+    /// The holder's.
+    Holder,
+    /// The key's last token that is not the holder's (a holder whose lease ran out, or that
+    /// released already).
+    Old,
+    /// One that never held anything.
+    Never,
+}
+
 /// An answer as compared: (session, kind, owner or nonce, ends-pending, `Q`'s fields).
 type Said = (SessionId, char, u64, bool, Option<(bool, u32, u32)>);
 
@@ -87,7 +99,13 @@ pub struct Run {
     model: Model,
     /// Per key, the owner holding it in the model.
     model_holder: Vec<Option<u64>>,
+    /// The model's tokens are its own ("logical"): per key, the last one granted and the one
+    /// before it.
+    last_logical: Vec<Option<u64>>,
+    previous_logical: Vec<Option<u64>>,
     next_logical_token: u64,
+    /// The model's grants since the last settle: key, owner, logical token, session.
+    window_grants: Vec<(usize, u64, u64, SessionId)>,
     subjects: Vec<Subject>,
     open: Vec<SessionId>,
     next_session: SessionId,
@@ -107,7 +125,8 @@ pub struct Run {
 pub type Stats = BTreeMap<(&'static str, char), u64>;
 
 impl Run {
-    pub fn new(seed: u64) -> Run {
+    /// Seed `seed`'s run of `steps` steps.
+    pub fn new(seed: u64, steps: u64) -> Run {
         let mut rng = Rng(seed ^ 0x5157_5155_4555_4553);
         let key_count = rng.between(2, 5) as usize;
         let shards = rng.pick(&[1, 1, 2, 3]);
@@ -151,13 +170,16 @@ impl Run {
             shards,
             model: Model::new(config, tokens, key_count, now_us),
             model_holder: vec![None; key_count],
+            last_logical: vec![None; key_count],
+            previous_logical: vec![None; key_count],
             next_logical_token: 1,
+            window_grants: Vec::new(),
             subjects: vec![table, cluster],
             open: (1..=sessions).collect(),
             next_session: sessions + 1,
             next_owner: 1,
             owner_key: HashMap::new(),
-            shutdown_at: rng.percent(25).then(|| rng.between(50, 400)),
+            shutdown_at: rng.percent(25).then(|| steps - rng.below(steps / 8 + 1)),
             rng,
             trace: VecDeque::new(),
             step: 0,
@@ -212,13 +234,13 @@ impl Run {
             62..=74 => Step::Release {
                 session,
                 key,
-                right: self.rng.percent(80),
+                token: self.random_pick(80),
             },
             75..=81 => Step::Extend {
                 session,
                 key,
                 lease_s: self.rng.between(1, 3) as u8,
-                right: self.rng.percent(75),
+                token: self.random_pick(75),
             },
             82..=90 => self.random_cancel(session, key),
             91..=95 => Step::Query {
@@ -227,6 +249,14 @@ impl Run {
                 nonce: self.rng.next_u64() >> 8,
             },
             _ => Step::Close { session },
+        }
+    }
+
+    fn random_pick(&mut self, holder_percent: u64) -> Pick {
+        match (self.rng.percent(holder_percent), self.rng.percent(70)) {
+            (true, _) => Pick::Holder,
+            (false, true) => Pick::Old,
+            (false, false) => Pick::Never,
         }
     }
 
@@ -302,7 +332,6 @@ impl Run {
     /// its grant, where the model granted at once).
     fn burst(&mut self) -> Checked {
         let keys = self.keys.len();
-        let mut touched = vec![false; keys];
         let mut acquirable = vec![true; keys];
         if self.rng.percent(40) {
             let token = |model: &Model, key: usize| model.held[key].as_ref().map(|h| h.token);
@@ -310,22 +339,16 @@ impl Run {
             let step = self.random_advance();
             self.feed(step)?;
             for key in 0..keys {
-                touched[key] = token(&self.model, key) != before[key];
                 acquirable[key] = before[key].is_none() || self.model.held[key].is_some();
             }
         }
         for _ in 0..self.rng.between(2, 6) {
-            let Some(step) = self.burst_step(&touched, &acquirable) else {
+            let Some(step) = self.burst_step(&acquirable) else {
                 continue;
             };
-            match step {
-                Step::Acquire { key, .. } | Step::Extend { key, .. } => touched[key] = true,
-                Step::Release { key, right, .. } => {
-                    touched[key] = true;
-                    let queue = self.model.held[key].as_ref().map(|h| h.queue.len());
-                    acquirable[key] = !(right && queue == Some(0));
-                }
-                _ => {}
+            if let Step::Release { key, token, .. } = step {
+                let queue = self.model.held[key].as_ref().map(|h| h.queue.len());
+                acquirable[key] &= !(token == Pick::Holder && queue == Some(0));
             }
             self.feed(step)?;
         }
@@ -333,29 +356,52 @@ impl Run {
     }
 
     /// A request for a burst that keeps to the burst's rules (see [`Run::burst`]).
-    fn burst_step(&mut self, touched: &[bool], acquirable: &[bool]) -> Option<Step> {
+    fn burst_step(&mut self, acquirable: &[bool]) -> Option<Step> {
         for _ in 0..10 {
             let session = self.open[self.rng.below(self.open.len() as u64) as usize];
             let key = self.rng.below(self.keys.len() as u64) as usize;
+            let token = self.random_pick(70);
             let step = match self.rng.below(100) {
-                0..=59 if acquirable[key] => self.random_acquire(session, key),
-                60..=74 if !touched[key] => Step::Release {
+                0..=54 if acquirable[key] => self.random_acquire(session, key),
+                55..=69 if self.known(key, token) => Step::Release {
                     session,
                     key,
-                    right: self.rng.percent(85),
+                    token,
                 },
-                75..=84 if !touched[key] => Step::Extend {
+                70..=79 if self.known(key, token) => Step::Extend {
                     session,
                     key,
                     lease_s: self.rng.between(1, 3) as u8,
-                    right: self.rng.percent(85),
+                    token,
                 },
-                85.. => self.random_cancel(session, key),
+                // A cancel of an acquire whose grant is in flight (the entry decides it).
+                80..=87 if !self.window_grants.is_empty() => {
+                    let grants = &self.window_grants;
+                    let (key, owner, _, session) =
+                        grants[self.rng.below(grants.len() as u64) as usize];
+                    Step::Cancel {
+                        session,
+                        key,
+                        owner,
+                    }
+                }
+                88.. => self.random_cancel(session, key),
                 _ => continue,
             };
             return Some(step);
         }
         None
+    }
+
+    /// Whether every subject knows the token `pick` names for `key` (its grant was answered):
+    /// a token granted within a burst is not known before the burst settles.
+    fn known(&self, key: usize, pick: Pick) -> bool {
+        self.logical_token(key, pick).map_or(true, |logical| {
+            let subjects = self.subjects.iter();
+            subjects
+                .clone()
+                .all(|s| s.by_logical.contains_key(&logical))
+        })
     }
 
     // ----- one step --------------------------------------------------------------------------
@@ -378,10 +424,10 @@ impl Run {
         }
         // Tokens are picked from the model's state before the step changes it.
         let tokens: Vec<Option<u64>> = match step {
-            Step::Release { key, right, .. } | Step::Extend { key, right, .. } => {
+            Step::Release { key, token, .. } | Step::Extend { key, token, .. } => {
                 let subjects = self.subjects.iter();
                 subjects
-                    .map(|s| Some(self.subject_token(s, key, right)))
+                    .map(|s| Some(self.subject_token(s, key, token)))
                     .collect()
             }
             _ => vec![None; self.subjects.len()],
@@ -401,9 +447,13 @@ impl Run {
         for grant in expected.iter().filter(|e| e.key.is_some()) {
             let key = grant.key.expect("a grant names its key");
             if let Response::Acquired { owner, .. } = grant.response {
-                self.model.set_token(key, self.next_logical_token)?;
+                let logical = self.next_logical_token;
                 self.next_logical_token += 1;
+                self.model.set_token(key, logical)?;
                 self.model_holder[key] = Some(owner);
+                self.previous_logical[key] = self.last_logical[key].replace(logical);
+                self.window_grants
+                    .push((key, owner, logical, grant.session));
             }
         }
         for (key, held) in self.model.held.iter().enumerate() {
@@ -426,6 +476,7 @@ impl Run {
             .try_for_each(|subject| self.check_subject(subject, now_us, &expected));
         self.subjects = subjects;
         checked?;
+        self.window_grants.clear();
         self.check_states()
     }
 
@@ -454,18 +505,18 @@ impl Run {
             Step::Release {
                 session,
                 key,
-                right,
+                token,
             } => {
-                let token = self.model_token(key, right);
+                let token = self.model_token(key, token);
                 self.model.release(session, key, token)
             }
             Step::Extend {
                 session,
                 key,
                 lease_s,
-                right,
+                token,
             } => {
-                let token = self.model_token(key, right);
+                let token = self.model_token(key, token);
                 vec![self.model.extend(session, key, lease_s, token)]
             }
             Step::Cancel {
@@ -489,22 +540,26 @@ impl Run {
         })
     }
 
-    /// The token the model is given: its holder's (`right`, held) or one that never held.
-    fn model_token(&self, key: usize, right: bool) -> u64 {
-        match &self.model.held[key] {
-            Some(held) if right => held.token,
-            _ => NEVER_ISSUED,
+    /// The model's token `pick` names for `key`, if any.
+    fn logical_token(&self, key: usize, pick: Pick) -> Option<u64> {
+        let holder = self.model.held[key].as_ref().map(|held| held.token);
+        match pick {
+            Pick::Holder => holder,
+            Pick::Old if holder.is_some() => self.previous_logical[key],
+            Pick::Old => self.last_logical[key],
+            Pick::Never => None,
         }
     }
 
-    /// The token `subject` is given: its holder's as its own `A` said (`right`, held in the
-    /// model), else one that held the key before (or none ever did).
-    fn subject_token(&self, subject: &Subject, key: usize, right: bool) -> u64 {
-        let holder = right && self.model.held[key].is_some();
-        let token = match holder {
-            true => subject.tokens[key],
-            false => subject.stale[key],
-        };
+    /// The token the model is given.
+    fn model_token(&self, key: usize, pick: Pick) -> u64 {
+        self.logical_token(key, pick).unwrap_or(NEVER_ISSUED)
+    }
+
+    /// The token `subject` is given: its own for the grant the model's token stands for.
+    fn subject_token(&self, subject: &Subject, key: usize, pick: Pick) -> u64 {
+        let logical = self.logical_token(key, pick);
+        let token = logical.and_then(|logical| subject.by_logical.get(&logical).copied());
         token.unwrap_or(NEVER_ISSUED)
     }
 
@@ -622,9 +677,10 @@ impl Run {
                     ));
                 }
                 subject.last[key] = token;
-                if let Some(previous) = subject.tokens[key].replace(token) {
-                    subject.stale[key] = Some(previous);
-                }
+                let grants = self.window_grants.iter();
+                let mut logical = grants.filter(|g| g.0 == key && g.1 == owner).map(|g| g.2);
+                let logical = logical.next().ok_or("an `A` the model did not grant")?;
+                subject.by_logical.insert(logical, token);
             }
             _ => {}
         }

@@ -16,6 +16,7 @@ use latchkey::lock_table::{Answer, LockTable, Op, SessionId, TableConfig};
 use latchkey::server::partition::Partition;
 use latchkey::tokens::TokenRange;
 use raft::eraftpb::Message;
+use std::collections::HashMap;
 
 /// Iterations one settle may take before the subject is declared stuck.
 const SETTLE_ITERATIONS_MAX: usize = 64;
@@ -52,11 +53,8 @@ pub struct Shown {
 pub struct Subject {
     pub name: &'static str,
     pub part: Part,
-    /// Per key, the token this subject's last `A` of the key gave (its holder's, while held).
-    pub tokens: Vec<Option<u64>>,
-    /// Per key, a token that held the key once and was replaced since (for wrong-token
-    /// releases and extends that look plausible).
-    pub stale: Vec<Option<u64>>,
+    /// The subject's token of each grant, by the model's token of it.
+    pub by_logical: HashMap<u64, u64>,
     /// Per key, the last token granted: tokens of a key strictly increase.
     pub last: Vec<u64>,
     /// Tokens of the releases and extends sent since it last settled (each answer echoes one).
@@ -78,8 +76,7 @@ impl Subject {
         Subject {
             name,
             part,
-            tokens: vec![None; keys],
-            stale: vec![None; keys],
+            by_logical: HashMap::new(),
             last: vec![0; keys],
             sent: Vec::new(),
             lease_slack_us,
