@@ -407,3 +407,69 @@ fn a_head_handed_the_key_gives_its_place_back_with_the_entry_that_grants_it() {
     assert_eq!(bench.places(), 1);
     bench.partition.check_places();
 }
+
+#[test]
+fn a_head_whose_handoff_misses_waits_again_and_is_granted() {
+    let limits = Limits {
+        keys_per_shard: 1000,
+        pending_per_session: 1,
+    };
+    let mut bench = Bench::new(1, 0, 1, limits);
+    let (key, other): (&[u8], &[u8]) = (b"limits/miss", b"limits/other");
+    let op = Op::Acquire {
+        wait_s: 0,
+        lease_s: 1,
+        owner: 1,
+    };
+    bench.send(1, op, key);
+    bench.settle();
+    let Response::Acquired { token, .. } = bench.answer(1) else {
+        panic!("the key is granted");
+    };
+    bench.hold(1, other, 2);
+    // Past the lease, the leader proposes the expiry: in the log, not applied yet (a loop
+    // iteration would apply it at once on one member; here the requests come in between).
+    bench.now_us += 1_001_000;
+    bench.partition.now_us = bench.now_us;
+    bench.partition.leader_duties(0);
+    assert!(bench.partition.shards[0].expiring.contains(&token));
+    assert!(bench.partition.shards[0].machine.holder(key).is_some());
+    // 3 queues (the applied state holds the key) and the holder's release carries its grant.
+    bench.acquire(2, key, 30, 3);
+    bench.send(1, Op::Release { token }, key);
+    let head = bench.partition.shards[0].queues[key].front().cloned();
+    assert!(head.is_some_and(|head| head.proposed && head.handoff));
+    // Proposed, 3 is the holder to be: its session's place goes to 4.
+    assert_eq!(bench.places(), 0);
+    bench.acquire(2, other, 30, 4);
+    assert_eq!(bench.places(), 1);
+    bench.settle();
+    // The expiry applied first, so the release freed nothing and granted nothing: 3 waited
+    // again (uncounted: its session's place is 4's) and got the key by an Acquire of its own.
+    assert_eq!(bench.answer(token), Response::NotHeld { token });
+    assert!(matches!(bench.answer(3), Response::Acquired { .. }));
+    assert!(bench.answers.is_empty(), "4 waits: {:?}", bench.answers);
+    assert_eq!(bench.places(), 1);
+    bench.partition.check_places();
+}
+
+#[test]
+fn a_head_that_waits_again_takes_its_place_back() {
+    let limits = Limits {
+        keys_per_shard: 1000,
+        pending_per_session: 1,
+    };
+    let mut bench = Bench::new(1, 0, 1, limits);
+    let key: &[u8] = b"limits/again";
+    let token = bench.hold(1, key, 1);
+    bench.acquire(2, key, 30, 2);
+    bench.send(1, Op::Release { token }, key);
+    assert_eq!(bench.places(), 0, "proposed, 2 is the holder to be");
+    // Its entry did not grant it the key (as when another entry took the key first): it
+    // waits again, and counts again, while the applied state still shows the key held.
+    bench.partition.head_missed(0, key);
+    let head = bench.partition.shards[0].queues[key].front().cloned();
+    assert!(head.is_some_and(|head| !head.proposed && head.counted));
+    assert_eq!(bench.places(), 1);
+    bench.partition.check_places();
+}
