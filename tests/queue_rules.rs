@@ -32,7 +32,8 @@
 //! settles before it is compared: `Subject::settle`); a one-member cluster never says `M`;
 //! the cluster decides an acquire from its applied state (docs/cluster-design.md), so a burst
 //! never acquires a key that a release or expiry in flight frees (the cluster answers `T`
-//! or queues where the single node grants), and never closes a session or shuts down (an
+//! or queues where the single node grants) nor, with `max_keys` binding, a free key once one
+//! was freed (the cluster counts that hold until its end applies), and never closes a session or shuts down (an
 //! acquire in flight is not granted yet: it gets `B` or nothing, and its grant is released).
 //!
 //! Time: half the seeds run on the millisecond grid, where the cluster's millisecond leases
@@ -43,8 +44,8 @@
 //! the cluster's wait timer at once: both within docs/protocol.md §3.5).
 //!
 //! On failure it prints the seed, the step and the last operations. Environment:
-//! `LATCHKEY_QUEUE_RULES_SEED=N` replays one seed; `LATCHKEY_QUEUE_RULES_SEEDS` (default 24)
-//! and `LATCHKEY_QUEUE_RULES_STEPS` (default 400) set the budget;
+//! `LATCHKEY_QUEUE_RULES_SEED=N` replays one seed; `LATCHKEY_QUEUE_RULES_SEEDS` (default 32)
+//! and `LATCHKEY_QUEUE_RULES_STEPS` (default 500) set the budget;
 //! `LATCHKEY_QUEUE_RULES_SEED_BASE` (default 0) shifts the seeds, for long runs.
 
 mod common;
@@ -97,12 +98,12 @@ fn run_seed(seed: u64, steps: u64, stats: &mut Stats) -> Result<(), String> {
 
 #[test]
 fn both_partitions_follow_one_model_of_the_queue_rules() {
-    let steps = env_u64("LATCHKEY_QUEUE_RULES_STEPS").unwrap_or(400);
+    let steps = env_u64("LATCHKEY_QUEUE_RULES_STEPS").unwrap_or(500);
     let seeds: Vec<u64> = match env_u64("LATCHKEY_QUEUE_RULES_SEED") {
         Some(seed) => vec![seed],
         None => {
             let base = env_u64("LATCHKEY_QUEUE_RULES_SEED_BASE").unwrap_or(0);
-            let count = env_u64("LATCHKEY_QUEUE_RULES_SEEDS").unwrap_or(24);
+            let count = env_u64("LATCHKEY_QUEUE_RULES_SEEDS").unwrap_or(32);
             (base..base + count).collect()
         }
     };

@@ -192,9 +192,7 @@ impl Run {
     pub fn steps(&mut self, steps: u64) -> Checked {
         for _ in 0..steps {
             self.step += 1;
-            let bursts =
-                self.limits.max_keys == self.keys.len() && self.shutdown_at != Some(self.step);
-            if bursts && self.rng.percent(15) {
+            if self.shutdown_at != Some(self.step) && self.rng.percent(15) {
                 self.burst()?;
             } else {
                 let step = self.random_step();
@@ -325,14 +323,17 @@ impl Run {
     /// it in flight; the answers are compared together. Left out are the requests whose
     /// outcome the docs let differ while an entry is in flight: an acquire of a key a release
     /// or expiry in flight frees (the cluster answers from its applied state: `T`, or a queued
-    /// wait, where the model frees the key at once — docs/cluster-design.md), a release or
-    /// extend of a key whose holder changed within the burst (the token is not known before
-    /// its `A`), queries (served at a later read index) and session closes and shutdown (an
+    /// wait, where the model frees the key at once — docs/cluster-design.md), with `max_keys`
+    /// binding an acquire of a free key once a key was freed, a release or extend naming a
+    /// token granted within the burst (not known before its `A`), queries (served at a later read index) and session closes and shutdown (an
     /// acquire in flight is not yet granted: the cluster answers `B` or nothing and releases
     /// its grant, where the model granted at once).
     fn burst(&mut self) -> Checked {
         let keys = self.keys.len();
         let mut acquirable = vec![true; keys];
+        // With `max_keys` binding, the cluster counts a hold until its end applies, where the
+        // model has room at once: no new key after a key was freed in the burst.
+        let capped = self.limits.max_keys < keys;
         if self.rng.percent(40) {
             let token = |model: &Model, key: usize| model.held[key].as_ref().map(|h| h.token);
             let before: Vec<Option<u64>> = (0..keys).map(|k| token(&self.model, k)).collect();
@@ -342,13 +343,20 @@ impl Run {
                 acquirable[key] = before[key].is_none() || self.model.held[key].is_some();
             }
         }
+        let mut new_keys = !capped || acquirable.iter().all(|&ok| ok);
         for _ in 0..self.rng.between(2, 6) {
-            let Some(step) = self.burst_step(&acquirable) else {
+            let held = |key: usize| self.model.held[key].is_some();
+            let allowed: Vec<bool> = (0..keys)
+                .map(|key| acquirable[key] && (new_keys || held(key)))
+                .collect();
+            let Some(step) = self.burst_step(&allowed) else {
                 continue;
             };
             if let Step::Release { key, token, .. } = step {
                 let queue = self.model.held[key].as_ref().map(|h| h.queue.len());
-                acquirable[key] &= !(token == Pick::Holder && queue == Some(0));
+                let frees = token == Pick::Holder && queue == Some(0);
+                acquirable[key] &= !frees;
+                new_keys &= !(capped && frees);
             }
             self.feed(step)?;
         }
