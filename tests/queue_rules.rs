@@ -33,8 +33,13 @@
 //! the cluster decides an acquire from its applied state (docs/cluster-design.md), so a burst
 //! never acquires a key that a release or expiry in flight frees (the cluster answers `T`
 //! or queues where the single node grants) nor, with `max_keys` binding, a free key once one
-//! was freed (the cluster counts that hold until its end applies), and never closes a session or shuts down (an
-//! acquire in flight is not granted yet: it gets `B` or nothing, and its grant is released).
+//! was freed (the cluster counts that hold until its end applies), and never shuts down (an
+//! acquire in flight is not granted yet: the cluster answers it `B` and releases its grant,
+//! where the single node granted it). A session that closes in a burst with grants not yet
+//! delivered (in flight in the cluster; answered but unwritten on the single node) has them
+//! released by the server, as docs/protocol.md §3.2 says (`Subject::close` uses
+//! `release_granted` as a core does); the model releases them too and the burst leaves their
+//! keys alone after that.
 //!
 //! Time: half the seeds run on the millisecond grid, where the cluster's millisecond leases
 //! and the table's 1 ms tick land on the model's instants exactly; the other half run a fixed

@@ -106,6 +106,8 @@ pub struct Run {
     next_logical_token: u64,
     /// The model's grants since the last settle: key, owner, logical token, session.
     window_grants: Vec<(usize, u64, u64, SessionId)>,
+    /// Keys a burst leaves alone from now on (see [`Run::unwritten_grants`]).
+    frozen: Vec<bool>,
     subjects: Vec<Subject>,
     open: Vec<SessionId>,
     next_session: SessionId,
@@ -174,6 +176,7 @@ impl Run {
             previous_logical: vec![None; key_count],
             next_logical_token: 1,
             window_grants: Vec::new(),
+            frozen: vec![false; key_count],
             subjects: vec![table, cluster],
             open: (1..=sessions).collect(),
             next_session: sessions + 1,
@@ -325,9 +328,10 @@ impl Run {
     /// or expiry in flight frees (the cluster answers from its applied state: `T`, or a queued
     /// wait, where the model frees the key at once — docs/cluster-design.md), with `max_keys`
     /// binding an acquire of a free key once a key was freed, a release or extend naming a
-    /// token granted within the burst (not known before its `A`), queries (served at a later read index) and session closes and shutdown (an
-    /// acquire in flight is not yet granted: the cluster answers `B` or nothing and releases
-    /// its grant, where the model granted at once).
+    /// token granted within the burst (not known before its `A`), queries (served at a later
+    /// read index), shutdown (an acquire in flight is not yet granted: the cluster answers `B`
+    /// and releases its grant, where the model granted at once), and, after a session closed
+    /// with grants not yet delivered, its keys (see [`Run::unwritten_grants`]).
     fn burst(&mut self) -> Checked {
         let keys = self.keys.len();
         let mut acquirable = vec![true; keys];
@@ -369,8 +373,12 @@ impl Run {
             let session = self.open[self.rng.below(self.open.len() as u64) as usize];
             let key = self.rng.below(self.keys.len() as u64) as usize;
             let token = self.random_pick(70);
+            if self.frozen[key] {
+                continue;
+            }
             let step = match self.rng.below(100) {
-                0..=54 if acquirable[key] => self.random_acquire(session, key),
+                0..=4 => Step::Close { session },
+                5..=54 if acquirable[key] => self.random_acquire(session, key),
                 55..=69 if self.known(key, token) => Step::Release {
                     session,
                     key,
@@ -387,6 +395,9 @@ impl Run {
                     let grants = &self.window_grants;
                     let (key, owner, _, session) =
                         grants[self.rng.below(grants.len() as u64) as usize];
+                    if self.frozen[key] {
+                        continue;
+                    }
                     Step::Cancel {
                         session,
                         key,
@@ -485,6 +496,7 @@ impl Run {
         self.subjects = subjects;
         checked?;
         self.window_grants.clear();
+        self.frozen.fill(false);
         self.check_states()
     }
 
@@ -538,14 +550,42 @@ impl Run {
                 nonce,
             } => vec![model.query(session, key, nonce)],
             Step::Close { session } => {
-                model.close_session(session);
+                self.model.close_session(session);
+                let expected = self.unwritten_grants(session)?;
                 self.open.retain(|&open| open != session);
                 self.open.push(self.next_session);
                 self.next_session += 1;
-                Vec::new()
+                expected
             }
             Step::Shutdown => model.shutdown(),
         })
+    }
+
+    /// `session` closes with grants of this window not answered yet (a burst's, in flight in
+    /// the cluster): as docs/protocol.md §3.2 says for a grant whose session is known closed
+    /// before its `A` is written, the server releases it itself (the subjects do it in
+    /// `Subject::close`, with `release_granted`), and the `A` is never seen. The key's next
+    /// grant is then in flight in the cluster behind that release, so the burst leaves the key
+    /// alone (`frozen`). Returns the answers of those releases (the handoffs).
+    fn unwritten_grants(&mut self, session: SessionId) -> Result<Vec<Expect>, String> {
+        let mut expected = Vec::new();
+        let grants = std::mem::take(&mut self.window_grants);
+        let (unwritten, kept) = grants.into_iter().partition(|grant| grant.3 == session);
+        self.window_grants = kept;
+        for (key, owner, logical, _) in unwritten {
+            let answer = self.expected.iter().position(|e| {
+                e.session == session
+                    && e.key == Some(key)
+                    && matches!(e.response, Response::Acquired { owner: o, .. } if o == owner)
+            });
+            self.expected
+                .remove(answer.ok_or("an unwritten grant the model never made")?);
+            self.frozen[key] = true;
+            let released = self.model.release(session, key, logical);
+            let handoffs = released.into_iter();
+            expected.extend(handoffs.filter(|e| !matches!(e.response, Response::Released { .. })));
+        }
+        Ok(expected)
     }
 
     /// The model's token `pick` names for `key`, if any.
@@ -613,7 +653,7 @@ impl Run {
                 key,
                 nonce,
             } => subject.send(now_us, session, TableOp::Query { nonce }, key_of(key)),
-            Step::Close { session } => subject.partition().handle_session_closed(session),
+            Step::Close { session } => subject.close(now_us, session),
             Step::Shutdown => subject.partition().handle_shutdown(),
         }
     }

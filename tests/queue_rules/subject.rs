@@ -13,6 +13,7 @@ use latchkey::cluster::mem_durable::MemDurable;
 use latchkey::cluster::member::{Envelope, Member};
 use latchkey::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use latchkey::lock_table::{Answer, LockTable, Op, SessionId, TableConfig};
+use latchkey::protocol::Response;
 use latchkey::server::partition::Partition;
 use latchkey::tokens::TokenRange;
 use raft::eraftpb::Message;
@@ -59,6 +60,8 @@ pub struct Subject {
     pub last: Vec<u64>,
     /// Tokens of the releases and extends sent since it last settled (each answer echoes one).
     pub sent: Vec<u64>,
+    /// Answers taken out before settling (see [`Subject::close`]).
+    early: Vec<Answer>,
     /// Lease time the subject may show beyond the model's (never less): its granularity.
     pub lease_slack_us: u64,
 }
@@ -79,6 +82,7 @@ impl Subject {
             by_logical: HashMap::new(),
             last: vec![0; keys],
             sent: Vec::new(),
+            early: Vec::new(),
             lease_slack_us,
         }
     }
@@ -162,7 +166,8 @@ impl Subject {
 
     /// Runs the loop at `now_us` until nothing is left to do at that instant; every answer.
     pub fn settle(&mut self, now_us: u64) -> Result<Vec<Answer>, String> {
-        let mut answers = self.take();
+        let mut answers = std::mem::take(&mut self.early);
+        answers.extend(self.take());
         for _ in 0..SETTLE_ITERATIONS_MAX {
             self.partition().handle_timers(now_us);
             answers.extend(self.take());
@@ -186,6 +191,25 @@ impl Subject {
         let kept = answers.clone();
         partition.return_answers(answers);
         kept
+    }
+
+    /// `session` closes. Its grants answered but not delivered yet (they would be in the
+    /// session's unwritten output) are released, as a server's core does
+    /// (`Partition::release_granted`); grants still in flight are the partition's business.
+    pub fn close(&mut self, now_us: u64, session: SessionId) {
+        // Withdrawn first, its waiters cannot be handed what its grants give back.
+        self.partition().handle_session_closed(session);
+        let mut taken = std::mem::take(&mut self.early);
+        taken.extend(self.take());
+        for answer in taken {
+            match answer.response {
+                Response::Acquired { token, .. } if answer.session == session => {
+                    self.partition()
+                        .release_granted(now_us, answer.entry, token);
+                }
+                _ => self.early.push(answer),
+            }
+        }
     }
 
     /// A keyed request at `now_us` (its answers come with the next settle).
