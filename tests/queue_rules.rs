@@ -38,8 +38,8 @@
 //! where the single node granted it). A session that closes in a burst with grants not yet
 //! delivered (in flight in the cluster; answered but unwritten on the single node) has them
 //! released by the server, as docs/protocol.md §3.2 says (`Subject::close` uses
-//! `release_granted` as a core does); the model releases them too and the burst leaves their
-//! keys alone after that.
+//! `release_granted` as a core does); the model releases them too and the burst ends there
+//! (the next grants of those keys are in flight in the cluster behind the releases).
 //!
 //! Time: half the seeds run on the millisecond grid, where the cluster's millisecond leases
 //! and the table's 1 ms tick land on the model's instants exactly; the other half run a fixed

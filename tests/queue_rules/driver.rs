@@ -218,6 +218,10 @@ impl Run {
         for (now_us, step) in &self.trace {
             let _ = writeln!(out, "  {now_us} {step:?}");
         }
+        let _ = writeln!(out, "model holders {:?}, holds:", self.model_holder);
+        for (key, held) in self.model.held.iter().enumerate() {
+            let _ = writeln!(out, "  key {key}: {held:?}");
+        }
         out
     }
 
@@ -330,8 +334,8 @@ impl Run {
     /// binding an acquire of a free key once a key was freed, a release or extend naming a
     /// token granted within the burst (not known before its `A`), queries (served at a later
     /// read index), shutdown (an acquire in flight is not yet granted: the cluster answers `B`
-    /// and releases its grant, where the model granted at once), and, after a session closed
-    /// with grants not yet delivered, its keys (see [`Run::unwritten_grants`]).
+    /// and releases its grant, where the model granted at once), and anything after a session
+    /// closed with grants not yet delivered (see [`Run::unwritten_grants`]).
     fn burst(&mut self) -> Checked {
         let keys = self.keys.len();
         let mut acquirable = vec![true; keys];
@@ -363,6 +367,12 @@ impl Run {
                 new_keys &= !(capped && frees);
             }
             self.feed(step)?;
+            // A close released grants not yet delivered: the next grants of their keys are
+            // in flight in the cluster behind those releases (with their waiters' places
+            // still counted, and the released holds too): the burst ends there.
+            if self.frozen.contains(&true) {
+                break;
+            }
         }
         self.finish()
     }
@@ -565,8 +575,8 @@ impl Run {
     /// the cluster): as docs/protocol.md §3.2 says for a grant whose session is known closed
     /// before its `A` is written, the server releases it itself (the subjects do it in
     /// `Subject::close`, with `release_granted`), and the `A` is never seen. The key's next
-    /// grant is then in flight in the cluster behind that release, so the burst leaves the key
-    /// alone (`frozen`). Returns the answers of those releases (the handoffs).
+    /// grant is then in flight in the cluster behind that release, so the key is marked
+    /// `frozen` and the burst ends. Returns the answers of those releases (the handoffs).
     fn unwritten_grants(&mut self, session: SessionId) -> Result<Vec<Expect>, String> {
         let mut expected = Vec::new();
         let grants = std::mem::take(&mut self.window_grants);
