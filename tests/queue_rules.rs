@@ -56,6 +56,8 @@
 mod common;
 #[path = "queue_rules/driver.rs"]
 mod driver;
+#[path = "queue_rules/step.rs"]
+mod step;
 #[path = "queue_rules/subject.rs"]
 mod subject;
 
