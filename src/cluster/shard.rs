@@ -15,7 +15,7 @@
 //! its session closed) or is proposed (the holder to be: a single node would have granted it
 //! in the step that freed the key); every way out of a queue is a method here that takes the
 //! places, so none can forget them. For the same reason a proposed head is not one of its
-//! key's waiters for `max_waiters_per_key` and `Q` ([`Shard::waiting_len`]).
+//! key's waiters for `max_waiters_per_key` and `Q` (`Shard::waiting_len`).
 
 use super::machine::{Grant, ShardMachine};
 use super::member::Proposed;
