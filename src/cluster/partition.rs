@@ -310,7 +310,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                 };
                 if let Some(key) = &handoff {
                     let local = self.local(shard);
-                    self.shards[local].propose_head(key, true, self.now_us);
+                    self.shards[local].propose_head(key, true, self.now_us, &mut self.places);
                 }
                 let pending = Pending {
                     term: proposed.term,
@@ -553,7 +553,7 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
                     holder: granted.map_or(NOBODY, |granted| granted.session),
                     held_us: granted.map(|granted| self.now_us.saturating_sub(granted.at_us)),
                     lease_left_us: hold.deadline_ms.saturating_sub(now_ms) * 1000,
-                    waiters: shard.queue_len(key) as u32,
+                    waiters: shard.waiting_len(key) as u32,
                 });
             }
         }

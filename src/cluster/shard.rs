@@ -11,9 +11,11 @@
 //!
 //! A waiter that had to queue (its key was held or had a queue when it arrived, and its wait
 //! is above 0) takes one of its session's `limits.max_pending_per_session` places
-//! (`Places`) and gives it back when it leaves its queue or is abandoned (answered early, or
-//! its session closed): every way out of a queue is a method here that takes the places, so
-//! none can forget them.
+//! (`Places`) and gives it back when it leaves its queue, is abandoned (answered early, or
+//! its session closed) or is proposed (the holder to be: a single node would have granted it
+//! in the step that freed the key); every way out of a queue is a method here that takes the
+//! places, so none can forget them. For the same reason a proposed head is not one of its
+//! key's waiters for `max_waiters_per_key` and `Q` (`Shard::waiting_len`).
 
 use super::machine::{Grant, ShardMachine};
 use super::member::Proposed;
@@ -230,6 +232,17 @@ impl Shard {
         self.queues.get(key).map_or(0, VecDeque::len)
     }
 
+    /// The waiters of `key` as docs/protocol.md §3 counts them (`max_waiters_per_key`, `Q`'s
+    /// waiters): the queue but a proposed head. An entry that grants that head is in the log;
+    /// on a single node it would hold the key already (granted in the step that freed it), so
+    /// it is the holder to be, not a waiter (if the entry does not grant it, it waits again).
+    pub fn waiting_len(&self, key: &[u8]) -> usize {
+        let Some(queue) = self.queues.get(key) else {
+            return 0;
+        };
+        queue.len() - usize::from(queue.front().is_some_and(|head| head.proposed))
+    }
+
     /// Removes and returns the head of `key`'s queue; its place goes back to `places`.
     pub fn pop_head(&mut self, key: &[u8], places: &mut Places) -> Option<Waiter> {
         let queue = self.queues.get_mut(key)?;
@@ -249,20 +262,26 @@ impl Shard {
     }
 
     /// Marks the head of `key`'s queue proposed at `now_us`: by an `Acquire`, or (`handoff`)
-    /// as the `then` of a release or expiry. The head must not be proposed already.
-    pub fn propose_head(&mut self, key: &[u8], handoff: bool, now_us: u64) {
+    /// as the `then` of a release or expiry. The head must not be proposed already. It gives
+    /// its place back to `places` now: on a single node it would hold the key already (granted
+    /// in the step that freed it), so it no longer counts as queued (docs/protocol.md §3).
+    pub fn propose_head(&mut self, key: &[u8], handoff: bool, now_us: u64, places: &mut Places) {
         let head = self.queues.get_mut(key).and_then(VecDeque::front_mut);
         let head = head.expect("a head to propose");
         assert!(!head.proposed, "a head proposed twice");
         head.proposed = true;
         head.handoff = handoff;
         head.proposed_us = now_us;
+        places.give_back(head);
         self.proposed += usize::from(!handoff);
     }
 
     /// Marks the head of `key`'s queue waiting again (its entry did not grant it the key);
-    /// false when the queue has no proposed head.
-    pub fn unpropose_head(&mut self, key: &[u8]) -> bool {
+    /// false when the queue has no proposed head. A head that had to queue (`ends_pending`)
+    /// takes a place of its session's again if one is free; if none is (the session queued
+    /// more meanwhile), it waits uncounted: at most one such waiter per key, the head, and
+    /// answering it `B` would refuse an acquire the single node would have granted.
+    pub fn unpropose_head(&mut self, key: &[u8], places: &mut Places) -> bool {
         let Some(head) = self.queues.get_mut(key).and_then(VecDeque::front_mut) else {
             return false;
         };
@@ -273,6 +292,9 @@ impl Shard {
         head.proposed = false;
         head.handoff = false;
         head.proposed_us = 0;
+        if head.ends_pending && !head.abandoned && places.try_take(head.session) {
+            head.counted = true;
+        }
         true
     }
 

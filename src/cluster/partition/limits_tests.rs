@@ -7,8 +7,7 @@
 use super::super::{ClusterPartition, PartitionSettings, Peers, COMPACT_EVERY};
 use crate::cluster::mem_durable::MemDurable;
 use crate::cluster::member::{Envelope, Member};
-use crate::partition::Partition;
-use crate::partition::{Answer, BusyReason, Op, QueueCounts, SessionId};
+use crate::partition::{Answer, BusyReason, Op, Partition, QueueCounts, SessionId};
 use crate::protocol::Response;
 use raft::eraftpb::Message;
 use std::collections::HashMap;
@@ -341,6 +340,135 @@ fn a_wait_0_acquire_of_a_held_key_is_answered_t_without_an_entry() {
     assert_eq!(bench.answer(token), Response::Released { token });
     let next = bench.hold(11, &key, 3);
     assert!(next > token);
+}
+
+#[test]
+fn a_head_with_its_grant_in_flight_is_the_holder_to_be_not_a_waiter() {
+    let limits = Limits {
+        keys_per_shard: 1000,
+        pending_per_session: 16,
+    };
+    let mut bench = Bench::new(1, 0, 1, limits);
+    bench.partition.settings.max_waiters_per_key = 1;
+    let key = b"limits/in-flight";
+    // An acquire of a free key is proposed; before it applies, one more queues behind it (as
+    // behind the holder on a single node, which granted the first at once), and a third is
+    // refused: that queue is full.
+    bench.acquire(1, key, 5, 1);
+    bench.acquire(2, key, 5, 2);
+    bench.acquire(3, key, 5, 3);
+    assert_eq!(bench.answer(3), Response::Busy { owner: 3 });
+    bench.send(4, Op::Query { nonce: 9 }, key);
+    bench.settle();
+    let Response::Acquired { token, .. } = bench.answer(1) else {
+        panic!("the first acquire holds the key");
+    };
+    let state = bench.answer(9);
+    assert!(
+        matches!(state, Response::State { waiters: 1, .. }),
+        "{state:?}"
+    );
+    assert!(bench.answers.is_empty(), "2 waits: {:?}", bench.answers);
+    // The same with a handoff in flight: the release carries 2's grant, and 4 queues behind.
+    bench.send(1, Op::Release { token }, key);
+    bench.acquire(3, key, 5, 4);
+    bench.settle();
+    assert_eq!(bench.answer(token), Response::Released { token });
+    assert!(matches!(bench.answer(2), Response::Acquired { .. }));
+    assert!(bench.answers.is_empty(), "4 waits: {:?}", bench.answers);
+    assert_eq!(bench.partition.shards[0].queue_len(key), 1);
+}
+
+#[test]
+fn a_head_handed_the_key_gives_its_place_back_with_the_entry_that_grants_it() {
+    let limits = Limits {
+        keys_per_shard: 1000,
+        pending_per_session: 1,
+    };
+    let mut bench = Bench::new(1, 0, 1, limits);
+    let keys: [&[u8]; 2] = [b"limits/first", b"limits/second"];
+    let token = bench.hold(1, keys[0], 1);
+    bench.hold(1, keys[1], 2);
+    bench.acquire(2, keys[0], 30, 3);
+    bench.settle();
+    assert_eq!(bench.places(), 1);
+    // The release carries 3's grant: on a single node 3 holds the key now and queues no more,
+    // so its session may queue another acquire before the entry applies.
+    bench.send(1, Op::Release { token }, keys[0]);
+    assert_eq!(bench.places(), 0);
+    bench.acquire(2, keys[1], 30, 4);
+    bench.settle();
+    assert_eq!(bench.answer(token), Response::Released { token });
+    assert!(matches!(bench.answer(3), Response::Acquired { .. }));
+    assert!(bench.answers.is_empty(), "4 waits: {:?}", bench.answers);
+    assert_eq!(bench.places(), 1);
+    bench.partition.check_places();
+}
+
+#[test]
+fn a_head_whose_handoff_misses_waits_again_and_is_granted() {
+    let limits = Limits {
+        keys_per_shard: 1000,
+        pending_per_session: 1,
+    };
+    let mut bench = Bench::new(1, 0, 1, limits);
+    let (key, other): (&[u8], &[u8]) = (b"limits/miss", b"limits/other");
+    let op = Op::Acquire {
+        wait_s: 0,
+        lease_s: 1,
+        owner: 1,
+    };
+    bench.send(1, op, key);
+    bench.settle();
+    let Response::Acquired { token, .. } = bench.answer(1) else {
+        panic!("the key is granted");
+    };
+    bench.hold(1, other, 2);
+    // Past the lease, the leader proposes the expiry: in the log, not applied yet (a loop
+    // iteration would apply it at once on one member; here the requests come in between).
+    bench.now_us += 1_001_000;
+    bench.partition.now_us = bench.now_us;
+    bench.partition.leader_duties(0);
+    assert!(bench.partition.shards[0].expiring.contains(&token));
+    assert!(bench.partition.shards[0].machine.holder(key).is_some());
+    // 3 queues (the applied state holds the key) and the holder's release carries its grant.
+    bench.acquire(2, key, 30, 3);
+    bench.send(1, Op::Release { token }, key);
+    let head = bench.partition.shards[0].queues[key].front().cloned();
+    assert!(head.is_some_and(|head| head.proposed && head.handoff));
+    // Proposed, 3 is the holder to be: its session's place goes to 4.
+    assert_eq!(bench.places(), 0);
+    bench.acquire(2, other, 30, 4);
+    assert_eq!(bench.places(), 1);
+    bench.settle();
+    // The expiry applied first, so the release freed nothing and granted nothing: 3 waited
+    // again (uncounted: its session's place is 4's) and got the key by an Acquire of its own.
+    assert_eq!(bench.answer(token), Response::NotHeld { token });
+    assert!(matches!(bench.answer(3), Response::Acquired { .. }));
+    assert!(bench.answers.is_empty(), "4 waits: {:?}", bench.answers);
+    assert_eq!(bench.places(), 1);
+    bench.partition.check_places();
+}
+
+#[test]
+fn a_head_that_waits_again_takes_its_place_back() {
+    let limits = Limits {
+        keys_per_shard: 1000,
+        pending_per_session: 1,
+    };
+    let mut bench = Bench::new(1, 0, 1, limits);
+    let key: &[u8] = b"limits/again";
+    let token = bench.hold(1, key, 1);
+    bench.acquire(2, key, 30, 2);
+    bench.send(1, Op::Release { token }, key);
+    assert_eq!(bench.places(), 0, "proposed, 2 is the holder to be");
+    // Its entry did not grant it the key (as when another entry took the key first): it
+    // waits again, and counts again, while the applied state still shows the key held.
+    bench.partition.head_missed(0, key);
+    let head = bench.partition.shards[0].queues[key].front().cloned();
+    assert!(head.is_some_and(|head| !head.proposed && head.counted));
+    assert_eq!(bench.places(), 1);
+    bench.partition.check_places();
 }
 
 /// Queue counts shared by two cores' partitions, as a server's are (the server's own keeps

@@ -15,10 +15,13 @@
 //!   grants in flight number `max_keys / shards` gets `B` (each shard is a partition of the key
 //!   space, as each core is on a single node). Members' configs may differ, so the machine's
 //!   own cap, applied on every member, is a constant ([`crate::cluster::machine::HOLDS_MAX`]).
-//! * `max_waiters_per_key`: an acquire with wait > 0 on a key whose queue is full gets `B`.
+//! * `max_waiters_per_key`: an acquire with wait > 0 on a key whose queue is full gets `B`. A
+//!   queue head with its grant in the log is not counted: on a single node it would hold the
+//!   key already (granted in the step that freed it, or at once on a free key).
 //! * `max_pending_per_session`: an acquire with wait > 0 that must queue (its key is held or
 //!   has a queue) while its session has that many queued gets `B`; one on a free key is
-//!   proposed at once and, as a grant at once on a single node, never counts.
+//!   proposed at once and, as a grant at once on a single node, never counts; a queued one
+//!   stops counting when its grant is proposed, for the same reason.
 
 use super::{ClusterPartition, Peers, PendingKind, PendingRead};
 use crate::cluster::machine::{Command, Grant};
@@ -73,7 +76,8 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
             self.stats.timed_out += 1;
             return self.answer(session, Response::Timeout { owner }, false);
         }
-        if queued >= self.settings.max_waiters_per_key as usize {
+        let waiting = self.shards[local].waiting_len(key);
+        if waiting >= self.settings.max_waiters_per_key as usize {
             return self.busy(session, owner, ends_pending, BusyReason::WaitersPerKey);
         }
         // Taken last: a place taken (in shared counts too) is always followed by the enqueue.
@@ -129,7 +133,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         };
         let kind = PendingKind::Acquire { key: key.to_vec() };
         if self.propose(shard, &command, session, kind) {
-            self.shards[local].propose_head(key, false, self.now_us);
+            self.shards[local].propose_head(key, false, self.now_us, &mut self.places);
         } else if let Some(head) = self.shards[local].pop_head(key, &mut self.places) {
             let response = self.moved(shard, head.owner);
             self.answer(head.session, response, head.ends_pending);
@@ -231,7 +235,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
                 nonce: read.nonce,
                 held: holder.is_some(),
                 lease_ms: u32::try_from(lease_ms).unwrap_or(u32::MAX),
-                waiters: shard.queue_len(&read.key) as u32,
+                waiters: shard.waiting_len(&read.key) as u32,
             };
             self.answer(read.session, response, false);
         }
@@ -296,7 +300,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     /// and a key left free goes to the next waiter.
     pub(super) fn head_missed(&mut self, shard: u32, key: &[u8]) {
         let local = self.local(shard);
-        if !self.shards[local].unpropose_head(key) {
+        if !self.shards[local].unpropose_head(key, &mut self.places) {
             return;
         }
         let now_us = self.now_us;
