@@ -185,6 +185,11 @@ fn worker(world: &World, seed: u64) {
             }
             Err(AcquireError::Timeout) => add(&tally.not_acquired),
             Err(AcquireError::Indeterminate) => add(&tally.indeterminate),
+            // Nothing was sent: every session was cut or stalled and none could be set up
+            // again within the connect timeout. Rare, but not wrong through a proxy that cuts
+            // connections on a loaded machine (seen once under a load average of 6); what
+            // this test checks is that no honest write is ever refused.
+            Err(AcquireError::Unavailable) => add(&tally.unsent),
             Err(other) => panic!("acquire: {other:?}"),
         }
     }
