@@ -17,7 +17,7 @@ use super::machine::Command;
 use super::member::{Envelope, Member};
 use super::peer::PeerReport;
 use super::shard::{Places, Shard};
-use super::Durable;
+use super::writer::LogWriter;
 use crate::lock_table::{Answer, BusyReason, HeldKey, Op, QueueCounts, SessionId, TableStats};
 use crate::metrics::Histogram;
 use crate::protocol::{Leader, Response};
@@ -136,7 +136,7 @@ pub struct ClusterStats {
     pub restores: u64,
     /// From a client request's proposal to its entry's apply, in microseconds.
     pub commit_latency: Histogram,
-    /// One write-ahead log sync (`finish_drain`: write, `fdatasync`), in microseconds.
+    /// One round of the core's log writer (write, `fdatasync`), in microseconds.
     pub sync_latency: Histogram,
     /// The member's links to its peers and its quorum (the same on every core).
     pub peers: Option<PeerReport>,
@@ -191,7 +191,7 @@ struct PendingRead {
 }
 
 /// A cluster member's partition on one core.
-pub struct ClusterPartition<D: Durable, P: Peers> {
+pub struct ClusterPartition<D: LogWriter, P: Peers> {
     settings: PartitionSettings,
     member: Member<D>,
     peers: P,
@@ -214,7 +214,7 @@ pub struct ClusterPartition<D: Durable, P: Peers> {
     leadership_log: LeadershipLog,
 }
 
-impl<D: Durable, P: Peers> ClusterPartition<D, P> {
+impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// The partition of core `settings.core` around `member` (which hosts exactly
     /// [`shards_of_core`] of it).
     pub fn new(settings: PartitionSettings, member: Member<D>, peers: P) -> Self {
@@ -352,7 +352,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     }
 }
 
-impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
+impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
     fn core_of_key(&self, key: &[u8], cores: usize) -> usize {
         shard_of(key, self.settings.shards) as usize % cores
     }
@@ -545,6 +545,11 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
             })
             .collect();
         stats.peers = self.peers.report();
+        stats.sync_latency = self
+            .member
+            .writer()
+            .sync_latency()
+            .unwrap_or(stats.sync_latency);
         Some(stats)
     }
 

@@ -4,10 +4,13 @@
 //! framed records (`record.rs`: `[len u32][crc32c u32][kind u8][shard u32][payload]`, payload the
 //! protobuf of an entry batch, a `HardState` or a `Snapshot`).
 //!
-//! Writes only encode into a memory buffer; [`Durable::sync`] writes the whole buffer with one
-//! `write` and, when `fsync` is on, one `fdatasync`: one sync covers every group and every record
-//! since the last (group commit). With `fsync` off a sync reaches the page cache only, which
-//! survives a crash of the process but not of the machine.
+//! The log is owned by its core's writer thread (`crate::cluster::writer`), never touched by
+//! the core's event loop. Writes only encode into a memory buffer; [`Durable::sync`] writes the
+//! whole buffer with one `write` and, when `fsync` is on, one `fdatasync`: one sync covers every
+//! group and every record since the last (group commit). [`Durable::flush`] writes without the
+//! `fdatasync` (the next sync covers it; it never rotates, so that a segment is never left with
+//! an unsynced tail). With `fsync` off a sync reaches the page cache only, which survives a
+//! crash of the process but not of the machine.
 //!
 //! After a sync that leaves the current segment at or past [`Options::segment_bytes`], the log
 //! rotates. If the live state (per group: hard state, last snapshot, entries after it) is under
@@ -89,6 +92,8 @@ pub struct Stats {
     pub records: u64,
     /// Syncs that wrote something.
     pub syncs: u64,
+    /// Flushes that wrote something (without `fdatasync`).
+    pub flushes: u64,
     /// Bytes written by syncs (compaction not counted).
     pub bytes: u64,
     /// Rotations to a new empty segment.
@@ -124,6 +129,8 @@ pub struct Wal {
     file: File,
     /// Bytes written to `file`.
     file_bytes: u64,
+    /// Bytes of `file` known durable (the rest was flushed and waits for the next sync).
+    synced_bytes: u64,
     /// Bytes of all segments but the last.
     older_bytes: u64,
     /// Sequence number of the next record written to `file`.
@@ -182,6 +189,7 @@ impl Wal {
             segments: replayed.segments,
             file,
             file_bytes: replayed.last_bytes,
+            synced_bytes: replayed.last_bytes,
             older_bytes,
             next_seq: replayed.next_seq,
             poisoned: false,
@@ -250,6 +258,10 @@ impl Wal {
             "wal: buffer over its bound"
         );
         assert!(!self.segments.is_empty(), "wal: no current segment");
+        assert!(
+            self.synced_bytes <= self.file_bytes,
+            "wal: synced past the file's end"
+        );
         let seqs = self.segments.windows(2);
         assert!(
             seqs.clone().all(|pair| pair[0].0 < pair[1].0),
@@ -298,6 +310,7 @@ impl Wal {
         self.segments.push((seq, path));
         self.file = file;
         self.file_bytes = 0;
+        self.synced_bytes = 0;
         self.stats.rotations += 1;
         Ok(())
     }
@@ -339,6 +352,7 @@ impl Wal {
         let older = std::mem::replace(&mut self.segments, vec![(seq, path.clone())]);
         self.file = fs::OpenOptions::new().append(true).open(&path)?;
         self.file_bytes = bytes.len() as u64;
+        self.synced_bytes = self.file_bytes;
         self.older_bytes = 0;
         self.next_seq = seq + records;
         self.stats.compactions += 1;
@@ -445,9 +459,20 @@ impl Durable for Wal {
         Ok(())
     }
 
-    fn sync(&mut self) -> io::Result<()> {
+    fn flush(&mut self) -> io::Result<()> {
         self.usable()?;
         if self.buffer.is_empty() {
+            return Ok(());
+        }
+        self.write_buffer()?;
+        self.stats.flushes += 1;
+        self.check_invariants();
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.usable()?;
+        if self.buffer.is_empty() && self.synced_bytes == self.file_bytes {
             return Ok(());
         }
         self.write_buffer()?;
@@ -457,6 +482,7 @@ impl Durable for Wal {
                 return Err(self.on_segment("fdatasync of", error));
             }
         }
+        self.synced_bytes = self.file_bytes;
         self.stats.syncs += 1;
         if let Err(error) = self.maybe_rotate() {
             self.poisoned = true;

@@ -15,14 +15,14 @@
 use super::{ClusterPartition, Peers, PendingKind, PendingRead};
 use crate::cluster::machine::Command;
 use crate::cluster::shard::Waiter;
-use crate::cluster::Durable;
+use crate::cluster::writer::LogWriter;
 use crate::lock_table::{BusyReason, SessionId};
 use crate::protocol::Response;
 
 /// Up to this many queued waiters, debug builds check every place before each acquire.
 const PLACES_CHECKED_WAITERS_MAX: usize = 4096;
 
-impl<D: Durable, P: Peers> ClusterPartition<D, P> {
+impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// An acquire: queued behind the key's queue, or proposed at once when the queue is empty.
     /// A `wait = 0` acquire never queues: with others queued it is answered `T`.
     pub(super) fn acquire(
