@@ -51,8 +51,15 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use record::RECORD_BYTES_MAX;
+
+/// Microseconds every [`Durable::sync`] of every log in the process waits after its
+/// `fdatasync`: a hook for benchmarks that play a slow disk (`benches/stalls.rs`), 0 (off)
+/// unless one sets it. Its cost when off is one relaxed load per sync.
+#[doc(hidden)]
+pub static BENCH_SYNC_DELAY_US: AtomicU64 = AtomicU64::new(0);
 
 /// The most bytes buffered between two syncs (128 MiB): room for two records of the largest
 /// size. A write that would pass it fails; a member drains a few MiB per loop iteration.
@@ -483,6 +490,10 @@ impl Durable for Wal {
             }
         }
         self.synced_bytes = self.file_bytes;
+        let delay_us = BENCH_SYNC_DELAY_US.load(Ordering::Relaxed);
+        if delay_us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay_us));
+        }
         self.stats.syncs += 1;
         if let Err(error) = self.maybe_rotate() {
             self.poisoned = true;
