@@ -307,6 +307,8 @@ fn start_member(dir: &Path) -> ServerHandle {
     config.server.listen = client;
     config.server.cores = 1;
     config.server.cores_explicit = true;
+    // One shard holds at most a million keys.
+    config.limits.max_keys = 1_000_000;
     config.cluster = Some(ClusterConfig {
         node_id: 1,
         data_dir: dir.to_path_buf(),
