@@ -10,7 +10,14 @@
 //! * `expire`: `STALL_EXPIRE_KEYS` leases (default 1,000,000) of random length (1 s to
 //!   `STALL_LEASE_MAX_S`, default 8 s) are taken in random order, then expire; the figures cover
 //!   the expiry window, from the end of the fill until the last lease has run out.
+//! * `cluster`: a one-member cluster (one core, one shard, `fsync` on, its own majority) takes
+//!   `STALL_CLUSTER_KEYS` keys (default 100,000) by pipelined acquires, each a log entry the
+//!   write-ahead log must sync: once with the disk as it is, once with every sync made
+//!   `STALL_SYNC_DELAY_US` longer (default 20,000: a slow disk; the log's benchmark hook
+//!   `BENCH_SYNC_DELAY_US`). Where the sync runs on the core's loop, every iteration that syncs
+//!   holds the core that long, and the probe waits with it.
 //!
+//! `STALL_SCENARIOS` picks scenarios (comma-separated; default `grow,expire,cluster`).
 //! Run with `cargo bench --bench stalls`. Randomness comes from a fixed, printed seed
 //! (`STALL_SEED` changes it). With two CPUs or more, the server's core runs alone on CPU 0 and
 //! the load and the probe on CPU 1, so that an iteration is not stretched by the load
@@ -24,11 +31,12 @@
 //! the worst gap a thread spinning alone on the server's CPU saw in two seconds.
 
 use hdrhistogram::Histogram;
-use latchkey::config::Config;
+use latchkey::config::{ClusterConfig, Config, MemberConfig};
 use latchkey::protocol::{parse_response, Request, Response};
 use latchkey::server::{ServerHandle, LOOP_BUCKETS_US};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -80,6 +88,11 @@ fn start_server(max_keys: usize) -> ServerHandle {
     config.server.listen = "127.0.0.1:0".parse().expect("address");
     config.server.cores = 1;
     config.limits.max_keys = max_keys;
+    start_pinned(config)
+}
+
+/// Starts `config`'s server; when pinning, its threads on CPU 0 and the caller then on CPU 1.
+fn start_pinned(config: Config) -> ServerHandle {
     let pinning = env_u64("STALL_PIN", 1) == 1
         && std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
     if pinning {
@@ -281,6 +294,96 @@ fn expire(keys: usize, lease_max_s: u64, seed: u64) {
     );
 }
 
+/// A free local address (bound, then let go).
+fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address")
+}
+
+/// A one-member cluster of one core and one shard, `fsync` on, its data under `dir`.
+fn start_member(dir: &Path) -> ServerHandle {
+    let (client, peer) = (free_addr(), free_addr());
+    let mut config = Config::default();
+    config.server.listen = client;
+    config.server.cores = 1;
+    config.server.cores_explicit = true;
+    // One shard holds at most a million keys.
+    config.limits.max_keys = 1_000_000;
+    config.cluster = Some(ClusterConfig {
+        node_id: 1,
+        data_dir: dir.to_path_buf(),
+        members: vec![MemberConfig {
+            id: 1,
+            client,
+            peer,
+        }],
+        shards: 1,
+        fsync: true,
+    });
+    start_pinned(config)
+}
+
+/// Waits (10 s at most) until the member grants an acquire: it elected itself and serves.
+fn wait_serving(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let mut stream = TcpStream::connect(addr).expect("connects");
+        let mut frame = Vec::new();
+        let request = Request::Acquire {
+            wait_s: 0,
+            lease_s: 1,
+            owner: 1,
+            key: b"stalls/ready",
+        };
+        request.encode(&mut frame);
+        stream.write_all(&frame).expect("writes");
+        let (mut input, mut filled) = (vec![0u8; 4096], 0);
+        let response = loop {
+            filled += stream.read(&mut input[filled..]).expect("reads");
+            if let Some((response, _)) = parse_response(&input[..filled]).expect("a frame") {
+                break response;
+            }
+        };
+        if matches!(response, Response::Acquired { .. }) {
+            return;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the one-member cluster does not serve within 10 s");
+}
+
+/// A directory under the temp dir for one member's data, removed when dropped.
+struct DataDir(PathBuf);
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn cluster(keys: usize, delay_us: u64) {
+    let pid = std::process::id();
+    let dir = DataDir(std::env::temp_dir().join(format!("latchkey-stalls-{pid}-{delay_us}")));
+    latchkey::cluster::wal::BENCH_SYNC_DELAY_US.store(delay_us, Ordering::Relaxed);
+    let server = start_member(&dir.0);
+    let addr = server.local_addr();
+    wait_serving(addr);
+    let wanted: Vec<(String, u8)> = (0..keys).map(|i| (format!("sync/{i:09}"), 255)).collect();
+    server.take_worst_loop_us();
+    let before = server.loop_histogram();
+    let probe = Probe::start(addr);
+    let start = Instant::now();
+    let granted = fill(addr, wanted);
+    let elapsed = start.elapsed();
+    let loops = loops_since(&server, &before);
+    let histogram = probe.finish();
+    assert_eq!(granted, keys, "every acquire of a new key is granted");
+    let phase = format!("+{}ms", delay_us / 1000);
+    report("cluster", &phase, elapsed, &loops, &histogram);
+    drop(server);
+    latchkey::cluster::wal::BENCH_SYNC_DELAY_US.store(0, Ordering::Relaxed);
+}
+
 /// What a thread spinning for `span` alone on CPU 0 sees: the worst gap between two clock
 /// readings, and how many gaps were over 1 ms. Nothing of the server runs then.
 fn jitter_floor(span: Duration) -> (u64, u64) {
@@ -321,6 +424,20 @@ fn main() {
         "loop iterations in {clock} time; machine floor: a thread spinning alone on CPU 0 for \
          5 s saw a worst gap of {floor_us} us and {floor_over} gaps over 1 ms"
     );
-    grow(grow_keys);
-    expire(expire_keys, lease_max_s, seed);
+    let scenarios =
+        std::env::var("STALL_SCENARIOS").unwrap_or_else(|_| "grow,expire,cluster".into());
+    let scenarios: Vec<&str> = scenarios.split(',').map(str::trim).collect();
+    if scenarios.contains(&"grow") {
+        grow(grow_keys);
+    }
+    if scenarios.contains(&"expire") {
+        expire(expire_keys, lease_max_s, seed);
+    }
+    if scenarios.contains(&"cluster") {
+        let keys = env_u64("STALL_CLUSTER_KEYS", 100_000) as usize;
+        let delay_us = env_u64("STALL_SYNC_DELAY_US", 20_000);
+        println!("cluster: {keys} keys, each sync as it is, then {delay_us} us longer");
+        cluster(keys, 0);
+        cluster(keys, delay_us);
+    }
 }

@@ -1,8 +1,9 @@
 //! The deterministic Raft simulation: three `Member`s in one thread on a simulated clock
 //! (1 ms steps, ticks every 10 ms), a seeded network (delay 0–20 ms, loss, duplication,
-//! reordering, partitions that heal), crash-restarts that drop unsynced writes (sometimes
-//! between `begin_drain` and `finish_drain`), and a stream of proposals to whichever member
-//! claims leadership. The safety checks (`cluster_sim/check.rs`) run after every step; after
+//! reordering, partitions that heal), each member's log writer completing its batches some
+//! simulated ms after they were handed over (in a seeded order with the deliveries),
+//! crash-restarts that drop unsynced writes (sometimes right after a drain handed its batch
+//! over), and a stream of proposals to whichever member claims leadership. The safety checks (`cluster_sim/check.rs`) run after every step; after
 //! the faults end (the last 2 s) every member must converge.
 //!
 //! Env: `LATCHKEY_CLUSTER_SIM_SEED` (one seed), `LATCHKEY_CLUSTER_SIM_SEEDS` (how many,
@@ -99,13 +100,13 @@ fn safety_under_faults_and_convergence_after() {
         let (world, violations) = run(seed, steps, sync_mode);
         let s = world.stats;
         println!(
-            "seed {seed}: {} ms, {} fault steps, {} crashes ({} mid-drain), {} partitions, \
+            "seed {seed}: {} ms, {} fault steps, {} crashes ({} with writes in flight), {} partitions, \
              {} lost, {} duplicated, {} restores, {} proposals, {} acked, {} lost proposals, log {:?}, \
              {} violations",
             world.now,
             s.fault_steps,
             s.crashes,
-            s.mid_drain_crashes,
+            s.in_flight_crashes,
             s.partitions,
             s.lost,
             s.duplicated,
@@ -120,7 +121,7 @@ fn safety_under_faults_and_convergence_after() {
         );
         total.fault_steps += s.fault_steps;
         total.crashes += s.crashes;
-        total.mid_drain_crashes += s.mid_drain_crashes;
+        total.in_flight_crashes += s.in_flight_crashes;
         total.partitions += s.partitions;
         acked += world.checker.acked;
         lost += world.checker.lost;
@@ -133,11 +134,11 @@ fn safety_under_faults_and_convergence_after() {
         }
     }
     println!(
-        "total: {} fault steps, {} crashes ({} mid-drain), {} partitions, {acked} acked, \
+        "total: {} fault steps, {} crashes ({} with writes in flight), {} partitions, {acked} acked, \
          {lost} lost proposals, {} seeds failed {failed:?}",
         total.fault_steps,
         total.crashes,
-        total.mid_drain_crashes,
+        total.in_flight_crashes,
         total.partitions,
         failed.len()
     );

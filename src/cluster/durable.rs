@@ -3,8 +3,11 @@
 //! Raft reads its log through [`raft::storage::MemStorage`], one per group, which holds the
 //! entries since the last snapshot in memory. A [`Durable`] records the same writes (appended
 //! entries, hard states, snapshots) so that they survive a crash once [`Durable::sync`] has
-//! returned; a member calls `sync` once per loop iteration for all of its groups (group commit),
-//! before it sends any message or acknowledges anything that depends on those writes.
+//! returned. A member does not call it itself: it hands each loop iteration's writes to its
+//! core's writer (`crate::cluster::writer`), which owns the `Durable`, writes every batch it
+//! finds queued and syncs once for all of them (group commit), and tells the member which batch
+//! is synced; the member sends nothing and acknowledges nothing that depends on a write before
+//! then.
 //!
 //! Two implementations: the write-ahead log of a real member, and an in-memory image in the
 //! deterministic simulation, where a crash keeps only what was synced.
@@ -25,6 +28,10 @@ pub trait Durable {
     fn apply_snapshot(&mut self, shard: u32, snapshot: &Snapshot) -> io::Result<()>;
     /// Makes every write recorded so far durable. One call covers every group.
     fn sync(&mut self) -> io::Result<()>;
+    /// Hands every write recorded so far on towards the disk without waiting for it to be
+    /// durable (a `write` without `fdatasync`): for writes that raft allows to be lost (a hard
+    /// state whose commit index alone changed). The next [`Durable::sync`] covers them.
+    fn flush(&mut self) -> io::Result<()>;
 }
 
 /// One group's durable state as found at start: what to load into its `MemStorage`.

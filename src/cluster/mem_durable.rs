@@ -160,6 +160,15 @@ impl Durable for MemDurable {
         Ok(())
     }
 
+    fn flush(&mut self) -> io::Result<()> {
+        // Flushed writes stay in the written layer: a crash loses them, as a machine crash
+        // can lose what a `write` left in the page cache.
+        match self.mode {
+            SyncMode::Fail => Err(io::Error::other("flush failed (injected)")),
+            SyncMode::Normal | SyncMode::Lie => Ok(()),
+        }
+    }
+
     fn sync(&mut self) -> io::Result<()> {
         match self.mode {
             SyncMode::Fail => return Err(io::Error::other("sync failed (injected)")),

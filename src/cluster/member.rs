@@ -7,20 +7,18 @@
 //! # Call order, once per loop iteration
 //!
 //! 1. [`Member::tick`] (if a tick is due), [`Member::step`], [`Member::propose`], ...
-//! 2. [`Member::begin_drain`]: writes every ready group's entries, hard state and snapshot to
-//!    the storage and to the [`Durable`] (no sync), and returns the messages that may leave
-//!    before the sync plus committed entries and restores to apply.
-//! 3. [`Member::finish_drain`]: one `sync` for all groups, then advances every group and
-//!    returns the messages that may leave only now, more committed entries, read results and
-//!    leader changes.
+//! 2. [`Member::drain`]: what the writer synced since the last drain, then every ready group's
+//!    writes as one batch handed to the writer (see `member/drain.rs`). Returns the messages
+//!    to send, snapshots to restore, committed entries to apply, read results and leader
+//!    changes.
 //!
-//! Nothing but `finish_drain` may be called between the two halves (raft-rs forbids stepping
-//! a node between `ready` and `advance`); that is asserted. After an error from either half
-//! (a failed write or sync of the `Durable`) the member cannot go on: its groups are half
-//! advanced and the write-ahead log refuses every later write. A server stops the process
-//! (exit 70, an error line naming the operation and the file: see
-//! `crate::cluster::partition`'s drain); only a test harness rebuilds a member from what the
-//! `Durable` recovers.
+//! Nothing waits for the disk: the member hands its writes to a [`LogWriter`] (the core's
+//! writer thread in a server) and learns later which batches are durable. Any method may be
+//! called between two drains. After an error from a drain (the writer failed a write or a
+//! sync) the member cannot go on: its groups believe writes that may not be on disk, and the
+//! writer refuses everything after. A server stops the process (exit 70, an error line naming
+//! the operation and the file: see `crate::cluster::partition`'s drain); only a test harness
+//! rebuilds a member from what its durable image recovers.
 //!
 //! # Invariants (checked after every mutation in debug builds)
 //! Per group: applied ≤ commit ≤ last index; the election timeout comes from the seeded
@@ -45,7 +43,8 @@ mod group;
 #[cfg(test)]
 mod tests;
 
-use crate::cluster::{load, Durable, Recovered};
+use crate::cluster::writer::{LogWriter, Record};
+use crate::cluster::{load, Recovered};
 use group::{conf_state, Group, GroupStorage, ELECTION_TICKS};
 use raft::eraftpb::{Message, MessageType, Snapshot};
 use raft::prelude::Config;
@@ -53,8 +52,7 @@ use raft::{ReadOnlyOption, Storage};
 use std::fmt;
 
 pub use drain::{
-    Committed, Drain, Drained, EntryKind, Envelope, LeaderChanged, ReadReady, Restore,
-    DRAIN_ENTRY_BYTES_MAX,
+    Committed, Drain, EntryKind, Envelope, LeaderChanged, ReadReady, Restore, DRAIN_ENTRY_BYTES_MAX,
 };
 
 /// Milliseconds between two calls to [`Member::tick`].
@@ -158,9 +156,6 @@ pub enum CompactError {
         /// The group's applied index.
         applied: u64,
     },
-    /// The log was compacted but recording the snapshot failed: the member cannot go on (a
-    /// server stops; a test harness rebuilds it from what the durable recovers).
-    Durable(std::io::Error),
 }
 
 impl fmt::Display for CompactError {
@@ -175,7 +170,6 @@ impl fmt::Display for CompactError {
                 f,
                 "cannot compact at {index}: snapshot at {snapshot}, applied {applied}"
             ),
-            CompactError::Durable(error) => write!(f, "recording the snapshot failed: {error}"),
         }
     }
 }
@@ -203,16 +197,16 @@ impl fmt::Display for NewError {
 impl std::error::Error for NewError {}
 
 /// The Raft groups of one member. See the module docs for the call order.
-pub struct Member<D: Durable> {
+pub struct Member<W: LogWriter> {
     /// This member's id (a voter).
     id: u64,
     /// Every voter, sorted.
     voters: Vec<u64>,
     /// The hosted groups, sorted by shard.
     groups: Vec<Group>,
-    /// Where writes go before they are synced.
-    durable: D,
-    /// State between `begin_drain` and `finish_drain`.
+    /// Where the writes go, to be made durable off the loop.
+    writer: W,
+    /// Batches handed out and synced, writes waiting for the next batch.
     drain: drain::State,
     /// Ticks since start.
     ticks: u64,
@@ -267,16 +261,17 @@ fn storage(recovered: &mut Recovered, voters: &[u64]) -> raft::Result<GroupStora
     Ok(GroupStorage { memory, snapshot })
 }
 
-impl<D: Durable> Member<D> {
+impl<W: LogWriter> Member<W> {
     /// Builds member `node_id` of the voters `voters`, hosting a group for each of `shards`,
-    /// each loaded from its entry in `recovered` (a shard missing there starts fresh).
-    /// `seed` fixes every election timeout this member draws. A recovered snapshot is handed
-    /// out as a `Restore` by the first [`Member::begin_drain`].
+    /// each loaded from its entry in `recovered` (a shard missing there starts fresh), handing
+    /// its writes to `writer` (which holds what `recovered` came from). `seed` fixes every
+    /// election timeout this member draws. A recovered snapshot is handed out as a `Restore` by
+    /// the first [`Member::drain`].
     pub fn new(
         node_id: u64,
         voters: &[u64],
         shards: &[u32],
-        durable: D,
+        writer: W,
         recovered: Vec<(u32, Recovered)>,
         seed: u64,
     ) -> Result<Self, NewError> {
@@ -320,7 +315,7 @@ impl<D: Durable> Member<D> {
             id: node_id,
             voters,
             groups,
-            durable,
+            writer,
             drain: drain::State::new(restores),
             ticks: 0,
             balanced_at_ticks: 0,
@@ -339,14 +334,24 @@ impl<D: Durable> Member<D> {
         self.groups.iter().map(|group| group.shard)
     }
 
-    /// The durable writes (to inspect them, or to sync them outside a drain).
-    pub fn durable(&self) -> &D {
-        &self.durable
+    /// The writer (to inspect it).
+    pub fn writer(&self) -> &W {
+        &self.writer
     }
 
-    /// Gives the durable writes back, e.g. to recover from them after a crash.
-    pub fn into_durable(self) -> D {
-        self.durable
+    /// The writer, e.g. to reach the core's other background work through it.
+    pub fn writer_mut(&mut self) -> &mut W {
+        &mut self.writer
+    }
+
+    /// Gives the writer back, e.g. to recover from what it made durable after a crash.
+    pub fn into_writer(self) -> W {
+        self.writer
+    }
+
+    /// The last batch known durable (0 before any).
+    pub fn synced(&self) -> u64 {
+        self.drain.synced()
     }
 
     fn slot(&self, shard: u32) -> Option<usize> {
@@ -359,22 +364,14 @@ impl<D: Durable> Member<D> {
         self.slot(shard).map(|slot| &self.groups[slot])
     }
 
-    /// The group for `shard`, to call into its `RawNode`; asserts no drain is half done.
+    /// The group for `shard`, to call into its `RawNode`.
     fn group_mut(&mut self, shard: u32) -> Option<&mut Group> {
-        assert!(
-            !self.drain.pending(),
-            "called between begin_drain and finish_drain"
-        );
         let slot = self.slot(shard)?;
         Some(&mut self.groups[slot])
     }
 
     /// Advances every group by one tick ([`TICK_MS`] of the caller's clock).
     pub fn tick(&mut self) {
-        assert!(
-            !self.drain.pending(),
-            "tick between begin_drain and finish_drain"
-        );
         self.ticks += 1;
         for group in &mut self.groups {
             group.raw.tick();
@@ -471,7 +468,7 @@ impl<D: Durable> Member<D> {
     }
 
     /// Starts a linearizable read on `shard` (ReadIndex); the result comes out of a later
-    /// [`Member::finish_drain`] as a `ReadReady` with the same `context`. A read that cannot be
+    /// [`Member::drain`] as a `ReadReady` with the same `context`. A read that cannot be
     /// served (no leader, lost messages) never comes back: the caller times it out.
     pub fn read_index(&mut self, shard: u32, context: Vec<u8>) -> Result<(), NotLeader> {
         let refused = NotLeader { hint: None };
@@ -527,14 +524,22 @@ impl<D: Durable> Member<D> {
             .map_or(0, |group| group.raw.raft.raft_log.applied)
     }
 
-    /// Whether any group has work for [`Member::begin_drain`].
+    /// Whether [`Member::drain`] has work now: restores to hand out, batches synced (or a
+    /// writer failure) it did not learn of yet, a batch to hand over again, or, while the
+    /// writer has room, ready groups or compaction snapshots to record (with no room, the
+    /// writer's next completion is the work, and it wakes the caller).
     pub fn has_ready(&self) -> bool {
-        self.drain.has_restores() || self.groups.iter().any(|group| group.raw.has_ready())
+        let synced = self.writer.synced().unwrap_or(u64::MAX);
+        let learned = synced > self.drain.synced();
+        let writes = self.drain.has_records() || self.groups.iter().any(|g| g.raw.has_ready());
+        let ready = self.drain.has_room() && writes;
+        self.drain.has_restores() || learned || self.drain.has_unsent() || ready
     }
 
     /// Compacts `shard`'s log up to `index` after the caller's state machine took a snapshot
     /// of everything applied up to it: `data` becomes the snapshot a leader sends to members
-    /// that are behind. `index` must be above the last snapshot and at most the applied index.
+    /// that are behind, and is recorded by the next drain's batch. `index` must be above the
+    /// last snapshot and at most the applied index.
     pub fn compact(&mut self, shard: u32, index: u64, data: Vec<u8>) -> Result<(), CompactError> {
         let voters = conf_state(&self.voters);
         let group = self
@@ -563,9 +568,9 @@ impl<D: Durable> Member<D> {
             panic!("compacting {index} within the applied log failed: {error}");
         }
         store.snapshot = snapshot.clone();
-        let result = self.durable.apply_snapshot(shard, &snapshot);
+        self.drain.queue(Record::Snapshot { shard, snapshot });
         self.debug_check();
-        result.map_err(CompactError::Durable)
+        Ok(())
     }
 
     /// The members this one has heard from recently, itself included: the voters that the
@@ -595,7 +600,7 @@ impl<D: Durable> Member<D> {
     /// the transfers away from this member. Returns the `(shard, to)` transfers started.
     pub fn balance(&mut self, live: &[u64]) -> Vec<(u32, u64)> {
         let due = self.ticks >= self.balanced_at_ticks + BALANCE_INTERVAL_TICKS;
-        if !due || self.drain.pending() {
+        if !due {
             return Vec::new();
         }
         self.balanced_at_ticks = self.ticks;
@@ -618,6 +623,7 @@ impl<D: Durable> Member<D> {
         for group in &self.groups {
             group.check_invariants(&self.voters);
         }
+        self.drain.check_invariants();
     }
 
     fn debug_check(&self) {

@@ -16,7 +16,7 @@
 use super::machine::Command;
 use super::member::{Envelope, Member};
 use super::shard::{Places, Shard};
-use super::Durable;
+use super::writer::LogWriter;
 use crate::metrics::Histogram;
 use crate::partition::cluster_stats::{ClusterStats, PeerReport, ShardStatus, LATENCY_BOUNDS_US};
 use crate::partition::partition_of;
@@ -149,7 +149,7 @@ struct PendingRead {
 }
 
 /// A cluster member's partition on one core.
-pub struct ClusterPartition<D: Durable, P: Peers> {
+pub struct ClusterPartition<D: LogWriter, P: Peers> {
     settings: PartitionSettings,
     member: Member<D>,
     peers: P,
@@ -172,7 +172,7 @@ pub struct ClusterPartition<D: Durable, P: Peers> {
     leadership_log: LeadershipLog,
 }
 
-impl<D: Durable, P: Peers> ClusterPartition<D, P> {
+impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// The partition of core `settings.core` around `member` (which hosts exactly
     /// [`shards_of_core`] of it).
     pub fn new(settings: PartitionSettings, member: Member<D>, peers: P) -> Self {
@@ -331,7 +331,7 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
     }
 }
 
-impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
+impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
     fn core_of_key(&self, key: &[u8], cores: usize) -> usize {
         shard_of(key, self.settings.shards) as usize % cores
     }
@@ -522,6 +522,11 @@ impl<D: Durable, P: Peers> Partition for ClusterPartition<D, P> {
             })
             .collect();
         stats.peers = self.peers.report();
+        stats.sync_latency = self
+            .member
+            .writer()
+            .sync_latency()
+            .unwrap_or(stats.sync_latency);
         Some(stats)
     }
 

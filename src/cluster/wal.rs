@@ -4,10 +4,13 @@
 //! framed records (`record.rs`: `[len u32][crc32c u32][kind u8][shard u32][payload]`, payload the
 //! protobuf of an entry batch, a `HardState` or a `Snapshot`).
 //!
-//! Writes only encode into a memory buffer; [`Durable::sync`] writes the whole buffer with one
-//! `write` and, when `fsync` is on, one `fdatasync`: one sync covers every group and every record
-//! since the last (group commit). With `fsync` off a sync reaches the page cache only, which
-//! survives a crash of the process but not of the machine.
+//! The log is owned by its core's writer thread (`crate::cluster::writer`), never touched by
+//! the core's event loop. Writes only encode into a memory buffer; [`Durable::sync`] writes the
+//! whole buffer with one `write` and, when `fsync` is on, one `fdatasync`: one sync covers every
+//! group and every record since the last (group commit). [`Durable::flush`] writes without the
+//! `fdatasync` (the next sync covers it; it never rotates, so that a segment is never left with
+//! an unsynced tail). With `fsync` off a sync reaches the page cache only, which survives a
+//! crash of the process but not of the machine.
 //!
 //! After a sync that leaves the current segment at or past [`Options::segment_bytes`], the log
 //! rotates. If the live state (per group: hard state, last snapshot, entries after it) is under
@@ -48,8 +51,15 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use record::RECORD_BYTES_MAX;
+
+/// Microseconds every [`Durable::sync`] of every log in the process waits after its
+/// `fdatasync`: a hook for benchmarks that play a slow disk (`benches/stalls.rs`), 0 (off)
+/// unless one sets it. Its cost when off is one relaxed load per sync.
+#[doc(hidden)]
+pub static BENCH_SYNC_DELAY_US: AtomicU64 = AtomicU64::new(0);
 
 /// The most bytes buffered between two syncs (128 MiB): room for two records of the largest
 /// size. A write that would pass it fails; a member drains a few MiB per loop iteration.
@@ -89,6 +99,8 @@ pub struct Stats {
     pub records: u64,
     /// Syncs that wrote something.
     pub syncs: u64,
+    /// Flushes that wrote something (without `fdatasync`).
+    pub flushes: u64,
     /// Bytes written by syncs (compaction not counted).
     pub bytes: u64,
     /// Rotations to a new empty segment.
@@ -124,6 +136,8 @@ pub struct Wal {
     file: File,
     /// Bytes written to `file`.
     file_bytes: u64,
+    /// Bytes of `file` known durable (the rest was flushed and waits for the next sync).
+    synced_bytes: u64,
     /// Bytes of all segments but the last.
     older_bytes: u64,
     /// Sequence number of the next record written to `file`.
@@ -182,6 +196,7 @@ impl Wal {
             segments: replayed.segments,
             file,
             file_bytes: replayed.last_bytes,
+            synced_bytes: replayed.last_bytes,
             older_bytes,
             next_seq: replayed.next_seq,
             poisoned: false,
@@ -250,6 +265,10 @@ impl Wal {
             "wal: buffer over its bound"
         );
         assert!(!self.segments.is_empty(), "wal: no current segment");
+        assert!(
+            self.synced_bytes <= self.file_bytes,
+            "wal: synced past the file's end"
+        );
         let seqs = self.segments.windows(2);
         assert!(
             seqs.clone().all(|pair| pair[0].0 < pair[1].0),
@@ -298,6 +317,7 @@ impl Wal {
         self.segments.push((seq, path));
         self.file = file;
         self.file_bytes = 0;
+        self.synced_bytes = 0;
         self.stats.rotations += 1;
         Ok(())
     }
@@ -339,6 +359,7 @@ impl Wal {
         let older = std::mem::replace(&mut self.segments, vec![(seq, path.clone())]);
         self.file = fs::OpenOptions::new().append(true).open(&path)?;
         self.file_bytes = bytes.len() as u64;
+        self.synced_bytes = self.file_bytes;
         self.older_bytes = 0;
         self.next_seq = seq + records;
         self.stats.compactions += 1;
@@ -445,9 +466,20 @@ impl Durable for Wal {
         Ok(())
     }
 
-    fn sync(&mut self) -> io::Result<()> {
+    fn flush(&mut self) -> io::Result<()> {
         self.usable()?;
         if self.buffer.is_empty() {
+            return Ok(());
+        }
+        self.write_buffer()?;
+        self.stats.flushes += 1;
+        self.check_invariants();
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.usable()?;
+        if self.buffer.is_empty() && self.synced_bytes == self.file_bytes {
             return Ok(());
         }
         self.write_buffer()?;
@@ -456,6 +488,11 @@ impl Durable for Wal {
                 self.poisoned = true;
                 return Err(self.on_segment("fdatasync of", error));
             }
+        }
+        self.synced_bytes = self.file_bytes;
+        let delay_us = BENCH_SYNC_DELAY_US.load(Ordering::Relaxed);
+        if delay_us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay_us));
         }
         self.stats.syncs += 1;
         if let Err(error) = self.maybe_rotate() {

@@ -9,6 +9,7 @@
 
 use crate::cluster::machine::ShardMachine;
 use crate::cluster::mem_durable::MemDurable;
+use crate::cluster::mem_writer::MemWriter;
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{
     shard_of, shards_of_core, ClusterPartition, PartitionSettings, Peers,
@@ -43,14 +44,15 @@ impl Peers for NoPeers {
     }
 }
 
-type MemberHarness = Harness<ClusterPartition<MemDurable, NoPeers>>;
+type MemberHarness = Harness<ClusterPartition<MemWriter, NoPeers>>;
 
 /// A one-member cluster of two cores whose every shard is served.
 fn member() -> MemberHarness {
     let mut harness = Harness::with_partitions(LIMITS, |core, shared| {
         let shards = shards_of_core(core, LIMITS.cores, SHARDS);
-        let member = Member::new(1, &[1], &shards, MemDurable::new(), Vec::new(), 7)
-            .expect("a one-member group");
+        let writer = MemWriter::immediate(MemDurable::new());
+        let member =
+            Member::new(1, &[1], &shards, writer, Vec::new(), 7).expect("a one-member group");
         let settings = PartitionSettings {
             node_id: 1,
             shards: SHARDS,

@@ -1,6 +1,6 @@
-//! Starting a cluster member: its data directory, then per core a write-ahead log, the Raft
-//! groups of the core's shards and the [`ClusterPartition`] that serves them; one peer thread
-//! for the member.
+//! Starting a cluster member: its data directory, then per core a write-ahead log and the
+//! writer thread that owns it, the Raft groups of the core's shards and the
+//! [`ClusterPartition`] that serves them; one peer thread for the member.
 //!
 //! The data directory is locked and its record checked ([`DataDir`]) before anything in it is
 //! opened: a second process on the same directory, or a start whose node id, cluster or core
@@ -12,6 +12,7 @@ use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
 use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits};
 use crate::cluster::wal::Wal;
+use crate::cluster::writer::Writer;
 use crate::config::{ClusterConfig, Config};
 use crate::partition::cluster_stats::PeerReport;
 use crate::partition::QueueCounts;
@@ -56,8 +57,10 @@ impl Peers for CorePeers {
     }
 }
 
-/// A member's partition on one core.
-pub type MemberPartition = ClusterPartition<Wal, CorePeers>;
+/// A member's partition on one core. Dropping it (when its core's loop ends) lets the core's
+/// writer write what is queued and waits for the writer thread, so the log is closed before the
+/// data directory is unlocked.
+pub type MemberPartition = ClusterPartition<Writer, CorePeers>;
 
 /// The member's peer thread, stopped after the cores.
 pub struct PeerThread {
@@ -176,7 +179,9 @@ fn start(
     let peer_thread = PeerThread { handle, thread };
     let mut partitions = Vec::with_capacity(cores);
     for (core, (_, receiver)) in channels.into_iter().enumerate() {
-        match core_partition(config, cluster, core, seed, &peer_thread.handle, receiver) {
+        let waker = Arc::clone(&wakers[core]);
+        let handle = &peer_thread.handle;
+        match core_partition(config, cluster, (core, waker), seed, handle, receiver) {
             Ok(mut partition) => {
                 // With more than one core a session's acquires may queue on several.
                 if let Some(queues) = &queues {
@@ -196,7 +201,7 @@ fn start(
 fn core_partition(
     config: &Config,
     cluster: &ClusterConfig,
-    core: usize,
+    (core, waker): (usize, Arc<mio::Waker>),
     seed: u64,
     handle: &PeerHandle,
     inbound: Receiver<(u32, Message)>,
@@ -206,9 +211,16 @@ fn core_partition(
     let (wal, recovered) = Wal::open(&dir, cluster.fsync).map_err(|e| {
         io::Error::new(e.kind(), format!("cluster.data_dir {}: {e}", dir.display()))
     })?;
+    // The writer wakes the core once per round it wrote (and when it failed).
+    let wake = move || {
+        if let Err(error) = waker.wake() {
+            log::error!("core {core}: waking the core after a write-ahead log round: {error}");
+        }
+    };
+    let writer = Writer::spawn(format!("latchkey-wal-{core}"), wal, wake)?;
     let shards = shards_of_core(core, cores, cluster.shards);
     let voters = cluster.voters();
-    let member = Member::new(cluster.node_id, &voters, &shards, wal, recovered, seed)
+    let member = Member::new(cluster.node_id, &voters, &shards, writer, recovered, seed)
         .map_err(|e| io::Error::other(format!("cluster core {core}: {e}")))?;
     let settings = PartitionSettings {
         node_id: cluster.node_id,

@@ -42,7 +42,7 @@ pub struct ClusterStats {
     pub restores: u64,
     /// From a client request's proposal to its entry's apply, in microseconds.
     pub commit_latency: Histogram,
-    /// One write-ahead log sync (`finish_drain`: write, `fdatasync`), in microseconds.
+    /// One round of the core's log writer (write, `fdatasync`), in microseconds.
     pub sync_latency: Histogram,
     /// The member's links to its peers and its quorum (the same on every core).
     pub peers: Option<PeerReport>,

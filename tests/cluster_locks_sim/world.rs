@@ -1,20 +1,25 @@
 //! The simulated cluster: three members of [`CORES`] cores each (the shape a server runs by
 //! default on this machine), and the network between them.
 //!
-//! Each core of a member is a `ClusterPartition<MemDurable, SimPeers>` hosting the shards `s`
+//! Each core of a member is a `ClusterPartition<MemWriter, SimPeers>` hosting the shards `s`
 //! with `s % CORES == core`, with its own write-ahead image, as in a server; a member's cores
-//! share its monotonic clock (global virtual time plus a per-member offset; no drift).
+//! share its monotonic clock (global virtual time plus a per-member offset; no drift). A core's
+//! writer completes a round 50-600 µs (now and then 5-30 ms: a slow sync) after the iteration
+//! that found batches queued, taking all of them or only the oldest few, and wakes the member
+//! then: completions interleave with deliveries by their times.
 //! `SimPeers` puts envelopes on a wire the world owns; the world delivers them after 0–20 ms to
 //! the core that hosts the shard, or drops them (loss, a cut link, a crashed receiver), or
 //! duplicates them. Delays are drawn per message, so messages reorder. A crash drops every core
-//! of the member, keeps only the synced layer of each core's `MemDurable` and rebuilds the
-//! member from them on restart.
+//! of the member, keeps only the synced layer of each core's `MemDurable` (batches queued for
+//! the writer or written and not synced are lost) and rebuilds the member from them on
+//! restart.
 //!
 //! Bounds: at most [`IN_FLIGHT_MAX`] messages in flight (more are dropped, counted) and at
 //! most [`INBOX_MAX`] delivered but not yet stepped per member.
 
 use super::rng::Rng;
 use latchkey::cluster::mem_durable::MemDurable;
+use latchkey::cluster::mem_writer::MemWriter;
 use latchkey::cluster::member::{Envelope, Member};
 use latchkey::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use latchkey::partition::Answer;
@@ -107,7 +112,7 @@ pub struct FaultCounts {
 pub const COMPACT_EVERY_IN_SIM: u64 = 24;
 
 /// A member core's partition in the simulation.
-pub type SimPartition = ClusterPartition<MemDurable, SimPeers>;
+pub type SimPartition = ClusterPartition<MemWriter, SimPeers>;
 
 /// One member: its cores' partitions while up, their durable images while down.
 pub struct Node {
@@ -125,6 +130,8 @@ pub struct Node {
     pub wake_us: u64,
     /// Tokens its machines held after its last iteration, with their shard.
     pub holds: BTreeSet<u64>,
+    /// Per core: when its writer's round under way completes (global µs; 0: none).
+    pub write_done_us: Vec<u64>,
 }
 
 /// The members and the network.
@@ -144,6 +151,8 @@ pub struct World {
     /// What happened.
     pub counts: FaultCounts,
     seed: u64,
+    /// Draws the writers' round times.
+    writes: Rng,
 }
 
 impl Node {
@@ -197,6 +206,7 @@ impl World {
             isolated: None,
             counts: FaultCounts::default(),
             seed,
+            writes: Rng(seed ^ 0x5772_6974_6572_7321),
         };
         for id in 1..=MEMBERS {
             let offset_us = rng.between(1_000_000, 1_000_000_000);
@@ -208,6 +218,7 @@ impl World {
                 incarnation: 0,
                 wake_us: rng.below(1000),
                 holds: BTreeSet::new(),
+                write_done_us: Vec::new(),
             };
             world.start(&mut node);
             world.nodes.push(node);
@@ -223,7 +234,8 @@ impl World {
         for (core, durable) in images.into_iter().enumerate() {
             let recovered = durable.recovered();
             let shards: Vec<u32> = (0..SHARDS).filter(|&s| core_of(s) == core).collect();
-            let member = Member::new(node.id, &voters, &shards, durable, recovered, seed)
+            let writer = MemWriter::new(durable);
+            let member = Member::new(node.id, &voters, &shards, writer, recovered, seed)
                 .expect("a member builds from its recovered image");
             let peers = SimPeers {
                 id: node.id,
@@ -239,6 +251,7 @@ impl World {
                 .insert((node.id, core), VecDeque::new());
         }
         node.holds.clear();
+        node.write_done_us = vec![0; CORES];
     }
 
     /// Whether member `id` is up.
@@ -254,9 +267,7 @@ impl World {
         }
         for (core, partition) in std::mem::take(&mut node.partitions).into_iter().enumerate() {
             self.counts.restores += restores_of(&partition);
-            let mut image = partition.member().durable().clone();
-            image.crash();
-            node.images.push(image);
+            node.images.push(partition.member().writer().crashed());
             self.wire.borrow_mut().inboxes.remove(&(id, core));
         }
         self.counts.crashes += 1;
@@ -274,6 +285,7 @@ impl World {
                 incarnation: 0,
                 wake_us: 0,
                 holds: BTreeSet::new(),
+                write_done_us: Vec::new(),
             },
         );
         if !node.is_up() {
@@ -370,9 +382,12 @@ impl World {
             return (Vec::new(), Vec::new());
         }
         let mut answers = Vec::new();
-        for partition in &mut node.partitions {
+        for (core, partition) in node.partitions.iter_mut().enumerate() {
+            let done_us = &mut node.write_done_us[core];
+            complete_due(partition, done_us, now_us, &mut self.writes);
             partition.handle_timers(local);
             answers.extend(partition.take_answers());
+            schedule_round(partition, done_us, now_us, &mut self.writes);
         }
         let holds: BTreeSet<u64> = (0..SHARDS)
             .filter_map(|shard| node.machine(shard))
@@ -387,6 +402,8 @@ impl World {
             .min()
             .map_or(u64::MAX, |at| at.saturating_sub(node.offset_us));
         node.wake_us = deadline.clamp(now_us + 10, now_us + 1000 + jitter_us);
+        let rounds = node.write_done_us.iter().filter(|&&at| at != 0);
+        node.wake_us = rounds.fold(node.wake_us, |wake, &at| wake.min(at));
         (answers, freed)
     }
 
@@ -395,4 +412,34 @@ impl World {
         let node = &self.nodes[(id - 1) as usize];
         node.partition_of(shard).is_some_and(|p| p.serving(shard))
     }
+}
+
+/// Completes the writer's round of `partition` if it is due by `now_us`: all the batches
+/// queued, or only the oldest few (the writer took the queue as it found it).
+fn complete_due(partition: &mut SimPartition, done_us: &mut u64, now_us: u64, rng: &mut Rng) {
+    if *done_us == 0 || *done_us > now_us {
+        return;
+    }
+    *done_us = 0;
+    let writer = partition.writer_mut();
+    let queued = writer.queued() as u64;
+    let count = if rng.percent(50) {
+        queued
+    } else {
+        rng.between(1, queued.max(1))
+    };
+    writer.complete_some(count as usize);
+}
+
+/// Starts a writer's round when batches wait and none is under way.
+fn schedule_round(partition: &SimPartition, done_us: &mut u64, now_us: u64, rng: &mut Rng) {
+    if *done_us != 0 || partition.member().writer().queued() == 0 {
+        return;
+    }
+    let took_us = if rng.percent(2) {
+        rng.between(5_000, 30_000)
+    } else {
+        rng.between(50, 600)
+    };
+    *done_us = now_us + took_us;
 }

@@ -1,7 +1,11 @@
-//! The simulated world: three members in one thread, a seeded network, faults, a clock.
+//! The simulated world: three members in one thread, a seeded network, faults, a clock, and
+//! each member's log writer, whose completions come some simulated milliseconds after the
+//! drain that handed it a batch (seeded: usually 0-3 ms, now and then a slow sync of up to
+//! 30 ms), interleaved with the network's deliveries.
 
 use super::check::{Checker, Machine};
 use latchkey::cluster::mem_durable::{MemDurable, SyncMode};
+use latchkey::cluster::mem_writer::MemWriter;
 use latchkey::cluster::member::{Committed, Envelope, Member, Restore};
 use protobuf::Message as _;
 use raft::eraftpb::Message;
@@ -40,7 +44,8 @@ pub struct Faults {
     pub loss: u64,
     pub duplicate: u64,
     pub crash: u64,
-    pub crash_mid_drain: u64,
+    /// A crash right after a drain handed its writer a batch (lost unless synced).
+    pub crash_in_flight: u64,
     pub partition: u64,
 }
 
@@ -48,7 +53,7 @@ pub const FAULTS: Faults = Faults {
     loss: 50_000,
     duplicate: 20_000,
     crash: 600,
-    crash_mid_drain: 300,
+    crash_in_flight: 300,
     partition: 2_000,
 };
 
@@ -56,14 +61,19 @@ pub const CALM: Faults = Faults {
     loss: 0,
     duplicate: 0,
     crash: 0,
-    crash_mid_drain: 0,
+    crash_in_flight: 0,
     partition: 0,
 };
 
+/// Per million per ms: a writer's round takes long (a slow sync).
+const SLOW_SYNC: u64 = 20_000;
+
 pub struct Node {
     pub id: u64,
-    pub member: Option<Member<MemDurable>>,
+    pub member: Option<Member<MemWriter>>,
     parked: Option<MemDurable>,
+    /// When the writer's round under way completes (0: none under way).
+    write_done_at: u64,
     pub down_until: u64,
     pub machines: BTreeMap<u32, Machine>,
     compacted: BTreeMap<u32, u64>,
@@ -84,7 +94,10 @@ struct InFlight {
 #[derive(Default, Debug, Clone, Copy)]
 pub struct Stats {
     pub crashes: u64,
-    pub mid_drain_crashes: u64,
+    /// Crashes with batches handed to the writer and not synced.
+    pub in_flight_crashes: u64,
+    /// Writer rounds completed.
+    pub rounds: u64,
     pub partitions: u64,
     pub lost: u64,
     pub duplicated: u64,
@@ -127,12 +140,14 @@ impl World {
             .map(|id| {
                 let mut durable = MemDurable::new();
                 durable.set_sync_mode(sync_mode);
-                let member = Member::new(id, &voters(), &shards(), durable, Vec::new(), seed)
+                let writer = MemWriter::new(durable);
+                let member = Member::new(id, &voters(), &shards(), writer, Vec::new(), seed)
                     .expect("a fresh member");
                 Node {
                     id,
                     member: Some(member),
                     parked: None,
+                    write_done_at: 0,
                     down_until: 0,
                     machines: BTreeMap::new(),
                     compacted: BTreeMap::new(),
@@ -162,9 +177,12 @@ impl World {
         let Some(member) = node.member.take() else {
             return;
         };
-        let mut durable = member.into_durable();
-        durable.crash();
-        node.parked = Some(durable);
+        // Batches queued for the writer or written and not synced are lost.
+        if member.writer().queued() > 0 {
+            self.stats.in_flight_crashes += 1;
+        }
+        node.parked = Some(member.writer().crashed());
+        node.write_done_at = 0;
         node.down_until = self.now + down_ms;
         node.machines.clear();
         node.compacted.clear();
@@ -179,7 +197,8 @@ impl World {
         node.incarnation += 1;
         let seed = self.seed ^ node.incarnation.wrapping_mul(0x5851_F42D_4C95_7F2D);
         let recovered = durable.recovered();
-        let member = Member::new(node.id, &voters(), &shards(), durable, recovered, seed);
+        let writer = MemWriter::new(durable);
+        let member = Member::new(node.id, &voters(), &shards(), writer, recovered, seed);
         node.member = Some(member.expect("a member rebuilt from its synced image"));
     }
 
@@ -263,7 +282,8 @@ impl World {
         }
     }
 
-    /// One drain of node `at`; may crash it between the halves.
+    /// One drain of node `at`; may crash it right after, with its batch handed to the
+    /// writer and not synced.
     fn drain(&mut self, at: usize, faults: Faults) {
         let Some(member) = self.nodes[at].member.as_mut() else {
             return;
@@ -272,26 +292,50 @@ impl World {
             return;
         }
         let from = member.id();
-        let first = member
-            .begin_drain()
-            .expect("begin_drain on a healthy image");
-        self.send(from, first.messages, faults);
-        self.apply(at, &first.restores, &first.committed);
-        if self.rng.chance(faults.crash_mid_drain) {
-            self.stats.mid_drain_crashes += 1;
+        let drain = member.drain().expect("a drain on a healthy image");
+        self.send(from, drain.messages, faults);
+        self.apply(at, &drain.restores, &drain.committed);
+        if self.rng.chance(faults.crash_in_flight) {
             let down = 20 + self.rng.below(300);
             self.crash(at, down);
             return;
         }
-        let Some(member) = self.nodes[at].member.as_mut() else {
+        self.compact(at);
+    }
+
+    /// Node `at`'s writer: a round starts when batches are queued and none is under way, and
+    /// completes some simulated ms later, taking every batch queued by then or only the
+    /// oldest few (a round ends where the writer found the queue's end).
+    fn write(&mut self, at: usize) {
+        let node = &mut self.nodes[at];
+        let Some(member) = node.member.as_mut() else {
             return;
         };
-        let second = member
-            .finish_drain()
-            .expect("finish_drain on a healthy image");
-        self.send(from, second.messages, faults);
-        self.apply(at, &[], &second.committed);
-        self.compact(at);
+        let queued = member.writer().queued();
+        if node.write_done_at == 0 {
+            if queued > 0 {
+                let slow = self.rng.chance(SLOW_SYNC);
+                let took = if slow {
+                    self.rng.below(31)
+                } else {
+                    self.rng.below(4)
+                };
+                node.write_done_at = self.now + took;
+            }
+            return;
+        }
+        if node.write_done_at > self.now {
+            return;
+        }
+        node.write_done_at = 0;
+        let count = if self.rng.chance(500_000) {
+            queued
+        } else {
+            1 + self.rng.below(queued as u64) as usize
+        };
+        if member.writer_mut().complete_some(count) {
+            self.stats.rounds += 1;
+        }
     }
 
     fn compact(&mut self, at: usize) {
@@ -401,7 +445,15 @@ impl World {
         if self.faulty() {
             self.stats.fault_steps += 1;
         }
+        // Writers' completions and the network's deliveries in a seeded order.
+        let writes_first = self.rng.chance(500_000);
+        if writes_first {
+            (0..self.nodes.len()).for_each(|at| self.write(at));
+        }
         self.deliver();
+        if !writes_first {
+            (0..self.nodes.len()).for_each(|at| self.write(at));
+        }
         for node in &mut self.nodes {
             if let Some(member) = node.member.as_mut() {
                 if (self.now + node.tick_offset) % 10 == 0 {

@@ -1,6 +1,6 @@
 //! The two partitions under test behind one interface: the single node's [`LockTable`] and a
 //! one-member cluster's [`ClusterPartition`] (its own majority: it elects itself and serves) on
-//! [`MemDurable`], both driven on the same virtual clock.
+//! [`MemDurable`] (behind a [`MemWriter`] that syncs every batch at once), both driven on the same virtual clock.
 //!
 //! Settling: a cluster partition answers a request only once its entry applied, which takes
 //! loop iterations. [`Subject::settle`] runs `handle_timers` at the same instant until nothing
@@ -10,6 +10,7 @@
 //! after its entry applies); a one-member cluster never answers `M`.
 
 use latchkey::cluster::mem_durable::MemDurable;
+use latchkey::cluster::mem_writer::MemWriter;
 use latchkey::cluster::member::{Envelope, Member};
 use latchkey::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use latchkey::lock_table::{LockTable, TableConfig};
@@ -34,7 +35,7 @@ impl Peers for NoPeers {
 }
 
 /// The cluster partition under test.
-pub type OneMember = ClusterPartition<MemDurable, NoPeers>;
+pub type OneMember = ClusterPartition<MemWriter, NoPeers>;
 
 /// Which partition.
 pub enum Part {
@@ -116,8 +117,9 @@ impl Subject {
         seed: u64,
     ) -> (Subject, u64) {
         let hosted: Vec<u32> = (0..shards).collect();
-        let member = Member::new(1, &[1], &hosted, MemDurable::new(), Vec::new(), seed)
-            .expect("a one-member member");
+        let writer = MemWriter::immediate(MemDurable::new());
+        let member =
+            Member::new(1, &[1], &hosted, writer, Vec::new(), seed).expect("a one-member member");
         let settings = PartitionSettings {
             node_id: 1,
             shards,

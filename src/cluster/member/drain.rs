@@ -1,15 +1,36 @@
-//! The two halves of a member's group-commit drain, and what they hand out.
+//! A member's drain, once per loop iteration, and what it hands out.
+//!
+//! raft-rs's asynchronous persistence: every ready group's ready is written to the group's
+//! `MemStorage` (raft reads it from there at once) and to the iteration's [`Batch`] for the
+//! writer, then advanced with `advance_append_async`, all inside one call: no ready is ever held
+//! across calls, so nothing else can run between a group's `ready` and its advance (the old
+//! two-half drain's hazard is gone by construction). What depends on this member's own writes
+//! waits in the group ([`Persisting`]) with the number of the batch that holds them: the
+//! ready's persisted messages (a follower's or candidate's: votes, append responses) and a
+//! received snapshot to restore. When the writer reports that batch synced, the next drain
+//! hands them out and calls `on_persist_ready`. Leaders' messages leave at once (raft thesis
+//! 10.2.1), and raft-rs hands out committed entries only up to what this member persisted: so
+//! nothing is sent, applied or answered on the strength of a write before it is durable.
+//!
+//! Invariants: batches are numbered 1, 2, 3, ... and handed over in order, each once; at most
+//! [`BATCHES_IN_FLIGHT_MAX`] are handed over and not synced (past it no ready is taken: the
+//! groups wait, nothing is lost); a group's persisting readies are in ready and batch order.
+//!
+//! Deliberately not here: the disk (the writer's, `crate::cluster::writer`), and waiting.
 
-use super::{Durable, Member};
+use super::{LogWriter, Member};
+use crate::cluster::writer::{Batch, Record, BATCHES_IN_FLIGHT_MAX};
 use raft::eraftpb::{Entry, EntryType, Message, MessageType};
-use raft::{Ready, SnapshotStatus};
+use raft::SnapshotStatus;
+use std::collections::VecDeque;
 use std::io;
 
-/// Bytes of entries (appended plus committed) one [`Member::begin_drain`] collects before it
-/// leaves the remaining groups for the next iteration. One group's ready may exceed what is
-/// left, so a drain holds at most this plus one group's ready: that group's appends (at most
-/// `UNCOMMITTED_BYTES_MAX` as a leader, what peers sent since the last drain as a follower)
-/// and twice [`super::COMMITTED_BYTES_PER_READY`] of committed entries.
+/// Bytes (entries appended and committed, snapshot data) one [`Member::drain`] collects before
+/// it leaves the remaining groups for the next iteration. One group's ready (or one queued
+/// compaction record) may exceed what is left, so a drain holds at most this plus one of
+/// those: a group's appends (at most `UNCOMMITTED_BYTES_MAX` as a leader, what peers sent
+/// since the last drain as a follower), twice [`super::COMMITTED_BYTES_PER_READY`] of
+/// committed entries, or one snapshot (at most one write-ahead log record).
 pub const DRAIN_ENTRY_BYTES_MAX: usize = 4 << 20;
 
 /// A message for a peer, with the shard whose group it belongs to.
@@ -81,23 +102,15 @@ pub struct LeaderChanged {
     pub term: u64,
 }
 
-/// The first half of a drain: may be acted on before the sync.
+/// What one [`Member::drain`] hands out.
 #[derive(Debug, Default)]
 pub struct Drain {
-    /// Leader messages that may leave before this member's writes are synced.
+    /// Messages to send now: leaders' messages (which may leave before this member's own
+    /// writes are synced) and the messages of readies whose batch is now synced.
     pub messages: Vec<Envelope>,
     /// Snapshots to restore, before applying `committed`.
     pub restores: Vec<Restore>,
-    /// Entries known committed (and persisted) to apply.
-    pub committed: Vec<Committed>,
-}
-
-/// The second half of a drain: after the sync.
-#[derive(Debug, Default)]
-pub struct Drained {
-    /// Messages that may leave only now that the writes are synced.
-    pub messages: Vec<Envelope>,
-    /// More committed entries, after those of the [`Drain`].
+    /// Entries known committed and persisted here, to apply.
     pub committed: Vec<Committed>,
     /// Linearizable reads ready once applied up to their index.
     pub reads: Vec<ReadReady>,
@@ -105,46 +118,99 @@ pub struct Drained {
     pub leaders: Vec<LeaderChanged>,
 }
 
-/// A ready taken from a group and not yet advanced.
-struct Taken {
-    slot: usize,
-    ready: Ready,
-    /// Messages to send only after the sync.
-    persisted: Vec<Message>,
+/// A ready advanced before its batch was synced: what waits for that batch.
+#[derive(Debug)]
+pub(super) struct Persisting {
+    /// The batch that holds its writes (or the last batch handed over, for a ready without
+    /// writes: everything before it must be durable first).
+    pub(super) batch: u64,
+    /// raft-rs's number of the ready.
+    pub(super) ready: u64,
+    /// Its messages that may leave only once its writes are durable (a follower's or a
+    /// candidate's: votes, append responses).
+    pub(super) messages: Vec<Message>,
+    /// A snapshot received from the leader: restored once it is durable here.
+    pub(super) restore: Option<Restore>,
 }
 
-/// What a member keeps between the halves of a drain.
+/// A ready taken in this drain, before its batch number is known.
+struct Taken {
+    slot: usize,
+    ready: u64,
+    messages: Vec<Message>,
+    restore: Option<Restore>,
+}
+
+/// What a member keeps between drains about its writes.
 pub(super) struct State {
-    taken: Vec<Taken>,
     /// Snapshots recovered at start, handed out by the first drain.
     restores: Vec<Restore>,
-    reads: Vec<ReadReady>,
-    /// (slot, peer) of snapshots handed out before the sync, to report after the advance.
+    /// (slot, peer) of snapshots sent in this drain, to report once the drain is done.
     snapshots: Vec<(usize, u64)>,
     /// The group the next drain starts with (so no group waits forever for its turn).
     start: usize,
-    /// Set by `begin_drain`, cleared by a successful `finish_drain`.
-    pending: bool,
+    /// Writes made outside a drain (compaction snapshots), for the next batch.
+    records: VecDeque<Record>,
+    /// The last batch number handed out (0: none yet).
+    numbered: u64,
+    /// The last batch known synced.
+    synced: u64,
+    /// A batch the writer could not take yet; handed again before any other.
+    unsent: Option<Batch>,
 }
 
 impl State {
     pub(super) fn new(restores: Vec<Restore>) -> State {
         State {
-            taken: Vec::new(),
             restores,
-            reads: Vec::new(),
             snapshots: Vec::new(),
             start: 0,
-            pending: false,
+            records: VecDeque::new(),
+            numbered: 0,
+            synced: 0,
+            unsent: None,
         }
-    }
-
-    pub(super) fn pending(&self) -> bool {
-        self.pending
     }
 
     pub(super) fn has_restores(&self) -> bool {
         !self.restores.is_empty()
+    }
+
+    /// Whether compaction snapshots wait for the next batch.
+    pub(super) fn has_records(&self) -> bool {
+        !self.records.is_empty()
+    }
+
+    /// Whether a batch waits to be handed to the writer again.
+    pub(super) fn has_unsent(&self) -> bool {
+        self.unsent.is_some()
+    }
+
+    /// Whether the writer has room for another batch.
+    pub(super) fn has_room(&self) -> bool {
+        self.unsent.is_none() && self.numbered - self.synced < BATCHES_IN_FLIGHT_MAX
+    }
+
+    /// Queues a write made between drains for the next batch.
+    pub(super) fn queue(&mut self, record: Record) {
+        self.records.push_back(record);
+    }
+
+    pub(super) fn synced(&self) -> u64 {
+        self.synced
+    }
+
+    pub(super) fn check_invariants(&self) {
+        assert!(
+            self.synced <= self.numbered,
+            "synced a batch never handed out"
+        );
+        if let Some(batch) = &self.unsent {
+            assert_eq!(
+                batch.number, self.numbered,
+                "only the last batch waits to be sent"
+            );
+        }
     }
 }
 
@@ -194,20 +260,90 @@ fn envelopes(shard: u32, messages: Vec<Message>, out: &mut Vec<Envelope>) {
     );
 }
 
-impl<D: Durable> Member<D> {
-    /// First half of a drain: writes every ready group's snapshot, entries and hard state to
-    /// its storage and to the durable (unsynced), and returns what may be acted on before the
-    /// sync. Collects at most [`DRAIN_ENTRY_BYTES_MAX`] (see there). After an error the member
-    /// cannot go on (see the module docs of [`Member`]).
-    pub fn begin_drain(&mut self) -> io::Result<Drain> {
-        assert!(!self.drain.pending, "begin_drain twice");
-        self.drain.pending = true;
+impl<W: LogWriter> Member<W> {
+    /// One drain, once per loop iteration: first what the writer synced since the last drain
+    /// (the messages and restores that waited for it, and raft told), then, if the writer has
+    /// room, every ready group's writes as one batch for the writer (leaders' messages and
+    /// committed entries come out at once). Collects at most [`DRAIN_ENTRY_BYTES_MAX`] (see
+    /// there). An error means the writer failed: the member cannot go on (see the module docs
+    /// of [`Member`]).
+    pub fn drain(&mut self) -> io::Result<Drain> {
         let mut out = Drain {
             restores: std::mem::take(&mut self.drain.restores),
             ..Drain::default()
         };
-        let count = self.groups.len();
+        self.learn_synced()?;
+        self.release(&mut out);
+        if let Some(batch) = self.drain.unsent.take() {
+            self.drain.unsent = self.writer.submit(batch).err();
+        }
+        if self.drain.has_room() {
+            self.take_readies(&mut out)?;
+            // A writer that completes at once (a simulation's) lets raft know this drain.
+            self.learn_synced()?;
+            self.release(&mut out);
+        }
+        for (slot, to) in std::mem::take(&mut self.drain.snapshots) {
+            // A snapshot is one message here: report it sent; if it is lost, the next probe
+            // finds the follower still behind and sends it again.
+            self.groups[slot]
+                .raw
+                .report_snapshot(to, SnapshotStatus::Finish);
+            self.groups[slot].settle();
+        }
+        self.report_leaders(&mut out.leaders);
+        self.debug_check();
+        Ok(out)
+    }
+
+    fn learn_synced(&mut self) -> io::Result<()> {
+        let synced = self.writer.synced()?;
+        assert!(
+            synced <= self.drain.numbered,
+            "the writer synced batch {synced}, never handed out"
+        );
+        self.drain.synced = self.drain.synced.max(synced);
+        Ok(())
+    }
+
+    /// Tells every group which of its readies are now durable, and hands out the messages
+    /// that waited for them.
+    fn release(&mut self, out: &mut Drain) {
+        let synced = self.drain.synced;
+        for (slot, group) in self.groups.iter_mut().enumerate() {
+            let mut last = None;
+            while let Some(persisting) = group.persisting.front() {
+                if persisting.batch > synced {
+                    break;
+                }
+                let persisting = group.persisting.pop_front().expect("a front");
+                out.restores.extend(persisting.restore);
+                note_snapshots(slot, &persisting.messages, &mut self.drain.snapshots);
+                envelopes(group.shard, persisting.messages, &mut out.messages);
+                last = Some(persisting.ready);
+            }
+            if let Some(number) = last {
+                group.raw.on_persist_ready(number);
+                group.catch_up_applied();
+                group.settle();
+            }
+        }
+    }
+
+    /// Takes the ready groups' readies into one batch and hands it to the writer.
+    fn take_readies(&mut self, out: &mut Drain) -> io::Result<()> {
+        let mut records = Vec::new();
         let mut bytes = 0;
+        while bytes < DRAIN_ENTRY_BYTES_MAX {
+            let Some(record) = self.drain.records.pop_front() else {
+                break;
+            };
+            bytes += record.bytes();
+            records.push(record);
+        }
+        let mut must_sync = false;
+        let mut taken = Vec::new();
+        let count = self.groups.len();
         let mut next = self.drain.start;
         for step in 0..count {
             let slot = (self.drain.start + step) % count;
@@ -217,19 +353,59 @@ impl<D: Durable> Member<D> {
             }
             next = (slot + 1) % count;
             if self.groups[slot].raw.has_ready() {
-                bytes += self.take_ready(slot, &mut out)?;
+                bytes += self.take_ready(slot, &mut records, &mut must_sync, out, &mut taken)?;
             }
         }
         self.drain.start = next;
-        Ok(out)
+        let number = if records.is_empty() {
+            // Nothing to write: these readies wait only for the batches before them.
+            self.drain.numbered
+        } else {
+            self.drain.numbered += 1;
+            let batch = Batch {
+                number: self.drain.numbered,
+                must_sync,
+                records,
+            };
+            self.drain.unsent = self.writer.submit(batch).err();
+            self.drain.numbered
+        };
+        for Taken {
+            slot,
+            ready,
+            messages,
+            restore,
+        } in taken
+        {
+            let persisting = Persisting {
+                batch: number,
+                ready,
+                messages,
+                restore,
+            };
+            self.groups[slot].persisting.push_back(persisting);
+        }
+        Ok(())
     }
 
-    /// Takes one group's ready and persists it (unsynced); returns its entry bytes.
-    fn take_ready(&mut self, slot: usize, out: &mut Drain) -> io::Result<usize> {
+    /// Takes one group's ready: writes it to raft's storage and to `records`, hands out what
+    /// may be acted on now, and advances the group without waiting for the writes. Returns the
+    /// bytes it adds to the drain (entries, committed entries, snapshot data).
+    fn take_ready(
+        &mut self,
+        slot: usize,
+        records: &mut Vec<Record>,
+        must_sync: &mut bool,
+        out: &mut Drain,
+        taken: &mut Vec<Taken>,
+    ) -> io::Result<usize> {
         let group = &mut self.groups[slot];
         let shard = group.shard;
         let mut ready = group.raw.ready();
+        *must_sync |= ready.must_sync();
         let store = group.raw.mut_store();
+        let mut bytes = 0;
+        let mut restore = None;
         if !ready.snapshot().is_empty() {
             let snapshot = ready.snapshot().clone();
             let index = snapshot.get_metadata().index;
@@ -238,30 +414,33 @@ impl<D: Durable> Member<D> {
                 .wl()
                 .apply_snapshot(snapshot.clone())
                 .map_err(storage_error)?;
-            self.durable.apply_snapshot(shard, &snapshot)?;
-            out.restores.push(Restore {
+            bytes += snapshot.get_data().len();
+            restore = Some(Restore {
                 shard,
                 data: snapshot.get_data().to_vec(),
                 index,
             });
-            store.snapshot = snapshot;
+            store.snapshot = snapshot.clone();
+            records.push(Record::Snapshot { shard, snapshot });
             group.handed = index;
         }
-        let mut bytes = entry_bytes(ready.entries());
         if !ready.entries().is_empty() {
             store
                 .memory
                 .wl()
                 .append(ready.entries())
                 .map_err(storage_error)?;
-            self.durable.append(shard, ready.entries())?;
+            let entries = ready.take_entries();
+            bytes += entry_bytes(&entries);
+            records.push(Record::Entries { shard, entries });
         }
         if let Some(hard_state) = ready.hs() {
             store.memory.wl().set_hardstate(hard_state.clone());
-            self.durable.set_hard_state(shard, hard_state)?;
+            let hard_state = hard_state.clone();
+            records.push(Record::HardState { shard, hard_state });
         }
         for read in ready.take_read_states() {
-            self.drain.reads.push(ReadReady {
+            out.reads.push(ReadReady {
                 shard,
                 context: read.request_ctx,
                 index: read.index,
@@ -273,80 +452,16 @@ impl<D: Durable> Member<D> {
         let entries = ready.take_committed_entries();
         bytes += entry_bytes(&entries);
         committed(shard, &mut group.handed, entries, &mut out.committed);
-        let persisted = ready.take_persisted_messages();
-        self.drain.taken.push(Taken {
+        taken.push(Taken {
             slot,
-            ready,
-            persisted,
+            ready: ready.number(),
+            messages: ready.take_persisted_messages(),
+            restore,
         });
-        Ok(bytes)
-    }
-
-    /// Second half of a drain: syncs the durable once for every group, then advances the
-    /// groups and returns what may be sent or applied only now. On an error nothing is
-    /// advanced, and the member cannot go on (see the module docs of [`Member`]).
-    pub fn finish_drain(&mut self) -> io::Result<Drained> {
-        assert!(self.drain.pending, "finish_drain without begin_drain");
-        let mut out = Drained::default();
-        if !self.drain.taken.is_empty() {
-            self.durable.sync()?;
-        }
-        let taken = std::mem::take(&mut self.drain.taken);
-        let mut snapshots_sent = std::mem::take(&mut self.drain.snapshots);
-        for Taken {
-            slot,
-            ready,
-            persisted,
-        } in taken
-        {
-            let shard = self.groups[slot].shard;
-            note_snapshots(slot, &persisted, &mut snapshots_sent);
-            envelopes(shard, persisted, &mut out.messages);
-            self.advance(slot, ready, &mut out, &mut snapshots_sent)?;
-        }
-        self.drain.pending = false;
-        for (slot, to) in snapshots_sent {
-            // A snapshot is one message here: report it sent; if it is lost, the next probe
-            // finds the follower still behind and sends it again.
-            self.groups[slot]
-                .raw
-                .report_snapshot(to, SnapshotStatus::Finish);
-            self.groups[slot].settle();
-        }
-        out.reads = std::mem::take(&mut self.drain.reads);
-        self.report_leaders(&mut out.leaders);
-        self.debug_check();
-        Ok(out)
-    }
-
-    /// Advances one group past its (now synced) ready.
-    fn advance(
-        &mut self,
-        slot: usize,
-        ready: Ready,
-        out: &mut Drained,
-        snapshots_sent: &mut Vec<(usize, u64)>,
-    ) -> io::Result<()> {
-        let group = &mut self.groups[slot];
-        let shard = group.shard;
-        let mut light = group.raw.advance_append(ready);
-        if let Some(commit) = light.commit_index() {
-            let store = group.raw.mut_store();
-            let hard_state = {
-                let mut core = store.memory.wl();
-                core.mut_hard_state().commit = commit;
-                core.hard_state().clone()
-            };
-            self.durable.set_hard_state(shard, &hard_state)?;
-        }
-        let messages = light.take_messages();
-        note_snapshots(slot, &messages, snapshots_sent);
-        envelopes(shard, messages, &mut out.messages);
-        let entries = light.take_committed_entries();
-        committed(shard, &mut group.handed, entries, &mut out.committed);
-        group.raw.advance_apply();
+        group.raw.advance_append_async(ready);
+        group.catch_up_applied();
         group.settle();
-        Ok(())
+        Ok(bytes)
     }
 
     /// Emits a `LeaderChanged` for every group whose (leader, term) changed since the last.

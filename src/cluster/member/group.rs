@@ -1,10 +1,12 @@
 //! One shard's Raft group inside a member: the `RawNode`, the storage it reads, the last
 //! snapshot it can send, and the seeded election-timeout draws that make it deterministic.
 
+use super::drain::Persisting;
 use raft::eraftpb::{ConfState, Entry, Snapshot};
 use raft::prelude::{Config, RawNode};
 use raft::storage::MemStorage;
 use raft::{GetEntriesContext, RaftState, StateRole, Storage, StorageError};
+use std::collections::VecDeque;
 
 /// Ticks of one election timeout; randomized timeouts are drawn from
 /// `[ELECTION_TICKS, 2 * ELECTION_TICKS)` (raft-rs's default range), by [`Group::settle`].
@@ -91,6 +93,8 @@ pub(super) struct Group {
     settled: (u64, StateRole, usize),
     /// The index of the last committed entry (or restored snapshot) handed out.
     pub(super) handed: u64,
+    /// Readies advanced before their batch was synced, oldest first.
+    pub(super) persisting: VecDeque<Persisting>,
 }
 
 impl Group {
@@ -110,6 +114,7 @@ impl Group {
             reported: (0, 0),
             settled: (0, StateRole::Follower, 0),
             handed: config.applied,
+            persisting: VecDeque::new(),
         };
         group.settle();
         Ok(group)
@@ -130,6 +135,16 @@ impl Group {
         let timeout = ELECTION_TICKS + (self.rng.next_u64() % spread) as usize;
         self.raw.raft.set_randomized_election_timeout(timeout);
         self.settled = (now.0, now.1, timeout);
+    }
+
+    /// Tells raft-rs that everything handed out is applied, as far as it allows: never past
+    /// what is committed and persisted here (a received snapshot counts once it is persisted).
+    pub(super) fn catch_up_applied(&mut self) {
+        let log = &self.raw.raft.raft_log;
+        let target = self.handed.min(log.committed).min(log.persisted);
+        if target > log.applied {
+            self.raw.advance_apply_to(target);
+        }
     }
 
     /// The leader this group knows of, if any.
@@ -167,6 +182,14 @@ impl Group {
         }
         let snapshot_index = self.raw.store().snapshot.get_metadata().index;
         assert!(snapshot_index <= log.committed, "snapshot past commit");
+        let batches = self.persisting.iter().map(|p| (p.batch, p.ready));
+        let ordered = batches.clone().zip(batches.skip(1));
+        for ((batch, ready), (next_batch, next_ready)) in ordered {
+            assert!(
+                batch <= next_batch && ready < next_ready,
+                "readies out of order"
+            );
+        }
     }
 }
 

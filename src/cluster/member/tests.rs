@@ -1,19 +1,22 @@
-//! Unit tests of [`Member`] over [`MemDurable`], with messages passed directly.
+//! Unit tests of [`Member`] over [`MemWriter`]s, with messages passed directly and the
+//! writers' completions coming after the messages of the iteration that handed the batch over.
 
 use super::*;
 use crate::cluster::mem_durable::MemDurable;
+use crate::cluster::mem_writer::MemWriter;
 use raft::eraftpb::ConfState;
 use raft::StateRole;
 
 const VOTERS: [u64; 3] = [1, 2, 3];
 
-fn member(id: u64) -> Member<MemDurable> {
-    Member::new(id, &VOTERS, &[0, 1], MemDurable::new(), Vec::new(), 7).expect("member")
+fn member(id: u64) -> Member<MemWriter> {
+    let writer = MemWriter::new(MemDurable::new());
+    Member::new(id, &VOTERS, &[0, 1], writer, Vec::new(), 7).expect("member")
 }
 
-/// Three members; messages are delivered at once.
+/// Three members; messages are delivered at once, writers complete after each exchange.
 struct Trio {
-    members: Vec<Member<MemDurable>>,
+    members: Vec<Member<MemWriter>>,
     committed: Vec<Vec<Committed>>,
     restores: Vec<Vec<Restore>>,
     reads: Vec<ReadReady>,
@@ -29,26 +32,28 @@ impl Trio {
         }
     }
 
-    /// Drains every member and delivers the messages, until quiet (bounded).
+    /// Drains every member, delivers the messages, then lets every writer complete, until
+    /// quiet (bounded).
     fn pump(&mut self) {
         for _ in 0..100 {
             let mut mail = Vec::new();
             for (at, member) in self.members.iter_mut().enumerate() {
-                let first = member.begin_drain().expect("begin");
-                let second = member.finish_drain().expect("finish");
-                mail.extend(first.messages);
-                mail.extend(second.messages);
-                self.restores[at].extend(first.restores);
-                self.committed[at].extend(first.committed);
-                self.committed[at].extend(second.committed);
-                self.reads.extend(second.reads);
+                let drain = member.drain().expect("drain");
+                mail.extend(drain.messages);
+                self.restores[at].extend(drain.restores);
+                self.committed[at].extend(drain.committed);
+                self.reads.extend(drain.reads);
             }
-            if mail.is_empty() {
+            let queued = self.members.iter().any(|m| m.writer().queued() > 0);
+            if mail.is_empty() && !queued {
                 return;
             }
             for Envelope { shard, message } in mail {
                 let to = (message.to - 1) as usize;
                 let _ = self.members[to].step(shard, message);
+            }
+            for member in &mut self.members {
+                member.writer_mut().complete();
             }
         }
         panic!("the trio never went quiet");
@@ -75,8 +80,9 @@ impl Trio {
 
 #[test]
 fn new_refuses_a_non_voter_and_duplicate_shards() {
-    assert!(Member::new(4, &VOTERS, &[0], MemDurable::new(), Vec::new(), 1).is_err());
-    assert!(Member::new(1, &VOTERS, &[0, 0], MemDurable::new(), Vec::new(), 1).is_err());
+    let writer = || MemWriter::new(MemDurable::new());
+    assert!(Member::new(4, &VOTERS, &[0], writer(), Vec::new(), 1).is_err());
+    assert!(Member::new(1, &VOTERS, &[0, 0], writer(), Vec::new(), 1).is_err());
 }
 
 #[test]
@@ -228,21 +234,35 @@ fn a_compacted_member_restarts_from_its_snapshot() {
     trio.members[leader]
         .compact(0, applied, b"state".to_vec())
         .expect("compact");
+    // The snapshot goes to the writer with the next drain's batch. Alone it is only written
+    // (the entries it covers are durable already): a crash may lose it.
+    trio.pump();
+    let snapshot_of = |image: &MemDurable| {
+        let recovered = image.recovered();
+        let snapshot = recovered[0].1.snapshot.as_ref();
+        snapshot.map(|snapshot| snapshot.get_data().to_vec())
+    };
+    assert_eq!(snapshot_of(&trio.members[leader].writer().crashed()), None);
+    // The next batch that must be synced makes it durable.
+    trio.members[leader].propose(0, vec![9]).expect("propose");
+    trio.pump();
     let old = trio.members.remove(leader);
-    let mut durable = old.into_durable();
-    durable.sync().expect("sync the snapshot");
-    durable.crash();
+    let durable = old.into_writer().crashed();
+    assert_eq!(snapshot_of(&durable), Some(b"state".to_vec()));
     let recovered = durable.recovered();
     let id = leader as u64 + 1;
-    let mut again = Member::new(id, &VOTERS, &[0, 1], durable, recovered, 7).expect("restart");
-    let first = again.begin_drain().expect("begin");
-    again.finish_drain().expect("finish");
+    let writer = MemWriter::new(durable);
+    let mut again = Member::new(id, &VOTERS, &[0, 1], writer, recovered, 7).expect("restart");
+    let first = again.drain().expect("drain");
     let restore = Restore {
         shard: 0,
         data: b"state".to_vec(),
         index: applied,
     };
     assert_eq!(first.restores, vec![restore]);
+    // Entry `applied + 1` is in the log, but its commit was only written (raft may lose a
+    // commit index): a leader tells it again.
+    assert!(first.committed.iter().all(|c| c.shard != 0));
     assert_eq!(again.applied(0), applied);
 }
 
@@ -280,4 +300,114 @@ fn balance_hands_shards_away_from_a_member_leading_all() {
         trio.members[leader].balance(&VOTERS).is_empty(),
         "rate-limited"
     );
+}
+
+/// The message types `drain` hands out from `member`.
+fn drained_kinds(member: &mut Member<MemWriter>, mail: &mut Vec<Envelope>) -> Vec<MessageType> {
+    let drain = member.drain().expect("drain");
+    let kinds = drain
+        .messages
+        .iter()
+        .map(|e| e.message.get_msg_type())
+        .collect();
+    mail.extend(drain.messages);
+    kinds
+}
+
+/// Steps every message of `mail` addressed to `to` (shard 0 only) into it; leaves the rest.
+fn deliver(trio: &mut Trio, mail: &mut Vec<Envelope>, to: usize) {
+    for Envelope { shard, message } in std::mem::take(mail) {
+        if message.to != to as u64 + 1 {
+            mail.push(Envelope { shard, message });
+        } else if shard == 0 {
+            let _ = trio.members[to].step(shard, message);
+        }
+    }
+}
+
+#[test]
+fn no_vote_or_append_response_leaves_before_its_write_is_synced() {
+    let mut trio = Trio::new();
+    let mut mail = Vec::new();
+    // Member 1 campaigns: pre-votes depend on nothing written; its vote for itself must be
+    // durable before it asks for votes.
+    let mut asked = false;
+    for _ in 0..(2 * group::ELECTION_TICKS) {
+        trio.members[0].tick();
+        let kinds = drained_kinds(&mut trio.members[0], &mut mail);
+        assert!(!kinds.contains(&MessageType::MsgRequestVote));
+        if kinds.contains(&MessageType::MsgRequestPreVote) {
+            asked = true;
+            break;
+        }
+    }
+    assert!(asked, "member 1 campaigns within two election timeouts");
+    let mut responses = Vec::new();
+    deliver(&mut trio, &mut mail, 1);
+    drained_kinds(&mut trio.members[1], &mut responses);
+    deliver(&mut trio, &mut responses, 0);
+    let kinds = drained_kinds(&mut trio.members[0], &mut mail);
+    assert!(
+        trio.members[0].writer().queued() > 0,
+        "term and vote handed to the writer"
+    );
+    assert!(!kinds.contains(&MessageType::MsgRequestVote), "{kinds:?}");
+    assert!(trio.members[0].writer_mut().complete());
+    let kinds = drained_kinds(&mut trio.members[0], &mut mail);
+    assert!(kinds.contains(&MessageType::MsgRequestVote), "{kinds:?}");
+    // Member 2 votes: its answer waits for its own term and vote to be durable.
+    deliver(&mut trio, &mut mail, 1);
+    let kinds = drained_kinds(&mut trio.members[1], &mut responses);
+    assert!(
+        !kinds.contains(&MessageType::MsgRequestVoteResponse),
+        "{kinds:?}"
+    );
+    assert_eq!(drained_kinds(&mut trio.members[1], &mut responses), vec![]);
+    assert!(trio.members[1].writer_mut().complete());
+    let kinds = drained_kinds(&mut trio.members[1], &mut responses);
+    assert_eq!(kinds, vec![MessageType::MsgRequestVoteResponse]);
+    // Member 1 leads: its appends leave before its own write is synced.
+    deliver(&mut trio, &mut responses, 0);
+    let kinds = drained_kinds(&mut trio.members[0], &mut mail);
+    assert_eq!(trio.members[0].leader(0), Some(1));
+    assert!(kinds.contains(&MessageType::MsgAppend), "{kinds:?}");
+    assert!(
+        trio.members[0].writer().queued() > 0,
+        "the leader's entry not yet synced"
+    );
+    // The followers' append responses wait for their writes.
+    for follower in [1, 2] {
+        deliver(&mut trio, &mut mail, follower);
+        let kinds = drained_kinds(&mut trio.members[follower], &mut responses);
+        assert!(
+            !kinds.contains(&MessageType::MsgAppendResponse),
+            "{kinds:?}"
+        );
+        assert!(trio.members[follower].writer_mut().complete());
+        let kinds = drained_kinds(&mut trio.members[follower], &mut responses);
+        assert!(kinds.contains(&MessageType::MsgAppendResponse), "{kinds:?}");
+    }
+    // Their responses make a majority, but the leader applies nothing before its own write is
+    // synced.
+    deliver(&mut trio, &mut responses, 0);
+    let drain = trio.members[0].drain().expect("drain");
+    assert!(
+        drain.committed.iter().all(|c| c.shard != 0),
+        "{:?}",
+        drain.committed
+    );
+    assert_eq!(
+        trio.members[0].commit(0),
+        1,
+        "committed by members 2's and 3's logs"
+    );
+    assert!(trio.members[0].writer_mut().complete());
+    let drain = trio.members[0].drain().expect("drain");
+    let applied: Vec<u64> = drain
+        .committed
+        .iter()
+        .filter(|c| c.shard == 0)
+        .map(|c| c.index)
+        .collect();
+    assert_eq!(applied, vec![1]);
 }

@@ -1,5 +1,5 @@
 //! One iteration's work of a cluster partition: peers' messages, ticks, wait timers, the
-//! leader's expiries and checkpoints, the group-commit drain, and applying what committed.
+//! leader's expiries and checkpoints, the drain to the core's writer, and applying what committed.
 //!
 //! # Stopping the member
 //!
@@ -12,8 +12,8 @@
 //! an `error!` line naming the shard, the index or the operation, then a panic of the core
 //! thread: the server's existing failure path (`crate::server`'s failure guard) marks the
 //! server failed, stops the other cores, and the binary exits 70. A panic is chosen over
-//! unwinding by hand because the core is in the middle of a drain whose state cannot be
-//! finished; nothing else may run on it after.
+//! unwinding by hand because the member's groups have advanced past writes whose fate is
+//! unknown; nothing else may run on it after.
 
 use super::requests::End;
 use super::{
@@ -21,15 +21,15 @@ use super::{
     EXPIRIES_PER_ITERATION, INBOUND_PER_ITERATION, PROMOTE_GRACE_MS, TICKS_CAUGHT_UP_MAX, TICK_US,
 };
 use crate::cluster::machine::{Applied, Command, ShardMachine};
-use crate::cluster::member::{Committed, CompactError, EntryKind, LeaderChanged, ReadReady};
+use crate::cluster::member::{Committed, EntryKind, LeaderChanged, ReadReady};
 use crate::cluster::shard::Role;
-use crate::cluster::Durable;
+use crate::cluster::writer::LogWriter;
 use crate::partition::BusyReason;
 use crate::partition::NOBODY;
 use crate::protocol::Response;
 use std::time::SystemTime;
 
-impl<D: Durable, P: Peers> ClusterPartition<D, P> {
+impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     pub(super) fn step_inbound(&mut self) {
         for _ in 0..INBOUND_PER_ITERATION {
             let Some((shard, message)) = self.peers.try_recv() else {
@@ -183,46 +183,33 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         }
     }
 
-    /// The group-commit drain: everything ready in every group, one WAL sync, then the rest.
-    /// A failed write or sync stops the member (it cannot promise durability any more).
+    /// The drain: what the core's writer synced since the last (the messages and restores
+    /// that waited for it), then every ready group's writes handed to the writer as one batch,
+    /// without waiting for the disk. A failed write or sync (the writer's error) stops the
+    /// member: it cannot promise durability any more.
     pub(super) fn drain(&mut self) {
         if !self.member.has_ready() {
             return self.serve_reads();
         }
-        let drain = match self.member.begin_drain() {
+        let drain = match self.member.drain() {
             Ok(drain) => drain,
-            Err(error) => stop_member(format!(
-                "core {}: writing the write-ahead log failed: {error}",
-                self.settings.core
-            )),
+            Err(error) => stop_member(format!("core {}: {error}", self.settings.core)),
         };
         if !drain.messages.is_empty() {
             self.peers.send(drain.messages);
-        }
-        // Restoring and applying may propose (the next waiter, an orphan's release), and
-        // nothing may call into the member between the two halves: snapshots and what
-        // committed before the sync are restored and applied after it, first.
-        let sync_started = std::time::Instant::now();
-        let drained = match self.member.finish_drain() {
-            Ok(drained) => drained,
-            Err(error) => stop_member(format!(
-                "core {}: syncing the write-ahead log failed: {error}",
-                self.settings.core
-            )),
-        };
-        let sync_us = sync_started.elapsed().as_micros() as u64;
-        self.cluster_stats.sync_latency.record(sync_us);
-        if !drained.messages.is_empty() {
-            self.peers.send(drained.messages);
         }
         for restore in drain.restores {
             self.restore(restore.shard, &restore.data, restore.index);
         }
         self.apply(drain.committed);
-        self.apply(drained.committed);
-        self.leaders_changed(&drained.leaders);
-        self.reads_ready(drained.reads);
+        self.leaders_changed(&drain.leaders);
+        self.reads_ready(drain.reads);
         self.serve_reads();
+    }
+
+    /// The core's log writer, e.g. for a simulation to complete its rounds.
+    pub fn writer_mut(&mut self) -> &mut D {
+        self.member.writer_mut()
     }
 
     fn restore(&mut self, shard: u32, data: &[u8], index: u64) {
@@ -638,10 +625,6 @@ impl<D: Durable, P: Peers> ClusterPartition<D, P> {
         let shard_id = shard.machine.shard();
         match self.member.compact(shard_id, applied, data) {
             Ok(()) => self.shards[local].compacted_at = applied,
-            Err(CompactError::Durable(error)) => stop_member(format!(
-                "shard {shard_id}: recording the snapshot at index {applied} in the write-ahead \
-                 log failed: {error}"
-            )),
             Err(error) => log::debug!("shard {shard_id}: compaction deferred: {error}"),
         }
     }

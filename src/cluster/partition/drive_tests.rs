@@ -3,6 +3,7 @@
 //! failed.
 
 use crate::cluster::mem_durable::{MemDurable, SyncMode};
+use crate::cluster::mem_writer::MemWriter;
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use crate::cluster::Recovered;
@@ -23,8 +24,9 @@ impl Peers for Alone {
 fn partition(
     durable: MemDurable,
     recovered: Vec<(u32, Recovered)>,
-) -> ClusterPartition<MemDurable, Alone> {
-    let member = Member::new(1, &[1], &[0], durable, recovered, 5).expect("a member");
+) -> ClusterPartition<MemWriter, Alone> {
+    let writer = MemWriter::immediate(durable);
+    let member = Member::new(1, &[1], &[0], writer, recovered, 5).expect("a member");
     let settings = PartitionSettings {
         node_id: 1,
         shards: 1,
@@ -41,7 +43,7 @@ fn partition(
 
 /// Runs the partition's timers every 10 ms of its clock until it panics (or 5 s pass);
 /// returns the panic's message.
-fn run_until_it_stops(mut partition: ClusterPartition<MemDurable, Alone>) -> String {
+fn run_until_it_stops(mut partition: ClusterPartition<MemWriter, Alone>) -> String {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
         for step in 1..=500u64 {
             partition.handle_timers(step * 10_000);
@@ -86,7 +88,8 @@ fn a_committed_entry_that_does_not_decode_stops_the_member_naming_shard_and_inde
 fn a_failed_log_sync_stops_the_member_naming_the_operation() {
     let mut durable = MemDurable::new();
     durable.set_sync_mode(SyncMode::Fail);
-    // The member elects itself, appends its first entries, and syncs them: that fails.
+    // The member elects itself, appends its first entries, and its writer syncs them: that
+    // fails, and the next drain learns it.
     let stopped = run_until_it_stops(partition(durable, Vec::new()));
     assert!(
         stopped.contains("core 0: syncing the write-ahead log failed: sync failed (injected)"),

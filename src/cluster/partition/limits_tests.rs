@@ -1,11 +1,12 @@
 //! The single node's limits on a real cluster partition: one-member groups (a member is its
-//! own majority, so it elects itself and serves) over [`MemDurable`], driven on virtual time.
+//! own majority, so it elects itself and serves) over a [`MemWriter`], driven on virtual time.
 //! `max_keys` per shard counts grants in flight; `max_pending_per_session` counts only acquires
 //! that queue, on one partition and across two sharing counts, and every way out of a queue
 //! gives the place back.
 
 use super::super::{ClusterPartition, PartitionSettings, Peers, COMPACT_EVERY};
 use crate::cluster::mem_durable::MemDurable;
+use crate::cluster::mem_writer::MemWriter;
 use crate::cluster::member::{Envelope, Member};
 use crate::partition::{Answer, BusyReason, Op, Partition, QueueCounts, SessionId};
 use crate::protocol::Response;
@@ -24,7 +25,7 @@ impl Peers for NoPeers {
     }
 }
 
-type OneMember = ClusterPartition<MemDurable, NoPeers>;
+type OneMember = ClusterPartition<MemWriter, NoPeers>;
 
 /// A partition with its clock: core `core` of `cores` of a one-member cluster of `shards`.
 struct Bench {
@@ -42,8 +43,9 @@ struct Limits {
 impl Bench {
     fn new(shards: u32, core: usize, cores: usize, limits: Limits) -> Bench {
         let hosted = super::super::shards_of_core(core, cores, shards);
-        let member = Member::new(1, &[1], &hosted, MemDurable::new(), Vec::new(), 7)
-            .expect("a one-member member");
+        let writer = MemWriter::immediate(MemDurable::new());
+        let member =
+            Member::new(1, &[1], &hosted, writer, Vec::new(), 7).expect("a one-member member");
         let settings = PartitionSettings {
             node_id: 1,
             shards,

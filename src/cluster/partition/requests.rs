@@ -26,7 +26,7 @@
 use super::{ClusterPartition, Peers, PendingKind, PendingRead};
 use crate::cluster::machine::{Command, Grant};
 use crate::cluster::shard::Waiter;
-use crate::cluster::Durable;
+use crate::cluster::writer::LogWriter;
 use crate::partition::GrantRef;
 use crate::partition::NOBODY;
 use crate::partition::{BusyReason, SessionId};
@@ -47,7 +47,7 @@ pub(super) enum End {
     },
 }
 
-impl<D: Durable, P: Peers> ClusterPartition<D, P> {
+impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// An acquire: proposed at once on a free key, answered `T` at once (wait 0) or queued
     /// (wait > 0) on a held one; `B` at a limit or during shutdown.
     pub(super) fn acquire(

@@ -108,6 +108,35 @@ fn every_record_kind_round_trips_for_several_shards() {
 }
 
 #[test]
+fn a_flush_writes_without_syncing_or_rotating_and_the_next_sync_covers_it() {
+    let dir = TempDir::new("flush");
+    let (mut wal, _) = Wal::open_with(&dir.0, options(4096)).expect("open");
+    wal.append(4, &entries(1..=400, 1)).expect("append");
+    wal.set_hard_state(4, &hard_state(1, 1, 3)).expect("hs");
+    wal.flush().expect("flush");
+    assert_eq!(
+        (wal.stats.flushes, wal.stats.syncs, wal.stats.rotations),
+        (1, 0, 0)
+    );
+    assert!(
+        wal.file_bytes > 4096,
+        "past the segment size, yet no rotation"
+    );
+    assert!(wal.synced_bytes < wal.file_bytes, "flushed, not synced");
+    // In the file (a process crash keeps it); only a sync makes it durable on the disk.
+    let (_, recovered) = reopen(&dir.0, options(4096));
+    assert_eq!(recovered[&4].entries, entries(1..=400, 1));
+    wal.flush().expect("an empty flush");
+    assert_eq!(wal.stats.flushes, 1, "nothing written");
+    // A sync with an empty buffer still syncs what was flushed, then rotates.
+    wal.sync().expect("sync");
+    assert_eq!((wal.stats.syncs, wal.synced_bytes), (1, wal.file_bytes));
+    assert_eq!(wal.stats.rotations + wal.stats.compactions, 1);
+    wal.sync().expect("a sync with nothing to do");
+    assert_eq!(wal.stats.syncs, 1);
+}
+
+#[test]
 fn conflicting_appends_replace_the_suffix() {
     let dir = TempDir::new("suffix");
     let (mut wal, _) = Wal::open(&dir.0, false).expect("open");
