@@ -24,8 +24,12 @@
 # a leader, then benches all three members (`--target a,b,c`, `--shards N`): the bench sends
 # each request to its key's leader, learning leaders from M answers per shard (counted in the M
 # column; each shard costs at most one redirect once its leader is known).
+#
+# LOAD_BINARY=PATH runs the load (`bench`) with another build than the servers, e.g. to compare
+# two server builds with the same load generator.
 set -euo pipefail
 binary=${1:?latchkey binary}
+load=${LOAD_BINARY:-$binary}
 duration=${2:-5s}
 shift $(( $# < 2 ? $# : 2 ))
 shard_counts=("$@")
@@ -143,7 +147,7 @@ run_bench() { # label target shards server-pids...
         local warmup=1s before after
         [ "$pipeline" = 16 ] && warmup=0s
         before=$(cpu_ticks "$@")
-        json=$("$binary" bench --target "latchkey://$target" --workload "$workload" \
+        json=$("$load" bench --target "latchkey://$target" --workload "$workload" \
             --pipeline "$pipeline" --connections "$connections" --hot-keys "$hot" \
             --duration "$duration" --warmup "$warmup" ${shards:+--shards "$shards"} --json)
         after=$(cpu_ticks "$@")
