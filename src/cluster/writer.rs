@@ -20,7 +20,7 @@
 //! so on this thread too.
 //!
 //! Deliberately not here: what the records mean (the log's rules are `crate::cluster::wal`'s),
-//! and the shard machines' snapshots (`crate::cluster::replicas`).
+//! and the shard machines' snapshots (taken by the member on the core, `crate::cluster::member`).
 
 use super::Durable;
 use crate::metrics::Histogram;
