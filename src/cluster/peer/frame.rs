@@ -41,8 +41,10 @@ use std::time::Duration;
 
 /// The first four bytes of every peer connection, and of the reply.
 pub const MAGIC: [u8; 4] = *b"LKPR";
-/// The version of this wire format, in every hello and reply (2: `to`, the identity, replies).
-pub const VERSION: u8 = 2;
+/// The version of this wire format, in every hello and reply (2: `to`, the identity, replies;
+/// 3: the same frames, and the shard commands of version 2, which a version-2 member cannot
+/// apply: members of the two refuse each other rather than form a group that would stop).
+pub const VERSION: u8 = 3;
 /// Bytes in a hello: magic, version, shard count, from, to, identity digest.
 pub const HELLO_BYTES: usize = 4 + 1 + 4 + 8 + 8 + 8;
 /// Bytes in a reply: magic, version, verdict, shard count, node id, identity digest.
