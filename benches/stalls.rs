@@ -208,6 +208,27 @@ struct Loops {
 }
 
 /// Loop statistics since `before` (a histogram taken at the phase's start).
+/// Grants every key of `wanted` (each a new key) with a probe session pinging meanwhile, and
+/// reports the fill as `scenario phase`; returns when the fill started.
+fn measured_fill(
+    server: &ServerHandle,
+    (scenario, phase): (&str, &str),
+    wanted: Vec<(String, u8)>,
+) -> Instant {
+    let (addr, keys) = (server.local_addr(), wanted.len());
+    server.take_worst_loop_us();
+    let before = server.loop_histogram();
+    let probe = Probe::start(addr);
+    let start = Instant::now();
+    let granted = fill(addr, wanted);
+    let elapsed = start.elapsed();
+    let loops = loops_since(server, &before);
+    let histogram = probe.finish();
+    assert_eq!(granted, keys, "every acquire of a new key is granted");
+    report(scenario, phase, elapsed, &loops, &histogram);
+    start
+}
+
 fn loops_since(server: &ServerHandle, before: &[u64]) -> Loops {
     let now = server.loop_histogram();
     let delta: Vec<u64> = now.iter().zip(before).map(|(n, b)| n - b).collect();
@@ -242,18 +263,8 @@ fn report(scenario: &str, phase: &str, elapsed: Duration, loops: &Loops, probe: 
 
 fn grow(keys: usize) {
     let server = start_server(keys);
-    let addr = server.local_addr();
     let wanted: Vec<(String, u8)> = (0..keys).map(|i| (format!("grow/{i:09}"), 255)).collect();
-    server.take_worst_loop_us();
-    let before = server.loop_histogram();
-    let probe = Probe::start(addr);
-    let start = Instant::now();
-    let granted = fill(addr, wanted);
-    let elapsed = start.elapsed();
-    let loops = loops_since(&server, &before);
-    let histogram = probe.finish();
-    assert_eq!(granted, keys, "every acquire of a new key is granted");
-    report("grow", "fill", elapsed, &loops, &histogram);
+    measured_fill(&server, ("grow", "fill"), wanted);
 }
 
 fn expire(keys: usize, lease_max_s: u64, seed: u64) {
@@ -267,16 +278,7 @@ fn expire(keys: usize, lease_max_s: u64, seed: u64) {
     for i in (1..wanted.len()).rev() {
         wanted.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    server.take_worst_loop_us();
-    let before = server.loop_histogram();
-    let probe = Probe::start(addr);
-    let start = Instant::now();
-    let granted = fill(addr, wanted);
-    let fill_elapsed = start.elapsed();
-    let fill_loops = loops_since(&server, &before);
-    let fill_histogram = probe.finish();
-    assert_eq!(granted, keys, "every acquire of a new key is granted");
-    report("expire", "fill", fill_elapsed, &fill_loops, &fill_histogram);
+    let start = measured_fill(&server, ("expire", "fill"), wanted);
     let before = server.loop_histogram();
     let probe = Probe::start(addr);
     let window_start = Instant::now();
@@ -366,20 +368,10 @@ fn cluster(keys: usize, delay_us: u64) {
     let dir = DataDir(std::env::temp_dir().join(format!("latchkey-stalls-{pid}-{delay_us}")));
     latchkey::cluster::wal::BENCH_SYNC_DELAY_US.store(delay_us, Ordering::Relaxed);
     let server = start_member(&dir.0);
-    let addr = server.local_addr();
-    wait_serving(addr);
+    wait_serving(server.local_addr());
     let wanted: Vec<(String, u8)> = (0..keys).map(|i| (format!("sync/{i:09}"), 255)).collect();
-    server.take_worst_loop_us();
-    let before = server.loop_histogram();
-    let probe = Probe::start(addr);
-    let start = Instant::now();
-    let granted = fill(addr, wanted);
-    let elapsed = start.elapsed();
-    let loops = loops_since(&server, &before);
-    let histogram = probe.finish();
-    assert_eq!(granted, keys, "every acquire of a new key is granted");
     let phase = format!("+{}ms", delay_us / 1000);
-    report("cluster", &phase, elapsed, &loops, &histogram);
+    measured_fill(&server, ("cluster", &phase), wanted);
     drop(server);
     latchkey::cluster::wal::BENCH_SYNC_DELAY_US.store(0, Ordering::Relaxed);
 }
