@@ -8,11 +8,14 @@
 //! sync ([`MemWriter::crashed`]); completions come whenever the caller chooses, later than the
 //! iteration that handed the batch over and in any order relative to peers' messages, and may
 //! take some of the queued batches only (a round ends where the writer found the queue's end).
+//! A synced batch's `after_sync` messages wait here until the member's next drain takes them
+//! ([`LogWriter::take_released`]), where the writer thread would have sent them itself.
 //!
 //! Not a thread and not a disk: nothing here blocks, and the queue is bounded only by the
 //! member's own bound on batches in flight.
 
 use super::mem_durable::MemDurable;
+use super::member::Envelope;
 use super::writer::{write_round, Batch, LogWriter};
 use std::collections::VecDeque;
 use std::io;
@@ -27,6 +30,8 @@ pub struct MemWriter {
     failed: Option<String>,
     immediate: bool,
     rounds: u64,
+    /// The `after_sync` messages of batches synced, until the member takes them.
+    released: Vec<Envelope>,
 }
 
 impl MemWriter {
@@ -39,6 +44,7 @@ impl MemWriter {
             failed: None,
             immediate: false,
             rounds: 0,
+            released: Vec::new(),
         }
     }
 
@@ -80,9 +86,14 @@ impl MemWriter {
             return false;
         }
         let take = count.clamp(1, self.queued.len());
-        let round: Vec<Batch> = self.queued.drain(..take).collect();
+        let mut round: Vec<Batch> = self.queued.drain(..take).collect();
         match write_round(&mut self.durable, &round) {
-            Ok(through) => self.synced = through,
+            Ok(through) => {
+                self.synced = through;
+                for batch in &mut round {
+                    self.released.append(&mut batch.after_sync);
+                }
+            }
             Err(error) => self.failed = Some(error.to_string()),
         }
         self.rounds += 1;
@@ -130,6 +141,10 @@ impl LogWriter for MemWriter {
             None => Ok(self.synced),
         }
     }
+
+    fn take_released(&mut self, out: &mut Vec<Envelope>) {
+        out.append(&mut self.released);
+    }
 }
 
 #[cfg(test)]
@@ -152,6 +167,7 @@ mod tests {
                 shard: 0,
                 entries: vec![entry],
             }],
+            after_sync: Vec::new(),
         }
     }
 

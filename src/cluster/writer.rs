@@ -22,6 +22,7 @@
 //! Deliberately not here: what the records mean (the log's rules are `crate::cluster::wal`'s),
 //! and the shard machines' snapshots (taken by the member on the core, `crate::cluster::member`).
 
+use super::member::Envelope;
 use super::Durable;
 use crate::metrics::Histogram;
 use crate::partition::cluster_stats::LATENCY_BOUNDS_US;
@@ -110,6 +111,11 @@ pub struct Batch {
     pub must_sync: bool,
     /// The writes, in order.
     pub records: Vec<Record>,
+    /// Messages that may leave only once these writes are durable (a follower's append
+    /// responses, a candidate's votes): the writer sends them right after the round that
+    /// synced this batch, before it reports the batch synced, so they do not wait for the core
+    /// to wake up and pass them on.
+    pub after_sync: Vec<Envelope>,
 }
 
 impl Batch {
@@ -132,6 +138,9 @@ pub trait LogWriter {
     fn sync_latency(&self) -> Option<Histogram> {
         None
     }
+    /// Moves to `out` the `after_sync` messages of batches now synced, for a writer that does
+    /// not send them itself (a simulation's); a writer thread sends them and gives none here.
+    fn take_released(&mut self, _out: &mut Vec<Envelope>) {}
 }
 
 /// Records `batches` (in order) in `durable` and makes them durable: one sync if any must be
@@ -178,11 +187,13 @@ pub struct Writer {
 
 impl Writer {
     /// Starts the thread `name`, which owns `durable`; `wake` is called after every round (and
-    /// on failure), from the writer's thread.
-    pub fn spawn<D, F>(name: String, durable: D, wake: F) -> io::Result<Writer>
+    /// on failure), `send` with the round's `after_sync` messages once it is durable (before
+    /// `wake`), both from the writer's thread.
+    pub fn spawn<D, F, S>(name: String, durable: D, wake: F, send: S) -> io::Result<Writer>
     where
         D: Durable + Send + 'static,
         F: Fn() + Send + 'static,
+        S: Fn(Vec<Envelope>) + Send + 'static,
     {
         let (sender, receiver) = crossbeam_channel::bounded(BATCHES_IN_FLIGHT_MAX as usize);
         let progress = Arc::new(Progress {
@@ -193,7 +204,7 @@ impl Writer {
         let shared = Arc::clone(&progress);
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(durable, &receiver, &shared, &wake))?;
+            .spawn(move || run(durable, &receiver, &shared, (&wake, &send)))?;
         Ok(Writer {
             batches: Some(sender),
             progress,
@@ -255,12 +266,14 @@ impl Drop for PanicReport<'_> {
     }
 }
 
-/// The writer thread: rounds until the core hangs up or a round fails.
+/// The writer thread: rounds until the core hangs up or a round fails. A round's
+/// `after_sync` messages are sent once it is durable and before it is published, so that
+/// messages a core releases on seeing a later batch synced never overtake them.
 fn run<D: Durable>(
     mut durable: D,
     batches: &Receiver<Batch>,
     progress: &Progress,
-    wake: &dyn Fn(),
+    (wake, send): (&dyn Fn(), &dyn Fn(Vec<Envelope>)),
 ) {
     let _report = PanicReport { progress, wake };
     let mut round: Vec<Batch> = Vec::new();
@@ -277,9 +290,19 @@ fn run<D: Durable>(
         let started = Instant::now();
         let result = write_round(&mut durable, &round);
         let took_us = started.elapsed().as_micros() as u64;
+        let released: Vec<Envelope> = match result {
+            Ok(_) => round
+                .iter_mut()
+                .flat_map(|batch| std::mem::take(&mut batch.after_sync))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         round.clear();
         match result {
             Ok(through) => {
+                if !released.is_empty() {
+                    send(released);
+                }
                 progress.latency.lock().record(took_us);
                 progress.synced.store(through, Ordering::Release);
                 wake();

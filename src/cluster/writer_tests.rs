@@ -1,10 +1,12 @@
 //! Unit tests of the writer: rounds (order, one sync, flush-only rounds), the thread (group
 //! commit of the batches queued behind a slow sync, completions in order and only after the
-//! sync returned, failures that stop it, a drop that writes what is queued).
+//! sync returned, the messages that wait for a batch sent after its sync and before it is
+//! reported, failures that stop it, a drop that writes what is queued).
 
 use super::*;
 use crate::cluster::mem_durable::{MemDurable, SyncMode};
 use crossbeam_channel::{bounded, Receiver, Sender};
+use raft::eraftpb::{Message, MessageType};
 use std::time::Duration;
 
 fn entry(index: u64) -> Entry {
@@ -34,6 +36,7 @@ fn batch(number: u64) -> Batch {
             shard: 0,
             entries: vec![entry(number)],
         }],
+        after_sync: Vec::new(),
     }
 }
 
@@ -46,6 +49,7 @@ fn commit_only(number: u64, index: u64) -> Batch {
             shard: 0,
             hard_state: commit(index),
         }],
+        after_sync: Vec::new(),
     }
 }
 
@@ -158,6 +162,7 @@ fn failures_name_the_step() {
             shard: 0,
             entries: vec![entry(5)],
         }],
+        after_sync: Vec::new(),
     };
     let error = write_round(&mut image, &[gap]).expect_err("a gap");
     assert!(
@@ -196,9 +201,14 @@ fn batches_queued_behind_a_slow_sync_are_synced_together_and_reported_after_it()
     let (durable, syncs, gate) = gated(true);
     let (started, permit) = gate.expect("gated");
     let (woken_tx, woken) = bounded(64);
-    let mut writer = Writer::spawn("test-wal".into(), durable, move || {
-        let _ = woken_tx.send(());
-    })
+    let mut writer = Writer::spawn(
+        "test-wal".into(),
+        durable,
+        move || {
+            let _ = woken_tx.send(());
+        },
+        |_| {},
+    )
     .expect("spawn");
     writer.submit(batch(1)).expect("room");
     started.recv().expect("the first round syncs");
@@ -226,14 +236,77 @@ fn batches_queued_behind_a_slow_sync_are_synced_together_and_reported_after_it()
     assert_eq!(latency.count(), 2);
 }
 
+/// A batch like [`batch`] whose `after_sync` holds one append response to member 2, its
+/// `index` the batch's number.
+fn answering(number: u64) -> Batch {
+    let mut message = Message::default();
+    message.set_msg_type(MessageType::MsgAppendResponse);
+    message.to = 2;
+    message.index = number;
+    Batch {
+        after_sync: vec![Envelope { shard: 0, message }],
+        ..batch(number)
+    }
+}
+
+#[test]
+fn messages_waiting_for_a_batch_are_sent_after_its_sync_and_before_it_is_reported() {
+    let (durable, _syncs, gate) = gated(true);
+    let (started, permit) = gate.expect("gated");
+    let (sent_tx, sent) = bounded::<Vec<Envelope>>(64);
+    // The send waits for the test's word, so the test can look at `synced` meanwhile.
+    let (go_tx, go) = bounded::<()>(64);
+    let mut writer = Writer::spawn(
+        "test-wal".into(),
+        durable,
+        || {},
+        move |batch| {
+            let _ = sent_tx.send(batch);
+            let _ = go.recv();
+        },
+    )
+    .expect("spawn");
+    writer.submit(answering(1)).expect("room");
+    started.recv().expect("the first round syncs");
+    writer.submit(answering(2)).expect("room");
+    writer.submit(batch(3)).expect("room");
+    // While the sync has not returned, nothing leaves.
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(sent.try_recv().is_err(), "a response left before its sync");
+    permit.send(()).expect("permit");
+    let first = sent.recv_timeout(Duration::from_secs(2)).expect("sent");
+    let indices: Vec<u64> = first.iter().map(|e| e.message.index).collect();
+    assert_eq!(indices, vec![1]);
+    assert_eq!(writer.synced().expect("healthy"), 0, "sent before reported");
+    go_tx.send(()).expect("go");
+    wait_synced(&writer, 1);
+    started.recv().expect("the second round syncs");
+    assert!(sent.try_recv().is_err(), "2 waits for its own sync");
+    permit.send(()).expect("permit");
+    let second = sent.recv_timeout(Duration::from_secs(2)).expect("sent");
+    let indices: Vec<u64> = second.iter().map(|e| e.message.index).collect();
+    assert_eq!(indices, vec![2], "one send per round, 3 has none");
+    go_tx.send(()).expect("go");
+    wait_synced(&writer, 3);
+    // A writer thread sends them itself: the member finds none to pass on.
+    let mut out = Vec::new();
+    writer.take_released(&mut out);
+    assert!(out.is_empty());
+}
+
 #[test]
 fn a_failed_sync_stops_the_writer_and_is_reported() {
     let mut image = MemDurable::new();
     image.set_sync_mode(SyncMode::Fail);
     let (woken_tx, woken) = bounded(4);
-    let mut writer = Writer::spawn("test-wal".into(), image, move || {
-        let _ = woken_tx.send(());
-    })
+    let mut writer = Writer::spawn(
+        "test-wal".into(),
+        image,
+        move || {
+            let _ = woken_tx.send(());
+        },
+        |_| {},
+    )
     .expect("spawn");
     writer.submit(batch(1)).expect("room");
     woken
@@ -258,7 +331,7 @@ fn a_failed_sync_stops_the_writer_and_is_reported() {
 fn dropping_the_writer_writes_what_is_queued_then_waits_for_the_thread() {
     let (durable, syncs, gate) = gated(true);
     let (started, permit) = gate.expect("gated");
-    let mut writer = Writer::spawn("test-wal".into(), durable, || {}).expect("spawn");
+    let mut writer = Writer::spawn("test-wal".into(), durable, || {}, |_| {}).expect("spawn");
     writer.submit(batch(1)).expect("room");
     started.recv().expect("syncing 1");
     writer.submit(batch(2)).expect("room");
@@ -293,9 +366,14 @@ impl Durable for Panicking {
 #[test]
 fn a_panic_of_the_writer_thread_is_reported_as_a_failure() {
     let (woken_tx, woken) = bounded(4);
-    let mut writer = Writer::spawn("test-wal".into(), Panicking(MemDurable::new()), move || {
-        let _ = woken_tx.send(());
-    })
+    let mut writer = Writer::spawn(
+        "test-wal".into(),
+        Panicking(MemDurable::new()),
+        move || {
+            let _ = woken_tx.send(());
+        },
+        |_| {},
+    )
     .expect("spawn");
     writer.submit(batch(1)).expect("room");
     woken

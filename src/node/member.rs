@@ -34,18 +34,22 @@ pub struct CorePeers {
     inbound: Receiver<(u32, Message)>,
 }
 
+/// Hands `batch` to the peer thread. A full channel drops it (counted): Raft retransmits.
+fn send_envelopes(handle: &PeerHandle, batch: Vec<Envelope>) {
+    let batch = batch
+        .into_iter()
+        .map(|envelope| Outgoing {
+            to: envelope.message.to,
+            shard: envelope.shard,
+            message: envelope.message,
+        })
+        .collect();
+    handle.send_batch(batch);
+}
+
 impl Peers for CorePeers {
     fn send(&mut self, batch: Vec<Envelope>) {
-        let batch = batch
-            .into_iter()
-            .map(|envelope| Outgoing {
-                to: envelope.message.to,
-                shard: envelope.shard,
-                message: envelope.message,
-            })
-            .collect();
-        // A full channel drops the batch (counted): Raft retransmits.
-        self.handle.send_batch(batch);
+        send_envelopes(&self.handle, batch);
     }
 
     fn try_recv(&mut self) -> Option<(u32, Message)> {
@@ -217,7 +221,10 @@ fn core_partition(
             log::error!("core {core}: waking the core after a write-ahead log round: {error}");
         }
     };
-    let writer = Writer::spawn(format!("latchkey-wal-{core}"), wal, wake)?;
+    // It sends the messages that wait for its writes itself (append responses, votes).
+    let writer_peers = handle.clone();
+    let send = move |batch| send_envelopes(&writer_peers, batch);
+    let writer = Writer::spawn(format!("latchkey-wal-{core}"), wal, wake, send)?;
     let shards = shards_of_core(core, cores, cluster.shards);
     let voters = cluster.voters();
     let member = Member::new(cluster.node_id, &voters, &shards, writer, recovered, seed)

@@ -5,10 +5,12 @@
 //! writer, then advanced with `advance_append_async`, all inside one call: no ready is ever held
 //! across calls, so nothing else can run between a group's `ready` and its advance (the old
 //! two-half drain's hazard is gone by construction). What depends on this member's own writes
-//! waits in the group ([`Persisting`]) with the number of the batch that holds them: the
-//! ready's persisted messages (a follower's or candidate's: votes, append responses) and a
-//! received snapshot to restore. When the writer reports that batch synced, the next drain
-//! hands them out and calls `on_persist_ready`. Leaders' messages leave at once (raft thesis
+//! waits with the number of the batch that holds them: the ready's persisted messages (a
+//! follower's or candidate's: votes, append responses) go with the batch itself, and the writer
+//! sends them as soon as the batch is durable (a follower's append response does not wait for
+//! its core to wake up); a received snapshot to restore, and the messages of a ready with no
+//! writes of its own, wait in the group ([`Persisting`]). When the writer reports that batch
+//! synced, the next drain hands those out and calls `on_persist_ready`. Leaders' messages leave at once (raft thesis
 //! 10.2.1), and raft-rs hands out committed entries only up to what this member persisted: so
 //! nothing is sent, applied or answered on the strength of a write before it is durable.
 //!
@@ -309,6 +311,7 @@ impl<W: LogWriter> Member<W> {
     /// Tells every group which of its readies are now durable, and hands out the messages
     /// that waited for them.
     fn release(&mut self, out: &mut Drain) {
+        self.writer.take_released(&mut out.messages);
         let synced = self.drain.synced;
         for (slot, group) in self.groups.iter_mut().enumerate() {
             let mut last = None;
@@ -358,14 +361,24 @@ impl<W: LogWriter> Member<W> {
         }
         self.drain.start = next;
         let number = if records.is_empty() {
-            // Nothing to write: these readies wait only for the batches before them.
+            // Nothing to write: these readies wait only for the batches before them, and
+            // their messages leave from here once those are synced.
             self.drain.numbered
         } else {
             self.drain.numbered += 1;
+            // The writer sends the readies' messages itself once the batch is durable (one
+            // wake-up fewer on a follower's path to its append response).
+            let mut after_sync = Vec::new();
+            for taken in &mut taken {
+                let shard = self.groups[taken.slot].shard;
+                note_snapshots(taken.slot, &taken.messages, &mut self.drain.snapshots);
+                envelopes(shard, std::mem::take(&mut taken.messages), &mut after_sync);
+            }
             let batch = Batch {
                 number: self.drain.numbered,
                 must_sync,
                 records,
+                after_sync,
             };
             self.drain.unsent = self.writer.submit(batch).err();
             self.drain.numbered
