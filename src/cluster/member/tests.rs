@@ -176,6 +176,17 @@ fn a_proposal_commits_everywhere_at_the_index_and_term_given() {
         .expect("propose");
     assert_eq!(at.term, trio.members[leader].term(0));
     trio.pump();
+    assert_eq!(
+        trio.members[leader].applied(0),
+        at.index,
+        "the leader applies"
+    );
+    // Followers learn the commit from the leader's next heartbeat (no append only to say so).
+    assert!(trio.members[follower].applied(0) < at.index);
+    for _ in 0..crate::cluster::member::HEARTBEAT_TICKS {
+        trio.members[leader].tick();
+    }
+    trio.pump();
     for (position, committed) in trio.committed.iter().enumerate() {
         let found = committed
             .iter()
