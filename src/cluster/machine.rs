@@ -58,7 +58,7 @@ pub use codec::{
     COMMAND_VERSION, COMMAND_VERSION_MIN, SNAPSHOT_VERSION,
 };
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 /// The most holds one shard keeps; a grant beyond it is refused with [`Applied::Full`].
 ///
@@ -154,11 +154,67 @@ pub struct ShardMachine {
     holds_max: usize,
     floor: Option<u64>,
     applied: u64,
-    holds: HashMap<Vec<u8>, Hold>,
+    /// Persistent (structurally shared) maps: [`ShardMachine::freeze`] copies them in O(1).
+    holds: imbl::HashMap<Vec<u8>, Hold>,
     /// token → key, in token order (grant order).
-    keys: BTreeMap<u64, Vec<u8>>,
-    /// (deadline, token), soonest first.
+    keys: imbl::OrdMap<u64, Vec<u8>>,
+    /// (deadline, token), soonest first. Not in snapshots, so not shared.
     deadlines: BTreeSet<(u64, u64)>,
+}
+
+/// A consistent, immutable image of a [`ShardMachine`] at one applied index and one instant,
+/// taken in O(1) by [`ShardMachine::freeze`]: it shares the machine's persistent maps, which
+/// the machine copies node by node as it changes them afterwards. [`Frozen::encode`] (O(holds))
+/// runs on another thread (`crate::cluster::compactor`).
+#[derive(Clone, Debug)]
+pub struct Frozen {
+    shard: u32,
+    shards: u32,
+    floor: Option<u64>,
+    applied: u64,
+    now_ms: u64,
+    holds: imbl::HashMap<Vec<u8>, Hold>,
+    keys: imbl::OrdMap<u64, Vec<u8>>,
+}
+
+impl Frozen {
+    /// The shard.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The index the machine had applied when frozen.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The state as versioned bytes ([`SnapshotImage`]): shard, shards, floor, applied, and
+    /// each hold in token order with its time remaining from the freeze's `now_ms`.
+    pub fn encode(&self) -> Vec<u8> {
+        let holds = self
+            .keys
+            .values()
+            .map(|key| {
+                let hold = &self.holds[key];
+                SnapshotHold {
+                    key: key.clone(),
+                    token: hold.token,
+                    owner: hold.owner,
+                    lease_ms: hold.lease_ms,
+                    renewed_at: hold.renewed_at,
+                    remaining_ms: hold.deadline_ms.saturating_sub(self.now_ms),
+                }
+            })
+            .collect();
+        let image = SnapshotImage {
+            shard: self.shard,
+            shards: self.shards,
+            floor: self.floor,
+            applied: self.applied,
+            holds,
+        };
+        image.encode()
+    }
 }
 
 impl ShardMachine {
@@ -178,8 +234,8 @@ impl ShardMachine {
             holds_max,
             floor: None,
             applied: 0,
-            holds: HashMap::new(),
-            keys: BTreeMap::new(),
+            holds: imbl::HashMap::new(),
+            keys: imbl::OrdMap::new(),
             deadlines: BTreeSet::new(),
         };
         machine.check_invariants();
@@ -281,7 +337,7 @@ impl ShardMachine {
     /// Called once by a new leader before it may expire anything: every deadline becomes
     /// `max(deadline, now_ms) + grace_ms`, `grace_ms` being at least the election timeout.
     pub fn promote(&mut self, now_ms: u64, grace_ms: u64) {
-        for hold in self.holds.values_mut() {
+        for (_, hold) in self.holds.iter_mut() {
             hold.deadline_ms = hold.deadline_ms.max(now_ms).saturating_add(grace_ms);
         }
         // Collecting sorts once and builds the tree in bulk: cheaper than a million inserts.
@@ -338,31 +394,24 @@ impl ShardMachine {
     }
 
     /// The state as versioned bytes ([`SnapshotImage`]): shard, shards, floor, applied, and
-    /// each hold in token order with its time remaining from `now_ms`.
+    /// each hold in token order with its time remaining from `now_ms`. O(holds): a core's loop
+    /// freezes instead and encodes elsewhere.
     pub fn snapshot(&self, now_ms: u64) -> Vec<u8> {
-        let holds = self
-            .keys
-            .values()
-            .map(|key| {
-                let hold = &self.holds[key];
-                SnapshotHold {
-                    key: key.clone(),
-                    token: hold.token,
-                    owner: hold.owner,
-                    lease_ms: hold.lease_ms,
-                    renewed_at: hold.renewed_at,
-                    remaining_ms: hold.deadline_ms.saturating_sub(now_ms),
-                }
-            })
-            .collect();
-        let image = SnapshotImage {
+        self.freeze(now_ms).encode()
+    }
+
+    /// An image of the state now, O(1), whose [`Frozen::encode`] is exactly
+    /// [`snapshot(now_ms)`](Self::snapshot) of the state now, whatever is applied after.
+    pub fn freeze(&self, now_ms: u64) -> Frozen {
+        Frozen {
             shard: self.shard,
             shards: self.shards,
             floor: self.floor,
             applied: self.applied,
-            holds,
-        };
-        image.encode()
+            now_ms,
+            holds: self.holds.clone(),
+            keys: self.keys.clone(),
+        }
     }
 
     /// Rebuilds shard `shard` of `shards` from [`snapshot`](Self::snapshot) bytes at this
@@ -386,7 +435,6 @@ impl ShardMachine {
         }
         machine.floor = image.floor;
         machine.applied = image.applied;
-        machine.holds.reserve(image.holds.len());
         for held in image.holds {
             let hold = Hold {
                 token: held.token,
