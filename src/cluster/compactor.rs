@@ -161,7 +161,9 @@ impl Compactor for SnapWorker {
                 Err(TryRecvError::Disconnected) => {
                     // The thread ended without a failure set: only a panic ends it early.
                     let error = self.failure();
-                    return Err(error.unwrap_or_else(|| io::Error::other("the snapshot worker ended")));
+                    return Err(
+                        error.unwrap_or_else(|| io::Error::other("the snapshot worker ended"))
+                    );
                 }
             }
         }

@@ -97,7 +97,10 @@ fn the_late_compactor_delivers_every_image_within_its_bound_in_any_order() {
             order.push(compacted.index);
         }
     }
-    assert!(expected.is_empty(), "undelivered after 5 polls: {expected:?}");
+    assert!(
+        expected.is_empty(),
+        "undelivered after 5 polls: {expected:?}"
+    );
     assert_eq!(compactor.queued(), 0);
     let mut sorted = order.clone();
     sorted.sort_unstable();
@@ -136,7 +139,10 @@ fn the_worker_encodes_off_the_caller_wakes_it_and_the_image_is_the_freeze() {
     let done = worker.take_done().expect("no failure");
     assert_eq!(done.len(), 1);
     assert_eq!((done[0].shard, done[0].index), (1, 5_001));
-    assert!(done[0].data == expected, "the bytes of the state at the freeze");
+    assert!(
+        done[0].data == expected,
+        "the bytes of the state at the freeze"
+    );
     assert!(wakes.load(Ordering::SeqCst) >= 1);
     // A replaced machine is dropped on the worker.
     worker.retire(machine);
@@ -171,10 +177,14 @@ fn a_worker_that_dies_is_reported_as_a_failure_and_wakes_the_core() {
 fn a_full_worker_gives_the_image_back() {
     let (release, blocked) = mpsc::channel::<()>();
     let blocked = parking_lot::Mutex::new(blocked);
-    let mut worker = SnapWorker::spawn_with("test-snap".into(), || {}, move |frozen: &Frozen| {
-        let _ = blocked.lock().recv();
-        frozen.encode()
-    })
+    let mut worker = SnapWorker::spawn_with(
+        "test-snap".into(),
+        || {},
+        move |frozen: &Frozen| {
+            let _ = blocked.lock().recv();
+            frozen.encode()
+        },
+    )
     .expect("spawn");
     let machine = machine_with(1);
     let mut taken = 0;

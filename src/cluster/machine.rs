@@ -44,6 +44,15 @@
 //! once; every token is `floor + i * shards + shard` with `1 <= i <= applied`, and
 //! `i <= renewed_at <= applied`.
 //!
+//! # Snapshots
+//!
+//! [`ShardMachine::snapshot`] is O(holds), too long for a core's loop at a million holds. The
+//! holds and the token index are persistent maps (`imbl`, structurally shared), so
+//! [`ShardMachine::freeze`] takes a consistent [`Frozen`] image in O(1); the machine copies a
+//! map node only when it changes one the image still shares. The image encodes (elsewhere:
+//! `crate::cluster::compactor`) to exactly the bytes `snapshot` gave at the freeze. The
+//! deadline index is not in snapshots and stays a plain `BTreeSet`.
+//!
 //! Deliberately not here: waiters and their queues (they live on the leader, outside the
 //! replicated state), raft itself, and any clock.
 

@@ -8,11 +8,11 @@
 //! count differs from what the directory holds, is refused naming the key. A core count that
 //! differed would look for the shards' logs in the wrong directories.
 
+use crate::cluster::compactor::SnapWorker;
 use crate::cluster::data_dir::{DataDir, Expected};
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
 use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits};
-use crate::cluster::compactor::SnapWorker;
 use crate::cluster::wal::Wal;
 use crate::cluster::writer::Writer;
 use crate::config::{ClusterConfig, Config};

@@ -2,9 +2,9 @@
 //! overflow, checkpoints, promote, snapshots, and a seeded decoder fuzz.
 
 use super::*;
-use std::collections::HashMap;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use std::collections::HashMap;
 
 /// A floor that is a multiple of every shard count used here.
 const FLOOR: u64 = 1_000_000 * 1024;

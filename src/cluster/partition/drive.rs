@@ -1,13 +1,16 @@
 //! One iteration's work of a cluster partition: peers' messages, ticks, wait timers, the
-//! leader's expiries and checkpoints, the drain to the core's writer, and applying what committed.
+//! leader's expiries and checkpoints, the drain to the core's writer, and applying what committed
+//! (with the compactions: a shard's machine is frozen every `compact_every` entries, encoded by
+//! the core's compactor off the loop, and handed to the member at the start of a later drain).
 //!
 //! # Stopping the member
 //!
 //! Some failures leave this member unable to keep its promises, and it stops rather than go
 //! on ([`stop_member`]): a write or sync of the write-ahead log that failed (what is on disk is
-//! unknown, and the log refuses every later write), a snapshot that does not restore, and a
+//! unknown, and the log refuses every later write), a snapshot that does not restore, a
 //! committed entry that does not decode (skipping either would leave this replica's state apart
-//! from the others', silently). Peers' messages are checked before raft takes them
+//! from the others', silently), and a compactor that failed (its thread died: the member would
+//! never compact again). Peers' messages are checked before raft takes them
 //! (`crate::cluster::peer::content`), so only a bug or damage on disk gets here. Stopping is
 //! an `error!` line naming the shard, the index or the operation, then a panic of the core
 //! thread: the server's existing failure path (`crate::server`'s failure guard) marks the
