@@ -164,9 +164,10 @@ pub struct ShardMachine {
     floor: Option<u64>,
     applied: u64,
     /// Persistent (structurally shared) maps: [`ShardMachine::freeze`] copies them in O(1).
-    holds: imbl::HashMap<Vec<u8>, Hold>,
+    /// Keys are shared too ([`Key`]): a map node copied after a freeze copies no key bytes.
+    holds: imbl::HashMap<Key, Hold>,
     /// token → key, in token order (grant order).
-    keys: imbl::OrdMap<u64, Vec<u8>>,
+    keys: imbl::OrdMap<u64, Key>,
     /// (deadline, token), soonest first. Not in snapshots, so not shared.
     deadlines: BTreeSet<(u64, u64)>,
 }
@@ -182,9 +183,16 @@ pub struct Frozen {
     floor: Option<u64>,
     applied: u64,
     now_ms: u64,
-    holds: imbl::HashMap<Vec<u8>, Hold>,
-    keys: imbl::OrdMap<u64, Vec<u8>>,
+    holds: imbl::HashMap<Key, Hold>,
+    keys: imbl::OrdMap<u64, Key>,
 }
+
+/// A held key, shared by both maps and by frozen images. Copying a persistent map's node (the
+/// machine does after a freeze, when it changes one the image still shares) clones its keys:
+/// with an `Arc` that allocates nothing, and the image's thread, dropping the old node, frees
+/// no key bytes the core allocated (freed small blocks of another thread pile up in the core's
+/// allocator and cost it a long consolidation later).
+type Key = std::sync::Arc<[u8]>;
 
 impl Frozen {
     /// The shard.
@@ -206,7 +214,7 @@ impl Frozen {
             .map(|key| {
                 let hold = &self.holds[key];
                 SnapshotHold {
-                    key: key.clone(),
+                    key: key.to_vec(),
                     token: hold.token,
                     owner: hold.owner,
                     lease_ms: hold.lease_ms,
@@ -323,14 +331,14 @@ impl ShardMachine {
 
     /// The key `token` holds, if it holds one.
     pub fn key_of(&self, token: u64) -> Option<&[u8]> {
-        self.keys.get(&token).map(Vec::as_slice)
+        self.keys.get(&token).map(|key| &key[..])
     }
 
     /// Every hold with its key, in token order.
     pub fn holds(&self) -> impl Iterator<Item = (&[u8], &Hold)> + '_ {
         self.keys
             .values()
-            .map(|key| (key.as_slice(), &self.holds[key]))
+            .map(|key| (&key[..], &self.holds[key]))
     }
 
     /// The number of holds.
@@ -365,7 +373,7 @@ impl ShardMachine {
             .iter()
             .take_while(|(deadline, _)| *deadline <= now_ms)
             .take(max)
-            .map(|(_, token)| (self.keys[token].clone(), *token))
+            .map(|(_, token)| (self.keys[token].to_vec(), *token))
             .collect()
     }
 
@@ -389,7 +397,7 @@ impl ShardMachine {
                 let remaining = hold.deadline_ms.saturating_sub(now_ms);
                 let remaining_ms = u32::try_from(remaining).ok()?;
                 Some(CheckpointHold {
-                    key: key.clone(),
+                    key: key.to_vec(),
                     token: hold.token,
                     remaining_ms,
                 })
@@ -455,10 +463,12 @@ impl ShardMachine {
             if let Some(error) = machine.hold_error(&hold) {
                 return Err(DecodeError::Inconsistent(error));
             }
-            if machine.holds.contains_key(&held.key) || machine.keys.contains_key(&hold.token) {
+            if machine.holds.contains_key(held.key.as_slice())
+                || machine.keys.contains_key(&hold.token)
+            {
                 return Err(DecodeError::Inconsistent("duplicate key or token"));
             }
-            machine.insert(held.key, hold);
+            machine.insert(Key::from(held.key), hold);
         }
         machine.check_invariants();
         Ok(machine)
@@ -542,7 +552,7 @@ impl ShardMachine {
             deadline_ms,
             renewed_at: self.applied,
         };
-        self.insert(key.to_vec(), hold);
+        self.insert(Key::from(key), hold);
         Applied::Granted { token, deadline_ms }
     }
 
@@ -582,7 +592,7 @@ impl ShardMachine {
     fn cap(&mut self, as_of: u64, holds: &[CheckpointHold], now_ms: u64) -> Applied {
         let mut capped = 0;
         for listed in holds {
-            let Some(hold) = self.holds.get(&listed.key) else {
+            let Some(hold) = self.holds.get(listed.key.as_slice()) else {
                 continue;
             };
             if hold.token != listed.token || hold.renewed_at > as_of {
@@ -627,7 +637,7 @@ impl ShardMachine {
         self.holds.get(key).is_some_and(|hold| hold.token == token)
     }
 
-    fn insert(&mut self, key: Vec<u8>, hold: Hold) {
+    fn insert(&mut self, key: Key, hold: Hold) {
         self.deadlines.insert((hold.deadline_ms, hold.token));
         self.keys.insert(hold.token, key.clone());
         self.holds.insert(key, hold);
