@@ -336,9 +336,7 @@ impl ShardMachine {
 
     /// Every hold with its key, in token order.
     pub fn holds(&self) -> impl Iterator<Item = (&[u8], &Hold)> + '_ {
-        self.keys
-            .values()
-            .map(|key| (&key[..], &self.holds[key]))
+        self.keys.values().map(|key| (&key[..], &self.holds[key]))
     }
 
     /// The number of holds.

@@ -114,7 +114,7 @@ pub struct FaultCounts {
 /// Applied entries between two compactions in the simulation.
 pub const COMPACT_EVERY_IN_SIM: u64 = 24;
 /// A compaction's snapshot comes back from the compactor 0 to this many iterations late.
-pub const COMPACTION_LATE_MAX: u64 = 6;
+pub const COMPACTION_LATE_MAX: u64 = 40;
 
 /// A member core's partition in the simulation.
 pub type SimPartition = ClusterPartition<MemWriter, SimPeers>;

@@ -175,3 +175,99 @@ fn compactions_that_come_back_late_record_the_state_at_their_own_index() {
     assert_eq!(got, expected);
     assert!(live.applied() >= index);
 }
+
+/// A compactor that keeps every image until the test lets it go.
+#[derive(Clone, Default)]
+struct Held(std::sync::Arc<parking_lot::Mutex<(Vec<crate::cluster::machine::Frozen>, bool)>>);
+
+impl crate::cluster::compactor::Compactor for Held {
+    fn submit(
+        &mut self,
+        frozen: crate::cluster::machine::Frozen,
+    ) -> Result<(), crate::cluster::machine::Frozen> {
+        self.0.lock().0.push(frozen);
+        Ok(())
+    }
+
+    fn retire(&mut self, _machine: ShardMachine) {}
+
+    fn take_done(&mut self) -> std::io::Result<Vec<crate::cluster::compactor::Compacted>> {
+        let mut held = self.0.lock();
+        if !held.1 {
+            return Ok(Vec::new());
+        }
+        let done = held
+            .0
+            .drain(..)
+            .map(|frozen| crate::cluster::compactor::Compacted {
+                shard: frozen.shard(),
+                index: frozen.applied(),
+                data: frozen.encode(),
+            });
+        Ok(done.collect())
+    }
+
+    fn has_done(&self) -> bool {
+        let held = self.0.lock();
+        held.1 && !held.0.is_empty()
+    }
+}
+
+#[test]
+fn a_compaction_that_comes_back_after_a_later_snapshot_is_dropped_and_the_next_one_goes_on() {
+    let mut partition = partition(MemDurable::new(), Vec::new());
+    partition.settings.compact_every = 4;
+    let held = Held::default();
+    partition.set_compactor(Box::new(held.clone()));
+    let mut now_us = 0;
+    run(&mut partition, &mut now_us, 100);
+    assert!(partition.serving(0), "the one member serves");
+    let mut owner = 0;
+    let mut acquire = |partition: &mut ClusterPartition<MemWriter, Alone>, now_us: &mut u64| {
+        owner += 1;
+        let op = Op::Acquire {
+            wait_s: 0,
+            lease_s: 60,
+            owner,
+        };
+        partition.handle(*now_us, 1, op, format!("key-{owner}").as_bytes());
+        run(partition, now_us, 1);
+    };
+    for _ in 0..10 {
+        acquire(&mut partition, &mut now_us);
+    }
+    // One image is frozen and held (one in flight per shard: no second one).
+    let frozen_at = partition.shards[0].compacting.expect("an image in flight");
+    assert_eq!(held.0.lock().0.len(), 1);
+    // Meanwhile the shard's log gets a snapshot past it (as a received snapshot would).
+    let applied = partition.machine(0).expect("shard 0").applied();
+    assert!(applied > frozen_at);
+    let later = partition.machine(0).expect("shard 0").snapshot(0);
+    partition
+        .member
+        .compact(0, applied, later)
+        .expect("the later snapshot");
+    // The held image comes back: refused by the member, dropped.
+    held.0.lock().1 = true;
+    partition.handle_timers(now_us);
+    assert_eq!(partition.compactions(), (0, 1));
+    // Free to freeze again (it may have, on an entry applied in the same iteration).
+    let again = partition.shards[0].compacting;
+    assert!(
+        !matches!(again, Some(index) if index <= frozen_at),
+        "{again:?}"
+    );
+    // The next compaction is frozen and recorded.
+    for _ in 0..10 {
+        acquire(&mut partition, &mut now_us);
+    }
+    run(&mut partition, &mut now_us, 2);
+    assert!(
+        partition.compactions().0 >= 1,
+        "{:?}",
+        partition.compactions()
+    );
+    let recovered = partition.member().writer().durable().recovered();
+    let snapshot = recovered[0].1.snapshot.clone().expect("a snapshot");
+    assert!(snapshot.get_metadata().index > applied);
+}
