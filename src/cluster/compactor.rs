@@ -34,6 +34,12 @@ use std::thread::JoinHandle;
 /// most one image per hosted shard in flight.
 pub const JOBS_IN_FLIGHT_MAX: usize = 64;
 
+/// The worker's nice value (Linux: per thread). A worker shares the CPUs with the cores; at a
+/// lower priority its O(holds) encodes yield to a core that has work, rather than stretch the
+/// core's iterations by a scheduler slice at a time. It still runs whenever a CPU is idle, and
+/// gets about a tenth of a contended one.
+pub const WORKER_NICE: i32 = 10;
+
 /// A snapshot encoded off the loop: `data` is shard `shard`'s state right after applying
 /// `index`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -213,6 +219,7 @@ fn run(
     encode: &dyn Fn(&Frozen) -> Vec<u8>,
 ) {
     let _report = PanicReport { shared, wake };
+    lower_priority();
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Encode(frozen) => {
@@ -233,6 +240,17 @@ fn run(
             }
             Job::Retire(machine) => drop(machine),
         }
+    }
+}
+
+/// Gives the calling thread [`WORKER_NICE`]; failing that, it runs at the normal priority.
+fn lower_priority() {
+    // SAFETY: setpriority reads its integer arguments only; `who` 0 is the calling thread on
+    // Linux (each thread is its own task).
+    let result = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, WORKER_NICE) };
+    if result != 0 {
+        let error = std::io::Error::last_os_error();
+        log::debug!("the snapshot worker keeps the normal priority: {error}");
     }
 }
 
