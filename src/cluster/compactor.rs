@@ -12,7 +12,8 @@
 //! its index, whatever was applied meanwhile; a result that arrives after a received snapshot
 //! was restored past its index is refused by `Member::compact` and dropped.
 //!
-//! In a server the compactor is [`SnapWorker`]: a thread per core (`latchkey-snap-N`), fed
+//! In a server the compactor is [`SnapWorker`]: a thread per core (`latchkey-snap-N`, at a lower
+//! priority: [`WORKER_NICE`]), fed
 //! over a bounded channel, that wakes the core after each result, like the write-ahead log's
 //! writer (`super::writer`). If it dies (a panic), [`Compactor::take_done`] returns an error
 //! and the member stops (the process exits 70), as after a writer error: a member that silently
