@@ -15,7 +15,13 @@
 //!   write-ahead log must sync: once with the disk as it is, once with every sync made
 //!   `STALL_SYNC_DELAY_US` longer (default 20,000: a slow disk; the log's benchmark hook
 //!   `BENCH_SYNC_DELAY_US`). Where the sync runs on the core's loop, every iteration that syncs
-//!   holds the core that long, and the probe waits with it.
+//!   holds the core that long, and the probe waits with it. The shard compacts its log every
+//!   10,000 entries, so the fill also measures compactions of up to `STALL_CLUSTER_KEYS` holds
+//!   (one shard keeps at most 1,000,000). With `STALL_CLUSTER_MORE_KEYS` (default 0), a second
+//!   phase (`more`) then takes that many more keys: its compactions are of (nearly) a full
+//!   shard, without the fill's one-off growth of the shard's tables (a hash table's resize is
+//!   one long iteration at ~917,504 keys). E.g. `STALL_CLUSTER_KEYS=970000
+//!   STALL_CLUSTER_MORE_KEYS=30000`: three compactions of 970,000 to 1,000,000 holds.
 //!
 //! `STALL_SCENARIOS` picks scenarios (comma-separated; default `grow,expire,cluster`).
 //! Run with `cargo bench --bench stalls`. Randomness comes from a fixed, printed seed
@@ -363,7 +369,7 @@ impl Drop for DataDir {
     }
 }
 
-fn cluster(keys: usize, delay_us: u64) {
+fn cluster(keys: usize, compact_keys: usize, delay_us: u64) {
     let pid = std::process::id();
     let dir = DataDir(std::env::temp_dir().join(format!("latchkey-stalls-{pid}-{delay_us}")));
     latchkey::cluster::wal::BENCH_SYNC_DELAY_US.store(delay_us, Ordering::Relaxed);
@@ -372,6 +378,14 @@ fn cluster(keys: usize, delay_us: u64) {
     let wanted: Vec<(String, u8)> = (0..keys).map(|i| (format!("sync/{i:09}"), 255)).collect();
     let phase = format!("+{}ms", delay_us / 1000);
     measured_fill(&server, ("cluster", &phase), wanted);
+    if compact_keys > 0 {
+        // The shard's tables have grown already: what this phase adds to the fill's stalls is
+        // the compactions of (nearly) `keys` holds, one every 10,000 entries.
+        let more: Vec<(String, u8)> = (keys..keys + compact_keys)
+            .map(|i| (format!("sync/{i:09}"), 255))
+            .collect();
+        measured_fill(&server, ("cluster", &format!("{phase} more")), more);
+    }
     drop(server);
     latchkey::cluster::wal::BENCH_SYNC_DELAY_US.store(0, Ordering::Relaxed);
 }
@@ -427,9 +441,12 @@ fn main() {
     }
     if scenarios.contains(&"cluster") {
         let keys = env_u64("STALL_CLUSTER_KEYS", 100_000) as usize;
+        let more = env_u64("STALL_CLUSTER_MORE_KEYS", 0) as usize;
         let delay_us = env_u64("STALL_SYNC_DELAY_US", 20_000);
-        println!("cluster: {keys} keys, each sync as it is, then {delay_us} us longer");
-        cluster(keys, 0);
-        cluster(keys, delay_us);
+        println!(
+            "cluster: {keys} keys then {more} more, each sync as it is, then {delay_us} us longer"
+        );
+        cluster(keys, more, 0);
+        cluster(keys, more, delay_us);
     }
 }

@@ -68,6 +68,7 @@ fn run_seed(seed: u64, run_us: u64) -> Outcome {
     for node in &sim.world.nodes {
         for partition in &node.partitions {
             sim.world.counts.restores += world::restores_of(partition);
+            sim.world.counts.compactions_dropped += world::compactions_dropped_of(partition);
         }
     }
     let mut violations = sim.checker.violations.clone();
@@ -281,4 +282,5 @@ fn add_counts(total: &mut FaultCounts, more: &FaultCounts) {
     total.crashes += more.crashes;
     total.isolations += more.isolations;
     total.restores += more.restores;
+    total.compactions_dropped += more.compactions_dropped;
 }

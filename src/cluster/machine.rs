@@ -44,6 +44,15 @@
 //! once; every token is `floor + i * shards + shard` with `1 <= i <= applied`, and
 //! `i <= renewed_at <= applied`.
 //!
+//! # Snapshots
+//!
+//! [`ShardMachine::snapshot`] is O(holds), too long for a core's loop at a million holds. The
+//! holds and the token index are persistent maps (`imbl`, structurally shared), so
+//! [`ShardMachine::freeze`] takes a consistent [`Frozen`] image in O(1); the machine copies a
+//! map node only when it changes one the image still shares. The image encodes (elsewhere:
+//! `crate::cluster::compactor`) to exactly the bytes `snapshot` gave at the freeze. The
+//! deadline index is not in snapshots and stays a plain `BTreeSet`.
+//!
 //! Deliberately not here: waiters and their queues (they live on the leader, outside the
 //! replicated state), raft itself, and any clock.
 
@@ -58,7 +67,7 @@ pub use codec::{
     COMMAND_VERSION, COMMAND_VERSION_MIN, SNAPSHOT_VERSION,
 };
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 /// The most holds one shard keeps; a grant beyond it is refused with [`Applied::Full`].
 ///
@@ -154,11 +163,75 @@ pub struct ShardMachine {
     holds_max: usize,
     floor: Option<u64>,
     applied: u64,
-    holds: HashMap<Vec<u8>, Hold>,
+    /// Persistent (structurally shared) maps: [`ShardMachine::freeze`] copies them in O(1).
+    /// Keys are shared too ([`Key`]): a map node copied after a freeze copies no key bytes.
+    holds: imbl::HashMap<Key, Hold>,
     /// token → key, in token order (grant order).
-    keys: BTreeMap<u64, Vec<u8>>,
-    /// (deadline, token), soonest first.
+    keys: imbl::OrdMap<u64, Key>,
+    /// (deadline, token), soonest first. Not in snapshots, so not shared.
     deadlines: BTreeSet<(u64, u64)>,
+}
+
+/// A consistent, immutable image of a [`ShardMachine`] at one applied index and one instant,
+/// taken in O(1) by [`ShardMachine::freeze`]: it shares the machine's persistent maps, which
+/// the machine copies node by node as it changes them afterwards. [`Frozen::encode`] (O(holds))
+/// runs on another thread (`crate::cluster::compactor`).
+#[derive(Clone, Debug)]
+pub struct Frozen {
+    shard: u32,
+    shards: u32,
+    floor: Option<u64>,
+    applied: u64,
+    now_ms: u64,
+    holds: imbl::HashMap<Key, Hold>,
+    keys: imbl::OrdMap<u64, Key>,
+}
+
+/// A held key, shared by both maps and by frozen images. Copying a persistent map's node (the
+/// machine does after a freeze, when it changes one the image still shares) clones its keys:
+/// with an `Arc` that allocates nothing, and the image's thread, dropping the old node, frees
+/// no key bytes the core allocated (freed small blocks of another thread pile up in the core's
+/// allocator and cost it a long consolidation later).
+type Key = std::sync::Arc<[u8]>;
+
+impl Frozen {
+    /// The shard.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The index the machine had applied when frozen.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The state as versioned bytes ([`SnapshotImage`]): shard, shards, floor, applied, and
+    /// each hold in token order with its time remaining from the freeze's `now_ms`.
+    pub fn encode(&self) -> Vec<u8> {
+        let holds = self
+            .keys
+            .values()
+            .map(|key| {
+                let hold = &self.holds[key];
+                SnapshotHold {
+                    key: key.to_vec(),
+                    token: hold.token,
+                    owner: hold.owner,
+                    lease_ms: hold.lease_ms,
+                    renewed_at: hold.renewed_at,
+                    remaining_ms: hold.deadline_ms.saturating_sub(self.now_ms),
+                }
+            })
+            .collect();
+        let image = SnapshotImage {
+            shard: self.shard,
+            shards: self.shards,
+            floor: self.floor,
+            applied: self.applied,
+            holds,
+        };
+        image.encode()
+    }
 }
 
 impl ShardMachine {
@@ -178,8 +251,8 @@ impl ShardMachine {
             holds_max,
             floor: None,
             applied: 0,
-            holds: HashMap::new(),
-            keys: BTreeMap::new(),
+            holds: imbl::HashMap::new(),
+            keys: imbl::OrdMap::new(),
             deadlines: BTreeSet::new(),
         };
         machine.check_invariants();
@@ -258,14 +331,12 @@ impl ShardMachine {
 
     /// The key `token` holds, if it holds one.
     pub fn key_of(&self, token: u64) -> Option<&[u8]> {
-        self.keys.get(&token).map(Vec::as_slice)
+        self.keys.get(&token).map(|key| &key[..])
     }
 
     /// Every hold with its key, in token order.
     pub fn holds(&self) -> impl Iterator<Item = (&[u8], &Hold)> + '_ {
-        self.keys
-            .values()
-            .map(|key| (key.as_slice(), &self.holds[key]))
+        self.keys.values().map(|key| (&key[..], &self.holds[key]))
     }
 
     /// The number of holds.
@@ -281,7 +352,7 @@ impl ShardMachine {
     /// Called once by a new leader before it may expire anything: every deadline becomes
     /// `max(deadline, now_ms) + grace_ms`, `grace_ms` being at least the election timeout.
     pub fn promote(&mut self, now_ms: u64, grace_ms: u64) {
-        for hold in self.holds.values_mut() {
+        for (_, hold) in self.holds.iter_mut() {
             hold.deadline_ms = hold.deadline_ms.max(now_ms).saturating_add(grace_ms);
         }
         // Collecting sorts once and builds the tree in bulk: cheaper than a million inserts.
@@ -300,7 +371,7 @@ impl ShardMachine {
             .iter()
             .take_while(|(deadline, _)| *deadline <= now_ms)
             .take(max)
-            .map(|(_, token)| (self.keys[token].clone(), *token))
+            .map(|(_, token)| (self.keys[token].to_vec(), *token))
             .collect()
     }
 
@@ -324,7 +395,7 @@ impl ShardMachine {
                 let remaining = hold.deadline_ms.saturating_sub(now_ms);
                 let remaining_ms = u32::try_from(remaining).ok()?;
                 Some(CheckpointHold {
-                    key: key.clone(),
+                    key: key.to_vec(),
                     token: hold.token,
                     remaining_ms,
                 })
@@ -338,31 +409,24 @@ impl ShardMachine {
     }
 
     /// The state as versioned bytes ([`SnapshotImage`]): shard, shards, floor, applied, and
-    /// each hold in token order with its time remaining from `now_ms`.
+    /// each hold in token order with its time remaining from `now_ms`. O(holds): a core's loop
+    /// freezes instead and encodes elsewhere.
     pub fn snapshot(&self, now_ms: u64) -> Vec<u8> {
-        let holds = self
-            .keys
-            .values()
-            .map(|key| {
-                let hold = &self.holds[key];
-                SnapshotHold {
-                    key: key.clone(),
-                    token: hold.token,
-                    owner: hold.owner,
-                    lease_ms: hold.lease_ms,
-                    renewed_at: hold.renewed_at,
-                    remaining_ms: hold.deadline_ms.saturating_sub(now_ms),
-                }
-            })
-            .collect();
-        let image = SnapshotImage {
+        self.freeze(now_ms).encode()
+    }
+
+    /// An image of the state now, O(1), whose [`Frozen::encode`] is exactly
+    /// [`snapshot(now_ms)`](Self::snapshot) of the state now, whatever is applied after.
+    pub fn freeze(&self, now_ms: u64) -> Frozen {
+        Frozen {
             shard: self.shard,
             shards: self.shards,
             floor: self.floor,
             applied: self.applied,
-            holds,
-        };
-        image.encode()
+            now_ms,
+            holds: self.holds.clone(),
+            keys: self.keys.clone(),
+        }
     }
 
     /// Rebuilds shard `shard` of `shards` from [`snapshot`](Self::snapshot) bytes at this
@@ -386,7 +450,6 @@ impl ShardMachine {
         }
         machine.floor = image.floor;
         machine.applied = image.applied;
-        machine.holds.reserve(image.holds.len());
         for held in image.holds {
             let hold = Hold {
                 token: held.token,
@@ -398,10 +461,12 @@ impl ShardMachine {
             if let Some(error) = machine.hold_error(&hold) {
                 return Err(DecodeError::Inconsistent(error));
             }
-            if machine.holds.contains_key(&held.key) || machine.keys.contains_key(&hold.token) {
+            if machine.holds.contains_key(held.key.as_slice())
+                || machine.keys.contains_key(&hold.token)
+            {
                 return Err(DecodeError::Inconsistent("duplicate key or token"));
             }
-            machine.insert(held.key, hold);
+            machine.insert(Key::from(held.key), hold);
         }
         machine.check_invariants();
         Ok(machine)
@@ -485,7 +550,7 @@ impl ShardMachine {
             deadline_ms,
             renewed_at: self.applied,
         };
-        self.insert(key.to_vec(), hold);
+        self.insert(Key::from(key), hold);
         Applied::Granted { token, deadline_ms }
     }
 
@@ -525,7 +590,7 @@ impl ShardMachine {
     fn cap(&mut self, as_of: u64, holds: &[CheckpointHold], now_ms: u64) -> Applied {
         let mut capped = 0;
         for listed in holds {
-            let Some(hold) = self.holds.get(&listed.key) else {
+            let Some(hold) = self.holds.get(listed.key.as_slice()) else {
                 continue;
             };
             if hold.token != listed.token || hold.renewed_at > as_of {
@@ -570,7 +635,7 @@ impl ShardMachine {
         self.holds.get(key).is_some_and(|hold| hold.token == token)
     }
 
-    fn insert(&mut self, key: Vec<u8>, hold: Hold) {
+    fn insert(&mut self, key: Key, hold: Hold) {
         self.deadlines.insert((hold.deadline_ms, hold.token));
         self.keys.insert(hold.token, key.clone());
         self.holds.insert(key, hold);

@@ -13,6 +13,7 @@
 //! I/O-free work: step the peers' messages, tick every 10 ms, time out waiters, expire leases
 //! and checkpoint them (leader), then the group-commit drain: one WAL sync for every group.
 
+use super::compactor::{Compactor, MemCompactor};
 use super::machine::Command;
 use super::member::{Envelope, Member};
 use super::shard::{Places, Shard};
@@ -153,6 +154,10 @@ pub struct ClusterPartition<D: LogWriter, P: Peers> {
     settings: PartitionSettings,
     member: Member<D>,
     peers: P,
+    /// Encodes the compactions' frozen images and drops replaced machines, off the loop.
+    compactor: Box<dyn Compactor>,
+    /// Compactions recorded, and dropped (a restore had passed their index).
+    compactions: (u64, u64),
     /// Hosted shards, at `shard / cores`.
     shards: Vec<Shard>,
     pending: HashMap<(u32, u64), Pending>,
@@ -188,6 +193,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             settings,
             member,
             peers,
+            compactor: Box::new(MemCompactor::immediate()),
+            compactions: (0, 0),
             shards,
             pending: HashMap::new(),
             reads: HashMap::new(),
@@ -219,6 +226,19 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// any request.
     pub fn share_queue_counts(&mut self, counts: std::sync::Arc<dyn QueueCounts>) {
         self.places.share(counts);
+    }
+
+    /// Hands this core's compactions (and replaced machines) to `compactor`: a server's
+    /// [`super::compactor::SnapWorker`]; the default encodes in this thread, at once (the
+    /// simulations and tests). Before any entry is applied.
+    pub fn set_compactor(&mut self, compactor: Box<dyn Compactor>) {
+        self.compactor = compactor;
+    }
+
+    /// Compactions handed to the member so far, and compactions dropped because a received
+    /// snapshot was restored past their index before they came back (for tests).
+    pub fn compactions(&self) -> (u64, u64) {
+        self.compactions
     }
 
     /// The member (for status and tests).
@@ -392,7 +412,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
     }
 
     fn next_deadline_us(&self) -> Option<u64> {
-        if self.member.has_ready() {
+        if self.member.has_ready() || self.compactor.has_done() {
             return Some(self.now_us);
         }
         let waits = self.wait_timers.keys().next().map(|(at, _)| *at);

@@ -169,6 +169,9 @@ pub(crate) struct Shard {
     pub checkpoint_at_us: u64,
     /// The applied index of the last compaction.
     pub compacted_at: u64,
+    /// The index of the image frozen for a compaction and not yet back from the core's
+    /// compactor (one in flight per shard at most).
+    pub compacting: Option<u64>,
     /// Grants this member answered `A` for as leader: token → the session and when (server
     /// clock, µs). What `GET /keys` shows as PEER and HELD; a hold granted by another leader
     /// has no entry (unknown, and shown so). Entries whose token no longer holds are pruned
@@ -197,6 +200,7 @@ impl Shard {
             checkpoint_after: 0,
             checkpoint_at_us: 0,
             compacted_at: 0,
+            compacting: None,
             grants: HashMap::new(),
         }
     }

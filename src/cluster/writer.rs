@@ -20,7 +20,8 @@
 //! so on this thread too.
 //!
 //! Deliberately not here: what the records mean (the log's rules are `crate::cluster::wal`'s),
-//! and the shard machines' snapshots (taken by the member on the core, `crate::cluster::member`).
+//! and the shard machines' snapshots (frozen on the core and encoded by its snapshot worker,
+//! `crate::cluster::compactor`; the member hands them here as records).
 
 use super::member::Envelope;
 use super::Durable;

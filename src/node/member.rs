@@ -1,5 +1,6 @@
 //! Starting a cluster member: its data directory, then per core a write-ahead log and the
-//! writer thread that owns it, the Raft groups of the core's shards and the
+//! writer thread that owns it, the snapshot worker thread (compactions off the loop), the Raft
+//! groups of the core's shards and the
 //! [`ClusterPartition`] that serves them; one peer thread for the member.
 //!
 //! The data directory is locked and its record checked ([`DataDir`]) before anything in it is
@@ -7,6 +8,7 @@
 //! count differs from what the directory holds, is refused naming the key. A core count that
 //! differed would look for the shards' logs in the wrong directories.
 
+use crate::cluster::compactor::SnapWorker;
 use crate::cluster::data_dir::{DataDir, Expected};
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
@@ -215,6 +217,13 @@ fn core_partition(
     let (wal, recovered) = Wal::open(&dir, cluster.fsync).map_err(|e| {
         io::Error::new(e.kind(), format!("cluster.data_dir {}: {e}", dir.display()))
     })?;
+    // The compactor wakes the core once per snapshot it encoded (and when it failed).
+    let snap_waker = Arc::clone(&waker);
+    let snap_wake = move || {
+        if let Err(error) = snap_waker.wake() {
+            log::error!("core {core}: waking the core after a snapshot was encoded: {error}");
+        }
+    };
     // The writer wakes the core once per round it wrote (and when it failed).
     let wake = move || {
         if let Err(error) = waker.wake() {
@@ -244,5 +253,8 @@ fn core_partition(
         handle: handle.clone(),
         inbound,
     };
-    Ok(ClusterPartition::new(settings, member, peers))
+    let mut partition = ClusterPartition::new(settings, member, peers);
+    let compactor = SnapWorker::spawn(format!("latchkey-snap-{core}"), snap_wake)?;
+    partition.set_compactor(Box::new(compactor));
+    Ok(partition)
 }

@@ -18,6 +18,7 @@
 //! most [`INBOX_MAX`] delivered but not yet stepped per member.
 
 use super::rng::Rng;
+use latchkey::cluster::compactor::MemCompactor;
 use latchkey::cluster::mem_durable::MemDurable;
 use latchkey::cluster::mem_writer::MemWriter;
 use latchkey::cluster::member::{Envelope, Member};
@@ -106,10 +107,14 @@ pub struct FaultCounts {
     pub isolations: u64,
     /// Snapshots members restored (counted when a member crashes, and at the end).
     pub restores: u64,
+    /// Compaction snapshots that came back after a restore had passed them (dropped).
+    pub compactions_dropped: u64,
 }
 
 /// Applied entries between two compactions in the simulation.
 pub const COMPACT_EVERY_IN_SIM: u64 = 24;
+/// A compaction's snapshot comes back from the compactor 0 to this many iterations late.
+pub const COMPACTION_LATE_MAX: u64 = 40;
 
 /// A member core's partition in the simulation.
 pub type SimPartition = ClusterPartition<MemWriter, SimPeers>;
@@ -192,6 +197,11 @@ pub fn restores_of(partition: &SimPartition) -> u64 {
     partition.cluster_stats().map_or(0, |stats| stats.restores)
 }
 
+/// Compaction snapshots `partition` dropped so far (a restore had passed them).
+pub fn compactions_dropped_of(partition: &SimPartition) -> u64 {
+    partition.compactions().1
+}
+
 impl World {
     /// Three fresh members with clock offsets drawn from `rng`.
     pub fn new(seed: u64, rng: &mut Rng) -> World {
@@ -243,8 +253,15 @@ impl World {
                 wire: Rc::clone(&self.wire),
             };
             let settings = settings(node.id, core);
-            node.partitions
-                .push(ClusterPartition::new(settings, member, peers));
+            let mut partition = ClusterPartition::new(settings, member, peers);
+            // Compactions come back up to COMPACTION_LATE_MAX iterations late, out of order:
+            // after more entries were applied, or a received snapshot was restored.
+            let compactor_seed = seed ^ (core as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            partition.set_compactor(Box::new(MemCompactor::late(
+                compactor_seed,
+                COMPACTION_LATE_MAX,
+            )));
+            node.partitions.push(partition);
             self.wire
                 .borrow_mut()
                 .inboxes
@@ -267,6 +284,7 @@ impl World {
         }
         for (core, partition) in std::mem::take(&mut node.partitions).into_iter().enumerate() {
             self.counts.restores += restores_of(&partition);
+            self.counts.compactions_dropped += compactions_dropped_of(&partition);
             node.images.push(partition.member().writer().crashed());
             self.wire.borrow_mut().inboxes.remove(&(id, core));
         }

@@ -4,6 +4,7 @@
 use super::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use std::collections::HashMap;
 
 /// A floor that is a multiple of every shard count used here.
 const FLOOR: u64 = 1_000_000 * 1024;
@@ -417,6 +418,63 @@ fn a_snapshot_restores_the_same_state_with_deadlines_from_the_restore_time() {
     // A lapsed hold is restored with nothing remaining (its Expire is the leader's call).
     let lapsed = ShardMachine::restore(3, 8, &machine.snapshot(50_000), 7).expect("restore");
     assert_eq!(lapsed.next_deadline(), Some(7));
+}
+
+/// The snapshot bytes the way `snapshot` built them before machines could be frozen: every hold
+/// in token order, read from the live machine.
+fn golden_snapshot(machine: &ShardMachine, now_ms: u64) -> Vec<u8> {
+    let holds = machine
+        .holds()
+        .map(|(key, hold)| SnapshotHold {
+            key: key.to_vec(),
+            token: hold.token,
+            owner: hold.owner,
+            lease_ms: hold.lease_ms,
+            renewed_at: hold.renewed_at,
+            remaining_ms: hold.deadline_ms.saturating_sub(now_ms),
+        })
+        .collect();
+    SnapshotImage {
+        shard: machine.shard(),
+        shards: 8,
+        floor: machine.floor(),
+        applied: machine.applied(),
+        holds,
+    }
+    .encode()
+}
+
+#[test]
+fn a_frozen_image_encodes_the_state_at_the_freeze_whatever_is_applied_after() {
+    let mut machine = floored(3, 8);
+    let mut tokens = Vec::new();
+    for i in 0..3000u64 {
+        let name = format!("key-{i}");
+        let (token, _) = granted(machine.apply(2 + i, &acquire(&name, i, 1_000 + i as u32), i));
+        tokens.push((name, token));
+    }
+    machine.apply(3002, &extend("key-7", tokens[7].1, 60_000), 3_000);
+    machine.skip(3003);
+    let golden = golden_snapshot(&machine, 2_500);
+    let frozen = machine.freeze(2_500);
+    assert_eq!(machine.snapshot(2_500), golden);
+    assert_eq!(frozen.encode(), golden);
+    assert_eq!((frozen.shard(), frozen.applied()), (3, 3003));
+    // Changes after the freeze (releases, grants, extends, a checkpoint, promote) do not reach
+    // the image.
+    let mut index = 3004;
+    for (name, token) in tokens.iter().step_by(3) {
+        machine.apply(index, &release(name, *token), 4_000);
+        index += 1;
+    }
+    machine.apply(index, &acquire("late", 1, 5_000), 4_000);
+    machine.apply(index + 1, &extend("key-8", tokens[8].1, 90_000), 4_000);
+    machine.promote(5_000, 200);
+    assert_eq!(frozen.encode(), golden);
+    let restored = ShardMachine::restore(3, 8, &frozen.encode(), 0).expect("restore");
+    assert_eq!(restored.applied(), 3003);
+    assert_eq!(restored.len(), 3000);
+    assert_ne!(machine.snapshot(2_500), golden);
 }
 
 #[test]

@@ -1,13 +1,16 @@
 //! One iteration's work of a cluster partition: peers' messages, ticks, wait timers, the
-//! leader's expiries and checkpoints, the drain to the core's writer, and applying what committed.
+//! leader's expiries and checkpoints, the drain to the core's writer, and applying what committed
+//! (with the compactions: a shard's machine is frozen every `compact_every` entries, encoded by
+//! the core's compactor off the loop, and handed to the member at the start of a later drain).
 //!
 //! # Stopping the member
 //!
 //! Some failures leave this member unable to keep its promises, and it stops rather than go
 //! on ([`stop_member`]): a write or sync of the write-ahead log that failed (what is on disk is
-//! unknown, and the log refuses every later write), a snapshot that does not restore, and a
+//! unknown, and the log refuses every later write), a snapshot that does not restore, a
 //! committed entry that does not decode (skipping either would leave this replica's state apart
-//! from the others', silently). Peers' messages are checked before raft takes them
+//! from the others', silently), and a compactor that failed (its thread died: the member would
+//! never compact again). Peers' messages are checked before raft takes them
 //! (`crate::cluster::peer::content`), so only a bug or damage on disk gets here. Stopping is
 //! an `error!` line naming the shard, the index or the operation, then a panic of the core
 //! thread: the server's existing failure path (`crate::server`'s failure guard) marks the
@@ -188,6 +191,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// without waiting for the disk. A failed write or sync (the writer's error) stops the
     /// member: it cannot promise durability any more.
     pub(super) fn drain(&mut self) {
+        self.take_compactions();
         if !self.member.has_ready() {
             return self.serve_reads();
         }
@@ -207,6 +211,35 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.serve_reads();
     }
 
+    /// The snapshots the compactor encoded since the last drain, handed to the member: each is
+    /// recorded by this drain's batch, unless a received snapshot was restored past its index
+    /// meanwhile (the member refuses it, and it is dropped). A compactor that failed (its
+    /// thread died) stops the member: it would never compact again, and its log would grow
+    /// without bound.
+    fn take_compactions(&mut self) {
+        let done = match self.compactor.take_done() {
+            Ok(done) => done,
+            Err(error) => stop_member(format!("core {}: {error}", self.settings.core)),
+        };
+        for compacted in done {
+            let (shard, index) = (compacted.shard, compacted.index);
+            let local = self.local(shard);
+            debug_assert_eq!(self.shards[local].compacting, Some(index));
+            self.shards[local].compacting = None;
+            match self.member.compact(shard, index, compacted.data) {
+                Ok(()) => {
+                    self.compactions.0 += 1;
+                    let state = &mut self.shards[local];
+                    state.compacted_at = state.compacted_at.max(index);
+                }
+                Err(error) => {
+                    self.compactions.1 += 1;
+                    log::debug!("shard {shard}: the snapshot at {index} is dropped: {error}");
+                }
+            }
+        }
+    }
+
     /// The core's log writer, e.g. for a simulation to complete its rounds.
     pub fn writer_mut(&mut self) -> &mut D {
         self.member.writer_mut()
@@ -218,7 +251,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         match ShardMachine::restore(shard, shards, data, self.apply_ms()) {
             Ok(machine) => {
                 self.cluster_stats.restores += 1;
-                self.shards[local].machine = machine;
+                let replaced = std::mem::replace(&mut self.shards[local].machine, machine);
+                // Dropping a machine is O(holds): done by the compactor, off the loop.
+                self.compactor.retire(replaced);
                 self.shards[local].compacted_at = index;
                 let mut covered: Vec<(u64, Pending)> = Vec::new();
                 self.pending.retain(|&(s, i), pending| {
@@ -615,17 +650,23 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
     }
 
+    /// Every `compact_every` applied entries, right after applying one (nothing else applied
+    /// since), freezes the shard's machine (O(1)) and hands the image to the compactor, which
+    /// encodes it off the loop; [`Self::take_compactions`] hands the bytes to the member later.
+    /// One image per shard in flight at most.
     fn maybe_compact(&mut self, local: usize) {
         let shard = &self.shards[local];
         let applied = shard.machine.applied();
-        if applied < shard.compacted_at + self.settings.compact_every.max(1) {
+        if shard.compacting.is_some()
+            || applied < shard.compacted_at + self.settings.compact_every.max(1)
+        {
             return;
         }
-        let data = shard.machine.snapshot(self.now_ms());
+        let frozen = shard.machine.freeze(self.now_ms());
         let shard_id = shard.machine.shard();
-        match self.member.compact(shard_id, applied, data) {
-            Ok(()) => self.shards[local].compacted_at = applied,
-            Err(error) => log::debug!("shard {shard_id}: compaction deferred: {error}"),
+        match self.compactor.submit(frozen) {
+            Ok(()) => self.shards[local].compacting = Some(applied),
+            Err(_) => log::debug!("shard {shard_id}: compaction deferred: the compactor is full"),
         }
     }
 }

@@ -2,12 +2,15 @@
 //! the other replicas': a committed entry that does not decode, a write-ahead log sync that
 //! failed.
 
+use crate::cluster::compactor::MemCompactor;
+use crate::cluster::machine::ShardMachine;
 use crate::cluster::mem_durable::{MemDurable, SyncMode};
 use crate::cluster::mem_writer::MemWriter;
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use crate::cluster::Recovered;
-use crate::partition::Partition;
+use crate::partition::{Op, Partition};
+use crate::protocol::Response;
 use raft::eraftpb::{Entry, HardState, Message};
 
 /// No other member: a one-member cluster is its own majority.
@@ -95,4 +98,176 @@ fn a_failed_log_sync_stops_the_member_naming_the_operation() {
         stopped.contains("core 0: syncing the write-ahead log failed: sync failed (injected)"),
         "{stopped}"
     );
+}
+
+#[test]
+fn a_compactor_that_failed_stops_the_member() {
+    let mut partition = partition(MemDurable::new(), Vec::new());
+    let mut compactor = MemCompactor::immediate();
+    compactor.fail("the snapshot worker thread panicked");
+    partition.set_compactor(Box::new(compactor));
+    let stopped = run_until_it_stops(partition);
+    assert!(
+        stopped.contains("core 0: the snapshot worker thread panicked"),
+        "{stopped}"
+    );
+}
+
+/// Runs the partition's timers every 10 ms of its clock from `*now_us` for `steps` steps.
+fn run(partition: &mut ClusterPartition<MemWriter, Alone>, now_us: &mut u64, steps: u64) {
+    for _ in 0..steps {
+        *now_us += 10_000;
+        partition.handle_timers(*now_us);
+    }
+}
+
+#[test]
+fn compactions_that_come_back_late_record_the_state_at_their_own_index() {
+    let mut partition = partition(MemDurable::new(), Vec::new());
+    partition.settings.compact_every = 4;
+    partition.set_compactor(Box::new(MemCompactor::late(11, 5)));
+    let mut now_us = 0;
+    run(&mut partition, &mut now_us, 100);
+    assert!(partition.serving(0), "the one member serves");
+    let mut granted = 0;
+    for i in 0..200u64 {
+        let key = format!("key-{i}");
+        let op = Op::Acquire {
+            wait_s: 0,
+            lease_s: 60,
+            owner: i + 1,
+        };
+        partition.handle(now_us, 1, op, key.as_bytes());
+        run(&mut partition, &mut now_us, 1);
+        let answers = partition.take_answers();
+        granted += answers
+            .iter()
+            .filter(|a| matches!(a.response, Response::Acquired { .. }))
+            .count();
+    }
+    run(&mut partition, &mut now_us, 20);
+    granted += partition
+        .take_answers()
+        .iter()
+        .filter(|a| matches!(a.response, Response::Acquired { .. }))
+        .count();
+    assert_eq!(granted, 200);
+    let (recorded, dropped) = partition.compactions();
+    assert!(recorded >= 10, "compactions recorded: {recorded}");
+    assert_eq!(dropped, 0, "no restore here");
+    // The snapshot recorded last holds exactly the grants up to its index, not the later ones.
+    let recovered = partition.member().writer().durable().recovered();
+    let snapshot = recovered[0].1.snapshot.clone().expect("a snapshot");
+    let index = snapshot.get_metadata().index;
+    let restored = ShardMachine::restore(0, 1, snapshot.get_data(), 0).expect("restores");
+    assert_eq!(restored.applied(), index);
+    let live = partition.machine(0).expect("shard 0");
+    let floor = live.floor().expect("a floor");
+    let expected: Vec<(Vec<u8>, u64)> = live
+        .holds()
+        .filter(|(_, hold)| hold.token - floor <= index)
+        .map(|(key, hold)| (key.to_vec(), hold.token))
+        .collect();
+    let got: Vec<(Vec<u8>, u64)> = restored
+        .holds()
+        .map(|(key, hold)| (key.to_vec(), hold.token))
+        .collect();
+    assert_eq!(got, expected);
+    assert!(live.applied() >= index);
+}
+
+/// A compactor that keeps every image until the test lets it go.
+#[derive(Clone, Default)]
+struct Held(std::sync::Arc<parking_lot::Mutex<(Vec<crate::cluster::machine::Frozen>, bool)>>);
+
+impl crate::cluster::compactor::Compactor for Held {
+    fn submit(
+        &mut self,
+        frozen: crate::cluster::machine::Frozen,
+    ) -> Result<(), crate::cluster::machine::Frozen> {
+        self.0.lock().0.push(frozen);
+        Ok(())
+    }
+
+    fn retire(&mut self, _machine: ShardMachine) {}
+
+    fn take_done(&mut self) -> std::io::Result<Vec<crate::cluster::compactor::Compacted>> {
+        let mut held = self.0.lock();
+        if !held.1 {
+            return Ok(Vec::new());
+        }
+        let done = held
+            .0
+            .drain(..)
+            .map(|frozen| crate::cluster::compactor::Compacted {
+                shard: frozen.shard(),
+                index: frozen.applied(),
+                data: frozen.encode(),
+            });
+        Ok(done.collect())
+    }
+
+    fn has_done(&self) -> bool {
+        let held = self.0.lock();
+        held.1 && !held.0.is_empty()
+    }
+}
+
+#[test]
+fn a_compaction_that_comes_back_after_a_later_snapshot_is_dropped_and_the_next_one_goes_on() {
+    let mut partition = partition(MemDurable::new(), Vec::new());
+    partition.settings.compact_every = 4;
+    let held = Held::default();
+    partition.set_compactor(Box::new(held.clone()));
+    let mut now_us = 0;
+    run(&mut partition, &mut now_us, 100);
+    assert!(partition.serving(0), "the one member serves");
+    let mut owner = 0;
+    let mut acquire = |partition: &mut ClusterPartition<MemWriter, Alone>, now_us: &mut u64| {
+        owner += 1;
+        let op = Op::Acquire {
+            wait_s: 0,
+            lease_s: 60,
+            owner,
+        };
+        partition.handle(*now_us, 1, op, format!("key-{owner}").as_bytes());
+        run(partition, now_us, 1);
+    };
+    for _ in 0..10 {
+        acquire(&mut partition, &mut now_us);
+    }
+    // One image is frozen and held (one in flight per shard: no second one).
+    let frozen_at = partition.shards[0].compacting.expect("an image in flight");
+    assert_eq!(held.0.lock().0.len(), 1);
+    // Meanwhile the shard's log gets a snapshot past it (as a received snapshot would).
+    let applied = partition.machine(0).expect("shard 0").applied();
+    assert!(applied > frozen_at);
+    let later = partition.machine(0).expect("shard 0").snapshot(0);
+    partition
+        .member
+        .compact(0, applied, later)
+        .expect("the later snapshot");
+    // The held image comes back: refused by the member, dropped.
+    held.0.lock().1 = true;
+    partition.handle_timers(now_us);
+    assert_eq!(partition.compactions(), (0, 1));
+    // Free to freeze again (it may have, on an entry applied in the same iteration).
+    let again = partition.shards[0].compacting;
+    assert!(
+        !matches!(again, Some(index) if index <= frozen_at),
+        "{again:?}"
+    );
+    // The next compaction is frozen and recorded.
+    for _ in 0..10 {
+        acquire(&mut partition, &mut now_us);
+    }
+    run(&mut partition, &mut now_us, 2);
+    assert!(
+        partition.compactions().0 >= 1,
+        "{:?}",
+        partition.compactions()
+    );
+    let recovered = partition.member().writer().durable().recovered();
+    let snapshot = recovered[0].1.snapshot.clone().expect("a snapshot");
+    assert!(snapshot.get_metadata().index > applied);
 }
