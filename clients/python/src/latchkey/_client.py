@@ -185,7 +185,11 @@ class _Pool:
             return None
 
     def start(self) -> None:
-        self.pick(None)
+        """Starts every session (connecting in the background)."""
+        with self._lock:
+            for index, session in enumerate(self._sessions):
+                if session is None:
+                    self._sessions[index] = Session(self.addr, self._config)
 
     def close(self) -> None:
         with self._lock:
