@@ -293,16 +293,36 @@ class _Report:
         self.states[addr] = state
 
     def text(self, listed: Sequence[Address]) -> str:
-        parts = [f"{host}:{port}: {state}" for (host, port), state in self.states.items()]
-        head = "nothing served the request"
+        def name(addr: Address) -> str:
+            return f"{addr[0]}:{addr[1]}"
+
+        parts = [f"{name(addr)}: {state}" for addr, state in self.states.items()]
+        detail = " (" + "; ".join(parts) + ")" if parts else ""
+        answered = [addr for addr, state in self.states.items() if state == "no leader"]
+        named = {
+            addr: state[len("named the leader ") :]
+            for addr, state in self.states.items()
+            if state.startswith("named the leader ")
+        }
         if self.redirects_exhausted:
-            head = f"{REDIRECTS_MAX} redirects followed"
-        elif self.states and all(state == "no leader" for state in self.states.values()):
-            reachable = len(self.states)
-            head = f"no leader for this key: {reachable} of {len(listed)} members reachable"
-        elif not self.states:
-            head = "no session was established before the deadline"
-        return head + (" (" + "; ".join(parts) + ")" if parts else "")
+            return f"{REDIRECTS_MAX} redirects followed without an answer{detail}"
+        for by, leader in named.items():
+            for addr, state in self.states.items():
+                if name(addr) == leader and state != "no leader" and addr not in named:
+                    return (
+                        f"the key's leader {leader} (named by {name(by)}) cannot be reached: "
+                        f"{state}{detail}"
+                    )
+        if answered and not named:
+            reachable = len(answered)
+            quorum = ", no quorum" if reachable <= len(listed) // 2 else ""
+            return (
+                f"no leader for this key: {reachable} of {len(listed)} members "
+                f"reachable{quorum}{detail}"
+            )
+        if not self.states:
+            return "no session was established before the deadline"
+        return f"nothing served the request{detail}"
 
 
 class Ticket:
@@ -652,7 +672,12 @@ class Client:
                 continue
             session = pool.pick(avoid)
             if session is None or not session.submit(call):
-                note(addr, "silent (its sessions stopped answering)")
+                if session is not None and session.failed:
+                    note(addr, f"unreachable: {session.failure}")
+                elif pool.last_failure and session is None:
+                    note(addr, f"unreachable: {pool.last_failure}")
+                else:
+                    note(addr, "silent (its sessions stopped answering)")
                 if session is not None:
                     avoid = session
                 members.forget(key, addr)
