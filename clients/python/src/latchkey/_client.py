@@ -422,13 +422,16 @@ class _KeepAlive:
     def _run(self) -> None:
         ticket = self._ticket
         period = self._lease_s / 3
-        while not self._stop.wait(period):
+        pause = period
+        while not self._stop.wait(pause):
             try:
                 if not ticket.extend(self._lease_s):
                     ticket.lost.set()
                     return
+                pause = period
             except (NoAnswer, Unavailable):
-                pass
+                # Tried again soon (a leader change, a cut connection) until the bound passes.
+                pause = min(period, 0.25)
             except Rejected:
                 ticket.lost.set()
                 return
