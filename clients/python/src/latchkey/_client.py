@@ -341,8 +341,19 @@ class Ticket:
         self._unknown_lease_s: Optional[int] = None
         self._bound_lock = threading.Lock()
         self._extending = threading.Lock()
-        self.lost = threading.Event()
-        """Set by ``lock(..., keep_alive=True)`` when the lock is lost (or cannot be kept)."""
+        self._lost: Optional[threading.Event] = None
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set by ``lock(..., keep_alive=True)`` when the lock is lost (or cannot be kept):
+        stop using the protected resource."""
+        lost = self._lost
+        if lost is None:
+            with self._bound_lock:
+                if self._lost is None:
+                    self._lost = threading.Event()
+                lost = self._lost
+        return lost
 
     @property
     def key(self) -> str:

@@ -415,6 +415,37 @@ class Session:
             self._raw_backlog += self._tls_out.read()
             self._send_raw_locked()
             return
+        if len(out) == 1 and out[0].offset == 0:
+            # The common case: one whole frame, handed at once.
+            entry = out[0]
+            call = entry.call
+            frame = call.encode(now)
+            if frame is None:
+                out.popleft()
+                self._entries.pop(id(call), None)
+                self._forget_locked(call)
+                _finish(call, EXPIRED)
+                return
+            try:
+                sent = sock.send(frame)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as error:
+                self._fail_locked(f"cannot send: {error}")
+                return
+            if sent == len(frame):
+                out.popleft()
+                self._entries.pop(id(call), None)
+                self._handed_locked(call, now, whole=True)
+                self._want_write = False
+                return
+            entry.frame = frame
+            if sent:
+                self._handed_locked(call, now, whole=False)
+                entry.offset = sent
+            if not self._want_write:
+                self._request_write_locked()
+            return
         while out:
             pieces: List[bytes] = []
             size = 0
