@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-import selectors
+import select
 import socket
 import ssl
 import threading
@@ -748,45 +748,41 @@ class Session:
     def _loop(self) -> None:
         sock = self._sock
         assert sock is not None
-        selector = selectors.DefaultSelector()
-        selector.register(sock, selectors.EVENT_READ, "sock")
-        selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        poller = select.poll()
+        sock_fd = sock.fileno()
+        wake = self._wake_r
+        wake_fd = wake.fileno()
+        poller.register(sock_fd, select.POLLIN)
+        poller.register(wake_fd, select.POLLIN)
         watching_write = False
         decoder = self._decoder
-        try:
-            while True:
-                events = selector.select(None)
-                for key, mask in events:
-                    if key.data == "wake":
-                        try:
-                            while self._wake_r.recv(4096):
-                                pass
-                        except (BlockingIOError, InterruptedError):
+        while True:
+            for fd, mask in poller.poll():
+                if fd == wake_fd:
+                    try:
+                        while wake.recv(4096):
                             pass
-                        except OSError:
-                            pass
-                        with self.lock:
-                            self._woken = False
-                        continue
-                    if mask & selectors.EVENT_WRITE:
-                        with self.lock:
-                            if self._raw_backlog:
-                                self._send_raw_locked()
-                            else:
-                                self._flush_locked()
-                    if mask & selectors.EVENT_READ:
-                        if not self._read(sock, decoder):
-                            return
-                with self.lock:
-                    if self.failed:
+                    except OSError:
+                        pass
+                    with self.lock:
+                        self._woken = False
+                    continue
+                if mask & select.POLLOUT:
+                    with self.lock:
+                        if self._raw_backlog:
+                            self._send_raw_locked()
+                        else:
+                            self._flush_locked()
+                if mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    if not self._read(sock, decoder):
                         return
-                    want = self._want_write
-                if want != watching_write:
-                    events_mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
-                    selector.modify(sock, events_mask, "sock")
-                    watching_write = want
-        finally:
-            selector.close()
+            # Set by callers under the lock, each followed by a wake-up: read without it.
+            if self.failed:
+                return
+            want = self._want_write
+            if want != watching_write:
+                poller.modify(sock_fd, select.POLLIN | (select.POLLOUT if want else 0))
+                watching_write = want
 
     def _read(self, sock: socket.socket, decoder: _codec.Decoder) -> bool:
         try:
