@@ -33,6 +33,7 @@ PARTIAL = 1  # part of the frame handed
 SENT = 2  # the whole frame handed
 CANCELLING = 3  # an acquire whose Cancel was queued at its deadline
 DONE = 4  # the outcome is set
+HANDING = 5  # in a send() under way outside the lock: counts as possibly sent
 
 # Outcomes.
 ANSWER = "answer"
@@ -229,6 +230,7 @@ class Session:
         self._stall: Deque[Tuple[float, Call]] = deque()
         self._last_read = 0.0
         self._want_write = False
+        self._sending = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -274,10 +276,10 @@ class Session:
         entry = _Entry(call)
         self._entries[id(call)] = entry
         self._out.append(entry)
-        if len(self._out) == 1 and not self._raw_backlog:
+        if not self._sending and not self._want_write:
+            # Otherwise the thread sending now, or the I/O thread once the socket takes more,
+            # sends it.
             self._flush_locked()
-        elif not self._want_write:
-            self._request_write_locked()
 
     def is_stalled(self) -> bool:
         with self.lock:
@@ -296,9 +298,12 @@ class Session:
         assert done is not None
         while True:
             now = time.monotonic()
-            if call.state == QUEUED:
+            state = call.state
+            if state == QUEUED:
                 # Unsent: look again now and then, in case the session stalls.
                 timeout = min(call.timer - now, 0.05)
+            elif state == HANDING:
+                timeout = max(call.timer - now, 0.001)
             else:
                 timeout = call.timer - now
             if done.acquire(True, max(timeout, 0.0)):
@@ -310,7 +315,8 @@ class Session:
         with self.lock:
             now = time.monotonic()
             state = call.state
-            if state == DONE:
+            if state == DONE or state == HANDING:
+                # HANDING: the send under way decides in a moment whether it left.
                 return
             if state == QUEUED:
                 if now >= call.deadline:
@@ -410,101 +416,116 @@ class Session:
                     _finish(call, EXPIRED)
                     continue
                 tls.write(frame)
-                self._handed_locked(call, now, whole=True)
+                self._handed_locked(call, now)
+                if call.state == PARTIAL:
+                    call.state = SENT
             assert self._tls_out is not None
             self._raw_backlog += self._tls_out.read()
             self._send_raw_locked()
             return
-        if len(out) == 1 and out[0].offset == 0:
-            # The common case: one whole frame, handed at once.
-            entry = out[0]
-            call = entry.call
-            frame = call.encode(now)
-            if frame is None:
-                out.popleft()
-                self._entries.pop(id(call), None)
-                self._forget_locked(call)
-                _finish(call, EXPIRED)
-                return
-            try:
-                sent = sock.send(frame)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as error:
-                self._fail_locked(f"cannot send: {error}")
-                return
-            if sent == len(frame):
-                out.popleft()
-                self._entries.pop(id(call), None)
-                self._handed_locked(call, now, whole=True)
-                self._want_write = False
-                return
-            entry.frame = frame
-            if sent:
-                self._handed_locked(call, now, whole=False)
-                entry.offset = sent
-            if not self._want_write:
-                self._request_write_locked()
+        if self._sending:
             return
-        while out:
+        self._sending = True
+        try:
+            self._send_batches_locked(sock)
+        finally:
+            self._sending = False
+
+    def _send_batches_locked(self, sock: socket.socket) -> None:
+        """Sends the queued frames in batches, each ``send`` made without the lock (other
+        threads queue meanwhile, and their frames go in the next batch). The frames of a batch
+        are ``HANDING`` while it is under way: possibly sent, should the session fail then;
+        afterwards, what the socket did not take is ``QUEUED`` again (definitely not sent)."""
+        out = self._out
+        rounds = 0
+        while out and not self.failed:
+            rounds += 1
+            if rounds > 4:
+                # Frames keep coming: the I/O thread sends the rest, this caller goes back.
+                if not self._want_write:
+                    self._request_write_locked()
+                return
+            now = time.monotonic()
+            batch: List[_Entry] = []
             pieces: List[bytes] = []
             size = 0
             for entry in out:
-                if entry.frame is None:
+                frame = entry.frame
+                if frame is None:
                     frame = entry.call.encode(now)
                     if frame is None:
                         break
                     entry.frame = frame
-                piece = entry.frame[entry.offset :] if entry.offset else entry.frame
+                piece = frame[entry.offset :] if entry.offset else frame
                 pieces.append(piece)
+                batch.append(entry)
                 size += len(piece)
                 if size >= 65536:
                     break
-            if not pieces:
+            if not batch:
                 # The head's deadline passed before any of it was handed.
                 entry = out.popleft()
                 self._entries.pop(id(entry.call), None)
                 self._forget_locked(entry.call)
                 _finish(entry.call, EXPIRED)
                 continue
+            for entry in batch:
+                call = entry.call
+                if call.state == QUEUED and call.kind != "C":
+                    call.state = HANDING
+                    call.sent_at = now
             data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            failure: Optional[OSError] = None
+            self.lock.release()
             try:
                 sent = sock.send(data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as error:
-                self._fail_locked(f"cannot send: {error}")
+                sent = 0
+                failure = error
+            finally:
+                self.lock.acquire()
+            if self.failed:
+                # Every call of the batch was ended as possibly sent (or refused): done.
                 return
             left = sent
-            while left and out:
-                entry = out[0]
+            for entry in batch:
                 frame = entry.frame
                 assert frame is not None
+                call = entry.call
                 take = min(left, len(frame) - entry.offset)
-                if entry.offset == 0:
-                    self._handed_locked(entry.call, now, whole=False)
-                entry.offset += take
                 left -= take
+                if take and entry.offset == 0:
+                    self._handed_locked(call, now)
+                elif not take and call.state == HANDING:
+                    call.state = QUEUED  # the socket took none of it
+                entry.offset += take
                 if entry.offset == len(frame):
                     out.popleft()
-                    self._entries.pop(id(entry.call), None)
-                    if entry.call.state == PARTIAL:
-                        entry.call.state = SENT
+                    self._entries.pop(id(call), None)
+                    if call.state == PARTIAL:
+                        call.state = SENT
+            if failure is not None:
+                self._fail_locked(f"cannot send: {failure}")
+                return
             if sent < len(data):
                 if not self._want_write:
                     self._request_write_locked()
                 return
         self._want_write = False
 
-    def _handed_locked(self, call: Call, now: float, whole: bool) -> None:
+    def _handed_locked(self, call: Call, now: float) -> None:
+        """The first bytes of ``call``'s frame were handed to the socket (or TLS) at ``now``;
+        its state becomes PARTIAL (SENT once the whole frame is)."""
         if call.kind == "C":
             parent = call.parent
             if parent is not None:
                 self._stall.append((now, parent))
             return
         call.sent_at = now
-        if call.state == QUEUED:
-            call.state = SENT if whole else PARTIAL
+        if call.state == QUEUED or call.state == HANDING:
+            call.state = PARTIAL
         if call.immediate():
             self._stall.append((now, call))
 
