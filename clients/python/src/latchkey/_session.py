@@ -1,9 +1,10 @@
 """One session (one TCP or TLS connection) and the calls pipelined on it (docs/protocol.md §4.3).
 
 A session has one I/O thread that connects, proves the session with a handshake ping (§4.3
-"Established sessions"), reads every answer and matches it by owner, token or nonce. Callers
-hand their frames to the socket themselves (non-blocking) while nothing is backed up, and the
-I/O thread flushes what the socket would not take at once. A call's own thread applies its
+"Established sessions"), reads every answer and matches it by owner, token or nonce. A caller
+hands the queued frames to the (non-blocking) socket itself, in one ``send`` made without the
+lock, so frames other threads queue meanwhile go out together in the next batch; the I/O
+thread sends what the socket would not take at once. A call's own thread applies its
 deadline (see ``Session.on_timer``): an unsent call is never sent after it, a fully sent
 acquire gets a Cancel on the same session, a partly sent frame or an unanswered Cancel closes
 the session.
