@@ -114,3 +114,42 @@ def test_threads_share_a_client_and_tickets(server: Server) -> None:
     assert results == [True] * 8, "extends of one ticket are serialized and all confirmed"
     assert ticket.release() is True
     client.close()
+
+
+def test_a_peer_that_is_not_a_latchkey_server_is_unavailable_at_once() -> None:
+    """§4.3: bytes that are not latchkey frames in answer to the handshake ping end the call
+    Unavailable at once (not retried within the call)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    addr = "127.0.0.1:%d" % listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:
+                continue
+            try:
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            except OSError:
+                pass
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = latchkey.Client(addr, sessions=1, connect_timeout=1.0)
+    start = time.monotonic()
+    with pytest.raises(latchkey.Unavailable) as raised:
+        client.acquire("k", wait=5.0, lease=5.0)
+    assert time.monotonic() - start < 2.0, "not retried until the deadline"
+    assert "not a latchkey server" in str(raised.value), raised.value
+    client.close()
+    stop.set()
+    thread.join(5)
+    listener.close()
