@@ -27,6 +27,7 @@ def server() -> Iterator[Server]:
 def observer(server: Server) -> Iterator[latchkey.Client]:
     """A client that talks to the server directly, to observe it."""
     c = latchkey.Client(server.text, sessions=1, transport_timeout=2.0)
+    c.ping()  # the session is up before the tests' short waits start
     try:
         yield c
     finally:
