@@ -503,7 +503,12 @@ class Session:
                     call.state = QUEUED  # the socket took none of it
                 entry.offset += take
                 if entry.offset == len(frame):
-                    out.popleft()
+                    # The batch is the head of the queue: nothing removes a frame that is
+                    # HANDING, PARTIAL or a Cancel.
+                    if out and out[0] is entry:
+                        out.popleft()
+                    else:
+                        out.remove(entry)
                     self._entries.pop(id(call), None)
                     if call.state == PARTIAL:
                         call.state = SENT
