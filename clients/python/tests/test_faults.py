@@ -206,3 +206,30 @@ def test_many_threads_through_a_slow_proxy_each_send_once_and_get_one_result(pro
     assert len(acquires) == threads * calls
     assert all(count == 1 for count in acquires.values())
     client.close()
+
+
+def test_a_black_hole_makes_extend_release_query_and_ping_no_answer(proxy, observer):  # type: ignore[no-untyped-def]
+    """Beyond client_faults.rs: the server's bytes held back (a black hole) for the small
+    requests. Each ends NoAnswer at its transport deadline; an extend whose outcome is unknown
+    keeps the earlier bound (§4.5). The connect timeout (the silence limit) is longer than the
+    test, so the session does not stall: a stalled one would take no new call (Unavailable)."""
+    client = latchkey.Client(proxy.addr, sessions=1, connect_timeout=10.0, transport_timeout=1.0)
+    ticket = client.acquire("hole", wait=1.0, lease=20.0)
+    bound = ticket.valid_until
+    proxy.hold()
+    start = time.monotonic()
+    with pytest.raises(latchkey.NoAnswer):
+        ticket.extend(5.0)
+    assert_between(time.monotonic() - start, 1.0, 1.0 + LATE)
+    assert ticket.valid_until <= min(bound, start + 5.0), "the earlier bound is kept"
+    with pytest.raises(latchkey.NoAnswer):
+        client.query("hole")
+    with pytest.raises(latchkey.NoAnswer):
+        client.ping()
+    with pytest.raises(latchkey.NoAnswer):
+        ticket.release()
+    proxy.release()
+    # The held answers arrive late and are matched (or dropped) without confusing later calls.
+    assert client.ping() < 2.0
+    assert observer.query("hole").held is False, "the release did reach the server"
+    client.close()
