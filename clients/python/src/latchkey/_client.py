@@ -1,0 +1,747 @@
+"""The client: argument checks, routing among members, attempts and results (docs/protocol.md §4).
+
+One monotonic deadline per call. A request goes to its key's route (cached leader, else the
+last leader an ``M`` named, else the members in turn); while it is definitely unsent it tries
+other sessions and members (backoff 10 ms doubling, at most 250 ms) until its deadline; an
+``M`` sends the same request (same id, same deadline) to the leader it names, or after a
+backoff to the next member; a request that may have been sent without a definite answer is
+never sent again, to any member.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import ssl
+import threading
+import time
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from ._codec import KEY_BYTES_MAX, Response
+from ._errors import Busy, Indeterminate, NoAnswer, Rejected, Timeout, Unavailable
+from ._session import (
+    ANSWER,
+    EXPIRED,
+    EXPIRED_CONNECTING,
+    INDETERMINATE,
+    NOT_SENT,
+    UNREACHABLE,
+    Address,
+    Call,
+    IdSource,
+    Session,
+    SessionConfig,
+)
+
+DEFAULT_ADDR = "127.0.0.1:7420"
+REDIRECTS_MAX = 64
+MEMBERS_MAX = 16
+LEADER_CACHE_MAX = 65536
+BACKOFF_MIN = 0.010
+BACKOFF_MAX = 0.250
+WAIT_MAX = 255.0
+LEASE_S_MAX = 255
+MARGIN_MIN = 0.1
+
+
+class KeyState(NamedTuple):
+    """What ``query`` saw: whether the key is held, the milliseconds left on its lease
+    (0 when free) and how many acquires wait for it."""
+
+    held: bool
+    lease_ms: int
+    waiters: int
+
+
+class TLS:
+    """TLS settings: ``ca`` (the CA file that signed the server's certificate; ``None``: the
+    system's CAs), ``cert`` and ``key`` (a client certificate, when the server asks for one),
+    ``server_name`` (the name to check in the server's certificate; default: the host of the
+    address connected to)."""
+
+    def __init__(
+        self,
+        ca: Optional[str] = None,
+        cert: Optional[str] = None,
+        key: Optional[str] = None,
+        server_name: Optional[str] = None,
+    ) -> None:
+        if (cert is None) != (key is None):
+            raise ValueError("TLS: cert and key go together")
+        self.ca = ca
+        self.cert = cert
+        self.key = key
+        self.server_name = server_name
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.cert is not None:
+            context.load_cert_chain(self.cert, self.key)
+        return context
+
+
+def _parse_addr(text: str) -> Address:
+    text = text.strip()
+    if not text:
+        raise ValueError("an empty server address")
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"{text!r}: expected [IPv6]:PORT")
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"{text!r}: expected HOST:PORT")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"{text!r}: the port is not a number") from None
+    if not 0 < number < 65536:
+        raise ValueError(f"{text!r}: the port is out of range")
+    return (host, number)
+
+
+def _check_seconds(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of seconds, not {value!r}")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{name} must be finite")
+    return value
+
+
+def _key_bytes(key: str) -> bytes:
+    if not isinstance(key, str):
+        raise ValueError(f"the key must be a str, not {type(key).__name__}")
+    data = key.encode("utf-8")
+    if not data:
+        raise ValueError("the key is empty")
+    if len(data) > KEY_BYTES_MAX:
+        raise ValueError(f"the key is longer than {KEY_BYTES_MAX} bytes")
+    if b"\n" in data:
+        raise ValueError("the key contains a newline")
+    return data
+
+
+def _wait_ms(wait: float) -> int:
+    wait = _check_seconds("wait", wait)
+    if wait < 0:
+        raise ValueError("wait must not be negative")
+    ms = math.ceil(wait * 1000 - 1e-9)
+    if ms > WAIT_MAX * 1000:
+        raise ValueError("wait must be at most 255 s")
+    return max(ms, 0)
+
+
+def _lease_s(lease: float) -> int:
+    lease = _check_seconds("lease", lease)
+    if lease <= 0:
+        raise ValueError("lease must be more than 0")
+    seconds = math.ceil(lease - 1e-9)
+    if seconds > LEASE_S_MAX:
+        raise ValueError("lease must be at most 255 s")
+    return max(seconds, 1)
+
+
+def _margin(lease_s: int) -> float:
+    return max(MARGIN_MIN, lease_s / 10)
+
+
+def _valid_until(start: float, lease_s: int) -> float:
+    return start + lease_s - _margin(lease_s)
+
+
+class _Pool:
+    """The sessions to one member."""
+
+    def __init__(self, addr: Address, count: int, config: SessionConfig) -> None:
+        self.addr = addr
+        self._config = config
+        self._sessions: List[Optional[Session]] = [None] * count
+        self._next = 0
+        self._lock = threading.Lock()
+        self.last_failure = ""
+
+    def pick(self, avoid: Optional[Session]) -> Optional[Session]:
+        """A session that takes calls (a new one in place of a failed one), never ``avoid``
+        while another exists; ``None`` when every one is stalled or ``avoid``."""
+        with self._lock:
+            count = len(self._sessions)
+            for step in range(count):
+                index = (self._next + step) % count
+                session = self._sessions[index]
+                if session is not None and session.failed:
+                    self.last_failure = session.failure
+                    session = None
+                if session is None:
+                    session = Session(self.addr, self._config)
+                    self._sessions[index] = session
+                if session is avoid or session.is_stalled():
+                    continue
+                self._next = index + 1
+                return session
+            return None
+
+    def start(self) -> None:
+        """Starts every session (connecting in the background)."""
+        with self._lock:
+            for index, session in enumerate(self._sessions):
+                if session is None:
+                    self._sessions[index] = Session(self.addr, self._config)
+
+    def close(self) -> None:
+        with self._lock:
+            for session in self._sessions:
+                if session is not None:
+                    session.close()
+            self._sessions = [None] * len(self._sessions)
+
+
+class _Members:
+    """The listed members, the pools, and the leader cache."""
+
+    def __init__(self, addrs: List[Address], sessions: int, config: SessionConfig) -> None:
+        self.listed = addrs
+        self._sessions = sessions
+        self._config = config
+        self._pools: Dict[Address, _Pool] = {}
+        self._leaders: Dict[bytes, Address] = {}
+        self._last_leader: Optional[Address] = None
+        self._current = 0
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def pool(self, addr: Address) -> Optional[_Pool]:
+        with self._lock:
+            pool = self._pools.get(addr)
+            if pool is None:
+                if self.closed or len(self._pools) >= MEMBERS_MAX:
+                    return None
+                pool = self._pools[addr] = _Pool(addr, self._sessions, self._config)
+            return pool
+
+    def route(self, key: Optional[bytes]) -> Address:
+        with self._lock:
+            if key is not None:
+                leader = self._leaders.get(key)
+                if leader is not None:
+                    return leader
+            if self._last_leader is not None:
+                return self._last_leader
+            return self.listed[self._current % len(self.listed)]
+
+    def next_member_except(self, addr: Address) -> Address:
+        with self._lock:
+            listed = self.listed
+            if addr in listed:
+                index = listed.index(addr)
+            else:
+                index = self._current
+            if len(listed) > 1 and self._last_leader == addr:
+                self._last_leader = None
+            self._current = (index + 1) % len(listed)
+            return listed[self._current]
+
+    def learn(self, key: Optional[bytes], leader: Address) -> None:
+        with self._lock:
+            if key is not None:
+                if len(self._leaders) >= LEADER_CACHE_MAX:
+                    self._leaders.clear()
+                self._leaders[key] = leader
+            self._last_leader = leader
+
+    def forget(self, key: Optional[bytes], addr: Address) -> None:
+        with self._lock:
+            if key is not None and self._leaders.get(key) == addr:
+                del self._leaders[key]
+            if self._last_leader == addr:
+                self._last_leader = None
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
+            pool.close()
+
+
+class _Result(NamedTuple):
+    """How one request ended: an answer (with the instants its first byte was handed and its
+    answer read), unsent (``serving``: it waited on an established session), or
+    indeterminate."""
+
+    kind: str  # "answer", "unsent", "indeterminate"
+    response: Optional[Response] = None
+    sent_at: float = 0.0
+    read_at: float = 0.0
+    serving: bool = False
+    why: str = ""
+    session: Optional[Session] = None
+
+
+class _Report:
+    """What each member did, for the message of ``Unavailable``."""
+
+    def __init__(self) -> None:
+        self.states: Dict[Address, str] = {}
+        self.redirects_exhausted = False
+
+    def note(self, addr: Address, state: str) -> None:
+        self.states[addr] = state
+
+    def text(self, listed: Sequence[Address]) -> str:
+        def name(addr: Address) -> str:
+            return f"{addr[0]}:{addr[1]}"
+
+        parts = [f"{name(addr)}: {state}" for addr, state in self.states.items()]
+        detail = " (" + "; ".join(parts) + ")" if parts else ""
+        answered = [addr for addr, state in self.states.items() if state == "no leader"]
+        named = {
+            addr: state[len("named the leader ") :]
+            for addr, state in self.states.items()
+            if state.startswith("named the leader ")
+        }
+        if self.redirects_exhausted:
+            return f"{REDIRECTS_MAX} redirects followed without an answer{detail}"
+        for by, leader in named.items():
+            for addr, state in self.states.items():
+                if name(addr) == leader and state != "no leader" and addr not in named:
+                    return (
+                        f"the key's leader {leader} (named by {name(by)}) cannot be reached: "
+                        f"{state}{detail}"
+                    )
+        if answered and not named:
+            reachable = len(answered)
+            quorum = ", no quorum" if reachable <= len(listed) // 2 else ""
+            return (
+                f"no leader for this key: {reachable} of {len(listed)} members "
+                f"reachable{quorum}{detail}"
+            )
+        if not self.states:
+            return "no session was established before the deadline"
+        return f"nothing served the request{detail}"
+
+
+class Ticket:
+    """A held lock: its key, fencing token and local validity bound (§4.5).
+
+    A dropped ``Ticket`` is **not** released (Python finalizers are unreliable): call
+    :meth:`release`, or use :meth:`Client.lock`. The lease recovers a forgotten hold.
+    """
+
+    def __init__(self, client: "Client", key: str, key_bytes: bytes, token: int, lease_s: int, read_at: float) -> None:
+        self._client = client
+        self._key = key
+        self._key_bytes = key_bytes
+        self._token = token
+        self._valid_until = _valid_until(read_at, lease_s)
+        self._unknown_lease_s: Optional[int] = None
+        self._bound_lock = threading.Lock()
+        self._extending = threading.Lock()
+        self._lost: Optional[threading.Event] = None
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set by ``lock(..., keep_alive=True)`` when the lock is lost (or cannot be kept):
+        stop using the protected resource."""
+        lost = self._lost
+        if lost is None:
+            with self._bound_lock:
+                if self._lost is None:
+                    self._lost = threading.Event()
+                lost = self._lost
+        return lost
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def token(self) -> int:
+        """The fencing token: pass it to every resource the lock protects."""
+        return self._token
+
+    @property
+    def valid_until(self) -> float:
+        """A ``time.monotonic()`` value until which the hold is believed valid."""
+        return self._valid_until
+
+    def is_valid(self) -> bool:
+        """Whether the validity bound has not passed (advice; the token is the safety)."""
+        return time.monotonic() < self._valid_until
+
+    def extend(self, lease: float) -> bool:
+        """Sets the lease to ``lease`` seconds (rounded up) from now, which may shorten it.
+
+        ``True``: extended; ``False``: the token no longer holds the key (the lock is lost).
+        Raises ``Unavailable`` (not sent: the bound is as before), ``NoAnswer`` (unknown: the
+        bound stays the earlier of the old one and what this extend would give) or
+        ``Rejected``.
+        """
+        lease_s = _lease_s(lease)
+        with self._extending:
+            with self._bound_lock:
+                before = self._valid_until
+                self._valid_until = min(before, _valid_until(time.monotonic(), lease_s))
+            try:
+                response, sent_at = self._client._small("E", self._key_bytes, self._token, lease_s)
+            except NoAnswer:
+                with self._bound_lock:
+                    shortest = self._unknown_lease_s
+                    self._unknown_lease_s = lease_s if shortest is None else min(shortest, lease_s)
+                raise
+            except (Unavailable, Rejected):
+                with self._bound_lock:
+                    self._valid_until = before
+                raise
+            with self._bound_lock:
+                if response.op == "E":
+                    shortest = self._unknown_lease_s
+                    lease = lease_s if shortest is None else min(shortest, lease_s)
+                    self._valid_until = _valid_until(sent_at, int(lease))
+                    return True
+                self._valid_until = min(self._valid_until, sent_at)
+                return False
+
+    def release(self) -> bool:
+        """Releases the lock. ``True``: released; ``False``: it was no longer held (the lease
+        ran out, another holder may have it). Raises ``Unavailable``, ``NoAnswer`` or
+        ``Rejected``."""
+        with self._bound_lock:
+            self._valid_until = min(self._valid_until, time.monotonic())
+        response, _ = self._client._small("R", self._key_bytes, self._token)
+        return response.op == "R"
+
+    def __repr__(self) -> str:
+        return f"Ticket(key={self._key!r}, token={self._token}, valid_until={self._valid_until:.3f})"
+
+
+class _KeepAlive:
+    """Extends a ticket every lease/3 until stopped; sets ``ticket.lost`` when the lock is lost
+    or its validity bound passes without a confirmed extend."""
+
+    def __init__(self, ticket: Ticket, lease_s: int) -> None:
+        self._ticket = ticket
+        self._lease_s = lease_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="latchkey-keep-alive", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        ticket = self._ticket
+        period = self._lease_s / 3
+        pause = period
+        while not self._stop.wait(pause):
+            try:
+                if not ticket.extend(self._lease_s):
+                    ticket.lost.set()
+                    return
+                pause = period
+            except (NoAnswer, Unavailable):
+                # Tried again soon (a leader change, a cut connection) until the bound passes.
+                pause = min(period, 0.25)
+            except Rejected:
+                ticket.lost.set()
+                return
+            if not ticket.is_valid():
+                ticket.lost.set()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _default_addrs() -> List[str]:
+    env = os.environ.get("LATCHKEY_SERVER", "").strip()
+    if env:
+        return [part for part in env.split(",") if part.strip()]
+    return [DEFAULT_ADDR]
+
+
+class Client:
+    """A latchkey client shared by any number of threads.
+
+    ``servers``: ``"host:port"`` or a list of cluster members; default ``$LATCHKEY_SERVER``
+    (comma-separated), else ``127.0.0.1:7420``. ``sessions`` per member; ``connect_timeout``
+    bounds a session's connect, TLS handshake and handshake ping; ``transport_timeout`` is
+    the deadline of extend, release, query and ping, of a ``wait=0`` acquire, and how long an
+    acquire's Cancel waits for its answer.
+    """
+
+    def __init__(
+        self,
+        servers: Union[str, Sequence[str], None] = None,
+        *,
+        sessions: int = 2,
+        connect_timeout: float = 2.0,
+        transport_timeout: float = 5.0,
+        tls: Optional[TLS] = None,
+    ) -> None:
+        if servers is None:
+            texts = _default_addrs()
+        elif isinstance(servers, str):
+            texts = [part for part in servers.split(",") if part.strip()]
+        else:
+            texts = list(servers)
+        if not texts:
+            raise ValueError("no server address")
+        addrs: List[Address] = []
+        for text in texts:
+            addr = _parse_addr(text)
+            if addr not in addrs:
+                addrs.append(addr)
+        if len(addrs) > MEMBERS_MAX:
+            raise ValueError(f"at most {MEMBERS_MAX} members")
+        if isinstance(sessions, bool) or not isinstance(sessions, int) or not 1 <= sessions <= 64:
+            raise ValueError("sessions must be 1..=64")
+        connect_timeout = _check_seconds("connect_timeout", connect_timeout)
+        transport_timeout = _check_seconds("transport_timeout", transport_timeout)
+        if connect_timeout <= 0 or transport_timeout <= 0:
+            raise ValueError("timeouts must be more than 0")
+        context = tls.context() if tls is not None else None
+        self._ids = IdSource()
+        self._config = SessionConfig(
+            connect_timeout,
+            transport_timeout,
+            context,
+            tls.server_name if tls is not None else None,
+            self._ids,
+        )
+        self.transport_timeout = transport_timeout
+        self.connect_timeout = connect_timeout
+        self._members = _Members(addrs, sessions, self._config)
+        self.last_unavailable: Optional[str] = None
+        """What each member did in the last call that ended ``Unavailable``."""
+        first = self._members.pool(addrs[0])
+        if first is not None:
+            first.start()
+
+    # ------------------------------------------------------------------------------------
+    # Public calls
+
+    def acquire(self, key: str, wait: float = 0.0, lease: float = 30.0) -> Ticket:
+        """Takes the lock on ``key``, waiting at most ``wait`` seconds, holding it at most
+        ``lease`` seconds (rounded up to whole seconds, 1..=255). ``wait=0`` is one immediate
+        attempt. Raises ``Timeout``, ``Busy``, ``Rejected``, ``Unavailable`` or
+        ``Indeterminate`` (§4.1); ``ValueError`` for bad arguments, before anything is sent."""
+        key_bytes = _key_bytes(key)
+        wait_ms = _wait_ms(wait)
+        lease_s = _lease_s(lease)
+        wait_zero = wait_ms == 0
+        allowance = self.transport_timeout if wait_zero else wait_ms / 1000
+        deadline = time.monotonic() + allowance
+        owner = self._ids()
+        call = Call("A", key_bytes, owner, deadline, lease_s, wait_zero)
+        result = self._exchange(call)
+        if result.kind == "unsent":
+            if result.serving:
+                raise Timeout(f"{key}: the wait ran out before the request could be sent")
+            raise Unavailable(f"{key}: {result.why}")
+        if result.kind == "indeterminate":
+            raise Indeterminate(f"{key}: the acquire may have reached the server; no answer")
+        response = result.response
+        assert response is not None
+        op = response.op
+        if op == "A":
+            if time.monotonic() >= deadline:
+                # Found at the delivery gate after the deadline: give it back (§4.2).
+                self._release_in_background(key_bytes, response.token, result.session)
+                raise Indeterminate(f"{key}: granted after the deadline; released again")
+            return Ticket(self, key, key_bytes, response.token, lease_s, result.read_at)
+        if op == "T":
+            raise Timeout(f"{key}: held by someone else for the whole wait")
+        if op == "B":
+            raise Busy(f"{key}: the server is busy (queue or limits full, or shutting down)")
+        if op == "X":
+            raise Rejected(response.code, f"{key}: refused by the server: error code {response.code}")
+        raise Indeterminate(f"{key}: unexpected answer {op!r}")
+
+    @contextmanager
+    def lock(
+        self, key: str, wait: float = 0.0, lease: float = 30.0, keep_alive: bool = False
+    ) -> Iterator[Ticket]:
+        """``acquire`` as a context manager that releases on exit. With ``keep_alive`` the
+        lease is extended every lease/3; if the lock is lost, ``ticket.lost`` is set and the
+        caller must stop using the protected resource (check it, and ``is_valid()``, before
+        every write; pass ``ticket.token`` to the resource)."""
+        lease_s = _lease_s(lease)
+        ticket = self.acquire(key, wait, lease_s)
+        keeper = _KeepAlive(ticket, lease_s) if keep_alive else None
+        try:
+            yield ticket
+        finally:
+            if keeper is not None:
+                keeper.stop()
+            try:
+                ticket.release()
+            except (Unavailable, NoAnswer, Rejected):
+                pass  # the lease recovers it
+
+    def query(self, key: str) -> KeyState:
+        """Whether ``key`` is held, the lease left and its waiters."""
+        key_bytes = _key_bytes(key)
+        response, _ = self._small("Q", key_bytes, self._ids())
+        return KeyState(response.held, response.lease_ms, response.waiters)
+
+    def ping(self) -> float:
+        """Round-trip time in seconds of a ping."""
+        start = time.monotonic()
+        self._small("P", b"", self._ids())
+        return time.monotonic() - start
+
+    def close(self) -> None:
+        """Closes every session; calls in flight end ``Indeterminate``/``NoAnswer`` or
+        ``Unavailable``."""
+        self._members.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------
+    # Internals
+
+    def _small(
+        self, kind: str, key: bytes, ident: int, lease_s: int = 0
+    ) -> Tuple[Response, float]:
+        deadline = time.monotonic() + self.transport_timeout
+        call = Call(kind, key, ident, deadline, lease_s)
+        result = self._exchange(call)
+        what = key.decode("utf-8", "replace") if key else "ping"
+        if result.kind == "unsent":
+            raise Unavailable(f"{what}: {result.why}")
+        if result.kind == "indeterminate":
+            raise NoAnswer(f"{what}: no answer within the transport timeout")
+        response = result.response
+        assert response is not None
+        if response.op == "X":
+            raise Rejected(response.code, f"{what}: refused by the server: error code {response.code}")
+        expected = {"R": "RN", "E": "EN", "Q": "Q", "P": "P"}[kind]
+        if response.op not in expected:
+            raise NoAnswer(f"{what}: unexpected answer {response.op!r}")
+        return response, result.sent_at
+
+    def _release_in_background(
+        self, key: bytes, token: int, session: Optional[Session]
+    ) -> None:
+        """A compensating release of that exact token, not waited for (the lease recovers it
+        if this fails)."""
+        deadline = time.monotonic() + self.transport_timeout
+        call = Call("R", key, token, deadline, waitable=False)
+        if session is not None and session.submit_background(call):
+            return
+        pool = self._members.pool(self._members.route(key))
+        if pool is not None:
+            other = pool.pick(None)
+            if other is not None:
+                other.submit_background(call)
+
+    def _exchange(self, call: Call) -> _Result:
+        """Hands ``call`` to sessions until one answers (other than ``M``) or may have sent
+        it, or its deadline passes while it is definitely unsent (see the module docs)."""
+        members = self._members
+        key = call.key if call.kind != "P" else None
+        deadline = call.deadline
+        report: Optional[_Report] = None
+        backoff = 0.0
+        redirects = 0
+        avoid: Optional[Session] = None
+        addr = members.route(key)
+
+        def sleep() -> None:
+            nonlocal backoff
+            left = deadline - time.monotonic()
+            if left > 0:
+                time.sleep(min(backoff, left))
+            backoff = min(max(backoff * 2, BACKOFF_MIN), BACKOFF_MAX)
+
+        def note(at: Address, state: str) -> None:
+            nonlocal report
+            if report is None:
+                report = _Report()
+            report.note(at, state)
+
+        def unavailable() -> _Result:
+            text = (report or _Report()).text(members.listed)
+            self.last_unavailable = text
+            return _Result("unsent", why=text)
+
+        while True:
+            if time.monotonic() >= deadline:
+                return unavailable()
+            pool = members.pool(addr)
+            if pool is None:
+                if members.closed:
+                    note(addr, "the client was closed")
+                    return unavailable()
+                note(addr, f"more than {MEMBERS_MAX} members: no session to it")
+                sleep()
+                addr = members.next_member_except(addr)
+                continue
+            session = pool.pick(avoid)
+            if session is None or not session.submit(call):
+                if session is not None and session.failed:
+                    note(addr, f"unreachable: {session.failure}")
+                elif pool.last_failure and session is None:
+                    note(addr, f"unreachable: {pool.last_failure}")
+                else:
+                    note(addr, "silent (its sessions stopped answering)")
+                if session is not None:
+                    avoid = session
+                members.forget(key, addr)
+                sleep()
+                addr = members.next_member_except(addr)
+                call = call.fresh()
+                continue
+            session.wait(call)
+            outcome = call.outcome
+            if outcome == ANSWER:
+                response = call.response
+                assert response is not None
+                if response.op != "M":
+                    return _Result("answer", response, call.sent_at, call.read_at, session=session)
+                redirects += 1
+                leader = response.leader
+                named = leader if leader is not None and leader != addr else None
+                note(addr, f"named the leader {named[0]}:{named[1]}" if named else "no leader")
+                if redirects > REDIRECTS_MAX:
+                    if report is not None:
+                        report.redirects_exhausted = True
+                    return unavailable()
+                avoid = None
+                call = call.fresh()
+                if named is not None:
+                    members.learn(key, named)
+                    addr = named
+                else:
+                    members.forget(key, addr)
+                    backoff = max(backoff, BACKOFF_MIN)
+                    sleep()
+                    addr = members.next_member_except(addr)
+                continue
+            if outcome == EXPIRED:
+                return _Result("unsent", serving=True)
+            if outcome == EXPIRED_CONNECTING:
+                note(addr, "connecting")
+                return unavailable()
+            if outcome == UNREACHABLE:
+                note(addr, f"unreachable: {session.failure}")
+                return unavailable()
+            if outcome == NOT_SENT:
+                failure = session.failure if session.failed else "silent (answers overdue)"
+                note(addr, f"unreachable: {failure}" if session.failed else failure)
+                avoid = session
+                members.forget(key, addr)
+                sleep()
+                addr = members.next_member_except(addr)
+                call = call.fresh()
+                continue
+            assert outcome == INDETERMINATE
+            members.forget(key, addr)
+            return _Result("indeterminate")

@@ -1,0 +1,933 @@
+"""One session (one TCP or TLS connection) and the calls pipelined on it (docs/protocol.md §4.3).
+
+A session has one I/O thread that connects, proves the session with a handshake ping (§4.3
+"Established sessions"), reads every answer and matches it by owner, token or nonce. A caller
+hands the queued frames to the (non-blocking) socket itself, in one ``send`` made without the
+lock, so frames other threads queue meanwhile go out together in the next batch; the I/O
+thread sends what the socket would not take at once. A call's own thread applies its
+deadline (see ``Session.on_timer``): an unsent call is never sent after it, a fully sent
+acquire gets a Cancel on the same session, a partly sent frame or an unanswered Cancel closes
+the session.
+
+A call counts as *definitely not sent* only while none of its bytes was handed to the socket
+(over TLS: to the TLS layer), or when the session was refused with ``X`` 7.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import socket
+import ssl
+import threading
+import time
+from collections import deque
+from typing import Deque, Dict, List, Optional, Tuple
+
+from . import _codec
+from ._codec import Response
+
+# Call states.
+QUEUED = 0  # nothing handed to the socket
+PARTIAL = 1  # part of the frame handed
+SENT = 2  # the whole frame handed
+CANCELLING = 3  # an acquire whose Cancel was queued at its deadline
+DONE = 4  # the outcome is set
+HANDING = 5  # in a send() under way outside the lock: counts as possibly sent
+
+# Outcomes.
+ANSWER = "answer"
+NOT_SENT = "not_sent"  # definitely not sent: may go to another session or member
+UNREACHABLE = "unreachable"  # not a latchkey server, or TLS refused: do not retry
+INDETERMINATE = "indeterminate"  # may have been sent, no definite answer
+EXPIRED = "expired"  # the deadline passed while it was unsent on an established session
+EXPIRED_CONNECTING = "expired_connecting"  # ... while its session was not established
+
+Address = Tuple[str, int]
+
+_READ_BYTES = 65536
+
+
+class Call:
+    """One request and, once it ends, its outcome."""
+
+    __slots__ = (
+        "kind",
+        "key",
+        "ident",
+        "lease_s",
+        "wait_zero",
+        "deadline",
+        "timer",
+        "state",
+        "sent_at",
+        "read_at",
+        "outcome",
+        "response",
+        "done",
+        "answered",
+        "abandoned",
+        "parent",
+    )
+
+    def __init__(
+        self,
+        kind: str,
+        key: bytes,
+        ident: int,
+        deadline: float,
+        lease_s: int = 0,
+        wait_zero: bool = False,
+        waitable: bool = True,
+    ) -> None:
+        self.kind = kind
+        self.key = key
+        self.ident = ident
+        self.lease_s = lease_s
+        self.wait_zero = wait_zero
+        self.deadline = deadline
+        self.timer = deadline
+        self.state = QUEUED
+        self.sent_at = 0.0
+        self.read_at = 0.0
+        self.outcome = ""
+        self.response: Optional[Response] = None
+        self.done: Optional[threading.Lock] = None
+        if waitable:
+            self.done = threading.Lock()
+            self.done.acquire()
+        self.answered = False
+        self.abandoned = False
+        self.parent: Optional[Call] = None
+
+    def fresh(self) -> "Call":
+        """The same request (same id, key and deadline) for another attempt."""
+        return Call(
+            self.kind,
+            self.key,
+            self.ident,
+            self.deadline,
+            self.lease_s,
+            self.wait_zero,
+            self.done is not None,
+        )
+
+    def immediate(self) -> bool:
+        """Whether the server answers it at once (anything but an acquire with wait > 0)."""
+        return self.kind != "A" or self.wait_zero
+
+    def encode(self, now: float) -> Optional[bytes]:
+        """The frame, with the wire wait computed now; ``None`` when the deadline has passed
+        (the request must not be sent)."""
+        kind = self.kind
+        if kind == "A":
+            if self.wait_zero:
+                wait_s = 0
+            else:
+                left = self.deadline - now
+                if left <= 0:
+                    return None
+                wait_s = min(255, math.ceil(left))
+            return _codec.encode_acquire(self.key, wait_s, self.lease_s, self.ident)
+        if now >= self.deadline and kind != "C":
+            return None
+        if kind == "R":
+            return _codec.encode_release(self.key, self.ident)
+        if kind == "E":
+            return _codec.encode_extend(self.key, self.lease_s, self.ident)
+        if kind == "Q":
+            return _codec.encode_query(self.key, self.ident)
+        if kind == "P":
+            return _codec.encode_ping(self.ident)
+        return _codec.encode_cancel(self.key, self.ident)
+
+
+class _Entry:
+    """A call in the output queue: its frame once encoded, and how much of it was handed."""
+
+    __slots__ = ("call", "frame", "offset")
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.frame: Optional[bytes] = None
+        self.offset = 0
+
+
+class SessionConfig:
+    """What every session of a client shares."""
+
+    __slots__ = ("connect_timeout", "transport_timeout", "ssl_context", "server_name", "next_id")
+
+    def __init__(
+        self,
+        connect_timeout: float,
+        transport_timeout: float,
+        ssl_context: Optional[ssl.SSLContext],
+        server_name: Optional[str],
+        next_id: "IdSource",
+    ) -> None:
+        self.connect_timeout = connect_timeout
+        self.transport_timeout = transport_timeout
+        self.ssl_context = ssl_context
+        self.server_name = server_name
+        self.next_id = next_id
+
+
+class IdSource:
+    """Owner ids and nonces: distinct, never 0, unpredictable across processes."""
+
+    def __init__(self) -> None:
+        self._base = int.from_bytes(os.urandom(8), "big")
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def __call__(self) -> int:
+        with self._lock:
+            self._count += 1
+            count = self._count
+        # splitmix64 of base + count: a bijection, so ids of one client never repeat.
+        z = (self._base + count * 0x9E3779B97F4A7C15) & _codec.U64_MAX
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _codec.U64_MAX
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _codec.U64_MAX
+        z ^= z >> 31
+        return z or 1
+
+
+def _finish(call: Call, outcome: str, response: Optional[Response] = None, now: float = 0.0) -> None:
+    if call.state == DONE:
+        return
+    call.state = DONE
+    call.outcome = outcome
+    call.response = response
+    call.read_at = now
+    if call.done is not None:
+        call.done.release()
+
+
+class Session:
+    """One connection to one member; see the module docs."""
+
+    def __init__(self, addr: Address, config: SessionConfig) -> None:
+        self.addr = addr
+        self.config = config
+        self.lock = threading.Lock()
+        self.established = False
+        self.failed = False
+        self.failure = ""
+        self.unreachable = False
+        self._sock: Optional[socket.socket] = None
+        self._tls: Optional[ssl.SSLObject] = None
+        self._tls_in: Optional[ssl.MemoryBIO] = None
+        self._tls_out: Optional[ssl.MemoryBIO] = None
+        self._raw_backlog = bytearray()
+        self._decoder = _codec.Decoder()
+        self._waiting: List[Call] = []  # submitted before the handshake pong
+        self._out: Deque[_Entry] = deque()
+        self._entries: Dict[int, _Entry] = {}  # id(call) -> its unsent entry
+        self._owners: Dict[int, Call] = {}
+        self._nonces: Dict[int, Call] = {}
+        self._tokens: Dict[int, Deque[Call]] = {}
+        self._stall: Deque[Tuple[float, Call]] = deque()
+        self._last_read = 0.0
+        self._want_write = False
+        self._sending = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._woken = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"latchkey-session-{addr[0]}:{addr[1]}", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------------
+    # Callers
+
+    def submit(self, call: Call) -> bool:
+        """Queues ``call``; ``False`` when this session takes no new call (failed or stalled)."""
+        with self.lock:
+            if self.failed or self._stalled_locked(time.monotonic()):
+                return False
+            self._submit_locked(call)
+            return True
+
+    def submit_background(self, call: Call) -> bool:
+        """Queues a fire-and-forget call (a compensating release) even on a stalled session."""
+        with self.lock:
+            if self.failed:
+                return False
+            self._submit_locked(call)
+            return True
+
+    def _submit_locked(self, call: Call) -> None:
+        kind = call.kind
+        if kind == "A":
+            self._owners[call.ident] = call
+        elif kind == "R" or kind == "E":
+            queue = self._tokens.get(call.ident)
+            if queue is None:
+                queue = self._tokens[call.ident] = deque()
+            queue.append(call)
+        elif kind == "Q" or kind == "P":
+            self._nonces[call.ident] = call
+        if not self.established:
+            self._waiting.append(call)
+            return
+        entry = _Entry(call)
+        self._entries[id(call)] = entry
+        self._out.append(entry)
+        if not self._sending and not self._want_write:
+            # Otherwise the thread sending now, or the I/O thread once the socket takes more,
+            # sends it.
+            self._flush_locked()
+
+    def is_stalled(self) -> bool:
+        with self.lock:
+            return self._stalled_locked(time.monotonic())
+
+    def _stalled_locked(self, now: float) -> bool:
+        stall = self._stall
+        last_read = self._last_read
+        while stall and (stall[0][1].answered or stall[0][0] <= last_read):
+            stall.popleft()
+        return bool(stall) and stall[0][0] + self.config.connect_timeout <= now
+
+    def wait(self, call: Call) -> None:
+        """Blocks until ``call`` has its outcome, applying its deadline (§4.2–§4.4)."""
+        done = call.done
+        assert done is not None
+        while True:
+            now = time.monotonic()
+            state = call.state
+            if state == QUEUED:
+                # Unsent: look again now and then, in case the session stalls.
+                timeout = min(call.timer - now, 0.05)
+            elif state == HANDING:
+                timeout = max(call.timer - now, 0.001)
+            else:
+                timeout = call.timer - now
+            if done.acquire(True, max(timeout, 0.0)):
+                return
+            self.on_timer(call)
+
+    def on_timer(self, call: Call) -> None:
+        """What a call's deadline (or a stall) does to it; see the module docs."""
+        with self.lock:
+            now = time.monotonic()
+            state = call.state
+            if state == DONE or state == HANDING:
+                # HANDING: the send under way decides in a moment whether it left.
+                return
+            if state == QUEUED:
+                if now >= call.deadline:
+                    self._unqueue_locked(call)
+                    _finish(call, EXPIRED if self.established else EXPIRED_CONNECTING)
+                elif self.established and self._stalled_locked(now):
+                    self._unqueue_locked(call)
+                    _finish(call, NOT_SENT)
+                return
+            if now < call.timer:
+                return
+            if state == PARTIAL:
+                self._fail_locked("the deadline passed with part of a frame sent")
+            elif state == SENT and call.kind == "A" and not call.wait_zero:
+                call.state = CANCELLING
+                call.timer = now + self.config.transport_timeout
+                cancel = Call("C", call.key, call.ident, call.timer, waitable=False)
+                cancel.parent = call
+                self._submit_locked(cancel)
+            elif call.kind == "A":
+                self._fail_locked("no answer to an acquire within its deadline")
+            elif call.kind == "R" or call.kind == "E":
+                # Its answer, if it comes, must still be matched in token order.
+                call.abandoned = True
+                _finish(call, INDETERMINATE)
+            else:
+                self._nonces.pop(call.ident, None)
+                _finish(call, INDETERMINATE)
+
+    def _unqueue_locked(self, call: Call) -> None:
+        entry = self._entries.pop(id(call), None)
+        if entry is not None:
+            try:
+                self._out.remove(entry)
+            except ValueError:
+                pass
+        else:
+            try:
+                self._waiting.remove(call)
+            except ValueError:
+                pass
+        self._forget_locked(call)
+
+    def _forget_locked(self, call: Call) -> None:
+        kind = call.kind
+        if kind == "A":
+            if self._owners.get(call.ident) is call:
+                del self._owners[call.ident]
+        elif kind == "Q" or kind == "P":
+            if self._nonces.get(call.ident) is call:
+                del self._nonces[call.ident]
+        elif kind == "R" or kind == "E":
+            queue = self._tokens.get(call.ident)
+            if queue is not None:
+                try:
+                    queue.remove(call)
+                except ValueError:
+                    pass
+                if not queue:
+                    del self._tokens[call.ident]
+
+    def close(self) -> None:
+        with self.lock:
+            self._fail_locked("the client was closed")
+
+    # ------------------------------------------------------------------------------------
+    # Writing
+
+    def _request_write_locked(self) -> None:
+        self._want_write = True
+        self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        if not self._woken:
+            self._woken = True
+            try:
+                self._wake_w.send(b"\0")
+            except OSError:
+                pass
+
+    def _flush_locked(self) -> None:
+        """Hands queued frames to the socket until it would block."""
+        sock = self._sock
+        if sock is None or self.failed:
+            return
+        out = self._out
+        now = time.monotonic()
+        if self._tls is not None:
+            tls = self._tls
+            while out:
+                entry = out.popleft()
+                call = entry.call
+                self._entries.pop(id(call), None)
+                frame = call.encode(now)
+                if frame is None:
+                    self._forget_locked(call)
+                    _finish(call, EXPIRED)
+                    continue
+                tls.write(frame)
+                self._handed_locked(call, now)
+                if call.state == PARTIAL:
+                    call.state = SENT
+            assert self._tls_out is not None
+            self._raw_backlog += self._tls_out.read()
+            self._send_raw_locked()
+            return
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            self._send_batches_locked(sock)
+        finally:
+            self._sending = False
+
+    def _send_batches_locked(self, sock: socket.socket) -> None:
+        """Sends the queued frames in batches, each ``send`` made without the lock (other
+        threads queue meanwhile, and their frames go in the next batch). The frames of a batch
+        are ``HANDING`` while it is under way: possibly sent, should the session fail then;
+        afterwards, what the socket did not take is ``QUEUED`` again (definitely not sent)."""
+        out = self._out
+        rounds = 0
+        while out and not self.failed:
+            rounds += 1
+            if rounds > 4:
+                # Frames keep coming: the I/O thread sends the rest, this caller goes back.
+                if not self._want_write:
+                    self._request_write_locked()
+                return
+            now = time.monotonic()
+            batch: List[_Entry] = []
+            pieces: List[bytes] = []
+            size = 0
+            for entry in out:
+                frame = entry.frame
+                if frame is None:
+                    frame = entry.call.encode(now)
+                    if frame is None:
+                        break
+                    entry.frame = frame
+                piece = frame[entry.offset :] if entry.offset else frame
+                pieces.append(piece)
+                batch.append(entry)
+                size += len(piece)
+                if size >= 65536:
+                    break
+            if not batch:
+                # The head's deadline passed before any of it was handed.
+                entry = out.popleft()
+                self._entries.pop(id(entry.call), None)
+                self._forget_locked(entry.call)
+                _finish(entry.call, EXPIRED)
+                continue
+            for entry in batch:
+                call = entry.call
+                if call.state == QUEUED and call.kind != "C":
+                    call.state = HANDING
+                    call.sent_at = now
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            failure: Optional[OSError] = None
+            self.lock.release()
+            try:
+                sent = sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as error:
+                sent = 0
+                failure = error
+            finally:
+                self.lock.acquire()
+            if self.failed:
+                # Every call of the batch was ended as possibly sent (or refused): done.
+                return
+            left = sent
+            for entry in batch:
+                frame = entry.frame
+                assert frame is not None
+                call = entry.call
+                take = min(left, len(frame) - entry.offset)
+                left -= take
+                if take and entry.offset == 0:
+                    self._handed_locked(call, now)
+                elif not take and call.state == HANDING:
+                    call.state = QUEUED  # the socket took none of it
+                entry.offset += take
+                if entry.offset == len(frame):
+                    # The batch is the head of the queue: nothing removes a frame that is
+                    # HANDING, PARTIAL or a Cancel.
+                    if out and out[0] is entry:
+                        out.popleft()
+                    else:
+                        out.remove(entry)
+                    self._entries.pop(id(call), None)
+                    if call.state == PARTIAL:
+                        call.state = SENT
+            if failure is not None:
+                self._fail_locked(f"cannot send: {failure}")
+                return
+            if sent < len(data):
+                if not self._want_write:
+                    self._request_write_locked()
+                return
+        self._want_write = False
+
+    def _handed_locked(self, call: Call, now: float) -> None:
+        """The first bytes of ``call``'s frame were handed to the socket (or TLS) at ``now``;
+        its state becomes PARTIAL (SENT once the whole frame is)."""
+        if call.kind == "C":
+            parent = call.parent
+            if parent is not None:
+                self._stall.append((now, parent))
+            return
+        call.sent_at = now
+        if call.state == QUEUED or call.state == HANDING:
+            call.state = PARTIAL
+        if call.immediate():
+            self._stall.append((now, call))
+
+    def _send_raw_locked(self) -> None:
+        sock = self._sock
+        if sock is None or not self._raw_backlog:
+            self._want_write = False
+            return
+        try:
+            sent = sock.send(self._raw_backlog)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as error:
+            self._fail_locked(f"cannot send: {error}")
+            return
+        del self._raw_backlog[:sent]
+        if self._raw_backlog:
+            if not self._want_write:
+                self._request_write_locked()
+        else:
+            self._want_write = False
+
+    # ------------------------------------------------------------------------------------
+    # Failing
+
+    def _fail_locked(self, reason: str, refused: bool = False, unreachable: bool = False) -> None:
+        """Ends the session: unsent calls go back (``NOT_SENT``), the others end
+        ``INDETERMINATE`` — all of them ``NOT_SENT`` after an ``X`` 7."""
+        if self.failed:
+            return
+        self.failed = True
+        self.failure = reason
+        self.unreachable = unreachable
+        unsent = UNREACHABLE if unreachable else NOT_SENT
+        for call in self._waiting:
+            _finish(call, unsent)
+        self._waiting.clear()
+        for entry in self._out:
+            call = entry.call
+            if call.state == QUEUED or refused:
+                _finish(call, unsent)
+            else:
+                _finish(call, INDETERMINATE)
+        self._out.clear()
+        self._entries.clear()
+        sent_outcome = NOT_SENT if refused else INDETERMINATE
+        for call in self._owners.values():
+            _finish(call, sent_outcome)
+        for call in self._nonces.values():
+            _finish(call, sent_outcome)
+        for queue in self._tokens.values():
+            for call in queue:
+                _finish(call, sent_outcome)
+        self._owners.clear()
+        self._nonces.clear()
+        self._tokens.clear()
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._wake_locked()
+
+    # ------------------------------------------------------------------------------------
+    # The I/O thread
+
+    def _run(self) -> None:
+        try:
+            self._connect()
+        except Exception as error:  # noqa: BLE001 - every failure ends the session
+            with self.lock:
+                unreachable = isinstance(error, _Unreachable)
+                refused = isinstance(error, _Refused)
+                self._fail_locked(_describe(error), refused=refused, unreachable=unreachable)
+            self._close_socket()
+            return
+        try:
+            self._loop()
+        except Exception as error:  # noqa: BLE001
+            with self.lock:
+                self._fail_locked(_describe(error))
+        self._close_socket()
+
+    def _close_socket(self) -> None:
+        for sock in (self._sock, self._wake_r, self._wake_w):
+            if sock is not None:
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+    def _connect(self) -> None:
+        """TCP connect, TLS handshake and the handshake ping, all within the connect timeout."""
+        config = self.config
+        until = time.monotonic() + config.connect_timeout
+        try:
+            sock = socket.create_connection(self.addr, timeout=config.connect_timeout)
+        except socket.timeout:
+            raise _ConnectError("cannot connect: timed out") from None
+        except OSError as error:
+            raise _ConnectError(f"cannot connect: {error.strerror or error}") from None
+        self._sock = sock
+        with self.lock:
+            if self.failed:
+                raise _ConnectError(self.failure)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if config.ssl_context is not None:
+            self._tls_in = ssl.MemoryBIO()
+            self._tls_out = ssl.MemoryBIO()
+            self._tls = config.ssl_context.wrap_bio(
+                self._tls_in,
+                self._tls_out,
+                server_hostname=config.server_name or self.addr[0],
+            )
+            self._tls_handshake(until)
+        nonce = config.next_id()
+        ping = _codec.encode_ping(nonce)
+        if self._tls is not None:
+            assert self._tls_out is not None
+            self._tls.write(ping)
+            ping = self._tls_out.read()
+        self._send_blocking(ping, until)
+        decoder = self._decoder
+        while True:
+            data = self._recv_blocking(until)
+            try:
+                answers = decoder.feed(data)
+            except _codec.ProtocolError:
+                raise _Unreachable(
+                    f"not a latchkey server: it answered a ping with {data[:1]!r}"
+                ) from None
+            if not answers:
+                continue
+            first = answers[0]
+            if first.op == "P" and first.id == nonce:
+                leftover = answers[1:]
+                break
+            if first.op == "X" and first.code == 7:
+                raise _Refused("the server refused the session: it has too many (X 7)")
+            raise _Unreachable(f"not a latchkey server: it answered a ping with {first.op!r}")
+        sock.setblocking(False)
+        with self.lock:
+            if self.failed:
+                raise _ConnectError(self.failure)
+            self.established = True
+            self._last_read = time.monotonic()
+            waiting = self._waiting
+            self._waiting = []
+            for call in waiting:
+                entry = _Entry(call)
+                self._entries[id(call)] = entry
+                self._out.append(entry)
+            self._flush_locked()
+            now = time.monotonic()
+            for answer in leftover:
+                self._dispatch_locked(answer, now)
+
+    def _tls_handshake(self, until: float) -> None:
+        tls = self._tls
+        assert tls is not None and self._tls_in is not None and self._tls_out is not None
+        while True:
+            try:
+                tls.do_handshake()
+                self._send_blocking(self._tls_out.read(), until)
+                return
+            except ssl.SSLWantReadError:
+                self._send_blocking(self._tls_out.read(), until)
+                data = self._recv_raw(until)
+                if not data:
+                    raise _Unreachable("TLS handshake failed: the server closed the connection")
+                self._tls_in.write(data)
+            except ssl.SSLError as error:
+                raise _Unreachable(f"TLS handshake failed: {error.reason or error}") from None
+
+    def _send_blocking(self, data: bytes, until: float) -> None:
+        """Handshake writes of raw bytes (already encrypted when over TLS)."""
+        sock = self._sock
+        assert sock is not None
+        view = memoryview(data)
+        while view:
+            left = until - time.monotonic()
+            if left <= 0:
+                raise _ConnectError(
+                    "connected, but no answer to a ping within the connect timeout"
+                )
+            sock.settimeout(left)
+            try:
+                sent = sock.send(view)
+            except socket.timeout:
+                continue
+            view = view[sent:]
+
+    def _recv_raw(self, until: float) -> bytes:
+        sock = self._sock
+        assert sock is not None
+        left = until - time.monotonic()
+        if left <= 0:
+            raise _ConnectError("connected, but no answer to a ping within the connect timeout")
+        sock.settimeout(left)
+        try:
+            return sock.recv(_READ_BYTES)
+        except socket.timeout:
+            raise _ConnectError(
+                "connected, but no answer to a ping within the connect timeout "
+                "(the server may be paused or overloaded)"
+            ) from None
+        except OSError as error:
+            raise _ConnectError(f"cannot connect: {error.strerror or error}") from None
+
+    def _recv_blocking(self, until: float) -> bytes:
+        """Handshake reads: plaintext bytes, decrypted when over TLS."""
+        while True:
+            raw = self._recv_raw(until)
+            if not raw:
+                raise _ConnectError("cannot connect: the server closed the connection")
+            if self._tls is None:
+                return raw
+            assert self._tls_in is not None
+            self._tls_in.write(raw)
+            plain = self._tls_read()
+            if plain:
+                return plain
+
+    def _tls_read(self) -> bytes:
+        tls = self._tls
+        assert tls is not None
+        chunks = []
+        while True:
+            try:
+                chunk = tls.read(_READ_BYTES)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:
+                raise EOFError("the server closed the TLS session") from None
+            if not chunk:
+                raise EOFError("the server closed the TLS session")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _loop(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        poller = select.poll()
+        sock_fd = sock.fileno()
+        wake = self._wake_r
+        wake_fd = wake.fileno()
+        poller.register(sock_fd, select.POLLIN)
+        poller.register(wake_fd, select.POLLIN)
+        watching_write = False
+        decoder = self._decoder
+        while True:
+            for fd, mask in poller.poll():
+                if fd == wake_fd:
+                    try:
+                        while wake.recv(4096):
+                            pass
+                    except OSError:
+                        pass
+                    with self.lock:
+                        self._woken = False
+                    continue
+                if mask & select.POLLOUT:
+                    with self.lock:
+                        if self._raw_backlog:
+                            self._send_raw_locked()
+                        else:
+                            self._flush_locked()
+                if mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    if not self._read(sock, decoder):
+                        return
+            # Set by callers under the lock, each followed by a wake-up: read without it.
+            if self.failed:
+                return
+            want = self._want_write
+            if want != watching_write:
+                poller.modify(sock_fd, select.POLLIN | (select.POLLOUT if want else 0))
+                watching_write = want
+
+    def _read(self, sock: socket.socket, decoder: _codec.Decoder) -> bool:
+        try:
+            data = sock.recv(_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError as error:
+            with self.lock:
+                self._fail_locked(f"the connection failed: {error.strerror or error}")
+            return False
+        if not data:
+            with self.lock:
+                self._fail_locked("the server closed the connection")
+            return False
+        if self._tls is not None:
+            assert self._tls_in is not None and self._tls_out is not None
+            with self.lock:
+                self._tls_in.write(data)
+                try:
+                    data = self._tls_read()
+                except (EOFError, ssl.SSLError) as error:
+                    self._fail_locked(f"the TLS session ended: {error}")
+                    return False
+                pending = self._tls_out.read()
+                if pending:
+                    self._raw_backlog += pending
+                    self._send_raw_locked()
+            if not data:
+                return True
+        try:
+            answers = decoder.feed(data)
+        except _codec.ProtocolError as error:
+            with self.lock:
+                self._fail_locked(f"not a latchkey answer: {error}")
+            return False
+        now = time.monotonic()
+        with self.lock:
+            self._last_read = now
+            for answer in answers:
+                self._dispatch_locked(answer, now)
+                if self.failed:
+                    return False
+        return True
+
+    def _dispatch_locked(self, answer: Response, now: float) -> None:
+        op = answer.op
+        call: Optional[Call]
+        if op == "A" or op == "T" or op == "B":
+            call = self._owners.pop(answer.id, None)
+            if call is None:
+                return
+            call.answered = True
+            _finish(call, ANSWER, answer, now)
+        elif op == "R" or op == "E" or op == "N":
+            queue = self._tokens.get(answer.id)
+            if not queue:
+                return
+            call = queue.popleft()
+            if not queue:
+                del self._tokens[answer.id]
+            call.answered = True
+            if not call.abandoned:
+                _finish(call, ANSWER, answer, now)
+        elif op == "Q" or op == "P":
+            call = self._nonces.pop(answer.id, None)
+            if call is not None:
+                call.answered = True
+                _finish(call, ANSWER, answer, now)
+        elif op == "X" and answer.code in (1, 2, 6, 7):
+            if answer.code == 7:
+                self._fail_locked("the server refused the session: it has too many (X 7)", True)
+                return
+            target = self._take_by_id_locked(answer.id, moved=False)
+            if target is not None:
+                target.answered = True
+                _finish(target, ANSWER, answer, now)
+            self._fail_locked(f"the server closed the session after error {answer.code}")
+        elif op == "X" or op == "M":
+            target = self._take_by_id_locked(answer.id, moved=op == "M")
+            if target is not None:
+                target.answered = True
+                if not target.abandoned:
+                    _finish(target, ANSWER, answer, now)
+
+    def _take_by_id_locked(self, ident: int, moved: bool) -> Optional[Call]:
+        call = self._owners.get(ident)
+        if call is not None:
+            if moved and call.state == CANCELLING:
+                # The M answers the Cancel (leadership moved): the acquire's own answer is
+                # unknown, and it runs out at its transport allowance.
+                return None
+            del self._owners[ident]
+            return call
+        call = self._nonces.pop(ident, None)
+        if call is not None:
+            return call
+        queue = self._tokens.get(ident)
+        if queue:
+            call = queue.popleft()
+            if not queue:
+                del self._tokens[ident]
+            return call
+        return None
+
+
+class _ConnectError(Exception):
+    """The session could not be established: its calls were not sent."""
+
+
+class _Refused(_ConnectError):
+    """``X`` 7 before the handshake pong."""
+
+
+class _Unreachable(_ConnectError):
+    """Not a latchkey server, or TLS refused: retrying would meet the same."""
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, _ConnectError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"

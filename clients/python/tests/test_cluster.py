@@ -1,0 +1,187 @@
+"""A real three-member cluster (three ``latchkey serve`` processes on loopback): redirects to
+the key's leader, a leader killed mid-run, and no quorum (``Unavailable``, never a fake
+``Timeout``). The Rust counterparts are tests/cluster_clients.rs and tests/client_redirects.rs
+(which use fake members); this runs the real thing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import struct
+import tempfile
+import threading
+import time
+from typing import Iterator, List, Optional
+
+import pytest
+
+import latchkey
+from support import Server, free_ports
+
+
+class Cluster:
+    def __init__(self, n: int = 3, shards: int = 6) -> None:
+        self.dir = tempfile.mkdtemp(prefix="latchkey-py-cluster-")
+        ports = free_ports(2 * n)
+        self.clients = [f"127.0.0.1:{ports[2 * i]}" for i in range(n)]
+        members = "\n".join(
+            f'  {{ id = {i + 1}, client = "{self.clients[i]}", peer = "127.0.0.1:{ports[2 * i + 1]}" }},'
+            for i in range(n)
+        )
+        self.configs = []
+        for i in range(n):
+            self.configs.append(
+                "[server]\ncores = 1\n[cluster]\n"
+                f"node_id = {i + 1}\ndata_dir = \"{os.path.join(self.dir, f'data-{i + 1}')}\"\n"
+                f"shards = {shards}\nfsync = false\nmembers = [\n{members}\n]\n"
+            )
+        self.members: List[Optional[Server]] = [Server(config=c, listen=False) for c in self.configs]
+
+    def kill(self, index: int) -> None:
+        member = self.members[index]
+        if member is not None:
+            member.signal(signal.SIGKILL)
+            member.kill()
+            self.members[index] = None
+
+    def stop(self) -> None:
+        for member in self.members:
+            if member is not None:
+                member.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def leads(self, index: int, key: str) -> bool:
+        """Whether member ``index`` answers a query of ``key`` itself (not ``M``)."""
+        host, _, port = self.clients[index].rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=2) as sock:
+            sock.sendall(b"Q" + struct.pack(">Q", 1) + key.encode() + b"\n")
+            data = b""
+            while not data or len(data) < {"Q": 19, "M": 28}.get(chr(data[0]), 11):
+                chunk = sock.recv(64)
+                if not chunk:
+                    break
+                data += chunk
+            return data[:1] == b"Q"
+
+    def leader_of(self, key: str) -> Optional[int]:
+        for index, member in enumerate(self.members):
+            if member is not None:
+                try:
+                    if self.leads(index, key):
+                        return index
+                except OSError:
+                    pass
+        return None
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    try:
+        # Ready once every shard has a leader: a key of each answers somewhere.
+        until = time.monotonic() + 30
+        client = latchkey.Client(c.clients, sessions=1, transport_timeout=2.0)
+        while True:
+            try:
+                for k in range(24):
+                    client.query(f"ready/{k}")
+                break
+            except latchkey.Error:
+                assert time.monotonic() < until, "the cluster did not elect leaders"
+                time.sleep(0.1)
+        client.close()
+        yield c
+    finally:
+        c.stop()
+
+
+def test_a_client_of_one_member_follows_redirects_to_every_leader(cluster: Cluster) -> None:
+    keys = [f"jobs/{i}" for i in range(30)]
+    first_leader = cluster.leader_of(keys[0])
+    assert first_leader is not None
+    # The client lists one member only, one that does not lead the first key.
+    entry = (first_leader + 1) % 3
+    elsewhere = [k for k in keys if not cluster.leads(entry, k)]
+    client = latchkey.Client(cluster.clients[entry], sessions=1, transport_timeout=2.0)
+    tickets = [client.acquire(k, wait=5.0, lease=20.0) for k in keys]
+    for ticket in tickets:
+        assert ticket.is_valid()
+        assert client.query(ticket.key).held
+        assert ticket.extend(20.0) is True
+    for ticket in tickets:
+        assert ticket.release() is True
+    print(f"{len(elsewhere)} of {len(keys)} keys led by another member than the one listed")
+    assert keys[0] in elsewhere, "no redirect was exercised"
+    client.close()
+
+
+def test_a_leader_killed_mid_run_keeps_the_lock_and_the_client_moves_on(cluster: Cluster) -> None:
+    client = latchkey.Client(cluster.clients, sessions=1, connect_timeout=1.0, transport_timeout=2.0)
+    key = "failover/k"
+    ticket = client.acquire(key, wait=5.0, lease=30.0)
+    leader = cluster.leader_of(key)
+    assert leader is not None
+    # Traffic on other keys while the leader dies.
+    stop = threading.Event()
+    outcomes: List[str] = []
+    failures: List[BaseException] = []
+
+    def traffic(index: int) -> None:
+        while not stop.is_set():
+            try:
+                client.acquire(f"failover/other/{index}", wait=0.5, lease=5.0).release()
+                outcomes.append("ok")
+            except (latchkey.Timeout, latchkey.Unavailable, latchkey.Indeterminate, latchkey.NoAnswer, latchkey.Busy) as error:
+                outcomes.append(type(error).__name__)
+            except BaseException as error:  # noqa: BLE001
+                failures.append(error)
+                return
+
+    threads = [threading.Thread(target=traffic, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    cluster.kill(leader)
+    killed_at = time.monotonic()
+    # The lock survives: nobody else gets the key while its lease lasts.
+    recovered = False
+    while time.monotonic() - killed_at < 15:
+        try:
+            other = client.acquire(key, wait=0.5, lease=5.0)
+        except latchkey.Timeout:
+            recovered = True  # a new leader answers, and the key is still held
+            break
+        except (latchkey.Unavailable, latchkey.Indeterminate):
+            continue
+        pytest.fail(f"granted twice: {other}")
+    assert recovered, "no new leader answered within 15 s"
+    assert ticket.extend(30.0) is True, "the holder keeps its lock through the failover"
+    assert ticket.release() is True
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not failures, failures
+    assert outcomes.count("ok") > 0
+    print(f"traffic outcomes: { {o: outcomes.count(o) for o in set(outcomes)} }")
+    client.close()
+
+
+def test_no_quorum_is_unavailable_never_a_timeout(cluster: Cluster) -> None:
+    client = latchkey.Client(cluster.clients, sessions=1, connect_timeout=1.0, transport_timeout=1.0)
+    client.acquire("quorum/k", wait=5.0, lease=5.0).release()
+    cluster.kill(1)
+    cluster.kill(2)
+    time.sleep(0.5)
+    for key in ["quorum/k", "quorum/other"]:
+        start = time.monotonic()
+        with pytest.raises(latchkey.Unavailable) as raised:
+            client.acquire(key, wait=1.0, lease=5.0)
+        elapsed = time.monotonic() - start
+        assert 1.0 <= elapsed < 1.0 + 4.0, elapsed
+        print(raised.value)
+    with pytest.raises(latchkey.Unavailable):
+        client.query("quorum/k")
+    client.close()
