@@ -1,7 +1,7 @@
 //! Starting a cluster member: its data directory, then per core a write-ahead log and the
 //! writer thread that owns it, the snapshot worker thread (compactions off the loop), the Raft
-//! groups of the core's shards and the
-//! [`ClusterPartition`] that serves them; one peer thread for the member.
+//! groups of the core's shards and the [`ClusterPartition`] that serves them; one peer thread
+//! for the member.
 //!
 //! The data directory is locked and its record checked ([`DataDir`]) before anything in it is
 //! opened: a second process on the same directory, or a start whose node id, cluster or core
