@@ -1,7 +1,7 @@
-//! The compactor of a core: encodes frozen shard machines into snapshot bytes, and drops
-//! machines the core replaced, off the core's event loop.
+//! The compactor of a core: encodes frozen shard machines into snapshot bytes, decodes received
+//! snapshots into machines, and drops machines the core replaced, off the core's event loop.
 //!
-//! Both are O(holds) (a shard keeps up to [`super::machine::HOLDS_MAX`] holds), too long for
+//! All three are O(holds) (a shard keeps up to [`super::machine::HOLDS_MAX`] holds), too long for
 //! one loop iteration. The core freezes a machine right after applying the index to compact
 //! ([`ShardMachine::freeze`]: O(1), the maps are persistent and shared with the live machine),
 //! hands the [`Frozen`] image to its compactor ([`Compactor::submit`], never blocks), and goes
@@ -11,6 +11,11 @@
 //! write-ahead log exactly as before. The snapshot is therefore exactly the state after applying
 //! its index, whatever was applied meanwhile; a result that arrives after a received snapshot
 //! was restored past its index is refused by `Member::compact` and dropped.
+//!
+//! A snapshot raft hands out to restore goes the other way ([`Compactor::submit_restore`]):
+//! decoded into a machine whose deadlines count from the hand-over ([`RestoreJob`]), handed
+//! back ([`Compactor::take_restored`]); the partition holds that shard's committed entries
+//! until it installs the machine, then applies them in order.
 //!
 //! In a server the compactor is [`SnapWorker`]: a thread per core (`latchkey-snap-N`, at a lower
 //! priority: [`WORKER_NICE`]), fed
@@ -63,8 +68,63 @@ pub trait Compactor: Send {
     /// The snapshots encoded since the last call; an error once the compactor failed (the
     /// member must stop).
     fn take_done(&mut self) -> io::Result<Vec<Compacted>>;
-    /// Whether [`take_done`](Self::take_done) has something now (a result or a failure).
+    /// Whether [`take_done`](Self::take_done) (or [`take_restored`](Self::take_restored)) has
+    /// something now (a result or a failure).
     fn has_done(&self) -> bool;
+    /// Hands a received snapshot over to be decoded into a machine; never blocks. Gives it back
+    /// when the compactor cannot take it now (the caller decodes it itself).
+    fn submit_restore(&mut self, job: RestoreJob) -> Result<(), RestoreJob> {
+        Err(job)
+    }
+    /// The machines decoded since the last call (a failure of the compactor itself is
+    /// [`take_done`](Self::take_done)'s to report).
+    fn take_restored(&mut self) -> Vec<Restored> {
+        Vec::new()
+    }
+}
+
+/// A received snapshot to decode off the loop: shard `shard` of `shards` as of `index`, its
+/// deadlines counted from `now_ms`, the core's clock when it handed the job over (before the
+/// core installs the machine, so every deadline is earlier than the core's own count would
+/// make it, but still later than the sender's: the snapshot's remaining times were measured
+/// when it was taken, before it was received).
+#[derive(Clone, Debug)]
+pub struct RestoreJob {
+    /// The shard.
+    pub shard: u32,
+    /// The shard count.
+    pub shards: u32,
+    /// The last index the snapshot covers.
+    pub index: u64,
+    /// The snapshot's data, as a shard machine encoded it.
+    pub data: bytes::Bytes,
+    /// The core's clock when it handed the job over, in ms.
+    pub now_ms: u64,
+}
+
+impl RestoreJob {
+    /// Decodes it: the machine, or why the bytes do not restore.
+    pub fn decode(&self) -> Restored {
+        let machine = ShardMachine::restore(self.shard, self.shards, &self.data, self.now_ms)
+            .map(Box::new)
+            .map_err(|error| error.to_string());
+        Restored {
+            shard: self.shard,
+            index: self.index,
+            machine,
+        }
+    }
+}
+
+/// A [`RestoreJob`] decoded.
+#[derive(Debug)]
+pub struct Restored {
+    /// The shard.
+    pub shard: u32,
+    /// The last index the snapshot covers.
+    pub index: u64,
+    /// The machine, or why the snapshot does not restore.
+    pub machine: Result<Box<ShardMachine>, String>,
 }
 
 /// What the worker thread tells its core.
@@ -77,6 +137,7 @@ struct Shared {
 
 enum Job {
     Encode(Frozen),
+    Restore(RestoreJob),
     Retire(Box<ShardMachine>),
 }
 
@@ -85,6 +146,7 @@ enum Job {
 pub struct SnapWorker {
     jobs: Option<Sender<Job>>,
     done: Receiver<Compacted>,
+    restored: Receiver<Restored>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
@@ -109,17 +171,21 @@ impl SnapWorker {
         // Never waits (the core may be dropping its side): bounded by the core, which has one
         // image per hosted shard in flight at most.
         let (done_sender, done) = crossbeam_channel::unbounded();
+        // Bounded the same way: one job per restore the core handed over.
+        let (restored_sender, restored) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {
             failed: OnceLock::new(),
             stopping: AtomicBool::new(false),
         });
         let worker_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new().name(name).spawn(move || {
-            run(&job_receiver, &done_sender, &worker_shared, &wake, &encode);
+            let done = (&done_sender, &restored_sender);
+            run(&job_receiver, done, &worker_shared, &wake, &encode);
         })?;
         Ok(SnapWorker {
             jobs: Some(jobs),
             done,
+            restored,
             shared,
             thread: Some(thread),
         })
@@ -140,7 +206,7 @@ impl Compactor for SnapWorker {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => match job {
                 Job::Encode(frozen) => Err(frozen),
-                Job::Retire(_) => unreachable!("an encode job was sent"),
+                Job::Restore(_) | Job::Retire(_) => unreachable!("an encode job was sent"),
             },
         }
     }
@@ -177,7 +243,24 @@ impl Compactor for SnapWorker {
     }
 
     fn has_done(&self) -> bool {
-        self.shared.failed.get().is_some() || !self.done.is_empty()
+        self.shared.failed.get().is_some() || !self.done.is_empty() || !self.restored.is_empty()
+    }
+
+    fn submit_restore(&mut self, job: RestoreJob) -> Result<(), RestoreJob> {
+        let Some(jobs) = &self.jobs else {
+            return Err(job);
+        };
+        match jobs.try_send(Job::Restore(job)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => match job {
+                Job::Restore(job) => Err(job),
+                Job::Encode(_) | Job::Retire(_) => unreachable!("a restore job was sent"),
+            },
+        }
+    }
+
+    fn take_restored(&mut self) -> Vec<Restored> {
+        self.restored.try_iter().collect()
     }
 }
 
@@ -214,7 +297,7 @@ impl Drop for PanicReport<'_> {
 /// The worker thread: jobs until the core hangs up.
 fn run(
     jobs: &Receiver<Job>,
-    done: &Sender<Compacted>,
+    (done, restored): (&Sender<Compacted>, &Sender<Restored>),
     shared: &Shared,
     wake: &dyn Fn(),
     encode: &dyn Fn(&Frozen) -> Vec<u8>,
@@ -235,6 +318,15 @@ fn run(
                 // The image shares its maps with the live machine: let go of them first.
                 drop(frozen);
                 if done.send(compacted).is_err() {
+                    return; // the core hung up
+                }
+                wake();
+            }
+            Job::Restore(job) => {
+                if shared.stopping.load(Ordering::Acquire) {
+                    continue;
+                }
+                if restored.send(job.decode()).is_err() {
                     return; // the core hung up
                 }
                 wake();
@@ -275,6 +367,8 @@ pub struct MemCompactor {
     polls: u64,
     /// (the poll it is ready at, the image), in submission order.
     queued: VecDeque<(u64, Frozen)>,
+    /// (the poll it is ready at, the job), in submission order.
+    restores: VecDeque<(u64, RestoreJob)>,
     failed: Option<String>,
     encoded: u64,
     retired: u64,
@@ -288,6 +382,7 @@ impl MemCompactor {
             rng: 1,
             polls: 0,
             queued: VecDeque::new(),
+            restores: VecDeque::new(),
             failed: None,
             encoded: 0,
             retired: 0,
@@ -375,7 +470,37 @@ impl Compactor for MemCompactor {
 
     fn has_done(&self) -> bool {
         let next = self.polls + 1;
-        self.failed.is_some() || self.queued.iter().any(|(ready_at, _)| *ready_at <= next)
+        self.failed.is_some()
+            || self.queued.iter().any(|(ready_at, _)| *ready_at <= next)
+            || self.restores.iter().any(|(ready_at, _)| *ready_at <= next)
+    }
+
+    /// Immediate: gives the job back (the caller decodes it at once, as before restores went
+    /// off the loop); late: delivered after 0 to `max` later polls.
+    fn submit_restore(&mut self, job: RestoreJob) -> Result<(), RestoreJob> {
+        let delay = match (self.delivery, &self.failed) {
+            (Delivery::Immediate, _) | (_, Some(_)) => return Err(job),
+            (Delivery::Late { max }, None) => self.draw(max + 1),
+        };
+        self.restores.push_back((self.polls + 1 + delay, job));
+        Ok(())
+    }
+
+    /// Delivers the jobs ready by the last [`Compactor::take_done`] poll, out of submission
+    /// order when late.
+    fn take_restored(&mut self) -> Vec<Restored> {
+        let polls = self.polls;
+        let mut done = Vec::new();
+        let mut waiting = VecDeque::new();
+        while let Some((ready_at, job)) = self.restores.pop_front() {
+            if ready_at <= polls {
+                done.push(job.decode());
+            } else {
+                waiting.push_back((ready_at, job));
+            }
+        }
+        self.restores = waiting;
+        done
     }
 }
 

@@ -198,3 +198,83 @@ fn a_full_worker_gives_the_image_back() {
 }
 
 use std::collections::BTreeMap;
+
+#[test]
+fn the_worker_decodes_a_received_snapshot_off_the_caller_counting_from_the_hand_over() {
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&wakes);
+    let mut worker = SnapWorker::spawn("test-snap".into(), move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+    })
+    .expect("spawn");
+    let machine = machine_with(2_000);
+    // Taken at 5 ms: each lease (10 s from 5 ms) has 10,000 ms left; handed over at 1,000 ms.
+    let data = bytes::Bytes::from(machine.snapshot(5));
+    let job = |data: bytes::Bytes| RestoreJob {
+        shard: 1,
+        shards: 4,
+        index: machine.applied(),
+        data,
+        now_ms: 1_000,
+    };
+    worker.submit_restore(job(data)).expect("taken");
+    worker
+        .submit_restore(job(bytes::Bytes::from_static(b"not a snapshot")))
+        .expect("taken");
+    let started = Instant::now();
+    let mut restored = Vec::new();
+    while restored.len() < 2 && started.elapsed() < Duration::from_secs(10) {
+        restored.extend(worker.take_restored());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(restored.len(), 2, "both decoded, in order");
+    let decoded = restored[0].machine.as_ref().expect("restores");
+    assert_eq!(
+        (restored[0].shard, restored[0].index),
+        (1, machine.applied())
+    );
+    assert_eq!(decoded.digest(), machine.digest());
+    let deadlines: Vec<u64> = decoded.holds().map(|(_, hold)| hold.deadline_ms).collect();
+    assert!(
+        deadlines.iter().all(|&d| d == 11_000),
+        "hand-over + remaining"
+    );
+    assert!(
+        restored[1].machine.is_err(),
+        "bad bytes are an error, not a panic"
+    );
+    assert!(wakes.load(Ordering::SeqCst) >= 2);
+    assert!(worker.take_done().expect("no failure").is_empty());
+}
+
+#[test]
+fn the_immediate_compactor_gives_a_restore_back_and_the_late_one_delivers_it_later() {
+    let machine = machine_with(10);
+    let job = RestoreJob {
+        shard: 1,
+        shards: 4,
+        index: machine.applied(),
+        data: bytes::Bytes::from(machine.snapshot(5)),
+        now_ms: 5,
+    };
+    let mut immediate = MemCompactor::immediate();
+    assert!(
+        immediate.submit_restore(job.clone()).is_err(),
+        "decoded by the caller"
+    );
+    let mut late = MemCompactor::late(3, 4);
+    late.submit_restore(job).expect("taken");
+    let mut polls = 0;
+    let restored = loop {
+        late.take_done().expect("no failure");
+        polls += 1;
+        let restored = late.take_restored();
+        if !restored.is_empty() || polls > 10 {
+            break restored;
+        }
+    };
+    assert!(polls <= 5, "within its bound: {polls}");
+    assert_eq!(restored.len(), 1);
+    let decoded = restored[0].machine.as_ref().expect("restores");
+    assert_eq!(decoded.digest(), machine.digest());
+}

@@ -307,7 +307,7 @@ impl<W: LogWriter> Member<W> {
             if applied > 0 {
                 restores.push(Restore {
                     shard,
-                    data: storage.snapshot.get_data().to_vec(),
+                    data: storage.snapshot.data.clone(),
                     index: applied,
                 });
             }

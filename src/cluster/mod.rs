@@ -11,7 +11,7 @@
 //! | `machine.rs` | [`machine::ShardMachine`]: one shard's replicated lock state (holds, tokens, local deadlines), applied from committed entries; `machine/codec.rs`: the bytes of its commands and snapshots |
 //! | `wal.rs`, `wal/` | [`wal::Wal`]: one core's write-ahead log, a [`Durable`] on disk (framed records in segments, group commit, torn-tail recovery, compaction) |
 //! | `writer.rs` | [`writer::Writer`]: a core's write-ahead log writer thread (batches from the member, group commit, "synced through batch N" back to the core) |
-//! | `compactor.rs` | [`compactor::Compactor`]: where a core hands frozen shard machines to be encoded into snapshots, and replaced machines to be dropped, off its loop: [`compactor::SnapWorker`] (a thread per core, `latchkey-snap-N`) in a server, [`compactor::MemCompactor`] (in the caller's thread, at once or late) in the simulations |
+//! | `compactor.rs` | [`compactor::Compactor`]: where a core hands frozen shard machines to be encoded into snapshots, received snapshots to be decoded into machines, and replaced machines to be dropped, off its loop: [`compactor::SnapWorker`] (a thread per core, `latchkey-snap-N`) in a server, [`compactor::MemCompactor`] (in the caller's thread, at once or late) in the simulations |
 //! | `member.rs` | [`member::Member`]: one member's Raft groups, sans-IO: tick, step, propose, read index, compact, and the drain that hands each iteration's writes to the writer (raft-rs's asynchronous persistence) |
 //! | `mem_durable.rs` | [`mem_durable::MemDurable`]: the simulation's in-memory durable image (written and synced layers, crash drops the unsynced) |
 //! | `mem_writer.rs` | [`mem_writer::MemWriter`]: the simulation's writer, completing batches when the test says |

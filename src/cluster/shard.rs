@@ -18,9 +18,9 @@
 //! key's waiters for `max_waiters_per_key` and `Q` (`Shard::waiting_len`).
 
 use super::machine::{Grant, ShardMachine};
-use super::member::Proposed;
+use super::member::{Committed, Proposed};
 use crate::partition::{QueueCounts, SessionId};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 /// Entries [`Shard::grants`] may hold beyond twice the shard's holds before it is pruned.
@@ -148,6 +148,15 @@ pub(crate) enum Role {
     },
 }
 
+/// What waits, in a shard, for a received snapshot decoded off the loop (see [`Shard::held`]).
+#[derive(Debug)]
+pub(crate) enum Held {
+    /// Install the machine decoded for the snapshot at this index.
+    Restore(u64),
+    /// Apply this committed entry.
+    Entry(Committed),
+}
+
 /// One hosted shard.
 pub(crate) struct Shard {
     /// The replicated lock state.
@@ -172,6 +181,13 @@ pub(crate) struct Shard {
     /// The index of the image frozen for a compaction and not yet back from the core's
     /// compactor (one in flight per shard at most).
     pub compacting: Option<u64>,
+    /// While a received snapshot is decoded off the loop (by the core's compactor): the
+    /// restores raft handed out and the committed entries after them, in order. Nothing of
+    /// this shard is applied while it is not empty; the front restore is installed once its
+    /// machine is decoded, then the entries up to the next restore are applied.
+    pub held: VecDeque<Held>,
+    /// Machines decoded for the restores in `held`, by index, until their turn.
+    pub decoded: BTreeMap<u64, Box<ShardMachine>>,
     /// Grants this member answered `A` for as leader: token → the session and when (server
     /// clock, µs). What `GET /keys` shows as PEER and HELD; a hold granted by another leader
     /// has no entry (unknown, and shown so). Entries whose token no longer holds are pruned
@@ -201,6 +217,8 @@ impl Shard {
             checkpoint_at_us: 0,
             compacted_at: 0,
             compacting: None,
+            held: VecDeque::new(),
+            decoded: BTreeMap::new(),
             grants: HashMap::new(),
         }
     }
@@ -388,6 +406,17 @@ impl Shard {
     /// Checks the counts (debug builds, after every change of the queues).
     pub fn check_invariants(&self) {
         if cfg!(debug_assertions) {
+            assert!(
+                matches!(self.held.front(), None | Some(Held::Restore(_))),
+                "entries are held only behind a restore"
+            );
+            for index in self.decoded.keys() {
+                let waits = self
+                    .held
+                    .iter()
+                    .any(|h| matches!(h, Held::Restore(i) if i == index));
+                assert!(waits, "a machine decoded for a restore that is not held");
+            }
             let counted: usize = self.queues.values().map(VecDeque::len).sum();
             assert_eq!(counted, self.waiters, "waiter count");
             let heads = self.queues.values().filter_map(VecDeque::front);

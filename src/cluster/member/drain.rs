@@ -76,8 +76,9 @@ pub struct Committed {
 pub struct Restore {
     /// The group's shard.
     pub shard: u32,
-    /// The state-machine data, as given to [`Member::compact`] on some member.
-    pub data: Vec<u8>,
+    /// The state-machine data, as given to [`Member::compact`] on some member (shared with
+    /// the snapshot raft keeps: no copy).
+    pub data: bytes::Bytes,
     /// The last index the snapshot covers.
     pub index: u64,
 }
@@ -430,7 +431,7 @@ impl<W: LogWriter> Member<W> {
             bytes += snapshot.get_data().len();
             restore = Some(Restore {
                 shard,
-                data: snapshot.get_data().to_vec(),
+                data: snapshot.data.clone(),
                 index,
             });
             store.snapshot = snapshot.clone();

@@ -267,7 +267,7 @@ fn a_compacted_member_restarts_from_its_snapshot() {
     let first = again.drain().expect("drain");
     let restore = Restore {
         shard: 0,
-        data: b"state".to_vec(),
+        data: b"state".to_vec().into(),
         index: applied,
     };
     assert_eq!(first.restores, vec![restore]);

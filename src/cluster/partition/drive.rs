@@ -1,7 +1,9 @@
 //! One iteration's work of a cluster partition: peers' messages, ticks, wait timers, the
 //! leader's expiries and checkpoints, the drain to the core's writer, and applying what committed
 //! (with the compactions: a shard's machine is frozen every `compact_every` entries, encoded by
-//! the core's compactor off the loop, and handed to the member at the start of a later drain).
+//! the core's compactor off the loop, and handed to the member at the start of a later drain;
+//! and the restores: a received snapshot is decoded by the compactor too, and the shard's
+//! committed entries wait behind it until its machine is installed).
 //!
 //! # Stopping the member
 //!
@@ -23,9 +25,10 @@ use super::{
     ClusterPartition, Peers, Pending, PendingKind, CHECKPOINT_EVERY_US, CHECKPOINT_HOLDS,
     EXPIRIES_PER_ITERATION, INBOUND_PER_ITERATION, PROMOTE_GRACE_MS, TICKS_CAUGHT_UP_MAX, TICK_US,
 };
+use crate::cluster::compactor::{RestoreJob, Restored};
 use crate::cluster::machine::{Applied, Command, ShardMachine};
 use crate::cluster::member::{Committed, EntryKind, LeaderChanged, ReadReady};
-use crate::cluster::shard::Role;
+use crate::cluster::shard::{Held, Role};
 use crate::cluster::writer::LogWriter;
 use crate::partition::BusyReason;
 use crate::partition::NOBODY;
@@ -203,7 +206,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             self.peers.send(drain.messages);
         }
         for restore in drain.restores {
-            self.restore(restore.shard, &restore.data, restore.index);
+            self.begin_restore(restore.shard, restore.data, restore.index);
         }
         self.apply(drain.committed);
         self.leaders_changed(&drain.leaders);
@@ -221,6 +224,11 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             Ok(done) => done,
             Err(error) => stop_member(format!("core {}: {error}", self.settings.core)),
         };
+        for restored in self.compactor.take_restored() {
+            let local = self.local(restored.shard);
+            self.decoded(restored);
+            self.advance_held(local);
+        }
         for compacted in done {
             let (shard, index) = (compacted.shard, compacted.index);
             let local = self.local(shard);
@@ -245,32 +253,89 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.member.writer_mut()
     }
 
-    fn restore(&mut self, shard: u32, data: &[u8], index: u64) {
+    /// A snapshot raft handed out to restore: decoded off the loop by the compactor (here, if
+    /// it cannot take it now); until its machine is installed, the shard's committed entries
+    /// wait behind it ([`Held`]). The machine's deadlines count from now, before it is
+    /// installed: earlier than counting at the install would make them, still later than the
+    /// sender's (its remaining times were measured when the snapshot was taken, before it was
+    /// received here), so leases never end early.
+    fn begin_restore(&mut self, shard: u32, data: bytes::Bytes, index: u64) {
         let local = self.local(shard);
-        let shards = self.settings.shards;
-        match ShardMachine::restore(shard, shards, data, self.apply_ms()) {
+        let job = RestoreJob {
+            shard,
+            shards: self.settings.shards,
+            index,
+            data,
+            now_ms: self.apply_ms(),
+        };
+        self.shards[local].held.push_back(Held::Restore(index));
+        if let Err(job) = self.compactor.submit_restore(job) {
+            log::debug!("shard {shard}: the snapshot at {index} is decoded on the loop");
+            self.decoded(job.decode());
+        }
+        self.advance_held(local);
+    }
+
+    /// Keeps a decoded machine for its turn; a snapshot that does not restore stops the member.
+    fn decoded(&mut self, restored: Restored) {
+        let (shard, index) = (restored.shard, restored.index);
+        match restored.machine {
             Ok(machine) => {
-                self.cluster_stats.restores += 1;
-                let replaced = std::mem::replace(&mut self.shards[local].machine, machine);
-                // Dropping a machine is O(holds): done by the compactor, off the loop.
-                self.compactor.retire(replaced);
-                self.shards[local].compacted_at = index;
-                let mut covered: Vec<(u64, Pending)> = Vec::new();
-                self.pending.retain(|&(s, i), pending| {
-                    let keep = s != shard || i > index;
-                    if !keep {
-                        covered.push((i, pending.clone()));
-                    }
-                    keep
-                });
-                covered.sort_by_key(|(i, _)| *i);
-                for (at, pending) in covered {
-                    self.settle_covered(shard, at, pending);
-                }
+                let local = self.local(shard);
+                self.shards[local].decoded.insert(index, machine);
             }
             Err(error) => stop_member(format!(
                 "shard {shard}: the snapshot at index {index} does not restore: {error}"
             )),
+        }
+    }
+
+    /// Installs the front restore of shard `local` if its machine is decoded, then applies the
+    /// entries held behind it, up to the next restore; again while it can.
+    fn advance_held(&mut self, local: usize) {
+        loop {
+            let state = &mut self.shards[local];
+            let Some(Held::Restore(index)) = state.held.front() else {
+                return;
+            };
+            let index = *index;
+            let Some(machine) = state.decoded.remove(&index) else {
+                return;
+            };
+            state.held.pop_front();
+            let mut entries = Vec::new();
+            while let Some(Held::Entry(_)) = state.held.front() {
+                if let Some(Held::Entry(entry)) = state.held.pop_front() {
+                    entries.push(entry);
+                }
+            }
+            let shard = state.machine.shard();
+            self.install(shard, *machine, index);
+            self.apply_now(entries);
+            self.shards[local].check_invariants();
+        }
+    }
+
+    /// Replaces shard `shard`'s machine with one restored from the snapshot at `index`, and
+    /// settles the requests whose entries it covers.
+    fn install(&mut self, shard: u32, machine: ShardMachine, index: u64) {
+        let local = self.local(shard);
+        self.cluster_stats.restores += 1;
+        let replaced = std::mem::replace(&mut self.shards[local].machine, machine);
+        // Dropping a machine is O(holds): done by the compactor, off the loop.
+        self.compactor.retire(replaced);
+        self.shards[local].compacted_at = index;
+        let mut covered: Vec<(u64, Pending)> = Vec::new();
+        self.pending.retain(|&(s, i), pending| {
+            let keep = s != shard || i > index;
+            if !keep {
+                covered.push((i, pending.clone()));
+            }
+            keep
+        });
+        covered.sort_by_key(|(i, _)| *i);
+        for (at, pending) in covered {
+            self.settle_covered(shard, at, pending);
         }
     }
 
@@ -348,7 +413,25 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.shards[local].check_invariants();
     }
 
+    /// Applies committed entries, except those of a shard whose restore is still being
+    /// decoded: they wait behind it ([`Held`]).
     fn apply(&mut self, committed: Vec<Committed>) {
+        if self.shards.iter().all(|shard| shard.held.is_empty()) {
+            return self.apply_now(committed);
+        }
+        let mut now = Vec::with_capacity(committed.len());
+        for entry in committed {
+            let local = self.local(entry.shard);
+            if self.shards[local].held.is_empty() {
+                now.push(entry);
+            } else {
+                self.shards[local].held.push_back(Held::Entry(entry));
+            }
+        }
+        self.apply_now(now);
+    }
+
+    fn apply_now(&mut self, committed: Vec<Committed>) {
         let now_ms = self.apply_ms();
         for entry in committed {
             let local = self.local(entry.shard);

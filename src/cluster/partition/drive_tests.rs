@@ -2,8 +2,8 @@
 //! the other replicas': a committed entry that does not decode, a write-ahead log sync that
 //! failed.
 
-use crate::cluster::compactor::MemCompactor;
-use crate::cluster::machine::ShardMachine;
+use crate::cluster::compactor::{Compactor, MemCompactor, RestoreJob, Restored};
+use crate::cluster::machine::{Frozen, ShardMachine};
 use crate::cluster::mem_durable::{MemDurable, SyncMode};
 use crate::cluster::mem_writer::MemWriter;
 use crate::cluster::member::{Envelope, Member};
@@ -270,4 +270,99 @@ fn a_compaction_that_comes_back_after_a_later_snapshot_is_dropped_and_the_next_o
     let recovered = partition.member().writer().durable().recovered();
     let snapshot = recovered[0].1.snapshot.clone().expect("a snapshot");
     assert!(snapshot.get_metadata().index > applied);
+}
+
+/// A compactor that encodes at once but keeps every received snapshot to decode until the
+/// test lets them go.
+#[derive(Clone, Default)]
+struct SlowRestores(std::sync::Arc<parking_lot::Mutex<(Vec<RestoreJob>, bool)>>);
+
+impl Compactor for SlowRestores {
+    fn submit(&mut self, frozen: Frozen) -> Result<(), Frozen> {
+        Err(frozen)
+    }
+
+    fn retire(&mut self, _machine: ShardMachine) {}
+
+    fn take_done(&mut self) -> std::io::Result<Vec<crate::cluster::compactor::Compacted>> {
+        Ok(Vec::new())
+    }
+
+    fn has_done(&self) -> bool {
+        let held = self.0.lock();
+        held.1 && !held.0.is_empty()
+    }
+
+    fn submit_restore(&mut self, job: RestoreJob) -> Result<(), RestoreJob> {
+        self.0.lock().0.push(job);
+        Ok(())
+    }
+
+    fn take_restored(&mut self) -> Vec<Restored> {
+        let mut held = self.0.lock();
+        if !held.1 {
+            return Vec::new();
+        }
+        held.0.drain(..).map(|job| job.decode()).collect()
+    }
+}
+
+#[test]
+fn entries_after_a_snapshot_decoded_off_the_loop_wait_for_it_then_apply_in_order() {
+    // A member that compacted, then granted more: its log is a snapshot and entries after it.
+    let mut first = partition(MemDurable::new(), Vec::new());
+    first.settings.compact_every = 4;
+    let mut now_us = 0;
+    run(&mut first, &mut now_us, 100);
+    for i in 0..10u64 {
+        let op = Op::Acquire {
+            wait_s: 0,
+            lease_s: 60,
+            owner: i + 1,
+        };
+        first.handle(now_us, 1, op, format!("key-{i}").as_bytes());
+        run(&mut first, &mut now_us, 1);
+    }
+    run(&mut first, &mut now_us, 5);
+    let holds = |machine: &ShardMachine| -> Vec<(Vec<u8>, u64)> {
+        let held = machine
+            .holds()
+            .map(|(key, hold)| (key.to_vec(), hold.token));
+        held.collect()
+    };
+    let expected = holds(first.machine(0).expect("shard 0"));
+    assert_eq!(expected.len(), 10);
+    let recovered = first.member().writer().durable().recovered();
+    let snapshot_at = recovered[0].1.snapshot.as_ref().expect("a snapshot");
+    let snapshot_at = snapshot_at.get_metadata().index;
+    let last = recovered[0]
+        .1
+        .entries
+        .last()
+        .expect("entries after it")
+        .index;
+    assert!(last > snapshot_at, "{last} after {snapshot_at}");
+    // It restarts with a compactor that has not decoded the snapshot yet.
+    let mut second = partition(first.member().writer().durable().clone(), recovered);
+    let slow = SlowRestores::default();
+    second.set_compactor(Box::new(slow.clone()));
+    let mut now_us = 1_000_000;
+    run(&mut second, &mut now_us, 3);
+    assert_eq!(slow.0.lock().0.len(), 1, "the snapshot is being decoded");
+    let machine = second.machine(0).expect("shard 0");
+    assert_eq!(
+        machine.applied(),
+        0,
+        "nothing applied before the snapshot is installed"
+    );
+    assert!(!second.serving(0));
+    // Decoded: installed, then the entries after it, in order.
+    slow.0.lock().1 = true;
+    run(&mut second, &mut now_us, 100);
+    let machine = second.machine(0).expect("shard 0");
+    assert!(machine.applied() >= last, "{} < {last}", machine.applied());
+    assert_eq!(holds(machine), expected);
+    assert!(second.serving(0), "and it serves again");
+    assert!(second.shards[0].held.is_empty());
+    assert!(second.shards[0].decoded.is_empty());
 }
