@@ -23,8 +23,11 @@ use crate::partition::{QueueCounts, SessionId};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-/// Entries [`Shard::grants`] may hold beyond twice the shard's holds before it is pruned.
-const GRANTS_SLACK: usize = 64;
+/// Entries of [`Shard::grants`] checked (and dropped if their token no longer holds) per grant
+/// recorded: the record is pruned a little at a time, so no call is O(grants) (at a million
+/// grants one full pass took tens of milliseconds, one loop iteration), and it stays within
+/// about twice the holds.
+const GRANTS_PRUNED_PER_GRANT: usize = 2;
 
 /// An acquire queued on the leader.
 #[derive(Clone, Debug)]
@@ -190,9 +193,12 @@ pub(crate) struct Shard {
     pub decoded: BTreeMap<u64, Box<ShardMachine>>,
     /// Grants this member answered `A` for as leader: token → the session and when (server
     /// clock, µs). What `GET /keys` shows as PEER and HELD; a hold granted by another leader
-    /// has no entry (unknown, and shown so). Entries whose token no longer holds are pruned
-    /// when the map outgrows the holds (see [`Shard::record_grant`]).
-    pub grants: HashMap<u64, Granted>,
+    /// has no entry (unknown, and shown so). Entries whose token no longer holds are pruned a
+    /// few at a time (see [`Shard::record_grant`]); a B-tree, so that growing it never rehashes
+    /// it all in one iteration.
+    pub grants: BTreeMap<u64, Granted>,
+    /// The token the incremental pruning of `grants` goes on from (it wraps to the start).
+    grants_cursor: u64,
 }
 
 /// A grant this member answered, for `GET /keys`.
@@ -219,20 +225,27 @@ impl Shard {
             compacting: None,
             held: VecDeque::new(),
             decoded: BTreeMap::new(),
-            grants: HashMap::new(),
+            grants: BTreeMap::new(),
+            grants_cursor: 0,
         }
     }
 
-    /// Remembers that `token` was granted to `session` at `at_us`. Bounded: when the record
-    /// holds more than twice the shard's holds (plus a little), it keeps only tokens that
-    /// still hold, so it never outgrows the machine by more than that.
+    /// Remembers that `token` was granted to `session` at `at_us`. Bounded: each call also
+    /// checks the next [`GRANTS_PRUNED_PER_GRANT`] entries in token order (wrapping around)
+    /// and drops those whose token no longer holds, so every dead entry goes within a pass and
+    /// the record stays within about twice the holds, without any call scanning it all.
     pub fn record_grant(&mut self, token: u64, session: SessionId, at_us: u64) {
-        if self.grants.len() >= 2 * self.machine.len() + GRANTS_SLACK {
-            let machine = &self.machine;
-            self.grants
-                .retain(|&token, _| machine.key_of(token).is_some());
-        }
         self.grants.insert(token, Granted { session, at_us });
+        for _ in 0..GRANTS_PRUNED_PER_GRANT {
+            let next = self.grants.range(self.grants_cursor..).next();
+            let Some(checked) = next.or_else(|| self.grants.iter().next()).map(|(t, _)| *t) else {
+                return;
+            };
+            self.grants_cursor = checked.saturating_add(1);
+            if self.machine.key_of(checked).is_none() {
+                self.grants.remove(&checked);
+            }
+        }
     }
 
     /// Whether this member serves requests of the shard now.
@@ -442,5 +455,54 @@ impl Shard {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::machine::Command;
+
+    #[test]
+    fn the_grant_record_keeps_every_live_grant_and_stays_within_about_twice_the_holds() {
+        let mut shard = Shard::new(0, 1);
+        shard
+            .machine
+            .apply(1, &Command::Barrier { floor: 1_000 }, 0);
+        let mut index = 1;
+        let mut live: Vec<(Vec<u8>, u64)> = Vec::new();
+        let mut most = 0;
+        // 100 keys held at a time; each round releases the oldest and grants a new one.
+        for round in 0..5_000u64 {
+            if live.len() == 100 {
+                let (key, token) = live.remove(0);
+                index += 1;
+                shard.machine.apply(
+                    index,
+                    &Command::Release {
+                        key,
+                        token,
+                        then: None,
+                    },
+                    0,
+                );
+            }
+            index += 1;
+            let key = format!("k{round}").into_bytes();
+            let command = Command::Acquire {
+                key: key.clone(),
+                owner: round,
+                lease_ms: 60_000,
+            };
+            shard.machine.apply(index, &command, 0);
+            let token = shard.machine.holder(&key).expect("granted").token;
+            shard.record_grant(token, 1, round);
+            live.push((key, token));
+            most = most.max(shard.grants.len());
+            for (_, token) in &live {
+                assert!(shard.grants.contains_key(token), "a live grant was dropped");
+            }
+        }
+        assert!(most <= 2 * 100 + 2, "the record grew to {most}");
     }
 }
