@@ -29,6 +29,7 @@
 //! compaction in flight per shard), and what the bytes mean (`super::machine::codec`).
 
 use super::machine::{Frozen, ShardMachine};
+use super::writer::PanicReport;
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use std::collections::VecDeque;
 use std::io;
@@ -277,23 +278,6 @@ impl Drop for SnapWorker {
     }
 }
 
-/// Reports a panic of the worker thread to the core as a failure, and wakes it: otherwise the
-/// core would wait forever for a result that never comes (and never compact that shard again).
-struct PanicReport<'a> {
-    shared: &'a Shared,
-    wake: &'a dyn Fn(),
-}
-
-impl Drop for PanicReport<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let failure = "the snapshot worker thread panicked".to_string();
-            let _ = self.shared.failed.set(failure);
-            (self.wake)();
-        }
-    }
-}
-
 /// The worker thread: jobs until the core hangs up.
 fn run(
     jobs: &Receiver<Job>,
@@ -302,7 +286,13 @@ fn run(
     wake: &dyn Fn(),
     encode: &dyn Fn(&Frozen) -> Vec<u8>,
 ) {
-    let _report = PanicReport { shared, wake };
+    // A panic is reported to the core as a failure: otherwise it would wait forever for a
+    // result that never comes (and never compact that shard again).
+    let _report = PanicReport {
+        failed: &shared.failed,
+        what: "the snapshot worker thread panicked",
+        wake,
+    };
     lower_priority();
     while let Ok(job) = jobs.recv() {
         match job {

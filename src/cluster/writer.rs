@@ -250,18 +250,22 @@ impl Drop for Writer {
     }
 }
 
-/// Reports a panic of the writer thread (a broken invariant of the log) to the core as a
-/// failure: otherwise the core would wait forever for completions that never come.
-struct PanicReport<'a> {
-    progress: &'a Progress,
-    wake: &'a dyn Fn(),
+/// Reports a panic of a core's helper thread (this writer, a broken invariant of the log; the
+/// snapshot worker, `super::compactor`) to the core as a failure, and wakes it: otherwise the
+/// core would wait forever for results that never come. Held for the thread's whole run.
+pub(super) struct PanicReport<'a> {
+    /// Where the core looks for the failure.
+    pub(super) failed: &'a OnceLock<String>,
+    /// The failure's text: which thread panicked.
+    pub(super) what: &'static str,
+    /// Wakes the core.
+    pub(super) wake: &'a dyn Fn(),
 }
 
 impl Drop for PanicReport<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let failure = "the write-ahead log writer thread panicked".to_string();
-            let _ = self.progress.failed.set(failure);
+            let _ = self.failed.set(self.what.to_string());
             (self.wake)();
         }
     }
@@ -276,7 +280,11 @@ fn run<D: Durable>(
     progress: &Progress,
     (wake, send): (&dyn Fn(), &dyn Fn(Vec<Envelope>)),
 ) {
-    let _report = PanicReport { progress, wake };
+    let _report = PanicReport {
+        failed: &progress.failed,
+        what: "the write-ahead log writer thread panicked",
+        wake,
+    };
     let mut round: Vec<Batch> = Vec::new();
     while let Ok(first) = batches.recv() {
         let mut bytes = first.bytes();
