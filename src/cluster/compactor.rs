@@ -192,6 +192,16 @@ impl SnapWorker {
         })
     }
 
+    /// Queues `job` for the thread; gives it back when the queue is full or the thread gone.
+    fn send(&self, job: Job) -> Result<(), Job> {
+        let Some(jobs) = &self.jobs else {
+            return Err(job);
+        };
+        jobs.try_send(job).map_err(|error| match error {
+            TrySendError::Full(job) | TrySendError::Disconnected(job) => job,
+        })
+    }
+
     fn failure(&self) -> Option<io::Error> {
         let failed = self.shared.failed.get()?;
         Some(io::Error::other(failed.clone()))
@@ -200,26 +210,17 @@ impl SnapWorker {
 
 impl Compactor for SnapWorker {
     fn submit(&mut self, frozen: Frozen) -> Result<(), Frozen> {
-        let Some(jobs) = &self.jobs else {
-            return Err(frozen);
-        };
-        match jobs.try_send(Job::Encode(frozen)) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => match job {
-                Job::Encode(frozen) => Err(frozen),
-                Job::Restore(_) | Job::Retire(_) => unreachable!("an encode job was sent"),
-            },
-        }
+        self.send(Job::Encode(frozen)).map_err(|job| match job {
+            Job::Encode(frozen) => frozen,
+            Job::Restore(_) | Job::Retire(_) => unreachable!("an encode job was sent"),
+        })
     }
 
     fn retire(&mut self, machine: ShardMachine) {
-        let Some(jobs) = &self.jobs else {
-            return;
-        };
-        if let Err(error) = jobs.try_send(Job::Retire(Box::new(machine))) {
+        if let Err(job) = self.send(Job::Retire(Box::new(machine))) {
             // Dropped here, on the loop: rare (restores are), and bounded.
             log::debug!("the snapshot worker cannot take a replaced machine now");
-            drop(error.into_inner());
+            drop(job);
         }
     }
 
@@ -248,16 +249,10 @@ impl Compactor for SnapWorker {
     }
 
     fn submit_restore(&mut self, job: RestoreJob) -> Result<(), RestoreJob> {
-        let Some(jobs) = &self.jobs else {
-            return Err(job);
-        };
-        match jobs.try_send(Job::Restore(job)) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => match job {
-                Job::Restore(job) => Err(job),
-                Job::Encode(_) | Job::Retire(_) => unreachable!("a restore job was sent"),
-            },
-        }
+        self.send(Job::Restore(job)).map_err(|job| match job {
+            Job::Restore(job) => job,
+            Job::Encode(_) | Job::Retire(_) => unreachable!("a restore job was sent"),
+        })
     }
 
     fn take_restored(&mut self) -> Vec<Restored> {

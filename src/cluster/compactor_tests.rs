@@ -23,6 +23,29 @@ fn machine_with(holds: u64) -> ShardMachine {
     machine
 }
 
+/// A snapshot worker that counts its wakes.
+fn counting_worker() -> (SnapWorker, Arc<AtomicUsize>) {
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&wakes);
+    let worker = SnapWorker::spawn("test-snap".into(), move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+    })
+    .expect("spawn");
+    (worker, wakes)
+}
+
+/// A snapshot of `machine` (shard 1 of 4, as [`machine_with`] makes it) to restore, its
+/// deadlines counted from `now_ms`.
+fn restore_job(machine: &ShardMachine, data: bytes::Bytes, now_ms: u64) -> RestoreJob {
+    RestoreJob {
+        shard: 1,
+        shards: 4,
+        index: machine.applied(),
+        data,
+        now_ms,
+    }
+}
+
 /// Releases every other hold and grants new keys, from index `from` on.
 fn churn(machine: &mut ShardMachine, from: u64) {
     let holds: Vec<(Vec<u8>, u64)> = machine
@@ -123,12 +146,7 @@ fn a_failed_mem_compactor_refuses_images_and_reports_the_failure() {
 
 #[test]
 fn the_worker_encodes_off_the_caller_wakes_it_and_the_image_is_the_freeze() {
-    let wakes = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&wakes);
-    let mut worker = SnapWorker::spawn("test-snap".into(), move || {
-        counted.fetch_add(1, Ordering::SeqCst);
-    })
-    .expect("spawn");
+    let (mut worker, wakes) = counting_worker();
     let mut machine = machine_with(5_000);
     let expected = machine.snapshot(70);
     worker.submit(machine.freeze(70)).expect("taken");
@@ -201,25 +219,16 @@ use std::collections::BTreeMap;
 
 #[test]
 fn the_worker_decodes_a_received_snapshot_off_the_caller_counting_from_the_hand_over() {
-    let wakes = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&wakes);
-    let mut worker = SnapWorker::spawn("test-snap".into(), move || {
-        counted.fetch_add(1, Ordering::SeqCst);
-    })
-    .expect("spawn");
+    let (mut worker, wakes) = counting_worker();
     let machine = machine_with(2_000);
     // Taken at 5 ms: each lease (10 s from 5 ms) has 10,000 ms left; handed over at 1,000 ms.
     let data = bytes::Bytes::from(machine.snapshot(5));
-    let job = |data: bytes::Bytes| RestoreJob {
-        shard: 1,
-        shards: 4,
-        index: machine.applied(),
-        data,
-        now_ms: 1_000,
-    };
-    worker.submit_restore(job(data)).expect("taken");
     worker
-        .submit_restore(job(bytes::Bytes::from_static(b"not a snapshot")))
+        .submit_restore(restore_job(&machine, data, 1_000))
+        .expect("taken");
+    let bad = bytes::Bytes::from_static(b"not a snapshot");
+    worker
+        .submit_restore(restore_job(&machine, bad, 1_000))
         .expect("taken");
     let started = Instant::now();
     let mut restored = Vec::new();
@@ -250,13 +259,7 @@ fn the_worker_decodes_a_received_snapshot_off_the_caller_counting_from_the_hand_
 #[test]
 fn the_immediate_compactor_gives_a_restore_back_and_the_late_one_delivers_it_later() {
     let machine = machine_with(10);
-    let job = RestoreJob {
-        shard: 1,
-        shards: 4,
-        index: machine.applied(),
-        data: bytes::Bytes::from(machine.snapshot(5)),
-        now_ms: 5,
-    };
+    let job = restore_job(&machine, bytes::Bytes::from(machine.snapshot(5)), 5);
     let mut immediate = MemCompactor::immediate();
     assert!(
         immediate.submit_restore(job.clone()).is_err(),

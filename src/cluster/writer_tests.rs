@@ -196,20 +196,22 @@ fn wait_synced(writer: &Writer, number: u64) {
     panic!("batch {number} not synced within 2 s");
 }
 
+/// A writer thread over `durable` that reports each wake on the channel returned and drops the
+/// messages it would send.
+fn waking_writer<D: Durable + Send + 'static>(durable: D) -> (Writer, Receiver<()>) {
+    let (woken_tx, woken) = bounded(64);
+    let wake = move || {
+        let _ = woken_tx.send(());
+    };
+    let writer = Writer::spawn("test-wal".into(), durable, wake, |_| {}).expect("spawn");
+    (writer, woken)
+}
+
 #[test]
 fn batches_queued_behind_a_slow_sync_are_synced_together_and_reported_after_it() {
     let (durable, syncs, gate) = gated(true);
     let (started, permit) = gate.expect("gated");
-    let (woken_tx, woken) = bounded(64);
-    let mut writer = Writer::spawn(
-        "test-wal".into(),
-        durable,
-        move || {
-            let _ = woken_tx.send(());
-        },
-        |_| {},
-    )
-    .expect("spawn");
+    let (mut writer, woken) = waking_writer(durable);
     writer.submit(batch(1)).expect("room");
     started.recv().expect("the first round syncs");
     for number in 2..=4 {
@@ -298,16 +300,7 @@ fn messages_waiting_for_a_batch_are_sent_after_its_sync_and_before_it_is_reporte
 fn a_failed_sync_stops_the_writer_and_is_reported() {
     let mut image = MemDurable::new();
     image.set_sync_mode(SyncMode::Fail);
-    let (woken_tx, woken) = bounded(4);
-    let mut writer = Writer::spawn(
-        "test-wal".into(),
-        image,
-        move || {
-            let _ = woken_tx.send(());
-        },
-        |_| {},
-    )
-    .expect("spawn");
+    let (mut writer, woken) = waking_writer(image);
     writer.submit(batch(1)).expect("room");
     woken
         .recv_timeout(Duration::from_secs(2))
@@ -365,16 +358,7 @@ impl Durable for Panicking {
 
 #[test]
 fn a_panic_of_the_writer_thread_is_reported_as_a_failure() {
-    let (woken_tx, woken) = bounded(4);
-    let mut writer = Writer::spawn(
-        "test-wal".into(),
-        Panicking(MemDurable::new()),
-        move || {
-            let _ = woken_tx.send(());
-        },
-        |_| {},
-    )
-    .expect("spawn");
+    let (mut writer, woken) = waking_writer(Panicking(MemDurable::new()));
     writer.submit(batch(1)).expect("room");
     woken
         .recv_timeout(Duration::from_secs(2))
