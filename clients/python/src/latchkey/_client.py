@@ -667,6 +667,12 @@ class Client:
                 report = _Report()
             report.note(at, state)
 
+        def leave(at: Address) -> Address:
+            # No longer the key's leader as far as this call knows: back off, then the next.
+            members.forget(key, at)
+            sleep()
+            return members.next_member_except(at)
+
         def unavailable() -> _Result:
             text = (report or _Report()).text(members.listed)
             self.last_unavailable = text
@@ -694,9 +700,7 @@ class Client:
                     note(addr, "silent (its sessions stopped answering)")
                 if session is not None:
                     avoid = session
-                members.forget(key, addr)
-                sleep()
-                addr = members.next_member_except(addr)
+                addr = leave(addr)
                 call = call.fresh()
                 continue
             session.wait(call)
@@ -720,10 +724,8 @@ class Client:
                     members.learn(key, named)
                     addr = named
                 else:
-                    members.forget(key, addr)
                     backoff = max(backoff, BACKOFF_MIN)
-                    sleep()
-                    addr = members.next_member_except(addr)
+                    addr = leave(addr)
                 continue
             if outcome == EXPIRED:
                 return _Result("unsent", serving=True)
@@ -737,9 +739,7 @@ class Client:
                 failure = session.failure if session.failed else "silent (answers overdue)"
                 note(addr, f"unreachable: {failure}" if session.failed else failure)
                 avoid = session
-                members.forget(key, addr)
-                sleep()
-                addr = members.next_member_except(addr)
+                addr = leave(addr)
                 call = call.fresh()
                 continue
             assert outcome == INDETERMINATE
