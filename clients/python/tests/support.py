@@ -339,15 +339,8 @@ class Proxy:
         buffer = bytearray()
         forwarded = 0
         while True:
-            try:
-                data = client.recv(16384)
-            except OSError:
-                data = b""
+            data = _read(client, server)
             if not data:
-                try:
-                    server.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
                 return
             self._count(buffer, data)
             if self.delay_up_s:
@@ -369,15 +362,8 @@ class Proxy:
 
     def _down(self, server: socket.socket, client: socket.socket) -> None:
         while True:
-            try:
-                data = server.recv(16384)
-            except OSError:
-                data = b""
+            data = _read(server, client)
             if not data:
-                try:
-                    client.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
                 return
             with self.cond:
                 while self.hold_down and not self.stopped:
@@ -389,6 +375,21 @@ class Proxy:
             except OSError:
                 _shut(server)
                 return
+
+
+def _read(source: socket.socket, sink: socket.socket) -> bytes:
+    """The next bytes from ``source``; at its end (or on an error) shuts ``sink``'s sending
+    side, as the end goes on through the proxy, and returns ``b""``."""
+    try:
+        data = source.recv(16384)
+    except OSError:
+        data = b""
+    if not data:
+        try:
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+    return data
 
 
 def _shut(sock: socket.socket) -> None:
