@@ -32,8 +32,15 @@
 //! its entries, then the hard state that may commit them, so that no recovered hard state
 //! commits an entry that was lost.
 //!
-//! Not done here: preallocating segments, direct I/O, and reading entries back for raft (raft
-//! reads its `MemStorage`). After a failed write or sync the log refuses everything (the state
+//! Segments are preallocated: a new segment (and the current one at open) is extended to
+//! [`Options::segment_bytes`] with `fallocate` before records are written into it, so that a
+//! sync writes into blocks the file already has and its `fdatasync` need not also commit a
+//! larger file size (on ext4 here, a 256-byte write's `fdatasync` took 139 µs appending and
+//! 98 µs into a preallocated file, p50 of 2,000). Records are written at their offset, and the
+//! zeros after them end a segment's records on replay (`replay.rs`). A rotated segment is cut
+//! to its records' length; a file system without `fallocate` just grows the file.
+//!
+//! Not done here: direct I/O, and reading entries back for raft (raft reads its `MemStorage`). After a failed write or sync the log refuses everything (the state
 //! of the file is unknown; restart and recover).
 
 mod record;
@@ -50,6 +57,7 @@ use record::BodyRef;
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Write as _};
+use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -172,16 +180,13 @@ impl Wal {
         let mut replayed = replay::replay(dir)?;
         if replayed.segments.is_empty() {
             let path = dir.join(replay::segment_name(0));
-            create_file(&path, options.fsync)?;
+            create_file(&path, options)?;
             replayed.segments.push((0, path));
             replayed.last_bytes = 0;
         }
-        let mut older_bytes = 0;
-        for (_, path) in &replayed.segments[..replayed.segments.len() - 1] {
-            older_bytes += fs::metadata(path)?.len();
-        }
         let last = &replayed.segments[replayed.segments.len() - 1].1;
-        let file = fs::OpenOptions::new().append(true).open(last)?;
+        let file = fs::OpenOptions::new().write(true).open(last)?;
+        preallocate(&file, options.segment_bytes);
         let recovered = replayed
             .groups
             .iter()
@@ -197,7 +202,7 @@ impl Wal {
             file,
             file_bytes: replayed.last_bytes,
             synced_bytes: replayed.last_bytes,
-            older_bytes,
+            older_bytes: replayed.older_bytes,
             next_seq: replayed.next_seq,
             poisoned: false,
             stats: Stats::default(),
@@ -287,9 +292,10 @@ impl Wal {
         self.groups.values().for_each(state::check);
     }
 
-    /// Writes the buffer to the current segment (one `write`, retried only if short).
+    /// Writes the buffer to the current segment after its records (one `pwrite`, retried only
+    /// if short).
     fn write_buffer(&mut self) -> io::Result<()> {
-        if let Err(error) = self.file.write_all(&self.buffer) {
+        if let Err(error) = self.file.write_all_at(&self.buffer, self.file_bytes) {
             self.poisoned = true;
             return Err(self.on_segment("write to", error));
         }
@@ -312,7 +318,9 @@ impl Wal {
         }
         let seq = self.next_seq;
         let path = self.dir.join(replay::segment_name(seq));
-        let file = create_file(&path, self.options.fsync)?;
+        // The full segment keeps its records only (its zeros would end them on replay too).
+        self.file.set_len(self.file_bytes)?;
+        let file = create_file(&path, self.options)?;
         self.older_bytes += self.file_bytes;
         self.segments.push((seq, path));
         self.file = file;
@@ -357,7 +365,8 @@ impl Wal {
         // From here on the checkpoint supersedes the older segments: the new file is live even
         // if deleting them fails.
         let older = std::mem::replace(&mut self.segments, vec![(seq, path.clone())]);
-        self.file = fs::OpenOptions::new().append(true).open(&path)?;
+        self.file = fs::OpenOptions::new().write(true).open(&path)?;
+        preallocate(&self.file, self.options.segment_bytes);
         self.file_bytes = bytes.len() as u64;
         self.synced_bytes = self.file_bytes;
         self.older_bytes = 0;
@@ -413,18 +422,40 @@ fn encode_group(out: &mut Vec<u8>, shard: u32, group: &Recovered) -> io::Result<
     Ok(records + 1)
 }
 
-/// Creates an empty segment file and, with `fsync`, makes its name durable.
-fn create_file(path: &Path, fsync: bool) -> io::Result<File> {
+/// Creates an empty segment file, preallocated, and, with `fsync`, makes its name durable.
+fn create_file(path: &Path, options: Options) -> io::Result<File> {
     let file = fs::OpenOptions::new()
-        .append(true)
+        .write(true)
         .create_new(true)
         .open(path)?;
-    if fsync {
+    preallocate(&file, options.segment_bytes);
+    if options.fsync {
         if let Some(dir) = path.parent() {
             sync_dir(dir)?;
         }
     }
     Ok(file)
+}
+
+/// Extends `file` to `bytes` (if shorter) with allocated blocks that read as zeros. Only an
+/// optimisation: where it fails (a file system without `fallocate`, a full disk) the file grows
+/// as records are written, and a full disk fails the write that needs the room.
+fn preallocate(file: &File, bytes: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd as _;
+        let Ok(length) = libc::off_t::try_from(bytes) else {
+            return;
+        };
+        // SAFETY: fallocate only changes the file behind a descriptor `file` owns; mode 0
+        // allocates and extends the size, keeping every byte already there.
+        let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, length) };
+        if result != 0 {
+            log::debug!("wal: no preallocation: {}", io::Error::last_os_error());
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, bytes);
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {

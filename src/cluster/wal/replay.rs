@@ -5,10 +5,17 @@
 //! (a compacted segment; older ones are superseded and deleted) or else at the oldest, and each
 //! segment must start where the previous one ended: a gap is a lost segment, an error.
 //!
+//! Segments are preallocated (`wal.rs`), so a segment's records are followed by zeros up to its
+//! allocated length: a record header of zeros ends a segment's records. In an older segment
+//! everything after it must be zeros too (anything else is damage); records lost there would
+//! also show as a gap in the sequence numbers.
+//!
 //! A record that is cut short or damaged ends the log if it is in the LAST segment (a crash
-//! mid-write leaves exactly that): the file is truncated after the last good record. In any
-//! older segment it is corruption and recovery fails, naming the file and the byte offset;
-//! committed data is never dropped silently. Leftover `*.tmp` files (a compaction that did not
+//! mid-write leaves exactly that): the file is truncated after the last good record (also after
+//! a clean end at zeros, so that nothing a torn write left further on survives to be read as
+//! records once the log has written past it). In any older segment it is corruption and
+//! recovery fails, naming the file and the byte offset; committed data is never dropped
+//! silently. Leftover `*.tmp` files (a compaction that did not
 //! finish) are deleted. Other files are left alone.
 
 use super::super::Recovered;
@@ -93,8 +100,10 @@ pub struct Replayed {
     pub segments: Vec<(u64, PathBuf)>,
     /// The sequence number of the next record.
     pub next_seq: u64,
-    /// The length of the last segment after any torn tail was cut.
+    /// The length of the last segment's records (the file is cut there).
     pub last_bytes: u64,
+    /// The length of the records of all segments but the last.
+    pub older_bytes: u64,
 }
 
 /// Replays the segments of `dir` (which exists).
@@ -118,7 +127,11 @@ pub fn replay(dir: &Path) -> io::Result<Replayed> {
         let last = position + 1 == count;
         let (records, good_bytes) = replay_segment(path, last, &mut replayed.groups)?;
         replayed.next_seq += records;
-        replayed.last_bytes = good_bytes;
+        if last {
+            replayed.last_bytes = good_bytes;
+        } else {
+            replayed.older_bytes += good_bytes;
+        }
     }
     replayed.segments = segments;
     Ok(replayed)
@@ -152,8 +165,8 @@ fn read_prefix(path: &Path, buffer: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-/// Replays one segment into `groups`: returns how many records it holds and its good length.
-/// In the last segment a bad record ends the log and the file is cut there.
+/// Replays one segment into `groups`: returns how many records it holds and their length. The
+/// last segment is cut after its last good record.
 fn replay_segment(
     path: &Path,
     last: bool,
@@ -170,17 +183,30 @@ fn replay_segment(
     let (mut offset, mut records) = (0usize, 0u64);
     // Bounded: each turn consumes one record of at least HEADER_BYTES, or stops.
     while offset < bytes.len() {
-        let what = match record::decode(&bytes[offset..]) {
-            Ok((shard, body, used)) => match apply(groups, shard, body) {
-                Ok(()) => {
-                    offset += used;
-                    records += 1;
-                    continue;
-                }
-                Err(what) => what,
-            },
-            Err(Bad::Truncated) => "record cut short".to_string(),
-            Err(Bad::Corrupt(what)) => what,
+        let rest = &bytes[offset..];
+        let what = if rest[..rest.len().min(record::HEADER_BYTES)]
+            .iter()
+            .all(|byte| *byte == 0)
+        {
+            // The preallocated rest of the segment: its records end here.
+            match rest.iter().position(|byte| *byte != 0) {
+                None if last => break,
+                None => return Ok((records, offset as u64)),
+                Some(at) => format!("a zero record header, then data at offset {}", offset + at),
+            }
+        } else {
+            match record::decode(rest) {
+                Ok((shard, body, used)) => match apply(groups, shard, body) {
+                    Ok(()) => {
+                        offset += used;
+                        records += 1;
+                        continue;
+                    }
+                    Err(what) => what,
+                },
+                Err(Bad::Truncated) => "record cut short".to_string(),
+                Err(Bad::Corrupt(what)) => what,
+            }
         };
         if !last {
             return Err(corrupt(path, offset as u64, &what));
@@ -189,8 +215,10 @@ fn replay_segment(
             "wal: {}: offset {offset}: {what}; the log ends here",
             path.display()
         );
-        cut(path, offset as u64).map_err(|error| named(path, error))?;
         break;
+    }
+    if last && (offset as u64) < size {
+        cut(path, offset as u64).map_err(|error| named(path, error))?;
     }
     debug_assert!(RECORD_BYTES_MAX as u64 <= SEGMENT_FILE_BYTES_MAX);
     Ok((records, offset as u64))

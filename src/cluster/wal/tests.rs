@@ -230,10 +230,15 @@ fn the_buffer_is_bounded() {
         .expect("room again after a sync");
 }
 
+/// The segment size of the torn-write tests: small, so that each of their many reopens reads
+/// little.
+const SEGMENT: u64 = 64 << 10;
+
 /// Writes `first` records and syncs, then one more record and syncs; returns the file, its
-/// bytes, where the last record starts, and the state before it.
+/// records' bytes (not the preallocated zeros after them), where the last record starts, and
+/// the state before it.
 fn two_syncs(dir: &Path) -> (PathBuf, Vec<u8>, usize, BTreeMap<u32, Recovered>) {
-    let (mut wal, _) = Wal::open(dir, false).expect("open");
+    let (mut wal, _) = Wal::open_with(dir, options(SEGMENT)).expect("open");
     wal.append(4, &entries(1..=3, 1)).expect("append");
     wal.set_hard_state(4, &hard_state(1, 2, 1)).expect("hs");
     wal.sync().expect("sync");
@@ -242,31 +247,70 @@ fn two_syncs(dir: &Path) -> (PathBuf, Vec<u8>, usize, BTreeMap<u32, Recovered>) 
     wal.append(4, &entries(3..=4, 2)).expect("append");
     wal.sync().expect("sync");
     let path = wal.segments[0].1.clone();
+    let length = wal.file_bytes as usize;
     drop(wal);
-    let bytes = fs::read(&path).expect("read");
+    let mut bytes = fs::read(&path).expect("read");
+    assert_eq!(bytes.len() as u64, SEGMENT, "the segment is preallocated");
+    assert!(bytes[length..].iter().all(|byte| *byte == 0));
+    bytes.truncate(length);
     (path, bytes, start, before)
+}
+
+/// `bytes` followed by zeros up to the preallocated segment's length: what a crash leaves of a
+/// write into a preallocated segment that reached the disk only up to `bytes.len()`.
+fn with_zero_tail(bytes: &[u8]) -> Vec<u8> {
+    let mut file = bytes.to_vec();
+    file.resize(SEGMENT as usize, 0);
+    file
 }
 
 #[test]
 fn a_torn_last_record_at_every_offset_is_cut_off() {
     let dir = TempDir::new("torn");
     let (path, bytes, start, before) = two_syncs(&dir.0);
-    for cut in start..bytes.len() {
-        fs::write(&path, &bytes[..cut]).expect("write");
-        let (mut wal, recovered) = reopen(&dir.0, options(SEGMENT_BYTES_DEFAULT));
-        assert_eq!(recovered, before, "cut at {cut}");
-        assert_eq!(
-            fs::metadata(&path).expect("meta").len(),
-            start as u64,
-            "cut at {cut}"
-        );
-        // The log goes on after the cut.
-        wal.append(4, &entries(4..=4, 3)).expect("append");
-        wal.sync().expect("sync");
-        drop(wal);
-        let (_, again) = reopen(&dir.0, options(SEGMENT_BYTES_DEFAULT));
-        assert_eq!(again[&4].entries.last(), Some(&entry(4, 3)), "cut at {cut}");
+    // A torn write leaves a shorter file (no preallocation) or zeros where it did not reach.
+    for zeros in [false, true] {
+        for cut in start..bytes.len() {
+            let file = if zeros {
+                with_zero_tail(&bytes[..cut])
+            } else {
+                bytes[..cut].to_vec()
+            };
+            fs::write(&path, file).expect("write");
+            let (mut wal, recovered) = reopen(&dir.0, options(SEGMENT));
+            assert_eq!(recovered, before, "cut at {cut}, zeros {zeros}");
+            assert_eq!(wal.file_bytes, start as u64, "cut at {cut}, zeros {zeros}");
+            // The log goes on after the cut.
+            wal.append(4, &entries(4..=4, 3)).expect("append");
+            wal.sync().expect("sync");
+            drop(wal);
+            let (_, again) = reopen(&dir.0, options(SEGMENT));
+            assert_eq!(again[&4].entries.last(), Some(&entry(4, 3)), "cut at {cut}");
+        }
     }
+}
+
+#[test]
+fn data_after_the_zeros_of_the_last_segment_is_cut_off_and_never_read_later() {
+    // A torn write whose later page reached the disk and its earlier one did not: zeros, then
+    // bytes. The records before the zeros are kept, and the bytes after them are cut, so that
+    // they are not read as records once the log has written up to them.
+    let dir = TempDir::new("after-zeros");
+    let (path, bytes, start, before) = two_syncs(&dir.0);
+    let mut file = with_zero_tail(&bytes[..start]);
+    file[start + 300..bytes.len() + 300].copy_from_slice(&bytes[start..]);
+    fs::write(&path, file).expect("write");
+    let (mut wal, recovered) = reopen(&dir.0, options(SEGMENT));
+    assert_eq!(recovered, before);
+    let after = fs::read(&path).expect("read");
+    assert!(after[start..].iter().all(|byte| *byte == 0), "cut");
+    for index in 4..=40 {
+        wal.append(4, &entries(index..=index, 3)).expect("append");
+        wal.sync().expect("sync");
+    }
+    drop(wal);
+    let (_, again) = reopen(&dir.0, options(SEGMENT));
+    assert_eq!(again[&4].entries.last(), Some(&entry(40, 3)));
 }
 
 #[test]
@@ -277,7 +321,7 @@ fn a_flipped_bit_in_the_last_record_cuts_it_off() {
         let mut bad = bytes.clone();
         bad[byte] ^= 0x04;
         fs::write(&path, &bad).expect("write");
-        let (_, recovered) = reopen(&dir.0, options(SEGMENT_BYTES_DEFAULT));
+        let (_, recovered) = reopen(&dir.0, options(SEGMENT));
         assert_eq!(recovered, before, "bit flipped in byte {byte}");
     }
 }
@@ -394,6 +438,67 @@ fn a_crash_between_compaction_steps_loses_nothing() {
         let expected = wal.groups.clone();
         drop(wal);
         assert_eq!(reopen(&dir.0, options(4096)).1, expected, "{step:?}");
+    }
+}
+
+/// Three segments of 4 KiB, all entries live; returns the next index.
+fn three_segments(dir: &Path) -> u64 {
+    let (mut wal, _) = Wal::open_with(dir, options(4096)).expect("open");
+    let mut index = 1;
+    while wal.segments.len() < 3 {
+        wal.append(0, &entries(index..=index + 9, 1))
+            .expect("append");
+        wal.sync().expect("sync");
+        index += 10;
+    }
+    assert_eq!(wal.stats().compactions, 0, "all entries are live");
+    index
+}
+
+#[test]
+fn zeros_after_an_older_segments_records_end_them_and_anything_else_is_an_error() {
+    let dir = TempDir::new("older-zeros");
+    let next = three_segments(&dir.0);
+    let files = segment_files(&dir.0);
+    let victim = &files[1];
+    let records = fs::read(victim).expect("read");
+    assert!(
+        records.len() < 8192,
+        "a rotated segment keeps its records only"
+    );
+    // A crash before the rotation's cut reached the disk leaves the preallocated zeros.
+    let mut file = records.clone();
+    file.resize(64 << 10, 0);
+    fs::write(victim, &file).expect("write");
+    let (_, recovered) = reopen(&dir.0, options(4096));
+    assert_eq!(recovered[&0].entries.last(), Some(&entry(next - 1, 1)));
+    // Bytes after those zeros are damage.
+    file[40 << 10] = 1;
+    fs::write(victim, &file).expect("write");
+    let error = Wal::open_with(&dir.0, options(4096))
+        .err()
+        .expect("damage refused");
+    assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+    assert!(error.to_string().contains("zero record header"), "{error}");
+    // Zeros in place of an older segment's last record are a gap in the sequence.
+    let mut file = records.clone();
+    file[last_record_start(&records)..].fill(0);
+    fs::write(victim, &file).expect("write");
+    let error = Wal::open_with(&dir.0, options(4096))
+        .err()
+        .expect("gap refused");
+    assert!(error.to_string().contains("expected"), "{error}");
+}
+
+/// Where the last record of a segment's `records` starts.
+fn last_record_start(records: &[u8]) -> usize {
+    let mut offset = 0;
+    loop {
+        let (_, _, used) = record::decode(&records[offset..]).expect("record");
+        if offset + used == records.len() {
+            return offset;
+        }
+        offset += used;
     }
 }
 

@@ -1,5 +1,6 @@
 //! A seeded model test: random writes, syncs and crashes (drop without sync, sometimes cutting
-//! the last file inside the last sync's bytes) against a model of the synced log of each group.
+//! the last file inside the last sync's bytes, or zeroing them from there as a write into the
+//! preallocated segment that did not all reach the disk) against a model of the synced log of each group.
 //!
 //! The model keeps each group's log in a `BTreeMap` by index, with raft's rules written
 //! independently of `state.rs`. Seeds are printed; `WAL_SEED=<n>` replays one.
@@ -240,7 +241,14 @@ impl Run {
                 .write(true)
                 .open(&last.path)
                 .expect("open");
-            file.set_len(cut).expect("cut");
+            if self.rng.range(0, 1) == 0 {
+                file.set_len(cut).expect("cut");
+            } else {
+                // The write reached the preallocated segment only up to `cut`.
+                use std::os::unix::fs::FileExt as _;
+                let zeros = vec![0u8; (end - cut) as usize];
+                file.write_all_at(&zeros, cut).expect("zeros");
+            }
             self.synced = last.before;
             for (_, op) in last.records.iter().filter(|(end, _)| *end <= cut) {
                 apply(&mut self.synced, op);
