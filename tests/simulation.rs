@@ -32,11 +32,11 @@ mod common;
 mod generator;
 
 use common::partition_model::{Expect, Model};
-use common::rng::Rng;
 use generator::key_name;
 use latchkey::lock_table::{LockTable, TableConfig};
 use latchkey::partition::{Answer, SessionId};
 use latchkey::protocol::{Request, Response};
+use latchkey::rng::Rng;
 use latchkey::tokens::TokenRange;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
@@ -159,7 +159,7 @@ struct Sim {
 
 impl Sim {
     fn new(seed: u64, steps: u64) -> Sim {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let key_count = rng.between(2, 9) as usize;
         let config = TableConfig {
             max_keys: rng.between(1, key_count as u64 + 1) as usize,

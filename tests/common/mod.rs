@@ -18,7 +18,6 @@ pub mod partition_model;
 pub mod pki;
 pub mod probe;
 pub mod proxy;
-pub mod rng;
 pub mod server;
 pub mod session_driver;
 
