@@ -14,7 +14,6 @@
 
 pub mod cluster;
 pub mod fake_member;
-pub mod partition_model;
 pub mod pki;
 pub mod probe;
 pub mod proxy;

@@ -1,9 +1,9 @@
 //! One seed's run: the random operations, the model's prediction of each, and the comparison of
 //! both subjects with it (see `tests/queue_rules.rs`).
 
-use crate::common::partition_model::{Expect, Model};
 use crate::step::{said_of, Pick, Said, Step};
 use crate::subject::{Limits, Shown, Subject};
+use latchkey::lock_table::model::{Expect, Model};
 use latchkey::lock_table::TableConfig;
 use latchkey::partition::{Answer, Op as TableOp, SessionId};
 use latchkey::protocol::Response;
