@@ -13,8 +13,6 @@
 //! Budget: `PROPTEST_CASES` scales the local cases; `LATCHKEY_TCP_STREAMS` (default 300) the
 //! TCP ones.
 
-mod common;
-
 use common::server::{start_with, test_config, Conn};
 use common::session_driver::Driver;
 use latchkey::protocol::{parse_request, parse_response, ErrorCode, Request, Response};

@@ -11,8 +11,6 @@
 //! The seed is printed; `LATCHKEY_STRESS_SEED=<n>` replays its choices (thread interleavings
 //! still vary). About eight seconds.
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::thread;

@@ -19,8 +19,6 @@
 //!
 //! Small by default (a few seconds); `LATCHKEY_SOAK=1` runs more threads for a minute.
 
-mod common;
-
 use common::server::{keys_on_partition, start, Conn};
 use latchkey::protocol::{Request, Response};
 use latchkey::rng::Rng;

@@ -15,8 +15,6 @@
 //! not count against another's probe. Timing is asserted as "never early" strictly and "not too
 //! late" with generous slack (debug build, shared cores). Every wait is bounded.
 
-mod common;
-
 use common::pki::{
     client_hello, https_get, presenting_config, raw_client_config, raw_connect, tls_client,
     try_tls_client, HandDriven, Pki,
