@@ -559,9 +559,11 @@ fn random_sessions_keep_the_session_invariants() {
 /// Seeds that once failed, replayed for as many steps as they needed.
 #[test]
 fn seeds_that_found_bugs_stay_fixed() {
-    // 0x3af01477, 3000 steps: releasing a dying session's unsent grant handed the key to the
-    // same session's next queued acquire, and that grant was lost with the session.
-    let found: &[(u64, usize)] = &[(0x3af0_1477, 3000)];
+    // Releasing a dying session's unsent grant handed the key to the same session's next
+    // queued acquire, and that grant was lost with the session: found at 0x3af01477 (3000
+    // steps) with the generator the harness had then; with `crate::rng`'s, 0x18 finds it
+    // within 100 steps, the CI run's 400 with margin (checked with the bug put back).
+    let found: &[(u64, usize)] = &[(0x18, 400)];
     for &(seed, steps) in found {
         eprintln!("harness: replaying seed {seed:#x}, {steps} steps");
         run_seed(seed, steps);
