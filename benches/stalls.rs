@@ -39,6 +39,7 @@
 use hdrhistogram::Histogram;
 use latchkey::config::{ClusterConfig, Config, MemberConfig};
 use latchkey::protocol::{parse_response, Request, Response};
+use latchkey::rng::Rng;
 use latchkey::server::{ServerHandle, LOOP_BUCKETS_US};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -60,22 +61,6 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|text| text.parse().ok())
         .unwrap_or(default)
-}
-
-/// A small deterministic generator (xorshift64*), so every run draws the same leases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Pins the calling thread (and the threads it spawns later) to `cpu`; false if it cannot.
@@ -276,7 +261,7 @@ fn grow(keys: usize) {
 fn expire(keys: usize, lease_max_s: u64, seed: u64) {
     let server = start_server(keys.max(1));
     let addr = server.local_addr();
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut wanted: Vec<(String, u8)> = (0..keys)
         .map(|i| (format!("expire/{i:09}"), 1 + rng.below(lease_max_s) as u8))
         .collect();

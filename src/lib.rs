@@ -18,6 +18,7 @@
 //! | [`partition`] | what a core serves: the `Partition` trait, `Op`, `Answer`, sessions, stats, the key hash |
 //! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
 //! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
+//! | [`rng`] | the one seeded generator (splitmix64): election jitter, bench keys, every seeded test |
 //! | [`hash`] | FNV-1a: digests stable across builds (shard state, cluster identity) |
 //! | [`chunked`] | arrays and slabs that grow by chunks and never move what they hold |
 //! | [`metrics`] | per-core counters and fixed-bucket histograms, merged for `GET /metrics` |
@@ -50,6 +51,7 @@ pub mod metrics;
 pub mod node;
 pub mod partition;
 pub mod protocol;
+pub mod rng;
 pub mod server;
 pub mod tls;
 pub mod tokens;

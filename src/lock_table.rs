@@ -854,6 +854,8 @@ impl LockTable {
 mod check;
 mod index;
 mod keys;
+#[cfg(any(test, feature = "testing"))]
+pub mod model;
 mod partition;
 
 #[cfg(test)]

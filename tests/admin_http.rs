@@ -3,8 +3,6 @@
 //! and hostile HTTP clients (split heads, oversized heads, other methods, slow and flooding
 //! clients) beside a well-behaved lock session whose p99 must stay low.
 
-mod common;
-
 use common::probe::{key_per_partition, serial, Probe};
 use common::server::{start_with, test_config, Conn};
 use latchkey::protocol::{Request, Response};

@@ -2,8 +2,6 @@
 //! (a test CA, an IP-SAN certificate for 127.0.0.1), with and without `tls.client_ca_file`;
 //! and without `--tls-ca` against it, a clear failure within the timeout.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

@@ -13,12 +13,10 @@
 //! Budget: `PROPTEST_CASES` scales the local cases; `LATCHKEY_TCP_STREAMS` (default 300) the
 //! TCP ones.
 
-mod common;
-
-use common::rng::Rng;
 use common::server::{start_with, test_config, Conn};
 use common::session_driver::Driver;
 use latchkey::protocol::{parse_request, parse_response, ErrorCode, Request, Response};
+use latchkey::rng::Rng;
 use proptest::prelude::*;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -146,7 +144,7 @@ proptest! {
     /// Valid frames split at random offsets: every one is executed and answered once.
     #[test]
     fn valid_frames_are_all_answered(seed in any::<u64>(), pieces in 1usize..120) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let mut stream = Vec::new();
         let mut requests = 0;
         let mut cancels = 0;
@@ -170,7 +168,7 @@ proptest! {
     /// Mostly-valid streams with faults and noise, cut at random offsets.
     #[test]
     fn mutated_streams_never_break_the_pipeline(seed in any::<u64>(), pieces in 1usize..80) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let stream = random_stream(&mut rng, pieces);
         let driver = Driver::run_script(&script_for(&mut rng, &stream));
         driver.check_consumed();
@@ -336,7 +334,7 @@ fn random_streams_against_the_real_server() {
     let started = Instant::now();
     let mut resets = 0;
     for seed in 0..streams {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let pieces = rng.between(1, 60) as usize;
         let stream = random_stream(&mut rng, pieces);
         let (responses, reset) = exchange(addr, &mut rng, &stream);

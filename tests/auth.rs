@@ -4,8 +4,6 @@
 //! a named identity and `/keys` lists only what it may use. Certificates are made at test time;
 //! one in-process server per test on 127.0.0.1:0.
 
-mod common;
-
 use common::pki::{https_get, raw_client_config, raw_connect, Pki};
 use common::server::{keys_on_partition, start_with, Conn, RawStream};
 use latchkey::config::{AuthRule, Config};

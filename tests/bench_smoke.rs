@@ -3,8 +3,6 @@
 //! connection error. And the binary: its target from `LATCHKEY_SERVER`, and a run against
 //! something that never completes a cycle fails.
 
-mod common;
-
 use std::time::Duration;
 
 use latchkey::bench::{execute, parse_target, BenchConfig, Report, Workload};

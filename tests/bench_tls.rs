@@ -4,8 +4,6 @@
 //! workloads, `--tls-server-name` for a certificate without the address, and handshakes that
 //! fail before anything is measured.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;

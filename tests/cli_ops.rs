@@ -3,8 +3,6 @@
 //! `keys`, the JSON log format, and the open-files limit at startup (raised, or warned about
 //! while the server still serves).
 
-mod common;
-
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output};
 use std::sync::{Arc, Mutex};

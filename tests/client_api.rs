@@ -1,8 +1,6 @@
 //! The client's API surface: acquire, ticket (token, validity bound, extend, release, drop),
 //! query, ping, correlation of pipelined calls from many threads.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::thread;

@@ -2,8 +2,6 @@
 //! the real server, or a scripted one to force a lost lease), as the `latchkey` binary, and
 //! their argument parsing through clap.
 
-mod common;
-
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};

@@ -4,8 +4,6 @@
 //! client send (Acquire and Cancel frames per owner, connections) and what the server shows
 //! afterwards (through a second client that does not go through the proxy).
 
-mod common;
-
 use std::thread;
 use std::time::{Duration, Instant};
 

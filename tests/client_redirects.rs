@@ -5,8 +5,6 @@
 //!
 //! Loopback only; every wait is bounded; no assertion on speed beyond generous ceilings.
 
-mod common;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::thread;

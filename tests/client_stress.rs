@@ -11,17 +11,15 @@
 //! The seed is printed; `LATCHKEY_STRESS_SEED=<n>` replays its choices (thread interleavings
 //! still vary). About eight seconds.
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
-use common::rng::Rng;
 use common::{client, start_server};
 use latchkey::client::{AcquireError, Client, ExtendOutcome, RequestError, Ticket};
+use latchkey::rng::Rng;
 
 const THREADS: usize = 20;
 const KEYS: usize = 4;
@@ -135,7 +133,7 @@ fn hold(world: &World, ticket: Ticket, register: &Register, rng: &mut Rng) {
     thread::scope(|scope| {
         if with_helper {
             scope.spawn(|| {
-                let mut rng = Rng(helper_seed);
+                let mut rng = Rng::new(helper_seed);
                 thread::sleep(ms(rng.between(0, 300)));
                 extend(&ticket, Duration::from_secs(rng.between(1, 4)), tally);
                 register.write(&ticket, tally);
@@ -172,7 +170,7 @@ fn hold(world: &World, ticket: Ticket, register: &Register, rng: &mut Rng) {
 }
 
 fn worker(world: &World, seed: u64) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let tally = &world.tally;
     while Instant::now() < world.end {
         let index = rng.below(KEYS as u64) as usize;

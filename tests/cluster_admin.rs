@@ -5,8 +5,6 @@
 //!
 //! Every wait is bounded and polled; no timing is asserted beyond "eventually, within 10 s".
 
-mod common;
-
 use common::cluster::Cluster;
 use common::server::{fresh_id, Conn};
 use latchkey::protocol::Response;

@@ -5,8 +5,6 @@
 //!
 //! Every wait is bounded; timing assertions are "never early" and "not too late" with slack.
 
-mod common;
-
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 

@@ -18,9 +18,6 @@
 mod checker;
 #[path = "cluster_locks_sim/clients.rs"]
 mod clients;
-#[allow(dead_code)]
-#[path = "common/rng.rs"]
-mod rng;
 #[path = "cluster_locks_sim/sim.rs"]
 mod sim;
 #[path = "cluster_locks_sim/world.rs"]

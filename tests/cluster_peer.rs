@@ -5,8 +5,6 @@
 //!
 //! Every wait is bounded by a generous deadline; nothing asserts on speed.
 
-mod common;
-
 #[path = "cluster_peer/content.rs"]
 mod content;
 #[path = "cluster_peer/reach.rs"]

@@ -3,8 +3,6 @@
 //!
 //! Every wait is bounded; timing assertions are "never early" and "not too late" with slack.
 
-mod common;
-
 use common::cluster::Cluster;
 use common::server::fresh_id;
 use latchkey::protocol::{Request, Response};

@@ -12,8 +12,6 @@
 //!
 //! Every wait polls until true with a generous bound; nothing asserts on speed.
 
-mod common;
-
 use common::cluster::{http_get, metric, Cluster, DEFAULT_SECTIONS};
 use common::server::{wait_for_line, TempDir};
 use std::time::{Duration, Instant};

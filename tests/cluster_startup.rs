@@ -7,8 +7,6 @@
 //!
 //! Every wait is bounded; nothing is timed but "within" bounds of seconds.
 
-mod common;
-
 use common::cluster::{serve_to_exit, Cluster};
 use common::pki::{raw_client_config, raw_connect, Pki};
 use common::server::{fresh_id, wait_for_line, Conn, ServerProcess, TempDir};

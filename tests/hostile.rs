@@ -11,8 +11,6 @@
 //! The scenarios run one at a time (a process-wide lock), so that one's load does not count
 //! against another's latency bound and the memory reading is not shared.
 
-mod common;
-
 use common::probe::{self, serial, Probe};
 use common::server::{keys_on_partition, rss_bytes, start_with, test_config, Conn};
 use latchkey::partition::partition_of;

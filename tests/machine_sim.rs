@@ -17,6 +17,7 @@
 //! Replay one seed with `MACHINE_SIM_SEED=<n> cargo test --test machine_sim`.
 
 use latchkey::cluster::machine::{Applied, Command, Grant, ShardMachine};
+use latchkey::rng::Rng;
 use std::collections::HashMap;
 
 const MEMBERS: usize = 3;
@@ -25,22 +26,6 @@ const STEPS: usize = 6_000;
 const GRACE_MS: u64 = 300;
 const SHARD: u32 = 5;
 const SHARDS: u32 = 8;
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// One committed entry: `None` is an empty entry.
 struct Entry {
@@ -98,11 +83,7 @@ fn normalized(applied: Applied) -> Applied {
 
 impl Sim {
     fn new(seed: u64) -> Self {
-        // splitmix64 of the seed: never 0, and nearby seeds give unrelated streams.
-        let mut mixed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        let mut rng = Rng((mixed ^ (mixed >> 31)) | 1);
+        let mut rng = Rng::new(seed);
         let members = (0..MEMBERS)
             .map(|_| Member {
                 machine: ShardMachine::new(SHARD, SHARDS),

@@ -5,8 +5,6 @@
 //! Before: every request for another core's partition with a key over 22 bytes boxed a copy of
 //! the key, and every new long key boxed one in the table.
 
-mod common;
-
 use common::server::{keys_on_partition, start};
 use latchkey::protocol::{parse_response, Request, Response};
 use std::alloc::{GlobalAlloc, Layout, System};

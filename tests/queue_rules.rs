@@ -1,14 +1,12 @@
 //! One specification of the waiting rules of docs/protocol.md §3, checked against both
-//! partitions: the reference model of `common/partition_model.rs` (the one
-//! `tests/simulation.rs` checks the lock table against) is driven by a seeded random sequence
-//! of operations, and the same sequence goes to the single node's `LockTable` and to a
-//! one-member cluster partition on `MemDurable` (`queue_rules/subject.rs`), all on one virtual
-//! clock.
+//! partitions: the reference model `latchkey::lock_table::model` (the one the lock table's own
+//! tests and `tests/simulation.rs` check it against) is driven by a seeded random sequence of
+//! operations, and the same sequence goes to the single node's `LockTable` and to a one-member
+//! cluster partition on `MemDurable` (`queue_rules/subject.rs`), all on one virtual clock.
 //!
-//! Why that model and not `src/lock_table/tests/model/`: it states the rules alone (plain
-//! deques, time as deadlines), it leaves a grant's token open — the table issues its own and
-//! the cluster's come from log indices — and it is reachable from an integration test; the
-//! in-crate one issues the table's exact tokens and is tied to the table's proptest observer.
+//! The model issues the table's tokens; the cluster's come from log indices, so the driver
+//! numbers each grant with a logical token of its own (`Model::set_token`) and maps each
+//! subject's tokens to it.
 //!
 //! Operations: acquires (wait 0 and > 0, now and then a resend of a queued owner), releases
 //! and extends (the holder's token or a wrong one), cancels, queries, session closes, time
@@ -53,7 +51,6 @@
 //! and `LATCHKEY_QUEUE_RULES_STEPS` (default 500) set the budget;
 //! `LATCHKEY_QUEUE_RULES_SEED_BASE` (default 0) shifts the seeds, for long runs.
 
-mod common;
 #[path = "queue_rules/driver.rs"]
 mod driver;
 #[path = "queue_rules/step.rs"]

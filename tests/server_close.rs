@@ -6,8 +6,6 @@
 //! to the next waiter. Before this was so, such a key stayed held for the whole lease with no
 //! holder anywhere.
 
-mod common;
-
 use common::server::{keys_on_partition, start, wait_until, Conn};
 use latchkey::protocol::Request;
 use std::io::{ErrorKind, Write};

@@ -3,8 +3,6 @@
 //! requests changing nothing, fixed headers full of `0x0A`, frames split at every byte offset,
 //! and half-close after pipelined frames.
 
-mod common;
-
 use common::server::{
     encode_all, fresh_id, keys_on_partition, start, start_with, test_config, Conn, Expect,
     KeyState, Script,

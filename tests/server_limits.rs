@@ -1,8 +1,6 @@
 //! PROTOCOL.md §3 capacity rules against the real server: `max_waiters_per_key`, `max_keys`
 //! (per partition), `max_pending_per_session`, `max_connections`, shutdown, and a slow reader.
 
-mod common;
-
 use common::server::{
     encode_all, fresh_id, keys_on_partition, start, start_with, test_config, wait_until, Conn,
     KeyState, ANSWER_TIMEOUT,

@@ -1,8 +1,6 @@
 //! What the server logs, as a process: session open and close with peer and reason (debug),
 //! refused frames and `B` answers at info and rate-limited, and what a shutdown drops.
 
-mod common;
-
 use common::server::{self, fresh_id, keys_on_partition, Conn, ServerProcess, TempDir};
 use latchkey::protocol::{Request, Response};
 use std::sync::{Arc, Mutex};

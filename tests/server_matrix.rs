@@ -7,8 +7,6 @@
 //! **Hf** (held, queue at `max_waiters_per_key`). The request under test comes from a third
 //! session, `client`, unless the cell is about the waiter's own session.
 
-mod common;
-
 use common::assert_between;
 use common::server::{
     fresh_id, keys_on_partition, start, start_with, test_config, wait_until, Conn, KeyState,

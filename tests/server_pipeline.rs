@@ -2,8 +2,6 @@
 //! partitions in one write, every answer correlated exactly once and in order per key; several
 //! sessions at once, on their own keys and contending for the same keys.
 
-mod common;
-
 use common::server::{fresh_id, keys_on_partition, start, Conn, Expect, Script};
 use latchkey::protocol::{Request, Response};
 use std::collections::{HashMap, HashSet};

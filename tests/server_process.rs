@@ -3,8 +3,6 @@
 //! high-water mark), startup errors naming the key, the address or the directory (a second
 //! server on an address in use exits 70), and plain `latchkey` serving on 127.0.0.1:7420.
 
-mod common;
-
 use common::server::{fresh_id, keys_on_partition, Conn, ServerProcess, TempDir};
 use latchkey::protocol::Response;
 use latchkey::tokens::wall_clock_floor;

@@ -19,11 +19,9 @@
 //!
 //! Small by default (a few seconds); `LATCHKEY_SOAK=1` runs more threads for a minute.
 
-mod common;
-
-use common::rng::Rng;
 use common::server::{keys_on_partition, start, Conn};
 use latchkey::protocol::{Request, Response};
+use latchkey::rng::Rng;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::thread;
@@ -87,7 +85,7 @@ impl Client {
         Client {
             index,
             addr,
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             conn: Conn::connect(addr),
             keys,
             grants: Vec::new(),

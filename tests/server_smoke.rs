@@ -1,7 +1,5 @@
 //! The smallest end-to-end check: a two-core server grants, queues, hands off and answers.
 
-mod common;
-
 use common::server::{keys_on_partition, start, Conn};
 use latchkey::protocol::Response;
 

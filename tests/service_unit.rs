@@ -6,8 +6,6 @@
 //! `systemd-analyze verify` also reports on units of the host it loads along the way; only its
 //! lines that name our unit are judged.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::thread;

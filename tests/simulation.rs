@@ -1,5 +1,5 @@
 //! Deterministic simulation of one partition — the lock table and its timing wheel — on virtual
-//! time, checked after every step against the reference model of `common/partition_model.rs`.
+//! time, checked after every step against the reference model, `latchkey::lock_table::model`.
 //!
 //! Each seed picks its own limits (keys, waiters per key, pending per session, tick length,
 //! token reservation) and runs loop iterations the way the reactor does: time moves (by a
@@ -26,17 +26,16 @@
 //! dominates a debug build) set the budget; `LATCHKEY_SIM_SEED_BASE` (default 0) shifts the
 //! seeds, for long runs that explore new ones.
 
-mod common;
 // Not `tests/generator.rs`: Cargo would build that as a test of its own.
 #[path = "simulation/generator.rs"]
 mod generator;
 
-use common::partition_model::{Expect, Model};
-use common::rng::Rng;
 use generator::key_name;
+use latchkey::lock_table::model::{Expect, Model};
 use latchkey::lock_table::{LockTable, TableConfig};
 use latchkey::partition::{Answer, SessionId};
 use latchkey::protocol::{Request, Response};
+use latchkey::rng::Rng;
 use latchkey::tokens::TokenRange;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
@@ -159,7 +158,7 @@ struct Sim {
 
 impl Sim {
     fn new(seed: u64, steps: u64) -> Sim {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let key_count = rng.between(2, 9) as usize;
         let config = TableConfig {
             max_keys: rng.between(1, key_count as u64 + 1) as usize,
@@ -432,14 +431,16 @@ impl Sim {
         }
         self.table.handle_timers(now_us);
         let actual = self.table.take_answers();
-        let granted_owners: Vec<u64> = actual
-            .iter()
-            .filter_map(|answer| match answer.response {
-                Response::Acquired { owner, .. } => Some(owner),
-                _ => None,
+        let keys = &self.params.keys;
+        let granted_keys: Vec<usize> = (actual.iter())
+            .filter(|answer| matches!(answer.response, Response::Acquired { .. }))
+            .map(|answer| {
+                let key = self.table.entry_key(answer.grant.0);
+                key.and_then(|key| keys.iter().position(|k| k[..] == key[..]))
+                    .ok_or("a grant of no known key")
             })
-            .collect();
-        let expected = self.model.timers(&granted_owners)?;
+            .collect::<Result<_, _>>()?;
+        let expected = self.model.timers(&granted_keys)?;
         self.compare_answers(expected, actual, false)
     }
 

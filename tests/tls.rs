@@ -1,8 +1,6 @@
 //! TLS on the lock port: certificates made at test time (rcgen), an in-process server per test
 //! on 127.0.0.1:0, every wait bounded.
 
-mod common;
-
 use common::pki::{https_get, raw_client_config, raw_connect, tls_client, Pki};
 use common::server::start_with;
 use latchkey::client::{AcquireError, ReleaseOutcome};

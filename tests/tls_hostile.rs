@@ -15,19 +15,17 @@
 //! not count against another's probe. Timing is asserted as "never early" strictly and "not too
 //! late" with generous slack (debug build, shared cores). Every wait is bounded.
 
-mod common;
-
 use common::pki::{
     client_hello, https_get, presenting_config, raw_client_config, raw_connect, tls_client,
     try_tls_client, HandDriven, Pki,
 };
 use common::probe::{serial, Probe};
-use common::rng::Rng;
 use common::server::{
     rss_bytes, start_with, wait_for_line, wait_until, Conn, KeyState, ServerProcess,
 };
 use common::PATIENCE;
 use latchkey::protocol::{parse_response, Request, Response};
+use latchkey::rng::Rng;
 use latchkey::server::tls::HANDSHAKE_DEADLINE;
 use latchkey::server::ServerHandle;
 use rustls::ClientConfig;
@@ -295,7 +293,7 @@ fn garbage_before_the_client_hello_is_closed_at_once_with_one_line_per_core() {
     let _serial = serial();
     let seed = 0x7e57_91ba_66a5_0001_u64;
     eprintln!("garbage: seed {seed:#x}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let pki = Pki::new("garbage");
     let (server, log) = spawn_server(&pki, "garbage", false);
     let config = raw_client_config(&pki.ca_file(), None);

@@ -6,6 +6,9 @@
 //! input is an incomplete frame unless a closing `X` ended the session.
 #![no_main]
 
+// A file of the tests' support library (`tests/common`), where all of it is used; this target
+// drives `Driver::run_script` only.
+#[allow(dead_code)]
 #[path = "../../tests/common/session_driver.rs"]
 mod session_driver;
 

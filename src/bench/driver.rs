@@ -23,8 +23,9 @@ use super::report::{HoldFigures, Report};
 use super::stream::{connect_plain, connect_tls, BenchStream};
 use super::wire::LatchkeyWire;
 use super::worker::{Worker, WorkerOutcome, WorkerSpec};
-use super::workload::{HandoffClock, HoldKeys, KeySource, Plan, Rng, LATENESS_SAMPLES_MAX};
+use super::workload::{HandoffClock, HoldKeys, KeySource, Plan, LATENESS_SAMPLES_MAX};
 use super::{BenchConfig, Dialect, Workload};
+use crate::rng::Rng;
 
 /// How long connecting (and the Redis script load) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

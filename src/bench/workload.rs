@@ -30,6 +30,7 @@ pub use super::cluster::Outbox;
 use super::stats::Stats;
 use super::wire::{key_name, Answer, Reply, Wire};
 use super::{seconds_rounded_up, BenchConfig, Dialect, Workload, REDIS_RETRY, WIRE_SECONDS_MAX};
+use crate::rng::Rng;
 
 /// Slot numbers live in the low bits of an owner.
 const SLOT_BITS: u32 = 12;
@@ -84,30 +85,6 @@ impl Plan {
 /// Wire seconds for a wait: rounded up, at most 255.
 fn wait_seconds(wait: Duration) -> u8 {
     seconds_rounded_up(wait).min(WIRE_SECONDS_MAX) as u8
-}
-
-/// A small, fast, seeded generator (xorshift64*). Not for anything but picking keys.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from `seed` (any value).
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    /// The next value.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// A value in `0..bound` (`bound` > 0).
-    pub fn below(&mut self, bound: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(bound)) >> 64) as u64
-    }
 }
 
 /// What a slot does with a key.

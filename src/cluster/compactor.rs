@@ -30,6 +30,7 @@
 
 use super::machine::{Frozen, ShardMachine};
 use super::writer::PanicReport;
+use crate::rng::Rng;
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use std::collections::VecDeque;
 use std::io;
@@ -347,7 +348,7 @@ enum Delivery {
 #[derive(Debug)]
 pub struct MemCompactor {
     delivery: Delivery,
-    rng: u64,
+    rng: Rng,
     /// Calls to `take_done` so far.
     polls: u64,
     /// (the poll it is ready at, the image), in submission order.
@@ -364,7 +365,7 @@ impl MemCompactor {
     pub fn immediate() -> MemCompactor {
         MemCompactor {
             delivery: Delivery::Immediate,
-            rng: 1,
+            rng: Rng::new(0),
             polls: 0,
             queued: VecDeque::new(),
             restores: VecDeque::new(),
@@ -378,7 +379,7 @@ impl MemCompactor {
     pub fn late(seed: u64, max: u64) -> MemCompactor {
         let mut compactor = MemCompactor::immediate();
         compactor.delivery = Delivery::Late { max };
-        compactor.rng = seed | 1;
+        compactor.rng = Rng::new(seed);
         compactor
     }
 
@@ -401,14 +402,6 @@ impl MemCompactor {
     pub fn queued(&self) -> usize {
         self.queued.len()
     }
-
-    fn draw(&mut self, below: u64) -> u64 {
-        // xorshift64*
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) % below.max(1)
-    }
 }
 
 impl Compactor for MemCompactor {
@@ -418,7 +411,7 @@ impl Compactor for MemCompactor {
         }
         let delay = match self.delivery {
             Delivery::Immediate => 0,
-            Delivery::Late { max } => self.draw(max + 1),
+            Delivery::Late { max } => self.rng.between(0, max),
         };
         self.queued.push_back((self.polls + 1 + delay, frozen));
         Ok(())
@@ -465,7 +458,7 @@ impl Compactor for MemCompactor {
     fn submit_restore(&mut self, job: RestoreJob) -> Result<(), RestoreJob> {
         let delay = match (self.delivery, &self.failed) {
             (Delivery::Immediate, _) | (_, Some(_)) => return Err(job),
-            (Delivery::Late { max }, None) => self.draw(max + 1),
+            (Delivery::Late { max }, None) => self.rng.between(0, max),
         };
         self.restores.push_back((self.polls + 1 + delay, job));
         Ok(())

@@ -1,6 +1,7 @@
 //! Tests of the timing wheel: targeted cases plus a property test against a reference model.
 
 use super::*;
+use crate::rng::Rng;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
@@ -20,14 +21,6 @@ fn insert(wheel: &mut Wheel<u64>, deadline_tick: u64, payload: u64) -> TimerHand
     handle
 }
 
-/// A small deterministic generator (xorshift64*) so tests need no seed plumbing.
-fn next_random(state: &mut u64) -> u64 {
-    *state ^= *state >> 12;
-    *state ^= *state << 25;
-    *state ^= *state >> 27;
-    state.wrapping_mul(0x2545_F491_4F6C_DD1D)
-}
-
 #[test]
 fn empty_wheel() {
     let mut wheel = Wheel::<u64>::new(1234);
@@ -44,10 +37,10 @@ fn empty_wheel() {
 fn tick_by_tick_fires_exactly_at_deadline_and_once() {
     let start_tick = 1_000_003;
     let mut wheel = Wheel::new(start_tick);
-    let mut random = 0x9E37_79B9_7F4A_7C15;
+    let mut random = Rng::new(1);
     let mut deadlines = Vec::new();
     for payload in 0..500 {
-        let deadline_tick = start_tick + 1 + next_random(&mut random) % 20_000;
+        let deadline_tick = start_tick + 1 + random.below(20_000);
         deadlines.push(deadline_tick);
         insert(&mut wheel, deadline_tick, payload);
     }
@@ -274,15 +267,15 @@ fn timers_far_beyond_the_ring_move_in_by_page_and_fire_on_time() {
 
 #[test]
 fn next_deadline_is_a_lower_bound_and_makes_progress() {
-    let mut random = 42;
+    let mut random = Rng::new(42);
     for round in 0..200u64 {
-        let start_tick = next_random(&mut random) >> (round % 40);
+        let start_tick = random.next_u64() >> (round % 40);
         let mut wheel = Wheel::new(start_tick);
         let mut earliest = u64::MAX;
         for payload in 0..(1 + round % 7) {
             // Up to 6 * (1 + round % 11) bits, so every level gets a turn.
             let shift = 64 - (6 * (1 + round % 11)).min(64) as u32;
-            let delta = 1 + (next_random(&mut random) >> shift);
+            let delta = 1 + (random.next_u64() >> shift);
             let deadline_tick = start_tick.saturating_add(delta);
             earliest = earliest.min(deadline_tick);
             insert(&mut wheel, deadline_tick, payload);

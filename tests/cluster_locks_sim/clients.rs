@@ -7,9 +7,9 @@
 //! [`RESENDS_MAX`] times. A request in flight on a session whose member crashes is
 //! *indeterminate*: never resent.
 
-use super::rng::Rng;
 use super::world::{MEMBERS, SHARDS};
 use latchkey::partition::Op;
+use latchkey::rng::Rng;
 use std::collections::BTreeMap;
 
 /// Resends of one request after `M`, at most.
@@ -118,7 +118,7 @@ impl Client {
     /// A client that first acts at `next_us` and draws from `seed`.
     pub fn new(next_us: u64, seed: u64) -> Client {
         Client {
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             sessions: BTreeMap::new(),
             pending: None,
             leaders: [None; SHARDS as usize],

@@ -8,11 +8,11 @@
 
 use super::checker::{Checker, Grant};
 use super::clients::{Client, Pending, Request, RESENDS_MAX};
-use super::rng::Rng;
 use super::world::{World, MEMBERS, SHARDS};
 use latchkey::cluster::partition::shard_of;
 use latchkey::partition::{Answer, Op};
 use latchkey::protocol::Response;
+use latchkey::rng::Rng;
 use std::collections::HashMap;
 
 /// Simulated clients with random traffic.
@@ -67,7 +67,7 @@ pub struct Sim {
 impl Sim {
     /// A fresh cluster for `seed` whose faults stop at `heal_us`.
     pub fn new(seed: u64, heal_us: u64) -> Sim {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let world = World::new(seed, &mut rng);
         let clients = (0..CLIENTS)
             .map(|_| Client::new(300_000 + rng.below(200_000), rng.next_u64()))

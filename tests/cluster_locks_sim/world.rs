@@ -17,7 +17,6 @@
 //! Bounds: at most [`IN_FLIGHT_MAX`] messages in flight (more are dropped, counted) and at
 //! most [`INBOX_MAX`] delivered but not yet stepped per member.
 
-use super::rng::Rng;
 use latchkey::cluster::compactor::MemCompactor;
 use latchkey::cluster::mem_durable::MemDurable;
 use latchkey::cluster::mem_writer::MemWriter;
@@ -25,6 +24,7 @@ use latchkey::cluster::member::{Envelope, Member};
 use latchkey::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use latchkey::partition::Answer;
 use latchkey::partition::Partition;
+use latchkey::rng::Rng;
 use raft::eraftpb::Message;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -216,7 +216,7 @@ impl World {
             isolated: None,
             counts: FaultCounts::default(),
             seed,
-            writes: Rng(seed ^ 0x5772_6974_6572_7321),
+            writes: Rng::new(seed ^ 0x5772_6974_6572_7321),
         };
         for id in 1..=MEMBERS {
             let offset_us = rng.between(1_000_000, 1_000_000_000);

@@ -7,6 +7,7 @@ use super::check::{Checker, Machine};
 use latchkey::cluster::mem_durable::{MemDurable, SyncMode};
 use latchkey::cluster::mem_writer::MemWriter;
 use latchkey::cluster::member::{Committed, Envelope, Member, Restore};
+use latchkey::rng::Rng;
 use protobuf::Message as _;
 use raft::eraftpb::Message;
 use std::collections::BTreeMap;
@@ -14,29 +15,6 @@ use std::collections::BTreeMap;
 pub const MEMBERS: u64 = 3;
 pub const SHARDS: u32 = 4;
 const COMPACT_EVERY: u64 = 16;
-
-/// splitmix64.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    /// True with probability `per_million` / 1e6.
-    pub fn chance(&mut self, per_million: u64) -> bool {
-        self.below(1_000_000) < per_million
-    }
-}
 
 /// Fault rates; all zero once the faults end.
 #[derive(Clone, Copy)]
@@ -209,12 +187,12 @@ impl World {
             if !(1..=MEMBERS).contains(&to) || self.cut[(from - 1) as usize][(to - 1) as usize] {
                 continue;
             }
-            if self.rng.chance(faults.loss) {
+            if self.rng.per_million(faults.loss) {
                 self.stats.lost += 1;
                 continue;
             }
             let bytes = message.write_to_bytes().expect("encode a raft message");
-            let copies = if self.rng.chance(faults.duplicate) {
+            let copies = if self.rng.per_million(faults.duplicate) {
                 2
             } else {
                 1
@@ -295,7 +273,7 @@ impl World {
         let drain = member.drain().expect("a drain on a healthy image");
         self.send(from, drain.messages, faults);
         self.apply(at, &drain.restores, &drain.committed);
-        if self.rng.chance(faults.crash_in_flight) {
+        if self.rng.per_million(faults.crash_in_flight) {
             let down = 20 + self.rng.below(300);
             self.crash(at, down);
             return;
@@ -314,7 +292,7 @@ impl World {
         let queued = member.writer().queued();
         if node.write_done_at == 0 {
             if queued > 0 {
-                let slow = self.rng.chance(SLOW_SYNC);
+                let slow = self.rng.per_million(SLOW_SYNC);
                 let took = if slow {
                     self.rng.below(31)
                 } else {
@@ -328,7 +306,7 @@ impl World {
             return;
         }
         node.write_done_at = 0;
-        let count = if self.rng.chance(500_000) {
+        let count = if self.rng.per_million(500_000) {
             queued
         } else {
             1 + self.rng.below(queued as u64) as usize
@@ -360,7 +338,7 @@ impl World {
         let id = self.next_proposal;
         let mut data = id.to_le_bytes().to_vec();
         let extra = self.rng.below(24) as usize;
-        data.extend((0..extra).map(|_| self.rng.next() as u8));
+        data.extend((0..extra).map(|_| self.rng.next_u64() as u8));
         let start = self.rng.below(MEMBERS) as usize;
         let count = self.nodes.len();
         for k in 0..count {
@@ -390,12 +368,12 @@ impl World {
             let node = &self.nodes[at];
             if node.member.is_none() && node.down_until <= self.now {
                 self.restart(at);
-            } else if node.member.is_some() && self.rng.chance(faults.crash) {
+            } else if node.member.is_some() && self.rng.per_million(faults.crash) {
                 let down = 20 + self.rng.below(500);
                 self.crash(at, down);
             }
         }
-        if self.heal_at == 0 && self.rng.chance(faults.partition) {
+        if self.heal_at == 0 && self.rng.per_million(faults.partition) {
             self.partition();
         }
     }
@@ -446,7 +424,7 @@ impl World {
             self.stats.fault_steps += 1;
         }
         // Writers' completions and the network's deliveries in a seeded order.
-        let writes_first = self.rng.chance(500_000);
+        let writes_first = self.rng.per_million(500_000);
         if writes_first {
             (0..self.nodes.len()).for_each(|at| self.write(at));
         }
@@ -461,7 +439,7 @@ impl World {
                 }
             }
         }
-        if self.rng.chance(propose_per_million) {
+        if self.rng.per_million(propose_per_million) {
             self.propose();
         }
         let live: Vec<u64> = self

@@ -2,8 +2,6 @@
 //! free, one config file and data directory per member, kill -9 / SIGSTOP / restart, and
 //! finding which member serves a key (the one that answers `Q` instead of `M`).
 
-#![allow(dead_code)]
-
 use super::server::{Conn, ServerProcess, TempDir};
 use latchkey::protocol::{Request, Response};
 use std::net::{SocketAddr, TcpListener};
@@ -46,7 +44,7 @@ pub const DEFAULT_SECTIONS: &str = "[server]\ncores = 1\n";
 /// start) within 10 s; its exit code and stderr.
 pub fn serve_to_exit(config: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
     use std::io::Read;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+    let mut child = Command::new(crate::latchkey_bin())
         .arg("serve")
         .arg("--config")
         .arg(config)
@@ -110,7 +108,7 @@ impl Cluster {
     }
 
     /// Starts every member.
-    pub fn launch_all(&mut self) {
+    fn launch_all(&mut self) {
         for index in 0..self.members.len() {
             self.launch(index);
         }
@@ -207,7 +205,7 @@ impl Cluster {
     /// Starts member `index` (again).
     pub fn launch(&mut self, index: usize) {
         let member = &mut self.members[index];
-        let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+        let mut command = Command::new(crate::latchkey_bin());
         command
             .arg("serve")
             .arg("--config")

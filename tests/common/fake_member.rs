@@ -186,7 +186,7 @@ fn serve(mut stream: TcpStream, shared: Shared) {
 }
 
 /// The correlation id of a request (owner, token or nonce).
-pub fn id_of(frame: &Frame) -> u64 {
+fn id_of(frame: &Frame) -> u64 {
     match *frame {
         Frame::Acquire { owner, .. } | Frame::Cancel { owner, .. } => owner,
         Frame::Release { token, .. } | Frame::Extend { token, .. } => token,

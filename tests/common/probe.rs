@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 /// The probe's p99 latency must stay under this (generous: debug build, shared cores).
 pub const P99_BOUND: Duration = Duration::from_millis(200);
 /// The probe's holds: longer than any scenario.
-pub const PROBE_LEASE_S: u8 = 60;
+const PROBE_LEASE_S: u8 = 60;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

@@ -1,5 +1,4 @@
 //! Starting a real server for a test (in-process or as the binary) and talking raw frames to it.
-#![allow(dead_code)]
 
 use latchkey::config::Config;
 use latchkey::protocol::{parse_response, Request, Response};
@@ -43,7 +42,7 @@ pub struct ServerProcess {
 
 /// `latchkey serve --listen 127.0.0.1:0 ARGS...`, not yet spawned.
 fn serve_command(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    let mut command = Command::new(crate::latchkey_bin());
     command
         .arg("serve")
         .args(["--listen", "127.0.0.1:0"])
@@ -420,7 +419,7 @@ impl<S: RawStream> Conn<S> {
     }
 
     /// Ends this side's output (half-close); reading still works.
-    pub fn shutdown_write(&self) {
+    fn shutdown_write(&self) {
         self.stream
             .tcp()
             .shutdown(Shutdown::Write)

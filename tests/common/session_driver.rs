@@ -17,7 +17,6 @@
 //!   still open has been answered, and no key or timer is left.
 //!
 //! Not here: sockets, cross-core routing, output bounds (the real server tests cover those).
-#![allow(dead_code)]
 
 use latchkey::partition::{Answer, SessionId};
 
@@ -27,7 +26,7 @@ use latchkey::tokens::TokenRange;
 use std::collections::HashMap;
 
 /// Sessions a script drives at once.
-pub const SESSIONS: usize = 4;
+const SESSIONS: usize = 4;
 const MICROS_PER_SECOND: u64 = 1_000_000;
 
 /// How a session ended.
@@ -113,7 +112,7 @@ impl Driver {
     }
 
     /// Limits from the first bytes of a script, so a fuzzer explores them too.
-    pub fn from_script_header(header: [u8; 2]) -> Self {
+    fn from_script_header(header: [u8; 2]) -> Self {
         let key_bytes_max = match header[0] & 3 {
             0 => 1024,
             _ => 1 + usize::from(header[0] >> 2),

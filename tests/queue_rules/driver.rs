@@ -1,13 +1,13 @@
 //! One seed's run: the random operations, the model's prediction of each, and the comparison of
 //! both subjects with it (see `tests/queue_rules.rs`).
 
-use crate::common::partition_model::{Expect, Model};
-use crate::common::rng::Rng;
 use crate::step::{said_of, Pick, Said, Step};
 use crate::subject::{Limits, Shown, Subject};
+use latchkey::lock_table::model::{Expect, Model};
 use latchkey::lock_table::TableConfig;
 use latchkey::partition::{Answer, Op as TableOp, SessionId};
 use latchkey::protocol::Response;
+use latchkey::rng::Rng;
 use latchkey::tokens::TokenRange;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
@@ -60,7 +60,7 @@ pub type Stats = BTreeMap<(&'static str, char), u64>;
 impl Run {
     /// Seed `seed`'s run of `steps` steps.
     pub fn new(seed: u64, steps: u64) -> Run {
-        let mut rng = Rng(seed ^ 0x5157_5155_4555_4553);
+        let mut rng = Rng::new(seed ^ 0x5157_5155_4555_4553);
         let key_count = rng.between(2, 5) as usize;
         let shards = rng.pick(&[1, 1, 2, 3]);
         let max_keys = match shards == 1 && rng.percent(30) {

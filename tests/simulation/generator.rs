@@ -4,8 +4,8 @@
 //! checking) is in `simulation.rs`.
 
 use super::{Checked, Sim, MICROS_PER_SECOND};
-use crate::common::rng::Rng;
 use latchkey::partition::SessionId;
+use latchkey::rng::Rng;
 /// Short keys live inline in the table, long ones on the heap: use both.
 pub(super) fn key_name(rng: &mut Rng, index: usize) -> Vec<u8> {
     match rng.below(4) {

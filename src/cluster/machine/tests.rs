@@ -2,6 +2,7 @@
 //! overflow, checkpoints, promote, snapshots, and a seeded decoder fuzz.
 
 use super::*;
+use crate::rng::Rng;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use std::collections::HashMap;
@@ -58,22 +59,6 @@ fn granted(applied: Applied) -> (u64, u64) {
     match applied {
         Applied::Granted { token, deadline_ms } => (token, deadline_ms),
         other => panic!("not granted: {other:?}"),
-    }
-}
-
-/// xorshift64*, so that seeded tests need no extra crate.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 
@@ -279,7 +264,7 @@ fn a_full_shard_refuses_grants() {
 fn tokens_increase_per_key_and_are_unique_across_shards() {
     let seed = 0x5eed_0001;
     println!("seed {seed:#x}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let shards = 5;
     let mut machines: Vec<ShardMachine> =
         (0..shards).map(|s| ShardMachine::new(s, shards)).collect();

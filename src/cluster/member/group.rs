@@ -2,6 +2,7 @@
 //! snapshot it can send, and the seeded election-timeout draws that make it deterministic.
 
 use super::drain::Persisting;
+use crate::rng::Rng;
 use raft::eraftpb::{ConfState, Entry, Snapshot};
 use raft::prelude::{Config, RawNode};
 use raft::storage::MemStorage;
@@ -60,25 +61,6 @@ impl Storage for GroupStorage {
     }
 }
 
-/// A small seeded generator (splitmix64): enough for election timeouts, no dependency.
-pub(super) struct SplitMix(u64);
-
-impl SplitMix {
-    /// A generator whose sequence is fixed by `seed`.
-    pub(super) fn new(seed: u64) -> Self {
-        SplitMix(seed)
-    }
-
-    /// The next 64 random bits.
-    pub(super) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 /// One hosted group.
 pub(super) struct Group {
     /// The shard this group replicates.
@@ -86,7 +68,7 @@ pub(super) struct Group {
     /// raft-rs's node.
     pub(super) raw: RawNode<GroupStorage>,
     /// Draws this group's election timeouts.
-    rng: SplitMix,
+    rng: Rng,
     /// The (leader, term) last reported in a `LeaderChanged`.
     pub(super) reported: (u64, u64),
     /// The (term, role) and election timeout as of the last `settle`.
@@ -110,7 +92,7 @@ impl Group {
         let mut group = Group {
             shard,
             raw,
-            rng: SplitMix::new(seed),
+            rng: Rng::new(seed),
             reported: (0, 0),
             settled: (0, StateRole::Follower, 0),
             handed: config.applied,

@@ -19,6 +19,7 @@
 //! is refused (the caller counts the drop) — the newest is dropped, the oldest kept.
 
 use super::frame::{self, EncodeError, LEN_BYTES};
+use crate::rng::Rng;
 use raft::eraftpb::Message;
 use std::time::Duration;
 
@@ -148,12 +149,12 @@ impl Queue {
 }
 
 /// Reconnect delays: from `min` doubling to `max`, each one jittered into its upper half by a
-/// seeded splitmix64 (so members that lost each other do not retry in lockstep).
+/// seeded [`Rng`] (so members that lost each other do not retry in lockstep).
 pub(crate) struct Backoff {
     next: Duration,
     min: Duration,
     max: Duration,
-    state: u64,
+    rng: Rng,
 }
 
 impl Backoff {
@@ -164,7 +165,7 @@ impl Backoff {
             next: min,
             min,
             max,
-            state: seed,
+            rng: Rng::new(seed),
         }
     }
 
@@ -175,20 +176,12 @@ impl Backoff {
         self.next = (step * 2).min(self.max);
         let half = step / 2;
         let spread = (step - half).as_micros() as u64 + 1;
-        half + Duration::from_micros(self.random() % spread)
+        half + Duration::from_micros(self.rng.next_u64() % spread)
     }
 
     /// A connection succeeded for long enough: start again from `min`.
     pub(crate) fn reset(&mut self) {
         self.next = self.min;
-    }
-
-    fn random(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut x = self.state;
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        x ^ (x >> 31)
     }
 }
 

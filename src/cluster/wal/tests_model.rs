@@ -8,24 +8,7 @@
 use super::tests::{entry, hard_state, snapshot as snapshot_at, TempDir};
 use super::*;
 use crate::cluster::load;
-
-/// SplitMix64: small, fixed, good enough to pick operations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `low..=high`.
-    fn range(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next() % (high - low + 1)
-    }
-}
+use crate::rng::Rng;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Group {
@@ -98,33 +81,36 @@ fn apply(model: &mut BTreeMap<u32, Group>, op: &Op) {
 
 /// A random valid write for a random one of four groups (a snapshot if `snapshot`).
 fn random_op(rng: &mut Rng, model: &BTreeMap<u32, Group>, snapshot: bool) -> Op {
-    let shard = rng.range(0, 3) as u32;
+    let shard = rng.between(0, 3) as u32;
     let empty = Group::default();
     let group = model.get(&shard).unwrap_or(&empty);
     let (snap, last) = (group.snapshot_index(), group.last_index());
-    match rng.range(0, 9) {
-        _ if snapshot && last > snap && rng.range(0, 1) == 0 => {
-            let index = rng.range(snap + 1, last);
+    match rng.between(0, 9) {
+        _ if snapshot && last > snap && rng.between(0, 1) == 0 => {
+            let index = rng.between(snap + 1, last);
             Op::Snapshot(shard, snapshot_at(index, group.log[&index].term))
         }
         _ if snapshot => Op::Snapshot(
             shard,
-            snapshot_at(rng.range(snap.max(1), last + 3), rng.range(1, 4)),
+            snapshot_at(rng.between(snap.max(1), last + 3), rng.between(1, 4)),
         ),
         0..=6 => {
             // Mostly at the end, as a follower appends; sometimes over a conflicting suffix.
-            let first = match rng.range(0, 4) {
-                0 => rng.range(snap + 1, last + 1),
+            let first = match rng.between(0, 4) {
+                0 => rng.between(snap + 1, last + 1),
                 _ => last + 1,
             };
-            let term = rng.range(1, 4);
-            let count = rng.range(1, 6);
+            let term = rng.between(1, 4);
+            let count = rng.between(1, 6);
             Op::Append(
                 shard,
                 (first..first + count).map(|i| entry(i, term)).collect(),
             )
         }
-        _ => Op::HardState(shard, hard_state(rng.range(1, 9), rng.range(0, 3), last)),
+        _ => Op::HardState(
+            shard,
+            hard_state(rng.between(1, 9), rng.between(0, 3), last),
+        ),
     }
 }
 
@@ -185,7 +171,7 @@ impl Run {
         let (wal, _) = Wal::open_with(&dir.0, options).expect("open");
         Run {
             seed,
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             dir,
             options,
             wal,
@@ -201,7 +187,7 @@ impl Run {
     }
 
     fn write(&mut self) {
-        let snapshot = self.rng.range(0, 99) < self.snapshot_percent;
+        let snapshot = self.rng.between(0, 99) < self.snapshot_percent;
         let op = random_op(&mut self.rng, &self.current, snapshot);
         perform(&mut self.wal, &op);
         apply(&mut self.current, &op);
@@ -232,10 +218,13 @@ impl Run {
         self.crashes += 1;
         add(&mut self.totals, self.wal.stats());
         self.pending.clear();
-        let cut = self.last_sync.take().filter(|_| self.rng.range(0, 1) == 0);
+        let cut = self
+            .last_sync
+            .take()
+            .filter(|_| self.rng.between(0, 1) == 0);
         if let Some(last) = cut {
             let end = last.records[last.records.len() - 1].0;
-            let cut = self.rng.range(last.start, end - 1);
+            let cut = self.rng.between(last.start, end - 1);
             self.cuts += 1;
             let file = fs::OpenOptions::new()
                 .write(true)
@@ -273,7 +262,7 @@ impl Run {
 fn run(seed: u64) {
     let mut run = Run::new(seed);
     for step in 0..1500 {
-        match run.rng.range(0, 99) {
+        match run.rng.between(0, 99) {
             0..=69 => run.write(),
             70..=97 => run.sync(),
             _ => run.crash(step),

@@ -13,7 +13,7 @@ mod timers;
 
 use super::*;
 use proptest::prelude::*;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 const TICK_US: u64 = 1000;
 const SECOND_US: u64 = 1_000_000;

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::partition::partition_of;
+use crate::rng::Rng;
 use crate::server::route::OUTBOX_REQUESTS_MAX;
 use std::collections::{HashMap, HashSet};
 
@@ -191,22 +192,6 @@ fn a_burst_on_some_sessions_does_not_hold_a_ping_behind_it() {
     assert_eq!(answered, 9000);
 }
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// What the test knows of one client.
 struct Model {
     client: Client,
@@ -242,7 +227,7 @@ impl Run {
         // work budget runs out and sessions are read over several iterations.
         harness.drift_us.set((seed % 3) * 8);
         Run {
-            rng: Rng(seed | 1),
+            rng: Rng::new(seed),
             harness,
             keys,
             clients: Vec::new(),
@@ -574,9 +559,11 @@ fn random_sessions_keep_the_session_invariants() {
 /// Seeds that once failed, replayed for as many steps as they needed.
 #[test]
 fn seeds_that_found_bugs_stay_fixed() {
-    // 0x3af01477, 3000 steps: releasing a dying session's unsent grant handed the key to the
-    // same session's next queued acquire, and that grant was lost with the session.
-    let found: &[(u64, usize)] = &[(0x3af0_1477, 3000)];
+    // Releasing a dying session's unsent grant handed the key to the same session's next
+    // queued acquire, and that grant was lost with the session: found at 0x3af01477 (3000
+    // steps) with the generator the harness had then; with `crate::rng`'s, 0x18 finds it
+    // within 100 steps, the CI run's 400 with margin (checked with the bug put back).
+    let found: &[(u64, usize)] = &[(0x18, 400)];
     for &(seed, steps) in found {
         eprintln!("harness: replaying seed {seed:#x}, {steps} steps");
         run_seed(seed, steps);

@@ -3,7 +3,7 @@
 
 use super::*;
 
-const KEYS: [&[u8]; 3] = [b"a", b"b", b"a key longer than twenty-two bytes"];
+pub(super) const KEYS: [&[u8]; 3] = [b"a", b"b", b"a key longer than twenty-two bytes"];
 const SESSIONS: usize = 3;
 
 #[derive(Clone, Copy, Debug)]
@@ -145,14 +145,7 @@ impl Sim {
         let now_us = START_US + config.start_offset_us;
         Sim {
             table: LockTable::new(table_config, now_us, tokens),
-            model: Model {
-                config: table_config,
-                holds: BTreeMap::new(),
-                next_token: tokens.next,
-                token_step: tokens.step,
-                token_limit: tokens.limit,
-                shutting_down: false,
-            },
+            model: Model::new(table_config, tokens, KEYS.len(), now_us),
             observer: Observer::default(),
             now_us,
             sessions: [1, 2, 3],
@@ -164,13 +157,11 @@ impl Sim {
         }
     }
 
-    fn token(&self, key: &[u8], pick: TokenPick) -> u64 {
+    fn token(&self, key: usize, pick: TokenPick) -> u64 {
         let tokens = &self.observer.tokens;
         match pick {
-            TokenPick::Current => self
-                .model
-                .holds
-                .get(key)
+            TokenPick::Current => self.model.held[key]
+                .as_ref()
                 .map_or(FIRST_TOKEN, |hold| hold.token),
             TokenPick::Stale(_) if tokens.is_empty() => 1,
             TokenPick::Stale(index) => tokens[index % tokens.len()],
@@ -183,7 +174,7 @@ impl Sim {
     /// exactly its queued ones, which is what the table counts itself).
     fn acquire(&mut self, slot: usize, key: usize, acquire: Acquire) -> (Want, Step) {
         let session = self.sessions[slot];
-        let key = KEYS[key];
+        let (index, key) = (key, KEYS[key]);
         let waits = acquire.wait_s > 0;
         let pending = self.pending.entry(session).or_default();
         let at_limit = waits && *pending >= self.max_pending;
@@ -196,8 +187,10 @@ impl Sim {
         };
         let now_us = self.now_us;
         self.table.handle_request(now_us, session, &request);
-        let want = self.model.acquire(now_us, session, acquire, key, at_limit);
         let (owner, lease_s) = (acquire.owner, acquire.lease_s);
+        let request = (acquire.wait_s, lease_s, owner);
+        let want = self.model.acquire(session, index, request, at_limit);
+        let want = want.into_iter().map(seen).collect();
         let key = key.to_vec();
         let step = Step::Acquire {
             session,
@@ -218,15 +211,15 @@ impl Sim {
         pick: TokenPick,
         lease_s: Option<u8>,
     ) -> (Want, Step) {
-        let (session, key, now_us) = (self.sessions[slot], KEYS[key], self.now_us);
-        let token = self.token(key, pick);
+        let (session, index, now_us) = (self.sessions[slot], key, self.now_us);
+        let (key, token) = (KEYS[index], self.token(index, pick));
         let (request, want) = match lease_s {
             None => {
-                let want = self.model.release(now_us, session, token, key);
+                let want = self.model.release(session, index, token);
                 (Request::Release { token, key }, want)
             }
             Some(lease_s) => {
-                let want = self.model.extend(now_us, session, lease_s, token, key);
+                let want = vec![self.model.extend(session, index, lease_s, token)];
                 (
                     Request::Extend {
                         lease_s,
@@ -238,12 +231,13 @@ impl Sim {
             }
         };
         self.table.handle_request(now_us, session, &request);
+        let want = want.into_iter().map(seen).collect();
         let key = key.to_vec();
         (Want::InOrder(want), Step::Holder { key, lease_s })
     }
 
     fn cancel(&mut self, slot: usize, key: usize, owner: Option<u64>) -> (Want, Step) {
-        let (session, key) = (self.sessions[slot], KEYS[key]);
+        let (session, index, key) = (self.sessions[slot], key, KEYS[key]);
         // Usually an owner this session has queued on the key, as a client's Cancel is.
         let mut queue = self.observer.queues.get(key).into_iter().flatten();
         let queued = queue.rfind(|entry| entry.0 == session).map(|entry| entry.1);
@@ -252,29 +246,23 @@ impl Sim {
         let owner = owner.map_or(guess, |owner| owner % self.next_owner);
         let request = Request::Cancel { owner, key };
         self.table.handle_request(self.now_us, session, &request);
-        let want = self.model.cancel(session, owner, key);
+        let want = self.model.cancel(session, index, owner);
+        let want = want.into_iter().map(seen).collect();
         (Want::InOrder(want), Step::Cancel { key: key.to_vec() })
     }
 
     fn query(&mut self, slot: usize, key: usize) -> (Want, Step) {
-        let (session, key) = (self.sessions[slot], KEYS[key]);
+        let (session, index, key) = (self.sessions[slot], key, KEYS[key]);
         let request = Request::Query { nonce: 3, key };
         self.table.handle_request(self.now_us, session, &request);
-        let (held, lease_ms, waiters) = self.model.state(self.now_us, key);
-        let state = Response::State {
-            nonce: 3,
-            held,
-            lease_ms,
-            waiters,
-        };
-        let want = vec![said(session, state, false)];
+        let want = vec![seen(self.model.query(session, index, 3))];
         (Want::InOrder(want), Step::Query { key: key.to_vec() })
     }
 
     fn close(&mut self, slot: usize) {
         let session = self.sessions[slot];
         self.table.handle_session_closed(session);
-        self.model.close(session);
+        self.model.close_session(session);
         for queue in self.observer.queues.values_mut() {
             queue.retain(|entry| entry.0 != session);
         }
@@ -361,6 +349,7 @@ impl Sim {
                 timers: false,
             } => {
                 self.now_us += by_us;
+                self.model.now_us = self.now_us;
                 nothing
             }
             Op::Advance {
@@ -368,6 +357,7 @@ impl Sim {
                 timers: true,
             } => {
                 self.now_us += by_us;
+                self.model.now_us = self.now_us;
                 self.table.handle_timers(self.now_us);
                 timers
             }
@@ -375,20 +365,21 @@ impl Sim {
                 if let Some(deadline_us) = self.table.next_deadline_us() {
                     let target_us = deadline_us.saturating_sub(u64::from(before));
                     self.now_us = self.now_us.max(target_us);
+                    self.model.now_us = self.now_us;
                 }
                 self.table.handle_timers(self.now_us);
                 timers
             }
             Op::RaiseTokens { by } => {
-                let limit = self.model.token_limit + by * self.model.token_step;
+                let limit = self.model.tokens.limit + by * self.model.tokens.step;
                 self.table.raise_token_limit(limit);
-                self.model.token_limit = limit;
+                self.model.raise_token_limit(limit);
                 nothing
             }
             Op::Shutdown => {
                 self.table.handle_shutdown();
                 (
-                    Want::AnyOrder(self.model.shutdown()),
+                    Want::AnyOrder(self.model.shutdown().into_iter().map(seen).collect()),
                     Step::Later { fifo: false },
                 )
             }
@@ -465,36 +456,25 @@ impl Sim {
     /// (`drain` already ran `check_invariants` after the step; queries change nothing.)
     fn check_state(&mut self) -> Result<(), TestCaseError> {
         let model = &self.model;
-        prop_assert_eq!(self.table.key_count(), model.holds.len());
-        let queued: usize = model.holds.values().map(|hold| hold.queue.len()).sum();
-        prop_assert_eq!(self.table.waiter_count(), queued);
-        prop_assert_eq!(self.table.next_token(), model.next_token);
+        prop_assert_eq!(self.table.key_count(), model.key_count());
+        prop_assert_eq!(self.table.waiter_count(), model.waiter_count());
+        prop_assert_eq!(self.table.next_token(), model.tokens.next);
         let deadline_us = self.table.next_deadline_us();
-        let earliest_us = model.earliest_deadline_us();
+        let earliest_us = model.deadlines().map(|end_us| model.fire_at(end_us)).min();
         prop_assert_eq!(deadline_us.is_some(), earliest_us.is_some());
         prop_assert!(
             deadline_us <= earliest_us,
             "poll timeout after the earliest timer"
         );
-        for key in KEYS {
+        for (index, key) in KEYS.into_iter().enumerate() {
             self.table.handle_query(self.now_us, SPECTATOR, 0, key);
             let answers = self.table.take_answers();
             prop_assert_eq!(answers.len(), 1);
-            let Response::State {
-                held,
-                lease_ms,
-                waiters,
-                ..
-            } = answers[0].response
-            else {
+            let Response::State { held, waiters, .. } = answers[0].response else {
                 return Err(TestCaseError::fail("query not answered with Q"));
             };
-            prop_assert_eq!(
-                (held, lease_ms, waiters),
-                model.state(self.now_us, key),
-                "{:?}",
-                key
-            );
+            let modelled = model.query(SPECTATOR, index, 0).response;
+            prop_assert_eq!(answers[0].response, modelled, "{:?}", key);
             let observed = self.observer.queues.get(key).map_or(0, VecDeque::len);
             prop_assert_eq!(waiters as usize, observed, "observer's queue of {:?}", key);
             // A free key has no waiters.
@@ -532,8 +512,12 @@ impl Sim {
             Want::InOrder(want) => (want, true),
             Want::AnyOrder(want) => (want, false),
             Want::Timers => {
-                let granted: Vec<Vec<u8>> = got.iter().filter_map(|s| s.key.clone()).collect();
-                (self.model.timers(self.now_us, &granted), false)
+                let index = |key: &[u8]| KEYS.iter().position(|&k| k == key);
+                let granted: Vec<usize> = (got.iter())
+                    .filter_map(|seen| index(seen.key.as_deref()?))
+                    .collect();
+                let want = self.model.timers(&granted).map_err(TestCaseError::fail)?;
+                (want.into_iter().map(seen).collect(), false)
             }
         };
         if !ordered {

@@ -1,4 +1,5 @@
-//! Shared helpers of the client tests.
+//! The helpers latchkey's integration tests share, a library of its own (the dev-dependency
+//! `common`): each test links what it uses, and the dead-code lint sees this crate as a whole.
 //!
 //! * [`FakeServer`]: a scripted server. The test accepts each connection itself, reads the
 //!   client's frames and writes whatever answer it wants, when it wants: the way to force an
@@ -10,20 +11,18 @@
 //! * [`pki`]: a test CA and certificates, for TLS.
 //!
 //! Everything binds 127.0.0.1 ephemeral ports; every wait is bounded.
-#![allow(dead_code)]
 
 pub mod cluster;
 pub mod fake_member;
-pub mod partition_model;
 pub mod pki;
 pub mod probe;
 pub mod proxy;
-pub mod rng;
 pub mod server;
 pub mod session_driver;
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -31,6 +30,21 @@ use latchkey::client::{Client, ClientConfig};
 use latchkey::config::Config;
 use latchkey::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
 use latchkey::server::ServerHandle;
+
+/// The `latchkey` binary Cargo built for the running test: `CARGO_BIN_EXE_latchkey` when Cargo
+/// sets it at run time, else beside the test's own executable (`target/<profile>/deps/..`),
+/// where Cargo puts it before it runs an integration test. (A test's own `env!` of it is
+/// compile-time only, which a library does not get.)
+pub fn latchkey_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("CARGO_BIN_EXE_latchkey") {
+        return PathBuf::from(path);
+    }
+    let test = std::env::current_exe().expect("the test's executable");
+    let profile = test.parent().and_then(|deps| deps.parent());
+    let bin = profile.expect("target/<profile>/deps").join("latchkey");
+    assert!(bin.exists(), "no latchkey binary at {}", bin.display());
+    bin
+}
 
 /// The longest any helper waits for something that should happen.
 pub const PATIENCE: Duration = Duration::from_secs(10);
@@ -90,7 +104,7 @@ pub enum Frame {
 
 impl Frame {
     /// Copies a parsed request.
-    pub fn from_request(request: &Request<'_>) -> Frame {
+    fn from_request(request: &Request<'_>) -> Frame {
         let text = |key: &[u8]| String::from_utf8(key.to_vec()).unwrap();
         match *request {
             Request::Acquire {
@@ -191,14 +205,8 @@ impl FakeServer {
         Some(conn)
     }
 
-    /// The next connection as accepted: its handshake ping unread and unanswered (a server
-    /// that refuses the session, or is paused).
-    pub fn accept_raw(&self) -> FakeConn {
-        self.try_accept_raw(PATIENCE).expect("no connection came")
-    }
-
     /// The next connection within `within`, if any, as accepted.
-    pub fn try_accept_raw(&self, within: Duration) -> Option<FakeConn> {
+    fn try_accept_raw(&self, within: Duration) -> Option<FakeConn> {
         let until = Instant::now() + within;
         loop {
             match self.listener.accept() {
@@ -268,7 +276,7 @@ impl FakeConn {
 
     /// Reads the client's handshake ping without answering it; returns its nonce.
     #[track_caller]
-    pub fn handshake_ping(&mut self) -> u64 {
+    fn handshake_ping(&mut self) -> u64 {
         match self.frame() {
             Frame::Ping { nonce } => nonce,
             other => panic!("a session starts with its handshake ping, not {other:?}"),

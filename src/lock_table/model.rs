@@ -1,21 +1,24 @@
-//! The reference model of one partition, written from PROTOCOL.md §3 for the simulation
-//! (`tests/simulation.rs`): plain vectors and deques, no wheel, no intrusive lists.
+//! The reference model of one partition: the rules of docs/protocol.md §3 written plainly
+//! (vectors and deques, no wheel, no intrusive lists, time as deadlines), against which the
+//! lock table's tests (`lock_table/tests/model/`, `tests/simulation.rs`) and the waiting rules
+//! of both partitions (`tests/queue_rules.rs`) are checked. Built for tests only
+//! (`cfg(test)` or the `testing` feature).
 //!
 //! It predicts the answers of each request and of each `handle_timers` call. Keys are indices
-//! into the simulation's key list. A grant's token is left open (0) in the prediction: the
-//! simulation checks the token the table chose (the partition's next one, larger than every
-//! earlier token of the key) and tells the model with [`Model::set_token`].
+//! into the driver's key list. A grant's token is the partition's next one, issued from the
+//! model's own [`TokenRange`] as the table issues from its; a driver whose subject numbers its
+//! tokens otherwise (the cluster's come from log indices) records the subject's token with
+//! [`Model::set_token`], so that later releases and extends are judged by it.
 //!
 //! Time follows the table's rules: a deadline fires at the first tick that starts at or after
 //! it (never early, at most one tick late), and the partition sees time once per loop
 //! iteration, so everything due at that instant is due together: waits first (a waiter whose
 //! wait ran out is not granted), then leases.
 
-use latchkey::partition::SessionId;
-
-use latchkey::lock_table::TableConfig;
-use latchkey::protocol::Response;
-use latchkey::tokens::TokenRange;
+use crate::lock_table::TableConfig;
+use crate::partition::SessionId;
+use crate::protocol::Response;
+use crate::tokens::TokenRange;
 use std::collections::VecDeque;
 
 const MICROS_PER_SECOND: u64 = 1_000_000;
@@ -38,7 +41,7 @@ pub struct Waiter {
 /// A held key.
 #[derive(Debug)]
 pub struct Held {
-    /// The holder's token (0 until [`Model::set_token`]).
+    /// The holder's token.
     pub token: u64,
     /// When the lease runs out.
     pub lease_end_us: u64,
@@ -51,7 +54,7 @@ pub struct Held {
 pub struct Expect {
     /// Who gets it.
     pub session: SessionId,
-    /// The frame; an `Acquired` token of 0 stands for "the partition's next token".
+    /// The frame.
     pub response: Response,
     /// Whether it answers an acquire with wait > 0.
     pub ends_pending: bool,
@@ -142,7 +145,8 @@ impl Model {
         mine.map(|waiter| waiter.owner).collect()
     }
 
-    /// Records the token the table chose for the grant of `key`.
+    /// Records the token the subject chose for the grant of `key` (when it numbers its
+    /// tokens otherwise than the model).
     pub fn set_token(&mut self, key: usize, token: u64) -> Result<(), String> {
         let held = self.held[key]
             .as_mut()
@@ -167,15 +171,16 @@ impl Model {
         let key_count = self.key_count();
         let now_us = self.now_us;
         let Some(held) = self.held[key].as_mut() else {
-            if key_count >= self.max_keys || self.tokens.issue().is_none() {
+            let token = (key_count < self.max_keys).then(|| self.tokens.issue());
+            let Some(token) = token.flatten() else {
                 return answer(Response::Busy { owner });
-            }
+            };
             self.held[key] = Some(Held {
-                token: 0,
+                token,
                 lease_end_us: now_us + seconds(lease_s),
                 queue: VecDeque::new(),
             });
-            let mut grant = expect(session, Response::Acquired { owner, token: 0 }, waits);
+            let mut grant = expect(session, Response::Acquired { owner, token }, waits);
             grant.key = Some(key);
             return vec![grant];
         };
@@ -215,16 +220,16 @@ impl Model {
         let now_us = self.now_us;
         let held = self.held[key].as_mut().expect("handing off a held key");
         while let Some(head) = held.queue.pop_front() {
-            if self.tokens.issue().is_none() {
+            let Some(token) = self.tokens.issue() else {
                 let busy = Response::Busy { owner: head.owner };
                 expected.push(expect(head.session, busy, true));
                 continue;
-            }
-            held.token = 0;
+            };
+            held.token = token;
             held.lease_end_us = now_us + seconds(head.lease_s);
             let granted = Response::Acquired {
                 owner: head.owner,
-                token: 0,
+                token,
             };
             let mut grant = expect(head.session, granted, true);
             grant.key = Some(key);
@@ -318,13 +323,14 @@ impl Model {
     /// `T`; then the lease hands the key off; then the waits that ended after it answer `T`
     /// unless their waiter was just granted the key.
     ///
-    /// When fewer tokens are left than contended keys, which keys still get one depends on
-    /// the wheel's order, which is unspecified: `granted_owners` (the owners of the `A`s the
-    /// table produced) says which, and must name exactly as many surviving queue heads as
-    /// there are tokens left.
-    pub fn timers(&mut self, granted_owners: &[u64]) -> Result<Vec<Expect>, String> {
+    /// The order in which the leases ending in one batch are handled is the table's own (the
+    /// wheel's, unspecified): it decides which key gets which token and, when fewer tokens are
+    /// left than contended keys, which keys still get one. `granted_keys` (the keys of the
+    /// `A`s the table produced, in its order) says so: the model hands those keys off first,
+    /// in that order, and they must be exactly as many as the tokens left allow.
+    pub fn timers(&mut self, granted_keys: &[usize]) -> Result<Vec<Expect>, String> {
         let mut expected = Vec::new();
-        let expiring: Vec<usize> = (0..self.held.len())
+        let mut expiring: Vec<usize> = (0..self.held.len())
             .filter(|&key| {
                 self.held[key]
                     .as_ref()
@@ -339,18 +345,14 @@ impl Model {
             };
             self.expire_waits(key, ends_first, &mut expected)?;
         }
-        let starved = self.starved_keys(&expiring, granted_owners)?;
+        self.check_starved(&expiring, granted_keys)?;
+        let rank = |key: &usize| granted_keys.iter().position(|granted| granted == key);
+        expiring.sort_by_key(|key| rank(key).unwrap_or(usize::MAX));
         for key in expiring {
             if self.held[key].as_ref().unwrap().lease_end_us > self.now_us {
                 return Err("a lease would fire early".into());
             }
-            if starved.contains(&key) {
-                let limit = std::mem::replace(&mut self.tokens.limit, 0);
-                self.hand_off(key, &mut expected);
-                self.tokens.limit = limit;
-            } else {
-                self.hand_off(key, &mut expected);
-            }
+            self.hand_off(key, &mut expected);
             self.expire_waits(key, |_| true, &mut expected)?;
         }
         Ok(expected)
@@ -384,46 +386,25 @@ impl Model {
         Ok(())
     }
 
-    /// The contended keys among `expiring` that the table handed off after its tokens ran
-    /// out (empty when there are enough tokens).
-    fn starved_keys(
-        &self,
-        expiring: &[usize],
-        granted_owners: &[u64],
-    ) -> Result<Vec<usize>, String> {
-        let head = |key: usize| {
-            self.held[key]
-                .as_ref()
-                .unwrap()
-                .queue
-                .front()
-                .map(|w| w.owner)
-        };
-        let contended: Vec<usize> = expiring
-            .iter()
-            .copied()
-            .filter(|&k| head(k).is_some())
+    /// When fewer tokens are left than keys among `expiring` with a waiter, the table must
+    /// have granted exactly as many of those keys as tokens are left.
+    fn check_starved(&self, expiring: &[usize], granted_keys: &[usize]) -> Result<(), String> {
+        let contended: Vec<usize> = (expiring.iter().copied())
+            .filter(|&key| self.held[key].as_ref().is_some_and(|h| !h.queue.is_empty()))
             .collect();
         let headroom = self.tokens.headroom();
         if headroom >= contended.len() as u64 {
-            return Ok(Vec::new());
+            return Ok(());
         }
-        let granted: Vec<usize> = contended
-            .iter()
-            .copied()
-            .filter(|&key| granted_owners.contains(&head(key).unwrap()))
-            .collect();
-        if granted.len() as u64 != headroom {
+        let granted = contended.iter().filter(|key| granted_keys.contains(key));
+        let granted = granted.count();
+        if granted as u64 != headroom {
             return Err(format!(
-                "{headroom} tokens left for {} handoffs, but {} granted",
+                "{headroom} tokens left for {} handoffs, but {granted} granted",
                 contended.len(),
-                granted.len()
             ));
         }
-        Ok(contended
-            .into_iter()
-            .filter(|key| !granted.contains(key))
-            .collect())
+        Ok(())
     }
 
     /// More tokens may be issued (the reactor persisted a new mark).
