@@ -230,7 +230,7 @@ impl Run {
                 .write(true)
                 .open(&last.path)
                 .expect("open");
-            if self.rng.range(0, 1) == 0 {
+            if self.rng.between(0, 1) == 0 {
                 file.set_len(cut).expect("cut");
             } else {
                 // The write reached the preallocated segment only up to `cut`.
