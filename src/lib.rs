@@ -17,9 +17,8 @@
 //! | [`protocol`] | request and response frames: parse in place, encode; error codes. No I/O |
 //! | [`partition`] | what a core serves: the `Partition` trait, `Op`, `Answer`, sessions, stats, the key hash |
 //! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
-//! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
+//! | [`latchkey_wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O; also the chunked arrays and slabs that never move what they hold |
 //! | [`hash`] | FNV-1a: digests stable across builds (shard state, cluster identity) |
-//! | [`chunked`] | arrays and slabs that grow by chunks and never move what they hold |
 //! | [`metrics`] | per-core counters and fixed-bucket histograms, merged for `GET /metrics` |
 //! | [`tls`] | TLS files (PEM, expiry, key matches certificate), rustls configurations, identities |
 //! | [`auth`] | authorization by key prefix: which keys a client certificate's identity may use |
@@ -39,7 +38,6 @@ pub const COMMIT: &str = env!("LATCHKEY_COMMIT");
 
 pub mod auth;
 pub mod bench;
-pub mod chunked;
 pub mod client;
 pub mod cluster;
 pub mod config;
@@ -53,4 +51,3 @@ pub mod protocol;
 pub mod server;
 pub mod tls;
 pub mod tokens;
-pub mod wheel;

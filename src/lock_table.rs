@@ -30,16 +30,16 @@
 //! Sessions, sockets and cross-core routing (the reactor owns those; a session is an opaque
 //! [`SessionId`] here), and token persistence ([`crate::tokens`]).
 
-use crate::chunked::ChunkedSlab;
 use crate::partition::{
     Answer, BusyReason, GrantRef, HeldKey, Op, QueueCounts, SessionId, TableStats,
 };
 use crate::protocol::{Request, Response};
 use crate::tokens::TokenRange;
-use crate::wheel::{TimerHandle, Wheel};
 use hashbrown::DefaultHashBuilder;
 use index::SegmentedTable;
 pub use keys::{KeyBytes, KeyStore, INLINE_KEY_BYTES};
+use latchkey_wheel::chunked::ChunkedSlab;
+use latchkey_wheel::{TimerHandle, Wheel};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 

@@ -63,7 +63,7 @@ use slab::Slab;
 
 pub(crate) use super::call::{Call, CloseReason, Op, Outcome};
 use crate::protocol::{parse_response, ErrorCode, Response};
-use crate::wheel::TimerHandle;
+use latchkey_wheel::TimerHandle;
 
 mod deadlines;
 mod link;

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::wheel::{TimerHandle, Wheel};
+use latchkey_wheel::{TimerHandle, Wheel};
 
 /// Deadlines carrying payloads of type `T`.
 #[derive(Debug)]

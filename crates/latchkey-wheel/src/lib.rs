@@ -46,6 +46,12 @@
 //! pass them in, so tests drive virtual time. It does not sort what one tick fires. Far pages
 //! are for deadlines beyond the horizon the caller declared; moving a page costs O(its timers)
 //! at once, so a caller that cares about stalls keeps its timers within the horizon.
+//!
+//! The crate also holds [`chunked`], the storage that grows by chunks and never moves what it
+//! holds: the wheel's entries live in it, and so do the lock table's keys.
+#![deny(missing_docs)]
+
+pub mod chunked;
 
 use crate::chunked::ChunkedVec;
 use std::collections::BTreeMap;
