@@ -26,7 +26,8 @@
 //! | [`node`] | a latchkey process: starts the server as a single node or a cluster member |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
 //! | [`cluster`] | cluster mode: shards replicated over members with raft-rs (issue 12) |
-//! | [`client`] | the official client (PROTOCOL.md §4); `lock`, `query`, `ping`, `stats`, `keys` |
+//! | [`cli`] | the client commands: `lock`, `query`, `ping`, `stats`, `keys`, `cluster` |
+//! | [`client`] | the official client (PROTOCOL.md §4) |
 //! | [`bench`](mod@bench) | the load generator behind `latchkey bench` |
 #![deny(missing_docs)]
 
@@ -38,6 +39,7 @@ pub const COMMIT: &str = env!("LATCHKEY_COMMIT");
 
 pub mod auth;
 pub mod bench;
+pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod config;

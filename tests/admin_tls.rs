@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::pki::{tls_client, Pki};
 use common::server::start_with;
-use latchkey::client::cli::{EXIT_REJECTED, EXIT_UNAVAILABLE};
+use latchkey::cli::{EXIT_REJECTED, EXIT_UNAVAILABLE};
 use latchkey::client::Ticket;
 use serde_json::Value;
 

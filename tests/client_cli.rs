@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use common::proxy::Proxy;
 use common::{client, dead_addr, start_server, FakeServer, Frame, Got};
-use latchkey::client::cli::{self, ConnectArgs, LockArgs, PingArgs, QueryArgs};
+use latchkey::cli::{self, ConnectArgs, LockArgs, PingArgs, QueryArgs};
 use latchkey::protocol::{ErrorCode, Response};
 
 fn ms(millis: u64) -> Duration {

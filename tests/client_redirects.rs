@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::fake_member::{leader_reply, leading, moved, redirect_to, FakeMember, Reply};
 use common::{assert_between, client, dead_addr, Frame};
+use latchkey::cli;
 use latchkey::client::REDIRECTS_MAX;
-use latchkey::client::{cli, AcquireError, ExtendOutcome, ReleaseOutcome, RequestError};
+use latchkey::client::{AcquireError, ExtendOutcome, ReleaseOutcome, RequestError};
 
 const LEASE: Duration = Duration::from_secs(10);
 const TRANSPORT: Duration = Duration::from_secs(2);

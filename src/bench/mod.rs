@@ -75,8 +75,8 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
-pub use crate::client::cli::parse_duration;
-use crate::client::cli::TlsArgs;
+pub use crate::cli::parse_duration;
+use crate::cli::TlsArgs;
 use crate::tls::Connector;
 pub use driver::{execute, BenchError};
 pub use report::Report;

@@ -1,5 +1,8 @@
 //! Argument normalization (PROTOCOL.md §4.2, §4.5) and correlation ids. No I/O.
 //!
+//! [`check_key`], [`wait_ms`] and [`lease_s`] are public so that a caller (the `latchkey` CLI)
+//! can refuse an argument the way a call would, before making one.
+//!
 //! A wait is rounded *up* to whole milliseconds and a lease *up* to whole seconds, so the
 //! client never asks for less than the caller did; anything that does not fit the wire is
 //! refused here, before a session sees it. Owners and nonces come from one process-wide
@@ -21,7 +24,7 @@ pub(crate) const LEASE_S_MAX: u64 = 255;
 pub(crate) const MARGIN_MIN: Duration = Duration::from_millis(100);
 
 /// Checks a key: 1..=1024 bytes, no newline (UTF-8 is guaranteed by `&str`).
-pub(crate) fn check_key(key: &str) -> Result<(), ArgumentError> {
+pub fn check_key(key: &str) -> Result<(), ArgumentError> {
     if key.is_empty() {
         return Err(ArgumentError::KeyEmpty);
     }
@@ -35,7 +38,7 @@ pub(crate) fn check_key(key: &str) -> Result<(), ArgumentError> {
 }
 
 /// The wait rounded up to whole milliseconds; more than 255 s is refused.
-pub(crate) fn wait_ms(wait: Duration) -> Result<u64, ArgumentError> {
+pub fn wait_ms(wait: Duration) -> Result<u64, ArgumentError> {
     let whole_ms = wait.as_millis();
     let ms = whole_ms + u128::from(wait.subsec_nanos() % 1_000_000 != 0);
     if ms > u128::from(WAIT_MS_MAX) {
@@ -45,7 +48,7 @@ pub(crate) fn wait_ms(wait: Duration) -> Result<u64, ArgumentError> {
 }
 
 /// The lease rounded up to whole seconds: 1..=255.
-pub(crate) fn lease_s(lease: Duration) -> Result<u8, ArgumentError> {
+pub fn lease_s(lease: Duration) -> Result<u8, ArgumentError> {
     if lease.is_zero() {
         return Err(ArgumentError::LeaseZero);
     }

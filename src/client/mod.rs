@@ -1,4 +1,5 @@
-//! The official client (PROTOCOL.md §4) and the `lock` / `query` / `ping` commands.
+//! The official client (PROTOCOL.md §4). The `lock`, `query` and `ping` commands that use it
+//! are [`crate::cli`].
 //!
 //! A [`Client`] is a cheap, cloneable handle (`Send + Sync`) over a small pool of sessions
 //! (TCP connections). Many threads call it at once; their requests are pipelined over the
@@ -97,7 +98,7 @@
 //! | `mod.rs` | [`Client`], [`ClientConfig`]: calls, delivery gate |
 //! | `ticket.rs` | [`Ticket`]: token, validity bound, extend, release, release on drop |
 //! | `error.rs` | [`AcquireError`], [`RequestError`], [`ArgumentError`], [`SessionFailure`] |
-//! | `args.rs` | rounding waits and leases, the wire wait, margins, owner and nonce ids |
+//! | [`args`] | checking and rounding keys, waits and leases; the wire wait, margins, ids |
 //! | `exchange.rs` | one request's attempts: retrying unsent requests, following `M` |
 //! | `report.rs` | [`UnavailableReport`]: what each member did for a call that ended unavailable |
 //! | `members.rs` | a pool per member address; the leader cache |
@@ -108,8 +109,6 @@
 //! | `pipeline/output.rs` | encoding just before the write; the guard of one write attempt |
 //! | `pipeline/deadlines.rs` | exact deadlines on the timing wheel, cancelled with their call |
 //! | `pipeline/link.rs` | the handshake ping that establishes a session; stalls when silent |
-//! | `cli.rs` | `latchkey lock`, `query`, `ping`: arguments, messages, exit codes |
-//! | `cli/supervise.rs` | running `latchkey lock`'s command: extending, signals, a lost lease |
 //!
 //! Deliberately not here: reconnecting a session in place (a failed session is replaced by a
 //! new one), resending anything that may have been sent, and renewing leases on its own.
@@ -121,9 +120,8 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::Response;
 
-mod args;
+pub mod args;
 mod call;
-pub mod cli;
 mod error;
 mod exchange;
 mod members;

@@ -21,7 +21,7 @@ const UNITS: [(&str, u64); 5] = [
 ///
 /// ```
 /// use std::time::Duration;
-/// use latchkey::client::cli::parse_duration;
+/// use latchkey::cli::parse_duration;
 ///
 /// assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
 /// assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
@@ -51,7 +51,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use latchkey::client::cli::format_duration;
+/// use latchkey::cli::format_duration;
 ///
 /// assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
 /// assert_eq!(format_duration(Duration::from_secs(120)), "2m");

@@ -56,7 +56,7 @@ use std::time::Duration;
 
 use crossbeam_channel::RecvTimeoutError;
 
-use super::{
+use crate::client::{
     AcquireError, Client, ClientConfig, ClientTls, KeyState, RequestError, Ticket, DEFAULT_ADDR,
 };
 use crate::protocol::ErrorCode;
@@ -273,13 +273,13 @@ pub struct PingArgs {
 
 fn parse_wait(text: &str) -> Result<Duration, String> {
     let wait = parse_duration(text)?;
-    super::args::wait_ms(wait).map_err(|error| error.to_string())?;
+    crate::client::args::wait_ms(wait).map_err(|error| error.to_string())?;
     Ok(wait)
 }
 
 fn parse_lease(text: &str) -> Result<Duration, String> {
     let lease = parse_duration(text)?;
-    super::args::lease_s(lease).map_err(|error| error.to_string())?;
+    crate::client::args::lease_s(lease).map_err(|error| error.to_string())?;
     Ok(lease)
 }
 
@@ -299,7 +299,7 @@ const KEY_SHOWN_CHARS_MAX: usize = 64;
 /// 2,000-byte key is one short line.
 ///
 /// ```
-/// use latchkey::client::cli::shown_key;
+/// use latchkey::cli::shown_key;
 ///
 /// assert_eq!(shown_key("jobs/a"), "jobs/a");
 /// assert_eq!(shown_key("a\nb"), "a\\nb");
@@ -342,7 +342,7 @@ impl clap::builder::TypedValueParser for KeyParser {
         let Some(text) = value.to_str() else {
             return Err(refuse("(not valid UTF-8)".into()));
         };
-        match super::args::check_key(text) {
+        match crate::client::args::check_key(text) {
             Ok(()) => Ok(text.to_owned()),
             Err(error) => Err(refuse(format!("`{}`: {error}", shown_key(text)))),
         }
@@ -596,7 +596,7 @@ fn query_text(key: &str, state: &KeyState, output: OutputArgs) -> String {
 
 /// Says that the lease goes out rounded up to whole seconds, unless it is whole or `--quiet`.
 fn note_lease_rounding(args: &LockArgs) {
-    let Ok(lease_s) = super::args::lease_s(args.lease) else {
+    let Ok(lease_s) = crate::client::args::lease_s(args.lease) else {
         return;
     };
     let sent = Duration::from_secs(u64::from(lease_s));

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::STALL_SECONDS;
-use crate::client::cli::{format_duration, shown_key};
+use crate::cli::{format_duration, shown_key};
 
 /// What a missing or mistyped field shows as.
 const MISSING: &str = "-";
