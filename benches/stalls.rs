@@ -38,8 +38,8 @@
 
 use hdrhistogram::Histogram;
 use latchkey::config::{ClusterConfig, Config, MemberConfig};
-use latchkey::protocol::{parse_response, Request, Response};
 use latchkey::server::{ServerHandle, LOOP_BUCKETS_US};
+use latchkey_client::protocol::{parse_response, Request, Response};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -56,11 +56,11 @@ use std::time::Duration;
 
 use crossbeam_channel::RecvTimeoutError;
 
-use crate::client::{
+use latchkey_client::protocol::ErrorCode;
+use latchkey_client::tls::ClientFiles;
+use latchkey_client::{
     AcquireError, Client, ClientConfig, ClientTls, KeyState, RequestError, Ticket, DEFAULT_ADDR,
 };
-use crate::protocol::ErrorCode;
-use crate::tls::ClientFiles;
 
 mod admin;
 mod cluster;
@@ -273,13 +273,13 @@ pub struct PingArgs {
 
 fn parse_wait(text: &str) -> Result<Duration, String> {
     let wait = parse_duration(text)?;
-    crate::client::args::wait_ms(wait).map_err(|error| error.to_string())?;
+    latchkey_client::args::wait_ms(wait).map_err(|error| error.to_string())?;
     Ok(wait)
 }
 
 fn parse_lease(text: &str) -> Result<Duration, String> {
     let lease = parse_duration(text)?;
-    crate::client::args::lease_s(lease).map_err(|error| error.to_string())?;
+    latchkey_client::args::lease_s(lease).map_err(|error| error.to_string())?;
     Ok(lease)
 }
 
@@ -342,7 +342,7 @@ impl clap::builder::TypedValueParser for KeyParser {
         let Some(text) = value.to_str() else {
             return Err(refuse("(not valid UTF-8)".into()));
         };
-        match crate::client::args::check_key(text) {
+        match latchkey_client::args::check_key(text) {
             Ok(()) => Ok(text.to_owned()),
             Err(error) => Err(refuse(format!("`{}`: {error}", shown_key(text)))),
         }
@@ -596,7 +596,7 @@ fn query_text(key: &str, state: &KeyState, output: OutputArgs) -> String {
 
 /// Says that the lease goes out rounded up to whole seconds, unless it is whole or `--quiet`.
 fn note_lease_rounding(args: &LockArgs) {
-    let Ok(lease_s) = crate::client::args::lease_s(args.lease) else {
+    let Ok(lease_s) = latchkey_client::args::lease_s(args.lease) else {
         return;
     };
     let sent = Duration::from_secs(u64::from(lease_s));

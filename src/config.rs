@@ -25,7 +25,7 @@
 //! and `--cores` to [`Config::with_overrides`]), building the logger from `[log]` and the
 //! `RUST_LOG` override of `[log] level` (see [`crate::logging`]), and reading or writing
 //! `tokens.state_dir` (see [`crate::tokens`]), and reading the `[tls]` files: the server reads
-//! and checks them when it starts ([`crate::tls::server_config`]), so that a configuration built
+//! and checks them when it starts ([`crate::server::tls::server_config`]), so that a configuration built
 //! in code is checked the same way as one read from a file.
 
 use std::collections::BTreeMap;
@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use log::LevelFilter;
 use toml::{Spanned, Value};
 
-use crate::protocol::KEY_BYTES_MAX;
+use latchkey_client::protocol::KEY_BYTES_MAX;
 
 /// The most cores (partitions) a server may run.
 pub const CORES_MAX: usize = 1024;

@@ -14,20 +14,18 @@
 //! | `src/main.rs` | command line → config → start the server (or run a client command) |
 //! | [`config`] | the TOML config file, defaults, validation (errors name the key) |
 //! | [`logging`] | the logger: `[log] format` text or one JSON object a line, `RUST_LOG` |
-//! | [`protocol`] | request and response frames: parse in place, encode; error codes. No I/O |
 //! | [`partition`] | what a core serves: the `Partition` trait, `Op`, `Answer`, sessions, stats, the key hash |
 //! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
 //! | [`latchkey_wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O; also the chunked arrays and slabs that never move what they hold |
 //! | [`hash`] | FNV-1a: digests stable across builds (shard state, cluster identity) |
 //! | [`metrics`] | per-core counters and fixed-bucket histograms, merged for `GET /metrics` |
-//! | [`tls`] | TLS files (PEM, expiry, key matches certificate), rustls configurations, identities |
 //! | [`auth`] | authorization by key prefix: which keys a client certificate's identity may use |
 //! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
 //! | [`node`] | a latchkey process: starts the server as a single node or a cluster member |
 //! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
 //! | [`cluster`] | cluster mode: shards replicated over members with raft-rs (issue 12) |
 //! | [`cli`] | the client commands: `lock`, `query`, `ping`, `stats`, `keys`, `cluster` |
-//! | [`client`] | the official client (PROTOCOL.md §4) |
+//! | [`latchkey_client`] | the official client (PROTOCOL.md §4), the protocol codec, TLS files and streams |
 //! | [`bench`](mod@bench) | the load generator behind `latchkey bench` |
 #![deny(missing_docs)]
 
@@ -40,7 +38,6 @@ pub const COMMIT: &str = env!("LATCHKEY_COMMIT");
 pub mod auth;
 pub mod bench;
 pub mod cli;
-pub mod client;
 pub mod cluster;
 pub mod config;
 pub mod hash;
@@ -49,7 +46,5 @@ pub mod logging;
 pub mod metrics;
 pub mod node;
 pub mod partition;
-pub mod protocol;
 pub mod server;
-pub mod tls;
 pub mod tokens;

@@ -33,11 +33,11 @@
 use crate::partition::{
     Answer, BusyReason, GrantRef, HeldKey, Op, QueueCounts, SessionId, TableStats,
 };
-use crate::protocol::{Request, Response};
 use crate::tokens::TokenRange;
 use hashbrown::DefaultHashBuilder;
 use index::SegmentedTable;
 pub use keys::{KeyBytes, KeyStore, INLINE_KEY_BYTES};
+use latchkey_client::protocol::{Request, Response};
 use latchkey_wheel::chunked::ChunkedSlab;
 use latchkey_wheel::{TimerHandle, Wheel};
 use std::hash::BuildHasher;

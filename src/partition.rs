@@ -23,8 +23,8 @@ pub use cluster_stats::ClusterStats;
 pub use op::Op;
 pub use stats::{BusyCounts, BusyReason, HeldKey, TableStats};
 
-use crate::protocol::Response;
 use crate::tokens::TokenKeeper;
+use latchkey_client::protocol::Response;
 
 /// An opaque session identity chosen by the reactor (unique for the life of the process).
 pub type SessionId = u64;

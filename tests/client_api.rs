@@ -9,8 +9,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{client, start_server, FakeConn, FakeServer, Frame, Got, PATIENCE};
-use latchkey::client::{AcquireError, Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
-use latchkey::protocol::{ErrorCode, Response};
+use latchkey_client::protocol::{ErrorCode, Response};
+use latchkey_client::{AcquireError, Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
 
 fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
 use common::{assert_between, client, start_server};
-use latchkey::client::{AcquireError, Client};
 use latchkey::server::ServerHandle;
+use latchkey_client::{AcquireError, Client};
 
 const LATE: Duration = Duration::from_millis(1500);
 const LEASE: Duration = Duration::from_secs(30);

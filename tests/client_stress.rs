@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::proxy::Proxy;
 use common::rng::Rng;
 use common::{client, start_server};
-use latchkey::client::{AcquireError, Client, ExtendOutcome, RequestError, Ticket};
+use latchkey_client::{AcquireError, Client, ExtendOutcome, RequestError, Ticket};
 
 const THREADS: usize = 20;
 const KEYS: usize = 4;

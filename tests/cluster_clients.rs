@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::cluster::{Cluster, Member};
 use common::server::{fresh_id, wait_until, Conn};
 use latchkey::cli;
-use latchkey::protocol::{Leader, Request, Response};
+use latchkey_client::protocol::{Leader, Request, Response};
 
 const SETTLE: Duration = Duration::from_secs(10);
 /// The command line's default transport timeout.

@@ -9,7 +9,7 @@
 mod common;
 
 use common::server::{keys_on_partition, start, wait_until, Conn};
-use latchkey::protocol::Request;
+use latchkey_client::protocol::Request;
 use std::io::{ErrorKind, Write};
 use std::time::{Duration, Instant};
 

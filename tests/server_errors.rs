@@ -10,8 +10,8 @@ use common::server::{
     KeyState, Script,
 };
 use latchkey::partition::partition_of;
-use latchkey::protocol::{ErrorCode, Request, Response};
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{ErrorCode, Request, Response};
 use std::thread;
 use std::time::Duration;
 

@@ -7,7 +7,7 @@ use common::server::{
     encode_all, fresh_id, keys_on_partition, start, start_with, test_config, wait_until, Conn,
     KeyState, ANSWER_TIMEOUT,
 };
-use latchkey::protocol::{ErrorCode, Request, Response};
+use latchkey_client::protocol::{ErrorCode, Request, Response};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr};

@@ -4,7 +4,7 @@
 mod common;
 
 use common::server::{self, fresh_id, keys_on_partition, Conn, ServerProcess, TempDir};
-use latchkey::protocol::{Request, Response};
+use latchkey_client::protocol::{Request, Response};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

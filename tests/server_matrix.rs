@@ -13,8 +13,8 @@ use common::assert_between;
 use common::server::{
     fresh_id, keys_on_partition, start, start_with, test_config, wait_until, Conn, KeyState,
 };
-use latchkey::protocol::{Request, Response};
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{Request, Response};
 use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};

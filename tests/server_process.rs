@@ -6,8 +6,8 @@
 mod common;
 
 use common::server::{fresh_id, keys_on_partition, Conn, ServerProcess, TempDir};
-use latchkey::protocol::Response;
 use latchkey::tokens::wall_clock_floor;
+use latchkey_client::protocol::Response;
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

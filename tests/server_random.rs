@@ -23,7 +23,7 @@ mod common;
 
 use common::rng::Rng;
 use common::server::{keys_on_partition, start, Conn};
-use latchkey::protocol::{Request, Response};
+use latchkey_client::protocol::{Request, Response};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::thread;

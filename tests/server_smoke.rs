@@ -3,7 +3,7 @@
 mod common;
 
 use common::server::{keys_on_partition, start, Conn};
-use latchkey::protocol::Response;
+use latchkey_client::protocol::Response;
 
 #[test]
 fn grant_queue_handoff_across_partitions() {
@@ -17,7 +17,7 @@ fn grant_queue_handoff_across_partitions() {
             second.acquire(key, 0, 30, 2),
             Response::Timeout { owner: 2 }
         );
-        second.send(latchkey::protocol::Request::Acquire {
+        second.send(latchkey_client::protocol::Request::Acquire {
             wait_s: 30,
             lease_s: 30,
             owner: 3,

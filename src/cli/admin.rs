@@ -36,8 +36,8 @@ use super::{
     fail_servers, parse_server_items, shown_key, ConnectArgs, OutputArgs, EXIT_BUSY,
     EXIT_INDETERMINATE, EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE,
 };
-use crate::protocol::{parse_response, ErrorCode, Response};
-use crate::tls::Connector;
+use latchkey_client::protocol::{parse_response, ErrorCode, Response};
+use latchkey_client::tls::Connector;
 
 pub(super) mod gather;
 pub(super) mod merge;

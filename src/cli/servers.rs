@@ -10,7 +10,7 @@ use std::fmt;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 
-use crate::client::MEMBERS_MAX;
+use latchkey_client::MEMBERS_MAX;
 
 /// An item of a `--server` list that does not give addresses, and why.
 #[derive(Debug)]

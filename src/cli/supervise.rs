@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::{shown_key, LockArgs, EXIT_INDETERMINATE, EXIT_LEASE_LOST, FORBIDDEN_TEXT};
-use crate::client::{Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
-use crate::protocol::ErrorCode;
+use latchkey_client::protocol::ErrorCode;
+use latchkey_client::{Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
 
 /// How soon a failed extend is tried again (never later than lease/3).
 const EXTEND_RETRY: Duration = Duration::from_millis(500);

@@ -9,7 +9,7 @@
 //! Invariant: a boxed key's box is exactly its size class; each free list holds boxes of its
 //! class only, at most [`KEPT_PER_CLASS`] of them.
 
-use crate::protocol::KEY_BYTES_MAX;
+use latchkey_client::protocol::KEY_BYTES_MAX;
 
 /// Keys up to this many bytes are stored inline in their entry, without an allocation.
 pub const INLINE_KEY_BYTES: usize = 22;

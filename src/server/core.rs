@@ -28,7 +28,7 @@
 //!   an outbox with [`OUTBOX_REQUESTS_MAX`] requests takes no more (the session waits), a full
 //!   socket leaves output in the session, and a session over its bounds is not read.
 //!
-//! Not here: frame syntax ([`crate::protocol`]), lock semantics ([`crate::lock_table`]), the
+//! Not here: frame syntax ([`latchkey_client::protocol`]), lock semantics ([`crate::lock_table`]), the
 //! close protocol ([`super::close`]), sockets and polling ([`super::reactor`]).
 
 use super::admin::{AdminJob, KeyScan};
@@ -44,9 +44,9 @@ use crate::partition::GrantRef;
 use crate::partition::Partition;
 use crate::partition::NOBODY;
 use crate::partition::{Answer, Op, SessionId};
-use crate::protocol::{parse_request, ErrorCode, FrameError, Response};
 use crate::tokens::TokenKeeper;
 use crossbeam_channel::Receiver;
+use latchkey_client::protocol::{parse_request, ErrorCode, FrameError, Response};
 use slab::Slab;
 use std::sync::Arc;
 use std::time::Duration;

@@ -385,7 +385,7 @@ fn start_inner<B: Backend>(
     let tls = config
         .tls
         .as_ref()
-        .map(crate::tls::server_config)
+        .map(crate::server::tls::server_config)
         .transpose()?;
     let bound = bind::bind(config.server.listen, cores)?;
     let mut plan = plan(&config, notify)?;
@@ -607,7 +607,8 @@ fn spawn_reactor<P: Partition + Send + 'static>(
     match tls {
         None => spawn_core(index, Reactor::<TcpStream, P>::new(parts, ())?, shared),
         Some(tls) => {
-            let reactor = Reactor::<tls::TlsStream, P>::new(parts, Arc::clone(tls))?;
+            let reactor =
+                Reactor::<latchkey_client::tls::TlsStream, P>::new(parts, Arc::clone(tls))?;
             spawn_core(index, reactor, shared)
         }
     }

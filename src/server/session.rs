@@ -23,7 +23,7 @@ use super::net::Stream;
 use crate::auth::{AuthRules, Grant};
 use crate::partition::GrantRef;
 use crate::partition::SessionId;
-use crate::protocol::Response;
+use latchkey_client::protocol::Response;
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
@@ -38,7 +38,7 @@ const LINGER_READS_MAX: usize = 16;
 /// Write capacity kept after a burst drains; more is given back to the allocator.
 const WRITE_CAPACITY_KEPT_BYTES: usize = 4 * OUTPUT_BOUND_BYTES;
 
-const _: () = assert!(OUTPUT_BOUND_BYTES >= 64 * crate::protocol::RESPONSE_BYTES_MAX);
+const _: () = assert!(OUTPUT_BOUND_BYTES >= 64 * latchkey_client::protocol::RESPONSE_BYTES_MAX);
 
 /// Where a session is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use super::rng::Rng;
 use super::world::{World, MEMBERS, SHARDS};
 use latchkey::cluster::partition::shard_of;
 use latchkey::partition::{Answer, Op};
-use latchkey::protocol::Response;
+use latchkey_client::protocol::Response;
 use std::collections::HashMap;
 
 /// Simulated clients with random traffic.

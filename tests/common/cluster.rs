@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use super::server::{Conn, ServerProcess, TempDir};
-use latchkey::protocol::{Request, Response};
+use latchkey_client::protocol::{Request, Response};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::Command;

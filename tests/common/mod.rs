@@ -27,10 +27,10 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use latchkey::client::{Client, ClientConfig};
 use latchkey::config::Config;
-use latchkey::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
+use latchkey_client::{Client, ClientConfig};
 
 /// The longest any helper waits for something that should happen.
 pub const PATIENCE: Duration = Duration::from_secs(10);

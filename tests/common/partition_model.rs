@@ -14,8 +14,8 @@
 use latchkey::partition::SessionId;
 
 use latchkey::lock_table::TableConfig;
-use latchkey::protocol::Response;
 use latchkey::tokens::TokenRange;
+use latchkey_client::protocol::Response;
 use std::collections::VecDeque;
 
 const MICROS_PER_SECOND: u64 = 1_000_000;

@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use latchkey::config::Config;
-use latchkey::protocol::{parse_response, Request, Response};
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{parse_response, Request, Response};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

@@ -7,8 +7,8 @@ use crate::step::{said_of, Pick, Said, Step};
 use crate::subject::{Limits, Shown, Subject};
 use latchkey::lock_table::TableConfig;
 use latchkey::partition::{Answer, Op as TableOp, SessionId};
-use latchkey::protocol::Response;
 use latchkey::tokens::TokenRange;
+use latchkey_client::protocol::Response;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::merge::MemberAnswer;
 use super::{fetch, Failure};
-use crate::tls::Connector;
+use latchkey_client::tls::Connector;
 
 /// `GET` each of `targets` in turn from every member of `items` (one thread per member, all at
 /// once): per member, in `items`' order, one answer per target, parsed as JSON. A member whose

@@ -25,7 +25,7 @@
 //! Deliberately not here: what a command *does* ([`super::ShardMachine`]) and whether a
 //! snapshot's holds are consistent with its shard (checked by [`super::ShardMachine::restore`]).
 
-use crate::protocol::KEY_BYTES_MAX;
+use latchkey_client::protocol::KEY_BYTES_MAX;
 use std::fmt;
 
 /// The first byte of every [`Command`] this build encodes (it decodes

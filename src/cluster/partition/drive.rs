@@ -32,7 +32,7 @@ use crate::cluster::shard::{Held, Role};
 use crate::cluster::writer::LogWriter;
 use crate::partition::BusyReason;
 use crate::partition::NOBODY;
-use crate::protocol::Response;
+use latchkey_client::protocol::Response;
 use std::time::SystemTime;
 
 impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {

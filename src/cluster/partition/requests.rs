@@ -30,7 +30,7 @@ use crate::cluster::writer::LogWriter;
 use crate::partition::GrantRef;
 use crate::partition::NOBODY;
 use crate::partition::{BusyReason, SessionId};
-use crate::protocol::Response;
+use latchkey_client::protocol::Response;
 
 /// Up to this many queued waiters, debug builds check every place before each acquire.
 const PLACES_CHECKED_WAITERS_MAX: usize = 4096;

@@ -12,7 +12,7 @@
 //! UTF-8 without `\n`, and an Acquire or Extend always has a lease of at least one second. The
 //! parser never reads past the frame it reports.
 //!
-//! Deliberately not here: what a request *does* (see [`crate::lock_table`]) and any socket.
+//! Deliberately not here: what a request *does* (the server's lock table) and any socket.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -80,6 +80,7 @@ pub enum Request<'a> {
 
 impl<'a> Request<'a> {
     /// The key the request names, if any (Ping names none).
+    #[inline]
     pub fn key(&self) -> Option<&'a [u8]> {
         match *self {
             Request::Acquire { key, .. }
@@ -92,6 +93,7 @@ impl<'a> Request<'a> {
     }
 
     /// The correlation id an answer (or an `X`) to this request carries.
+    #[inline]
     pub fn correlation_id(&self) -> u64 {
         match *self {
             Request::Acquire { owner, .. } | Request::Cancel { owner, .. } => owner,
@@ -101,12 +103,14 @@ impl<'a> Request<'a> {
     }
 
     /// The number of bytes [`encode`](Request::encode) writes.
+    #[inline]
     pub fn encoded_len(&self) -> usize {
         let key_bytes = self.key().map_or(0, <[u8]>::len);
         1 + header_bytes(self.op()).unwrap_or(0) + key_bytes + 1
     }
 
     /// The op byte of the request.
+    #[inline]
     pub fn op(&self) -> u8 {
         match self {
             Request::Acquire { .. } => b'A',
@@ -173,6 +177,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Whether the server closes the session after sending this error.
+    #[inline]
     pub fn closes_session(self) -> bool {
         matches!(
             self,
@@ -184,6 +189,7 @@ impl ErrorCode {
     }
 
     /// The code for a wire byte, if it is one of the defined codes.
+    #[inline]
     pub fn from_u8(code: u8) -> Option<ErrorCode> {
         Some(match code {
             1 => ErrorCode::UnknownOp,
@@ -492,6 +498,7 @@ impl Leader {
 
 impl Response {
     /// The op byte of the response.
+    #[inline]
     pub fn op(&self) -> u8 {
         match self {
             Response::Acquired { .. } => b'A',
@@ -508,6 +515,7 @@ impl Response {
     }
 
     /// The correlation id the response carries.
+    #[inline]
     pub fn correlation_id(&self) -> u64 {
         match *self {
             Response::Acquired { owner, .. }
@@ -522,6 +530,7 @@ impl Response {
     }
 
     /// Appends the frame to `out`.
+    #[inline]
     pub fn encode(&self, out: &mut Vec<u8>) {
         let mut frame = [0u8; RESPONSE_BYTES_MAX];
         let len = self.encode_into(&mut frame);

@@ -34,7 +34,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
-use std::net::SocketAddr;
+use std::net::{Shutdown, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -47,9 +47,8 @@ use parking_lot::Mutex;
 use super::call::{Call, CloseReason, Outcome};
 use super::error::SessionFailure;
 use super::pipeline::Pipeline;
-use crate::server::net::Stream;
-use crate::server::tls::TlsStream;
 use crate::tls::Connector;
+use crate::tls::TlsStream;
 
 const STREAM: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -110,7 +109,7 @@ impl Connection {
 
     fn shutdown_write(&mut self) -> io::Result<()> {
         match self {
-            Connection::Plain(tcp) => tcp.shutdown_write(),
+            Connection::Plain(tcp) => tcp.shutdown(Shutdown::Write),
             Connection::Tls(tls) => tls.shutdown_write(),
         }
     }

@@ -1,26 +1,25 @@
-//! TLS files and configurations: reading PEM certificates and keys, checking them, and building
-//! the rustls configurations of the server and of the client.
+//! TLS for both ends: reading PEM certificates and keys and checking them, the client's rustls
+//! configuration, and the non-blocking TLS stream ([`TlsStream`]) of the server's sessions and
+//! of the client's.
 //!
 //! Every error names the configuration key (or command-line flag) and the path it is about, on
 //! one line, e.g. `tls.key_file /etc/latchkey/server.key: does not match tls.cert_file ...`.
 //! Files are read whole, at most [`PEM_FILE_BYTES_MAX`] each, once at start.
 //!
 //! The crypto provider is rustls's `ring` (no cmake or assembler needed to build). The expiry of
-//! our own certificate (rustls checks the validity of the peer's, not of ours) and a client
-//! certificate's identities are read with `x509-parser`.
+//! a certificate read from a file (rustls checks the validity of the peer's, not of ours) is
+//! read by [`not_after_unix`], which walks the certificate's DER only as far as its validity.
 //!
 //! A client's configuration and the name it expects of the server make a [`Connector`], which
 //! starts each connection: the official client's sessions, `latchkey stats` and `keys`, and
 //! `latchkey bench` all connect through one.
 //!
-//! Not here: the TLS stream of a server session ([`crate::server::tls`]), the client's stream
-//! ([`crate::client`]).
+//! Not here: the server's configuration and a client certificate's identities (the server's
+//! `tls` module, in the `latchkey` package).
 
-use crate::config::TlsConfig;
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
-use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, StreamOwned};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::io;
@@ -28,18 +27,21 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+mod stream;
+
+pub use stream::{TlsError, TlsStream, READ_ROUNDS_MAX, TLS_BUFFER_BYTES};
 
 /// The largest PEM file read (certificate chains and CA bundles are a few KiB).
 pub const PEM_FILE_BYTES_MAX: u64 = 1 << 20;
 
 /// The crypto provider of every configuration.
-fn provider() -> Arc<CryptoProvider> {
+pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// An error about the file `path` named by `key`.
-fn file_error(key: &str, path: &Path, cause: impl std::fmt::Display) -> io::Error {
+pub fn file_error(key: &str, path: &Path, cause: impl std::fmt::Display) -> io::Error {
     let message = format!("{key} {}: {cause}", path.display());
     io::Error::new(io::ErrorKind::InvalidInput, message)
 }
@@ -93,7 +95,8 @@ pub fn load_key(key: &str, path: &Path) -> io::Result<PrivateKeyDer<'static>> {
         .map_err(|e| file_error(key, path, format!("no private key in it: {e}")))
 }
 
-fn root_store(key: &str, path: &Path) -> io::Result<Arc<RootCertStore>> {
+/// The CA certificates in the PEM file `path`, as the roots a peer's certificate must chain to.
+pub fn root_store(key: &str, path: &Path) -> io::Result<Arc<RootCertStore>> {
     let mut roots = RootCertStore::empty();
     for cert in load_certs(key, path)? {
         roots
@@ -101,34 +104,6 @@ fn root_store(key: &str, path: &Path) -> io::Result<Arc<RootCertStore>> {
             .map_err(|e| file_error(key, path, format!("not a usable CA certificate: {e}")))?;
     }
     Ok(Arc::new(roots))
-}
-
-/// The server's configuration from `[tls]`: every file read and checked (see the module docs).
-pub fn server_config(tls: &TlsConfig) -> io::Result<Arc<ServerConfig>> {
-    let certs = load_certs("tls.cert_file", &tls.cert_file)?;
-    let key = load_key("tls.key_file", &tls.key_file)?;
-    let provider = provider();
-    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()
-        .map_err(io::Error::other)?;
-    let builder = match &tls.client_ca_file {
-        Some(path) => {
-            let roots = root_store("tls.client_ca_file", path)?;
-            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
-                .build()
-                .map_err(|e| file_error("tls.client_ca_file", path, e))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let config = builder.with_single_cert(certs, key).map_err(|e| {
-        let cause = format!(
-            "does not fit tls.cert_file {}: {e}",
-            tls.cert_file.display()
-        );
-        file_error("tls.key_file", &tls.key_file, cause)
-    })?;
-    Ok(Arc::new(config))
 }
 
 /// The client's TLS files (see `ClientConfig`'s TLS settings).
@@ -265,50 +240,183 @@ fn is_retry(error: &io::Error) -> bool {
 
 /// The end of a certificate's validity, in seconds since the Unix epoch (`None`: malformed, or
 /// before the epoch).
+///
+/// Reads the DER only as far as it must (RFC 5280 §4.1): the certificate's `tbsCertificate`,
+/// past its version, serial number, signature algorithm and issuer, to its `validity`, whose
+/// `notAfter` is a UTCTime (`YYMMDDHHMMSSZ`, years 1950–2049) or a GeneralizedTime
+/// (`YYYYMMDDHHMMSSZ`), the only forms RFC 5280 allows.
 pub fn not_after_unix(cert: &[u8]) -> Option<u64> {
-    let (_, cert) = X509Certificate::from_der(cert).ok()?;
-    u64::try_from(cert.validity().not_after.timestamp()).ok()
+    let (certificate, _) = der_element(cert, DER_SEQUENCE)?;
+    let (mut tbs, _) = der_element(certificate, DER_SEQUENCE)?;
+    if tbs.first() == Some(&DER_VERSION) {
+        tbs = der_element(tbs, DER_VERSION)?.1;
+    }
+    // The serial number, the signature algorithm, the issuer.
+    for tag in [DER_INTEGER, DER_SEQUENCE, DER_SEQUENCE] {
+        tbs = der_element(tbs, tag)?.1;
+    }
+    let (validity, _) = der_element(tbs, DER_SEQUENCE)?;
+    let (_not_before, rest) = der_time(validity)?;
+    let (not_after, _) = der_time(rest)?;
+    u64::try_from(not_after).ok()
 }
 
-/// A client certificate's identities (see [`crate::auth`]): its subject's common names, then
-/// its DNS subject alternative names, in certificate order. Names that are not UTF-8 strings
-/// are left out; a malformed certificate (rustls verified it, so this does not happen) has
-/// none. At most [`IDENTITIES_MAX`].
-pub fn certificate_identities(cert: &[u8]) -> Vec<String> {
-    let Ok((_, cert)) = X509Certificate::from_der(cert) else {
-        return Vec::new();
+const DER_INTEGER: u8 = 0x02;
+const DER_SEQUENCE: u8 = 0x30;
+const DER_UTC_TIME: u8 = 0x17;
+const DER_GENERALIZED_TIME: u8 = 0x18;
+/// A certificate's `[0] EXPLICIT` version.
+const DER_VERSION: u8 = 0xa0;
+
+/// The content of the DER element with `tag` at the start of `bytes`, and what follows it.
+fn der_element(bytes: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    let (&first, rest) = bytes.split_first()?;
+    let (&length_byte, rest) = rest.split_first()?;
+    if first != tag {
+        return None;
+    }
+    let (length, rest) = if length_byte < 0x80 {
+        (usize::from(length_byte), rest)
+    } else {
+        // The long form: 1 to 4 length bytes (0x80, the indefinite form, is not DER).
+        let count = usize::from(length_byte & 0x7f);
+        if count == 0 || count > 4 || rest.len() < count {
+            return None;
+        }
+        let (digits, rest) = rest.split_at(count);
+        let length = digits
+            .iter()
+            .fold(0usize, |length, &digit| length << 8 | usize::from(digit));
+        (length, rest)
     };
-    let common_names = cert
-        .subject()
-        .iter_common_name()
-        .filter_map(|name| name.as_str().ok());
-    let alternative_names = cert.subject_alternative_name().ok().flatten();
-    let dns_names = alternative_names
-        .iter()
-        .flat_map(|extension| extension.value.general_names.iter())
-        .filter_map(|name| match name {
-            GeneralName::DNSName(name) => Some(*name),
-            _ => None,
-        });
-    common_names
-        .chain(dns_names)
-        .take(IDENTITIES_MAX)
-        .map(str::to_string)
-        .collect()
+    (rest.len() >= length).then(|| rest.split_at(length))
 }
 
-/// Identities read from one certificate at most.
-pub const IDENTITIES_MAX: usize = 64;
+/// The UTCTime or GeneralizedTime at the start of `bytes`, in seconds since the Unix epoch
+/// (negative before it), and what follows it.
+fn der_time(bytes: &[u8]) -> Option<(i64, &[u8])> {
+    let (year, time, rest) = match *bytes.first()? {
+        DER_UTC_TIME => {
+            let (text, rest) = der_element(bytes, DER_UTC_TIME)?;
+            let (year, time) = text.split_at_checked(2)?;
+            let year = decimal(year)?;
+            (
+                if year < 50 { 2000 + year } else { 1900 + year },
+                time,
+                rest,
+            )
+        }
+        DER_GENERALIZED_TIME => {
+            let (text, rest) = der_element(bytes, DER_GENERALIZED_TIME)?;
+            let (year, time) = text.split_at_checked(4)?;
+            (decimal(year)?, time, rest)
+        }
+        _ => return None,
+    };
+    // MMDDHHMMSSZ
+    if time.len() != 11 || time[10] != b'Z' {
+        return None;
+    }
+    let [month, day, hour, minute, second] = [0, 2, 4, 6, 8].map(|at| decimal(&time[at..at + 2]));
+    let (month, day, hour, minute, second) = (month?, day?, hour?, minute?, second?);
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let month_days = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&month) || day == 0 || day > month_days[month as usize - 1] {
+        return None;
+    }
+    if hour > 23 || minute > 59 || second > 59 {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    let seconds = days * 86_400 + hour * 3_600 + minute * 60 + second;
+    Some((seconds, rest))
+}
+
+/// The decimal number written in ASCII `digits` (`None` if any is not a digit).
+fn decimal(digits: &[u8]) -> Option<i64> {
+    digits.iter().try_fold(0i64, |number, &digit| {
+        digit
+            .is_ascii_digit()
+            .then(|| number * 10 + i64::from(digit - b'0'))
+    })
+}
+
+/// Days from 1970-01-01 to the proleptic Gregorian date `year-month-day` (month 1..=12).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    // Howard Hinnant's algorithm: years start in March, so the leap day ends a year.
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let month_from_march = (month + 9) % 12;
+    let day_of_year = (153 * month_from_march + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn malformed_certificates_have_no_expiry_and_no_identity() {
-        for bytes in [&[][..], &[0x30, 0x85, 0, 0, 0, 0, 0], b"not a certificate"] {
+    fn malformed_certificates_have_no_expiry() {
+        for bytes in [
+            &[][..],
+            &[0x30, 0x85, 0, 0, 0, 0, 0],
+            &[0x30, 0x80, 0, 0],
+            b"not a certificate",
+        ] {
             assert_eq!(not_after_unix(bytes), None);
-            assert!(certificate_identities(bytes).is_empty());
         }
+    }
+
+    #[test]
+    fn days_from_civil_counts_from_the_epoch() {
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(1969, 12, 31), -1);
+        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+        assert_eq!(days_from_civil(2024, 2, 29), 19_782);
+    }
+
+    #[test]
+    fn times_in_both_forms_are_read_and_bad_ones_refused() {
+        let time = |tag: u8, text: &str| {
+            let mut bytes = vec![tag, text.len() as u8];
+            bytes.extend_from_slice(text.as_bytes());
+            der_time(&bytes).map(|(seconds, _)| seconds)
+        };
+        assert_eq!(time(DER_UTC_TIME, "700101000000Z"), Some(0));
+        assert_eq!(time(DER_UTC_TIME, "491231235959Z"), Some(2_524_607_999));
+        assert_eq!(time(DER_UTC_TIME, "500101000000Z"), Some(-631_152_000));
+        assert_eq!(
+            time(DER_GENERALIZED_TIME, "20500101000000Z"),
+            Some(2_524_608_000)
+        );
+        assert_eq!(
+            time(DER_GENERALIZED_TIME, "99991231235959Z"),
+            Some(253_402_300_799)
+        );
+        for bad in [
+            "700101000000",
+            "701301000000Z",
+            "700230000000Z",
+            "700101240000Z",
+            "7001010000+0Z",
+        ] {
+            assert_eq!(time(DER_UTC_TIME, bad), None, "{bad}");
+        }
+        assert_eq!(time(DER_SEQUENCE, "700101000000Z"), None);
     }
 }

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use super::{Handle, Op, Pipeline, Span, Stage, OUTPUT_BYTES_MAX};
-use crate::client::args::wire_wait_s;
+use crate::args::wire_wait_s;
 
 /// One write attempt, from [`Pipeline::output`]: the bytes to hand to the socket.
 ///

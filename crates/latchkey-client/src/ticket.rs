@@ -65,12 +65,12 @@ pub enum ExtendOutcome {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// use latchkey::client::{ExtendOutcome, ReleaseOutcome};
+/// use latchkey_client::{ExtendOutcome, ReleaseOutcome};
 /// # let mut config = latchkey::config::Config::default();
 /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
 /// # config.server.cores = 1;
 /// # let server = latchkey::node::start(config)?;
-/// # let client = latchkey::client::Client::connect(server.local_addr())?;
+/// # let client = latchkey_client::Client::connect(server.local_addr())?;
 /// let ticket = client.acquire("k", Duration::from_secs(1), Duration::from_secs(10))?;
 /// // The bound is the A's read plus the lease minus max(100 ms, lease / 10).
 /// assert!(ticket.valid_until() <= Instant::now() + Duration::from_secs(9));
@@ -129,7 +129,7 @@ impl Ticket {
     }
 
     /// The client this ticket was granted through.
-    pub(crate) fn client(&self) -> &Client {
+    pub fn client(&self) -> &Client {
         &self.client
     }
 

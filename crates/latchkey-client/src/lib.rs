@@ -1,5 +1,8 @@
-//! The official client (PROTOCOL.md §4). The `lock`, `query` and `ping` commands that use it
-//! are [`crate::cli`].
+//! The official Rust client of latchkey, a lock server with fencing tokens (PROTOCOL.md §4),
+//! and the wire protocol it speaks: [`protocol`], the request and response codec (the server
+//! uses it too), and [`tls`], TLS files, the client's configuration and the non-blocking TLS
+//! stream of both ends. The `latchkey` command's `lock`, `query` and `ping` are built on it
+//! (the `latchkey` package's `cli` module).
 //!
 //! A [`Client`] is a cheap, cloneable handle (`Send + Sync`) over a small pool of sessions
 //! (TCP connections). Many threads call it at once; their requests are pipelined over the
@@ -50,7 +53,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use latchkey::client::{AcquireError, Client};
+//! use latchkey_client::{AcquireError, Client};
 //!
 //! # let mut config = latchkey::config::Config::default();
 //! # config.server.listen = "127.0.0.1:0".parse().unwrap();
@@ -77,7 +80,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use latchkey::client::{AcquireError, Client, ClientConfig};
+//! use latchkey_client::{AcquireError, Client, ClientConfig};
 //!
 //! // Nothing listens on this port: nothing is ever sent, and the call says so.
 //! let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -95,7 +98,9 @@
 //!
 //! | file | responsibility |
 //! |---|---|
-//! | `mod.rs` | [`Client`], [`ClientConfig`]: calls, delivery gate |
+//! | `lib.rs` | [`Client`], [`ClientConfig`]: calls, delivery gate |
+//! | [`protocol`] | request and response frames: parse in place, encode; error codes. No I/O |
+//! | [`tls`] | TLS files, the client's rustls configuration, [`tls::Connector`], [`tls::TlsStream`] |
 //! | `ticket.rs` | [`Ticket`]: token, validity bound, extend, release, release on drop |
 //! | `error.rs` | [`AcquireError`], [`RequestError`], [`ArgumentError`], [`SessionFailure`] |
 //! | [`args`] | checking and rounding keys, waits and leases; the wire wait, margins, ids |
@@ -112,6 +117,7 @@
 //!
 //! Deliberately not here: reconnecting a session in place (a failed session is replaced by a
 //! new one), resending anything that may have been sent, and renewing leases on its own.
+#![deny(missing_docs)]
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -121,6 +127,9 @@ use std::time::{Duration, Instant};
 use crate::protocol::Response;
 
 pub mod args;
+pub mod protocol;
+pub mod tls;
+
 mod call;
 mod error;
 mod exchange;
@@ -304,7 +313,7 @@ impl Client {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use latchkey::client::{AcquireError, Client};
+    /// use latchkey_client::{AcquireError, Client};
     /// # let mut config = latchkey::config::Config::default();
     /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
     /// # config.server.cores = 1;
@@ -391,7 +400,7 @@ impl Client {
     /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
     /// # config.server.cores = 1;
     /// # let server = latchkey::node::start(config)?;
-    /// # let client = latchkey::client::Client::connect(server.local_addr())?;
+    /// # let client = latchkey_client::Client::connect(server.local_addr())?;
     /// let ticket = client.acquire("k", Duration::ZERO, Duration::from_secs(10))?;
     /// let state = client.query("k")?;
     /// assert!(state.held && state.lease_left <= Duration::from_secs(10));

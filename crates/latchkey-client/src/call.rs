@@ -14,7 +14,7 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 
 use crate::protocol::{ErrorCode, Request, Response, ResponseError};
-use crate::server::tls::TlsError;
+use crate::tls::TlsError;
 
 /// One request as the client wants it sent. Keys are shared with the caller's ticket.
 #[derive(Clone, Debug)]
