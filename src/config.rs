@@ -784,7 +784,8 @@ mod cluster;
 mod tls;
 pub use auth::{AuthRule, PREFIXES_PER_RULE_MAX, RULES_MAX};
 pub use cluster::{
-    ClusterConfig, ClusterIdentity, MemberConfig, MEMBERS_MAX, SHARDS_DEFAULT, SHARDS_MAX,
+    ClusterConfig, ClusterIdentity, MemberConfig, HOLDS_MAX, MEMBERS_MAX, SHARDS_DEFAULT,
+    SHARDS_MAX,
 };
 pub use tls::TlsConfig;
 

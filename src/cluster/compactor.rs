@@ -1,7 +1,7 @@
 //! The compactor of a core: encodes frozen shard machines into snapshot bytes, decodes received
 //! snapshots into machines, and drops machines the core replaced, off the core's event loop.
 //!
-//! All three are O(holds) (a shard keeps up to [`super::machine::HOLDS_MAX`] holds), too long for
+//! All three are O(holds) (a shard keeps up to [`crate::config::HOLDS_MAX`] holds), too long for
 //! one loop iteration. The core freezes a machine right after applying the index to compact
 //! ([`ShardMachine::freeze`]: O(1), the maps are persistent and shared with the live machine),
 //! hands the [`Frozen`] image to its compactor ([`Compactor::submit`], never blocks), and goes

@@ -67,15 +67,9 @@ pub use codec::{
     COMMAND_VERSION, COMMAND_VERSION_MIN, SNAPSHOT_VERSION,
 };
 
+use crate::config::HOLDS_MAX;
 use std::collections::BTreeSet;
 
-/// The most holds one shard keeps; a grant beyond it is refused with [`Applied::Full`].
-///
-/// A constant, not `limits.max_keys`: applying is deterministic and members' configs may
-/// differ, so the cap every member applies must be the same. A member's `limits.max_keys` is
-/// enforced before this, by each shard's leader before it proposes a grant (see
-/// `cluster/partition/requests.rs`), and may not exceed `shards × HOLDS_MAX`.
-pub const HOLDS_MAX: usize = 1_000_000;
 /// Up to this many holds, debug builds check every invariant after every mutation; above it,
 /// only the index sizes (a full check is O(holds)).
 const FULL_CHECK_HOLDS_MAX: usize = 4096;

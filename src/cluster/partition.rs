@@ -81,7 +81,7 @@ pub struct PartitionSettings {
     pub max_waiters_per_key: u32,
     /// Holds plus grants in flight a shard this member leads may have before an acquire of a
     /// free key is refused `B` (`limits.max_keys / shards`, at least 1). Members' configs may
-    /// differ; what every member's machine applies is [`super::machine::HOLDS_MAX`].
+    /// differ; what every member's machine applies is [`crate::config::HOLDS_MAX`].
     pub max_keys_per_shard: usize,
     /// Acquires one session may have queued (`limits.max_pending_per_session`): on this
     /// partition, or on all with [`ClusterPartition::share_queue_counts`].

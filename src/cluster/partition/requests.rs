@@ -14,7 +14,7 @@
 //! * `max_keys`: an acquire of a free key (no hold, no queue) while the shard's holds and
 //!   grants in flight number `max_keys / shards` gets `B` (each shard is a partition of the key
 //!   space, as each core is on a single node). Members' configs may differ, so the machine's
-//!   own cap, applied on every member, is a constant ([`crate::cluster::machine::HOLDS_MAX`]).
+//!   own cap, applied on every member, is a constant ([`crate::config::HOLDS_MAX`]).
 //! * `max_waiters_per_key`: an acquire with wait > 0 on a key whose queue is full gets `B`. A
 //!   queue head with its grant in the log is not counted: on a single node it would hold the
 //!   key already (granted in the step that freed it, or at once on a free key).
