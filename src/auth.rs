@@ -89,6 +89,7 @@ impl Grant {
     }
 
     /// Whether the session may use at least one key.
+    #[cfg(test)]
     pub fn permits_any(&self) -> bool {
         !self.prefixes.is_empty()
     }

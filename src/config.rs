@@ -24,9 +24,9 @@
 //! Deliberately not here: the command line itself (see `main.rs`, which hands its `--listen`
 //! and `--cores` to [`Config::with_overrides`]), building the logger from `[log]` and the
 //! `RUST_LOG` override of `[log] level` (see [`crate::logging`]), and reading or writing
-//! `tokens.state_dir` (see [`crate::tokens`]), and reading the `[tls]` files: the server reads
-//! and checks them when it starts ([`crate::server::tls::server_config`]), so that a configuration built
-//! in code is checked the same way as one read from a file.
+//! `tokens.state_dir` (the `tokens` module), and reading the `[tls]` files: the server reads
+//! and checks them when it starts (`server::tls::server_config`), so that a configuration
+//! built in code is checked the same way as one read from a file.
 
 use std::collections::BTreeMap;
 use std::fmt;

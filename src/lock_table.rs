@@ -14,7 +14,7 @@
 //! up: when [`LockTable::token_headroom`] runs low, persist a new mark and call
 //! [`LockTable::raise_token_limit`].
 //!
-//! # Invariants (checked by [`LockTable::check_invariants`])
+//! # Invariants (checked by `LockTable::check_invariants`, in tests)
 //!
 //! * A key entry exists only while the key is held; it has exactly one live lease timer.
 //! * A key's waiters form a FIFO list; a free key has no waiters (it has no entry at all).
@@ -37,7 +37,9 @@ use crate::tokens::TokenRange;
 use hashbrown::DefaultHashBuilder;
 use index::SegmentedTable;
 pub use keys::{KeyBytes, KeyStore, INLINE_KEY_BYTES};
-use latchkey_client::protocol::{Request, Response};
+#[cfg(any(test, feature = "testing"))]
+use latchkey_client::protocol::Request;
+use latchkey_client::protocol::Response;
 use latchkey_wheel::chunked::ChunkedSlab;
 use latchkey_wheel::{TimerHandle, Wheel};
 use std::hash::BuildHasher;
@@ -224,6 +226,7 @@ impl LockTable {
     /// Executes one parsed request from `session`: [`handle`](Self::handle) for a keyed one.
     /// A Ping names no key and is not a partition's business (the reactor answers it): it
     /// changes nothing and produces no answer here.
+    #[cfg(any(test, feature = "testing"))]
     pub fn handle_request(&mut self, now_us: u64, session: SessionId, request: &Request<'_>) {
         if let Some((op, key)) = Op::of(request) {
             self.handle(now_us, session, op, key);
@@ -547,6 +550,7 @@ impl LockTable {
     }
 
     /// The key of a live entry (as an `A` answer's [`GrantRef`] names it).
+    #[cfg(any(test, feature = "testing"))]
     pub fn entry_key(&self, entry: u32) -> Option<&[u8]> {
         self.entries.get(entry).map(|held| held.key.as_slice())
     }
@@ -568,6 +572,7 @@ impl LockTable {
 
     /// Every held key with its holder's token and the end of its lease (µs), in no
     /// particular order. O(held keys).
+    #[cfg(any(test, feature = "testing"))]
     pub fn holds(&self) -> impl Iterator<Item = (&[u8], u64, u64)> {
         let entries = self.entries.iter();
         entries.map(|(_, held)| (held.key.as_slice(), held.token, held.lease_end_us))
@@ -621,6 +626,7 @@ impl LockTable {
     }
 
     /// Whether [`handle_shutdown`](Self::handle_shutdown) was called.
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down
     }

@@ -23,7 +23,7 @@
 //! writer (`super::writer`). If it dies (a panic), [`Compactor::take_done`] returns an error
 //! and the member stops (the process exits 70), as after a writer error: a member that silently
 //! stopped compacting would grow its log without bound. The simulations and tests use
-//! [`MemCompactor`], which runs in the caller's thread, at once or a few iterations late.
+//! `MemCompactor`, which runs in the caller's thread, at once or a few iterations late.
 //!
 //! Deliberately not here: when to compact (the partition: every `compact_every` entries, one
 //! compaction in flight per shard), and what the bytes mean (`super::machine::codec`).
@@ -31,6 +31,7 @@
 use super::machine::{Frozen, ShardMachine};
 use super::writer::PanicReport;
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
+#[cfg(any(test, feature = "testing"))]
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -333,6 +334,7 @@ fn lower_priority() {
 }
 
 /// How a [`MemCompactor`] delivers.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Delivery {
     /// Encoded on submit, ready at the next [`Compactor::take_done`].
@@ -344,6 +346,7 @@ enum Delivery {
 }
 
 /// A core's compactor in the caller's thread: the simulations' and tests'.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug)]
 pub struct MemCompactor {
     delivery: Delivery,
@@ -359,6 +362,7 @@ pub struct MemCompactor {
     retired: u64,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl MemCompactor {
     /// A compactor that encodes at once.
     pub fn immediate() -> MemCompactor {
@@ -411,6 +415,7 @@ impl MemCompactor {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Compactor for MemCompactor {
     fn submit(&mut self, frozen: Frozen) -> Result<(), Frozen> {
         if self.failed.is_some() {

@@ -47,8 +47,8 @@ use toml::Value;
 pub const MEMBERS_MAX: usize = 9;
 /// Shards at most (each one is a Raft group on every member).
 pub const SHARDS_MAX: u32 = 4096;
-/// The most holds one shard keeps; a grant beyond it is refused with
-/// [`Applied::Full`](crate::cluster::machine::Applied::Full).
+/// The most holds one shard keeps; a grant beyond it is refused (the shard machine's
+/// `Applied::Full`).
 ///
 /// A constant, not `limits.max_keys`: applying is deterministic and members' configs may
 /// differ, so the cap every member applies must be the same. A member's `limits.max_keys` is
@@ -64,7 +64,7 @@ pub struct ClusterConfig {
     /// `node_id`: which of `members` this server is. Required, at least 1.
     pub node_id: u64,
     /// `data_dir`: where this member keeps its write-ahead logs and snapshots, locked while it
-    /// runs and recording whose data it holds ([`crate::cluster::data_dir`]). Required.
+    /// runs and recording whose data it holds (`cluster::data_dir`). Required.
     pub data_dir: PathBuf,
     /// `members`: every member of the cluster, this one included, in the file's order.
     pub members: Vec<MemberConfig>,

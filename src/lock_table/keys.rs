@@ -51,6 +51,7 @@ fn class_of(len: usize) -> usize {
 
 impl KeyBytes {
     /// A copy of `key` (at most [`KEY_BYTES_MAX`] bytes), allocating when it is long.
+    #[cfg(any(test, feature = "testing"))]
     pub fn new(key: &[u8]) -> KeyBytes {
         KeyStore::default().store(key)
     }
@@ -113,6 +114,7 @@ impl KeyStore {
     }
 
     /// Free boxes kept now, over all classes.
+    #[cfg(test)]
     pub fn kept(&self) -> usize {
         self.free.iter().map(Vec::len).sum()
     }

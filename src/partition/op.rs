@@ -73,6 +73,7 @@ impl Op {
     }
 
     /// The request again, borrowing `key`.
+    #[cfg(test)]
     pub fn with_key<'a>(&self, key: &'a [u8]) -> Request<'a> {
         match *self {
             Op::Acquire {

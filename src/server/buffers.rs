@@ -65,11 +65,13 @@ impl ReadBuffers {
     }
 
     /// Buffers that exist (lent and idle).
+    #[cfg(any(test, feature = "testing"))]
     pub fn allocated(&self) -> usize {
         self.slab.len()
     }
 
     /// Buffers lent to sessions now.
+    #[cfg(any(test, feature = "testing"))]
     pub fn lent(&self) -> usize {
         self.slab.len() - self.idle.len()
     }

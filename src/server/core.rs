@@ -263,21 +263,25 @@ impl<N: Net, P: Partition> Core<N, P> {
     }
 
     /// Sessions this core holds (open or closing).
+    #[cfg(any(test, feature = "testing"))]
     pub fn session_count(&self) -> usize {
         self.sessions.len()
     }
 
     /// The partition: the lock table of a single node (for checks and statistics).
+    #[cfg(any(test, feature = "testing"))]
     pub fn table(&self) -> &P {
         &self.table
     }
 
     /// Read buffers in existence and lent now.
+    #[cfg(any(test, feature = "testing"))]
     pub fn read_buffers(&self) -> (usize, usize) {
         (self.buffers.allocated(), self.buffers.lent())
     }
 
     /// Messages waiting in the outbox towards `core`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn outbox_len(&self, core: usize) -> usize {
         self.links.outboxes[core].as_ref().map_or(0, Outbox::len)
     }

@@ -54,6 +54,7 @@ impl SessionQueues {
     }
 
     /// Chunks of counts allocated so far.
+    #[cfg(test)]
     pub fn chunks_allocated(&self) -> usize {
         self.chunks
             .iter()
@@ -110,7 +111,7 @@ impl QueueCounts for SessionQueues {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::reactor::session_id;
+    use crate::server::core::session_id;
     use std::sync::Arc;
 
     #[test]

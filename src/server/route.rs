@@ -107,6 +107,7 @@ impl KeyPool {
     }
 
     /// Idle buffers in the pool.
+    #[cfg(test)]
     pub fn idle(&self) -> usize {
         self.take.len()
     }
@@ -199,6 +200,7 @@ impl Outbox {
     }
 
     /// Messages waiting to be sent.
+    #[cfg(any(test, feature = "testing"))]
     pub fn len(&self) -> usize {
         self.queued.len()
     }

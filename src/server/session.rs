@@ -367,11 +367,13 @@ impl<S: Stream> Session<S> {
     }
 
     /// Requests sent to other cores and not answered yet.
+    #[cfg(any(test, feature = "testing"))]
     pub fn remote_unanswered(&self) -> u32 {
         self.remote_unanswered
     }
 
     /// Acquires that may queue, not answered yet.
+    #[cfg(any(test, feature = "testing"))]
     pub fn pending(&self) -> u32 {
         self.pending
     }

@@ -146,10 +146,6 @@ impl TokenKeeper {
         }
     }
 
-    /// Whether a mark was asked for and not yet persisted.
-    pub fn is_waiting(&self) -> bool {
-        self.requested.is_some()
-    }
 }
 
 fn run(

@@ -249,6 +249,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     }
 
     /// The core's log writer, e.g. for a simulation to complete its rounds.
+    #[cfg(any(test, feature = "testing"))]
     pub fn writer_mut(&mut self) -> &mut D {
         self.member.writer_mut()
     }
