@@ -18,7 +18,7 @@
 //!
 //! Every command's `--server` (a server, or a cluster's members as `a,b,c`; see
 //! [`parse_servers`]) defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
-//! `--transport-timeout` (5 s) is the transport allowance of PROTOCOL.md §4 (with N members,
+//! `--transport-timeout` (5 s) is the transport allowance of docs/protocol.md §4 (with N members,
 //! each member's connect — TCP, TLS and a ping round trip — gets 1/N of it: see
 //! [`connect_timeout`]). Durations are
 //! one syntax everywhere ([`parse_duration`]). Messages name the server's address and why its
@@ -511,7 +511,7 @@ fn acquire_message(
 }
 
 /// Acquires for `latchkey lock`. When the acquire may take a while, the first failed connect is
-/// said at once (the client keeps retrying until the deadline, PROTOCOL.md §4.2), rather than
+/// said at once (the client keeps retrying until the deadline, docs/protocol.md §4.2), rather than
 /// only when the whole wait has run out.
 fn acquire_with_notice(client: &Client, args: &LockArgs) -> Result<Ticket, AcquireError> {
     let allowance = if args.wait.is_zero() {

@@ -109,7 +109,7 @@ const SECTIONS: [(&str, &[&str]); 8] = [
 pub struct Config {
     /// `[server]`: where to listen and how many cores to run.
     pub server: ServerConfig,
-    /// `[limits]`: the capacity bounds of PROTOCOL.md §2–3.
+    /// `[limits]`: the capacity bounds of docs/protocol.md §2–3.
     pub limits: LimitsConfig,
     /// `[timer]`: the resolution of waits and leases.
     pub timer: TimerConfig,

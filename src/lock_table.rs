@@ -1,6 +1,6 @@
 //! One partition of the key space: keys, holders, FIFO queues, tokens and their timers.
 //!
-//! This is the request × key-state matrix of PROTOCOL.md §3 as a sans-IO state machine. The
+//! This is the request × key-state matrix of docs/protocol.md §3 as a sans-IO state machine. The
 //! reactor feeds it requests and the time (`now_us`, microseconds on a monotonic clock it
 //! reads once per loop iteration) and drains the [`Answer`]s it produced; it never touches a
 //! socket or the system clock.
@@ -319,7 +319,7 @@ impl LockTable {
     }
 
     /// Releases the grant of `token` on `entry` if it still holds it, answering nobody: the
-    /// grant's `A` never reached its session (PROTOCOL.md §3). Returns whether it was held.
+    /// grant's `A` never reached its session (docs/protocol.md §3). Returns whether it was held.
     /// Tokens are unique server-wide, so entry and token name that one grant exactly.
     pub fn release_granted(&mut self, now_us: u64, entry: u32, token: u64) -> bool {
         self.now_us = self.now_us.max(now_us);
@@ -459,7 +459,7 @@ impl LockTable {
     /// At most about `TIMERS_PER_STEP_MAX` (512) per call (whole ticks): when more are due,
     /// [`next_deadline_us`](Self::next_deadline_us) stays at or before `now_us` and the next
     /// call continues with the earliest left. Within a call, timers take effect as if in the
-    /// order of their exact ends (PROTOCOL.md §3), without sorting them: each expired lease
+    /// order of their exact ends (docs/protocol.md §3), without sorting them: each expired lease
     /// first answers `T` to the queue heads whose wait ended at or before the lease (on equal
     /// ends the wait goes first) and gives the key to the first head whose wait ended after it;
     /// the wait timers then answer `T` to the waiters still queued. A waiter that a lease
@@ -699,7 +699,7 @@ impl LockTable {
     /// step, or remove the entry so the key is free. The caller checks the entry after.
     ///
     /// `expired_at_us` is the exact end of an expired lease: heads whose wait ended at or
-    /// before it timed out first and are answered `T` (deadline order, PROTOCOL.md §3).
+    /// before it timed out first and are answered `T` (deadline order, docs/protocol.md §3).
     fn end_hold(&mut self, now_us: u64, entry: u32, expired_at_us: Option<u64>) {
         let ended = &self.entries[entry];
         let (old_timer, granted_us) = (ended.lease_timer, ended.granted_us);

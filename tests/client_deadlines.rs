@@ -1,4 +1,4 @@
-//! The deadline rules of PROTOCOL.md §4.2–§4.4 against a scripted server, each interleaving
+//! The deadline rules of docs/protocol.md §4.2–§4.4 against a scripted server, each interleaving
 //! forced by hand. Timing assertions are strict about "never early" and generous about late.
 
 mod common;

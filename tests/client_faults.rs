@@ -1,6 +1,6 @@
 //! Fault injection: the client behind a TCP fault proxy, in front of the real server.
 //!
-//! Each test proves one rule of PROTOCOL.md §4 from the outside: what the proxy saw the
+//! Each test proves one rule of docs/protocol.md §4 from the outside: what the proxy saw the
 //! client send (Acquire and Cancel frames per owner, connections) and what the server shows
 //! afterwards (through a second client that does not go through the proxy).
 

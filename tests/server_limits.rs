@@ -1,4 +1,4 @@
-//! PROTOCOL.md §3 capacity rules against the real server: `max_waiters_per_key`, `max_keys`
+//! docs/protocol.md §3 capacity rules against the real server: `max_waiters_per_key`, `max_keys`
 //! (per partition), `max_pending_per_session`, `max_connections`, shutdown, and a slow reader.
 
 mod common;
@@ -376,9 +376,9 @@ fn a_slow_reader_is_not_disconnected_and_gets_every_answer() {
     );
 }
 
-/// PROTOCOL.md §3: `B` for "an Acquire with wait>0 that would enqueue while its session already
-/// has `max_pending_per_session` queued acquires": acquires granted at once, even pipelined to
-/// other cores, never count.
+/// docs/protocol.md §3: `B` for "an Acquire with wait>0 that would enqueue while its session
+/// already has `max_pending_per_session` queued acquires": acquires granted at once, even pipelined
+/// to other cores, never count.
 #[test]
 fn acquires_granted_at_once_do_not_count_as_queued() {
     let mut config = test_config(CORES);

@@ -1,4 +1,4 @@
-//! PROTOCOL.md §3 against the real server: every cell of the request × key-state matrix and
+//! docs/protocol.md §3 against the real server: every cell of the request × key-state matrix and
 //! every event row, on keys of both partitions of a two-core server (so requests are routed
 //! to the session's own core and to the other one).
 //!

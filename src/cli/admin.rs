@@ -505,7 +505,7 @@ fn surely_not_http(answer: &[u8], more: &[u8]) -> bool {
         .take(HTTP.len())
         .copied()
         .collect();
-    // `X`, code, id (8 bytes), `\n` (PROTOCOL.md §2.2).
+    // `X`, code, id (8 bytes), `\n` (docs/protocol.md §2.2).
     const ERROR_FRAME_BYTES: usize = 11;
     let received = answer.len() + more.len();
     let error_frame_coming = start.first() == Some(&b'X') && received < ERROR_FRAME_BYTES;

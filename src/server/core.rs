@@ -471,7 +471,7 @@ impl<N: Net, P: Partition> Core<N, P> {
         };
         let id = session.id();
         let Some((op, key)) = Op::of(&request) else {
-            // Ping: answered here, unordered with keyed answers (PROTOCOL.md §3).
+            // Ping: answered here, unordered with keyed answers (docs/protocol.md §3).
             let pong = Response::Pong {
                 nonce: request.correlation_id(),
             };

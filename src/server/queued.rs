@@ -1,6 +1,6 @@
 //! How many acquires each session has queued, across every core's partition.
 //!
-//! `max_pending_per_session` bounds a session's *queued* acquires (PROTOCOL.md §3), and a
+//! `max_pending_per_session` bounds a session's *queued* acquires (docs/protocol.md §3), and a
 //! session's acquires can queue in any partition. Only the partition that is about to queue an
 //! acquire knows it is about to, so the count has to be one every partition can update: one
 //! `AtomicU32` per session slot, taken with a bounded compare-and-swap before a waiter is

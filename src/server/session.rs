@@ -5,7 +5,7 @@
 //! the core flushes it with one `write` per pass. Every `A` still in the output is remembered
 //! with where it ends in the output stream, so that when the session dies before writing it
 //! ([`Session::discard_output`]) the core can release that grant: an `A` never written was never
-//! received (PROTOCOL.md §3).
+//! received (docs/protocol.md §3).
 //!
 //! Limits: a session stops being *read* (not disconnected) while its unsent output passes
 //! [`OUTPUT_BOUND_BYTES`], while too many of its requests wait for other cores, or while the

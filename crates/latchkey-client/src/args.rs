@@ -1,4 +1,4 @@
-//! Argument normalization (PROTOCOL.md §4.2, §4.5) and correlation ids. No I/O.
+//! Argument normalization (docs/protocol.md §4.2, §4.5) and correlation ids. No I/O.
 //!
 //! [`check_key`], [`wait_ms`] and [`lease_s`] are public so that a caller (the `latchkey` CLI)
 //! can refuse an argument the way a call would, before making one.
@@ -69,7 +69,7 @@ pub(crate) fn wire_wait_s(deadline: Instant, now: Instant) -> Option<u8> {
     Some(seconds.min(LEASE_S_MAX) as u8)
 }
 
-/// The safety margin of PROTOCOL.md §4.5: at least max(100 ms, lease / 10).
+/// The safety margin of docs/protocol.md §4.5: at least max(100 ms, lease / 10).
 pub(crate) fn margin(lease: Duration) -> Duration {
     MARGIN_MIN.max(lease / 10)
 }

@@ -151,7 +151,7 @@ pub(crate) enum CloseReason {
     Refused,
     /// The server closed the connection.
     Eof,
-    /// The server sent an `X` whose code closes the session (1, 2 or 6; PROTOCOL.md §2.3).
+    /// The server sent an `X` whose code closes the session (1, 2 or 6; docs/protocol.md §2.3).
     ServerError(ErrorCode),
     /// A socket error.
     Io(io::ErrorKind),

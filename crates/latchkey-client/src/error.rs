@@ -1,5 +1,5 @@
 //! The results a caller can get back that are not a lock: argument errors found before anything
-//! is sent, the non-`Acquired` results of PROTOCOL.md §4.1, and the failures of the small
+//! is sent, the non-`Acquired` results of docs/protocol.md §4.1, and the failures of the small
 //! requests (release, extend, query, ping); and [`SessionFailure`], why a session ended, which
 //! the client remembers so that a message can name the address and the cause.
 //!
@@ -87,7 +87,7 @@ impl fmt::Display for ArgumentError {
 
 impl std::error::Error for ArgumentError {}
 
-/// Why [`Client::acquire`](super::Client::acquire) did not return a ticket (PROTOCOL.md §4.1).
+/// Why [`Client::acquire`](super::Client::acquire) did not return a ticket (docs/protocol.md §4.1).
 ///
 /// All variants but [`Indeterminate`](AcquireError::Indeterminate) are definitive: nothing of
 /// the call is left on the server.

@@ -1,5 +1,5 @@
 //! One request's way to an answer: handing it to sessions of the right member, again while it
-//! is definitely unsent, and following cluster redirects (`M`, PROTOCOL.md §5).
+//! is definitely unsent, and following cluster redirects (`M`, docs/protocol.md §5).
 //!
 //! The rules (the module docs of [`super`] hold for every attempt):
 //!

@@ -1,4 +1,4 @@
-//! The official Rust client of latchkey, a lock server with fencing tokens (PROTOCOL.md §4),
+//! The official Rust client of latchkey, a lock server with fencing tokens (docs/protocol.md §4),
 //! and the wire protocol it speaks: [`protocol`], the request and response codec (the server
 //! uses it too), and [`tls`], TLS files, the client's configuration and the non-blocking TLS
 //! stream of both ends. The `latchkey` command's `lock`, `query` and `ping` are built on it
@@ -36,7 +36,7 @@
 //!   server answers at once — anything but an acquire with a wait — handed at least the
 //!   connect timeout ago, and nothing read since) *stalls*: it takes no new call, hands back
 //!   what it had not sent, and takes calls again once it reads (docs/protocol.md §4.3).
-//! * Cluster members (PROTOCOL.md §5): [`ClientConfig::addrs`] lists them, with a pool of
+//! * Cluster members (docs/protocol.md §5): [`ClientConfig::addrs`] lists them, with a pool of
 //!   sessions per member. A keyed request goes to its key's cached leader, else the last
 //!   leader seen, else the members in turn. An `M` (Moved) is a definite answer that nothing
 //!   executed, so the same request (same owner, token or nonce and deadline) goes to the
@@ -289,7 +289,7 @@ impl Client {
     /// the address and the cause (connect refused, not a latchkey server, closed by the
     /// server...). `None` while none has. For messages to a person: with many threads it may
     /// belong to another thread's call, and it stays after later sessions succeed. The
-    /// results of the calls themselves are unchanged (PROTOCOL.md §4.1).
+    /// results of the calls themselves are unchanged (docs/protocol.md §4.1).
     pub fn last_session_failure(&self) -> Option<SessionFailure> {
         self.shared.members.last_failure()
     }
@@ -309,7 +309,7 @@ impl Client {
     ///
     /// `wait` is rounded up to whole milliseconds (at most 255 s); `lease` up to whole seconds
     /// (1..=255 s). A `wait` of zero is a single immediate attempt. The results are exactly
-    /// those of PROTOCOL.md §4.1; see [`AcquireError`].
+    /// those of docs/protocol.md §4.1; see [`AcquireError`].
     ///
     /// ```
     /// use std::time::Duration;

@@ -1,5 +1,5 @@
 //! The members a client talks to: one session [`Pool`] per member address, and the leader
-//! cache that cluster redirects (`M`, PROTOCOL.md §5) fill.
+//! cache that cluster redirects (`M`, docs/protocol.md §5) fill.
 //!
 //! A keyed call goes to the cached leader of its key, else to the last leader any `M` named,
 //! else to the configured members in turn. The configured addresses get their pools when the

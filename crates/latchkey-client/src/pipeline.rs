@@ -1,5 +1,5 @@
 //! The requests of one session, without I/O: which are queued, which are on the wire, which
-//! are answered, and what each deadline does to them (PROTOCOL.md §4.2–§4.4).
+//! are answered, and what each deadline does to them (docs/protocol.md §4.2–§4.4).
 //!
 //! [`Pipeline`] is a state machine driven by [`super::session`], which owns the socket. Time
 //! is an input. Call order, once per loop iteration of the driver:

@@ -1,4 +1,4 @@
-//! The wire codec: requests and responses of PROTOCOL.md §2, parsed and encoded. No I/O.
+//! The wire codec: requests and responses of docs/protocol.md §2, parsed and encoded. No I/O.
 //!
 //! Every frame is `op`, a fixed binary header whose length depends on `op`, for requests that
 //! name a key the key bytes, then `\n`. The fixed header may contain `0x0A`, so the parser
@@ -24,7 +24,7 @@ pub const REQUEST_HEADER_BYTES_MAX: usize = 10;
 /// The longest request frame: op, header, key, `\n`.
 pub const REQUEST_BYTES_MAX: usize = 1 + REQUEST_HEADER_BYTES_MAX + KEY_BYTES_MAX + 1;
 /// The longest response frame (Moved: op, id, IPv6 address, port, `\n`; only a cluster member
-/// sends it, PROTOCOL.md §5).
+/// sends it, docs/protocol.md §5).
 pub const RESPONSE_BYTES_MAX: usize = 28;
 
 /// A request from a client. Keys borrow from the read buffer.
@@ -152,7 +152,7 @@ impl<'a> Request<'a> {
     }
 }
 
-/// The `X` error codes of PROTOCOL.md §2.3.
+/// The `X` error codes of docs/protocol.md §2.3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ErrorCode {

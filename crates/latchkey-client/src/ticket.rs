@@ -1,7 +1,7 @@
 //! [`Ticket`]: proof of a grant, with its fencing token and a local validity bound.
 //!
 //! The token is the authority: a caller passes it to every resource the lock protects, which
-//! rejects writes carrying an older token. The validity bound (PROTOCOL.md §4.5) is advice:
+//! rejects writes carrying an older token. The validity bound (docs/protocol.md §4.5) is advice:
 //! the instant the `A` was read plus the lease, minus a margin of max(100 ms, lease / 10).
 //!
 //! An Extend sets the server's lease to *its execution time* + its lease, which may be shorter
@@ -143,7 +143,7 @@ impl Ticket {
         self.token
     }
 
-    /// The local bound until which the hold is believed valid (PROTOCOL.md §4.5; see the
+    /// The local bound until which the hold is believed valid (docs/protocol.md §4.5; see the
     /// module docs for how extends move it).
     pub fn valid_until(&self) -> Instant {
         self.bound.lock().valid_until

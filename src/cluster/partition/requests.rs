@@ -170,7 +170,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
 
     /// Cancel: every queued, unproposed acquire of `owner` from `session` on `key` leaves
     /// with `T`. A proposed one is decided by its entry (the client's Cancel then waits for
-    /// that single answer, as PROTOCOL.md §4.4 says).
+    /// that single answer, as docs/protocol.md §4.4 says).
     pub(super) fn cancel(&mut self, shard: u32, session: SessionId, key: &[u8], owner: u64) {
         self.stats.cancels += 1;
         let local = self.local(shard);

@@ -1,5 +1,5 @@
 //! Whether a session may carry requests: the handshake ping that establishes it, and the
-//! silence that stops it taking calls (PROTOCOL.md §4.3; `docs/protocol.md` §4.3).
+//! silence that stops it taking calls (docs/protocol.md §4.3).
 //!
 //! **Handshake.** A TCP connect can succeed with nobody serving it: the kernel completes it
 //! from the listen backlog of a paused (SIGSTOP) or wedged process. So a session counts as

@@ -1,6 +1,6 @@
-//! Every error code of PROTOCOL.md §2.3: its correlation id, what it consumes, whether it closes
-//! the session, and which code wins when a frame has several faults; and the response parser's
-//! own errors.
+//! Every error code of docs/protocol.md §2.3: its correlation id, what it consumes, whether it
+//! closes the session, and which code wins when a frame has several faults; and the response
+//! parser's own errors.
 
 use super::*;
 
@@ -260,7 +260,7 @@ fn response_parser_errors() {
 
 #[test]
 fn code_8_is_a_known_error_that_does_not_close() {
-    // PROTOCOL.md §5: a client treats X code 8 as Rejected(8); the session goes on.
+    // docs/protocol.md §5: a client treats X code 8 as Rejected(8); the session goes on.
     let frame = [b'X', 8, 0, 0, 0, 0, 0, 0, 0, 42, b'\n'];
     let expected = Response::Error {
         code: ErrorCode::Forbidden,

@@ -1,4 +1,4 @@
-//! The byte layouts of every request and response (PROTOCOL.md §2.1, §2.2), and fixed headers
+//! The byte layouts of every request and response (docs/protocol.md §2.1, §2.2), and fixed headers
 //! full of `0x0A` that must be consumed by length.
 
 use super::*;

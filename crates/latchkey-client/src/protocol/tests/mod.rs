@@ -1,4 +1,4 @@
-//! Codec tests: the byte layouts of PROTOCOL.md §2.1/§2.2, round trips, frames split at every
+//! Codec tests: the byte layouts of docs/protocol.md §2.1/§2.2, round trips, frames split at every
 //! offset, fixed headers full of `0x0A`, every error code of §2.3, and arbitrary input that never
 //! panics.
 //!
