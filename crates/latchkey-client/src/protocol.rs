@@ -170,8 +170,9 @@ pub enum ErrorCode {
     MissingNewline = 6,
     /// 7: the server already has `max_connections` sessions. Closes the session.
     SessionRefused = 7,
-    /// 8: the session's identity may not use this key (only where authorization rules are
-    /// configured; this server has none and never sends it). The session continues.
+    /// 8: the session's identity may not use this key: sent only by a server with
+    /// authorization rules (`[[auth.rule]]`: key prefixes per client-certificate identity,
+    /// docs/protocol.md §5), never by one without. The session continues.
     Forbidden = 8,
 }
 
