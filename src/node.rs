@@ -10,7 +10,10 @@ mod member;
 mod harness_tests;
 
 use crate::config::Config;
-use crate::server::{self, ServerHandle};
+use crate::server;
+/// What [`start`] returns (the running server: its address, shutdown, join) and why a server
+/// stopped badly: named here, the `server` module being internal.
+pub use crate::server::{ServerError, ServerHandle};
 use member::MemberBackend;
 use mio::Waker;
 use std::io;

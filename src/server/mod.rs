@@ -230,7 +230,7 @@ impl ServerHandle {
         gauges.map(StallGauge::take).max().unwrap_or(0)
     }
 
-    /// Loop iterations of all cores so far, per bucket of [`LOOP_BUCKETS_US`] (the last
+    /// Loop iterations of all cores so far, per bucket of `LOOP_BUCKETS_US` (the last
     /// bucket: longer than its last bound).
     pub fn loop_histogram(&self) -> [u64; LOOP_BUCKETS_US.len() + 1] {
         let mut total = [0; LOOP_BUCKETS_US.len() + 1];
