@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use latchkey::protocol::{parse_request, parse_response, Request, Response, KEY_BYTES_MAX};
+use latchkey_client::protocol::{parse_request, parse_response, Request, Response, KEY_BYTES_MAX};
 
 const KEY: &[u8] = b"ubench0000004242";
 const BATCH: usize = 16;

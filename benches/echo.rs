@@ -23,7 +23,7 @@
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
-use latchkey::protocol::{parse_request, Request, Response, KEY_BYTES_MAX};
+use latchkey_client::protocol::{parse_request, Request, Response, KEY_BYTES_MAX};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;

@@ -7,8 +7,8 @@
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use latchkey::lock_table::{Acquire, LockTable, TableConfig};
 use latchkey::partition::Answer;
-use latchkey::protocol::Response;
 use latchkey::tokens::TokenRange;
+use latchkey_client::protocol::Response;
 
 /// Distinct keys per iteration.
 const KEYS: usize = 10_000;

@@ -38,9 +38,9 @@
 
 use hdrhistogram::Histogram;
 use latchkey::config::{ClusterConfig, Config, MemberConfig};
-use latchkey::protocol::{parse_response, Request, Response};
 use latchkey::rng::Rng;
 use latchkey::server::{ServerHandle, LOOP_BUCKETS_US};
+use latchkey_client::protocol::{parse_response, Request, Response};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! slab is warm and the measured work allocates nothing (the steady state of a running server).
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use latchkey::wheel::{TimerHandle, Wheel};
+use latchkey_wheel::{TimerHandle, Wheel};
 
 /// Timers per iteration.
 const TIMERS: usize = 10_000;

@@ -2,7 +2,7 @@
 //!
 //! With `[tls] client_ca_file` set, a session's identities are the subject common name(s) and
 //! the DNS subject alternative names of the certificate its client presented
-//! ([`crate::tls::certificate_identities`]). `[[auth.rule]]` entries give an identity the key
+//! ([`crate::server::tls::certificate_identities`]). `[[auth.rule]]` entries give an identity the key
 //! prefixes it may use ([`crate::config::AuthRule`]). When at least one rule exists:
 //!
 //! * a session may use a key that starts with a prefix of any rule naming any of its
@@ -19,7 +19,7 @@
 //! from its certificate, the first time it needs one.
 //!
 //! Not here: reading the rules from the file ([`crate::config`]), reading the certificate
-//! ([`crate::tls`]).
+//! ([`crate::server::tls`]).
 
 use crate::config::AuthRule;
 use std::collections::HashMap;
@@ -89,6 +89,7 @@ impl Grant {
     }
 
     /// Whether the session may use at least one key.
+    #[cfg(test)]
     pub fn permits_any(&self) -> bool {
         !self.prefixes.is_empty()
     }

@@ -24,9 +24,9 @@
 //! Deliberately not here: the command line itself (see `main.rs`, which hands its `--listen`
 //! and `--cores` to [`Config::with_overrides`]), building the logger from `[log]` and the
 //! `RUST_LOG` override of `[log] level` (see [`crate::logging`]), and reading or writing
-//! `tokens.state_dir` (see [`crate::tokens`]), and reading the `[tls]` files: the server reads
-//! and checks them when it starts ([`crate::tls::server_config`]), so that a configuration built
-//! in code is checked the same way as one read from a file.
+//! `tokens.state_dir` (the `tokens` module), and reading the `[tls]` files: the server reads
+//! and checks them when it starts (`server::tls::server_config`), so that a configuration
+//! built in code is checked the same way as one read from a file.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use log::LevelFilter;
 use toml::{Spanned, Value};
 
-use crate::protocol::KEY_BYTES_MAX;
+use latchkey_client::protocol::KEY_BYTES_MAX;
 
 /// The most cores (partitions) a server may run.
 pub const CORES_MAX: usize = 1024;
@@ -109,7 +109,7 @@ const SECTIONS: [(&str, &[&str]); 8] = [
 pub struct Config {
     /// `[server]`: where to listen and how many cores to run.
     pub server: ServerConfig,
-    /// `[limits]`: the capacity bounds of PROTOCOL.md §2–3.
+    /// `[limits]`: the capacity bounds of docs/protocol.md §2–3.
     pub limits: LimitsConfig,
     /// `[timer]`: the resolution of waits and leases.
     pub timer: TimerConfig,
@@ -784,7 +784,8 @@ mod cluster;
 mod tls;
 pub use auth::{AuthRule, PREFIXES_PER_RULE_MAX, RULES_MAX};
 pub use cluster::{
-    ClusterConfig, ClusterIdentity, MemberConfig, MEMBERS_MAX, SHARDS_DEFAULT, SHARDS_MAX,
+    ClusterConfig, ClusterIdentity, MemberConfig, HOLDS_MAX, MEMBERS_MAX, SHARDS_DEFAULT,
+    SHARDS_MAX,
 };
 pub use tls::TlsConfig;
 

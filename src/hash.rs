@@ -27,6 +27,7 @@ impl Fnv {
     }
 
     /// Feeds `value`, big-endian.
+    #[cfg(any(test, feature = "testing"))]
     pub fn u64(&mut self, value: u64) {
         self.bytes(&value.to_be_bytes());
     }

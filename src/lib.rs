@@ -3,33 +3,13 @@
 //! Services take a named lock for a bounded time and get a *fencing token* their storage can
 //! check, so that a paused or partitioned client can never corrupt what the lock protects. The
 //! wire protocol (binary frames: Acquire, Release, Extend, Cancel, Query, Ping) is specified in
-//! `docs/protocol.md`, which restates the contract `PROTOCOL.md` with the same section numbers
-//! (the "PROTOCOL.md §N" of these docs); this crate is the server, the official client and the
-//! benchmark harness.
+//! `docs/protocol.md` (the "docs/protocol.md §N" of these docs). This package is the server and
+//! the `latchkey` command: [`node`] starts a server from a [`config`], [`cli`] holds the client
+//! commands and [`bench`](mod@bench) the load generator. The official client and the protocol
+//! codec are the crate `latchkey-client` ([`latchkey_client`]); the timing wheel is the crate
+//! `latchkey-wheel` ([`latchkey_wheel`]).
 //!
-//! # Layout
-//!
-//! | file | responsibility |
-//! |---|---|
-//! | `src/main.rs` | command line → config → start the server (or run a client command) |
-//! | [`config`] | the TOML config file, defaults, validation (errors name the key) |
-//! | [`logging`] | the logger: `[log] format` text or one JSON object a line, `RUST_LOG` |
-//! | [`protocol`] | request and response frames: parse in place, encode; error codes. No I/O |
-//! | [`partition`] | what a core serves: the `Partition` trait, `Op`, `Answer`, sessions, stats, the key hash |
-//! | [`lock_table`] | one partition: keys, holders, FIFO queues, tokens, timers. No I/O |
-//! | [`wheel`] | timing wheel over `u64` ticks: a flat ring, pages beyond it. No I/O |
-//! | [`rng`] | the one seeded generator (splitmix64): election jitter, bench keys, every seeded test |
-//! | [`hash`] | FNV-1a: digests stable across builds (shard state, cluster identity) |
-//! | [`chunked`] | arrays and slabs that grow by chunks and never move what they hold |
-//! | [`metrics`] | per-core counters and fixed-bucket histograms, merged for `GET /metrics` |
-//! | [`tls`] | TLS files (PEM, expiry, key matches certificate), rustls configurations, identities |
-//! | [`auth`] | authorization by key prefix: which keys a client certificate's identity may use |
-//! | [`tokens`] | the token floor: wall clock and the persisted high-water mark |
-//! | [`node`] | a latchkey process: starts the server as a single node or a cluster member |
-//! | [`server`] | the thread-per-core mio runtime: reactor, sessions, cross-core routing |
-//! | [`cluster`] | cluster mode: shards replicated over members with raft-rs (issue 12) |
-//! | [`client`] | the official client (PROTOCOL.md §4); `lock`, `query`, `ping`, `stats`, `keys` |
-//! | [`bench`](mod@bench) | the load generator behind `latchkey bench` |
+//! Where each part lives, crate by crate and file by file: `docs/architecture.md`.
 #![deny(missing_docs)]
 
 /// The crate's version, as Cargo.toml says it (`latchkey --version` prints it).
@@ -38,21 +18,24 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// git repository (set by `build.rs`).
 pub const COMMIT: &str = env!("LATCHKEY_COMMIT");
 
-pub mod auth;
+/// Declares internal modules: crate-private, or public with the `testing` feature, which this
+/// repository's own tests, benches and simulations turn on to reach them (see `Cargo.toml`).
+macro_rules! internal_modules {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[cfg(feature = "testing")]
+            pub mod $name;
+            #[cfg(not(feature = "testing"))]
+            pub(crate) mod $name;
+        )*
+    };
+}
+
+// The public API: what `src/main.rs` runs, and what a program that embeds a server needs.
 pub mod bench;
-pub mod chunked;
-pub mod client;
-pub mod cluster;
+pub mod cli;
 pub mod config;
-pub mod hash;
-pub mod lock_table;
 pub mod logging;
-pub mod metrics;
 pub mod node;
-pub mod partition;
-pub mod protocol;
-pub mod rng;
-pub mod server;
-pub mod tls;
-pub mod tokens;
-pub mod wheel;
+
+internal_modules!(auth, cluster, hash, lock_table, metrics, partition, rng, server, tokens);

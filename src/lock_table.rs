@@ -1,6 +1,6 @@
 //! One partition of the key space: keys, holders, FIFO queues, tokens and their timers.
 //!
-//! This is the request × key-state matrix of PROTOCOL.md §3 as a sans-IO state machine. The
+//! This is the request × key-state matrix of docs/protocol.md §3 as a sans-IO state machine. The
 //! reactor feeds it requests and the time (`now_us`, microseconds on a monotonic clock it
 //! reads once per loop iteration) and drains the [`Answer`]s it produced; it never touches a
 //! socket or the system clock.
@@ -14,7 +14,7 @@
 //! up: when [`LockTable::token_headroom`] runs low, persist a new mark and call
 //! [`LockTable::raise_token_limit`].
 //!
-//! # Invariants (checked by [`LockTable::check_invariants`])
+//! # Invariants (checked by `LockTable::check_invariants`, in tests)
 //!
 //! * A key entry exists only while the key is held; it has exactly one live lease timer.
 //! * A key's waiters form a FIFO list; a free key has no waiters (it has no entry at all).
@@ -30,16 +30,18 @@
 //! Sessions, sockets and cross-core routing (the reactor owns those; a session is an opaque
 //! [`SessionId`] here), and token persistence ([`crate::tokens`]).
 
-use crate::chunked::ChunkedSlab;
 use crate::partition::{
     Answer, BusyReason, GrantRef, HeldKey, Op, QueueCounts, SessionId, TableStats,
 };
-use crate::protocol::{Request, Response};
 use crate::tokens::TokenRange;
-use crate::wheel::{TimerHandle, Wheel};
 use hashbrown::DefaultHashBuilder;
 use index::SegmentedTable;
 pub use keys::{KeyBytes, KeyStore, INLINE_KEY_BYTES};
+#[cfg(any(test, feature = "testing"))]
+use latchkey_client::protocol::Request;
+use latchkey_client::protocol::Response;
+use latchkey_wheel::chunked::ChunkedSlab;
+use latchkey_wheel::{TimerHandle, Wheel};
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -224,6 +226,7 @@ impl LockTable {
     /// Executes one parsed request from `session`: [`handle`](Self::handle) for a keyed one.
     /// A Ping names no key and is not a partition's business (the reactor answers it): it
     /// changes nothing and produces no answer here.
+    #[cfg(any(test, feature = "testing"))]
     pub fn handle_request(&mut self, now_us: u64, session: SessionId, request: &Request<'_>) {
         if let Some((op, key)) = Op::of(request) {
             self.handle(now_us, session, op, key);
@@ -316,7 +319,7 @@ impl LockTable {
     }
 
     /// Releases the grant of `token` on `entry` if it still holds it, answering nobody: the
-    /// grant's `A` never reached its session (PROTOCOL.md §3). Returns whether it was held.
+    /// grant's `A` never reached its session (docs/protocol.md §3). Returns whether it was held.
     /// Tokens are unique server-wide, so entry and token name that one grant exactly.
     pub fn release_granted(&mut self, now_us: u64, entry: u32, token: u64) -> bool {
         self.now_us = self.now_us.max(now_us);
@@ -456,7 +459,7 @@ impl LockTable {
     /// At most about `TIMERS_PER_STEP_MAX` (512) per call (whole ticks): when more are due,
     /// [`next_deadline_us`](Self::next_deadline_us) stays at or before `now_us` and the next
     /// call continues with the earliest left. Within a call, timers take effect as if in the
-    /// order of their exact ends (PROTOCOL.md §3), without sorting them: each expired lease
+    /// order of their exact ends (docs/protocol.md §3), without sorting them: each expired lease
     /// first answers `T` to the queue heads whose wait ended at or before the lease (on equal
     /// ends the wait goes first) and gives the key to the first head whose wait ended after it;
     /// the wait timers then answer `T` to the waiters still queued. A waiter that a lease
@@ -547,6 +550,7 @@ impl LockTable {
     }
 
     /// The key of a live entry (as an `A` answer's [`GrantRef`] names it).
+    #[cfg(any(test, feature = "testing"))]
     pub fn entry_key(&self, entry: u32) -> Option<&[u8]> {
         self.entries.get(entry).map(|held| held.key.as_slice())
     }
@@ -568,6 +572,7 @@ impl LockTable {
 
     /// Every held key with its holder's token and the end of its lease (µs), in no
     /// particular order. O(held keys).
+    #[cfg(any(test, feature = "testing"))]
     pub fn holds(&self) -> impl Iterator<Item = (&[u8], u64, u64)> {
         let entries = self.entries.iter();
         entries.map(|(_, held)| (held.key.as_slice(), held.token, held.lease_end_us))
@@ -621,6 +626,7 @@ impl LockTable {
     }
 
     /// Whether [`handle_shutdown`](Self::handle_shutdown) was called.
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down
     }
@@ -693,7 +699,7 @@ impl LockTable {
     /// step, or remove the entry so the key is free. The caller checks the entry after.
     ///
     /// `expired_at_us` is the exact end of an expired lease: heads whose wait ended at or
-    /// before it timed out first and are answered `T` (deadline order, PROTOCOL.md §3).
+    /// before it timed out first and are answered `T` (deadline order, docs/protocol.md §3).
     fn end_hold(&mut self, now_us: u64, entry: u32, expired_at_us: Option<u64>) {
         let ended = &self.entries[entry];
         let (old_timer, granted_us) = (ended.lease_timer, ended.granted_us);

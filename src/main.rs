@@ -7,11 +7,11 @@
 //! of open files towards `max_connections` + a margin, and warns when it cannot.
 //!
 //! The client commands (`lock`, `query`, `ping`, `stats`, `keys`) live in
-//! `latchkey::client::cli`, `bench` in `latchkey::bench`; `completions` prints a shell's
+//! `latchkey::cli`, `bench` in `latchkey::bench`; `completions` prints a shell's
 //! completion script; `--version` names the commit the binary was built from.
 
 use clap::{CommandFactory, Parser, Subcommand};
-use latchkey::client::cli;
+use latchkey::cli;
 use latchkey::config::Config;
 use mio::{Events, Interest, Poll, Token, Waker};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};

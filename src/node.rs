@@ -1,16 +1,19 @@
 //! A latchkey process: a single node, or a cluster member. The one module that knows both the
-//! server (the cores, [`crate::server`]) and the cluster ([`crate::cluster`]): it starts the
-//! server, with a member's partitions behind the server's [`Backend`](crate::server::Backend)
-//! trait when `[cluster]` is configured. The server and the cluster do not import each other;
-//! they share only the vocabulary of [`crate::partition`].
+//! server (the cores, the `server` module) and the cluster (`cluster`): it starts the server,
+//! with a member's partitions behind the server's `Backend` trait when `[cluster]` is
+//! configured. The server and the cluster do not import each other; they share only the
+//! vocabulary of the `partition` module.
 
-pub mod member;
+mod member;
 
 #[cfg(test)]
 mod harness_tests;
 
 use crate::config::Config;
-use crate::server::{self, ServerHandle};
+use crate::server;
+/// What [`start`] returns (the running server: its address, shutdown, join) and why a server
+/// stopped badly: named here, the `server` module being internal.
+pub use crate::server::{ServerError, ServerHandle};
 use member::MemberBackend;
 use mio::Waker;
 use std::io;

@@ -23,8 +23,8 @@ pub use cluster_stats::ClusterStats;
 pub use op::Op;
 pub use stats::{BusyCounts, BusyReason, HeldKey, TableStats};
 
-use crate::protocol::Response;
 use crate::tokens::TokenKeeper;
+use latchkey_client::protocol::Response;
 
 /// An opaque session identity chosen by the reactor (unique for the life of the process).
 pub type SessionId = u64;
@@ -60,7 +60,7 @@ pub struct Answer {
 /// Which grant an `A` answer came from, as the partition that made it names it: what the core
 /// gives back to [`Partition::release_granted`] when the answer never reached its session (its
 /// session closed first). Opaque to the core: a single node's lock table names the held key's
-/// entry ([`crate::lock_table::LockTable::entry_key`]), a cluster partition the shard.
+/// entry (`LockTable::entry_key`), a cluster partition the shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GrantRef(pub u32);
 

@@ -40,27 +40,32 @@ impl Rng {
     }
 
     /// A value in `low..=high` (`low <= high`; the full range of `u64` is not supported).
+    #[cfg(any(test, feature = "testing"))]
     pub fn between(&mut self, low: u64, high: u64) -> u64 {
         debug_assert!(low <= high, "between({low}, {high})");
         low + self.below(high - low + 1)
     }
 
     /// True with probability `percent` / 100.
+    #[cfg(any(test, feature = "testing"))]
     pub fn percent(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }
 
     /// True with probability `per_million` / 1,000,000.
+    #[cfg(any(test, feature = "testing"))]
     pub fn per_million(&mut self, per_million: u64) -> bool {
         self.below(1_000_000) < per_million
     }
 
     /// One of `items` (not empty), uniformly.
+    #[cfg(any(test, feature = "testing"))]
     pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
         items[self.below(items.len() as u64) as usize]
     }
 
     /// `len` random bytes (one draw each).
+    #[cfg(any(test, feature = "testing"))]
     pub fn bytes(&mut self, len: usize) -> Vec<u8> {
         (0..len).map(|_| self.next_u64() as u8).collect()
     }

@@ -5,7 +5,7 @@
 
 use common::probe::{key_per_partition, serial, Probe};
 use common::server::{start_with, test_config, Conn};
-use latchkey::protocol::{Request, Response};
+use latchkey_client::protocol::{Request, Response};
 use serde_json::Value;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};

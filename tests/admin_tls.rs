@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::pki::{tls_client, Pki};
 use common::server::start_with;
-use latchkey::client::cli::{EXIT_REJECTED, EXIT_UNAVAILABLE};
-use latchkey::client::Ticket;
+use latchkey::cli::{EXIT_REJECTED, EXIT_UNAVAILABLE};
+use latchkey_client::Ticket;
 use serde_json::Value;
 
 /// `latchkey ARGS --server addr --transport-timeout 3s`, no setting from the environment.

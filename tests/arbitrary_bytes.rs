@@ -15,8 +15,8 @@
 
 use common::server::{start_with, test_config, Conn};
 use common::session_driver::Driver;
-use latchkey::protocol::{parse_request, parse_response, ErrorCode, Request, Response};
 use latchkey::rng::Rng;
+use latchkey_client::protocol::{parse_request, parse_response, ErrorCode, Request, Response};
 use proptest::prelude::*;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};

@@ -7,8 +7,8 @@
 use common::pki::{https_get, raw_client_config, raw_connect, Pki};
 use common::server::{keys_on_partition, start_with, Conn, RawStream};
 use latchkey::config::{AuthRule, Config};
-use latchkey::protocol::{ErrorCode, Response};
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{ErrorCode, Response};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

@@ -12,7 +12,7 @@ use common::pki::Pki;
 use common::server::{start_with, test_config};
 use latchkey::bench::{execute, parse_target, BenchConfig, Workload};
 use latchkey::config::TlsConfig;
-use latchkey::tls::{ClientFiles, Connector};
+use latchkey_client::tls::{ClientFiles, Connector};
 use serde_json::Value;
 
 /// `latchkey bench` of `target`, uncontended at pipeline 16 for half a second, with `flags`;

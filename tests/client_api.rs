@@ -7,8 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{client, start_server, FakeConn, FakeServer, Frame, Got, PATIENCE};
-use latchkey::client::{AcquireError, Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
-use latchkey::protocol::{ErrorCode, Response};
+use latchkey_client::protocol::{ErrorCode, Response};
+use latchkey_client::{AcquireError, Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
 
 fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
@@ -119,14 +119,14 @@ fn a_request_the_server_refuses_is_rejected_with_its_code() {
     assert!(again.is_ok(), "a new session is used: {again:?}");
 }
 
-/// PROTOCOL.md §2.3: `X` 2 closes the session. The client retires that session before the
+/// docs/protocol.md §2.3: `X` 2 closes the session. The client retires that session before the
 /// caller sees `Rejected`, so a call made right after it goes to a new session. Even rounds:
 /// the server closes right after the `X`, as the real one does. Odd rounds: it keeps the
 /// connection open until the client closes it, so a call wrongly written to the dying session
 /// would be seen here rather than lost in a race with the server's close.
 #[test]
 fn code_8_is_rejected_8_and_the_session_goes_on() {
-    // PROTOCOL.md §5: X code 8 (forbidden) is Rejected(8); it does not close the session.
+    // docs/protocol.md §5: X code 8 (forbidden) is Rejected(8); it does not close the session.
     let server = FakeServer::start();
     let client = client(&[server.addr()], 1, Duration::from_secs(2));
     let script = thread::spawn(move || {
@@ -328,7 +328,7 @@ fn answers_naming_one_token_are_matched_first_in_first_out() {
     assert_eq!(second.join().unwrap().unwrap(), ExtendOutcome::NotHeld);
 }
 
-/// PROTOCOL.md §4.5: an Extend sets the lease to now + its lease, which may be shorter than
+/// docs/protocol.md §4.5: an Extend sets the lease to now + its lease, which may be shorter than
 /// what was left; the bound follows it, and already while the Extend is unanswered.
 #[test]
 fn a_shorter_extend_moves_the_bound_earlier_already_while_unanswered() {

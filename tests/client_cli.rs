@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use common::proxy::Proxy;
 use common::{client, dead_addr, start_server, FakeServer, Frame, Got};
-use latchkey::client::cli::{self, ConnectArgs, LockArgs, PingArgs, QueryArgs};
-use latchkey::protocol::{ErrorCode, Response};
+use latchkey::cli::{self, ConnectArgs, LockArgs, PingArgs, QueryArgs};
+use latchkey_client::protocol::{ErrorCode, Response};
 
 fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
@@ -41,7 +41,7 @@ fn lock_args(server: String, key: &str, wait: Duration, lease: Duration, script:
 }
 
 /// The real server with `key` held for 30 s by another client (the ticket).
-fn server_holding(key: &str) -> (latchkey::server::ServerHandle, latchkey::client::Ticket) {
+fn server_holding(key: &str) -> (latchkey::server::ServerHandle, latchkey_client::Ticket) {
     let server = start_server(|_| {});
     let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
     let holder = observer

@@ -1,12 +1,12 @@
-//! The deadline rules of PROTOCOL.md §4.2–§4.4 against a scripted server, each interleaving
+//! The deadline rules of docs/protocol.md §4.2–§4.4 against a scripted server, each interleaving
 //! forced by hand. Timing assertions are strict about "never early" and generous about late.
 
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{assert_between, client, dead_addr, FakeServer, Frame, Got};
-use latchkey::client::{AcquireError, Client, ClientConfig, Ticket};
-use latchkey::protocol::Response;
+use latchkey_client::protocol::Response;
+use latchkey_client::{AcquireError, Client, ClientConfig, Ticket};
 
 /// Slack for "not too late" on a shared, noisy 2-core machine (never-early bounds stay strict).
 const LATE: Duration = Duration::from_millis(3000);
@@ -347,6 +347,6 @@ fn the_server_down_is_unavailable_at_the_deadline() {
     assert_between(start.elapsed(), ms(600), ms(600) + LATE);
     assert_eq!(
         client.ping().unwrap_err(),
-        latchkey::client::RequestError::Unavailable
+        latchkey_client::RequestError::Unavailable
     );
 }

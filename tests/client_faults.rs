@@ -1,6 +1,6 @@
 //! Fault injection: the client behind a TCP fault proxy, in front of the real server.
 //!
-//! Each test proves one rule of PROTOCOL.md §4 from the outside: what the proxy saw the
+//! Each test proves one rule of docs/protocol.md §4 from the outside: what the proxy saw the
 //! client send (Acquire and Cancel frames per owner, connections) and what the server shows
 //! afterwards (through a second client that does not go through the proxy).
 
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
 use common::{assert_between, client, start_server};
-use latchkey::client::{AcquireError, Client};
 use latchkey::server::ServerHandle;
+use latchkey_client::{AcquireError, Client};
 
 const LATE: Duration = Duration::from_millis(1500);
 const LEASE: Duration = Duration::from_secs(30);

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use common::fake_member::{leader_reply, leading, moved, redirect_to, FakeMember, Reply};
 use common::{assert_between, client, dead_addr, Frame};
-use latchkey::client::REDIRECTS_MAX;
-use latchkey::client::{cli, AcquireError, ExtendOutcome, ReleaseOutcome, RequestError};
+use latchkey::cli;
+use latchkey_client::REDIRECTS_MAX;
+use latchkey_client::{AcquireError, ExtendOutcome, ReleaseOutcome, RequestError};
 
 const LEASE: Duration = Duration::from_secs(10);
 const TRANSPORT: Duration = Duration::from_secs(2);
@@ -285,15 +286,15 @@ fn latchkey_lock_keeps_its_lock_through_a_leader_change() {
 fn client_with_connect(
     addrs: &[std::net::SocketAddr],
     connect: Duration,
-) -> latchkey::client::Client {
-    let config = latchkey::client::ClientConfig {
+) -> latchkey_client::Client {
+    let config = latchkey_client::ClientConfig {
         addrs: addrs.to_vec(),
         sessions: 1,
         connect_timeout: connect,
         transport_timeout: TRANSPORT,
-        ..latchkey::client::ClientConfig::default()
+        ..latchkey_client::ClientConfig::default()
     };
-    latchkey::client::Client::with_config(config).unwrap()
+    latchkey_client::Client::with_config(config).unwrap()
 }
 
 #[test]
@@ -302,7 +303,7 @@ fn a_paused_member_gets_only_the_handshake_ping_and_the_next_one_serves() {
     paused.pause_handshakes();
     let leader = FakeMember::start(Arc::new(|frame| match *frame {
         Frame::Acquire { owner, .. } => {
-            Reply::Answer(latchkey::protocol::Response::Timeout { owner })
+            Reply::Answer(latchkey_client::protocol::Response::Timeout { owner })
         }
         _ => leader_reply(frame, 2),
     }));
@@ -388,7 +389,7 @@ fn an_acquire_that_met_a_leaders_timeout_is_a_timeout() {
     let electing = FakeMember::start(redirect_to(None));
     let leader = FakeMember::start(Arc::new(|frame| match *frame {
         Frame::Acquire { owner, .. } => {
-            Reply::Answer(latchkey::protocol::Response::Timeout { owner })
+            Reply::Answer(latchkey_client::protocol::Response::Timeout { owner })
         }
         _ => Reply::Silent,
     }));

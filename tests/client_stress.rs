@@ -2,7 +2,7 @@
 //! then) and hold locks the way an application would: each key guards a fenced register, and
 //! a holder writes to it only while `Instant::now() < ticket.valid_until()`, checked just before
 //! the write. Holders acquire, write, sleep, extend (often to a *shorter* lease than what is
-//! left, PROTOCOL.md §4.5), extend from a second thread at the same time, release or drop.
+//! left, docs/protocol.md §4.5), extend from a second thread at the same time, release or drop.
 //!
 //! The register accepts a write with token `t` iff `t` is at least the largest token it has
 //! seen. An honest write is rejected only if a newer holder already wrote, i.e. the validity
@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use common::proxy::Proxy;
 use common::{client, start_server};
-use latchkey::client::{AcquireError, Client, ExtendOutcome, RequestError, Ticket};
 use latchkey::rng::Rng;
+use latchkey_client::{AcquireError, Client, ExtendOutcome, RequestError, Ticket};
 
 const THREADS: usize = 20;
 const KEYS: usize = 4;

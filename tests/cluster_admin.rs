@@ -7,7 +7,7 @@
 
 use common::cluster::Cluster;
 use common::server::{fresh_id, Conn};
-use latchkey::protocol::Response;
+use latchkey_client::protocol::Response;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::process::Command;

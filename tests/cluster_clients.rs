@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, Member};
 use common::server::{fresh_id, wait_until, Conn};
-use latchkey::client::cli;
-use latchkey::protocol::{Leader, Request, Response};
+use latchkey::cli;
+use latchkey_client::protocol::{Leader, Request, Response};
 
 const SETTLE: Duration = Duration::from_secs(10);
 /// The command line's default transport timeout.

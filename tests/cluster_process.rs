@@ -5,7 +5,7 @@
 
 use common::cluster::Cluster;
 use common::server::fresh_id;
-use latchkey::protocol::{Request, Response};
+use latchkey_client::protocol::{Request, Response};
 use std::time::{Duration, Instant};
 
 const FAILOVER_LIMIT: Duration = Duration::from_secs(10);

@@ -11,7 +11,7 @@ use common::cluster::{serve_to_exit, Cluster};
 use common::pki::{raw_client_config, raw_connect, Pki};
 use common::server::{fresh_id, wait_for_line, Conn, ServerProcess, TempDir};
 use latchkey::cluster::partition::shard_of;
-use latchkey::protocol::{ErrorCode, Request, Response};
+use latchkey_client::protocol::{ErrorCode, Request, Response};
 use std::net::TcpListener;
 use std::time::Duration;
 

@@ -14,8 +14,8 @@
 use common::probe::{self, serial, Probe};
 use common::server::{keys_on_partition, rss_bytes, start_with, test_config, Conn};
 use latchkey::partition::partition_of;
-use latchkey::protocol::{parse_response, ErrorCode, Request, Response};
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{parse_response, ErrorCode, Request, Response};
 use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};

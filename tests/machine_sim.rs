@@ -461,7 +461,7 @@ fn three_members_agree_and_never_end_a_lease_early() {
 #[test]
 #[ignore = "a measurement, run by hand in release"]
 fn one_million_holds() {
-    use latchkey::cluster::machine::HOLDS_MAX;
+    use latchkey::config::HOLDS_MAX;
     use std::time::Instant;
     let mut machine = ShardMachine::new(0, 64);
     machine.apply(1, &Command::Barrier { floor: 1 << 50 }, 0);

@@ -6,7 +6,7 @@
 //! the key, and every new long key boxed one in the table.
 
 use common::server::{keys_on_partition, start};
-use latchkey::protocol::{parse_response, Request, Response};
+use latchkey_client::protocol::{parse_response, Request, Response};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -1,13 +1,13 @@
 //! How a session's end meets the grants and answers it still owes, over real sockets.
 //!
-//! PROTOCOL.md §3: a grant to a waiter whose session is known closed before the `A` is written
+//! docs/protocol.md §3: a grant to a waiter whose session is known closed before the `A` is written
 //! is released by the server at once, and an `A` still in the session's unsent output when the
 //! session dies (reset, error) was never written: that grant is released too, and the key goes
 //! to the next waiter. Before this was so, such a key stayed held for the whole lease with no
 //! holder anywhere.
 
 use common::server::{keys_on_partition, start, wait_until, Conn};
-use latchkey::protocol::Request;
+use latchkey_client::protocol::Request;
 use std::io::{ErrorKind, Write};
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! PROTOCOL.md §2 and §2.3 against the real server: every error code with its correlation id
+//! docs/protocol.md §2 and §2.3 against the real server: every error code with its correlation id
 //! and its continue/close behaviour, the lowest code of a frame with several faults, refused
 //! requests changing nothing, fixed headers full of `0x0A`, frames split at every byte offset,
 //! and half-close after pipelined frames.
@@ -8,8 +8,8 @@ use common::server::{
     KeyState, Script,
 };
 use latchkey::partition::partition_of;
-use latchkey::protocol::{ErrorCode, Request, Response};
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{ErrorCode, Request, Response};
 use std::thread;
 use std::time::Duration;
 

@@ -1,11 +1,11 @@
-//! PROTOCOL.md §3 capacity rules against the real server: `max_waiters_per_key`, `max_keys`
+//! docs/protocol.md §3 capacity rules against the real server: `max_waiters_per_key`, `max_keys`
 //! (per partition), `max_pending_per_session`, `max_connections`, shutdown, and a slow reader.
 
 use common::server::{
     encode_all, fresh_id, keys_on_partition, start, start_with, test_config, wait_until, Conn,
     KeyState, ANSWER_TIMEOUT,
 };
-use latchkey::protocol::{ErrorCode, Request, Response};
+use latchkey_client::protocol::{ErrorCode, Request, Response};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -374,9 +374,9 @@ fn a_slow_reader_is_not_disconnected_and_gets_every_answer() {
     );
 }
 
-/// PROTOCOL.md §3: `B` for "an Acquire with wait>0 that would enqueue while its session already
-/// has `max_pending_per_session` queued acquires": acquires granted at once, even pipelined to
-/// other cores, never count.
+/// docs/protocol.md §3: `B` for "an Acquire with wait>0 that would enqueue while its session
+/// already has `max_pending_per_session` queued acquires": acquires granted at once, even pipelined
+/// to other cores, never count.
 #[test]
 fn acquires_granted_at_once_do_not_count_as_queued() {
     let mut config = test_config(CORES);

@@ -2,7 +2,7 @@
 //! refused frames and `B` answers at info and rate-limited, and what a shutdown drops.
 
 use common::server::{self, fresh_id, keys_on_partition, Conn, ServerProcess, TempDir};
-use latchkey::protocol::{Request, Response};
+use latchkey_client::protocol::{Request, Response};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! PROTOCOL.md §3 against the real server: every cell of the request × key-state matrix and
+//! docs/protocol.md §3 against the real server: every cell of the request × key-state matrix and
 //! every event row, on keys of both partitions of a two-core server (so requests are routed
 //! to the session's own core and to the other one).
 //!
@@ -11,8 +11,8 @@ use common::assert_between;
 use common::server::{
     fresh_id, keys_on_partition, start, start_with, test_config, wait_until, Conn, KeyState,
 };
-use latchkey::protocol::{Request, Response};
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{Request, Response};
 use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! sessions at once, on their own keys and contending for the same keys.
 
 use common::server::{fresh_id, keys_on_partition, start, Conn, Expect, Script};
-use latchkey::protocol::{Request, Response};
+use latchkey_client::protocol::{Request, Response};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::thread;

@@ -4,8 +4,8 @@
 //! server on an address in use exits 70), and plain `latchkey` serving on 127.0.0.1:7420.
 
 use common::server::{fresh_id, keys_on_partition, Conn, ServerProcess, TempDir};
-use latchkey::protocol::Response;
 use latchkey::tokens::wall_clock_floor;
+use latchkey_client::protocol::Response;
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

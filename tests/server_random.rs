@@ -20,8 +20,8 @@
 //! Small by default (a few seconds); `LATCHKEY_SOAK=1` runs more threads for a minute.
 
 use common::server::{keys_on_partition, start, Conn};
-use latchkey::protocol::{Request, Response};
 use latchkey::rng::Rng;
+use latchkey_client::protocol::{Request, Response};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::thread;

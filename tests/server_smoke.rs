@@ -1,7 +1,7 @@
 //! The smallest end-to-end check: a two-core server grants, queues, hands off and answers.
 
 use common::server::{keys_on_partition, start, Conn};
-use latchkey::protocol::Response;
+use latchkey_client::protocol::Response;
 
 #[test]
 fn grant_queue_handoff_across_partitions() {
@@ -15,7 +15,7 @@ fn grant_queue_handoff_across_partitions() {
             second.acquire(key, 0, 30, 2),
             Response::Timeout { owner: 2 }
         );
-        second.send(latchkey::protocol::Request::Acquire {
+        second.send(latchkey_client::protocol::Request::Acquire {
             wait_s: 30,
             lease_s: 30,
             owner: 3,

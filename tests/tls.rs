@@ -3,8 +3,8 @@
 
 use common::pki::{https_get, raw_client_config, raw_connect, tls_client, Pki};
 use common::server::start_with;
-use latchkey::client::{AcquireError, ReleaseOutcome};
 use latchkey::config::TlsConfig;
+use latchkey_client::{AcquireError, ReleaseOutcome};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

@@ -24,10 +24,10 @@ use common::server::{
     rss_bytes, start_with, wait_for_line, wait_until, Conn, KeyState, ServerProcess,
 };
 use common::PATIENCE;
-use latchkey::protocol::{parse_response, Request, Response};
 use latchkey::rng::Rng;
 use latchkey::server::tls::HANDSHAKE_DEADLINE;
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{parse_response, Request, Response};
 use rustls::ClientConfig;
 use std::collections::{BTreeMap, HashSet};
 use std::io::{ErrorKind, Read, Write};

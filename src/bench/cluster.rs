@@ -37,7 +37,7 @@ pub const LEADER_CACHE_MAX: u64 = 1 << 22;
 /// How long a request waits after an `M` naming no leader before it goes to another member.
 pub const MOVED_RETRY: Duration = Duration::from_millis(10);
 /// The most members a target may list (as for the client).
-pub const MEMBERS_MAX: usize = crate::client::MEMBERS_MAX;
+pub const MEMBERS_MAX: usize = latchkey_client::MEMBERS_MAX;
 
 const _: () = assert!(MEMBERS_MAX < u8::MAX as usize);
 

@@ -6,7 +6,7 @@
 //! | file | responsibility |
 //! |---|---|
 //! | `mod.rs` | command-line arguments, their validation into a [`BenchConfig`], [`run`] |
-//! | `wire.rs` | the `Wire` interface and the latchkey dialect (uses [`crate::protocol`]) |
+//! | `wire.rs` | the `Wire` interface and the latchkey dialect (uses [`latchkey_client::protocol`]) |
 //! | `redis.rs` | a minimal RESP encoder/decoder and the Redis dialect (`SET NX PX`, `EVALSHA`) |
 //! | `workload.rs` | the per-connection state machine: slots, cycles, timers, key choice. No I/O |
 //! | `workload/redirect.rs` | a slot's answer to `M`: the same request to the leader, or later |
@@ -75,10 +75,10 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
-pub use crate::client::cli::parse_duration;
-use crate::client::cli::TlsArgs;
-use crate::tls::Connector;
+pub use crate::cli::parse_duration;
+use crate::cli::TlsArgs;
 pub use driver::{execute, BenchError};
+use latchkey_client::tls::Connector;
 pub use report::Report;
 
 /// How often a Redis client retries a failed `SET NX` while it still may wait.
@@ -136,7 +136,7 @@ impl fmt::Display for Target {
 /// Parses `latchkey://HOST:PORT`, `latchkeys://HOST:PORT` or `redis://HOST:PORT`; a bare
 /// `HOST:PORT` is latchkey without TLS (the form `LATCHKEY_SERVER` and `--server` take). A
 /// latchkey target may list a cluster's members: `latchkey://a:7420,b:7420,c:7420` or
-/// `a:7420,b:7420,c:7420` (at most [`crate::client::MEMBERS_MAX`]).
+/// `a:7420,b:7420,c:7420` (at most [`latchkey_client::MEMBERS_MAX`]).
 pub fn parse_target(text: &str) -> Result<Target, String> {
     let schemes = [
         ("latchkey://", Dialect::Latchkey, false),

@@ -16,6 +16,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use serde::Serialize;
 
 use super::stats::{merged, Stats};
 use super::worker::WorkerOutcome;
@@ -221,56 +222,131 @@ impl Report {
     }
 }
 
-/// A JSON string literal.
-fn json_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
+/// A figure as the JSON shows it: rounded to `decimals` places, `None` (null) when not finite
+/// (JSON has no NaN or infinity).
+fn figure(value: f64, decimals: usize) -> Option<f64> {
+    if !value.is_finite() {
+        return None;
     }
-    out.push('"');
-    out
+    format!("{value:.decimals$}").parse().ok()
 }
 
-/// A finite number (JSON has no NaN or infinity).
-fn json_number(value: f64, decimals: usize) -> String {
-    if value.is_finite() {
-        format!("{value:.decimals$}")
-    } else {
-        "null".into()
+/// Latency percentiles in the JSON, in µs to one decimal.
+#[derive(Serialize)]
+struct JsonPercentiles {
+    p50: Option<f64>,
+    p90: Option<f64>,
+    p99: Option<f64>,
+    p999: Option<f64>,
+    max: Option<f64>,
+    count: u64,
+}
+
+impl JsonPercentiles {
+    fn of(percentiles: Option<Percentiles>) -> Option<JsonPercentiles> {
+        percentiles.map(|p| JsonPercentiles {
+            p50: figure(p.p50, 1),
+            p90: figure(p.p90, 1),
+            p99: figure(p.p99, 1),
+            p999: figure(p.p999, 1),
+            max: figure(p.max, 1),
+            count: p.count,
+        })
     }
 }
 
-fn json_optional(value: Option<String>) -> String {
-    value.unwrap_or_else(|| "null".into())
+/// The `--json` object, its fields in the order they are written.
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    target: String,
+    workload: &'static str,
+    parameters: JsonParameters,
+    elapsed_ms: Option<f64>,
+    cycles: u64,
+    cycles_per_sec: Option<f64>,
+    requests: u64,
+    requests_per_sec: Option<f64>,
+    latency_us: Option<JsonPercentiles>,
+    counts: JsonCounts,
+    errors: JsonErrors<'a>,
+    unexpected: u64,
+    ok: bool,
+    redis_retry_ms: Option<u64>,
+    acquire_latency_us: Option<JsonPercentiles>,
+    handoff_latency_us: Option<JsonPercentiles>,
+    fairness: Option<JsonFairness>,
+    rss_before_bytes: Option<u64>,
+    rss_after_bytes: Option<u64>,
+    rss_bytes_per_lock: Option<f64>,
+    expiry_waiters: Option<usize>,
+    expiry_lateness_us: Option<JsonLateness>,
 }
 
-fn json_percentiles(percentiles: Option<Percentiles>) -> String {
-    json_optional(percentiles.map(|p| {
-        format!(
-            "{{\"p50\":{},\"p90\":{},\"p99\":{},\"p999\":{},\"max\":{},\"count\":{}}}",
-            json_number(p.p50, 1),
-            json_number(p.p90, 1),
-            json_number(p.p99, 1),
-            json_number(p.p999, 1),
-            json_number(p.max, 1),
-            p.count,
-        )
-    }))
+#[derive(Serialize)]
+struct JsonParameters {
+    connections: u32,
+    pipeline: u16,
+    threads: usize,
+    duration_ms: u64,
+    warmup_ms: u64,
+    keys: u64,
+    hot_keys: u64,
+    hold_ms: u64,
+    wait_ms: u64,
+    lease_ms: u64,
+    server_pid: Option<u32>,
+    shards: Option<u32>,
 }
 
-fn millis(duration: Duration) -> u128 {
-    duration.as_millis()
+#[derive(Serialize)]
+struct JsonCounts {
+    #[serde(rename = "A")]
+    granted: u64,
+    #[serde(rename = "T")]
+    timeout: u64,
+    #[serde(rename = "B")]
+    busy: u64,
+    #[serde(rename = "X")]
+    refused: u64,
+    #[serde(rename = "N")]
+    not_held: u64,
+    #[serde(rename = "R")]
+    released: u64,
+    retries: u64,
+    #[serde(rename = "M")]
+    moved: u64,
+    no_leader: u64,
+}
+
+#[derive(Serialize)]
+struct JsonErrors<'a> {
+    io: u64,
+    protocol: u64,
+    unexpected_outside_window: u64,
+    first: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct JsonFairness {
+    connections: usize,
+    min_grants: u64,
+    max_grants: u64,
+    max_over_min: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct JsonLateness {
+    p50: Option<f64>,
+    p99: Option<f64>,
+    max: Option<f64>,
+    samples: u64,
+    early: u64,
+    missed: u64,
+}
+
+/// Whole milliseconds (a bench's durations are far below `u64::MAX` ms).
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Report {
@@ -279,123 +355,88 @@ impl Report {
         let config = &self.config;
         let stats = &self.stats;
         let counts = &stats.counts;
-        let mut out = String::with_capacity(2048);
-        let _ = write!(
-            out,
-            "{{\"target\":{},\"workload\":{},\"parameters\":{{\"connections\":{},\"pipeline\":{},\
-             \"threads\":{},\"duration_ms\":{},\"warmup_ms\":{},\"keys\":{},\"hot_keys\":{},\
-             \"hold_ms\":{},\"wait_ms\":{},\"lease_ms\":{},\"server_pid\":{},\"shards\":{}}}",
-            json_string(&config.target.to_string()),
-            json_string(config.workload.name()),
-            config.connections,
-            config.pipeline,
-            config.threads,
-            millis(config.duration),
-            millis(config.warmup),
-            config.keys,
-            config.hot_keys,
-            millis(config.hold),
-            millis(config.wait),
-            millis(config.lease),
-            json_optional(config.server_pid.map(|pid| pid.to_string())),
-            json_optional(config.shards.map(|shards| shards.to_string())),
-        );
-        let _ = write!(
-            out,
-            ",\"elapsed_ms\":{},\"cycles\":{},\"cycles_per_sec\":{},\"requests\":{},\
-             \"requests_per_sec\":{},\"latency_us\":{}",
-            json_number(self.elapsed.as_secs_f64() * 1000.0, 1),
-            stats.cycles,
-            json_number(self.cycles_per_sec(), 1),
-            stats.requests,
-            json_number(self.requests_per_sec(), 1),
-            json_percentiles(Percentiles::of(&stats.latency)),
-        );
-        let _ = write!(
-            out,
-            ",\"counts\":{{\"A\":{},\"T\":{},\"B\":{},\"X\":{},\"N\":{},\"R\":{},\
-             \"retries\":{},\"M\":{},\"no_leader\":{}}},\"errors\":{{\"io\":{},\"protocol\":{},\
-             \"unexpected_outside_window\":{},\"first\":{}}},\"unexpected\":{},\"ok\":{}",
-            counts.granted,
-            counts.timeout,
-            counts.busy,
-            counts.refused,
-            counts.not_held,
-            counts.released,
-            counts.retries,
-            counts.moved,
-            counts.no_leader,
-            stats.errors.io,
-            stats.errors.protocol,
-            stats.unexpected_outside_window,
-            json_optional(stats.errors.first.as_deref().map(json_string)),
-            self.unexpected(),
-            self.ok(),
-        );
-        self.write_workload_json(&mut out);
-        out.push('}');
-        out
-    }
-
-    fn write_workload_json(&self, out: &mut String) {
-        let stats = &self.stats;
-        let contended = self.config.workload == Workload::Contended;
-        let redis_retry_ms = self
-            .retries_note()
-            .map(|_| REDIS_RETRY.as_millis().to_string());
-        let fairness = self.fairness().map(|(min, max)| {
-            let ratio = (min > 0).then(|| json_number(max as f64 / min as f64, 3));
-            format!(
-                "{{\"connections\":{},\"min_grants\":{min},\"max_grants\":{max},\
-                 \"max_over_min\":{}}}",
-                stats.grants_per_connection.len(),
-                json_optional(ratio),
-            )
-        });
-        let acquire = contended
-            .then(|| Percentiles::of(&stats.acquire_latency))
-            .flatten();
-        let handoff = contended.then(|| Percentiles::of(&stats.handoff)).flatten();
-        let _ = write!(
-            out,
-            ",\"redis_retry_ms\":{},\"acquire_latency_us\":{},\"handoff_latency_us\":{},\
-             \"fairness\":{}",
-            json_optional(redis_retry_ms),
-            json_percentiles(acquire),
-            json_percentiles(handoff),
-            json_optional(fairness),
-        );
+        let contended = config.workload == Workload::Contended;
         let hold = self.hold.unwrap_or(HoldFigures {
             rss_before_bytes: None,
             rss_after_bytes: None,
             samples: 0,
         });
-        let lateness = self.hold.map(|_| {
-            let p = Percentiles::of(&stats.lateness);
-            let field = |pick: fn(&Percentiles) -> f64| {
-                json_optional(p.as_ref().map(|p| json_number(pick(p), 1)))
-            };
-            format!(
-                "{{\"p50\":{},\"p99\":{},\"max\":{},\"samples\":{},\"early\":{},\
-                 \"missed\":{}}}",
-                field(|p| p.p50),
-                field(|p| p.p99),
-                field(|p| p.max),
-                stats.lateness.len(),
-                stats.lateness_early,
-                stats.expiry_missed,
-            )
-        });
-        let _ = write!(
-            out,
-            ",\"rss_before_bytes\":{},\"rss_after_bytes\":{},\"rss_bytes_per_lock\":{},\
-             \"expiry_waiters\":{},\"expiry_lateness_us\":{}",
-            json_optional(hold.rss_before_bytes.map(|v| v.to_string())),
-            json_optional(hold.rss_after_bytes.map(|v| v.to_string())),
-            json_optional(self.rss_bytes_per_lock().map(|v| json_number(v, 1))),
-            json_optional(self.hold.map(|h| h.samples.to_string())),
-            json_optional(lateness),
-        );
+        let report = JsonReport {
+            target: config.target.to_string(),
+            workload: config.workload.name(),
+            parameters: JsonParameters {
+                connections: config.connections,
+                pipeline: config.pipeline,
+                threads: config.threads,
+                duration_ms: millis(config.duration),
+                warmup_ms: millis(config.warmup),
+                keys: config.keys,
+                hot_keys: config.hot_keys,
+                hold_ms: millis(config.hold),
+                wait_ms: millis(config.wait),
+                lease_ms: millis(config.lease),
+                server_pid: config.server_pid,
+                shards: config.shards,
+            },
+            elapsed_ms: figure(self.elapsed.as_secs_f64() * 1000.0, 1),
+            cycles: stats.cycles,
+            cycles_per_sec: figure(self.cycles_per_sec(), 1),
+            requests: stats.requests,
+            requests_per_sec: figure(self.requests_per_sec(), 1),
+            latency_us: JsonPercentiles::of(Percentiles::of(&stats.latency)),
+            counts: JsonCounts {
+                granted: counts.granted,
+                timeout: counts.timeout,
+                busy: counts.busy,
+                refused: counts.refused,
+                not_held: counts.not_held,
+                released: counts.released,
+                retries: counts.retries,
+                moved: counts.moved,
+                no_leader: counts.no_leader,
+            },
+            errors: JsonErrors {
+                io: stats.errors.io,
+                protocol: stats.errors.protocol,
+                unexpected_outside_window: stats.unexpected_outside_window,
+                first: stats.errors.first.as_deref(),
+            },
+            unexpected: self.unexpected(),
+            ok: self.ok(),
+            redis_retry_ms: self.retries_note().map(|_| millis(REDIS_RETRY)),
+            acquire_latency_us: contended
+                .then(|| JsonPercentiles::of(Percentiles::of(&stats.acquire_latency)))
+                .flatten(),
+            handoff_latency_us: contended
+                .then(|| JsonPercentiles::of(Percentiles::of(&stats.handoff)))
+                .flatten(),
+            fairness: self.fairness().map(|(min, max)| JsonFairness {
+                connections: stats.grants_per_connection.len(),
+                min_grants: min,
+                max_grants: max,
+                max_over_min: (min > 0)
+                    .then(|| figure(max as f64 / min as f64, 3))
+                    .flatten(),
+            }),
+            rss_before_bytes: hold.rss_before_bytes,
+            rss_after_bytes: hold.rss_after_bytes,
+            rss_bytes_per_lock: self.rss_bytes_per_lock().and_then(|v| figure(v, 1)),
+            expiry_waiters: self.hold.map(|hold| hold.samples),
+            expiry_lateness_us: self.hold.map(|_| {
+                let p = Percentiles::of(&stats.lateness);
+                let field =
+                    |pick: fn(&Percentiles) -> f64| p.as_ref().and_then(|p| figure(pick(p), 1));
+                JsonLateness {
+                    p50: field(|p| p.p50),
+                    p99: field(|p| p.p99),
+                    max: field(|p| p.max),
+                    samples: stats.lateness.len(),
+                    early: stats.lateness_early,
+                    missed: stats.expiry_missed,
+                }
+            }),
+        };
+        serde_json::to_string(&report).expect("a report serializes")
     }
 }
 

@@ -8,7 +8,7 @@
 //! constant `false`, so the plaintext request path does no TLS work at all.
 //!
 //! Deliberately not here: reading and writing requests (the worker), the TLS stream itself
-//! ([`crate::server::tls`]).
+//! ([`latchkey_client::tls`]).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -18,9 +18,8 @@ use mio::net::TcpStream;
 use rustls::StreamOwned;
 
 use super::driver::CONNECT_TIMEOUT;
-use crate::server::net::Stream;
-use crate::server::tls::TlsStream;
-use crate::tls::Connector;
+use latchkey_client::tls::Connector;
+use latchkey_client::tls::TlsStream;
 
 /// What a worker needs of a connection's stream.
 pub trait BenchStream: Read + Write + mio::event::Source {
@@ -46,7 +45,7 @@ impl BenchStream for TcpStream {
 impl BenchStream for TlsStream {
     #[inline]
     fn holds_output(&self) -> bool {
-        Stream::wants_write(self)
+        TlsStream::wants_write(self)
     }
 
     fn shutdown(&self) -> io::Result<()> {

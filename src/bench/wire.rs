@@ -3,7 +3,7 @@
 //! A [`Wire`] turns the workload's verbs (acquire, release, and for `hold` a query of the
 //! lease left) into request bytes and turns
 //! answer bytes back into an [`Answer`] with the correlation id the workload matches against
-//! its slots. The latchkey dialect is a thin adapter over [`crate::protocol`]: framing is never
+//! its slots. The latchkey dialect is a thin adapter over [`latchkey_client::protocol`]: framing is never
 //! re-implemented here. Answers to pipelined latchkey requests may come back in any order, so
 //! they carry no slot hint; Redis answers in order, so its dialect knows the slot.
 //!
@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use crate::protocol::{self, Request, Response, ResponseError};
+use latchkey_client::protocol::{self, Request, Response, ResponseError};
 
 use super::redis::RespError;
 
@@ -153,7 +153,7 @@ pub trait Wire {
     }
 }
 
-/// The latchkey dialect, by [`crate::protocol`].
+/// The latchkey dialect, by [`latchkey_client::protocol`].
 #[derive(Clone, Copy, Debug)]
 pub struct LatchkeyWire {
     lease_s: u8,
@@ -232,7 +232,7 @@ impl Wire for LatchkeyWire {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{parse_request, ErrorCode, KEY_BYTES_MAX};
+    use latchkey_client::protocol::{parse_request, ErrorCode, KEY_BYTES_MAX};
 
     #[test]
     fn key_names_are_sixteen_bytes_of_digits() {
@@ -331,8 +331,8 @@ mod tests {
         let mut wire = LatchkeyWire::new(30);
         let leader: std::net::SocketAddr = "10.0.0.3:7420".parse().unwrap();
         for (named, expected) in [
-            (crate::protocol::Leader::at(leader), Some(leader)),
-            (crate::protocol::Leader::UNKNOWN, None),
+            (latchkey_client::protocol::Leader::at(leader), Some(leader)),
+            (latchkey_client::protocol::Leader::UNKNOWN, None),
         ] {
             let mut bytes = Vec::new();
             Response::Moved {

@@ -46,7 +46,7 @@ use super::stats::Stats;
 use super::stream::BenchStream;
 use super::wire::{Answer, Wire};
 use super::workload::{Context, KeySource, Plan, ReplyError, Session, Timers};
-use crate::protocol::ErrorCode;
+use latchkey_client::protocol::ErrorCode;
 
 /// Events handled per poll.
 const EVENTS_MAX: usize = 1024;

@@ -1,7 +1,7 @@
 //! The compactor of a core: encodes frozen shard machines into snapshot bytes, decodes received
 //! snapshots into machines, and drops machines the core replaced, off the core's event loop.
 //!
-//! All three are O(holds) (a shard keeps up to [`super::machine::HOLDS_MAX`] holds), too long for
+//! All three are O(holds) (a shard keeps up to [`crate::config::HOLDS_MAX`] holds), too long for
 //! one loop iteration. The core freezes a machine right after applying the index to compact
 //! ([`ShardMachine::freeze`]: O(1), the maps are persistent and shared with the live machine),
 //! hands the [`Frozen`] image to its compactor ([`Compactor::submit`], never blocks), and goes
@@ -23,15 +23,17 @@
 //! writer (`super::writer`). If it dies (a panic), [`Compactor::take_done`] returns an error
 //! and the member stops (the process exits 70), as after a writer error: a member that silently
 //! stopped compacting would grow its log without bound. The simulations and tests use
-//! [`MemCompactor`], which runs in the caller's thread, at once or a few iterations late.
+//! `MemCompactor`, which runs in the caller's thread, at once or a few iterations late.
 //!
 //! Deliberately not here: when to compact (the partition: every `compact_every` entries, one
 //! compaction in flight per shard), and what the bytes mean (`super::machine::codec`).
 
 use super::machine::{Frozen, ShardMachine};
 use super::writer::PanicReport;
+#[cfg(any(test, feature = "testing"))]
 use crate::rng::Rng;
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
+#[cfg(any(test, feature = "testing"))]
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -334,6 +336,7 @@ fn lower_priority() {
 }
 
 /// How a [`MemCompactor`] delivers.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Delivery {
     /// Encoded on submit, ready at the next [`Compactor::take_done`].
@@ -345,6 +348,7 @@ enum Delivery {
 }
 
 /// A core's compactor in the caller's thread: the simulations' and tests'.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug)]
 pub struct MemCompactor {
     delivery: Delivery,
@@ -360,6 +364,7 @@ pub struct MemCompactor {
     retired: u64,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl MemCompactor {
     /// A compactor that encodes at once.
     pub fn immediate() -> MemCompactor {
@@ -404,6 +409,7 @@ impl MemCompactor {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Compactor for MemCompactor {
     fn submit(&mut self, frozen: Frozen) -> Result<(), Frozen> {
         if self.failed.is_some() {

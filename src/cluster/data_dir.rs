@@ -116,6 +116,7 @@ impl DataDir {
     }
 
     /// The directory.
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -3,7 +3,7 @@
 //!
 //! It is sans-IO and has no clock: the caller passes `now_ms`, the member's local monotonic
 //! milliseconds at apply time. Everything but the deadlines is a pure function of the commands
-//! applied (compare members with [`ShardMachine::digest`]); deadlines are local to a member.
+//! applied (compare members with `ShardMachine::digest` (tests)); deadlines are local to a member.
 //!
 //! # Tokens
 //!
@@ -46,7 +46,7 @@
 //!
 //! # Snapshots
 //!
-//! [`ShardMachine::snapshot`] is O(holds), too long for a core's loop at a million holds. The
+//! `ShardMachine::snapshot` is O(holds), too long for a core's loop at a million holds. The
 //! holds and the token index are persistent maps (`imbl`, structurally shared), so
 //! [`ShardMachine::freeze`] takes a consistent [`Frozen`] image in O(1); the machine copies a
 //! map node only when it changes one the image still shares. The image encodes (elsewhere:
@@ -64,18 +64,11 @@ mod tests;
 
 pub use codec::{
     CheckpointHold, Command, DecodeError, Grant, SnapshotHold, SnapshotImage, CHECKPOINT_HOLDS_MAX,
-    COMMAND_VERSION, COMMAND_VERSION_MIN, SNAPSHOT_VERSION,
 };
 
+use crate::config::HOLDS_MAX;
 use std::collections::BTreeSet;
 
-/// The most holds one shard keeps; a grant beyond it is refused with [`Applied::Full`].
-///
-/// A constant, not `limits.max_keys`: applying is deterministic and members' configs may
-/// differ, so the cap every member applies must be the same. A member's `limits.max_keys` is
-/// enforced before this, by each shard's leader before it proposes a grant (see
-/// `cluster/partition/requests.rs`), and may not exceed `shards × HOLDS_MAX`.
-pub const HOLDS_MAX: usize = 1_000_000;
 /// Up to this many holds, debug builds check every invariant after every mutation; above it,
 /// only the index sizes (a full check is O(holds)).
 const FULL_CHECK_HOLDS_MAX: usize = 4096;
@@ -315,6 +308,7 @@ impl ShardMachine {
     }
 
     /// The token floor, once a Barrier has set it.
+    #[cfg(any(test, feature = "testing"))]
     pub fn floor(&self) -> Option<u64> {
         self.floor
     }
@@ -411,12 +405,13 @@ impl ShardMachine {
     /// The state as versioned bytes ([`SnapshotImage`]): shard, shards, floor, applied, and
     /// each hold in token order with its time remaining from `now_ms`. O(holds): a core's loop
     /// freezes instead and encodes elsewhere.
+    #[cfg(any(test, feature = "testing"))]
     pub fn snapshot(&self, now_ms: u64) -> Vec<u8> {
         self.freeze(now_ms).encode()
     }
 
     /// An image of the state now, O(1), whose [`Frozen::encode`] is exactly
-    /// [`snapshot(now_ms)`](Self::snapshot) of the state now, whatever is applied after.
+    /// `snapshot(now_ms)` of the state now, whatever is applied after.
     pub fn freeze(&self, now_ms: u64) -> Frozen {
         Frozen {
             shard: self.shard,
@@ -429,7 +424,7 @@ impl ShardMachine {
         }
     }
 
-    /// Rebuilds shard `shard` of `shards` from [`snapshot`](Self::snapshot) bytes at this
+    /// Rebuilds shard `shard` of `shards` from `snapshot` bytes at this
     /// member's time `now_ms`: each deadline is `now_ms + remaining`. Any bytes that are not a
     /// consistent snapshot of that shard are an error.
     pub fn restore(
@@ -474,6 +469,7 @@ impl ShardMachine {
 
     /// A deterministic hash of everything members must agree on: shard, floor, applied index,
     /// and each hold's key, token, owner, lease and renewal index (not its local deadline).
+    #[cfg(any(test, feature = "testing"))]
     pub fn digest(&self) -> u64 {
         let mut state = crate::hash::Fnv::new();
         state.u64(u64::from(self.shard));

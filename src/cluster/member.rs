@@ -52,7 +52,7 @@ use raft::{ReadOnlyOption, Storage};
 use std::fmt;
 
 pub use drain::{
-    Committed, Drain, EntryKind, Envelope, LeaderChanged, ReadReady, Restore, DRAIN_ENTRY_BYTES_MAX,
+    Committed, EntryKind, Envelope, LeaderChanged, ReadReady, Restore, DRAIN_ENTRY_BYTES_MAX,
 };
 
 /// Milliseconds between two calls to [`Member::tick`].
@@ -331,11 +331,13 @@ impl<W: LogWriter> Member<W> {
     }
 
     /// This member's id.
+    #[cfg(any(test, feature = "testing"))]
     pub fn id(&self) -> u64 {
         self.id
     }
 
     /// The shards hosted here, ascending.
+    #[cfg(any(test, feature = "testing"))]
     pub fn shards(&self) -> impl Iterator<Item = u32> + '_ {
         self.groups.iter().map(|group| group.shard)
     }
@@ -346,16 +348,19 @@ impl<W: LogWriter> Member<W> {
     }
 
     /// The writer, e.g. to reach the core's other background work through it.
+    #[cfg(any(test, feature = "testing"))]
     pub fn writer_mut(&mut self) -> &mut W {
         &mut self.writer
     }
 
     /// Gives the writer back, e.g. to recover from what it made durable after a crash.
+    #[cfg(any(test, feature = "testing"))]
     pub fn into_writer(self) -> W {
         self.writer
     }
 
     /// The last batch known durable (0 before any).
+    #[cfg(any(test, feature = "testing"))]
     pub fn synced(&self) -> u64 {
         self.drain.synced()
     }
@@ -509,6 +514,7 @@ impl<W: LogWriter> Member<W> {
     }
 
     /// This member's role in `shard`'s group.
+    #[cfg(any(test, feature = "testing"))]
     pub fn role(&self, shard: u32) -> Option<raft::StateRole> {
         Some(self.group(shard)?.raw.raft.state)
     }
@@ -525,6 +531,7 @@ impl<W: LogWriter> Member<W> {
     }
 
     /// The index of the last entry of `shard` handed out to apply (0 for an unknown shard).
+    #[cfg(any(test, feature = "testing"))]
     pub fn applied(&self, shard: u32) -> u64 {
         self.group(shard)
             .map_or(0, |group| group.raw.raft.raft_log.applied)

@@ -13,7 +13,9 @@
 //! I/O-free work: step the peers' messages, tick every 10 ms, time out waiters, expire leases
 //! and checkpoint them (leader), then the group-commit drain: one WAL sync for every group.
 
-use super::compactor::{Compactor, MemCompactor};
+use super::compactor::Compactor;
+#[cfg(any(test, feature = "testing"))]
+use super::compactor::MemCompactor;
 use super::machine::Command;
 use super::member::{Envelope, Member};
 use super::shard::{Places, Shard};
@@ -25,8 +27,8 @@ use crate::partition::GrantRef;
 use crate::partition::Partition;
 use crate::partition::NOBODY;
 use crate::partition::{Answer, BusyReason, HeldKey, Op, QueueCounts, SessionId, TableStats};
-use crate::protocol::{Leader, Response};
 use crate::tokens::TokenKeeper;
+use latchkey_client::protocol::{Leader, Response};
 use leadership_log::LeadershipLog;
 use raft::eraftpb::Message;
 use requests::End;
@@ -34,7 +36,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 
 /// One Raft tick: 10 ms (the member's election timeout is 10–20 ticks, its heartbeat 2).
-pub const TICK_US: u64 = 10_000;
+pub const TICK_US: u64 = super::member::TICK_MS * 1_000;
 /// A new leader extends every lease by this before it may expire one: at least the longest
 /// election timeout (20 ticks).
 pub const PROMOTE_GRACE_MS: u64 = 200;
@@ -81,7 +83,7 @@ pub struct PartitionSettings {
     pub max_waiters_per_key: u32,
     /// Holds plus grants in flight a shard this member leads may have before an acquire of a
     /// free key is refused `B` (`limits.max_keys / shards`, at least 1). Members' configs may
-    /// differ; what every member's machine applies is [`super::machine::HOLDS_MAX`].
+    /// differ; what every member's machine applies is [`crate::config::HOLDS_MAX`].
     pub max_keys_per_shard: usize,
     /// Acquires one session may have queued (`limits.max_pending_per_session`): on this
     /// partition, or on all with [`ClusterPartition::share_queue_counts`].
@@ -179,8 +181,23 @@ pub struct ClusterPartition<D: LogWriter, P: Peers> {
 
 impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// The partition of core `settings.core` around `member` (which hosts exactly
-    /// [`shards_of_core`] of it).
+    /// [`shards_of_core`] of it), its compactions encoded in this thread, at once (the
+    /// simulations' and tests'; a server's go to a worker: [`Self::with_compactor`]).
+    #[cfg(any(test, feature = "testing"))]
     pub fn new(settings: PartitionSettings, member: Member<D>, peers: P) -> Self {
+        let compactor = Box::new(MemCompactor::immediate());
+        Self::with_compactor(settings, member, peers, compactor)
+    }
+
+    /// The partition of core `settings.core` around `member` (which hosts exactly
+    /// [`shards_of_core`] of it), handing its compactions (and replaced machines) to
+    /// `compactor`: a server's [`super::compactor::SnapWorker`].
+    pub fn with_compactor(
+        settings: PartitionSettings,
+        member: Member<D>,
+        peers: P,
+        compactor: Box<dyn Compactor>,
+    ) -> Self {
         let hosted = shards_of_core(settings.core, settings.cores, settings.shards);
         let shards = hosted
             .iter()
@@ -193,7 +210,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             settings,
             member,
             peers,
-            compactor: Box::new(MemCompactor::immediate()),
+            compactor,
             compactions: (0, 0),
             shards,
             pending: HashMap::new(),
@@ -228,20 +245,22 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.places.share(counts);
     }
 
-    /// Hands this core's compactions (and replaced machines) to `compactor`: a server's
-    /// [`super::compactor::SnapWorker`]; the default encodes in this thread, at once (the
-    /// simulations and tests). Before any entry is applied.
+    /// Hands this core's compactions (and replaced machines) to `compactor` instead (the
+    /// simulations' and tests' late or failing compactors). Before any entry is applied.
+    #[cfg(any(test, feature = "testing"))]
     pub fn set_compactor(&mut self, compactor: Box<dyn Compactor>) {
         self.compactor = compactor;
     }
 
     /// Compactions handed to the member so far, and compactions dropped because a received
     /// snapshot was restored past their index before they came back (for tests).
+    #[cfg(any(test, feature = "testing"))]
     pub fn compactions(&self) -> (u64, u64) {
         self.compactions
     }
 
     /// The member (for status and tests).
+    #[cfg(any(test, feature = "testing"))]
     pub fn member(&self) -> &Member<D> {
         &self.member
     }

@@ -204,6 +204,7 @@ pub struct PeerHandle {
 
 impl PeerHandle {
     /// Sends one message to member `to`; false if it was dropped (channel full or closed).
+    #[cfg(any(test, feature = "testing"))]
     pub fn send(&self, to: u64, shard: u32, message: Message) -> bool {
         self.send_batch(vec![Outgoing { to, shard, message }])
     }
@@ -229,6 +230,7 @@ impl PeerHandle {
     }
 
     /// The counters.
+    #[cfg(any(test, feature = "testing"))]
     pub fn stats(&self) -> &Arc<PeerStats> {
         &self.stats
     }
@@ -240,6 +242,7 @@ impl PeerHandle {
     }
 
     /// The address the peer thread listens on (the port chosen if `listen` had port 0).
+    #[cfg(any(test, feature = "testing"))]
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }

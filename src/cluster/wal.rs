@@ -213,6 +213,7 @@ impl Wal {
     }
 
     /// What the log has done since it was opened.
+    #[cfg(any(test, feature = "testing"))]
     pub fn stats(&self) -> Stats {
         self.stats
     }

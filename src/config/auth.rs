@@ -10,7 +10,7 @@
 //! certificates, so rules need `[tls] client_ca_file` (checked with the other relations).
 
 use super::{described, ConfigError};
-use crate::protocol::KEY_BYTES_MAX;
+use latchkey_client::protocol::KEY_BYTES_MAX;
 use toml::Value;
 
 /// Rules at most, and prefixes per rule at most: a rule set is read once, but every keyed

@@ -36,7 +36,6 @@
 //!   or a `timer.tick_ms` other than its default is refused rather than ignored.
 
 use super::{described, Config, ConfigError, RESERVATION_DEFAULT, TICK_MS_DEFAULT};
-use crate::cluster::machine::HOLDS_MAX;
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -48,6 +47,14 @@ use toml::Value;
 pub const MEMBERS_MAX: usize = 9;
 /// Shards at most (each one is a Raft group on every member).
 pub const SHARDS_MAX: u32 = 4096;
+/// The most holds one shard keeps; a grant beyond it is refused (the shard machine's
+/// `Applied::Full`).
+///
+/// A constant, not `limits.max_keys`: applying is deterministic and members' configs may
+/// differ, so the cap every member applies must be the same. A member's `limits.max_keys` is
+/// enforced before this, by each shard's leader before it proposes a grant (see
+/// `cluster/partition/requests.rs`), and may not exceed `shards × HOLDS_MAX`.
+pub const HOLDS_MAX: usize = 1_000_000;
 /// Shards by default.
 pub const SHARDS_DEFAULT: u32 = 64;
 
@@ -57,7 +64,7 @@ pub struct ClusterConfig {
     /// `node_id`: which of `members` this server is. Required, at least 1.
     pub node_id: u64,
     /// `data_dir`: where this member keeps its write-ahead logs and snapshots, locked while it
-    /// runs and recording whose data it holds ([`crate::cluster::data_dir`]). Required.
+    /// runs and recording whose data it holds (`cluster::data_dir`). Required.
     pub data_dir: PathBuf,
     /// `members`: every member of the cluster, this one included, in the file's order.
     pub members: Vec<MemberConfig>,

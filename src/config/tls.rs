@@ -2,7 +2,7 @@
 //!
 //! Only the shape is checked here (both files named when the section exists); reading them,
 //! matching the key to the certificate and the expiry are checked at server start by
-//! [`crate::tls::server_config`], each error naming the key and the path.
+//! [`crate::server::tls::server_config`], each error naming the key and the path.
 
 use super::ConfigError;
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
-//! [`LockTable::check_invariants`] and the per-entry check run after every mutation in debug
-//! builds: the module docs' invariants, walked.
+//! The module docs' invariants, walked: the per-entry check runs after every mutation in debug
+//! builds, `LockTable::check_invariants` (the whole table) in tests.
 
 use super::{LockTable, NIL};
 use std::hash::BuildHasher;
@@ -49,6 +49,7 @@ impl LockTable {
     }
 
     /// Checks every invariant of the module docs; panics on a broken one. O(keys + waiters).
+    #[cfg(any(test, feature = "testing"))]
     pub fn check_invariants(&self) {
         self.wheel.check_invariants();
         self.entries.check_invariants();

@@ -77,6 +77,7 @@ impl<V: Copy> SegmentedTable<V> {
     }
 
     /// Items held.
+    #[cfg(any(test, feature = "testing"))]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -171,6 +172,7 @@ impl<V: Copy> SegmentedTable<V> {
     }
 
     /// Every item, in no particular order.
+    #[cfg(any(test, feature = "testing"))]
     pub fn iter(&self) -> impl Iterator<Item = &V> {
         let tables = self.segments.iter().map(|segment| &segment.table);
         tables.flat_map(|table| table.iter().map(|(_, value)| value))
@@ -227,6 +229,7 @@ impl<V: Copy> SegmentedTable<V> {
     }
 
     /// Panics unless the directory and the segments agree (see the module docs).
+    #[cfg(any(test, feature = "testing"))]
     pub fn check_invariants(&self) {
         assert_eq!(self.directory.len(), 1 << self.depth);
         let mut named = vec![0usize; self.segments.len()];

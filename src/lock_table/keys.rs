@@ -9,7 +9,7 @@
 //! Invariant: a boxed key's box is exactly its size class; each free list holds boxes of its
 //! class only, at most [`KEPT_PER_CLASS`] of them.
 
-use crate::protocol::KEY_BYTES_MAX;
+use latchkey_client::protocol::KEY_BYTES_MAX;
 
 /// Keys up to this many bytes are stored inline in their entry, without an allocation.
 pub const INLINE_KEY_BYTES: usize = 22;
@@ -51,6 +51,7 @@ fn class_of(len: usize) -> usize {
 
 impl KeyBytes {
     /// A copy of `key` (at most [`KEY_BYTES_MAX`] bytes), allocating when it is long.
+    #[cfg(any(test, feature = "testing"))]
     pub fn new(key: &[u8]) -> KeyBytes {
         KeyStore::default().store(key)
     }
@@ -113,6 +114,7 @@ impl KeyStore {
     }
 
     /// Free boxes kept now, over all classes.
+    #[cfg(test)]
     pub fn kept(&self) -> usize {
         self.free.iter().map(Vec::len).sum()
     }

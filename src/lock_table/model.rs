@@ -17,8 +17,8 @@
 
 use crate::lock_table::TableConfig;
 use crate::partition::SessionId;
-use crate::protocol::Response;
 use crate::tokens::TokenRange;
+use latchkey_client::protocol::Response;
 use std::collections::VecDeque;
 
 const MICROS_PER_SECOND: u64 = 1_000_000;

@@ -16,8 +16,8 @@ use crate::cluster::partition::{
 };
 use crate::partition::Partition;
 use crate::partition::QueueCounts;
-use crate::protocol::{Request, Response};
 use crate::server::harness::*;
+use latchkey_client::protocol::{Request, Response};
 use raft::eraftpb::Message;
 use std::sync::Arc;
 

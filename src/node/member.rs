@@ -253,8 +253,7 @@ fn core_partition(
         handle: handle.clone(),
         inbound,
     };
-    let mut partition = ClusterPartition::new(settings, member, peers);
     let compactor = SnapWorker::spawn(format!("latchkey-snap-{core}"), snap_wake)?;
-    partition.set_compactor(Box::new(compactor));
+    let partition = ClusterPartition::with_compactor(settings, member, peers, Box::new(compactor));
     Ok(partition)
 }

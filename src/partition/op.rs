@@ -5,7 +5,7 @@
 //! is local, or sent to another core with a copy of the key. Ping names no key and is never a
 //! partition's business: the reactor answers it.
 
-use crate::protocol::Request;
+use latchkey_client::protocol::Request;
 
 /// The fixed fields of a keyed request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +73,7 @@ impl Op {
     }
 
     /// The request again, borrowing `key`.
+    #[cfg(test)]
     pub fn with_key<'a>(&self, key: &'a [u8]) -> Request<'a> {
         match *self {
             Op::Acquire {

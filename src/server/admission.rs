@@ -10,7 +10,7 @@ use super::core::{session_id, Core, SLOTS_MAX};
 use super::net::{Net, Stream};
 use super::session::Session;
 use crate::partition::Partition;
-use crate::protocol::{ErrorCode, Response};
+use latchkey_client::protocol::{ErrorCode, Response};
 use std::io::Write;
 use std::sync::atomic::Ordering;
 

@@ -1,7 +1,7 @@
 //! The read buffers of one core's sessions: a `slab` of fixed-size buffers, lent to a session
 //! only while it has unparsed bytes, and reused across sessions.
 //!
-//! Frames are parsed in place from these buffers (see [`crate::protocol`]). A session borrows
+//! Frames are parsed in place from these buffers (see [`latchkey_client::protocol`]). A session borrows
 //! a buffer when it reads and gives it back as soon as everything it read was parsed, so an idle
 //! session holds none: the buffers in use are those of sessions caught mid-frame or mid-read,
 //! not one per connection. Freed buffers stay in the slab for the next reader, up to
@@ -15,7 +15,7 @@ use slab::Slab;
 /// Bytes of one read buffer. Holds many frames, and at least two of the longest.
 pub const READ_BUFFER_BYTES: usize = 16 * 1024;
 
-const _: () = assert!(READ_BUFFER_BYTES >= 2 * crate::protocol::REQUEST_BYTES_MAX);
+const _: () = assert!(READ_BUFFER_BYTES >= 2 * latchkey_client::protocol::REQUEST_BYTES_MAX);
 
 /// Which buffer a session holds.
 pub type BufferId = u32;
@@ -65,11 +65,13 @@ impl ReadBuffers {
     }
 
     /// Buffers that exist (lent and idle).
+    #[cfg(any(test, feature = "testing"))]
     pub fn allocated(&self) -> usize {
         self.slab.len()
     }
 
     /// Buffers lent to sessions now.
+    #[cfg(any(test, feature = "testing"))]
     pub fn lent(&self) -> usize {
         self.slab.len() - self.idle.len()
     }

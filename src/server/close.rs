@@ -6,7 +6,7 @@
 //! partition and asks every other core to withdraw them in theirs (`SessionClosed`, answered
 //! by `ClosedAck`). A session whose socket failed ([`Phase::Dead`]) loses its unsent output,
 //! and every grant whose `A` was in it is released by the partition that made it: that `A` was
-//! never written (PROTOCOL.md §3). A session that ends normally ([`Phase::Draining`]: end of
+//! never written (docs/protocol.md §3). A session that ends normally ([`Phase::Draining`]: end of
 //! input, or a closing error) writes all its answers first. `Core::end_closed_sessions` frees
 //! a session once every partition acknowledged, its output is flushed and, after a half-close,
 //! the peer's unread input was drained ([`Phase::Lingering`], at most [`LINGER`]), so that a

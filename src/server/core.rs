@@ -28,7 +28,7 @@
 //!   an outbox with [`OUTBOX_REQUESTS_MAX`] requests takes no more (the session waits), a full
 //!   socket leaves output in the session, and a session over its bounds is not read.
 //!
-//! Not here: frame syntax ([`crate::protocol`]), lock semantics ([`crate::lock_table`]), the
+//! Not here: frame syntax ([`latchkey_client::protocol`]), lock semantics ([`crate::lock_table`]), the
 //! close protocol ([`super::close`]), sockets and polling ([`super::reactor`]).
 
 use super::admin::{AdminJob, KeyScan};
@@ -44,9 +44,9 @@ use crate::partition::GrantRef;
 use crate::partition::Partition;
 use crate::partition::NOBODY;
 use crate::partition::{Answer, Op, SessionId};
-use crate::protocol::{parse_request, ErrorCode, FrameError, Response};
 use crate::tokens::TokenKeeper;
 use crossbeam_channel::Receiver;
+use latchkey_client::protocol::{parse_request, ErrorCode, FrameError, Response};
 use slab::Slab;
 use std::sync::Arc;
 use std::time::Duration;
@@ -263,21 +263,25 @@ impl<N: Net, P: Partition> Core<N, P> {
     }
 
     /// Sessions this core holds (open or closing).
+    #[cfg(any(test, feature = "testing"))]
     pub fn session_count(&self) -> usize {
         self.sessions.len()
     }
 
     /// The partition: the lock table of a single node (for checks and statistics).
+    #[cfg(any(test, feature = "testing"))]
     pub fn table(&self) -> &P {
         &self.table
     }
 
     /// Read buffers in existence and lent now.
+    #[cfg(any(test, feature = "testing"))]
     pub fn read_buffers(&self) -> (usize, usize) {
         (self.buffers.allocated(), self.buffers.lent())
     }
 
     /// Messages waiting in the outbox towards `core`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn outbox_len(&self, core: usize) -> usize {
         self.links.outboxes[core].as_ref().map_or(0, Outbox::len)
     }
@@ -467,7 +471,7 @@ impl<N: Net, P: Partition> Core<N, P> {
         };
         let id = session.id();
         let Some((op, key)) = Op::of(&request) else {
-            // Ping: answered here, unordered with keyed answers (PROTOCOL.md §3).
+            // Ping: answered here, unordered with keyed answers (docs/protocol.md §3).
             let pong = Response::Pong {
                 nonce: request.correlation_id(),
             };

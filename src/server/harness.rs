@@ -18,9 +18,9 @@ use super::{queued, Shared, StallGauge};
 use crate::lock_table::{LockTable, TableConfig};
 use crate::partition::Partition;
 use crate::partition::{QueueCounts, SessionId};
-use crate::protocol::{parse_response, Request, Response};
 use crate::tokens::TokenKeeper;
 use crate::tokens::{first_token, TokenRange};
+use latchkey_client::protocol::{parse_response, Request, Response};
 use mio::{Poll, Waker};
 use parking_lot::Mutex;
 use std::cell::{Cell, RefCell};
@@ -246,7 +246,7 @@ impl<P: Partition> Harness<P> {
                     cores,
                     max_connections: 1 << 16,
                     max_pending_per_session: limits.max_pending_per_session,
-                    max_key_bytes: crate::protocol::KEY_BYTES_MAX,
+                    max_key_bytes: latchkey_client::protocol::KEY_BYTES_MAX,
                 };
                 let net = PipeNet {
                     clock: Rc::clone(&clock),

@@ -14,7 +14,7 @@ use super::session::Session;
 use crate::logging::Throttle;
 use crate::partition::Partition;
 use crate::partition::{BusyCounts, BusyReason};
-use crate::protocol::ErrorCode;
+use latchkey_client::protocol::ErrorCode;
 use std::net::SocketAddr;
 
 /// Characters of a forbidden key that its line shows.

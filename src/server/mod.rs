@@ -1,6 +1,6 @@
 //! The server: a synchronous thread-per-core runtime on `mio`.
 //!
-//! [`start`] takes the address for this process and binds one `SO_REUSEPORT` listener per core
+//! [`start_with_notify`] takes the address for this process and binds one `SO_REUSEPORT` listener per core
 //! ([`bind`]: the kernel spreads new connections over them, so no acceptor thread hands sockets
 //! around and each core owns the sessions it accepted), computes where tokens start, and spawns
 //! one thread per core running a [`reactor::Reactor`] around a [`core::Core`]. Each core owns
@@ -19,25 +19,7 @@
 //! A core that panics marks the server failed and stops the others; [`ServerHandle::join`]
 //! reports it and the binary exits non-zero, so a half-alive server never lingers.
 //!
-//! # Layout
-//!
-//! | file | responsibility |
-//! |---|---|
-//! | `mod.rs` | start and stop, what the cores share |
-//! | `bind.rs` | the listeners, and the guard that no other process serves the address |
-//! | `reactor.rs` | one core's mio loop: poll, accept, alarm, readiness into its core |
-//! | `core.rs` | one core's logic: read, parse, authorize, execute or route, answer, flush |
-//! | `admission.rs` | a new connection: a session, or `X` code 7 past `max_connections` |
-//! | `close.rs` | the close protocol of sessions, and shutdown |
-//! | `session.rs` | one connection's stream, input, output and accounting |
-//! | `buffers.rs` | the read buffers lent to sessions |
-//! | `route.rs` | the messages between cores, their bounded outboxes |
-//! | `queued.rs` | queued-acquire counts per session, shared by the partitions |
-//! | `alarm.rs` | the timerfd that wakes a loop on its next timer |
-//! | `net.rs` | the stream and registration traits the core runs over |
-//! | `tls.rs` | a session's stream over TLS (rustls, sans-IO, edge-triggered) |
-//! | `handshake.rs` | TLS sessions' failures: the handshake deadline, TLS errors |
-//! | `admin/` | the HTTP admin requests on the lock port |
+//! Where each part lives, file by file: `docs/architecture.md`.
 
 pub mod admin;
 pub mod admission;
@@ -248,7 +230,7 @@ impl ServerHandle {
         gauges.map(StallGauge::take).max().unwrap_or(0)
     }
 
-    /// Loop iterations of all cores so far, per bucket of [`LOOP_BUCKETS_US`] (the last
+    /// Loop iterations of all cores so far, per bucket of `LOOP_BUCKETS_US` (the last
     /// bucket: longer than its last bound).
     pub fn loop_histogram(&self) -> [u64; LOOP_BUCKETS_US.len() + 1] {
         let mut total = [0; LOOP_BUCKETS_US.len() + 1];
@@ -321,11 +303,6 @@ pub trait Beside: Send {
     fn stop(self: Box<Self>);
 }
 
-/// Starts a single node with `config` (a cluster member starts with `crate::node::start`).
-pub fn start(config: Config) -> io::Result<ServerHandle> {
-    start_with_notify(config, None)
-}
-
 /// What [`start_with_notify`] prepares before it spawns the cores.
 struct Plan {
     table_config: TableConfig,
@@ -339,7 +316,7 @@ struct Plan {
 /// shutdown.
 pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Result<ServerHandle> {
     if config.cluster.is_some() {
-        let message = "a cluster member is started by latchkey::node::start, not server::start";
+        let message = "a cluster member is started by latchkey::node::start, not as a single node";
         return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
     }
     start_inner(config, notify, None::<NoBackend>)
@@ -385,7 +362,7 @@ fn start_inner<B: Backend>(
     let tls = config
         .tls
         .as_ref()
-        .map(crate::tls::server_config)
+        .map(crate::server::tls::server_config)
         .transpose()?;
     let bound = bind::bind(config.server.listen, cores)?;
     let mut plan = plan(&config, notify)?;
@@ -607,7 +584,8 @@ fn spawn_reactor<P: Partition + Send + 'static>(
     match tls {
         None => spawn_core(index, Reactor::<TcpStream, P>::new(parts, ())?, shared),
         Some(tls) => {
-            let reactor = Reactor::<tls::TlsStream, P>::new(parts, Arc::clone(tls))?;
+            let reactor =
+                Reactor::<latchkey_client::tls::TlsStream, P>::new(parts, Arc::clone(tls))?;
             spawn_core(index, reactor, shared)
         }
     }

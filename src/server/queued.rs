@@ -1,6 +1,6 @@
 //! How many acquires each session has queued, across every core's partition.
 //!
-//! `max_pending_per_session` bounds a session's *queued* acquires (PROTOCOL.md §3), and a
+//! `max_pending_per_session` bounds a session's *queued* acquires (docs/protocol.md §3), and a
 //! session's acquires can queue in any partition. Only the partition that is about to queue an
 //! acquire knows it is about to, so the count has to be one every partition can update: one
 //! `AtomicU32` per session slot, taken with a bounded compare-and-swap before a waiter is
@@ -54,6 +54,7 @@ impl SessionQueues {
     }
 
     /// Chunks of counts allocated so far.
+    #[cfg(test)]
     pub fn chunks_allocated(&self) -> usize {
         self.chunks
             .iter()
@@ -110,7 +111,7 @@ impl QueueCounts for SessionQueues {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::reactor::session_id;
+    use crate::server::core::session_id;
     use std::sync::Arc;
 
     #[test]

@@ -17,7 +17,7 @@
 
 use super::alarm::Alarm;
 use super::core::Core;
-pub use super::core::{core_of, session_id, slot_of, CoreSettings, Links, SLOTS_MAX};
+pub use super::core::{core_of, slot_of, CoreSettings, Links};
 use super::net::{MioNet, MioStream, SESSION_TOKEN_BASE};
 use super::Shared;
 use crate::lock_table::LockTable;

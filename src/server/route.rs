@@ -18,8 +18,8 @@ use crate::partition::GrantRef;
 use crate::partition::{Answer, Op, SessionId};
 
 use crate::lock_table::INLINE_KEY_BYTES;
-use crate::protocol::KEY_BYTES_MAX;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
+use latchkey_client::protocol::KEY_BYTES_MAX;
 use mio::Waker;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -107,6 +107,7 @@ impl KeyPool {
     }
 
     /// Idle buffers in the pool.
+    #[cfg(test)]
     pub fn idle(&self) -> usize {
         self.take.len()
     }
@@ -199,6 +200,7 @@ impl Outbox {
     }
 
     /// Messages waiting to be sent.
+    #[cfg(any(test, feature = "testing"))]
     pub fn len(&self) -> usize {
         self.queued.len()
     }

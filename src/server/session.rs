@@ -5,7 +5,7 @@
 //! the core flushes it with one `write` per pass. Every `A` still in the output is remembered
 //! with where it ends in the output stream, so that when the session dies before writing it
 //! ([`Session::discard_output`]) the core can release that grant: an `A` never written was never
-//! received (PROTOCOL.md §3).
+//! received (docs/protocol.md §3).
 //!
 //! Limits: a session stops being *read* (not disconnected) while its unsent output passes
 //! [`OUTPUT_BOUND_BYTES`], while too many of its requests wait for other cores, or while the
@@ -23,7 +23,7 @@ use super::net::Stream;
 use crate::auth::{AuthRules, Grant};
 use crate::partition::GrantRef;
 use crate::partition::SessionId;
-use crate::protocol::Response;
+use latchkey_client::protocol::Response;
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
@@ -38,7 +38,7 @@ const LINGER_READS_MAX: usize = 16;
 /// Write capacity kept after a burst drains; more is given back to the allocator.
 const WRITE_CAPACITY_KEPT_BYTES: usize = 4 * OUTPUT_BOUND_BYTES;
 
-const _: () = assert!(OUTPUT_BOUND_BYTES >= 64 * crate::protocol::RESPONSE_BYTES_MAX);
+const _: () = assert!(OUTPUT_BOUND_BYTES >= 64 * latchkey_client::protocol::RESPONSE_BYTES_MAX);
 
 /// Where a session is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -367,11 +367,13 @@ impl<S: Stream> Session<S> {
     }
 
     /// Requests sent to other cores and not answered yet.
+    #[cfg(any(test, feature = "testing"))]
     pub fn remote_unanswered(&self) -> u32 {
         self.remote_unanswered
     }
 
     /// Acquires that may queue, not answered yet.
+    #[cfg(any(test, feature = "testing"))]
     pub fn pending(&self) -> u32 {
         self.pending
     }

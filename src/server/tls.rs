@@ -1,252 +1,111 @@
-//! A session's stream over TLS: a mio TCP stream and a rustls connection, behind the same
-//! [`Stream`] trait as plain TCP, so the core runs unchanged. The official client's sessions,
-//! non-blocking on mio too, use the same type with a client connection.
+//! TLS on the server: its rustls configuration from `[tls]`, the identities a client
+//! certificate proves, and the TLS stream of a session ([`TlsStream`], shared with the client)
+//! seen as a [`Stream`] the core runs over unchanged.
 //!
-//! rustls is sans-IO: it takes ciphertext (`read_tls`), decrypts it (`process_new_packets`),
-//! hands out plaintext (`reader`), takes plaintext (`writer`) and gives ciphertext to send
-//! (`write_tls`). This type moves bytes between it and the socket, for edge-triggered readiness:
+//! The certificate files are read and checked by the client crate's `tls` module (one reader
+//! for both ends); a client certificate's identities are read with `x509-parser`.
 //!
-//! * `read` returns a short count (or `WouldBlock`) only after the socket itself said
-//!   `WouldBlock` (or ended) in that call, so a reader that stops at a short read (the session
-//!   does) never misses data with no edge left to announce it. A full count may leave
-//!   ciphertext in the socket: the reader reads again.
-//! * `write` takes plaintext into rustls and pushes records until the socket would block.
-//!   Records rustls still holds then are reported by [`Stream::wants_write`]; the session
-//!   counts them as unsent output and calls `flush` on the next writable event.
-//! * A TLS error (garbage, a refused certificate, an alert) is answered with rustls's alert
-//!   (best effort) and returned as an error: the session closes.
-//!
-//! Limits: rustls buffers at most [`TLS_BUFFER_BYTES`] of outgoing data per session (a full
-//! buffer is `WouldBlock` to the session, which stops reading it past its output bound), and
-//! at most its own fixed limit of received plaintext; a handshake must finish within
-//! [`HANDSHAKE_DEADLINE`] (the core enforces it, see [`Stream::handshaking`]); one `read`
-//! handles at most [`READ_ROUNDS_MAX`] ciphertext reads.
-//!
-//! Not here: reading certificates and building the configuration ([`crate::tls`]).
+//! A handshake must finish within [`HANDSHAKE_DEADLINE`] (the core enforces it, see
+//! [`Stream::handshaking`]).
 
 use super::net::{MioStream, Stream};
+use crate::config::TlsConfig;
+use latchkey_client::tls::{file_error, load_certs, load_key, provider, root_store, TlsStream};
 use mio::net::TcpStream;
-use mio::{Interest, Registry, Token};
-use rustls::{ClientConnection, Connection, ServerConfig, ServerConnection};
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr};
+use rustls::server::WebPkiClientVerifier;
+use rustls::ServerConfig;
+use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
-/// Outgoing bytes (plaintext and records) rustls may hold for one session.
-pub const TLS_BUFFER_BYTES: usize = 64 * 1024;
 /// How long a client has from its connection to the end of its handshake.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
-/// Ciphertext reads in one `read` call before it gives up on a peer that sends only records
-/// without data (each read takes at least one byte, at most rustls's record buffer).
-pub const READ_ROUNDS_MAX: usize = 1024;
 
-/// The error inside the `InvalidData` I/O error a [`TlsStream`] returns for a TLS failure, so
-/// that a caller can tell it from a socket error (displayed as `TLS: …`).
-#[derive(Debug)]
-pub struct TlsError(pub rustls::Error);
-
-impl std::fmt::Display for TlsError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TLS: {}", self.0)
-    }
+/// The server's configuration from `[tls]`: every file read and checked (see the module docs).
+pub fn server_config(tls: &TlsConfig) -> io::Result<Arc<ServerConfig>> {
+    let certs = load_certs("tls.cert_file", &tls.cert_file)?;
+    let key = load_key("tls.key_file", &tls.key_file)?;
+    let provider = provider();
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(io::Error::other)?;
+    let builder = match &tls.client_ca_file {
+        Some(path) => {
+            let roots = root_store("tls.client_ca_file", path)?;
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(|e| file_error("tls.client_ca_file", path, e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder.with_single_cert(certs, key).map_err(|e| {
+        let cause = format!(
+            "does not fit tls.cert_file {}: {e}",
+            tls.cert_file.display()
+        );
+        file_error("tls.key_file", &tls.key_file, cause)
+    })?;
+    Ok(Arc::new(config))
 }
 
-impl std::error::Error for TlsError {}
-
-/// A TLS session over a mio TCP stream (see the module docs).
-pub struct TlsStream {
-    tcp: TcpStream,
-    tls: Connection,
-    /// The socket ended its input.
-    tcp_ended: bool,
-    /// The TLS error that ended the session, if one did.
-    error: Option<rustls::Error>,
+/// A client certificate's identities (see [`crate::auth`]): its subject's common names, then
+/// its DNS subject alternative names, in certificate order. Names that are not UTF-8 strings
+/// are left out; a malformed certificate (rustls verified it, so this does not happen) has
+/// none. At most [`IDENTITIES_MAX`].
+pub fn certificate_identities(cert: &[u8]) -> Vec<String> {
+    let Ok((_, cert)) = X509Certificate::from_der(cert) else {
+        return Vec::new();
+    };
+    let common_names = cert
+        .subject()
+        .iter_common_name()
+        .filter_map(|name| name.as_str().ok());
+    let alternative_names = cert.subject_alternative_name().ok().flatten();
+    let dns_names = alternative_names
+        .iter()
+        .flat_map(|extension| extension.value.general_names.iter())
+        .filter_map(|name| match name {
+            GeneralName::DNSName(name) => Some(*name),
+            _ => None,
+        });
+    common_names
+        .chain(dns_names)
+        .take(IDENTITIES_MAX)
+        .map(str::to_string)
+        .collect()
 }
 
-impl TlsStream {
-    /// A server-side TLS stream on an accepted connection.
-    pub fn new(tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<TlsStream> {
-        let tls = ServerConnection::new(config).map_err(io::Error::other)?;
-        Ok(TlsStream::with(tcp, Connection::Server(tls)))
-    }
-
-    /// A client-side TLS stream on a (perhaps still connecting) connection.
-    pub fn client(tcp: TcpStream, tls: ClientConnection) -> TlsStream {
-        TlsStream::with(tcp, Connection::Client(tls))
-    }
-
-    fn with(tcp: TcpStream, mut tls: Connection) -> TlsStream {
-        tls.set_buffer_limit(Some(TLS_BUFFER_BYTES));
-        TlsStream {
-            tcp,
-            tls,
-            tcp_ended: false,
-            error: None,
-        }
-    }
-
-    /// The TCP stream (to check a connect, set options).
-    pub fn tcp(&self) -> &TcpStream {
-        &self.tcp
-    }
-
-    /// Moves a handshake along without taking plaintext: writes what rustls holds, then reads
-    /// and processes what the socket has until it would block (`UnexpectedEof` when the
-    /// socket ended first, `InvalidData` for a TLS error). For the client's sessions.
-    pub fn progress(&mut self) -> io::Result<()> {
-        self.push_records_now()?;
-        for _ in 0..READ_ROUNDS_MAX {
-            match self.tls.read_tls(&mut self.tcp) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) => return Err(e),
-            }
-            if let Err(error) = self.tls.process_new_packets() {
-                return Err(self.failed(error));
-            }
-            self.push_records_now()?;
-        }
-        Ok(())
-    }
-
-    /// Ends the session for a TLS error: sends the alert rustls queued to tell the peer why
-    /// (best effort), keeps the error (see [`Stream::tls_error`]) and returns it as an
-    /// `InvalidData` error.
-    fn failed(&mut self, error: rustls::Error) -> io::Error {
-        let _ = self.push_records_now();
-        self.error = Some(error.clone());
-        io::Error::new(io::ErrorKind::InvalidData, TlsError(error))
-    }
-
-    /// Writes the records rustls holds until none is left (`Ok`) or the socket is full
-    /// (`WouldBlock`). Bounded: every pass writes bytes out of a bounded buffer.
-    fn push_records(&mut self) -> io::Result<()> {
-        while self.tls.wants_write() {
-            match self.tls.write_tls(&mut self.tcp) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Like [`push_records`](Self::push_records), a full socket not being an error.
-    fn push_records_now(&mut self) -> io::Result<()> {
-        match self.push_records() {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
-            other => other,
-        }
-    }
-
-    /// Takes decrypted plaintext into `buffer`: `Some(n)` when the caller should return `n`
-    /// (the buffer is full, or the stream ended), `None` to read more ciphertext.
-    fn take_plaintext(&mut self, buffer: &mut [u8], filled: &mut usize) -> Option<usize> {
-        match self.tls.reader().read(&mut buffer[*filled..]) {
-            // A clean end (close_notify), or an empty buffer.
-            Ok(0) => Some(*filled),
-            Ok(n) => {
-                *filled += n;
-                (*filled == buffer.len()).then_some(*filled)
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-            // The peer ended without close_notify: an end of input like any other (requests
-            // are framed; a truncated frame is never executed).
-            Err(_) => Some(*filled),
-        }
-    }
-
-    /// One ciphertext read and its processing: `Some` when `read` must return that.
-    fn read_records(&mut self, filled: usize) -> Option<io::Result<usize>> {
-        match self.tls.read_tls(&mut self.tcp) {
-            Ok(0) => self.tcp_ended = true,
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return None,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                return Some(if filled > 0 { Ok(filled) } else { Err(e) });
-            }
-            Err(e) => return Some(Err(e)),
-        }
-        if let Err(error) = self.tls.process_new_packets() {
-            return Some(Err(self.failed(error)));
-        }
-        // The handshake, a key update or a ticket may have something to send.
-        self.push_records_now().err().map(Err)
-    }
-}
-
-impl Read for TlsStream {
-    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
-        if buffer.is_empty() {
-            return Ok(0);
-        }
-        let mut filled = 0;
-        for _ in 0..READ_ROUNDS_MAX {
-            if let Some(n) = self.take_plaintext(buffer, &mut filled) {
-                return Ok(n);
-            }
-            if self.tcp_ended {
-                return Ok(filled);
-            }
-            if let Some(result) = self.read_records(filled) {
-                return result;
-            }
-        }
-        let message = "TLS: too many records without data in one read";
-        Err(io::Error::new(io::ErrorKind::InvalidData, message))
-    }
-}
-
-impl Write for TlsStream {
-    fn write(&mut self, plaintext: &[u8]) -> io::Result<usize> {
-        self.push_records()?;
-        let taken = self.tls.writer().write(plaintext)?;
-        self.push_records_now()?;
-        if taken == 0 && !plaintext.is_empty() {
-            // rustls's buffer is full of records the socket did not take.
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        Ok(taken)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.push_records()
-    }
-}
+/// Identities read from one certificate at most.
+pub const IDENTITIES_MAX: usize = 64;
 
 impl Stream for TlsStream {
     fn shutdown_write(&mut self) -> io::Result<()> {
-        self.tls.send_close_notify();
-        let _ = self.push_records_now();
-        self.tcp.shutdown(Shutdown::Write)
+        TlsStream::shutdown_write(self)
     }
 
     fn peer(&self) -> Option<SocketAddr> {
-        self.tcp.peer_addr().ok()
+        TlsStream::peer(self)
     }
 
+    #[inline]
     fn wants_write(&self) -> bool {
-        self.tls.wants_write()
+        TlsStream::wants_write(self)
     }
 
     fn handshaking(&self) -> bool {
-        self.tls.is_handshaking()
+        TlsStream::handshaking(self)
     }
 
     fn tls_error(&self) -> Option<String> {
-        self.error.as_ref().map(ToString::to_string)
+        TlsStream::tls_error(self)
     }
 
     fn identities(&self) -> Vec<String> {
-        let Connection::Server(server) = &self.tls else {
-            return Vec::new();
-        };
-        let end_entity = server.peer_certificates().and_then(|chain| chain.first());
-        end_entity.map_or_else(Vec::new, |cert| crate::tls::certificate_identities(cert))
+        self.peer_certificate()
+            .map_or_else(Vec::new, certificate_identities)
     }
 }
 
@@ -258,26 +117,45 @@ impl MioStream for TlsStream {
     }
 }
 
-impl mio::event::Source for TlsStream {
-    fn register(
-        &mut self,
-        registry: &Registry,
-        token: Token,
-        interest: Interest,
-    ) -> io::Result<()> {
-        self.tcp.register(registry, token, interest)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use latchkey_client::tls::not_after_unix;
+
+    #[test]
+    fn malformed_certificates_have_no_identity() {
+        for bytes in [&[][..], &[0x30, 0x85, 0, 0, 0, 0, 0], b"not a certificate"] {
+            assert!(certificate_identities(bytes).is_empty());
+        }
     }
 
-    fn reregister(
-        &mut self,
-        registry: &Registry,
-        token: Token,
-        interest: Interest,
-    ) -> io::Result<()> {
-        self.tcp.reregister(registry, token, interest)
-    }
-
-    fn deregister(&mut self, registry: &Registry) -> io::Result<()> {
-        self.tcp.deregister(registry)
+    /// The client crate's DER walk reads the same end of validity as `x509-parser`, in both of
+    /// RFC 5280's time forms (UTCTime before 2050, GeneralizedTime from 2050), with and without
+    /// a version field's worth of extensions.
+    #[test]
+    fn the_expiry_read_is_x509_parsers() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let dates = [
+            (1971, 1, 1),
+            (1999, 12, 31),
+            (2000, 2, 29),
+            (2038, 1, 19),
+            (2049, 12, 31),
+            (2050, 1, 1),
+            (2100, 6, 15),
+            (4000, 2, 29),
+        ];
+        for (year, month, day) in dates {
+            for names in [vec![], vec!["billing.example".to_string()]] {
+                let mut params = rcgen::CertificateParams::new(names).unwrap();
+                params.not_after = rcgen::date_time_ymd(year, month, day);
+                let cert = params.self_signed(&key).unwrap();
+                let der = cert.der().as_ref();
+                let (_, parsed) = X509Certificate::from_der(der).unwrap();
+                let expected = u64::try_from(parsed.validity().not_after.timestamp()).ok();
+                assert_eq!(not_after_unix(der), expected, "{year}-{month}-{day}");
+                assert!(expected.is_some());
+            }
+        }
     }
 }

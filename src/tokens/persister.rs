@@ -10,7 +10,7 @@
 //! When persisting fails, the thread retries with a backoff (100 ms doubling to 5 s) and logs
 //! the failure once, then at most once a minute, and once more when it recovers. Meanwhile the
 //! partition issues what is left of its reservation; once that is used up, an Acquire that
-//! needs a token gets `B` (PROTOCOL.md §3) until a mark is persisted again.
+//! needs a token gets `B` (docs/protocol.md §3) until a mark is persisted again.
 //!
 //! Invariant: a table's limit is only ever raised to a mark this thread wrote durably.
 
@@ -146,10 +146,6 @@ impl TokenKeeper {
         }
     }
 
-    /// Whether a mark was asked for and not yet persisted.
-    pub fn is_waiting(&self) -> bool {
-        self.requested.is_some()
-    }
 }
 
 fn run(

@@ -3,7 +3,7 @@
 use super::{Grant, Pending, Request, Sim, RESENDS_MAX, SHARDS};
 use crate::world::member_at;
 use latchkey::cluster::partition::shard_of;
-use latchkey::protocol::Response;
+use latchkey_client::protocol::Response;
 
 impl Sim {
     /// The answer `response` from `member` to client `index`'s pending request.
@@ -92,7 +92,7 @@ impl Sim {
         index: usize,
         member: u64,
         mut pending: Pending,
-        leader: latchkey::protocol::Leader,
+        leader: latchkey_client::protocol::Leader,
     ) {
         let now = self.now_us;
         match pending.request {

@@ -11,8 +11,8 @@ use super::clients::{Client, Pending, Request, RESENDS_MAX};
 use super::world::{World, MEMBERS, SHARDS};
 use latchkey::cluster::partition::shard_of;
 use latchkey::partition::{Answer, Op};
-use latchkey::protocol::Response;
 use latchkey::rng::Rng;
+use latchkey_client::protocol::Response;
 use std::collections::HashMap;
 
 /// Simulated clients with random traffic.

@@ -185,7 +185,7 @@ fn settings(id: u64, core: usize) -> PartitionSettings {
         cores: CORES,
         clients: (1..=MEMBERS).map(|m| (m, client_addr(m))).collect(),
         max_waiters_per_key: 64,
-        max_keys_per_shard: latchkey::cluster::machine::HOLDS_MAX,
+        max_keys_per_shard: latchkey::config::HOLDS_MAX,
         max_pending_per_session: 1024,
         // Small, so that shards compact often and crashed or lagging members restore snapshots.
         compact_every: COMPACT_EVERY_IN_SIM,

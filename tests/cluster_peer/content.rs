@@ -97,7 +97,7 @@ fn a_real_member_drops_invalid_snapshots_and_entries_and_keeps_serving() {
     use common::cluster::http_get;
     use common::server::{Conn, TempDir};
     use latchkey::config::{ClusterConfig, Config, MemberConfig};
-    use latchkey::protocol::Response;
+    use latchkey_client::protocol::Response;
     let dir = TempDir::new("peer-invalid");
     let ports = addresses(6);
     let members: Vec<MemberConfig> = (0..3)

@@ -3,7 +3,7 @@
 //! finding which member serves a key (the one that answers `Q` instead of `M`).
 
 use super::server::{Conn, ServerProcess, TempDir};
-use latchkey::protocol::{Request, Response};
+use latchkey_client::protocol::{Request, Response};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::Command;

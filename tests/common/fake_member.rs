@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use latchkey::protocol::{parse_request, Leader, Response, KEY_BYTES_MAX};
+use latchkey_client::protocol::{parse_request, Leader, Response, KEY_BYTES_MAX};
 
 use super::Frame;
 

@@ -26,10 +26,10 @@ use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use latchkey::client::{Client, ClientConfig};
 use latchkey::config::Config;
-use latchkey::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
+use latchkey_client::{Client, ClientConfig};
 
 /// The `latchkey` binary Cargo built for the running test: `CARGO_BIN_EXE_latchkey` when Cargo
 /// sets it at run time, else beside the test's own executable (`target/<profile>/deps/..`),

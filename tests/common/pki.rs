@@ -2,9 +2,9 @@
 //! ones), and TLS connections to a server under test: raw rustls streams and official clients.
 
 use super::server::test_config;
-use latchkey::client::{Client, ClientConfig, ClientTls};
 use latchkey::config::{Config, TlsConfig};
-use latchkey::tls::ClientFiles;
+use latchkey_client::tls::ClientFiles;
+use latchkey_client::{Client, ClientConfig, ClientTls};
 use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -119,7 +119,7 @@ pub fn https_get(addr: SocketAddr, config: Arc<rustls::ClientConfig>, path: &str
 
 /// A rustls client config trusting `ca` (and presenting `cert`, if any).
 pub fn raw_client_config(ca: &Path, cert: Option<(&Path, &Path)>) -> Arc<rustls::ClientConfig> {
-    latchkey::tls::client_config(&client_files(ca, cert)).unwrap()
+    latchkey_client::tls::client_config(&client_files(ca, cert)).unwrap()
 }
 
 /// A rustls client config trusting `ca` and presenting `cert` as it is: unlike the official

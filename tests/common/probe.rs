@@ -1,7 +1,7 @@
 //! A well-behaved client to run beside hostile ones: it must keep its locks and a low latency.
 
 use super::server::{keys_on_partition, Conn, RawStream};
-use latchkey::protocol::{Request, Response};
+use latchkey_client::protocol::{Request, Response};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -17,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use latchkey::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
+use latchkey_client::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
 
 /// A running proxy; stops accepting when dropped.
 pub struct Proxy {

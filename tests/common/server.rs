@@ -1,8 +1,8 @@
 //! Starting a real server for a test (in-process or as the binary) and talking raw frames to it.
 
 use latchkey::config::Config;
-use latchkey::protocol::{parse_response, Request, Response};
 use latchkey::server::ServerHandle;
+use latchkey_client::protocol::{parse_response, Request, Response};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

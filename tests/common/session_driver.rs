@@ -21,8 +21,8 @@
 use latchkey::partition::{Answer, SessionId};
 
 use latchkey::lock_table::{LockTable, TableConfig};
-use latchkey::protocol::{parse_request, ErrorCode, Request, Response};
 use latchkey::tokens::TokenRange;
+use latchkey_client::protocol::{parse_request, ErrorCode, Request, Response};
 use std::collections::HashMap;
 
 /// Sessions a script drives at once.

@@ -6,9 +6,9 @@ use crate::subject::{Limits, Shown, Subject};
 use latchkey::lock_table::model::{Expect, Model};
 use latchkey::lock_table::TableConfig;
 use latchkey::partition::{Answer, Op as TableOp, SessionId};
-use latchkey::protocol::Response;
 use latchkey::rng::Rng;
 use latchkey::tokens::TokenRange;
+use latchkey_client::protocol::Response;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 

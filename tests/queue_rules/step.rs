@@ -1,7 +1,7 @@
 //! The steps of a run, and answers in the form they are compared in.
 
 use latchkey::partition::SessionId;
-use latchkey::protocol::Response;
+use latchkey_client::protocol::Response;
 
 /// One step.
 #[derive(Clone, Copy, Debug)]

@@ -15,8 +15,8 @@ use latchkey::cluster::member::{Envelope, Member};
 use latchkey::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use latchkey::lock_table::{LockTable, TableConfig};
 use latchkey::partition::{Answer, Op, Partition, SessionId};
-use latchkey::protocol::Response;
 use latchkey::tokens::TokenRange;
+use latchkey_client::protocol::Response;
 use raft::eraftpb::Message;
 use std::collections::HashMap;
 

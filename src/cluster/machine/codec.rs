@@ -25,7 +25,7 @@
 //! Deliberately not here: what a command *does* ([`super::ShardMachine`]) and whether a
 //! snapshot's holds are consistent with its shard (checked by [`super::ShardMachine::restore`]).
 
-use crate::protocol::KEY_BYTES_MAX;
+use latchkey_client::protocol::KEY_BYTES_MAX;
 use std::fmt;
 
 /// The first byte of every [`Command`] this build encodes (it decodes
@@ -151,7 +151,7 @@ pub struct SnapshotHold {
     pub remaining_ms: u64,
 }
 
-/// A shard's state as bytes: see [`super::ShardMachine::snapshot`].
+/// A shard's state as bytes: see `ShardMachine::snapshot`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotImage {
     /// The shard index.
@@ -257,6 +257,7 @@ impl Command {
     }
 
     /// The key the command names, if it names one.
+    #[cfg(any(test, feature = "testing"))]
     pub fn key(&self) -> Option<&[u8]> {
         match self {
             Self::Acquire { key, .. }

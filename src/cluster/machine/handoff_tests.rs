@@ -1,6 +1,7 @@
 //! Unit tests of handoffs (a release or expiry that grants its key to a waiter in the same
 //! entry) and of the command versions: what version 1 wrote still decodes and means the same.
 
+use super::codec::COMMAND_VERSION;
 use super::*;
 
 /// A floor that is a multiple of every shard count used here.

@@ -506,7 +506,7 @@ fn every_command_round_trips_and_bad_bytes_are_errors() {
         Command::Checkpoint {
             as_of: 9,
             holds: vec![CheckpointHold {
-                key: vec![0xff; crate::protocol::KEY_BYTES_MAX],
+                key: vec![0xff; latchkey_client::protocol::KEY_BYTES_MAX],
                 token: 1,
                 remaining_ms: 2,
             }],

@@ -32,7 +32,7 @@ use crate::cluster::shard::{Held, Role};
 use crate::cluster::writer::LogWriter;
 use crate::partition::BusyReason;
 use crate::partition::NOBODY;
-use crate::protocol::Response;
+use latchkey_client::protocol::Response;
 use std::time::SystemTime;
 
 impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
@@ -249,6 +249,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     }
 
     /// The core's log writer, e.g. for a simulation to complete its rounds.
+    #[cfg(any(test, feature = "testing"))]
     pub fn writer_mut(&mut self) -> &mut D {
         self.member.writer_mut()
     }

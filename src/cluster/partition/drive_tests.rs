@@ -10,7 +10,7 @@ use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use crate::cluster::Recovered;
 use crate::partition::{Op, Partition};
-use crate::protocol::Response;
+use latchkey_client::protocol::Response;
 use raft::eraftpb::{Entry, HardState, Message};
 
 /// No other member: a one-member cluster is its own majority.

@@ -9,7 +9,7 @@ use crate::cluster::mem_durable::MemDurable;
 use crate::cluster::mem_writer::MemWriter;
 use crate::cluster::member::{Envelope, Member};
 use crate::partition::{Answer, BusyReason, Op, Partition, QueueCounts, SessionId};
-use crate::protocol::Response;
+use latchkey_client::protocol::Response;
 use raft::eraftpb::Message;
 use std::collections::HashMap;
 use std::sync::Arc;

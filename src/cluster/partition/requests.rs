@@ -14,7 +14,7 @@
 //! * `max_keys`: an acquire of a free key (no hold, no queue) while the shard's holds and
 //!   grants in flight number `max_keys / shards` gets `B` (each shard is a partition of the key
 //!   space, as each core is on a single node). Members' configs may differ, so the machine's
-//!   own cap, applied on every member, is a constant ([`crate::cluster::machine::HOLDS_MAX`]).
+//!   own cap, applied on every member, is a constant ([`crate::config::HOLDS_MAX`]).
 //! * `max_waiters_per_key`: an acquire with wait > 0 on a key whose queue is full gets `B`. A
 //!   queue head with its grant in the log is not counted: on a single node it would hold the
 //!   key already (granted in the step that freed it, or at once on a free key).
@@ -30,7 +30,7 @@ use crate::cluster::writer::LogWriter;
 use crate::partition::GrantRef;
 use crate::partition::NOBODY;
 use crate::partition::{BusyReason, SessionId};
-use crate::protocol::Response;
+use latchkey_client::protocol::Response;
 
 /// Up to this many queued waiters, debug builds check every place before each acquire.
 const PLACES_CHECKED_WAITERS_MAX: usize = 4096;
@@ -170,7 +170,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
 
     /// Cancel: every queued, unproposed acquire of `owner` from `session` on `key` leaves
     /// with `T`. A proposed one is decided by its entry (the client's Cancel then waits for
-    /// that single answer, as PROTOCOL.md §4.4 says).
+    /// that single answer, as docs/protocol.md §4.4 says).
     pub(super) fn cancel(&mut self, shard: u32, session: SessionId, key: &[u8], owner: u64) {
         self.stats.cancels += 1;
         let local = self.local(shard);

@@ -1,4 +1,4 @@
-//! The capacity rules of PROTOCOL.md §3 in one partition: `max_keys`, the per-session pending
+//! The capacity rules of docs/protocol.md §3 in one partition: `max_keys`, the per-session pending
 //! limit (also shared across partitions), shutdown, and tokens that run out of reservation.
 
 use super::*;

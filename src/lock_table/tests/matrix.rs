@@ -1,4 +1,4 @@
-//! Every cell of the PROTOCOL.md §3 request × key-state matrix: one test per row, each run
+//! Every cell of the docs/protocol.md §3 request × key-state matrix: one test per row, each run
 //! over the four key states F, H0, Hq and Hf.
 
 use super::*;

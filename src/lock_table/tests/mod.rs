@@ -1,4 +1,4 @@
-//! Lock-table tests on virtual time: every cell of the PROTOCOL.md §3 matrix and every event,
+//! Lock-table tests on virtual time: every cell of the docs/protocol.md §3 matrix and every event,
 //! then random operation sequences checked step by step against a small reference model and an
 //! observer that only sees the answers.
 //!

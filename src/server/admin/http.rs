@@ -202,16 +202,24 @@ fn percent_decode(text: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// A whole HTTP/1.1 answer that closes the connection.
-pub fn response(status: u16, content_type: &str, body: &[u8]) -> Vec<u8> {
-    let reason = match status {
+/// The standard reason phrase (RFC 9110 §15) of every status the admin answers send; empty
+/// (which HTTP/1.1 allows) for any other, rather than a wrong one.
+fn reason_phrase(status: u16) -> &'static str {
+    match status {
         200 => "OK",
         400 => "Bad Request",
+        403 => "Forbidden",
         404 => "Not Found",
         408 => "Request Timeout",
         431 => "Request Header Fields Too Large",
-        _ => "Service Unavailable",
-    };
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}
+
+/// A whole HTTP/1.1 answer that closes the connection.
+pub fn response(status: u16, content_type: &str, body: &[u8]) -> Vec<u8> {
+    let reason = reason_phrase(status);
     let head = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n\
          Content-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
@@ -232,6 +240,43 @@ pub fn refusal_response(refusal: Refusal) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every status an admin answer can carry goes out with its standard phrase: the refusals
+    /// here, the health page's 200 and 503, and the pages' 200.
+    #[test]
+    fn every_status_sent_has_its_standard_reason_phrase() {
+        let refusals = [
+            Refusal::TOO_LARGE,
+            Refusal::TIMEOUT,
+            Refusal::FORBIDDEN,
+            Refusal::UNAVAILABLE,
+            complete(b"GET /\r\n\r\n").unwrap_err(),
+            complete(b"GET /nothing HTTP/1.1\r\n\r\n").unwrap_err(),
+            complete(b"GET /keys?limit=0 HTTP/1.1\r\n\r\n").unwrap_err(),
+        ];
+        let mut sent: Vec<u16> = refusals.iter().map(|refusal| refusal.status).collect();
+        sent.extend([200, 503]);
+        let standard = [
+            (200, "OK"),
+            (400, "Bad Request"),
+            (403, "Forbidden"),
+            (404, "Not Found"),
+            (408, "Request Timeout"),
+            (431, "Request Header Fields Too Large"),
+            (503, "Service Unavailable"),
+        ];
+        for status in sent {
+            let (_, phrase) = standard
+                .iter()
+                .find(|(code, _)| *code == status)
+                .unwrap_or_else(|| panic!("status {status} is sent but has no phrase here"));
+            let answer = String::from_utf8(response(status, "text/plain", b"")).unwrap();
+            let line = answer.lines().next().unwrap();
+            assert_eq!(line, format!("HTTP/1.1 {status} {phrase}"));
+        }
+        let answer = String::from_utf8(response(418, "text/plain", b"")).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 418 \r\n"), "{answer}");
+    }
 
     fn complete(bytes: &[u8]) -> Result<Route, Refusal> {
         match parse_head(bytes) {

@@ -4,7 +4,7 @@
 //! a cluster member's gathers every core's figures like `/stats`, and is `503` without a
 //! quorum or with a shard that has no leader ([`health`]).
 //!
-//! A session whose first four bytes are `GET ` (no op is `G`, PROTOCOL.md §5) is one HTTP/1.1
+//! A session whose first four bytes are `GET ` (no op is `G`, docs/protocol.md §5) is one HTTP/1.1
 //! request: its head is read (at most [`http::HEAD_BYTES_MAX`], within [`READ_DEADLINE_US`]),
 //! answered, and the session closed like any other (its answer written first). It counts
 //! against `max_connections`; a core serves at most [`ADMIN_JOBS_MAX`] at once and answers

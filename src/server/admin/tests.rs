@@ -1,8 +1,8 @@
 //! Admin requests in the deterministic harness: gathering over cores, bounded scans, and the
 //! deadline when a core does not answer.
 
-use crate::protocol::{Request, Response};
 use crate::server::harness::{Client, Harness, Limits};
+use latchkey_client::protocol::{Request, Response};
 
 const OPEN: usize = 1 << 24;
 

@@ -1,0 +1,303 @@
+//! One request's way to an answer: handing it to sessions of the right member, again while it
+//! is definitely unsent, and following cluster redirects (`M`, docs/protocol.md §5).
+//!
+//! The rules (the module docs of [`super`] hold for every attempt):
+//!
+//! * An attempt goes to the member [`Members::route`] names for the request's key.
+//! * A session that gives the request back unsent (it failed before sending it, its handshake
+//!   ping went unanswered, or it is stalled: answers overdue) is avoided next; with several
+//!   members the next attempt goes to the next member in turn, and the failed member stops
+//!   being the key's route. Attempts are spaced by [`Backoff`] (at most [`BACKOFF_MAX`]).
+//! * An `M` naming a leader: the leader is remembered and the same request (same owner, token
+//!   or nonce, same deadline) goes to it at once. An `M` without a leader (an election, or no
+//!   quorum): back off, then the next member in turn.
+//! * The request ends *unsent* when its deadline passes while it is definitely unsent, or
+//!   after [`REDIRECTS_MAX`] `M`s. It counts as *serving* (an acquire then ends
+//!   [`Timeout`](super::AcquireError::Timeout), like a wait that ran out) only when the
+//!   deadline passed while it waited, unsent, on an established session. Otherwise nothing
+//!   served it: it met only `M`s, failed sessions or silence, and it ends
+//!   [`Unavailable`](super::AcquireError::Unavailable) (any other call
+//!   [`Unavailable`](super::RequestError::Unavailable) either way), with an
+//!   [`UnavailableReport`] of what each member did, kept for
+//!   [`Client::last_unavailable`](super::Client::last_unavailable). An `M` naming a leader
+//!   that then cannot be reached is such a case: nothing was executed anywhere.
+//! * An `M` is a definite answer that nothing executed; a request that may have been sent and
+//!   got no definite answer is never sent again: it ends
+//!   [`Indeterminate`](super::Exchange::Indeterminate) at once.
+//!
+//! Cost on a single node: the report is built only once an attempt fails; a call answered at
+//! its first attempt allocates nothing here.
+//!
+//! Deliberately not here: what the answer means to the caller (see [`super::Client`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::RecvTimeoutError;
+
+use super::call::{Call, Op, Outcome};
+use super::members::Members;
+use super::report::{MemberState, UnavailableReport};
+use super::session::Session;
+use super::{Client, Exchange, BACKOFF_MAX, MEMBERS_MAX};
+use crate::protocol::Response;
+
+/// The most `M` answers one call follows before it gives up (a redirect loop ends).
+pub const REDIRECTS_MAX: u32 = 64;
+
+/// The state of one request across its attempts.
+struct Attempts {
+    backoff: Backoff,
+    /// The session that last gave the request back unsent.
+    avoid: Option<u64>,
+    /// `M` answers followed so far (at most [`REDIRECTS_MAX`]).
+    redirects: u32,
+    /// Whether the request names a key.
+    keyed: bool,
+    /// What each member did, once an attempt did not end the call.
+    report: Option<UnavailableReport>,
+}
+
+/// What to do after one attempt.
+enum Next {
+    /// The request ended.
+    Done(Exchange),
+    /// Try again at this member.
+    Retry(SocketAddr),
+}
+
+impl Client {
+    /// Hands `op` to sessions until one answers (other than `M`) or may have sent it, or the
+    /// deadline passes while it is definitely unsent (see the module docs).
+    pub(crate) fn exchange(&self, op: Op, deadline: Instant) -> Exchange {
+        let members = &self.shared.members;
+        let key = op.key().cloned();
+        let mut attempts = Attempts {
+            backoff: Backoff::default(),
+            avoid: None,
+            redirects: 0,
+            keyed: key.is_some(),
+            report: None,
+        };
+        let mut addr = members.route(key.as_deref());
+        // Bounded: every pass either ends, sleeps a backoff, or counts a redirect.
+        loop {
+            if Instant::now() >= deadline {
+                return attempts.unavailable(members);
+            }
+            let pool = match members.pool(addr) {
+                Ok(Some(pool)) => pool,
+                Ok(None) => {
+                    let cause = format!("more than {MEMBERS_MAX} members: no session to it");
+                    attempts.note(members, addr, MemberState::Unreachable { cause });
+                    attempts.backoff.sleep(deadline);
+                    addr = members.next_member_except(Some(addr));
+                    continue;
+                }
+                Err(error) => {
+                    log::warn!("cannot start a session pool for {addr}: {error}");
+                    let cause = error.to_string();
+                    attempts.note(members, addr, MemberState::Unreachable { cause });
+                    attempts.backoff.sleep(deadline);
+                    addr = members.next_member_except(Some(addr));
+                    continue;
+                }
+            };
+            let session = match pool.pick(attempts.avoid) {
+                Ok(session) => session,
+                Err(error) => {
+                    log::warn!("cannot start a session: {error}");
+                    let cause = error.to_string();
+                    attempts.note(members, addr, MemberState::Unreachable { cause });
+                    attempts.backoff.sleep(deadline);
+                    continue;
+                }
+            };
+            let outcome = self.attempt(&session, &op, deadline);
+            match attempts.next(outcome, &session, addr, members, key.as_ref(), deadline) {
+                Next::Done(exchange) => return exchange,
+                Next::Retry(next) => addr = next,
+            }
+        }
+    }
+
+    /// Submits the call to `session` and waits for its outcome; `None` when the session
+    /// would not take it (so it was not sent).
+    fn attempt(
+        &self,
+        session: &Session,
+        op: &Op,
+        deadline: Instant,
+    ) -> Option<Result<Outcome, RecvTimeoutError>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let call = Call {
+            op: op.clone(),
+            deadline,
+            reply: Some(tx),
+            attempts: 0,
+        };
+        session.submit(call).ok()?;
+        // Never reached by a working session thread, which answers by the deadline plus the
+        // transport allowance; it only bounds the wait if that thread died.
+        let backstop = deadline + 2 * self.config().transport_timeout;
+        Some(rx.recv_deadline(backstop))
+    }
+}
+
+impl Attempts {
+    /// What one attempt at `addr` on `session` means for the request.
+    fn next(
+        &mut self,
+        outcome: Option<Result<Outcome, RecvTimeoutError>>,
+        session: &Session,
+        addr: SocketAddr,
+        members: &Members,
+        key: Option<&Arc<str>>,
+        deadline: Instant,
+    ) -> Next {
+        let outcome = match outcome {
+            None => Outcome::NotSent,
+            Some(Ok(outcome)) => outcome,
+            Some(Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected)) => {
+                log::error!("session {} gave no outcome", session.id());
+                return Next::Done(Exchange::Indeterminate);
+            }
+        };
+        match outcome {
+            Outcome::Answer {
+                response: Response::Moved { leader, .. },
+                ..
+            } => self.redirected(leader.addr(), addr, members, key, deadline),
+            Outcome::Answer {
+                response,
+                sent_at,
+                read_at,
+            } => Next::Done(Exchange::Answer {
+                response,
+                sent_at,
+                read_at,
+            }),
+            // It waited, unsent, on a session that was up: as when a wait runs out.
+            Outcome::Expired { established: true } => {
+                Next::Done(Exchange::Unsent { serving: true })
+            }
+            Outcome::Expired { established: false } => {
+                self.note(members, addr, MemberState::Connecting);
+                Next::Done(self.unavailable(members))
+            }
+            // Retrying would meet the same refusal (TLS, not a latchkey server): unavailable now.
+            Outcome::Unreachable => {
+                let state = Self::failed_state(session, addr, members);
+                self.note(members, addr, state);
+                Next::Done(self.unavailable(members))
+            }
+            Outcome::NotSent => {
+                let state = Self::failed_state(session, addr, members);
+                self.note(members, addr, state);
+                self.avoid = Some(session.id());
+                members.forget(key.map(|key| &**key), addr);
+                self.backoff.sleep(deadline);
+                Next::Retry(members.next_member_except(Some(addr)))
+            }
+            Outcome::Indeterminate => {
+                // Never resent; but the key's next request tries elsewhere first.
+                members.forget(key.map(|key| &**key), addr);
+                Next::Done(Exchange::Indeterminate)
+            }
+        }
+    }
+
+    /// Why `session` to `addr` gave a request back unsent: its failure, or its silence.
+    fn failed_state(session: &Session, addr: SocketAddr, members: &Members) -> MemberState {
+        if !session.is_failed() {
+            if session.is_stalled() {
+                return MemberState::Silent;
+            }
+            let cause = "its session took no more calls".to_string();
+            return MemberState::Unreachable { cause };
+        }
+        let cause = members.failure_of(addr).map_or_else(
+            || "its session ended".to_string(),
+            |f| f.cause().to_string(),
+        );
+        MemberState::Unreachable { cause }
+    }
+
+    /// `addr` answered `M` naming `leader` (or none): where the request goes next.
+    fn redirected(
+        &mut self,
+        leader: Option<SocketAddr>,
+        addr: SocketAddr,
+        members: &Members,
+        key: Option<&Arc<str>>,
+        deadline: Instant,
+    ) -> Next {
+        self.redirects += 1;
+        let named = leader.filter(|&leader| leader != addr);
+        let state = match named {
+            Some(leader) => MemberState::Redirected { leader },
+            None => MemberState::NoLeader,
+        };
+        self.note(members, addr, state);
+        if self.redirects > REDIRECTS_MAX {
+            log::warn!("{REDIRECTS_MAX} redirects followed without an answer: giving up");
+            if let Some(report) = self.report.as_mut() {
+                report.redirects_exhausted();
+            }
+            return Next::Done(self.unavailable(members));
+        }
+        self.avoid = None;
+        match named {
+            Some(leader) => {
+                members.learn(key, leader);
+                Next::Retry(leader)
+            }
+            // No leader known, or this member names itself: wait for the election.
+            None => {
+                members.forget(key.map(|key| &**key), addr);
+                self.backoff.next = self.backoff.next.max(BACKOFF_MIN);
+                self.backoff.sleep(deadline);
+                Next::Retry(members.next_member_except(Some(addr)))
+            }
+        }
+    }
+
+    /// Records what `addr` did (the report is started on first use).
+    fn note(&mut self, members: &Members, addr: SocketAddr, state: MemberState) {
+        let keyed = self.keyed;
+        self.report
+            .get_or_insert_with(|| UnavailableReport::new(keyed, members.listed()))
+            .record(addr, state);
+    }
+
+    /// The request ends unsent with nothing serving it: its report is kept for the caller.
+    fn unavailable(&mut self, members: &Members) -> Exchange {
+        let keyed = self.keyed;
+        let report = self
+            .report
+            .take()
+            .unwrap_or_else(|| UnavailableReport::new(keyed, members.listed()));
+        members.note_unavailable(report);
+        Exchange::Unsent { serving: false }
+    }
+}
+
+/// The first pause after an `M` without a leader (an election takes some time).
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+
+/// Pauses between attempts of an unsent request: none before the first retry (another
+/// session may be up), then 10 ms doubling up to [`BACKOFF_MAX`], never past the deadline.
+#[derive(Default)]
+pub(super) struct Backoff {
+    pub(super) next: Duration,
+}
+
+impl Backoff {
+    pub(super) fn sleep(&mut self, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        thread::sleep(self.next.min(left));
+        self.next = (self.next * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
+    }
+}

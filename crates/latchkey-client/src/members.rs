@@ -1,0 +1,314 @@
+//! The members a client talks to: one session [`Pool`] per member address, and the leader
+//! cache that cluster redirects (`M`, docs/protocol.md §5) fill.
+//!
+//! A keyed call goes to the cached leader of its key, else to the last leader any `M` named,
+//! else to the configured members in turn. The configured addresses get their pools when the
+//! client is built (the first one connects at once, the others on first use); a leader an `M`
+//! names that is not among them gets a pool on first use too, over the same TLS connector.
+//!
+//! Bounds: at most [`MEMBERS_MAX`] addresses (configured and learned); at most
+//! [`LEADER_CACHE_MAX`] cached keys — when full, a new key clears the whole cache (a stale or
+//! missing entry costs one redirect, never correctness: an `M` executed nothing).
+//!
+//! Single node: with one configured address and no `M` ever received, routing is one relaxed
+//! atomic load and the first pool; the cache is never touched.
+//!
+//! Invariants: a pool's address appears once; the cache names only addresses some `M` named.
+//! Deliberately not here: what a call does with an `M` (see `exchange.rs`).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::call::Call;
+use super::error::SessionFailure;
+use super::pool::Pool;
+use super::report::UnavailableReport;
+use super::session::{FailureLog, SessionConfig};
+
+/// The most member addresses a client keeps sessions to, configured and learned from `M`.
+pub const MEMBERS_MAX: usize = 16;
+/// The most keys whose leader a client remembers; a new key past it clears the cache.
+pub const LEADER_CACHE_MAX: usize = 65_536;
+
+/// Where a keyed request goes, and the pools that reach each member.
+pub(crate) struct Members {
+    /// The configured addresses, in order, without duplicates (at least one).
+    configured: Vec<SocketAddr>,
+    /// The pool of `configured[0]`, outside the lock for the single-node path.
+    first: Arc<Pool>,
+    /// Every member's pool, configured first; at most [`MEMBERS_MAX`].
+    pools: RwLock<Vec<(SocketAddr, Arc<Pool>)>>,
+    /// Whether routing needs the cache: more than one configured member, or an `M` was seen.
+    routed: AtomicBool,
+    leaders: Mutex<Leaders>,
+    next_member: AtomicUsize,
+    sessions: usize,
+    session_config: SessionConfig,
+    session_ids: Arc<AtomicU64>,
+    failures: FailureLog,
+    /// What the members did for the latest call that ended unavailable.
+    unavailable: Mutex<Option<UnavailableReport>>,
+}
+
+/// The leader cache.
+#[derive(Default)]
+struct Leaders {
+    /// Key → the leader the latest `M` for it named; at most [`LEADER_CACHE_MAX`] entries.
+    by_key: HashMap<Arc<str>, SocketAddr>,
+    /// The leader the latest `M` named, for keys not in `by_key`.
+    last: Option<SocketAddr>,
+}
+
+impl Members {
+    /// Pools for `addrs` (deduplicated; 1..=[`MEMBERS_MAX`] of them), `sessions` each; the
+    /// first address's sessions start connecting now.
+    pub(crate) fn start(
+        addrs: &[SocketAddr],
+        sessions: usize,
+        session_config: SessionConfig,
+    ) -> io::Result<Members> {
+        let mut configured: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            if !configured.contains(addr) {
+                configured.push(*addr);
+            }
+        }
+        if configured.len() > MEMBERS_MAX {
+            let message = format!("a client takes at most {MEMBERS_MAX} server addresses");
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+        }
+        let Some(&first_addr) = configured.first() else {
+            let message = "a client needs at least one address and one session";
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+        };
+        let session_ids = Arc::new(AtomicU64::new(1));
+        let failures = FailureLog::default();
+        let new_pool = |addr, eager| {
+            let (ids, failures) = (Arc::clone(&session_ids), Arc::clone(&failures));
+            Pool::start(addr, sessions, session_config.clone(), ids, failures, eager)
+        };
+        let first = new_pool(first_addr, true)?;
+        let mut pools = vec![(first_addr, Arc::clone(&first))];
+        for &addr in &configured[1..] {
+            pools.push((addr, new_pool(addr, false)?));
+        }
+        Ok(Members {
+            routed: AtomicBool::new(configured.len() > 1),
+            configured,
+            first,
+            pools: RwLock::new(pools),
+            leaders: Mutex::new(Leaders::default()),
+            next_member: AtomicUsize::new(0),
+            sessions,
+            session_config,
+            session_ids,
+            failures,
+            unavailable: Mutex::new(None),
+        })
+    }
+
+    /// Whether this client has one member and never saw an `M`: routing skips the cache.
+    pub(crate) fn single(&self) -> bool {
+        !self.routed.load(Ordering::Relaxed)
+    }
+
+    /// Where a request on `key` goes first: its cached leader, else the last leader seen,
+    /// else the next configured member in turn.
+    pub(crate) fn route(&self, key: Option<&str>) -> SocketAddr {
+        if self.single() {
+            return self.configured[0];
+        }
+        {
+            let leaders = self.leaders.lock();
+            let cached = key.and_then(|key| leaders.by_key.get(key).copied());
+            if let Some(addr) = cached.or(leaders.last) {
+                return addr;
+            }
+        }
+        self.next_member_except(None)
+    }
+
+    /// The next configured member in turn, other than `except` when another exists.
+    pub(crate) fn next_member_except(&self, except: Option<SocketAddr>) -> SocketAddr {
+        let count = self.configured.len();
+        let mut addr = self.configured[0];
+        for _ in 0..count {
+            addr = self.configured[self.next_member.fetch_add(1, Ordering::Relaxed) % count];
+            if Some(addr) != except {
+                break;
+            }
+        }
+        addr
+    }
+
+    /// The pool of `addr`, starting one (lazily connecting) for a learned member; `None` when
+    /// [`MEMBERS_MAX`] members already have pools.
+    pub(crate) fn pool(&self, addr: SocketAddr) -> io::Result<Option<Arc<Pool>>> {
+        if addr == self.configured[0] {
+            return Ok(Some(Arc::clone(&self.first)));
+        }
+        if let Some((_, pool)) = self.pools.read().iter().find(|(a, _)| *a == addr) {
+            return Ok(Some(Arc::clone(pool)));
+        }
+        let mut pools = self.pools.write();
+        if let Some((_, pool)) = pools.iter().find(|(a, _)| *a == addr) {
+            return Ok(Some(Arc::clone(pool)));
+        }
+        if pools.len() >= MEMBERS_MAX {
+            log::warn!("{addr} named as a leader, but {MEMBERS_MAX} members are known already");
+            return Ok(None);
+        }
+        let (ids, failures) = (Arc::clone(&self.session_ids), Arc::clone(&self.failures));
+        let config = self.session_config.clone();
+        let pool = Pool::start(addr, self.sessions, config, ids, failures, false)?;
+        pools.push((addr, Arc::clone(&pool)));
+        Ok(Some(pool))
+    }
+
+    /// An `M` named `leader` for `key`: remember it for the key and as the last leader.
+    pub(crate) fn learn(&self, key: Option<&Arc<str>>, leader: SocketAddr) {
+        self.routed.store(true, Ordering::Relaxed);
+        let mut leaders = self.leaders.lock();
+        leaders.last = Some(leader);
+        let Some(key) = key else { return };
+        if leaders.by_key.len() >= LEADER_CACHE_MAX && !leaders.by_key.contains_key(&**key) {
+            log::debug!("leader cache full ({LEADER_CACHE_MAX} keys): cleared");
+            leaders.by_key.clear();
+        }
+        leaders.by_key.insert(Arc::clone(key), leader);
+        debug_assert!(leaders.by_key.len() <= LEADER_CACHE_MAX);
+    }
+
+    /// A session to `addr` failed before sending a request on `key`: stop sending that key,
+    /// and keys without their own entry, there first.
+    pub(crate) fn forget(&self, key: Option<&str>, addr: SocketAddr) {
+        if self.single() {
+            return;
+        }
+        let mut leaders = self.leaders.lock();
+        if let Some(key) = key {
+            if leaders.by_key.get(key) == Some(&addr) {
+                leaders.by_key.remove(key);
+            }
+        }
+        if leaders.last == Some(addr) {
+            leaders.last = None;
+        }
+    }
+
+    /// Hands a fire-and-forget call (a background release) to its key's route.
+    pub(crate) fn submit_background(&self, call: Call) {
+        let addr = self.route(call.op.key().map(|key| &**key));
+        match self.pool(addr) {
+            Ok(Some(pool)) => pool.submit_background(call),
+            _ => self.first.submit_background(call),
+        }
+    }
+
+    /// Why the latest session that failed did, if one did.
+    pub(crate) fn last_failure(&self) -> Option<SessionFailure> {
+        self.failures.lock().latest().cloned()
+    }
+
+    /// Why the latest session to `addr` that failed did, if one did.
+    pub(crate) fn failure_of(&self, addr: SocketAddr) -> Option<SessionFailure> {
+        self.failures.lock().of(addr).cloned()
+    }
+
+    /// The number of configured (distinct) addresses.
+    pub(crate) fn listed(&self) -> usize {
+        self.configured.len()
+    }
+
+    /// Keeps `report` as the latest call's that ended unavailable.
+    pub(crate) fn note_unavailable(&self, report: UnavailableReport) {
+        *self.unavailable.lock() = Some(report);
+    }
+
+    /// The report of the latest call that ended unavailable.
+    pub(crate) fn last_unavailable(&self) -> Option<UnavailableReport> {
+        self.unavailable.lock().clone()
+    }
+
+    /// The number of cached keys (for tests).
+    #[cfg(test)]
+    pub(crate) fn cached_keys(&self) -> usize {
+        self.leaders.lock().by_key.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn members(addrs: &[SocketAddr]) -> Members {
+        let config = SessionConfig {
+            connect_timeout: Duration::from_millis(100),
+            transport_timeout: Duration::from_millis(100),
+            inbox_calls_max: 4,
+            tls: None,
+        };
+        Members::start(addrs, 1, config).expect("members")
+    }
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    #[test]
+    fn one_address_routes_there_until_an_m_arrives() {
+        let members = members(&[addr(1), addr(1)]);
+        assert!(members.single());
+        assert_eq!(members.route(Some("k")), addr(1));
+        members.learn(Some(&Arc::from("k")), addr(2));
+        assert!(!members.single());
+        assert_eq!(members.route(Some("k")), addr(2));
+        assert_eq!(
+            members.route(Some("other")),
+            addr(2),
+            "the last leader seen"
+        );
+        members.forget(Some("k"), addr(2));
+        assert_eq!(members.route(Some("k")), addr(1), "the members in turn");
+    }
+
+    #[test]
+    fn the_leader_cache_is_cleared_when_full() {
+        let members = members(&[addr(1), addr(2)]);
+        for n in 0..LEADER_CACHE_MAX {
+            members.learn(Some(&Arc::from(n.to_string())), addr(3));
+        }
+        assert_eq!(members.cached_keys(), LEADER_CACHE_MAX);
+        members.learn(Some(&Arc::from("0")), addr(4));
+        assert_eq!(
+            members.cached_keys(),
+            LEADER_CACHE_MAX,
+            "a known key replaces"
+        );
+        members.learn(Some(&Arc::from("new")), addr(4));
+        assert_eq!(members.cached_keys(), 1);
+    }
+
+    #[test]
+    fn at_most_members_max_pools() {
+        let members = members(&[addr(1)]);
+        for port in 2..=MEMBERS_MAX as u16 {
+            assert!(members.pool(addr(port)).unwrap().is_some());
+        }
+        assert!(members.pool(addr(100)).unwrap().is_none());
+        assert!(
+            members.pool(addr(2)).unwrap().is_some(),
+            "a known member keeps its pool"
+        );
+        let too_many: Vec<SocketAddr> = (1..=17).map(addr).collect();
+        let config = members.session_config.clone();
+        assert!(Members::start(&too_many, 1, config).is_err());
+    }
+}

@@ -1,0 +1,204 @@
+//! Whether a session may carry requests: the handshake ping that establishes it, and the
+//! silence that stops it taking calls (docs/protocol.md §4.3).
+//!
+//! **Handshake.** A TCP connect can succeed with nobody serving it: the kernel completes it
+//! from the listen backlog of a paused (SIGSTOP) or wedged process. So a session counts as
+//! established only after a round trip that carries no request: once TCP (and TLS) is up, the
+//! pipeline offers one `P` with a nonce of its own and encodes nothing else until that `P`
+//! comes back. The driver ends the session at its connect deadline if it does not; every call
+//! it held is then definitely unsent and goes to another session or member. The pong is never
+//! delivered to a caller, and any other answer to the ping ends the session (nothing was sent).
+//!
+//! **Silence.** An established session *stalls* when an answer is overdue: some request the
+//! server answers at once was handed to the socket at least `silence_limit` (the client's
+//! connect timeout) ago, and nothing at all was read since it was handed. "Answered at once"
+//! is every request but an acquire with a wait above zero, which may legitimately queue for
+//! up to 255 s: release, extend, query, ping, an acquire with wait 0, and the Cancel of an
+//! acquire at its deadline (its `T` comes at once). A stalled pipeline takes no new call and
+//! hands back every call still queued, unsent, so the client sends them elsewhere; what was
+//! already handed to the socket stays and follows its own deadline (§4.2–§4.4). The first
+//! byte read ends the stall. A stall never closes the session: a slow server that answers
+//! late is not a dead one, and closing would turn sent requests `Indeterminate` early.
+//!
+//! Deliberately not here: the connect deadline itself (the driver's), and choosing another
+//! session (the pool and the exchange).
+
+use std::time::Instant;
+
+use super::{reply, Call, CloseReason, ErrorCode, Handle, Op, Outcome, Pipeline, Stage};
+use crate::protocol::{Request, Response};
+
+/// Bytes of a `P` frame.
+pub(super) const PING_BYTES: usize = 10;
+
+/// How far a session's connection is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Link {
+    /// TCP (and TLS) are not up yet: nothing is written or read.
+    Connecting,
+    /// The handshake ping is offered or out (`written` of its bytes handed to the socket);
+    /// nothing else is encoded until its pong.
+    Handshake { nonce: u64, written: usize },
+    /// The pong came back: requests go out.
+    Established,
+}
+
+impl Pipeline {
+    /// TCP (and TLS) are up: the handshake ping with `nonce` (one the client uses for nothing
+    /// else) is the only frame offered until its pong is read.
+    pub(crate) fn start_handshake(&mut self, nonce: u64) {
+        debug_assert_eq!(self.link, Link::Connecting, "one handshake per session");
+        let mut frame = Vec::with_capacity(PING_BYTES);
+        Request::Ping { nonce }.encode(&mut frame);
+        self.hello.copy_from_slice(&frame);
+        self.link = Link::Handshake { nonce, written: 0 };
+        self.check_invariants();
+    }
+
+    /// Whether TCP (and TLS) are still coming up.
+    pub(crate) fn is_connecting(&self) -> bool {
+        self.link == Link::Connecting
+    }
+
+    /// Whether the handshake ping is out and its pong not read yet.
+    pub(crate) fn is_handshaking(&self) -> bool {
+        matches!(self.link, Link::Handshake { .. })
+    }
+
+    /// Whether the handshake pong was read: requests may go out.
+    pub(crate) fn is_established(&self) -> bool {
+        self.link == Link::Established
+    }
+
+    /// Whether answers are overdue and nothing was read since (see the module docs): the
+    /// session takes no new call until it reads again.
+    pub(crate) fn is_stalled(&self) -> bool {
+        self.stalled
+    }
+
+    /// Resolves the calls handed back unsent since the last time: their callers hear
+    /// `NotSent`; the fire-and-forget releases are returned, for another session. The driver
+    /// calls it after it published the stall, so that a caller who hears `NotSent` from a
+    /// stalled session sees it stalled.
+    pub(crate) fn resolve_returned(&mut self) -> Vec<Call> {
+        let mut background = Vec::new();
+        for call in self.returned.drain(..) {
+            match call.reply {
+                Some(tx) => {
+                    reply(Some(tx), Outcome::NotSent);
+                }
+                None if matches!(call.op, Op::Release { .. }) => background.push(call),
+                None => {}
+            }
+        }
+        background
+    }
+
+    /// The bytes of the handshake ping not handed to the socket yet.
+    pub(super) fn hello_offered(&self) -> &[u8] {
+        match self.link {
+            Link::Handshake { written, .. } => &self.hello[written..],
+            _ => &[],
+        }
+    }
+
+    /// The socket took `written` more bytes of the handshake ping; `false` when the link is
+    /// not in its handshake (the bytes are requests').
+    pub(super) fn hello_written(&mut self, written: usize) -> bool {
+        let Link::Handshake { written: done, .. } = &mut self.link else {
+            return false;
+        };
+        *done += written;
+        assert!(*done <= PING_BYTES, "socket took more bytes than offered");
+        true
+    }
+
+    /// An answer read while the handshake ping is out: its pong establishes the session;
+    /// anything else ends it with nothing sent.
+    pub(super) fn handle_handshake_answer(&mut self, response: Response) {
+        let Link::Handshake { nonce, written } = self.link else {
+            unreachable!("called only during the handshake")
+        };
+        match response {
+            Response::Pong { nonce: echoed } if echoed == nonce && written == PING_BYTES => {
+                self.link = Link::Established;
+            }
+            Response::Error {
+                code: ErrorCode::SessionRefused,
+                ..
+            } => self.close(CloseReason::Refused),
+            Response::Error { code, .. } if code.closes_session() => {
+                self.close(CloseReason::ServerError(code))
+            }
+            other => self.close(CloseReason::HandshakeAnswer(other.op())),
+        }
+    }
+
+    /// Bytes were read: nothing is overdue any more.
+    pub(super) fn note_read(&mut self) {
+        self.awaiting_since = None;
+        if self.stalled {
+            log::debug!("a stalled session read again: it takes calls again");
+            self.stalled = false;
+        }
+    }
+
+    /// The first byte of `op` was handed to the socket at `now`.
+    pub(super) fn note_handed(&mut self, handle: Handle, now: Instant) {
+        let answered_at_once = self.entry(handle).is_some_and(|entry| match entry.call.op {
+            Op::Acquire { wait_zero, .. } => wait_zero,
+            _ => true,
+        });
+        if answered_at_once && self.awaiting_since.is_none() {
+            self.awaiting_since = Some(now);
+        }
+    }
+
+    /// When the session stalls unless it reads before: `None` when nothing is overdue-able.
+    pub(super) fn stall_at(&self) -> Option<Instant> {
+        if self.stalled || !self.is_established() || self.close.is_some() {
+            return None;
+        }
+        self.awaiting_since.map(|since| since + self.silence_limit)
+    }
+
+    /// Stalls the session once an answer is overdue at `now` (never before the instant).
+    pub(super) fn handle_silence(&mut self, now: Instant) {
+        let Some(at) = self.stall_at() else {
+            return;
+        };
+        if now < at {
+            return;
+        }
+        log::debug!(
+            "no byte read for {:?} while answers are due: the session takes no new call",
+            self.silence_limit
+        );
+        self.stalled = true;
+        let queue = std::mem::take(&mut self.queue);
+        for handle in queue {
+            let queued = self.entry(handle).map(|entry| {
+                let cancel = matches!(entry.call.op, Op::Cancel { .. });
+                (entry.stage == Stage::Queued, cancel)
+            });
+            match queued {
+                Some((true, false)) => {
+                    let entry = self.take(handle);
+                    self.hand_back(entry.call);
+                }
+                // A Cancel belongs to an acquire already on this session: it must go here.
+                Some(_) => self.queue.push_back(handle),
+                None => {}
+            }
+        }
+    }
+
+    /// A call this session will not send: kept for
+    /// [`resolve_returned`](Self::resolve_returned).
+    pub(super) fn hand_back(&mut self, call: Call) {
+        self.returned.push(call);
+    }
+}
+
+#[cfg(test)]
+mod tests;

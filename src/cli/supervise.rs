@@ -1,0 +1,249 @@
+//! Running CMD under the lock for `latchkey lock`: waiting for it, extending the lease every
+//! lease/3 while it runs, forwarding signals to it, and signalling it when the lease is lost
+//! (SIGTERM, then SIGKILL after the grace).
+//!
+//! An extend the server refuses to this client's identity (`X` 8) is not retried: it is said
+//! once, and the lease counts as lost when the ticket's validity bound passes unconfirmed.
+//! An extend that fails for a transport reason (no session, no answer: e.g. a cluster's leader
+//! changing) is tried again — an extend of the same token is safe to repeat — every
+//! [`EXTEND_RETRY`] at most, and sooner as the validity bound nears (a quarter of what is left
+//! of it), until the bound passes: then the lease counts as lost.
+//!
+//! Invariant: CMD is reaped only by [`supervise`], after every thread that may signal it has
+//! stopped, so a signal never reaches a recycled pid. Deliberately not here: taking the lock
+//! and the exit codes of the other outcomes (see [`super`]).
+
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, ExitCode, ExitStatus};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use super::{shown_key, LockArgs, EXIT_INDETERMINATE, EXIT_LEASE_LOST, FORBIDDEN_TEXT};
+use latchkey_client::protocol::ErrorCode;
+use latchkey_client::{Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
+
+/// How soon a failed extend is tried again (never later than lease/3).
+const EXTEND_RETRY: Duration = Duration::from_millis(500);
+/// The shortest pause between two failed extends (a leader election takes some time).
+const EXTEND_RETRY_MIN: Duration = Duration::from_millis(20);
+
+/// What the supervisor hears about.
+enum Event {
+    /// CMD has exited (not reaped yet, so its pid cannot be reused meanwhile).
+    Exited,
+    /// The extender learned the lease is lost.
+    Lost(String),
+    /// `latchkey lock` received this signal; forward it.
+    Signal(i32),
+}
+
+/// Runs CMD to its end under the lock; returns the exit code.
+pub(super) fn supervise(mut child: Child, ticket: Ticket, args: &LockArgs) -> ExitCode {
+    let pid = child.id() as libc::pid_t;
+    let ticket = Arc::new(ticket);
+    let (events_tx, events) = crossbeam_channel::unbounded();
+    let (stop_tx, stop) = crossbeam_channel::bounded::<()>(0);
+    let waiter_tx = events_tx.clone();
+    thread::spawn(move || {
+        wait_for_exit(pid);
+        let _ = waiter_tx.send(Event::Exited);
+    });
+    let extender = {
+        let (ticket, lease, events_tx) = (Arc::clone(&ticket), args.lease, events_tx.clone());
+        thread::spawn(move || extend_until_stopped(&ticket, lease, &stop, &events_tx))
+    };
+    let signals = forward_signals(events_tx);
+    let lost = watch(&events, &ticket, pid, args.grace);
+    drop(stop_tx);
+    let _ = extender.join();
+    if let Some(handle) = signals {
+        handle.close();
+    }
+    let status = child.wait();
+    let ticket = Arc::into_inner(ticket).expect("the extender has ended");
+    if lost {
+        drop(ticket);
+        return ExitCode::from(EXIT_LEASE_LOST);
+    }
+    release(ticket);
+    match status {
+        Ok(status) => ExitCode::from(status_code(status)),
+        Err(error) => {
+            eprintln!("latchkey lock: waiting for the command: {error}");
+            ExitCode::from(EXIT_INDETERMINATE)
+        }
+    }
+}
+
+/// Waits for events until CMD exits; on a lost lease sends SIGTERM, then SIGKILL after
+/// `grace`. Returns whether the lease was lost.
+fn watch(events: &Receiver<Event>, ticket: &Ticket, pid: libc::pid_t, grace: Duration) -> bool {
+    let mut lost = false;
+    let mut kill_at: Option<Instant> = None;
+    loop {
+        let wake_at = kill_at.or((!lost).then(|| ticket.valid_until()));
+        let event = match wake_at {
+            Some(at) => events.recv_deadline(at),
+            None => events.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        let why = match event {
+            Ok(Event::Exited) | Err(RecvTimeoutError::Disconnected) => return lost,
+            Ok(Event::Signal(signal)) => {
+                send_signal(pid, signal);
+                continue;
+            }
+            Ok(Event::Lost(why)) => why,
+            Err(RecvTimeoutError::Timeout) if kill_at.is_some() => {
+                eprintln!("latchkey lock: the command outlived its grace: SIGKILL");
+                send_signal(pid, libc::SIGKILL);
+                kill_at = None;
+                continue;
+            }
+            Err(RecvTimeoutError::Timeout) if ticket.is_valid() => continue,
+            Err(RecvTimeoutError::Timeout) => "no extend was confirmed in time".to_owned(),
+        };
+        if !lost {
+            eprintln!("latchkey lock: lease lost ({why}): SIGTERM to the command");
+            send_signal(pid, libc::SIGTERM);
+            kill_at = Some(Instant::now() + grace);
+            lost = true;
+        }
+    }
+}
+
+/// Extends the lease every lease/3 (sooner after a failure) until stopped or lost.
+fn extend_until_stopped(
+    ticket: &Ticket,
+    lease: Duration,
+    stop: &Receiver<()>,
+    events: &Sender<Event>,
+) {
+    let period = (Duration::from_secs(lease.as_secs_f64().ceil() as u64) / 3)
+        .max(Duration::from_millis(100));
+    let mut next = Instant::now() + period;
+    loop {
+        if stop.recv_deadline(next) != Err(RecvTimeoutError::Timeout) {
+            return;
+        }
+        match ticket.extend(lease) {
+            Ok(ExtendOutcome::Extended) => next = Instant::now() + period,
+            Ok(ExtendOutcome::NotHeld) => {
+                let _ = events.send(Event::Lost(
+                    "the server no longer holds it for this token".into(),
+                ));
+                return;
+            }
+            Err(RequestError::Rejected(ErrorCode::Forbidden)) => {
+                let key = shown_key(ticket.key());
+                eprintln!(
+                    "latchkey lock: {key}: extend refused: {FORBIDDEN_TEXT}; the lease is not \
+                     extended any more"
+                );
+                return;
+            }
+            Err(error) => {
+                let now = Instant::now();
+                let left = ticket.valid_until().saturating_duration_since(now);
+                let why = failure(ticket.client(), &error);
+                if left.is_zero() {
+                    // The watcher reports the lease lost at the bound; nothing left to keep.
+                    eprintln!("latchkey lock: extend failed: {why}");
+                    return;
+                }
+                eprintln!("latchkey lock: extend failed: {why}; retrying");
+                let retry = period.min(EXTEND_RETRY).min(left / 4);
+                next = now + retry.max(EXTEND_RETRY_MIN);
+            }
+        }
+    }
+}
+
+/// Forwards SIGINT, SIGTERM and SIGHUP to the supervisor; `None` if they cannot be caught.
+fn forward_signals(events: Sender<Event>) -> Option<signal_hook::iterator::Handle> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+        Ok(signals) => signals,
+        Err(error) => {
+            eprintln!("latchkey lock: cannot forward signals: {error}");
+            return None;
+        }
+    };
+    let handle = signals.handle();
+    thread::spawn(move || {
+        for signal in signals.forever() {
+            if events.send(Event::Signal(signal)).is_err() {
+                return;
+            }
+        }
+    });
+    Some(handle)
+}
+
+/// Blocks until process `pid` has exited, without reaping it: until the supervisor reaps
+/// it, the pid stays reserved, so a signal can never reach an unrelated process.
+fn wait_for_exit(pid: libc::pid_t) {
+    loop {
+        // SAFETY: `siginfo_t` is plain data for which all-zero bytes are a valid value.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let options = libc::WEXITED | libc::WNOWAIT;
+        // SAFETY: `info` is a valid, writable `siginfo_t`; waitid does not retain it.
+        let result = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, options) };
+        if result == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return;
+        }
+    }
+}
+
+fn send_signal(pid: libc::pid_t, signal: i32) {
+    // SAFETY: kill has no memory effects; `pid` is our unreaped child (see wait_for_exit).
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+/// CMD's exit status as an exit code: its code, or 128 + the signal that killed it.
+fn status_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => 128u8.wrapping_add(signal as u8),
+        (None, None) => EXIT_INDETERMINATE,
+    }
+}
+
+/// Releases the lock after CMD; a failure only means the lease will recover it.
+pub(super) fn release(ticket: Ticket) {
+    let key = shown_key(ticket.key());
+    let client = ticket.client().clone();
+    match ticket.release() {
+        Ok(ReleaseOutcome::Released) => {}
+        Ok(ReleaseOutcome::NotHeld) => {
+            eprintln!("latchkey lock: the lock was no longer held when released")
+        }
+        Err(RequestError::Rejected(ErrorCode::Forbidden)) => {
+            eprintln!(
+                "latchkey lock: {key}: release refused: {FORBIDDEN_TEXT}; the lease recovers it"
+            )
+        }
+        Err(error) => {
+            let why = failure(&client, &error);
+            eprintln!("latchkey lock: release failed ({why}); the lease recovers it")
+        }
+    }
+}
+
+/// Why an extend or release got no answer, as true as the client knows it: when nothing was
+/// sent, what the cluster's members did (no leader, no quorum...) or why the server could not
+/// be reached.
+fn failure(client: &Client, error: &RequestError) -> String {
+    match error {
+        RequestError::Unavailable => {
+            let addr = client.config().addrs[0];
+            super::unavailable_text(client, addr, "no connection within --transport-timeout")
+        }
+        other => other.to_string(),
+    }
+}
