@@ -95,9 +95,11 @@ Signals:
 
 Exit codes:
   0   stopped after SIGTERM or SIGINT
-  70  could not start (address in use, cannot listen, tokens.state_dir unusable, a cluster
-      member's data_dir in use by another process or written for another node_id, cluster or
-      core count) or a core failed while serving
+  70  could not start (address in use, cannot listen, TLS files unreadable or invalid,
+      tokens.state_dir unusable; a cluster member's peer address that cannot be bound, its
+      data_dir in use by another process, written for another node_id, cluster or core count,
+      or holding a log that cannot be read) or a core failed while serving (a cluster member
+      stops itself when its log cannot be written or synced)
   78  the configuration was refused (the message names the key)";
 
 #[derive(clap::Args, Debug, Default)]

@@ -163,7 +163,7 @@ impl DataDir {
             let problem = format!(
                 "cluster.data_dir {dir} holds the data of the cluster `{}`, this config \
                  describes `{}` (members and their client addresses do not change online; see \
-                 the README for a safe procedure)",
+                 \"Changing the members safely\" in docs/cluster.md)",
                 record.identity, expected.identity.text
             );
             ("cluster.members", problem)

@@ -23,8 +23,8 @@
 //!
 //! Cluster mode also asks of the other sections ([`check_mode`]):
 //! * `[server] cores` (or `--cores`) must be an explicit count, not `0` (one per CPU): each core
-//!   keeps its own write-ahead log in `data_dir` (one `fdatasync` per core per loop iteration
-//!   groups the commits of that core's shards), and the `data_dir` records the count, so a count
+//!   keeps its own write-ahead log in `data_dir` (its log writer thread makes the writes of all
+//!   that core's shards durable together, one `fdatasync` per round), and the `data_dir` records the count, so a count
 //!   that followed the machine's CPUs would tie the data to the machine. A count above the
 //!   CPU count is allowed (a member moved to a smaller machine still starts).
 //! * `[limits] max_keys` is split over the shards (each shard's leader refuses a new key past
@@ -230,8 +230,8 @@ pub(super) fn check_cores(config: &Config) -> Result<(), ConfigError> {
         "server.cores",
         "a cluster member needs an explicit core count (1 to 1024, in [server] cores or \
          --cores; 0 or left out means one per CPU): each core keeps its own write-ahead log in \
-         cluster.data_dir, synced once per loop iteration, and the data_dir records the count, \
-         so a count that followed the machine's CPUs would tie the data to the machine"
+         cluster.data_dir, synced for all the core's shards at once, and the data_dir records \
+         the count, so a count that followed the machine's CPUs would tie the data to the machine"
             .into(),
     ))
 }
