@@ -16,6 +16,7 @@ impl LockTable {
     pub(super) fn debug_check_entry(&self, _entry: u32) {}
 
     /// Checks one entry and its queue; panics on a broken invariant.
+    #[cfg(any(debug_assertions, test, feature = "testing"))]
     pub(super) fn check_entry(&self, entry: u32) {
         let held = &self.entries[entry];
         assert!(
