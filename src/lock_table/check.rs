@@ -1,7 +1,10 @@
 //! The module docs' invariants, walked: the per-entry check runs after every mutation in debug
 //! builds, `LockTable::check_invariants` (the whole table) in tests.
 
-use super::{LockTable, NIL};
+use super::LockTable;
+#[cfg(any(debug_assertions, test, feature = "testing"))]
+use super::NIL;
+#[cfg(any(debug_assertions, test, feature = "testing"))]
 use std::hash::BuildHasher;
 
 impl LockTable {
