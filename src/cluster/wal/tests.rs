@@ -329,20 +329,7 @@ fn a_flipped_bit_in_the_last_record_cuts_it_off() {
 #[test]
 fn a_flipped_bit_in_an_older_segment_is_an_error_naming_the_file() {
     let dir = TempDir::new("flip-older");
-    let (mut wal, _) = Wal::open_with(&dir.0, options(4096)).expect("open");
-    let mut index = 1;
-    while wal.segments.len() < 3 {
-        wal.append(0, &entries(index..=index + 9, 1))
-            .expect("append");
-        wal.sync().expect("sync");
-        index += 10;
-    }
-    assert_eq!(
-        wal.stats().compactions,
-        0,
-        "all entries are live: no compaction"
-    );
-    drop(wal);
+    three_segments(&dir.0);
     let files = segment_files(&dir.0);
     let victim = &files[1];
     let mut bytes = fs::read(victim).expect("read");
@@ -441,7 +428,7 @@ fn a_crash_between_compaction_steps_loses_nothing() {
     }
 }
 
-/// Three segments of 4 KiB, all entries live; returns the next index.
+/// Writes three segments of 4 KiB, all entries live (no compaction); returns the next index.
 fn three_segments(dir: &Path) -> u64 {
     let (mut wal, _) = Wal::open_with(dir, options(4096)).expect("open");
     let mut index = 1;
@@ -505,15 +492,7 @@ fn last_record_start(records: &[u8]) -> usize {
 #[test]
 fn a_missing_segment_is_an_error() {
     let dir = TempDir::new("gap");
-    let (mut wal, _) = Wal::open_with(&dir.0, options(4096)).expect("open");
-    let mut index = 1;
-    while wal.segments.len() < 3 {
-        wal.append(0, &entries(index..=index + 9, 1))
-            .expect("append");
-        wal.sync().expect("sync");
-        index += 10;
-    }
-    drop(wal);
+    three_segments(&dir.0);
     let files = segment_files(&dir.0);
     fs::remove_file(&files[1]).expect("remove");
     let error = Wal::open_with(&dir.0, options(4096))
