@@ -40,8 +40,9 @@
 //! zeros after them end a segment's records on replay (`replay.rs`). A rotated segment is cut
 //! to its records' length; a file system without `fallocate` just grows the file.
 //!
-//! Not done here: direct I/O, and reading entries back for raft (raft reads its `MemStorage`). After a failed write or sync the log refuses everything (the state
-//! of the file is unknown; restart and recover).
+//! Not done here: direct I/O, and reading entries back for raft (raft reads its
+//! `MemStorage`). After a failed write or sync the log refuses everything (the state of the
+//! file is unknown; restart and recover).
 
 mod record;
 mod replay;

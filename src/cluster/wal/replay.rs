@@ -15,8 +15,8 @@
 //! a clean end at zeros, so that nothing a torn write left further on survives to be read as
 //! records once the log has written past it). In any older segment it is corruption and
 //! recovery fails, naming the file and the byte offset; committed data is never dropped
-//! silently. Leftover `*.tmp` files (a compaction that did not
-//! finish) are deleted. Other files are left alone.
+//! silently. Leftover `*.tmp` files (a compaction that did not finish) are deleted. Other files
+//! are left alone.
 
 use super::super::Recovered;
 use super::record::{self, Bad, Body, RECORD_BYTES_MAX};
