@@ -1,6 +1,7 @@
 //! A seeded model test: random writes, syncs and crashes (drop without sync, sometimes cutting
 //! the last file inside the last sync's bytes, or zeroing them from there as a write into the
-//! preallocated segment that did not all reach the disk) against a model of the synced log of each group.
+//! preallocated segment that did not all reach the disk) against a model of the synced log of
+//! each group.
 //!
 //! The model keeps each group's log in a `BTreeMap` by index, with raft's rules written
 //! independently of `state.rs`. Seeds are printed; `WAL_SEED=<n>` replays one.
