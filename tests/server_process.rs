@@ -418,17 +418,25 @@ fn a_failing_state_dir_is_retried_off_the_loop_and_acquires_get_busy_until_it_re
         "tokens were issued past the persisted mark: {granted} grants"
     );
     // The loop is not blocked by the retries: pings answer, and the failure is logged once
-    // (it used to be retried and logged on every loop iteration).
-    for nonce in 0..100 {
+    // (it used to be retried and logged on every loop iteration). The thread may still be in
+    // a persist that began before the directory went away (a slow sync on a busy disk): wait
+    // for its first failure with a generous bound, pinging for a second at least.
+    let failures = || {
+        log.lock()
+            .unwrap()
+            .matches("cannot persist the token high-water mark")
+            .count()
+    };
+    let started = Instant::now();
+    let mut nonce = 0;
+    while started.elapsed() < Duration::from_secs(1)
+        || (failures() == 0 && started.elapsed() < Duration::from_secs(30))
+    {
         assert_eq!(conn.ping(nonce), Response::Pong { nonce });
+        nonce += 1;
         std::thread::sleep(Duration::from_millis(10));
     }
-    let failures = log
-        .lock()
-        .unwrap()
-        .matches("cannot persist the token high-water mark")
-        .count();
-    assert_eq!(failures, 1, "log:\n{}", log.lock().unwrap());
+    assert_eq!(failures(), 1, "log:\n{}", log.lock().unwrap());
     // Repaired: grants resume once the thread's next retry persists the mark.
     std::fs::remove_file(&state).unwrap();
     std::fs::rename(&moved, &state).unwrap();
