@@ -32,13 +32,15 @@
 //! its entries, then the hard state that may commit them, so that no recovered hard state
 //! commits an entry that was lost.
 //!
-//! Segments are preallocated: a new segment (and the current one at open) is extended to
-//! [`Options::segment_bytes`] with `fallocate` before records are written into it, so that a
-//! sync writes into blocks the file already has and its `fdatasync` need not also commit a
-//! larger file size (on ext4 here, a 256-byte write's `fdatasync` took 139 µs appending and
-//! 98 µs into a preallocated file, p50 of 2,000). Records are written at their offset, and the
-//! zeros after them end a segment's records on replay (`replay.rs`). A rotated segment is cut
-//! to its records' length; a file system without `fallocate` just grows the file.
+//! Segments are preallocated ahead of their records: a write that would pass the allocated
+//! length first extends the file with `fallocate` to [`PREALLOCATE_BYTES`] (or the segment
+//! size, if smaller) past its end, so that almost every sync writes into blocks the file
+//! already has and its `fdatasync` need not also commit a larger file size (on ext4 here, a
+//! 256-byte write's `fdatasync` took 139 µs appending and 98 µs into a preallocated file, p50
+//! of 2,000). Records are written at their offset, and the zeros after them end a segment's
+//! records on replay (`replay.rs`). A rotated segment is cut to its records' length; a file
+//! system without `fallocate` just grows the file (the log stops trying after the first
+//! refusal).
 //!
 //! Not done here: direct I/O, and reading entries back for raft (raft reads its
 //! `MemStorage`). After a failed write or sync the log refuses everything (the state of the
@@ -75,6 +77,11 @@ pub static BENCH_SYNC_DELAY_US: AtomicU64 = AtomicU64::new(0);
 pub const BUFFER_BYTES_MAX: usize = 128 << 20;
 
 const _: () = assert!(BUFFER_BYTES_MAX >= 2 * RECORD_BYTES_MAX);
+
+/// How far past the records a segment is preallocated when a write would pass its allocated
+/// length (4 MiB: one extension every 4 MiB of records, and at most that much of zeros on disk
+/// and to read back at open).
+pub const PREALLOCATE_BYTES: u64 = 4 << 20;
 
 /// The default size at which a segment is rotated (64 MiB).
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 << 20;
@@ -147,6 +154,10 @@ pub struct Wal {
     file_bytes: u64,
     /// Bytes of `file` known durable (the rest was flushed and waits for the next sync).
     synced_bytes: u64,
+    /// The length `file` is extended to (records, then zeros); at least `file_bytes`.
+    allocated_bytes: u64,
+    /// Set when the file system refused `fallocate`: files just grow from then on.
+    no_preallocation: bool,
     /// Bytes of all segments but the last.
     older_bytes: u64,
     /// Sequence number of the next record written to `file`.
@@ -181,13 +192,12 @@ impl Wal {
         let mut replayed = replay::replay(dir)?;
         if replayed.segments.is_empty() {
             let path = dir.join(replay::segment_name(0));
-            create_file(&path, options)?;
+            create_file(&path, options.fsync)?;
             replayed.segments.push((0, path));
             replayed.last_bytes = 0;
         }
         let last = &replayed.segments[replayed.segments.len() - 1].1;
         let file = fs::OpenOptions::new().write(true).open(last)?;
-        preallocate(&file, options.segment_bytes);
         let recovered = replayed
             .groups
             .iter()
@@ -203,6 +213,8 @@ impl Wal {
             file,
             file_bytes: replayed.last_bytes,
             synced_bytes: replayed.last_bytes,
+            allocated_bytes: replayed.last_bytes,
+            no_preallocation: false,
             older_bytes: replayed.older_bytes,
             next_seq: replayed.next_seq,
             poisoned: false,
@@ -297,11 +309,23 @@ impl Wal {
     /// Writes the buffer to the current segment after its records (one `pwrite`, retried only
     /// if short).
     fn write_buffer(&mut self) -> io::Result<()> {
+        let end = self.file_bytes + self.buffer.len() as u64;
+        if end > self.allocated_bytes && !self.no_preallocation {
+            let length = end + PREALLOCATE_BYTES.min(self.options.segment_bytes);
+            match preallocate(&self.file, length) {
+                Ok(()) => self.allocated_bytes = length,
+                Err(error) => {
+                    log::debug!("wal: {}: no preallocation: {error}", self.dir.display());
+                    self.no_preallocation = true;
+                }
+            }
+        }
         if let Err(error) = self.file.write_all_at(&self.buffer, self.file_bytes) {
             self.poisoned = true;
             return Err(self.on_segment("write to", error));
         }
         self.file_bytes += self.buffer.len() as u64;
+        self.allocated_bytes = self.allocated_bytes.max(self.file_bytes);
         self.next_seq += self.buffered_records;
         self.stats.bytes += self.buffer.len() as u64;
         self.buffer.clear();
@@ -322,12 +346,13 @@ impl Wal {
         let path = self.dir.join(replay::segment_name(seq));
         // The full segment keeps its records only (its zeros would end them on replay too).
         self.file.set_len(self.file_bytes)?;
-        let file = create_file(&path, self.options)?;
+        let file = create_file(&path, self.options.fsync)?;
         self.older_bytes += self.file_bytes;
         self.segments.push((seq, path));
         self.file = file;
         self.file_bytes = 0;
         self.synced_bytes = 0;
+        self.allocated_bytes = 0;
         self.stats.rotations += 1;
         Ok(())
     }
@@ -368,9 +393,9 @@ impl Wal {
         // if deleting them fails.
         let older = std::mem::replace(&mut self.segments, vec![(seq, path.clone())]);
         self.file = fs::OpenOptions::new().write(true).open(&path)?;
-        preallocate(&self.file, self.options.segment_bytes);
         self.file_bytes = bytes.len() as u64;
         self.synced_bytes = self.file_bytes;
+        self.allocated_bytes = self.file_bytes;
         self.older_bytes = 0;
         self.next_seq = seq + records;
         self.stats.compactions += 1;
@@ -424,14 +449,13 @@ fn encode_group(out: &mut Vec<u8>, shard: u32, group: &Recovered) -> io::Result<
     Ok(records + 1)
 }
 
-/// Creates an empty segment file, preallocated, and, with `fsync`, makes its name durable.
-fn create_file(path: &Path, options: Options) -> io::Result<File> {
+/// Creates an empty segment file and, with `fsync`, makes its name durable.
+fn create_file(path: &Path, fsync: bool) -> io::Result<File> {
     let file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(path)?;
-    preallocate(&file, options.segment_bytes);
-    if options.fsync {
+    if fsync {
         if let Some(dir) = path.parent() {
             sync_dir(dir)?;
         }
@@ -439,25 +463,27 @@ fn create_file(path: &Path, options: Options) -> io::Result<File> {
     Ok(file)
 }
 
-/// Extends `file` to `bytes` (if shorter) with allocated blocks that read as zeros. Only an
-/// optimisation: where it fails (a file system without `fallocate`, a full disk) the file grows
-/// as records are written, and a full disk fails the write that needs the room.
-fn preallocate(file: &File, bytes: u64) {
+/// Extends `file` to `bytes` (if shorter) with allocated blocks that read as zeros, keeping
+/// every byte already there. An error means a file system without `fallocate` or a full disk;
+/// the caller writes anyway (the file grows, or the write fails for want of room).
+fn preallocate(file: &File, bytes: u64) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd as _;
-        let Ok(length) = libc::off_t::try_from(bytes) else {
-            return;
-        };
+        let length = libc::off_t::try_from(bytes)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length out of range"))?;
         // SAFETY: fallocate only changes the file behind a descriptor `file` owns; mode 0
         // allocates and extends the size, keeping every byte already there.
-        let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, length) };
-        if result != 0 {
-            log::debug!("wal: no preallocation: {}", io::Error::last_os_error());
+        if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, length) } != 0 {
+            return Err(io::Error::last_os_error());
         }
+        Ok(())
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = (file, bytes);
+    {
+        let _ = (file, bytes);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "fallocate is Linux only"))
+    }
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {

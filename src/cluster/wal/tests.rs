@@ -250,13 +250,17 @@ fn two_syncs(dir: &Path) -> (PathBuf, Vec<u8>, usize, BTreeMap<u32, Recovered>) 
     let length = wal.file_bytes as usize;
     drop(wal);
     let mut bytes = fs::read(&path).expect("read");
-    assert_eq!(bytes.len() as u64, SEGMENT, "the segment is preallocated");
+    assert_eq!(
+        bytes.len() as u64,
+        start as u64 + SEGMENT,
+        "preallocated at the first write; the second fitted"
+    );
     assert!(bytes[length..].iter().all(|byte| *byte == 0));
     bytes.truncate(length);
     (path, bytes, start, before)
 }
 
-/// `bytes` followed by zeros up to the preallocated segment's length: what a crash leaves of a
+/// `bytes` followed by zeros (as far as the tests' segment size): what a crash leaves of a
 /// write into a preallocated segment that reached the disk only up to `bytes.len()`.
 fn with_zero_tail(bytes: &[u8]) -> Vec<u8> {
     let mut file = bytes.to_vec();
@@ -288,6 +292,45 @@ fn a_torn_last_record_at_every_offset_is_cut_off() {
             assert_eq!(again[&4].entries.last(), Some(&entry(4, 3)), "cut at {cut}");
         }
     }
+}
+
+#[test]
+fn a_segment_is_preallocated_a_step_ahead_of_its_records() {
+    let dir = TempDir::new("prealloc");
+    let (mut wal, _) = Wal::open_with(&dir.0, options(SEGMENT_BYTES_DEFAULT)).expect("open");
+    let path = wal.segments[0].1.clone();
+    let big = |index| Entry {
+        index,
+        term: 1,
+        data: vec![7u8; 64 << 10].into(),
+        ..Default::default()
+    };
+    let mut extensions = 0;
+    let mut length = fs::metadata(&path).expect("meta").len();
+    // 10 MiB of records: past the first step twice.
+    for index in 1..=160 {
+        wal.append(0, &[big(index)]).expect("append");
+        wal.sync().expect("sync");
+        let now = fs::metadata(&path).expect("meta").len();
+        assert!(
+            now >= wal.file_bytes && now - wal.file_bytes <= PREALLOCATE_BYTES,
+            "records {} in a file of {now} bytes",
+            wal.file_bytes
+        );
+        extensions += u64::from(now != length);
+        length = now;
+    }
+    assert_eq!(
+        extensions,
+        wal.file_bytes / PREALLOCATE_BYTES + 1,
+        "one extension per step"
+    );
+    let records = wal.file_bytes;
+    drop(wal);
+    let (wal, recovered) = reopen(&dir.0, options(SEGMENT_BYTES_DEFAULT));
+    assert_eq!(recovered[&0].entries.len(), 160);
+    assert_eq!(wal.file_bytes, records);
+    assert_eq!(fs::metadata(&path).expect("meta").len(), records, "cut at open");
 }
 
 #[test]
