@@ -154,7 +154,8 @@ pub struct Wal {
     file_bytes: u64,
     /// Bytes of `file` known durable (the rest was flushed and waits for the next sync).
     synced_bytes: u64,
-    /// The length `file` is extended to (records, then zeros); at least `file_bytes`.
+    /// The length `file` is extended to (records, then zeros): at least `file_bytes` unless
+    /// `no_preallocation`.
     allocated_bytes: u64,
     /// Set when the file system refused `fallocate`: files just grow from then on.
     no_preallocation: bool,
@@ -288,6 +289,10 @@ impl Wal {
             self.synced_bytes <= self.file_bytes,
             "wal: synced past the file's end"
         );
+        assert!(
+            self.no_preallocation || self.file_bytes <= self.allocated_bytes,
+            "wal: records past the preallocated length"
+        );
         let seqs = self.segments.windows(2);
         assert!(
             seqs.clone().all(|pair| pair[0].0 < pair[1].0),
@@ -325,7 +330,6 @@ impl Wal {
             return Err(self.on_segment("write to", error));
         }
         self.file_bytes += self.buffer.len() as u64;
-        self.allocated_bytes = self.allocated_bytes.max(self.file_bytes);
         self.next_seq += self.buffered_records;
         self.stats.bytes += self.buffer.len() as u64;
         self.buffer.clear();
