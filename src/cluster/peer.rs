@@ -1,10 +1,13 @@
 //! The peer transport: raft messages between members over TCP, on one mio thread per member.
 //!
 //! A member runs one *peer thread* ([`spawn`]) that owns every TCP connection to the other
-//! members and listens on the member's `peer` address. Cores hand it outgoing messages through a
-//! [`PeerHandle`] (never blocking: a full channel drops and counts); it hands each incoming
-//! message to the core that owns the message's shard, on that core's channel, and wakes the
-//! core's `mio::Waker` once per loop iteration in which it delivered anything to it.
+//! members and listens on the member's `peer` address. It hands each incoming message to the
+//! core that owns the message's shard, on that core's channel, and wakes the core's
+//! `mio::Waker` once per loop iteration in which it delivered anything to it. Outgoing messages
+//! are written by the thread that sends them ([`PeerHandle::send_batch`]: a core, or a log
+//! writer after its sync) straight to the peer's connection, under the lock of the peer's
+//! *lane* (`lane.rs`), and left queued there for the peer thread when the socket is full or not
+//! connected; so a message leaves without waiting for the peer thread to wake up.
 //!
 //! Raft messages flow one way on a connection. A member keeps one connection to each other
 //! member (its *link*: connected at start, and again after every failure, with a jittered
@@ -41,6 +44,7 @@
 //! | `peer/wire.rs` | [`wire`]: a message's protobuf shape checked before it is parsed. No I/O |
 //! | `peer/content.rs` | [`content`]: entries and snapshots checked for the shards. No I/O |
 //! | `peer/queue.rs` | one peer's outbound queue of envelopes, the reconnect backoff. No I/O |
+//! | `peer/lane.rs` | one peer's queue and socket, shared by the threads that send to it |
 //! | `peer/link.rs` | one outbound connection: hello, reply, writes, keepalives, reconnect |
 //! | `peer/inbound.rs` | one inbound connection: hello answered, envelopes read, dispatch |
 //! | `peer/status.rs` | [`status`]: links, reachability and quorum: published and logged |
@@ -49,13 +53,14 @@
 pub mod content;
 pub mod frame;
 mod inbound;
+mod lane;
 mod link;
 mod queue;
 pub mod status;
 mod thread;
 pub mod wire;
 
-use crossbeam_channel::{Sender, TrySendError};
+use crossbeam_channel::Sender;
 use raft::eraftpb::Message;
 use std::io;
 use std::net::SocketAddr;
@@ -77,8 +82,6 @@ pub struct PeerLimits {
     /// Envelope bytes waiting for one peer, at most (default 64 MiB). The buffer holding them
     /// may reach about twice this before it compacts.
     pub queue_bytes_max: usize,
-    /// Batches waiting in the channel from the cores, at most (default 4,096).
-    pub channel_batches_max: usize,
     /// Inbound connections at once, at most (default 64); more are closed at accept.
     pub inbound_connections_max: usize,
     /// An inbound connection must complete its hello within this, and a peer must reply to
@@ -97,7 +100,6 @@ impl Default for PeerLimits {
         PeerLimits {
             queue_messages_max: 100_000,
             queue_bytes_max: 64 << 20,
-            channel_batches_max: 4096,
             inbound_connections_max: 64,
             hello_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
@@ -155,8 +157,8 @@ pub struct PeerStats {
     pub messages_received: AtomicU64,
     /// Envelope bytes received and decoded.
     pub bytes_received: AtomicU64,
-    /// Messages dropped because the channel from the cores was full.
-    pub drops_channel: AtomicU64,
+    /// Messages dropped because the peer thread had stopped.
+    pub drops_stopped: AtomicU64,
     /// Messages dropped because the peer's queue was full, or the peer unknown.
     pub drops_queue: AtomicU64,
     /// Messages dropped because they cannot be encoded (larger than an envelope may be).
@@ -191,10 +193,11 @@ impl PeerStats {
     }
 }
 
-/// A core's way to send raft messages: cheap to clone, never blocks.
-#[derive(Clone, Debug)]
+/// A core's way to send raft messages: cheap to clone, never waits for the network (it may
+/// wait for a lane's lock, held by others only while they write to a non-blocking socket).
+#[derive(Clone)]
 pub struct PeerHandle {
-    sender: Sender<Vec<Outgoing>>,
+    lanes: Arc<[Arc<lane::Lane>]>,
     waker: Arc<mio::Waker>,
     stop: Arc<AtomicBool>,
     stats: Arc<PeerStats>,
@@ -209,24 +212,48 @@ impl PeerHandle {
         self.send_batch(vec![Outgoing { to, shard, message }])
     }
 
-    /// Sends a batch with one channel operation and one wake; false if the whole batch was
-    /// dropped (channel full or closed; each message is counted in `drops_channel`).
+    /// Sends a batch: per peer, in the batch's order, the messages are queued in the peer's
+    /// lane and written to its connection now, as far as the socket takes them (one write for
+    /// all of them, usually); the peer thread writes the rest. Wakes the peer thread only if a
+    /// write failed or the socket took too little. False if the whole batch was dropped (the
+    /// peer thread had stopped; each message is counted in `drops_stopped`). A message for an
+    /// unknown member or over a lane's bounds is dropped and counted (`drops_queue`).
     pub fn send_batch(&self, batch: Vec<Outgoing>) -> bool {
         if batch.is_empty() {
             return true;
         }
-        match self.sender.try_send(batch) {
-            Ok(()) => {
-                if let Err(error) = self.waker.wake() {
-                    log::warn!("peer thread: cannot wake it: {error}");
-                }
-                true
+        if self.stop.load(Ordering::Acquire) {
+            PeerStats::add(&self.stats.drops_stopped, batch.len() as u64);
+            return false;
+        }
+        let now = Instant::now();
+        let (mut queued, mut wake) = (0, false);
+        // Lanes one at a time, in their order: a sender never holds two lanes' locks.
+        for lane in self.lanes.iter() {
+            let mut state = None;
+            for outgoing in batch.iter().filter(|outgoing| outgoing.to == lane.node_id()) {
+                let state = state.get_or_insert_with(|| lane.lock());
+                state.push(lane.node_id(), outgoing.shard, &outgoing.message, &self.stats);
+                queued += 1;
             }
-            Err(TrySendError::Full(batch) | TrySendError::Disconnected(batch)) => {
-                PeerStats::add(&self.stats.drops_channel, batch.len() as u64);
-                false
+            let Some(mut state) = state else {
+                continue;
+            };
+            if let Err(error) = state.flush(now, &self.stats) {
+                state.failed = Some(error);
+            }
+            wake |= state.wants_flush() || state.failed.is_some();
+        }
+        if queued < batch.len() {
+            log::debug!("peer: {} messages for unknown members", batch.len() - queued);
+            PeerStats::add(&self.stats.drops_queue, (batch.len() - queued) as u64);
+        }
+        if wake {
+            if let Err(error) = self.waker.wake() {
+                log::warn!("peer thread: cannot wake it: {error}");
             }
         }
+        true
     }
 
     /// The counters.
@@ -270,14 +297,13 @@ where
     R: Fn(u32) -> usize + Send + 'static,
 {
     let config = validate(config, inbound.len())?;
-    let (sender, receiver) = crossbeam_channel::bounded(config.limits.channel_batches_max);
     let stats = Arc::new(PeerStats::default());
     let stop = Arc::new(AtomicBool::new(false));
     let board = Arc::new(parking_lot::Mutex::new(status::Board::default()));
     let cores = (inbound, Box::new(route) as Box<dyn Fn(u32) -> usize + Send>);
-    let peer = thread::Peer::new(config, cores, receiver, &stats, &stop, &board)?;
+    let peer = thread::Peer::new(config, cores, &stats, &stop, &board)?;
     let handle = PeerHandle {
-        sender,
+        lanes: peer.lanes(),
         waker: peer.waker(),
         stop,
         stats,
@@ -314,10 +340,8 @@ fn validate(mut config: PeerConfig, cores: usize) -> io::Result<PeerConfig> {
         return Err(invalid("peer node ids must be distinct and not 0".into()));
     }
     let limits = &config.limits;
-    if limits.channel_batches_max == 0 || limits.queue_messages_max == 0 {
-        return Err(invalid(
-            "peer channel and queue limits must not be 0".into(),
-        ));
+    if limits.queue_messages_max == 0 {
+        return Err(invalid("peer queue limits must not be 0".into()));
     }
     if limits.backoff_min > limits.backoff_max || limits.backoff_min.is_zero() {
         return Err(invalid(

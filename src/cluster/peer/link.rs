@@ -5,18 +5,21 @@
 //! connect in flight, bounded by the connect timeout) → `Connected` (the hello written, the
 //! reply awaited within the reply timeout; once it accepts, the queue's bytes) → on any error
 //! or refusal `Waiting` again. A link always tries to be connected, whether or not it has
-//! something to send, so that a peer that came back is seen as soon as it is up. The queue
-//! survives every state: what was not wholly written goes on the next connection.
+//! something to send, so that a peer that came back is seen as soon as it is up. The queue (in
+//! the link's [`Lane`], shared with the threads that send) survives every state: what was not
+//! wholly written goes on the next connection.
 //!
 //! Only the reply to the hello is read ([`frame::REPLY_BYTES`], never more than it); any later
 //! byte is a protocol error and closes the connection. A refusal is logged (rate-limited per
 //! link) with the reason the peer gave, and retried with the backoff: a peer restarted with a
-//! fixed configuration is reconnected without a restart here. Writes stop at `WouldBlock`
-//! until the next writable event, and at most [`WRITES_PER_FLUSH`] per flush. A connected link
-//! that wrote nothing for [`frame::KEEPALIVE_INTERVAL`] writes a keepalive envelope.
+//! fixed configuration is reconnected without a restart here. The peer thread writes what the
+//! senders left (the lane's [`LaneState::flush`]): writes stop at `WouldBlock` until the next
+//! writable event. A connected link that wrote nothing for [`frame::KEEPALIVE_INTERVAL`] writes
+//! a keepalive envelope.
 
-use super::frame::{self, Hello, Reply, HELLO_BYTES, REPLY_BYTES};
-use super::queue::{Backoff, Queue, Refused};
+use super::frame::{self, Hello, Reply, REPLY_BYTES};
+use super::lane::{Control, Lane, LaneState};
+use super::queue::{Backoff, Queue};
 use super::status::LinkStatus;
 use super::{PeerLimits, PeerStats};
 use crate::logging::Throttle;
@@ -24,51 +27,22 @@ use crate::partition::cluster_stats::LinkState;
 use mio::event::Event;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
-use raft::eraftpb::Message;
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, Read};
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Writes per flush of one link, at most (each may carry many envelopes).
-pub(crate) const WRITES_PER_FLUSH: usize = 16;
-
-/// Bytes written before any envelope: the hello, or a keepalive.
-struct Control {
-    bytes: [u8; HELLO_BYTES],
-    len: usize,
-    written: usize,
-}
-
-impl Control {
-    fn of(bytes: &[u8]) -> Control {
-        let mut control = Control {
-            bytes: [0; HELLO_BYTES],
-            len: bytes.len(),
-            written: 0,
-        };
-        control.bytes[..bytes.len()].copy_from_slice(bytes);
-        control
-    }
-
-    fn unwritten(&self) -> &[u8] {
-        &self.bytes[self.written..self.len]
-    }
-}
-
-const _: () = assert!(frame::KEEPALIVE.len() <= HELLO_BYTES);
-
-/// An established connection.
+/// An established connection (its socket, registered with the peer thread's poll; the lane
+/// holds a second handle to write with).
 struct Connection {
     stream: TcpStream,
     since: Instant,
-    blocked: bool,
-    control: Control,
     reply: [u8; REPLY_BYTES],
     reply_read: usize,
     /// Until the reply accepts the hello, nothing but the hello is written.
     accepted: bool,
     reply_deadline: Instant,
-    last_write: Instant,
 }
 
 enum State {
@@ -90,13 +64,13 @@ enum Failure {
     Refused(String),
 }
 
-/// The connection to one peer and the queue of what it has not sent yet.
+/// The connection to one peer, and its lane: the queue of what it has not sent yet.
 pub(crate) struct Link {
     node_id: u64,
     addr: SocketAddr,
     token: Token,
     hello: Hello,
-    queue: Queue,
+    lane: Arc<Lane>,
     state: State,
     status: LinkStatus,
     backoff: Backoff,
@@ -121,7 +95,11 @@ impl Link {
             addr,
             token,
             hello,
-            queue: Queue::new(limits.queue_messages_max, limits.queue_bytes_max),
+            lane: Arc::new(Lane::new(
+                node_id,
+                Queue::new(limits.queue_messages_max, limits.queue_bytes_max),
+                now,
+            )),
             state: State::Waiting { until: now },
             status: LinkStatus {
                 state: LinkState::Connecting,
@@ -137,14 +115,9 @@ impl Link {
         }
     }
 
-    /// The peer's node id.
-    pub(crate) fn node_id(&self) -> u64 {
-        self.node_id
-    }
-
-    /// The queue (for gauges).
-    pub(crate) fn queue(&self) -> &Queue {
-        &self.queue
+    /// The lane the senders write to.
+    pub(crate) fn lane(&self) -> &Arc<Lane> {
+        &self.lane
     }
 
     /// The link's state, why, and since when.
@@ -157,43 +130,24 @@ impl Link {
         matches!(&self.state, State::Connected(connection) if connection.accepted)
     }
 
-    /// Queues `message` for `shard`, counting a drop if it cannot be.
-    pub(crate) fn push(&mut self, shard: u32, message: &Message, stats: &PeerStats) {
-        match self.queue.push(shard, message) {
-            Ok(()) => {}
-            Err(Refused::Full) => PeerStats::add(&stats.drops_queue, 1),
-            Err(Refused::Encode(error)) => {
-                log::warn!(
-                    "peer {}: message for shard {shard} dropped: {error}",
-                    self.node_id
-                );
-                PeerStats::add(&stats.drops_oversized, 1);
-            }
-        }
-    }
-
     /// When [`Link::on_timer`] next has something to do.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         match &self.state {
             State::Waiting { until } => Some(*until),
             State::Connecting { deadline, .. } => Some(*deadline),
             State::Connected(connection) if !connection.accepted => Some(connection.reply_deadline),
-            State::Connected(connection) => {
-                let idle = connection.control.unwritten().is_empty() && self.queue.messages() == 0;
-                idle.then_some(connection.last_write + frame::KEEPALIVE_INTERVAL)
+            State::Connected(_) => {
+                let lane = self.lane.lock();
+                idle(&lane).then_some(lane.last_write + frame::KEEPALIVE_INTERVAL)
             }
         }
     }
 
-    /// Whether a flush now would write (connected, writable, something to write).
+    /// Whether a flush now would write (connected, writable, something to write), or must fail
+    /// the link (a sender's write failed).
     pub(crate) fn wants_flush(&self) -> bool {
-        match &self.state {
-            State::Connected(connection) if !connection.blocked => {
-                let envelopes = connection.accepted && !self.queue.unsent().is_empty();
-                envelopes || !connection.control.unwritten().is_empty()
-            }
-            _ => false,
-        }
+        let lane = self.lane.lock();
+        lane.wants_flush() || lane.failed.is_some()
     }
 
     /// Connects when the backoff allows; gives up a connect or a reply that took too long;
@@ -213,9 +167,9 @@ impl Link {
                 self.fail(registry, now, stats, Failure::Io(error));
             }
             State::Connected(connection) if connection.accepted => {
-                let idle = connection.control.unwritten().is_empty() && self.queue.messages() == 0;
-                if idle && connection.last_write + frame::KEEPALIVE_INTERVAL <= now {
-                    connection.control = Control::of(&frame::KEEPALIVE);
+                let mut lane = self.lane.lock();
+                if idle(&lane) && lane.last_write + frame::KEEPALIVE_INTERVAL <= now {
+                    lane.control = Control::of(&frame::KEEPALIVE);
                 }
             }
             _ => {}
@@ -250,15 +204,19 @@ impl Link {
     ) {
         let outcome = match &mut self.state {
             State::Connecting { stream, .. } => match connect_outcome(stream) {
-                Ok(true) => return self.connected(now, stats),
+                Ok(true) => return self.connected(registry, now, stats),
                 Ok(false) => Ok(()),
                 Err(error) => Err(Failure::Io(error)),
             },
             State::Connected(connection) => {
                 if event.is_writable() {
-                    connection.blocked = false;
+                    self.lane.lock().blocked = false;
                 }
-                read_reply(connection, &self.hello)
+                let result = read_reply(connection, &self.hello);
+                if connection.accepted {
+                    self.lane.lock().accepted = true;
+                }
+                result
             }
             State::Waiting { .. } => Ok(()), // a stale event
         };
@@ -274,8 +232,8 @@ impl Link {
     }
 
     /// The connect completed: the hello goes first, and the reply is awaited.
-    fn connected(&mut self, now: Instant, stats: &PeerStats) {
-        let State::Connecting { stream, .. } =
+    fn connected(&mut self, registry: &Registry, now: Instant, stats: &PeerStats) {
+        let State::Connecting { mut stream, .. } =
             std::mem::replace(&mut self.state, State::Waiting { until: now })
         else {
             unreachable!("connected runs only while connecting");
@@ -283,62 +241,43 @@ impl Link {
         if let Err(error) = stream.set_nodelay(true) {
             log::warn!("peer {}: TCP_NODELAY not set: {error}", self.node_id);
         }
+        // The lane's handle to the same socket, for the threads that send.
+        let handle = match stream.as_fd().try_clone_to_owned() {
+            Ok(fd) => std::net::TcpStream::from(fd),
+            Err(error) => {
+                let _ = registry.deregister(&mut stream);
+                return self.fail(registry, now, stats, Failure::Io(error));
+            }
+        };
         log::debug!("peer {}: connected to {}", self.node_id, self.addr);
         PeerStats::add(&stats.connects, 1);
+        self.lane.lock().connect(handle, &self.hello.encode(), now);
         self.state = State::Connected(Box::new(Connection {
             stream,
             since: now,
-            blocked: false,
-            control: Control::of(&self.hello.encode()),
             reply: [0; REPLY_BYTES],
             reply_read: 0,
             accepted: false,
             reply_deadline: now + self.reply_timeout,
-            last_write: now,
         }));
     }
 
-    /// Writes the hello or a keepalive, then queued envelopes (once accepted), until the socket
-    /// is full or nothing is left.
+    /// Writes what the senders left: the hello or a keepalive, then queued envelopes (once
+    /// accepted), until the socket is full or nothing is left; fails the link if a write (its
+    /// own or a sender's) failed.
     pub(crate) fn flush(&mut self, registry: &Registry, now: Instant, stats: &PeerStats) {
-        let State::Connected(connection) = &mut self.state else {
+        if !matches!(self.state, State::Connected(_)) {
             return;
-        };
-        // Bounded: at most WRITES_PER_FLUSH writes, whatever the socket takes.
-        for _ in 0..WRITES_PER_FLUSH {
-            let control = connection.control.unwritten();
-            let unsent = match connection.accepted {
-                true => self.queue.unsent(),
-                false => &[],
-            };
-            if control.is_empty() && unsent.is_empty() {
-                return;
+        }
+        let result = {
+            let mut lane = self.lane.lock();
+            match lane.failed.take() {
+                Some(error) => Err(error),
+                None => lane.flush(now, stats),
             }
-            let stream = &mut connection.stream;
-            let result = if control.is_empty() {
-                stream.write(unsent)
-            } else {
-                stream.write_vectored(&[IoSlice::new(control), IoSlice::new(unsent)])
-            };
-            let error = match result {
-                Ok(0) => io::Error::new(io::ErrorKind::WriteZero, "wrote nothing"),
-                Ok(written) => {
-                    let of_control = written.min(control.len());
-                    connection.control.written += of_control;
-                    connection.last_write = now;
-                    let (messages, bytes) = self.queue.advance(written - of_control);
-                    PeerStats::add(&stats.messages_sent, messages);
-                    PeerStats::add(&stats.bytes_sent, bytes);
-                    continue;
-                }
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                    connection.blocked = true;
-                    return;
-                }
-                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Err(error) => error,
-            };
-            return self.fail(registry, now, stats, Failure::Io(error));
+        };
+        if let Err(error) = result {
+            self.fail(registry, now, stats, Failure::Io(error));
         }
     }
 
@@ -351,6 +290,7 @@ impl Link {
             }
             State::Connected(mut connection) => {
                 let _ = registry.deregister(&mut connection.stream);
+                self.lane.lock().disconnect();
             }
             State::Waiting { .. } => {}
         }
@@ -365,7 +305,6 @@ impl Link {
             }
         }
         self.close(registry);
-        self.queue.rewind();
         let delay = self.backoff.next_delay();
         match failure {
             Failure::Io(error) => {
@@ -398,6 +337,12 @@ impl Link {
         PeerStats::add(&stats.disconnects, 1);
         self.state = State::Waiting { until: now + delay };
     }
+}
+
+/// Whether a connected lane has nothing to write: time for a keepalive once it has written
+/// nothing for [`frame::KEEPALIVE_INTERVAL`].
+fn idle(lane: &LaneState) -> bool {
+    lane.control.unwritten().is_empty() && lane.queue.messages() == 0
 }
 
 /// Whether a non-blocking connect has completed (`Ok(false)`: not yet).

@@ -3,9 +3,8 @@
 //! One iteration: poll (timeout: the next backoff, connect, reply, keepalive, hello or
 //! reachability deadline, zero if work was cut short, at most [`POLL_TIMEOUT_MAX`]) → handle
 //! events (accept, connect completions, replies, reads delivered to cores) → continue passes
-//! cut short last time → drain the cores' channel into the peers' queues (at most
-//! [`BATCHES_PER_ITERATION`]) → timers (connect, reconnect, keepalives, give up connects,
-//! replies and hellos) → flush every writable link → wake each core delivered to, once →
+//! cut short last time → timers (connect, reconnect, keepalives, give up connects,
+//! replies and hellos) → flush every link the senders left bytes in (or whose write failed) → wake each core delivered to, once →
 //! decide who is reachable, log what changed, publish ([`super::status`]).
 //!
 //! Tokens: the waker, the listener, one per link (its index; a link's socket changes but a
@@ -14,11 +13,11 @@
 
 use super::frame::Hello;
 use super::inbound::{Close, Context, Cores, Inbound};
+use super::lane::Lane;
 use super::link::Link;
 use super::status::{Board, Watch};
-use super::{CoreInbox, Outgoing, PeerConfig, PeerLimits, PeerStats, PEERS_MAX};
+use super::{CoreInbox, PeerConfig, PeerLimits, PeerStats, PEERS_MAX};
 use crate::logging::{Throttle, LOG_PERIOD_US};
-use crossbeam_channel::Receiver;
 use mio::event::Event;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -35,8 +34,6 @@ const LINK_BASE: usize = 2;
 const INBOUND_BASE: usize = LINK_BASE + PEERS_MAX;
 /// Events per poll, at most.
 const EVENTS_MAX: usize = 1024;
-/// Batches taken from the cores' channel per iteration, at most.
-const BATCHES_PER_ITERATION: usize = 256;
 /// Connections accepted per readiness pass of the listener, at most.
 const ACCEPTS_PER_PASS: usize = 64;
 /// The longest poll: the stop flag is also seen by its waker, this is only a backstop.
@@ -52,12 +49,10 @@ pub(crate) struct Peer {
     generation: usize,
     generations: usize,
     context: Context,
-    receiver: Receiver<Vec<Outgoing>>,
     stats: Arc<PeerStats>,
     stop: Arc<AtomicBool>,
     limits: PeerLimits,
     again: Vec<Token>,
-    inbox_more: bool,
     started: Instant,
     refusals_log: Throttle,
     /// Refusals of hellos that name a peer, one throttle per peer (links' order), so that a
@@ -72,7 +67,6 @@ impl Peer {
     pub(crate) fn new(
         config: PeerConfig,
         (inbound, route): (Vec<CoreInbox>, Box<dyn Fn(u32) -> usize + Send>),
-        receiver: Receiver<Vec<Outgoing>>,
         stats: &Arc<PeerStats>,
         stop: &Arc<AtomicBool>,
         board: &Arc<parking_lot::Mutex<Board>>,
@@ -121,18 +115,21 @@ impl Peer {
             generation: 0,
             generations: (usize::MAX - INBOUND_BASE) / connections_max,
             context,
-            receiver,
             stats: Arc::clone(stats),
             stop: Arc::clone(stop),
             limits: config.limits,
             again: Vec::with_capacity(connections_max + 1),
-            inbox_more: false,
             started: now,
             refusals_log: Throttle::default(),
             peer_refusals_log: vec![Throttle::default(); config.peers.len()],
             watch,
             board: Arc::clone(board),
         })
+    }
+
+    /// The links' lanes, in the links' order, for the senders' handles.
+    pub(crate) fn lanes(&self) -> Arc<[Arc<Lane>]> {
+        self.links.iter().map(|link| Arc::clone(link.lane())).collect()
     }
 
     /// The waker the cores' handles use.
@@ -168,7 +165,6 @@ impl Peer {
             for token in std::mem::take(&mut self.again) {
                 self.on_ready(token, now);
             }
-            self.drain_inbox();
             self.on_timers(now);
             let registry = self.poll.registry();
             for link in self.links.iter_mut().filter(|link| link.wants_flush()) {
@@ -187,7 +183,7 @@ impl Peer {
     }
 
     fn timeout(&self, now: Instant) -> Duration {
-        let busy = self.inbox_more || !self.again.is_empty();
+        let busy = !self.again.is_empty();
         if busy || self.links.iter().any(Link::wants_flush) {
             return Duration::ZERO;
         }
@@ -205,7 +201,7 @@ impl Peer {
 
     fn on_event(&mut self, event: &Event, now: Instant) {
         match event.token() {
-            WAKER => {} // the inbox is drained every iteration
+            WAKER => {} // a stop, or a lane to flush: every iteration looks
             Token(index) if (LINK_BASE..INBOUND_BASE).contains(&index) => {
                 if let Some(link) = self.links.get_mut(index - LINK_BASE) {
                     link.on_event(self.poll.registry(), event, now, &self.stats);
@@ -347,29 +343,6 @@ impl Peer {
         }
     }
 
-    fn drain_inbox(&mut self) {
-        self.inbox_more = false;
-        for _ in 0..BATCHES_PER_ITERATION {
-            let Ok(batch) = self.receiver.try_recv() else {
-                return;
-            };
-            for outgoing in &batch {
-                match self
-                    .links
-                    .iter_mut()
-                    .find(|link| link.node_id() == outgoing.to)
-                {
-                    Some(link) => link.push(outgoing.shard, &outgoing.message, &self.stats),
-                    None => {
-                        log::debug!("peer thread: message for unknown node {}", outgoing.to);
-                        PeerStats::add(&self.stats.drops_queue, 1);
-                    }
-                }
-            }
-        }
-        self.inbox_more = true;
-    }
-
     fn on_timers(&mut self, now: Instant) {
         let registry = self.poll.registry();
         for link in &mut self.links {
@@ -390,16 +363,12 @@ impl Peer {
     }
 
     fn update_gauges(&self) {
-        let messages = self
-            .links
-            .iter()
-            .map(|link| link.queue().messages() as u64)
-            .sum();
-        let bytes = self
-            .links
-            .iter()
-            .map(|link| link.queue().bytes() as u64)
-            .sum();
+        let (mut messages, mut bytes) = (0, 0);
+        for link in &self.links {
+            let lane = link.lane().lock();
+            messages += lane.queue.messages() as u64;
+            bytes += lane.queue.bytes() as u64;
+        }
         self.stats
             .queued_messages
             .store(messages, Ordering::Relaxed);
