@@ -67,36 +67,10 @@ pub enum Bad {
     Corrupt(String),
 }
 
-const fn crc_table() -> [u32; 256] {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            // 0x82F63B78: the reversed Castagnoli polynomial (CRC-32C).
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0x82F6_3B78
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-}
-
-static CRC_TABLE: [u32; 256] = crc_table();
-
-/// CRC-32C (Castagnoli) of `bytes`, one table lookup per byte.
+/// CRC-32C (Castagnoli) of `bytes`: the `crc32c` crate, with the CPU's CRC instruction where
+/// there is one (SSE 4.2, ARMv8), a table otherwise.
 pub fn crc32c(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc = CRC_TABLE[((crc ^ byte as u32) & 0xff) as usize] ^ (crc >> 8);
-    }
-    !crc
+    crc32c::crc32c(bytes)
 }
 
 /// Appends one framed record to `out`. Fails (leaving `out` as it was) when the record would
