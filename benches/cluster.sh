@@ -39,88 +39,9 @@ pids=()
 cleanup() { for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.05; done; echo "nothing on port $1" >&2; exit 1; }
-
-# Prints the client port of the member that serves key "probe" (answers Q, not M).
-find_leader() {
-    python3 - "$@" <<'PY'
-import socket, struct, sys, time
-ports = [int(p) for p in sys.argv[1:]]
-for _ in range(500):
-    for port in ports:
-        try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=1)
-            s.sendall(b"Q" + struct.pack(">Q", 1) + b"probe\n")
-            if s.recv(64)[:1] == b"Q":
-                print(port); sys.exit(0)
-        except OSError:
-            pass
-    time.sleep(0.02)
-sys.exit("no leader")
-PY
-}
-
-# Waits until each of 512 probe keys is served (answers Q) by some member: every shard that
-# the probes hash to has a leader.
-wait_all_led() {
-    python3 - "$@" <<'PY'
-import socket, struct, sys, time
-ports = [int(p) for p in sys.argv[1:]]
-conns = {}
-def served(key, nonce):
-    for port in ports:
-        try:
-            s = conns.get(port) or socket.create_connection(("127.0.0.1", port), timeout=1)
-            conns[port] = s
-            s.sendall(b"Q" + struct.pack(">Q", nonce) + key + b"\n")
-            answer = s.recv(64)
-            if answer[:1] == b"Q":
-                return True
-        except OSError:
-            conns.pop(port, None)
-    return False
-pending = [f"probe/{n}".encode() for n in range(512)]
-deadline = time.time() + 60
-while pending and time.time() < deadline:
-    pending = [k for i, k in enumerate(pending) if not served(k, i + 1)]
-    if pending:
-        time.sleep(0.05)
-if pending:
-    sys.exit(f"{len(pending)} probe keys still without a leader")
-PY
-}
-
-# The user+sys CPU ticks of the given processes, summed.
-cpu_ticks() {
-    local total=0 pid fields
-    for pid in "$@"; do
-        read -r -a fields <<<"$(sed 's/.*) //' "/proc/$pid/stat")"
-        total=$((total + fields[11] + fields[12]))
-    done
-    echo "$total"
-}
-
-# The disk's own fdatasync latency where the data directories live (the physics a replicated
-# request cannot beat), measured with nothing of latchkey in the way.
-disk_sync() { # label
-    python3 - "$dir" "$1" <<'PY'
-import os, statistics, sys, time
-path = os.path.join(sys.argv[1], "fdatasync-probe")
-fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-block, times = b"x" * 4096, []
-for i in range(300):
-    os.pwrite(fd, block, (i % 64) * 4096)
-    start = time.perf_counter()
-    os.fdatasync(fd)
-    times.append((time.perf_counter() - start) * 1e6)
-os.close(fd)
-os.unlink(path)
-times.sort()
-print(f"{sys.argv[2]:<24} disk fdatasync (4 KiB): p50 {times[150]:>7.0f} us  p99 {times[296]:>7.0f} us"
-      f"  mean {statistics.mean(times):>7.0f} us")
-PY
-}
+# free_port, wait_port, find_leader, wait_all_led, cpu_ticks, disk_sync (uses $dir).
+# shellcheck source=benches/cluster_lib.sh
+source "$(dirname "$0")/cluster_lib.sh"
 
 # The worst loop iteration of each server since it started (GET /stats on its client port).
 worst_loop() { # label ports...

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Two or more builds of a three-member cluster, interleaved, to compare them in one run.
+#
+#   benches/cluster_ab.sh ROUNDS BINARY...
+#
+# Each round, for fsync on then off, for each binary in turn: start a fresh three-member
+# cluster (one core and one shard each, on loopback, data in a fresh directory), find the
+# leader, measure pipeline-1 latency (`bench --workload uncontended --pipeline 1 --connections 1`,
+# 3 s after 1 s of warm-up) and then server CPU per request at pipeline 16 over 50 connections
+# (user+sys of the three members from /proc/PID/stat around a 3 s run, summed), and stop it.
+# Each round ends with the disk's own 4 KiB `fdatasync` p50 where the data directories live.
+# Interleaving keeps the machine's drift (other tenants, the disk) out of the comparison; quote
+# medians over the rounds.
+set -euo pipefail
+rounds=${1:?rounds}
+shift
+[ $# -ge 1 ] || { echo "usage: $0 ROUNDS BINARY..." >&2; exit 2; }
+dir=$(mktemp -d /tmp/latchkey-cluster-ab.XXXXXX)
+pids=()
+cleanup() { for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done; rm -rf "$dir"; }
+trap cleanup EXIT
+# shellcheck source=benches/cluster_lib.sh
+source "$(dirname "$0")/cluster_lib.sh"
+hz=$(getconf CLK_TCK)
+
+start_cluster() { # binary fsync -> sets pids, ports
+    local binary=$1 fsync=$2 members="" i
+    ports=()
+    local peer_ports=()
+    for i in 1 2 3; do ports+=("$(free_port)"); peer_ports+=("$(free_port)"); done
+    for i in 0 1 2; do
+        members+="  { id = $((i + 1)), client = \"127.0.0.1:${ports[$i]}\", peer = \"127.0.0.1:${peer_ports[$i]}\" },"$'\n'
+    done
+    rm -rf "$dir/run"
+    mkdir -p "$dir/run"
+    pids=()
+    for i in 1 2 3; do
+        cat >"$dir/run/m$i.toml" <<TOML
+[server]
+cores = 1
+[cluster]
+node_id = $i
+data_dir = "$dir/run/data-$i"
+shards = 1
+fsync = $fsync
+members = [
+$members]
+TOML
+        "$binary" serve --config "$dir/run/m$i.toml" >"$dir/run/log$i" 2>&1 &
+        pids+=($!)
+    done
+    for i in 0 1 2; do wait_port "${ports[$i]}"; done
+}
+
+for round in $(seq "$rounds"); do
+    for fsync in true false; do
+        for binary in "$@"; do
+            start_cluster "$binary" "$fsync"
+            leader=$(find_leader "${ports[@]}")
+            p1=$("$binary" bench --target "latchkey://127.0.0.1:$leader" --workload uncontended \
+                --pipeline 1 --connections 1 --hot-keys 8 --duration 3s --warmup 1s --json)
+            before=$(cpu_ticks "${pids[@]}")
+            p16=$("$binary" bench --target "latchkey://127.0.0.1:$leader" --workload uncontended \
+                --pipeline 16 --connections 50 --hot-keys 8 --duration 3s --warmup 0s --json)
+            after=$(cpu_ticks "${pids[@]}")
+            python3 - "$round" "$fsync" "$binary" "$p1" "$p16" "$((after - before))" "$hz" <<'PY'
+import json, sys
+round_, fsync, binary, p1, p16, ticks, hz = sys.argv[1:]
+p1, p16 = json.loads(p1), json.loads(p16)
+assert p1["ok"] and p16["ok"], "a bench run was not clean"
+cpu_us = int(ticks) * 1e6 / int(hz) / p16["requests"]
+print(f"round {round_} fsync={fsync:<5} {binary}: p1 p50 {p1['latency_us']['p50']:7.1f} us"
+      f"  p16 {p16['requests_per_sec']:>9,.0f} req/s  server CPU {cpu_us:5.2f} us/request")
+PY
+            for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+            wait 2>/dev/null || true
+            pids=()
+        done
+    done
+    disk_sync "round $round"
+done
