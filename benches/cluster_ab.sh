@@ -49,7 +49,9 @@ TOML
         "$binary" serve --config "$dir/run/m$i.toml" >"$dir/run/log$i" 2>&1 &
         pids+=($!)
     done
-    for i in 0 1 2; do wait_port "${ports[$i]}"; done
+    for i in 0 1 2; do
+        wait_port "${ports[$i]}" || { tail -5 "$dir"/run/log* >&2; exit 1; }
+    done
 }
 
 for round in $(seq "$rounds"); do
@@ -72,8 +74,7 @@ cpu_us = int(ticks) * 1e6 / int(hz) / p16["requests"]
 print(f"round {round_} fsync={fsync:<5} {binary}: p1 p50 {p1['latency_us']['p50']:7.1f} us"
       f"  p16 {p16['requests_per_sec']:>9,.0f} req/s  server CPU {cpu_us:5.2f} us/request")
 PY
-            for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-            wait 2>/dev/null || true
+            { for pid in "${pids[@]}"; do kill -9 "$pid" && wait "$pid"; done; } 2>/dev/null || true
             pids=()
         done
     done

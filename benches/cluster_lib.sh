@@ -2,7 +2,7 @@
 # `disk_sync` measures where `$dir` is.
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.05; done; echo "nothing on port $1" >&2; exit 1; }
+wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.05; done; echo "nothing on port $1" >&2; return 1; }
 
 # Prints the client port of the member that serves key "probe" (answers Q, not M).
 find_leader() {
