@@ -67,8 +67,9 @@ pub struct Committed {
     pub term: u64,
     /// What to do with it.
     pub kind: EntryKind,
-    /// The proposal's data (empty unless `kind` is `Command`).
-    pub data: Vec<u8>,
+    /// The proposal's data (empty unless `kind` is `Command`), shared with the entry raft
+    /// handed out: no copy.
+    pub data: bytes::Bytes,
 }
 
 /// Replace the state machine of `shard` with a snapshot's data; entries after `index` follow.
@@ -242,8 +243,8 @@ fn committed(shard: u32, handed: &mut u64, entries: Vec<Entry>, out: &mut Vec<Co
             _ => EntryKind::ConfChange,
         };
         let data = match kind {
-            EntryKind::Command => entry.take_data().to_vec(),
-            _ => Vec::new(),
+            EntryKind::Command => entry.take_data(),
+            _ => bytes::Bytes::new(),
         };
         out.push(Committed {
             shard,

@@ -193,7 +193,7 @@ fn a_proposal_commits_everywhere_at_the_index_and_term_given() {
             .find(|c| c.shard == 0 && c.index == at.index);
         let entry = found.unwrap_or_else(|| panic!("member {position} lacks {at:?}"));
         assert_eq!((entry.term, entry.kind), (at.term, EntryKind::Command));
-        assert_eq!(entry.data, b"hello");
+        assert_eq!(entry.data, &b"hello"[..]);
         let indexes: Vec<u64> = committed
             .iter()
             .filter(|c| c.shard == 0)
