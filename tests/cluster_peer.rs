@@ -287,6 +287,89 @@ fn concurrent_senders_share_a_connection_without_cutting_or_reordering_their_mes
     assert_eq!(load(&two.stats().refusals), 0);
 }
 
+/// A connected peer that stops reading (a member stopped by SIGSTOP: its kernel still acks):
+/// senders never wait for it, its lane stays within its bounds and counts what it drops, and
+/// once it reads again it gets what was kept, whole and in order.
+#[test]
+fn a_peer_that_stops_reading_never_holds_up_senders_and_gets_the_kept_messages_in_order() {
+    let all = addresses(2);
+    let listener = TcpListener::bind(all[1]).expect("member 2's address");
+    let limits = PeerLimits {
+        queue_messages_max: 1000,
+        queue_bytes_max: 256 << 10,
+        ..PeerLimits::default()
+    };
+    let one = start(1, &all, limits);
+    let mut stalled = reach::accept_as(&listener, 2);
+    wait_for("member 1's link accepted", || {
+        one.handle
+            .report()
+            .peers
+            .iter()
+            .any(|peer| peer.link == LinkState::Connected)
+    });
+    const SENT: u64 = 20_000;
+    let mut slowest = Duration::ZERO;
+    for chunk in 0..SENT / 100 {
+        let batch = (chunk * 100..chunk * 100 + 100)
+            .map(|number| peer::Outgoing {
+                to: 2,
+                shard: 0,
+                message: message(1, 2, number, 1000),
+            })
+            .collect();
+        let started = Instant::now();
+        assert!(one.handle.send_batch(batch));
+        slowest = slowest.max(started.elapsed());
+    }
+    // Generous: a send that waited for the network would never return.
+    assert!(slowest < Duration::from_secs(2), "a send took {slowest:?}");
+    let stats = one.stats();
+    let accounted =
+        || load(&stats.messages_sent) + load(&stats.queued_messages) + load(&stats.drops_queue);
+    wait_for("every message written, queued or dropped", || {
+        accounted() == SENT
+    });
+    assert!(
+        load(&stats.queued_bytes) <= 256 << 10,
+        "the lane's byte bound"
+    );
+    let dropped = load(&stats.drops_queue);
+    assert!(
+        dropped > 0,
+        "20 MB cannot fit in the socket and a 256 KiB lane"
+    );
+
+    // The peer reads again: everything not dropped arrives, whole and in order.
+    stalled
+        .set_read_timeout(Some(PATIENCE))
+        .expect("read timeout");
+    let (mut buffer, mut chunk, mut numbers) = (Vec::new(), vec![0u8; 1 << 16], Vec::new());
+    while (numbers.len() as u64) < SENT - dropped {
+        let read = stalled.read(&mut chunk).expect("member 1 keeps writing");
+        assert!(read > 0, "member 1 closed the connection");
+        buffer.extend_from_slice(&chunk[..read]);
+        let mut used = 0;
+        while let Some((envelope, len)) =
+            peer::frame::decode(&buffer[used..]).expect("whole envelopes")
+        {
+            if !envelope.is_keepalive() {
+                use protobuf::Message as _;
+                let message = Message::parse_from_bytes(envelope.message).expect("a message");
+                numbers.push(message.commit);
+            }
+            used += len;
+        }
+        buffer.drain(..used);
+    }
+    assert_eq!(numbers.len() as u64, SENT - dropped);
+    assert!(
+        numbers.windows(2).all(|pair| pair[0] < pair[1]),
+        "in the order sent, none twice"
+    );
+    assert_eq!(numbers[0], 0, "the oldest were kept");
+}
+
 #[test]
 fn a_restarted_member_is_reconnected_and_gets_what_was_queued_while_it_was_down() {
     let all = addresses(2);

@@ -125,7 +125,7 @@ fn peers_are_reachable_while_they_talk_and_the_quorum_follows_them() {
 
 /// Accepts `listener`'s next connection and answers its hello as member `node_id` (accepting
 /// it); returns the stream (the dialer's bytes after the hello are left unread).
-fn accept_as(listener: &TcpListener, node_id: u64) -> TcpStream {
+pub(crate) fn accept_as(listener: &TcpListener, node_id: u64) -> TcpStream {
     use latchkey::cluster::peer::frame::{Reply, Verdict, HELLO_BYTES};
     let (mut stream, _) = listener.accept().expect("member 1 dials");
     let mut hello = [0u8; HELLO_BYTES];
