@@ -3,9 +3,10 @@
 //! One iteration: poll (timeout: the next backoff, connect, reply, keepalive, hello or
 //! reachability deadline, zero if work was cut short, at most [`POLL_TIMEOUT_MAX`]) → handle
 //! events (accept, connect completions, replies, reads delivered to cores) → continue passes
-//! cut short last time → timers (connect, reconnect, keepalives, give up connects,
-//! replies and hellos) → flush every link the senders left bytes in (or whose write failed) → wake each core delivered to, once →
-//! decide who is reachable, log what changed, publish ([`super::status`]).
+//! cut short last time → timers (connect, reconnect, keepalives, give up connects, replies and
+//! hellos) → flush every link the senders left bytes in (or whose write failed) → wake each core
+//! delivered to, once → decide who is reachable, log what changed, publish ([`super::status`]).
+//! Outgoing messages do not pass through this loop: their senders write them ([`super::lane`]).
 //!
 //! Tokens: the waker, the listener, one per link (its index; a link's socket changes but a
 //! stale event finds it waiting and is ignored), and one per inbound connection carrying its
