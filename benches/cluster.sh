@@ -39,7 +39,7 @@ pids=()
 cleanup() { for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT
 
-# free_port, wait_port, find_leader, wait_all_led, cpu_ticks, disk_sync (uses $dir).
+# free_port, wait_port, find_leader, wait_all_led, cpu_ticks, disk_sync, start_three (use $dir).
 # shellcheck source=benches/cluster_lib.sh
 source "$(dirname "$0")/cluster_lib.sh"
 
@@ -119,28 +119,8 @@ pids=()
 
 for shards in "${shard_counts[@]}"; do
 for fsync in true false; do
-    ports=(); peers=()
-    for i in 1 2 3; do ports+=("$(free_port)"); peers+=("$(free_port)"); done
-    members=""
-    for i in 0 1 2; do
-        members+="  { id = $((i + 1)), client = \"127.0.0.1:${ports[$i]}\", peer = \"127.0.0.1:${peers[$i]}\" },"$'\n'
-    done
-    for i in 1 2 3; do
-        tag="$i-$shards-$fsync"
-        cat >"$dir/member-$tag.toml" <<TOML
-[server]
-cores = 1
-[cluster]
-node_id = $i
-data_dir = "$dir/data-$tag"
-shards = $shards
-fsync = $fsync
-members = [
-$members]
-TOML
-        "$binary" serve --config "$dir/member-$tag.toml" >/dev/null 2>&1 &
-        pids+=($!)
-    done
+    start_three "$binary" "member-$shards-$fsync" "$shards" "$fsync"
+    ports=("${members_ports[@]}")
     label="cluster s=$shards fsync=$fsync"
     if [ "$shards" -eq 1 ]; then
         leader=$(find_leader "${ports[@]}")

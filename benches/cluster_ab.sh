@@ -24,33 +24,13 @@ source "$(dirname "$0")/cluster_lib.sh"
 hz=$(getconf CLK_TCK)
 
 start_cluster() { # binary fsync -> sets pids, ports
-    local binary=$1 fsync=$2 members="" i
-    ports=()
-    local peer_ports=()
-    for i in 1 2 3; do ports+=("$(free_port)"); peer_ports+=("$(free_port)"); done
-    for i in 0 1 2; do
-        members+="  { id = $((i + 1)), client = \"127.0.0.1:${ports[$i]}\", peer = \"127.0.0.1:${peer_ports[$i]}\" },"$'\n'
-    done
-    rm -rf "$dir/run"
-    mkdir -p "$dir/run"
+    rm -rf "$dir"/run-*
     pids=()
-    for i in 1 2 3; do
-        cat >"$dir/run/m$i.toml" <<TOML
-[server]
-cores = 1
-[cluster]
-node_id = $i
-data_dir = "$dir/run/data-$i"
-shards = 1
-fsync = $fsync
-members = [
-$members]
-TOML
-        "$binary" serve --config "$dir/run/m$i.toml" >"$dir/run/log$i" 2>&1 &
-        pids+=($!)
-    done
+    start_three "$1" run 1 "$2"
+    ports=("${members_ports[@]}")
+    local i
     for i in 0 1 2; do
-        wait_port "${ports[$i]}" || { tail -5 "$dir"/run/log* >&2; exit 1; }
+        wait_port "${ports[$i]}" || { tail -5 "$dir"/run-*.log >&2; exit 1; }
     done
 }
 

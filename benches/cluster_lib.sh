@@ -84,3 +84,32 @@ print(f"{sys.argv[2]:<24} disk fdatasync (4 KiB): p50 {times[150]:>7.0f} us  p99
 PY
 }
 
+
+# Starts three members of BINARY, one core each, with SHARDS shards and fsync FSYNC, on fresh
+# loopback ports; their configs, data and logs are under "$dir/TAG-*". Sets `members_ports`
+# (their client ports, members 1, 2, 3) and `members_pids`, and appends the pids to `pids`.
+start_three() { # binary tag shards fsync
+    local binary=$1 tag=$2 shards=$3 fsync=$4 members="" i peer_ports=()
+    members_ports=()
+    members_pids=()
+    for i in 1 2 3; do members_ports+=("$(free_port)"); peer_ports+=("$(free_port)"); done
+    for i in 0 1 2; do
+        members+="  { id = $((i + 1)), client = \"127.0.0.1:${members_ports[$i]}\", peer = \"127.0.0.1:${peer_ports[$i]}\" },"$'\n'
+    done
+    for i in 1 2 3; do
+        cat >"$dir/$tag-$i.toml" <<TOML
+[server]
+cores = 1
+[cluster]
+node_id = $i
+data_dir = "$dir/$tag-data-$i"
+shards = $shards
+fsync = $fsync
+members = [
+$members]
+TOML
+        "$binary" serve --config "$dir/$tag-$i.toml" >"$dir/$tag-$i.log" 2>&1 &
+        members_pids+=($!)
+        pids+=($!)
+    done
+}

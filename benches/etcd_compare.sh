@@ -41,7 +41,8 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=benches/cluster_lib.sh
+source "$(dirname "$0")/cluster_lib.sh" # free_port, start_three (use $dir)
 
 # Three etcd members.
 etcd_clients=(); etcd_peers=(); etcd_pids=()
@@ -59,27 +60,9 @@ for i in 0 1 2; do
 done
 
 # Three latchkey members, one shard (one leader for the key), fsync on.
-lk_clients=(); lk_peers=(); lk_pids=()
-for i in 1 2 3; do lk_clients+=("$(free_port)"); lk_peers+=("$(free_port)"); done
-members=""
-for i in 0 1 2; do
-    members+="  { id = $((i + 1)), client = \"127.0.0.1:${lk_clients[$i]}\", peer = \"127.0.0.1:${lk_peers[$i]}\" },"$'\n'
-done
-for i in 1 2 3; do
-    cat >"$dir/member-$i.toml" <<TOML
-[server]
-cores = 1
-[cluster]
-node_id = $i
-data_dir = "$dir/latchkey-$i"
-shards = 1
-fsync = true
-members = [
-$members]
-TOML
-    "$binary" serve --config "$dir/member-$i.toml" >"$dir/latchkey-$i.log" 2>&1 &
-    pids+=($!); lk_pids+=($!)
-done
+start_three "$binary" latchkey 1 true
+lk_clients=("${members_ports[@]}")
+lk_pids=("${members_pids[@]}")
 
 "$venv/bin/python" - "$dir" "$cycles" "$rounds" "$(getconf CLK_TCK)" \
     "$(IFS=,; echo "${etcd_clients[*]}")" "$(IFS=,; echo "${etcd_pids[*]}")" \
