@@ -153,6 +153,18 @@ fn message(from: u64, to: u64, number: u64, padding: usize) -> Message {
     message
 }
 
+/// Heartbeats from member 1 to member 2 for `shard`, numbered (`commit`) by `numbers`, each with
+/// `padding` bytes of context.
+fn one_to_two(shard: u32, numbers: std::ops::Range<u64>, padding: usize) -> Vec<peer::Outgoing> {
+    numbers
+        .map(|number| peer::Outgoing {
+            to: 2,
+            shard,
+            message: message(1, 2, number, padding),
+        })
+        .collect()
+}
+
 fn send_numbered(member: &Member, from: u64, to: u64, numbers: std::ops::Range<u64>) {
     let batch: Vec<peer::Outgoing> = numbers
         .map(|number| peer::Outgoing {
@@ -252,13 +264,8 @@ fn concurrent_senders_share_a_connection_without_cutting_or_reordering_their_mes
             let handle = one.handle.clone();
             thread::spawn(move || {
                 for chunk in 0..EACH / 20 {
-                    let batch = (chunk * 20..chunk * 20 + 20)
-                        .map(|number| peer::Outgoing {
-                            to: 2,
-                            shard: sender as u32,
-                            message: message(1, 2, sender * 1_000_000 + number, 4096),
-                        })
-                        .collect();
+                    let first = sender * 1_000_000 + chunk * 20;
+                    let batch = one_to_two(sender as u32, first..first + 20, 4096);
                     assert!(handle.send_batch(batch), "the peer thread runs");
                 }
             })
@@ -311,13 +318,7 @@ fn a_peer_that_stops_reading_never_holds_up_senders_and_gets_the_kept_messages_i
     const SENT: u64 = 20_000;
     let mut slowest = Duration::ZERO;
     for chunk in 0..SENT / 100 {
-        let batch = (chunk * 100..chunk * 100 + 100)
-            .map(|number| peer::Outgoing {
-                to: 2,
-                shard: 0,
-                message: message(1, 2, number, 1000),
-            })
-            .collect();
+        let batch = one_to_two(0, chunk * 100..chunk * 100 + 100, 1000);
         let started = Instant::now();
         assert!(one.handle.send_batch(batch));
         slowest = slowest.max(started.elapsed());
@@ -549,13 +550,7 @@ fn a_full_queue_drops_the_newest_and_counts_and_stays_bounded() {
     // Member 2 is down: everything for it waits in member 1's queue, or is dropped.
     const SENT: u64 = 20_000;
     for chunk in 0..SENT / 100 {
-        let batch = (chunk * 100..chunk * 100 + 100)
-            .map(|number| peer::Outgoing {
-                to: 2,
-                shard: 0,
-                message: message(1, 2, number, 1000),
-            })
-            .collect();
+        let batch = one_to_two(0, chunk * 100..chunk * 100 + 100, 1000);
         assert!(one.handle.send_batch(batch));
     }
     let stats = one.stats();
@@ -622,13 +617,8 @@ fn measure_throughput_and_round_trip() {
     let (mut sent, mut received) = (0u64, 0u64);
     while received < TOTAL {
         while sent < TOTAL && sent - received < WINDOW {
-            let batch = (sent..(sent + BATCH).min(TOTAL))
-                .map(|n| peer::Outgoing {
-                    to: 2,
-                    shard: 0, // core 0, the one waited on
-                    message: message(1, 2, n, 64),
-                })
-                .collect::<Vec<_>>();
+            // Shard 0: core 0, the one waited on.
+            let batch = one_to_two(0, sent..(sent + BATCH).min(TOTAL), 64);
             sent += batch.len() as u64;
             assert!(one.handle.send_batch(batch), "the peer thread runs");
         }
