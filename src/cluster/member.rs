@@ -247,6 +247,10 @@ fn config(id: u64, applied: u64) -> Config {
         // applies later counts its leases from later, never earlier; this halves the messages
         // (and the follower's writer rounds) of a lone request.
         skip_bcast_commit: true,
+        // The proposals of one drain go to each follower as one append (raft-rs extends the
+        // append it has not handed out yet) instead of one append, one follower step, one
+        // response and one commit per proposal.
+        batch_append: true,
         ..Default::default()
     }
 }
