@@ -4,13 +4,18 @@
 #   benches/cluster_ab.sh ROUNDS BINARY...
 #
 # Each round, for fsync on then off, for each binary in turn: start a fresh three-member
-# cluster (one core and one shard each, on loopback, data in a fresh directory), find the
+# cluster (one core each, one shard unless SHARDS says, on loopback, data in a fresh directory), find the
 # leader, measure pipeline-1 latency (`bench --workload uncontended --pipeline 1 --connections 1`,
 # 3 s after 1 s of warm-up) and then server CPU per request at pipeline 16 over 50 connections
 # (user+sys of the three members from /proc/PID/stat around a 3 s run, summed), and stop it.
 # Each round ends with the disk's own 4 KiB `fdatasync` p50 where the data directories live.
 # Interleaving keeps the machine's drift (other tenants, the disk) out of the comparison; quote
 # medians over the rounds.
+#
+# SHARDS=N runs N shards per cluster instead of one: the script waits until every probe key has
+# a leader and benches all three members (`--target a,b,c --shards N`, each request to its
+# key's leader). LOAD_BINARY=PATH runs every load (`bench`) with that build, so that only the
+# servers differ (e.g. when the builds differ in their allocator).
 set -euo pipefail
 rounds=${1:?rounds}
 shift
@@ -23,10 +28,12 @@ trap cleanup EXIT
 source "$(dirname "$0")/cluster_lib.sh"
 hz=$(getconf CLK_TCK)
 
+shards=${SHARDS:-1}
+
 start_cluster() { # binary fsync -> sets pids, ports
     rm -rf "$dir"/run-*
     pids=()
-    start_three "$1" run 1 "$2"
+    start_three "$1" run "$shards" "$2"
     ports=("${members_ports[@]}")
     local i
     for i in 0 1 2; do
@@ -38,12 +45,22 @@ for round in $(seq "$rounds"); do
     for fsync in true false; do
         for binary in "$@"; do
             start_cluster "$binary" "$fsync"
-            leader=$(find_leader "${ports[@]}")
-            p1=$("$binary" bench --target "latchkey://127.0.0.1:$leader" --workload uncontended \
-                --pipeline 1 --connections 1 --hot-keys 8 --duration 3s --warmup 1s --json)
+            load=${LOAD_BINARY:-$binary}
+            if [ "$shards" = 1 ]; then
+                target="127.0.0.1:$(find_leader "${ports[@]}")"
+                routing=()
+            else
+                wait_all_led "${ports[@]}"
+                target="127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
+                routing=(--shards "$shards")
+            fi
+            p1=$("$load" bench --target "latchkey://$target" --workload uncontended \
+                --pipeline 1 --connections 1 --hot-keys 8 --duration 3s --warmup 1s \
+                "${routing[@]}" --json)
             before=$(cpu_ticks "${pids[@]}")
-            p16=$("$binary" bench --target "latchkey://127.0.0.1:$leader" --workload uncontended \
-                --pipeline 16 --connections 50 --hot-keys 8 --duration 3s --warmup 0s --json)
+            p16=$("$load" bench --target "latchkey://$target" --workload uncontended \
+                --pipeline 16 --connections 50 --hot-keys 8 --duration 3s --warmup 0s \
+                "${routing[@]}" --json)
             after=$(cpu_ticks "${pids[@]}")
             python3 - "$round" "$fsync" "$binary" "$p1" "$p16" "$((after - before))" "$hz" <<'PY'
 import json, sys
