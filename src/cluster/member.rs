@@ -61,7 +61,8 @@ pub const TICK_MS: u64 = 10;
 pub const HEARTBEAT_TICKS: usize = 2;
 /// Largest message raft-rs builds (appends are cut to this many bytes of entries).
 pub const MESSAGE_BYTES_MAX: u64 = 1 << 20;
-/// Appends in flight to one follower, per group.
+/// Appends in flight to one follower, per group. With `batch_append` raft-rs counts every
+/// proposal it adds to an append not yet handed out as one more (1,024 measured no faster).
 pub const INFLIGHT_MESSAGES_MAX: usize = 256;
 /// Bytes of committed entries one group hands out per ready (apply batching).
 pub const COMMITTED_BYTES_PER_READY: u64 = 1 << 20;
