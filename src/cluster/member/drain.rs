@@ -257,11 +257,58 @@ fn committed(shard: u32, handed: &mut u64, entries: Vec<Entry>, out: &mut Vec<Co
 }
 
 fn envelopes(shard: u32, messages: Vec<Message>, out: &mut Vec<Envelope>) {
-    out.extend(
-        messages
-            .into_iter()
-            .map(|message| Envelope { shard, message }),
-    );
+    for message in messages {
+        split_append(message, &mut |message| out.push(Envelope { shard, message }));
+    }
+}
+
+/// Bytes an entry adds to an append besides its data and context (its index, term and type,
+/// and protobuf's tags and lengths), counted generously.
+const ENTRY_OVERHEAD_BYTES: usize = 32;
+
+/// Hands out `message`, an append cut into consecutive appends of at most
+/// [`MESSAGE_BYTES_MAX`](super::MESSAGE_BYTES_MAX) of entries each (at least one entry each).
+/// raft-rs cuts the appends it builds at that size, but with `batch_append` it extends an
+/// append it has not handed out yet without looking at the size: catching a follower up
+/// (`send_append_aggressively`) puts every entry up to the in-flight window into one, which
+/// could pass the peer frame's limit (`frame::FRAME_BYTES_MAX`) and never be delivered. Each
+/// part after the first follows the previous part's last entry (its `index` and `log_term`),
+/// with the same commit: what raft-rs would have sent without `batch_append`. Any other message
+/// is handed out as it is.
+pub(super) fn split_append(mut message: Message, out: &mut impl FnMut(Message)) {
+    let limit = super::MESSAGE_BYTES_MAX as usize;
+    let size = |entry: &Entry| {
+        entry.get_data().len() + entry.get_context().len() + ENTRY_OVERHEAD_BYTES
+    };
+    if message.get_msg_type() != MessageType::MsgAppend
+        || message.get_entries().iter().map(size).sum::<usize>() <= limit
+    {
+        return out(message);
+    }
+    let entries: Vec<Entry> = message.take_entries().into();
+    let (mut index, mut log_term) = (message.index, message.log_term);
+    let mut part: Vec<Entry> = Vec::new();
+    let mut part_bytes = 0;
+    let mut hand_out = |part: Vec<Entry>, index: u64, log_term: u64| {
+        let mut piece = message.clone();
+        piece.index = index;
+        piece.log_term = log_term;
+        piece.set_entries(part.into());
+        out(piece);
+    };
+    for entry in entries {
+        let bytes = size(&entry);
+        if !part.is_empty() && part_bytes + bytes > limit {
+            let last = part.last().expect("a part with entries");
+            let next = (last.index, last.term);
+            hand_out(std::mem::take(&mut part), index, log_term);
+            (index, log_term) = next;
+            part_bytes = 0;
+        }
+        part_bytes += bytes;
+        part.push(entry);
+    }
+    hand_out(part, index, log_term);
 }
 
 impl<W: LogWriter> Member<W> {

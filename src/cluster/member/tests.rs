@@ -4,7 +4,7 @@
 use super::*;
 use crate::cluster::mem_durable::MemDurable;
 use crate::cluster::mem_writer::MemWriter;
-use raft::eraftpb::ConfState;
+use raft::eraftpb::{ConfState, Entry};
 use raft::StateRole;
 
 const VOTERS: [u64; 3] = [1, 2, 3];
@@ -20,6 +20,8 @@ struct Trio {
     committed: Vec<Vec<Committed>>,
     restores: Vec<Vec<Restore>>,
     reads: Vec<ReadReady>,
+    /// The bytes of entries (data and context) of every append delivered, in order.
+    append_bytes: Vec<usize>,
 }
 
 impl Trio {
@@ -29,12 +31,18 @@ impl Trio {
             committed: vec![Vec::new(); 3],
             restores: vec![Vec::new(); 3],
             reads: Vec::new(),
+            append_bytes: Vec::new(),
         }
     }
 
     /// Drains every member, delivers the messages, then lets every writer complete, until
     /// quiet (bounded).
     fn pump(&mut self) {
+        self.pump_cut(None);
+    }
+
+    /// [`Self::pump`], with every message to or from member `cut` (a position) lost.
+    fn pump_cut(&mut self, cut: Option<usize>) {
         for _ in 0..100 {
             let mut mail = Vec::new();
             for (at, member) in self.members.iter_mut().enumerate() {
@@ -49,7 +57,15 @@ impl Trio {
                 return;
             }
             for Envelope { shard, message } in mail {
-                let to = (message.to - 1) as usize;
+                let (from, to) = ((message.from - 1) as usize, (message.to - 1) as usize);
+                if cut == Some(from) || cut == Some(to) {
+                    continue;
+                }
+                if message.get_msg_type() == MessageType::MsgAppend {
+                    let entries = message.get_entries();
+                    let bytes = entries.iter().map(|e| e.get_data().len() + e.get_context().len());
+                    self.append_bytes.push(bytes.sum());
+                }
                 let _ = self.members[to].step(shard, message);
             }
             for member in &mut self.members {
@@ -207,6 +223,96 @@ fn a_proposal_commits_everywhere_at_the_index_and_term_given() {
         assert_eq!(trio.members[position].applied(0), at.index);
     }
     assert_eq!(trio.members[leader].role(0), Some(StateRole::Leader));
+}
+
+/// An append of `count` entries of `each` bytes, after index 10 of term 2.
+fn append_of(count: u64, each: usize) -> Message {
+    let mut message = Message::default();
+    message.set_msg_type(MessageType::MsgAppend);
+    (message.to, message.from, message.term) = (2, 1, 3);
+    (message.index, message.log_term, message.commit) = (10, 2, 9);
+    let entries: Vec<Entry> = (11..11 + count)
+        .map(|index| {
+            let mut entry = Entry::default();
+            (entry.index, entry.term) = (index, if index < 15 { 2 } else { 3 });
+            entry.data = vec![index as u8; each].into();
+            entry
+        })
+        .collect();
+    message.set_entries(entries.into());
+    message
+}
+
+fn split(message: Message) -> Vec<Message> {
+    let mut out = Vec::new();
+    drain::split_append(message, &mut |part| out.push(part));
+    out
+}
+
+#[test]
+fn an_append_over_the_message_size_is_cut_into_appends_that_follow_each_other() {
+    let limit = MESSAGE_BYTES_MAX as usize;
+    // Small enough: as it is.
+    let small = append_of(3, 1000);
+    assert_eq!(split(small.clone()), vec![small]);
+    // 12 entries of 300 KiB: three per part (a fourth would pass 1 MiB).
+    let whole = append_of(12, 300 << 10);
+    let parts = split(whole.clone());
+    assert_eq!(parts.len(), 4);
+    let (mut index, mut log_term) = (whole.index, whole.log_term);
+    let mut entries = Vec::new();
+    for part in &parts {
+        assert_eq!((part.index, part.log_term), (index, log_term), "follows the last part");
+        assert_eq!(
+            (part.to, part.from, part.term, part.commit, part.get_msg_type()),
+            (2, 1, 3, 9, MessageType::MsgAppend)
+        );
+        let bytes: usize = part.get_entries().iter().map(|e| e.get_data().len()).sum();
+        assert!(!part.get_entries().is_empty() && bytes <= limit, "{bytes} bytes");
+        let last = part.get_entries().last().expect("entries");
+        (index, log_term) = (last.index, last.term);
+        entries.extend_from_slice(part.get_entries());
+    }
+    assert_eq!(entries, whole.get_entries(), "every entry once, in order");
+    // One entry larger than the limit goes alone; so does anything not an append.
+    let parts = split(append_of(3, limit));
+    assert_eq!(parts.iter().map(|p| p.get_entries().len()).collect::<Vec<_>>(), [1, 1, 1]);
+    let mut heartbeat = append_of(0, 0);
+    heartbeat.set_msg_type(MessageType::MsgHeartbeat);
+    assert_eq!(split(heartbeat.clone()), vec![heartbeat]);
+}
+
+/// With `batch_append`, raft-rs catches a follower up with one append holding everything up to
+/// its in-flight window; the drain cuts it back to the message size.
+#[test]
+fn a_follower_catching_up_gets_appends_no_larger_than_the_message_size() {
+    let mut trio = Trio::new();
+    let leader = trio.elect();
+    let behind = (leader + 1) % 3;
+    let mut last = 0;
+    for n in 0..12u8 {
+        let at = trio.members[leader]
+            .propose(0, vec![n; 400 << 10])
+            .expect("propose");
+        last = at.index;
+        trio.pump_cut(Some(behind));
+    }
+    assert!(trio.members[behind].applied(0) < last);
+    trio.append_bytes.clear();
+    for _ in 0..20 {
+        for member in &mut trio.members {
+            member.tick();
+        }
+        trio.pump();
+    }
+    let committed: Vec<u64> = trio.committed[behind].iter().map(|c| c.index).collect();
+    assert!(committed.contains(&last), "caught up: {committed:?}");
+    let largest = trio.append_bytes.iter().max().copied().unwrap_or(0);
+    assert!(
+        largest <= MESSAGE_BYTES_MAX as usize,
+        "an append of {largest} bytes of entries"
+    );
+    assert!(largest >= 2 * (400 << 10), "appends carried several entries: {largest}");
 }
 
 #[test]
