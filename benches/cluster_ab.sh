@@ -5,8 +5,9 @@
 #
 # Each round, for fsync on then off, for each binary in turn: start a fresh three-member
 # cluster (one core each, one shard unless SHARDS says, on loopback, data in a fresh
-# directory), find the leader, measure pipeline-1 latency (`bench --workload uncontended --pipeline 1 --connections 1`,
-# 3 s after 1 s of warm-up) and then server CPU per request at pipeline 16 over 50 connections
+# directory), find the leader, measure pipeline-1 latency (`bench --workload uncontended
+# --pipeline 1 --connections 1`, 3 s after 1 s of warm-up) and then server CPU per request at
+# pipeline 16 over 50 connections
 # (user+sys of the three members from /proc/PID/stat around a 3 s run, summed), and stop it.
 # Each round ends with the disk's own 4 KiB `fdatasync` p50 where the data directories live.
 # Interleaving keeps the machine's drift (other tenants, the disk) out of the comparison; quote
