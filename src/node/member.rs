@@ -247,7 +247,7 @@ fn core_partition(
         max_waiters_per_key: config.limits.max_waiters_per_key,
         max_keys_per_shard: (config.limits.max_keys / cluster.shards as usize).max(1),
         max_pending_per_session: config.limits.max_pending_per_session,
-        compact_every: crate::cluster::partition::COMPACT_EVERY,
+        compact_every: crate::cluster::partition::compact_every(cluster.shards),
     };
     let peers = CorePeers {
         handle: handle.clone(),

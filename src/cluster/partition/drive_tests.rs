@@ -366,3 +366,15 @@ fn entries_after_a_snapshot_decoded_off_the_loop_wait_for_it_then_apply_in_order
     assert!(second.shards[0].held.is_empty());
     assert!(second.shards[0].decoded.is_empty());
 }
+
+#[test]
+fn a_server_compacts_more_often_the_more_shards_share_a_members_log_budget() {
+    use crate::cluster::partition::{compact_every, COMPACT_EVERY, COMPACT_EVERY_MIN};
+    assert_eq!(compact_every(0), COMPACT_EVERY);
+    assert_eq!(compact_every(1), COMPACT_EVERY);
+    assert_eq!(compact_every(6), COMPACT_EVERY);
+    assert_eq!(compact_every(7), 9_142);
+    assert_eq!(compact_every(16), 4_000);
+    assert_eq!(compact_every(64), COMPACT_EVERY_MIN);
+    assert_eq!(compact_every(crate::config::SHARDS_MAX), COMPACT_EVERY_MIN);
+}
