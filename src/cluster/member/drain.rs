@@ -222,11 +222,13 @@ fn storage_error(error: raft::Error) -> io::Error {
     io::Error::other(format!("raft storage refused a write: {error}"))
 }
 
-fn entry_bytes(entries: &[Entry]) -> usize {
-    entries
-        .iter()
-        .map(|entry| entry.get_data().len() + entry.get_context().len())
-        .sum()
+/// The bytes of `entries`' data and context (what raft-rs's size limits count, near enough).
+pub(super) fn entry_bytes(entries: &[Entry]) -> usize {
+    entries.iter().map(payload_bytes).sum()
+}
+
+fn payload_bytes(entry: &Entry) -> usize {
+    entry.get_data().len() + entry.get_context().len()
 }
 
 fn committed(shard: u32, handed: &mut u64, entries: Vec<Entry>, out: &mut Vec<Committed>) {
@@ -277,9 +279,7 @@ const ENTRY_OVERHEAD_BYTES: usize = 32;
 /// is handed out as it is.
 pub(super) fn split_append(mut message: Message, out: &mut impl FnMut(Message)) {
     let limit = super::MESSAGE_BYTES_MAX as usize;
-    let size = |entry: &Entry| {
-        entry.get_data().len() + entry.get_context().len() + ENTRY_OVERHEAD_BYTES
-    };
+    let size = |entry: &Entry| payload_bytes(entry) + ENTRY_OVERHEAD_BYTES;
     if message.get_msg_type() != MessageType::MsgAppend
         || message.get_entries().iter().map(size).sum::<usize>() <= limit
     {

@@ -62,9 +62,8 @@ impl Trio {
                     continue;
                 }
                 if message.get_msg_type() == MessageType::MsgAppend {
-                    let entries = message.get_entries();
-                    let bytes = entries.iter().map(|e| e.get_data().len() + e.get_context().len());
-                    self.append_bytes.push(bytes.sum());
+                    let bytes = drain::entry_bytes(message.get_entries());
+                    self.append_bytes.push(bytes);
                 }
                 let _ = self.members[to].step(shard, message);
             }
@@ -267,7 +266,7 @@ fn an_append_over_the_message_size_is_cut_into_appends_that_follow_each_other() 
             (part.to, part.from, part.term, part.commit, part.get_msg_type()),
             (2, 1, 3, 9, MessageType::MsgAppend)
         );
-        let bytes: usize = part.get_entries().iter().map(|e| e.get_data().len()).sum();
+        let bytes = drain::entry_bytes(part.get_entries());
         assert!(!part.get_entries().is_empty() && bytes <= limit, "{bytes} bytes");
         let last = part.get_entries().last().expect("entries");
         (index, log_term) = (last.index, last.term);
