@@ -153,26 +153,32 @@ fn message(from: u64, to: u64, number: u64, padding: usize) -> Message {
     message
 }
 
-/// Heartbeats from member 1 to member 2 for `shard`, numbered (`commit`) by `numbers`, each with
-/// `padding` bytes of context.
-fn one_to_two(shard: u32, numbers: std::ops::Range<u64>, padding: usize) -> Vec<peer::Outgoing> {
+/// Heartbeats from `from` to `to`, numbered (`commit`) by `numbers`, each with `padding` bytes
+/// of context, for the shard `shard_of` its number.
+fn numbered(
+    (from, to): (u64, u64),
+    numbers: std::ops::Range<u64>,
+    padding: usize,
+    shard_of: impl Fn(u64) -> u32,
+) -> Vec<peer::Outgoing> {
     numbers
         .map(|number| peer::Outgoing {
-            to: 2,
-            shard,
-            message: message(1, 2, number, padding),
+            to,
+            shard: shard_of(number),
+            message: message(from, to, number, padding),
         })
         .collect()
 }
 
+/// Heartbeats from member 1 to member 2 for `shard`, numbered by `numbers` ([`numbered`]).
+fn one_to_two(shard: u32, numbers: std::ops::Range<u64>, padding: usize) -> Vec<peer::Outgoing> {
+    numbered((1, 2), numbers, padding, |_| shard)
+}
+
 fn send_numbered(member: &Member, from: u64, to: u64, numbers: std::ops::Range<u64>) {
-    let batch: Vec<peer::Outgoing> = numbers
-        .map(|number| peer::Outgoing {
-            to,
-            shard: (number % u64::from(SHARDS)) as u32,
-            message: message(from, to, number, 16),
-        })
-        .collect();
+    let batch = numbered((from, to), numbers, 16, |number| {
+        (number % u64::from(SHARDS)) as u32
+    });
     for chunk in batch.chunks(50) {
         assert!(
             member.handle.send_batch(chunk.to_vec()),
