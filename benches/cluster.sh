@@ -39,7 +39,7 @@ pids=()
 cleanup() { for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT
 
-# free_port, wait_port, find_leader, wait_all_led, cpu_ticks, disk_sync, start_three (use $dir).
+# free_port, wait_port, cluster_target, cpu_ticks, disk_sync, start_three (use $dir).
 # shellcheck source=benches/cluster_lib.sh
 source "$(dirname "$0")/cluster_lib.sh"
 
@@ -122,14 +122,12 @@ for fsync in true false; do
     start_three "$binary" "member-$shards-$fsync" "$shards" "$fsync"
     ports=("${members_ports[@]}")
     label="cluster s=$shards fsync=$fsync"
+    target=$(cluster_target "$shards" "${ports[@]}")
     if [ "$shards" -eq 1 ]; then
-        leader=$(find_leader "${ports[@]}")
-        run_bench "$label" "127.0.0.1:$leader" "" "${pids[@]}"
-        leader_sync "$leader"
+        run_bench "$label" "$target" "" "${pids[@]}"
+        leader_sync "${target##*:}"
     else
-        wait_all_led "${ports[@]}"
-        run_bench "$label" "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}" \
-            "$shards" "${pids[@]}"
+        run_bench "$label" "$target" "$shards" "${pids[@]}"
         for p in "${ports[@]}"; do leader_sync "$p"; done
     fi
     worst_loop "$label" "${ports[@]}"

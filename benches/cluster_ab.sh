@@ -47,14 +47,9 @@ for round in $(seq "$rounds"); do
         for binary in "$@"; do
             start_cluster "$binary" "$fsync"
             load=${LOAD_BINARY:-$binary}
-            if [ "$shards" = 1 ]; then
-                target="127.0.0.1:$(find_leader "${ports[@]}")"
-                routing=()
-            else
-                wait_all_led "${ports[@]}"
-                target="127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
-                routing=(--shards "$shards")
-            fi
+            target=$(cluster_target "$shards" "${ports[@]}")
+            routing=()
+            [ "$shards" = 1 ] || routing=(--shards "$shards")
             p1=$("$load" bench --target "latchkey://$target" --workload uncontended \
                 --pipeline 1 --connections 1 --hot-keys 8 --duration 3s --warmup 1s \
                 "${routing[@]}" --json)

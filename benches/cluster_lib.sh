@@ -53,6 +53,21 @@ if pending:
 PY
 }
 
+# Prints the `bench --target` address list for a three-member cluster of SHARDS shards: with
+# one shard, the member that leads it (listing every member would cost each new key of the
+# uncontended workload a redirect); with several, all three, once every probe key has a leader
+# (the bench then sends each request to its key's leader, with `--shards`).
+cluster_target() { # shards ports...
+    local shards=$1
+    shift
+    if [ "$shards" = 1 ]; then
+        echo "127.0.0.1:$(find_leader "$@")"
+    else
+        wait_all_led "$@"
+        echo "127.0.0.1:$1,127.0.0.1:$2,127.0.0.1:$3"
+    fi
+}
+
 # The user+sys CPU ticks of the given processes, summed.
 cpu_ticks() {
     local total=0 pid fields
