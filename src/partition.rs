@@ -69,6 +69,10 @@ impl GrantRef {
     pub const NONE: GrantRef = GrantRef(u32::MAX);
 }
 
+/// Poll tokens a core reserves for its partition's own sources (a cluster member's peer
+/// connections read on the core): [`Partition::on_source_ready`] gets their index.
+pub const PARTITION_SOURCES: usize = 64;
+
 /// A core's partition: it executes keyed requests, fires its timers and produces answers for
 /// sessions of any core (see [`Answer`]).
 pub trait Partition {
@@ -81,6 +85,10 @@ pub trait Partition {
     fn handle_timers(&mut self, now_us: u64);
     /// When [`handle_timers`](Self::handle_timers) must run next, if anything is scheduled.
     fn next_deadline_us(&self) -> Option<u64>;
+    /// A readiness event for source `source` (< [`PARTITION_SOURCES`]) that the partition
+    /// registered on its core's poll; [`handle_timers`](Self::handle_timers) runs later in the
+    /// same iteration. A single node registers none.
+    fn on_source_ready(&mut self, _source: usize) {}
     /// The answers produced since the last call (give the vector back with
     /// [`return_answers`](Self::return_answers), to keep its allocation).
     fn take_answers(&mut self) -> Vec<Answer>;

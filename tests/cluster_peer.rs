@@ -12,7 +12,9 @@ mod reach;
 
 use crossbeam_channel::Receiver;
 use latchkey::cluster::peer::frame::{Hello, REPLY_BYTES, VERSION};
-use latchkey::cluster::peer::{self, PeerConfig, PeerHandle, PeerLimits, PeerStats};
+use latchkey::cluster::peer::{
+    self, CorePoll, CoreReader, PeerConfig, PeerHandle, PeerLimits, PeerStats,
+};
 use latchkey::partition::cluster_stats::LinkState;
 use mio::{Events, Poll, Token, Waker};
 use raft::eraftpb::{Message, MessageType};
@@ -42,22 +44,41 @@ fn addresses(count: usize) -> Vec<SocketAddr> {
         .collect()
 }
 
-/// One member's peer thread and its cores' receiving ends.
+/// One member's peer thread and its cores' receiving ends: each core's channel and poll, and
+/// its reader when the cores read the connections themselves.
 struct Member {
     handle: PeerHandle,
     join: Option<JoinHandle<()>>,
     cores: Vec<(Receiver<(u32, Message)>, Poll)>,
+    readers: Vec<CoreReader>,
 }
+
+/// Who reads a member's inbound connections.
+#[derive(Clone, Copy, Debug)]
+enum Reads {
+    /// The peer thread (it hands messages to the cores' channels).
+    OnThePeerThread,
+    /// The cores, on their loops (the peer thread hands them accepted connections).
+    OnTheCores,
+}
+
+/// The first token of a core's reader in these tests (the waker's is 0).
+const SOURCE_BASE: usize = 1;
 
 fn route(shard: u32) -> usize {
     shard as usize % CORES
 }
 
 fn start(node_id: u64, all: &[SocketAddr], limits: PeerLimits) -> Member {
+    start_reading(node_id, all, limits, Reads::OnThePeerThread)
+}
+
+fn start_reading(node_id: u64, all: &[SocketAddr], limits: PeerLimits, reads: Reads) -> Member {
     let peers = (all.iter().enumerate())
         .map(|(i, &addr)| (i as u64 + 1, addr))
         .collect();
-    start_with(node_id, all[node_id as usize - 1], peers, IDENTITY, limits)
+    let listen = all[node_id as usize - 1];
+    start_as(node_id, listen, peers, (IDENTITY, limits), reads)
 }
 
 /// Member `node_id` listening on `listen`, dialing `peers`, of the cluster `identity`.
@@ -67,6 +88,22 @@ fn start_with(
     peers: Vec<(u64, SocketAddr)>,
     identity: u64,
     limits: PeerLimits,
+) -> Member {
+    start_as(
+        node_id,
+        listen,
+        peers,
+        (identity, limits),
+        Reads::OnThePeerThread,
+    )
+}
+
+fn start_as(
+    node_id: u64,
+    listen: SocketAddr,
+    peers: Vec<(u64, SocketAddr)>,
+    (identity, limits): (u64, PeerLimits),
+    reads: Reads,
 ) -> Member {
     let _ = env_logger::builder().is_test(true).try_init();
     let config = PeerConfig {
@@ -87,11 +124,26 @@ fn start_with(
         inbound.push((sender, waker));
         cores.push((receiver, poll));
     }
-    let (handle, join) = peer::spawn(config, inbound, route).expect("spawn the peer thread");
+    let (handle, join, readers) = match reads {
+        Reads::OnThePeerThread => {
+            let (handle, join) = peer::spawn(config, inbound, route).expect("spawn");
+            (handle, join, Vec::new())
+        }
+        Reads::OnTheCores => {
+            let polls = (cores.iter())
+                .map(|(_, poll)| CorePoll {
+                    registry: poll.registry().try_clone().expect("a registry"),
+                    token_base: SOURCE_BASE,
+                })
+                .collect();
+            peer::spawn_with_readers(config, inbound, polls, route).expect("spawn")
+        }
+    };
     Member {
         handle,
         join: Some(join),
         cores,
+        readers,
     }
 }
 
@@ -100,7 +152,10 @@ impl Member {
         self.handle.stats()
     }
 
+    /// Stops the member as a server does: its cores first (their readers close the connections
+    /// they read), then the peer thread.
     fn stop(&mut self) {
+        self.readers.clear();
         self.handle.stop();
         if let Some(join) = self.join.take() {
             join.join().expect("the peer thread ends cleanly");
@@ -112,25 +167,44 @@ impl Member {
     fn receive(&mut self, count: usize) -> (Vec<(usize, u32, Message)>, usize) {
         let deadline = Instant::now() + PATIENCE;
         let (mut received, mut wakes) = (Vec::new(), 0);
-        let mut events = Events::with_capacity(16);
         while received.len() < count && Instant::now() < deadline {
-            for (core, (receiver, poll)) in self.cores.iter_mut().enumerate() {
-                poll.poll(&mut events, Some(Duration::from_millis(20)))
-                    .expect("poll");
-                wakes += events.iter().count();
-                received.extend(receiver.try_iter().map(|(shard, m)| (core, shard, m)));
-            }
+            wakes += self.pump(Duration::from_millis(20), &mut received);
         }
         (received, wakes)
     }
 
     /// Whatever arrives within `within` (to show that nothing more does).
     fn receive_for(&mut self, within: Duration) -> Vec<(usize, u32, Message)> {
-        thread::sleep(within);
-        let cores = self.cores.iter().enumerate();
-        cores
-            .flat_map(|(core, (rx, _))| rx.try_iter().map(move |(s, m)| (core, s, m)))
-            .collect()
+        let deadline = Instant::now() + within;
+        let mut received = Vec::new();
+        while Instant::now() < deadline {
+            self.pump(Duration::from_millis(10), &mut received);
+        }
+        received
+    }
+
+    /// One turn of each core, as its loop would take it: poll (up to `timeout`), hand its
+    /// reader the readiness of its connections, take what arrived. Returns the events seen.
+    fn pump(&mut self, timeout: Duration, into: &mut Vec<(usize, u32, Message)>) -> usize {
+        let mut events = Events::with_capacity(16);
+        let mut seen = 0;
+        for (core, (receiver, poll)) in self.cores.iter_mut().enumerate() {
+            poll.poll(&mut events, Some(timeout)).expect("poll");
+            seen += events.iter().count();
+            into.extend(receiver.try_iter().map(|(shard, m)| (core, shard, m)));
+            let Some(reader) = self.readers.get_mut(core) else {
+                continue;
+            };
+            for event in events.iter() {
+                if let Some(source) = event.token().0.checked_sub(SOURCE_BASE) {
+                    reader.on_ready(source);
+                }
+            }
+            while let Some((shard, message)) = reader.recv() {
+                into.push((core, shard, message));
+            }
+        }
+        seen
     }
 }
 
@@ -201,9 +275,20 @@ fn load(counter: &std::sync::atomic::AtomicU64) -> u64 {
 
 #[test]
 fn three_members_deliver_every_message_once_to_the_shards_core() {
+    deliver_every_message_once(Reads::OnThePeerThread);
+}
+
+/// The same with the connections read on the cores: a core's reader hands the other core's
+/// messages to that core's channel.
+#[test]
+fn three_members_deliver_every_message_once_to_the_shards_core_reading_on_the_cores() {
+    deliver_every_message_once(Reads::OnTheCores);
+}
+
+fn deliver_every_message_once(reads: Reads) {
     let all = addresses(3);
     let mut members: Vec<Member> = (1..=3)
-        .map(|id| start(id, &all, PeerLimits::default()))
+        .map(|id| start_reading(id, &all, PeerLimits::default(), reads))
         .collect();
     const EACH: u64 = 2000;
     for from in 1..=3u64 {
@@ -379,9 +464,18 @@ fn a_peer_that_stops_reading_never_holds_up_senders_and_gets_the_kept_messages_i
 
 #[test]
 fn a_restarted_member_is_reconnected_and_gets_what_was_queued_while_it_was_down() {
+    restarted_member(Reads::OnThePeerThread);
+}
+
+#[test]
+fn a_restarted_member_reading_on_its_cores_is_reconnected_and_gets_what_was_queued() {
+    restarted_member(Reads::OnTheCores);
+}
+
+fn restarted_member(reads: Reads) {
     let all = addresses(2);
-    let mut one = start(1, &all, PeerLimits::default());
-    let mut two = start(2, &all, PeerLimits::default());
+    let mut one = start_reading(1, &all, PeerLimits::default(), reads);
+    let mut two = start_reading(2, &all, PeerLimits::default(), reads);
     send_numbered(&one, 1, 2, 0..10);
     assert_eq!(two.receive(10).0.len(), 10);
 
@@ -417,7 +511,7 @@ fn a_restarted_member_is_reconnected_and_gets_what_was_queued_while_it_was_down(
     });
     thread::sleep(Duration::from_millis(300)); // a few refused connects and backoffs
 
-    let mut two = start(2, &all, PeerLimits::default());
+    let mut two = start_reading(2, &all, PeerLimits::default(), reads);
     let (received, _) = two.receive(100);
     let numbers: HashSet<u64> = received.iter().map(|(_, _, m)| m.commit).collect();
     assert_eq!(numbers, (10..110).collect(), "every queued message, once");
@@ -468,6 +562,111 @@ fn hello(shards: u32, from: u64) -> Vec<u8> {
     }
     .encode()
     .to_vec()
+}
+
+/// A raw connection from node 3 to member 2 whose hello was accepted (the reply read).
+fn connect_as_three(member_two: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(member_two).expect("connect");
+    stream
+        .write_all(&hello(SHARDS, 3))
+        .expect("write the hello");
+    let mut reply = [0u8; REPLY_BYTES];
+    stream.read_exact(&mut reply).expect("the reply");
+    let reply = peer::frame::Reply::decode(&reply)
+        .expect("a reply")
+        .expect("whole");
+    assert_eq!(reply.verdict, peer::frame::Verdict::Accepted);
+    stream
+}
+
+/// Numbered heartbeats from 3 to 2, as envelopes.
+fn from_three(numbers: std::ops::Range<u64>) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for number in numbers {
+        let shard = (number % u64::from(SHARDS)) as u32;
+        peer::frame::encode(shard, &message(3, 2, number, 0), &mut bytes).expect("encodes");
+    }
+    bytes
+}
+
+/// On a member whose cores read the connections: what a peer sends after its hello is read and
+/// routed by a core; a newer connection from the same node replaces the older one there; a
+/// hostile envelope closes the connection and is counted and shown as a refusal, as on the
+/// peer thread; and what arrives counts as heard from the peer.
+#[test]
+fn connections_read_on_the_cores_route_replace_refuse_and_count_as_heard() {
+    let all = addresses(3); // members 1 and 3 never run: 3 is played by raw connections
+    let mut two = start_reading(2, &all, PeerLimits::default(), Reads::OnTheCores);
+    let mut first = connect_as_three(all[1]);
+    first.write_all(&from_three(0..40)).expect("write");
+    let (received, _) = two.receive(40);
+    let numbers: HashSet<u64> = received.iter().map(|(_, _, m)| m.commit).collect();
+    assert_eq!(numbers, (0..40).collect(), "every message, once");
+    for (core, shard, _) in &received {
+        assert_eq!(*core, route(*shard), "shard {shard} went to core {core}");
+    }
+    let readers: Vec<usize> = two.readers.iter().map(CoreReader::connections).collect();
+    assert_eq!(
+        readers.iter().sum::<usize>(),
+        1,
+        "one core reads it: {readers:?}"
+    );
+    wait_for("the peer thread to publish what the core heard", || {
+        let report = two.handle.report();
+        let three = report.peers.iter().find(|status| status.node_id == 3);
+        three.is_some_and(|status| status.heard_ms_ago.is_some_and(|ago| ago < 5_000))
+    });
+
+    let mut second = connect_as_three(all[1]);
+    second.write_all(&from_three(40..50)).expect("write");
+    let (received, _) = two.receive(10);
+    let numbers: HashSet<u64> = received.iter().map(|(_, _, m)| m.commit).collect();
+    assert_eq!(numbers, (40..50).collect());
+    assert!(
+        closed_by_server(&mut first),
+        "the older connection was replaced"
+    );
+    let readers: usize = two.readers.iter().map(CoreReader::connections).sum();
+    assert_eq!(readers, 1);
+
+    // A shard out of range, after the hello and some good envelopes: the core refuses it.
+    let mut hostile = from_three(50..52);
+    hostile.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, SHARDS as u8]);
+    second.write_all(&hostile).expect("write");
+    let mut received = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    while two
+        .readers
+        .iter()
+        .map(CoreReader::connections)
+        .sum::<usize>()
+        > 0
+    {
+        assert!(Instant::now() < deadline, "the core closed the connection");
+        two.pump(Duration::from_millis(10), &mut received);
+    }
+    // One core's reader may have handed a message to the other core after it was pumped.
+    received.extend(two.receive_for(Duration::from_millis(100)));
+    assert!(closed_by_server(&mut second), "closed");
+    let numbers: HashSet<u64> = received.iter().map(|(_, _, m)| m.commit).collect();
+    assert_eq!(
+        numbers,
+        (50..52).collect(),
+        "what came before it was delivered"
+    );
+    wait_for("the refusal to be counted", || {
+        load(&two.stats().refusals) == 1
+    });
+    let report = two.handle.report();
+    let three = report.peers.iter().find(|status| status.node_id == 3);
+    let refused = three.and_then(|status| status.refused_inbound.clone());
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|why| why.contains("out of range")),
+        "the peer's status says why: {refused:?}"
+    );
+    assert_eq!(load(&two.stats().accepts), 2);
 }
 
 #[test]

@@ -76,6 +76,14 @@ pub trait Peers {
     fn send(&mut self, batch: Vec<Envelope>);
     /// The next message a peer sent for one of this core's shards, if any.
     fn try_recv(&mut self) -> Option<(u32, Message)>;
+    /// A readiness event for source `source` of the core's poll (a connection this way reads
+    /// on the core).
+    fn on_ready(&mut self, _source: usize) {}
+    /// Whether [`Peers::try_recv`] has something without a new event (the partition then asks
+    /// to run again at once).
+    fn has_pending(&self) -> bool {
+        false
+    }
     /// The links to the other members and the quorum, if this way knows them.
     fn report(&self) -> Option<PeerReport> {
         None
@@ -446,8 +454,12 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         }
     }
 
+    fn on_source_ready(&mut self, source: usize) {
+        self.peers.on_ready(source);
+    }
+
     fn next_deadline_us(&self) -> Option<u64> {
-        if self.member.has_ready() || self.compactor.has_done() {
+        if self.member.has_ready() || self.compactor.has_done() || self.peers.has_pending() {
             return Some(self.now_us);
         }
         let waits = self.wait_timers.keys().next().map(|(at, _)| *at);

@@ -1,9 +1,13 @@
 //! The peer transport: raft messages between members over TCP, on one mio thread per member.
 //!
-//! A member runs one *peer thread* ([`spawn`]) that owns every TCP connection to the other
-//! members and listens on the member's `peer` address. It hands each incoming message to the
-//! core that owns the message's shard, on that core's channel, and wakes the core's
-//! `mio::Waker` once per loop iteration in which it delivered anything to it. Outgoing messages
+//! A member runs one *peer thread* that dials the other members and listens on the member's
+//! `peer` address. In a server ([`spawn_with_readers`]) it checks each accepted connection's
+//! hello and then hands the connection to one core, which reads it on its own loop
+//! (`reader.rs`): a message for that core's shards is stepped in the iteration that read it,
+//! with no thread between the socket and raft; one for another core's shards goes on that
+//! core's channel and wakes its `mio::Waker`, and a snapshot goes back to the peer thread to be
+//! checked (a whole restore, too long for a core's loop). With [`spawn`] (tests) the peer thread
+//! reads every connection itself and hands each message to its core's channel. Outgoing messages
 //! are written by the thread that sends them ([`PeerHandle::send_batch`]: a core, or a log
 //! writer after its sync) straight to the peer's connection, under the lock of the peer's
 //! *lane* (`lane.rs`), and left queued there for the peer thread when the socket is full or not
@@ -47,6 +51,7 @@
 //! | `peer/lane.rs` | one peer's queue and socket, shared by the threads that send to it |
 //! | `peer/link.rs` | one outbound connection: hello, reply, writes, keepalives, reconnect |
 //! | `peer/inbound.rs` | one inbound connection: hello answered, envelopes read, dispatch |
+//! | `peer/reader.rs` | a core's inbound connections, read on the core's loop |
 //! | `peer/status.rs` | [`status`]: links, reachability and quorum: published and logged |
 //! | `peer/thread.rs` | the peer thread's mio loop |
 
@@ -56,9 +61,12 @@ mod inbound;
 mod lane;
 mod link;
 mod queue;
+mod reader;
 pub mod status;
 mod thread;
 pub mod wire;
+
+pub use reader::{CorePoll, CoreReader, SOURCES};
 
 use crossbeam_channel::Sender;
 use raft::eraftpb::Message;
@@ -287,21 +295,75 @@ impl PeerHandle {
 /// Starts a member's peer thread: binds `config.listen` (an error is returned here), then runs
 /// until [`PeerHandle::stop`]. `inbound[i]` is core `i`'s channel and waker; `route(shard)` is
 /// the index of the core that owns `shard` (a bug if out of range). Dropping every handle does
-/// not stop the thread: call [`PeerHandle::stop`].
+/// not stop the thread: call [`PeerHandle::stop`]. The peer thread reads every connection.
+#[cfg(any(test, feature = "testing"))]
 pub fn spawn<R>(
     config: PeerConfig,
     inbound: Vec<CoreInbox>,
     route: R,
 ) -> io::Result<(PeerHandle, JoinHandle<()>)>
 where
-    R: Fn(u32) -> usize + Send + 'static,
+    R: Fn(u32) -> usize + Send + Sync + 'static,
 {
+    let (handle, join, _) = spawn_inner(config, inbound, Arc::new(route), None)?;
+    Ok((handle, join))
+}
+
+/// As [`spawn`], but each accepted connection is read on a core's own loop (`reader.rs`):
+/// `polls[i]` is core `i`'s, and the [`CoreReader`]s returned (one per core, in order) read
+/// them; a core passes each readiness event of its reserved tokens to its reader and takes
+/// messages with [`CoreReader::recv`] besides its channel.
+pub fn spawn_with_readers<R>(
+    config: PeerConfig,
+    inbound: Vec<CoreInbox>,
+    polls: Vec<CorePoll>,
+    route: R,
+) -> io::Result<(PeerHandle, JoinHandle<()>, Vec<CoreReader>)>
+where
+    R: Fn(u32) -> usize + Send + Sync + 'static,
+{
+    if polls.len() != inbound.len() {
+        let what = format!("{} polls for {} cores", polls.len(), inbound.len());
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, what));
+    }
+    spawn_inner(config, inbound, Arc::new(route), Some(polls))
+}
+
+fn spawn_inner(
+    config: PeerConfig,
+    inbound: Vec<CoreInbox>,
+    route: inbound::Route,
+    polls: Option<Vec<CorePoll>>,
+) -> io::Result<(PeerHandle, JoinHandle<()>, Vec<CoreReader>)> {
     let config = validate(config, inbound.len())?;
     let stats = Arc::new(PeerStats::default());
     let stop = Arc::new(AtomicBool::new(false));
     let board = Arc::new(parking_lot::Mutex::new(status::Board::default()));
-    let cores = (inbound, Box::new(route) as Box<dyn Fn(u32) -> usize + Send>);
-    let peer = thread::Peer::new(config, cores, &stats, &stop, &board)?;
+    let epoch = Instant::now();
+    let heard = Arc::new(inbound::Heard::new(config.peers.len(), epoch));
+    let (refusals_in, refusals) = crossbeam_channel::bounded(SOURCES);
+    let (snapshots_in, snapshots) = crossbeam_channel::bounded(SOURCES);
+    let mut handovers = Vec::new();
+    let mut receivers = Vec::new();
+    for _ in polls.iter().flatten() {
+        let (sender, receiver) = crossbeam_channel::bounded(SOURCES);
+        handovers.push(sender);
+        receivers.push(receiver);
+    }
+    let handover = polls.is_some().then(|| reader::Handover {
+        cores: handovers,
+        refusals,
+        snapshots,
+    });
+    let cores = (inbound.clone(), Arc::clone(&route));
+    let peer = thread::Peer::new(
+        config.clone(),
+        cores,
+        (Arc::clone(&heard), handover),
+        &stats,
+        &stop,
+        &board,
+    )?;
     let handle = PeerHandle {
         lanes: peer.lanes(),
         waker: peer.waker(),
@@ -310,11 +372,29 @@ where
         board,
         local_addr: peer.local_addr()?,
     };
+    let readers = (polls.into_iter().flatten().zip(receivers).enumerate())
+        .map(|(core, (poll, receiver))| {
+            let context = inbound::Context {
+                node_id: config.node_id,
+                shards: config.shards,
+                identity: config.identity,
+                peers: config.peers.iter().map(|&(id, _)| id).collect(),
+                heard: Arc::clone(&heard),
+                cores: inbound::Cores::new(inbound.clone(), Arc::clone(&route), Some(core)),
+                now: epoch,
+                epoch,
+                invalid_log: crate::logging::Throttle::default(),
+                snapshots: Some((snapshots_in.clone(), Arc::clone(&handle.waker))),
+            };
+            let back = (refusals_in.clone(), Arc::clone(&handle.waker));
+            CoreReader::new(receiver, poll, context, &handle.stats, back)
+        })
+        .collect();
     let name = format!("lk-peer-{}", handle.local_addr.port());
     let join = std::thread::Builder::new()
         .name(name)
         .spawn(move || peer.run())?;
-    Ok((handle, join))
+    Ok((handle, join, readers))
 }
 
 fn validate(mut config: PeerConfig, cores: usize) -> io::Result<PeerConfig> {

@@ -12,28 +12,37 @@ use crate::cluster::compactor::SnapWorker;
 use crate::cluster::data_dir::{DataDir, Expected};
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
-use crate::cluster::peer::{self, Outgoing, PeerConfig, PeerHandle, PeerLimits};
+use crate::cluster::peer::{
+    self, CorePoll, CoreReader, Outgoing, PeerConfig, PeerHandle, PeerLimits,
+};
 use crate::cluster::wal::Wal;
 use crate::cluster::writer::Writer;
 use crate::config::{ClusterConfig, Config};
 use crate::partition::cluster_stats::PeerReport;
 use crate::partition::QueueCounts;
-use crate::server::{Backend, Beside, Started};
+use crate::partition::PARTITION_SOURCES;
+use crate::server::{Backend, Beside, Started, PARTITION_TOKEN_BASE};
 use crossbeam_channel::Receiver;
-use mio::Waker;
+use mio::{Registry, Waker};
 use raft::eraftpb::Message;
 use std::io;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Raft messages from the peer thread waiting for one core at most.
+/// Raft messages from the peer thread (or another core's reader) waiting for one core at most.
 const INBOUND_DEPTH: usize = 65_536;
 
-/// A core's way to the other members: the peer thread's handle and the core's inbound channel.
+// A core reserves a token for each connection its reader may hold.
+const _: () = assert!(peer::SOURCES <= PARTITION_SOURCES);
+
+/// A core's way to the other members: the peer thread's handle, the core's inbound channel
+/// (messages the peer thread or another core read for it), and the connections it reads on
+/// its own loop.
 pub struct CorePeers {
     handle: PeerHandle,
     inbound: Receiver<(u32, Message)>,
+    reader: CoreReader,
 }
 
 /// Hands `batch` to the peer thread. A full channel drops it (counted): Raft retransmits.
@@ -55,7 +64,17 @@ impl Peers for CorePeers {
     }
 
     fn try_recv(&mut self) -> Option<(u32, Message)> {
-        self.inbound.try_recv().ok()
+        // The channel first: what the peer thread read of a connection before handing it over
+        // comes before what this core reads of it.
+        self.inbound.try_recv().ok().or_else(|| self.reader.recv())
+    }
+
+    fn on_ready(&mut self, source: usize) {
+        self.reader.on_ready(source);
+    }
+
+    fn has_pending(&self) -> bool {
+        !self.inbound.is_empty() || self.reader.has_pending()
     }
 
     fn report(&self) -> Option<PeerReport> {
@@ -122,10 +141,10 @@ impl Backend for MemberBackend {
     fn start(
         self,
         config: &Config,
-        wakers: &[Arc<Waker>],
+        cores: (&[Arc<Waker>], Vec<Registry>),
         queues: Option<Arc<dyn QueueCounts>>,
     ) -> io::Result<Started<MemberPartition>> {
-        let (partitions, peers) = start(config, &self.cluster, wakers, queues)?;
+        let (partitions, peers) = start(config, &self.cluster, cores, queues)?;
         let beside = MemberBeside {
             peers,
             _data_dir: self.data_dir,
@@ -150,7 +169,7 @@ fn open_data_dir(config: &Config, cluster: &ClusterConfig) -> io::Result<DataDir
 fn start(
     config: &Config,
     cluster: &ClusterConfig,
-    wakers: &[Arc<Waker>],
+    (wakers, registries): (&[Arc<Waker>], Vec<Registry>),
     queues: Option<Arc<dyn QueueCounts>>,
 ) -> io::Result<(Vec<MemberPartition>, PeerThread)> {
     let cores = config.server.cores;
@@ -178,16 +197,28 @@ fn start(
         .zip(wakers)
         .map(|((sender, _), waker)| (sender.clone(), Arc::clone(waker)))
         .collect();
-    let (handle, thread) = peer::spawn(peer_config, inbound, move |shard| shard as usize % cores)
+    let polls = (registries.into_iter())
+        .map(|registry| CorePoll {
+            registry,
+            token_base: PARTITION_TOKEN_BASE,
+        })
+        .collect();
+    let route = move |shard| shard as usize % cores;
+    let (handle, thread, readers) = peer::spawn_with_readers(peer_config, inbound, polls, route)
         .map_err(|e| {
-        io::Error::new(e.kind(), format!("cluster peer address {}: {e}", this.peer))
-    })?;
+            io::Error::new(e.kind(), format!("cluster peer address {}: {e}", this.peer))
+        })?;
     let peer_thread = PeerThread { handle, thread };
     let mut partitions = Vec::with_capacity(cores);
-    for (core, (_, receiver)) in channels.into_iter().enumerate() {
+    for (core, ((_, receiver), reader)) in channels.into_iter().zip(readers).enumerate() {
         let waker = Arc::clone(&wakers[core]);
         let handle = &peer_thread.handle;
-        match core_partition(config, cluster, (core, waker), seed, handle, receiver) {
+        let peers = CorePeers {
+            handle: handle.clone(),
+            inbound: receiver,
+            reader,
+        };
+        match core_partition(config, cluster, (core, waker), seed, handle, peers) {
             Ok(mut partition) => {
                 // With more than one core a session's acquires may queue on several.
                 if let Some(queues) = &queues {
@@ -210,7 +241,7 @@ fn core_partition(
     (core, waker): (usize, Arc<mio::Waker>),
     seed: u64,
     handle: &PeerHandle,
-    inbound: Receiver<(u32, Message)>,
+    peers: CorePeers,
 ) -> io::Result<MemberPartition> {
     let cores = config.server.cores;
     let dir = cluster.data_dir.join(format!("core-{core}"));
@@ -248,10 +279,6 @@ fn core_partition(
         max_keys_per_shard: (config.limits.max_keys / cluster.shards as usize).max(1),
         max_pending_per_session: config.limits.max_pending_per_session,
         compact_every: crate::cluster::partition::compact_every(cluster.shards),
-    };
-    let peers = CorePeers {
-        handle: handle.clone(),
-        inbound,
     };
     let compactor = SnapWorker::spawn(format!("latchkey-snap-{core}"), snap_wake)?;
     let partition = ClusterPartition::with_compactor(settings, member, peers, Box::new(compactor));

@@ -319,6 +319,11 @@ impl<N: Net, P: Partition> Core<N, P> {
         .min()
     }
 
+    /// A readiness event for the partition's source `source`.
+    pub fn on_source_ready(&mut self, source: usize) {
+        self.table.on_source_ready(source);
+    }
+
     /// A readiness event for the session in `slot`.
     pub fn on_ready(&mut self, slot: usize, readable: bool, writable: bool, closed: bool) {
         let Some(session) = self.sessions.get(slot) else {

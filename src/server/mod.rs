@@ -49,8 +49,9 @@ use crate::tokens::{self, StateDir, TokenRange};
 use crate::tokens::{Persister, TokenKeeper};
 use bind::AddressGuard;
 use mio::net::TcpStream;
-use mio::{Poll, Waker};
+use mio::{Poll, Registry, Waker};
 use net::MioStream;
+pub use net::PARTITION_TOKEN_BASE;
 use parking_lot::Mutex;
 use reactor::{CoreSettings, Links, Reactor, ReactorParts, WAKER};
 use route::{KeyPool, Msg, Outbox, CHANNEL_DEPTH};
@@ -282,13 +283,15 @@ impl Drop for ServerHandle {
 pub trait Backend {
     /// A core's partition.
     type Partition: Partition + Send + 'static;
-    /// One partition per core (`wakers[c]` wakes core `c`; `queues`: the per-session counts
-    /// of queued acquires shared by the cores, when there are several), and what must stop
-    /// after the cores.
+    /// One partition per core (`wakers[c]` wakes core `c`; `registries[c]` is core `c`'s poll,
+    /// where the partition may register sources with the
+    /// [`PARTITION_SOURCES`](crate::partition::PARTITION_SOURCES) tokens from
+    /// [`PARTITION_TOKEN_BASE`]; `queues`: the per-session counts of queued acquires shared by
+    /// the cores, when there are several), and what must stop after the cores.
     fn start(
         self,
         config: &Config,
-        wakers: &[Arc<Waker>],
+        cores: (&[Arc<Waker>], Vec<Registry>),
         queues: Option<Arc<dyn QueueCounts>>,
     ) -> io::Result<Started<Self::Partition>>;
 }
@@ -341,7 +344,7 @@ impl Backend for NoBackend {
     fn start(
         self,
         _: &Config,
-        _: &[Arc<Waker>],
+        _: (&[Arc<Waker>], Vec<Registry>),
         _: Option<Arc<dyn QueueCounts>>,
     ) -> io::Result<Started<LockTable>> {
         match self {}
@@ -407,7 +410,11 @@ fn start_inner<B: Backend>(
         }
         Some(backend) => {
             let queues = (plan.shared.queues.clone()).map(|queues| queues as Arc<dyn QueueCounts>);
-            let (partitions, beside) = backend.start(&config, &plan.shared.wakers, queues)?;
+            let registries = (plan.polls.iter())
+                .map(|poll| poll.registry().try_clone())
+                .collect::<io::Result<Vec<_>>>()?;
+            let cores = (&plan.shared.wakers[..], registries);
+            let (partitions, beside) = backend.start(&config, cores, queues)?;
             handle.beside = Some(beside);
             let partitions = partitions
                 .into_iter()

@@ -12,6 +12,7 @@
 //! constants, so the plain TCP path compiles to what it was.
 
 use mio::net::TcpStream;
+use crate::partition::PARTITION_SOURCES;
 use mio::{Interest, Registry, Token};
 use std::io::{self, Read, Write};
 use std::marker::PhantomData;
@@ -84,9 +85,12 @@ pub trait Net {
     fn now_us(&self) -> u64;
 }
 
-/// Session tokens in the poll are slab slots plus this (the lower tokens are the listener's,
-/// the waker's and the alarm's).
-pub const SESSION_TOKEN_BASE: usize = 3;
+/// The first of the [`PARTITION_SOURCES`] tokens a core reserves for its partition's sources
+/// (the lower tokens are the listener's, the waker's and the alarm's).
+pub const PARTITION_TOKEN_BASE: usize = 3;
+
+/// Session tokens in the poll are slab slots plus this (above the partition's sources).
+pub const SESSION_TOKEN_BASE: usize = PARTITION_TOKEN_BASE + PARTITION_SOURCES;
 
 /// Sessions on mio streams (TCP or TLS over TCP), registered in one core's poll.
 pub struct MioNet<S = TcpStream> {

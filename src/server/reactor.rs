@@ -18,7 +18,7 @@
 use super::alarm::Alarm;
 use super::core::Core;
 pub use super::core::{core_of, slot_of, CoreSettings, Links};
-use super::net::{MioNet, MioStream, SESSION_TOKEN_BASE};
+use super::net::{MioNet, MioStream, PARTITION_TOKEN_BASE, SESSION_TOKEN_BASE};
 use super::Shared;
 use crate::lock_table::LockTable;
 use crate::partition::Partition;
@@ -37,7 +37,8 @@ const ALARM: Token = Token(2);
 /// Readiness events taken per poll.
 const EVENTS_MAX: usize = 1024;
 
-const _: () = assert!(SESSION_TOKEN_BASE > ALARM.0 && SESSION_TOKEN_BASE > LISTENER.0);
+const _: () = assert!(PARTITION_TOKEN_BASE > ALARM.0 && PARTITION_TOKEN_BASE > LISTENER.0);
+const _: () = assert!(SESSION_TOKEN_BASE > PARTITION_TOKEN_BASE);
 
 /// One core's loop: its poll, its listener, its alarm and its [`Core`], over streams `S` (plain
 /// TCP, or TLS: one type per server, so the plain path carries nothing of TLS).
@@ -157,6 +158,9 @@ impl<S: MioStream, P: Partition> Reactor<S, P> {
                 LISTENER => self.accept_all(),
                 WAKER => {}
                 ALARM => self.alarm.acknowledge(),
+                Token(token) if token < SESSION_TOKEN_BASE => {
+                    self.core.on_source_ready(token - PARTITION_TOKEN_BASE)
+                }
                 Token(token) => {
                     let closed = event.is_read_closed() || event.is_error();
                     let slot = token - SESSION_TOKEN_BASE;

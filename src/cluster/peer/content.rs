@@ -6,7 +6,8 @@
 //! machine encoded, so bytes that do not decode come from a broken or hostile peer. Once raft
 //! took them they cannot be refused any more: a snapshot that does not restore, or a committed
 //! entry that does not decode, would leave this member's state apart from the other replicas'
-//! (the partition then stops the member). So the peer thread drops such a message before it is
+//! (the partition then stops the member). So the thread that reads the connection (a core, or
+//! the peer thread; a snapshot always on the peer thread) drops such a message before it is
 //! delivered (raft tolerates loss), counts it and logs it; the connection stays up.
 //!
 //! Checked: every entry of a message is a normal entry whose data is empty (a new leader's
@@ -15,7 +16,7 @@
 //!
 //! Deliberately not here: raft's own rules (the member refuses what raft-rs would panic on),
 //! and the cost of a snapshot's full restore is paid twice (here, and on the core that restores
-//! it): snapshots are rare, and this thread is not a core's loop.
+//! it): snapshots are rare, and the peer thread is not a core's loop.
 
 use crate::cluster::machine::{Command, DecodeError, ShardMachine};
 use raft::eraftpb::{EntryType, Message, MessageType};

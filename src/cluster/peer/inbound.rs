@@ -20,13 +20,17 @@
 use super::frame::{self, Envelope, Hello, Local, Reply, Verdict, HELLO_BYTES, LEN_BYTES};
 use super::{content, wire, CoreInbox, PeerStats};
 use crate::logging::Throttle;
-use crossbeam_channel::TrySendError;
+use crossbeam_channel::{Sender, TrySendError};
+use mio::Waker;
 use mio::net::TcpStream;
 use protobuf::Message as _;
-use raft::eraftpb::Message;
+use raft::eraftpb::{Message, MessageType};
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A connection's read buffer when it is not holding a large envelope.
 pub(crate) const BUFFER_BYTES: usize = 64 << 10;
@@ -43,22 +47,42 @@ pub(crate) enum Close {
     Refused(String),
 }
 
+/// A shard's core from its index (shared by the peer thread and the cores that read).
+pub(crate) type Route = Arc<dyn Fn(u32) -> usize + Send + Sync>;
+
 /// The cores that receive messages, and which of them were handed something this iteration.
+/// On a core that reads connections itself (`local`), its own shards' messages go to a queue
+/// it takes them from, not through its channel.
 pub(crate) struct Cores {
     inbound: Vec<CoreInbox>,
-    route: Box<dyn Fn(u32) -> usize + Send>,
+    route: Route,
     delivered: Vec<bool>,
+    local: Option<usize>,
+    queue: VecDeque<(u32, Message)>,
 }
 
 impl Cores {
-    /// Cores `inbound[i]`, with `route(shard)` the index of a shard's core.
-    pub(crate) fn new(inbound: Vec<CoreInbox>, route: Box<dyn Fn(u32) -> usize + Send>) -> Cores {
+    /// Cores `inbound[i]`, with `route(shard)` the index of a shard's core; `local`: the core
+    /// these deliveries are made on, if it is one.
+    pub(crate) fn new(inbound: Vec<CoreInbox>, route: Route, local: Option<usize>) -> Cores {
         let delivered = vec![false; inbound.len()];
         Cores {
             inbound,
             route,
             delivered,
+            local,
+            queue: VecDeque::new(),
         }
+    }
+
+    /// The next message delivered to the local core, if any.
+    pub(crate) fn pop_local(&mut self) -> Option<(u32, Message)> {
+        self.queue.pop_front()
+    }
+
+    /// Whether messages for the local core wait.
+    pub(crate) fn has_local(&self) -> bool {
+        !self.queue.is_empty()
     }
 
     fn deliver(&mut self, shard: u32, message: Message, stats: &PeerStats) {
@@ -67,11 +91,21 @@ impl Cores {
             core < self.inbound.len(),
             "route({shard}) = {core}: no such core"
         );
+        if self.local == Some(core) {
+            return self.queue.push_back((shard, message));
+        }
         match self.inbound[core].0.try_send((shard, message)) {
             Ok(()) => self.delivered[core] = true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 PeerStats::add(&stats.drops_inbound, 1);
             }
+        }
+    }
+
+    /// Wakes core `core` now.
+    pub(crate) fn wake_core(&mut self, core: usize) {
+        if let Err(error) = self.inbound[core].1.wake() {
+            log::warn!("peer: cannot wake core {core}: {error}");
         }
     }
 
@@ -87,6 +121,37 @@ impl Cores {
     }
 }
 
+/// When something last arrived from each peer (the links' order), noted by whichever thread
+/// reads its connection and read by the peer thread's [`super::status`] watch.
+pub(crate) struct Heard {
+    epoch: Instant,
+    /// Microseconds since `epoch`, plus one; zero: never.
+    at_us: Vec<AtomicU64>,
+}
+
+impl Heard {
+    /// Nothing heard yet from any of `peers` peers.
+    pub(crate) fn new(peers: usize, epoch: Instant) -> Heard {
+        let at_us = (0..peers).map(|_| AtomicU64::new(0)).collect();
+        Heard { epoch, at_us }
+    }
+
+    fn note(&self, index: usize, now: Instant) {
+        let us = now.saturating_duration_since(self.epoch).as_micros() as u64 + 1;
+        // A later note may be stored first by another thread: keep the latest.
+        self.at_us[index].fetch_max(us, Ordering::Relaxed);
+    }
+
+    /// Each peer's last time, in the links' order, into `into`.
+    pub(crate) fn read(&self, into: &mut Vec<Option<Instant>>) {
+        into.clear();
+        into.extend(self.at_us.iter().map(|at| match at.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(self.epoch + Duration::from_micros(us - 1)),
+        }));
+    }
+}
+
 /// What every inbound connection checks its input against, and where it delivers.
 pub(crate) struct Context {
     /// This member's node id: every message must be addressed to it.
@@ -98,7 +163,7 @@ pub(crate) struct Context {
     /// The peers' node ids, in the links' order: a hello must name one.
     pub(crate) peers: Vec<u64>,
     /// When something last arrived from each peer (same order).
-    pub(crate) heard: Vec<Option<Instant>>,
+    pub(crate) heard: Arc<Heard>,
     /// The cores.
     pub(crate) cores: Cores,
     /// The time of this loop iteration.
@@ -107,7 +172,13 @@ pub(crate) struct Context {
     pub(crate) epoch: Instant,
     /// Lines about dropped invalid messages.
     pub(crate) invalid_log: Throttle,
+    /// On a core: where snapshots go to be checked (on the peer thread: a snapshot's check
+    /// restores it whole, too long for a core's loop), and the peer thread's waker.
+    pub(crate) snapshots: Option<(Sender<Unchecked>, Arc<Waker>)>,
 }
+
+/// A snapshot a core read, for the peer thread to check and deliver: its sender and shard.
+pub(crate) type Unchecked = (u64, u32, Message);
 
 impl Context {
     fn local(&self) -> Local<'_> {
@@ -132,7 +203,7 @@ impl Context {
     /// Notes that something arrived from `peer` now.
     fn note_heard(&mut self, peer: u64) {
         if let Some(index) = self.peers.iter().position(|&id| id == peer) {
-            self.heard[index] = Some(self.now);
+            self.heard.note(index, self.now);
         }
     }
 
@@ -167,6 +238,30 @@ impl Context {
             &stats.bytes_received,
             (frame::HEADER_BYTES + envelope.message.len()) as u64,
         );
+        if let Some((snapshots, peer_waker)) = &self.snapshots {
+            if message.get_msg_type() == MessageType::MsgSnapshot {
+                if snapshots.try_send((from, shard, message)).is_err() {
+                    PeerStats::add(&stats.drops_inbound, 1);
+                }
+                if let Err(error) = peer_waker.wake() {
+                    log::warn!("peer thread: cannot wake it: {error}");
+                }
+                return Ok(());
+            }
+        }
+        self.check_and_deliver(from, shard, message, stats);
+        Ok(())
+    }
+
+    /// Checks what `message` (from `from`, for `shard`) carries for the shards, then hands it to
+    /// its core; an invalid one is dropped, counted and logged (rate-limited).
+    pub(crate) fn check_and_deliver(
+        &mut self,
+        from: u64,
+        shard: u32,
+        message: Message,
+        stats: &PeerStats,
+    ) {
         if let Err(invalid) = content::check(shard, self.shards, &message) {
             PeerStats::add(&stats.drops_invalid, 1);
             let now_us = self.now.saturating_duration_since(self.epoch).as_micros() as u64;
@@ -177,10 +272,9 @@ impl Context {
                      more invalid messages dropped since the last such line)"
                 );
             }
-            return Ok(());
+            return;
         }
         self.cores.deliver(shard, message, stats);
-        Ok(())
     }
 }
 

@@ -39,7 +39,7 @@ pub const REACHABLE_WINDOW: Duration = Duration::from_secs(1);
 /// Lines per peer (and for the quorum) per log period, at most: a loss and a recovery.
 pub const LINES_PER_PERIOD: usize = 2;
 /// How often the thread publishes the heard-from times when nothing else changed.
-const PUBLISH_EVERY: Duration = Duration::from_millis(100);
+pub(crate) const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// A link's state, why (empty when connected), and since when.
 #[derive(Clone, Debug, PartialEq, Eq)]

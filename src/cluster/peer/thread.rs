@@ -2,8 +2,9 @@
 //!
 //! One iteration: poll (timeout: the next backoff, connect, reply, keepalive, hello or
 //! reachability deadline, zero if work was cut short, at most [`POLL_TIMEOUT_MAX`]) → handle
-//! events (accept, connect completions, replies, reads delivered to cores) → continue passes
-//! cut short last time → timers (connect, reconnect, keepalives, give up connects, replies and
+//! events (accept, connect completions, replies, reads delivered to cores; a hello accepted
+//! hands its connection to its core when the cores read) → continue passes cut short last
+//! time → the cores' refusals and snapshots (checked here, delivered) → timers (connect, reconnect, keepalives, give up connects, replies and
 //! hellos) → flush every link the senders left bytes in (or whose write failed) → wake each core
 //! delivered to, once → decide who is reachable, log what changed, publish ([`super::status`]).
 //! Outgoing messages do not pass through this loop: their senders write them ([`super::lane`]).
@@ -13,10 +14,11 @@
 //! slab key and a generation, so a reused slot is never confused with its predecessor.
 
 use super::frame::Hello;
-use super::inbound::{Close, Context, Cores, Inbound};
+use super::inbound::{Close, Context, Cores, Heard, Inbound, Route};
 use super::lane::Lane;
 use super::link::Link;
-use super::status::{Board, Watch};
+use super::reader::Handover;
+use super::status::{Board, Watch, PUBLISH_EVERY};
 use super::{CoreInbox, PeerConfig, PeerLimits, PeerStats, PEERS_MAX};
 use crate::logging::{Throttle, LOG_PERIOD_US};
 use mio::event::Event;
@@ -61,13 +63,18 @@ pub(crate) struct Peer {
     peer_refusals_log: Vec<Throttle>,
     watch: Watch,
     board: Arc<parking_lot::Mutex<Board>>,
+    /// When connections are read on the cores: where accepted ones go.
+    handover: Option<Handover>,
+    /// The heard-from times as last read, for the watch.
+    heard: Vec<Option<Instant>>,
 }
 
 impl Peer {
     /// Binds the listener and registers it; the loop starts in [`Peer::run`].
     pub(crate) fn new(
         config: PeerConfig,
-        (inbound, route): (Vec<CoreInbox>, Box<dyn Fn(u32) -> usize + Send>),
+        (inbound, route): (Vec<CoreInbox>, Route),
+        (heard, handover): (Arc<Heard>, Option<Handover>),
         stats: &Arc<PeerStats>,
         stop: &Arc<AtomicBool>,
         board: &Arc<parking_lot::Mutex<Board>>,
@@ -97,11 +104,12 @@ impl Peer {
             shards: config.shards,
             identity: config.identity,
             peers: config.peers.iter().map(|&(id, _)| id).collect(),
-            heard: vec![None; config.peers.len()],
-            cores: Cores::new(inbound, route),
+            heard,
+            cores: Cores::new(inbound, route, None),
             now,
             epoch: now,
             invalid_log: Throttle::default(),
+            snapshots: None,
         };
         let period = Duration::from_micros(LOG_PERIOD_US);
         let watch = Watch::new(&config.peers, now, period);
@@ -125,6 +133,8 @@ impl Peer {
             peer_refusals_log: vec![Throttle::default(); config.peers.len()],
             watch,
             board: Arc::clone(board),
+            handover,
+            heard: Vec::with_capacity(config.peers.len()),
         })
     }
 
@@ -166,6 +176,7 @@ impl Peer {
             for token in std::mem::take(&mut self.again) {
                 self.on_ready(token, now);
             }
+            self.take_from_cores(now);
             self.on_timers(now);
             let registry = self.poll.registry();
             for link in self.links.iter_mut().filter(|link| link.wants_flush()) {
@@ -177,8 +188,8 @@ impl Peer {
                 .links
                 .iter()
                 .map(|link| (link.status(), link.accepted()));
-            self.watch
-                .update(links, &self.context.heard, now, &self.board);
+            self.context.heard.read(&mut self.heard);
+            self.watch.update(links, &self.heard, now, &self.board);
         }
         self.shut_down();
     }
@@ -197,7 +208,13 @@ impl Peer {
         let next = (links.chain(hellos).chain(watch))
             .min()
             .unwrap_or(now + POLL_TIMEOUT_MAX);
-        next.saturating_duration_since(now).min(POLL_TIMEOUT_MAX)
+        // The cores note what they hear without waking this thread: look often enough to
+        // publish it as fresh as when this thread read everything.
+        let longest = match self.handover {
+            Some(_) => PUBLISH_EVERY,
+            None => POLL_TIMEOUT_MAX,
+        };
+        next.saturating_duration_since(now).min(longest)
     }
 
     fn on_event(&mut self, event: &Event, now: Instant) {
@@ -245,6 +262,42 @@ impl Peer {
         }
         if let Some(node_id) = hello {
             self.on_hello(key, node_id, now);
+            self.hand_over(key, node_id);
+        }
+    }
+
+    /// Gives an accepted connection to its core, when the cores read their connections.
+    fn hand_over(&mut self, key: usize, node_id: u64) {
+        let Some(handover) = &self.handover else {
+            return;
+        };
+        let Some(index) = self.context.peers.iter().position(|&id| id == node_id) else {
+            return;
+        };
+        let mut inbound = self.connections.remove(key);
+        let _ = self.poll.registry().deregister(inbound.stream());
+        let addr = inbound.addr();
+        match handover.give(index, inbound) {
+            Some(core) => self.context.cores.wake_core(core),
+            None => log::warn!("peer {node_id} connection from {addr} dropped: no core takes it"),
+        }
+    }
+
+    /// Counts and logs the connections the cores refused; checks and delivers the snapshots
+    /// they read.
+    fn take_from_cores(&mut self, now: Instant) {
+        let Some(handover) = &self.handover else {
+            return;
+        };
+        let refusals: Vec<_> = handover.refusals.try_iter().collect();
+        // Bounded: the channel holds at most SOURCES snapshots.
+        let snapshots: Vec<_> = handover.snapshots.try_iter().collect();
+        for refusal in refusals {
+            self.log_refusal(refusal.addr, refusal.claimed, &refusal.reason, now);
+        }
+        for (from, shard, message) in snapshots {
+            self.context
+                .check_and_deliver(from, shard, message, &self.stats);
         }
     }
 
