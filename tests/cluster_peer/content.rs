@@ -59,8 +59,19 @@ fn invalid_messages() -> Vec<Message> {
 
 #[test]
 fn invalid_content_is_dropped_and_counted_and_crafted_deep_protobuf_closes_the_link() {
+    invalid_content(Reads::OnThePeerThread);
+}
+
+/// The same on a member whose cores read the connections (snapshots are checked on the peer
+/// thread there, entries on the core).
+#[test]
+fn invalid_content_read_on_the_cores_is_dropped_and_counted_and_deep_protobuf_closes_it() {
+    invalid_content(Reads::OnTheCores);
+}
+
+fn invalid_content(reads: Reads) {
     let all = addresses(3);
-    let mut two = start(2, &all, PeerLimits::default());
+    let mut two = start_reading(2, &all, PeerLimits::default(), reads);
     let mut raw = TcpStream::connect(all[1]).expect("connect");
     raw.write_all(&hello(SHARDS, 3)).expect("hello");
     let mut reply = [0u8; REPLY_BYTES];
@@ -77,15 +88,33 @@ fn invalid_content_is_dropped_and_counted_and_crafted_deep_protobuf_closes_the_l
     let (received, _) = two.receive(1);
     assert_eq!(received.len(), 1);
     assert_eq!(received[0].2.commit, 77);
-    assert_eq!(load(&two.stats().drops_invalid), 3);
+    // Counted by the thread that checked each (on the cores, the snapshot on the peer thread).
+    wait_for("the invalid messages to be counted", || {
+        load(&two.stats().drops_invalid) == 3
+    });
     assert_eq!(two.handle.report().counters.invalid_dropped, 3);
     assert_eq!(load(&two.stats().refusals), 0);
     // Crafted deep nesting is refused before protobuf parses it: the connection is closed.
     raw.write_all(&envelope(1, &nested_groups()))
         .expect("write");
+    let mut after = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    while two
+        .readers
+        .iter()
+        .map(CoreReader::connections)
+        .sum::<usize>()
+        > 0
+    {
+        assert!(Instant::now() < deadline, "the core closed the connection");
+        two.pump(Duration::from_millis(10), &mut after);
+    }
     assert!(closed_by_server(&mut raw), "closed");
-    assert_eq!(load(&two.stats().refusals), 1);
-    assert!(two.receive_for(Duration::from_millis(100)).is_empty());
+    wait_for("the refusal to be counted", || {
+        load(&two.stats().refusals) == 1
+    });
+    after.extend(two.receive_for(Duration::from_millis(100)));
+    assert!(after.is_empty());
 }
 
 /// A real member keeps serving through what crashed it or forked its replica before: a peer
