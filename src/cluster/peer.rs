@@ -6,7 +6,7 @@
 //! (`reader.rs`): a message for that core's shards is stepped in the iteration that read it,
 //! with no thread between the socket and raft; one for another core's shards goes on that
 //! core's channel and wakes its `mio::Waker`, and a snapshot goes back to the peer thread to be
-//! checked (a whole restore, too long for a core's loop). With [`spawn`] (tests) the peer thread
+//! checked (a whole restore, too long for a core's loop). With `spawn` (tests) the peer thread
 //! reads every connection itself and hands each message to its core's channel. Outgoing messages
 //! are written by the thread that sends them ([`PeerHandle::send_batch`]: a core, or a log
 //! writer after its sync) straight to the peer's connection, under the lock of the peer's
@@ -309,7 +309,7 @@ where
     Ok((handle, join))
 }
 
-/// As [`spawn`], but each accepted connection is read on a core's own loop (`reader.rs`):
+/// As `spawn` (tests), but each accepted connection is read on a core's own loop (`reader.rs`):
 /// `polls[i]` is core `i`'s, and the [`CoreReader`]s returned (one per core, in order) read
 /// them; a core passes each readiness event of its reserved tokens to its reader and takes
 /// messages with [`CoreReader::recv`] besides its channel.
