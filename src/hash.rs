@@ -1,6 +1,17 @@
 //! FNV-1a, 64 bits: a hash that is stable across builds, platforms and runs, unlike `std`'s
 //! hashers. For digests that members or files compare (a shard's state, a cluster's
 //! identity), never for anything an adversary could aim at (it is not collision resistant).
+//!
+//! And the hasher of the in-memory maps keyed by what clients send (keys, sessions, tokens):
+//! [`MapHasher`], hashbrown's default (foldhash, seeded at random per process, as the single
+//! node's lock table uses), several times cheaper than `std`'s SipHash on short keys.
+
+/// The hasher of the cluster's in-memory maps (see the module docs).
+pub type MapHasher = hashbrown::DefaultHashBuilder;
+/// A `std` hash map with [`MapHasher`] (make one with `Map::default()`).
+pub type Map<K, V> = std::collections::HashMap<K, V, MapHasher>;
+/// A `std` hash set with [`MapHasher`] (make one with `Set::default()`).
+pub type Set<K> = std::collections::HashSet<K, MapHasher>;
 
 /// An FNV-1a 64 hasher: feed bytes, read the digest.
 #[derive(Clone, Debug)]

@@ -67,6 +67,7 @@ pub use codec::{
 };
 
 use crate::config::HOLDS_MAX;
+use crate::hash::MapHasher;
 use std::collections::BTreeSet;
 
 /// Up to this many holds, debug builds check every invariant after every mutation; above it,
@@ -158,12 +159,15 @@ pub struct ShardMachine {
     applied: u64,
     /// Persistent (structurally shared) maps: [`ShardMachine::freeze`] copies them in O(1).
     /// Keys are shared too ([`Key`]): a map node copied after a freeze copies no key bytes.
-    holds: imbl::HashMap<Key, Hold>,
+    holds: Holds,
     /// token → key, in token order (grant order).
     keys: imbl::OrdMap<u64, Key>,
     /// (deadline, token), soonest first. Not in snapshots, so not shared.
     deadlines: BTreeSet<(u64, u64)>,
 }
+
+/// Key → hold: a persistent hash map with the maps' hasher ([`MapHasher`]).
+type Holds = imbl::GenericHashMap<Key, Hold, MapHasher, imbl::shared_ptr::DefaultSharedPtr>;
 
 /// A consistent, immutable image of a [`ShardMachine`] at one applied index and one instant,
 /// taken in O(1) by [`ShardMachine::freeze`]: it shares the machine's persistent maps, which
@@ -176,7 +180,7 @@ pub struct Frozen {
     floor: Option<u64>,
     applied: u64,
     now_ms: u64,
-    holds: imbl::HashMap<Key, Hold>,
+    holds: Holds,
     keys: imbl::OrdMap<u64, Key>,
 }
 
@@ -244,7 +248,7 @@ impl ShardMachine {
             holds_max,
             floor: None,
             applied: 0,
-            holds: imbl::HashMap::new(),
+            holds: Holds::default(),
             keys: imbl::OrdMap::new(),
             deadlines: BTreeSet::new(),
         };

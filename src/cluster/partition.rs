@@ -32,7 +32,8 @@ use latchkey_client::protocol::{Leader, Response};
 use leadership_log::LeadershipLog;
 use raft::eraftpb::Message;
 use requests::End;
-use std::collections::{BTreeMap, HashMap};
+use crate::hash::Map as HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 /// One Raft tick: 10 ms (the member's election timeout is 10–20 ticks, its heartbeat 2).
@@ -237,8 +238,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             compactor,
             compactions: (0, 0),
             shards,
-            pending: HashMap::new(),
-            reads: HashMap::new(),
+            pending: HashMap::default(),
+            reads: HashMap::default(),
             next_seq: 1,
             wait_timers: BTreeMap::new(),
             answers: Vec::new(),

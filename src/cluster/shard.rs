@@ -20,7 +20,8 @@
 use super::machine::{Grant, ShardMachine};
 use super::member::{Committed, Proposed};
 use crate::partition::{QueueCounts, SessionId};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use crate::hash::{Map as HashMap, Set as HashSet};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 /// Entries of [`Shard::grants`] checked (and dropped if their token no longer holds) per grant
@@ -75,7 +76,7 @@ impl Places {
     pub fn new(max: u32) -> Places {
         Places {
             max,
-            held: HashMap::new(),
+            held: HashMap::default(),
             shared: None,
         }
     }
@@ -215,10 +216,10 @@ impl Shard {
         Shard {
             machine: ShardMachine::new(shard, shards),
             role: Role::Follower,
-            queues: HashMap::new(),
+            queues: HashMap::default(),
             waiters: 0,
             proposed: 0,
-            expiring: HashSet::new(),
+            expiring: HashSet::default(),
             checkpoint_after: 0,
             checkpoint_at_us: 0,
             compacted_at: 0,
