@@ -4,9 +4,10 @@
 //! reachability deadline, zero if work was cut short, at most [`POLL_TIMEOUT_MAX`]) → handle
 //! events (accept, connect completions, replies, reads delivered to cores; a hello accepted
 //! hands its connection to its core when the cores read) → continue passes cut short last
-//! time → the cores' refusals and snapshots (checked here, delivered) → timers (connect, reconnect, keepalives, give up connects, replies and
-//! hellos) → flush every link the senders left bytes in (or whose write failed) → wake each core
-//! delivered to, once → decide who is reachable, log what changed, publish ([`super::status`]).
+//! time → the cores' refusals and snapshots (checked here, delivered) → timers (connect,
+//! reconnect, keepalives, give up connects, replies and hellos) → flush every link the
+//! senders left bytes in (or whose write failed) → wake each core delivered to, once → decide
+//! who is reachable, log what changed, publish ([`super::status`]).
 //! Outgoing messages do not pass through this loop: their senders write them ([`super::lane`]).
 //!
 //! Tokens: the waker, the listener, one per link (its index; a link's socket changes but a
