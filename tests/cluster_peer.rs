@@ -385,6 +385,48 @@ fn concurrent_senders_share_a_connection_without_cutting_or_reordering_their_mes
     assert_eq!(load(&two.stats().refusals), 0);
 }
 
+/// Envelopes larger than a connection's usual buffer (up to a few MiB, as snapshots are) arrive
+/// whole and in order among small ones, read by the peer thread or by a core (which reads them
+/// over several passes) and parsed without a copy.
+#[test]
+fn large_envelopes_arrive_whole_and_in_order_among_small_ones() {
+    large_envelopes(Reads::OnThePeerThread);
+}
+
+#[test]
+fn large_envelopes_read_on_the_cores_arrive_whole_and_in_order_among_small_ones() {
+    large_envelopes(Reads::OnTheCores);
+}
+
+fn large_envelopes(reads: Reads) {
+    let all = addresses(2);
+    let one = start_reading(1, &all, PeerLimits::default(), reads);
+    let mut two = start_reading(2, &all, PeerLimits::default(), reads);
+    let paddings = [10, 70_000, 100, 3_000_000, 5, 1_000_000, 65_530, 2];
+    for (number, &padding) in paddings.iter().enumerate() {
+        let number = number as u64;
+        let batch = one_to_two(0, number..number + 1, padding);
+        assert!(one.handle.send_batch(batch), "the peer thread runs");
+    }
+    let (received, _) = two.receive(paddings.len());
+    let numbers: Vec<u64> = received.iter().map(|(_, _, m)| m.commit).collect();
+    assert_eq!(
+        numbers,
+        (0..paddings.len() as u64).collect::<Vec<_>>(),
+        "in order"
+    );
+    for ((_, _, message), &padding) in received.iter().zip(&paddings) {
+        let context = message.get_context();
+        assert_eq!(context.len(), padding, "message {} whole", message.commit);
+        assert!(context.iter().all(|&byte| byte == 0x5a), "its bytes intact");
+    }
+    assert!(two.receive_for(Duration::from_millis(100)).is_empty());
+    assert_eq!(
+        load(&two.stats().refusals) + load(&two.stats().drops_inbound),
+        0
+    );
+}
+
 /// A connected peer that stops reading (a member stopped by SIGSTOP: its kernel still acks):
 /// senders never wait for it, its lane stays within its bounds and counts what it drops, and
 /// once it reads again it gets what was kept, whole and in order.

@@ -385,6 +385,7 @@ fn spawn_inner(
                 epoch,
                 invalid_log: crate::logging::Throttle::default(),
                 snapshots: Some((snapshots_in.clone(), Arc::clone(&handle.waker))),
+                read_bytes_max: inbound::BUFFER_BYTES,
             };
             let back = (refusals_in.clone(), Arc::clone(&handle.waker));
             CoreReader::new(receiver, poll, context, &handle.stats, back)

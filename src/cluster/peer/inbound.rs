@@ -6,7 +6,9 @@
 //! The buffer starts at [`BUFFER_BYTES`] and grows only to hold one envelope whose announced
 //! length was checked (at most [`frame::FRAME_BYTES_MAX`] and a header), and only after the hello
 //! was accepted; it shrinks back once that envelope is consumed. So an unknown connection holds
-//! at most [`BUFFER_BYTES`], a peer's at most one envelope more.
+//! at most [`BUFFER_BYTES`], a peer's at most one envelope more. Such a large envelope, once
+//! whole, is parsed from the buffer itself (which becomes the message's bytes: no copy) and the
+//! connection gets a fresh buffer.
 //!
 //! The reply to the hello is the only thing written back: [`frame::REPLY_BYTES`] on a socket
 //! that has never been written, which the kernel takes whole (a short write closes the
@@ -19,6 +21,7 @@
 
 use super::frame::{self, Envelope, Hello, Local, Reply, Verdict, HELLO_BYTES, LEN_BYTES};
 use super::{content, wire, CoreInbox, PeerStats};
+use bytes::Bytes;
 use crate::logging::Throttle;
 use crossbeam_channel::{Sender, TrySendError};
 use mio::Waker;
@@ -175,6 +178,9 @@ pub(crate) struct Context {
     /// On a core: where snapshots go to be checked (on the peer thread: a snapshot's check
     /// restores it whole, too long for a core's loop), and the peer thread's waker.
     pub(crate) snapshots: Option<(Sender<Unchecked>, Arc<Waker>)>,
+    /// Bytes one read takes at most: a core reads a large envelope over several passes (at most
+    /// [`READS_PER_PASS`] times this per pass), so that no iteration copies a whole one.
+    pub(crate) read_bytes_max: usize,
 }
 
 /// A snapshot a core read, for the peer thread to check and deliver: its sender and shard.
@@ -207,10 +213,14 @@ impl Context {
         }
     }
 
+    /// Checks and delivers one envelope; `whole`: the same bytes as `envelope.message`, owned,
+    /// when the envelope filled a buffer grown for it (parsed without a copy: its bytes fields
+    /// share the buffer).
     fn deliver(
         &mut self,
         from: u64,
         envelope: Envelope<'_>,
+        whole: Option<Bytes>,
         stats: &PeerStats,
     ) -> Result<(), Close> {
         if envelope.is_keepalive() {
@@ -226,8 +236,12 @@ impl Context {
         }
         wire::check(envelope.message)
             .map_err(|error| Close::Refused(format!("shard {shard}: refused unparsed: {error}")))?;
-        let message = Message::parse_from_bytes(envelope.message)
-            .map_err(|error| Close::Refused(format!("undecodable message: {error}")))?;
+        let parsed = match &whole {
+            Some(bytes) => Message::parse_from_carllerche_bytes(bytes),
+            None => Message::parse_from_bytes(envelope.message),
+        };
+        let message =
+            parsed.map_err(|error| Close::Refused(format!("undecodable message: {error}")))?;
         if message.from != from || message.to != self.node_id {
             let (sender, to) = (message.from, message.to);
             let reason = format!("a message from {sender} to {to} on node {from}'s connection");
@@ -351,7 +365,8 @@ impl Inbound {
     ) -> Result<bool, Close> {
         for _ in 0..READS_PER_PASS {
             debug_assert!(self.filled < self.buffer.len(), "no room to read");
-            match self.stream.read(&mut self.buffer[self.filled..]) {
+            let end = (self.buffer.len()).min(self.filled.saturating_add(context.read_bytes_max));
+            match self.stream.read(&mut self.buffer[self.filled..end]) {
                 Ok(0) => {
                     let eof = io::Error::new(io::ErrorKind::UnexpectedEof, "closed by peer");
                     return Err(Close::Gone(eof));
@@ -387,7 +402,22 @@ impl Inbound {
         while let Some((envelope, used)) = frame::decode(&self.buffer[at..self.filled])
             .map_err(|error| Close::Refused(error.to_string()))?
         {
-            context.deliver(from, envelope, stats)?;
+            if at == 0 && used == self.filled && self.buffer.len() > BUFFER_BYTES {
+                // A large envelope (a snapshot, usually) alone in the buffer grown for it: its
+                // bytes are handed on as they are, not copied once more by the parse.
+                let start = envelope.message.as_ptr() as usize - self.buffer.as_ptr() as usize;
+                let (end, shard) = (start + envelope.message.len(), envelope.shard);
+                let grown = std::mem::replace(&mut self.buffer, vec![0; BUFFER_BYTES]);
+                self.filled = 0;
+                let whole = Bytes::from(grown).slice(start..end);
+                let envelope = Envelope {
+                    shard,
+                    message: &whole,
+                };
+                context.deliver(from, envelope, Some(whole.clone()), stats)?;
+                return self.size_buffer();
+            }
+            context.deliver(from, envelope, None, stats)?;
             at += used;
         }
         self.buffer.copy_within(at..self.filled, 0);

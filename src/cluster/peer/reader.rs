@@ -10,7 +10,9 @@
 //!
 //! A core keeps at most one connection per peer (a newer one from the same node replaces it,
 //! as on the peer thread), in [`SOURCES`] slots whose tokens the core's poll reserves. A read
-//! round reads each readable connection up to [`super::inbound::READS_PER_PASS`] times; one cut
+//! round reads each readable connection up to [`super::inbound::READS_PER_PASS`] times, at most
+//! [`super::inbound::BUFFER_BYTES`] each (1 MiB a round: a large envelope, a snapshot of up to
+//! 16 MiB, is read over several iterations, and parsed without a copy once whole); one cut
 //! short stays readable ([`CoreReader::has_pending`]) and is read again next iteration.
 //!
 //! A connection closed for hostile input is reported to the peer thread ([`Refusal`]), which

@@ -111,6 +111,7 @@ impl Peer {
             epoch: now,
             invalid_log: Throttle::default(),
             snapshots: None,
+            read_bytes_max: usize::MAX,
         };
         let period = Duration::from_micros(LOG_PERIOD_US);
         let watch = Watch::new(&config.peers, now, period);
