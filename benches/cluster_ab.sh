@@ -9,14 +9,19 @@
 # --pipeline 1 --connections 1`, 3 s after 1 s of warm-up) and then server CPU per request at
 # pipeline 16 over 50 connections
 # (user+sys of the three members from /proc/PID/stat around a 3 s run, summed), and stop it.
-# Each round ends with the disk's own 4 KiB `fdatasync` p50 where the data directories live.
+# The CPU line also gives the busiest member's share (its own user+sys per request): on three
+# machines, the member that would run out of CPU first. Each round ends with the disk's own
+# 4 KiB `fdatasync` p50 where the data directories live.
 # Interleaving keeps the machine's drift (other tenants, the disk) out of the comparison; quote
 # medians over the rounds.
 #
 # SHARDS=N runs N shards per cluster instead of one: the script waits until every probe key has
 # a leader and benches all three members (`--target a,b,c --shards N`, each request to its
 # key's leader). LOAD_BINARY=PATH runs every load (`bench`) with that build, so that only the
-# servers differ (e.g. when the builds differ in their allocator).
+# servers differ (e.g. when the builds differ in their allocator). PIPELINE=N runs the CPU
+# measurement at pipeline N instead of 16 (with several shards each connection becomes one
+# socket per member, each carrying about N/3 of its requests). FSYNCS="true" (or "false")
+# runs one fsync setting instead of both.
 set -euo pipefail
 rounds=${1:?rounds}
 shift
@@ -30,6 +35,8 @@ source "$(dirname "$0")/cluster_lib.sh"
 hz=$(getconf CLK_TCK)
 
 shards=${SHARDS:-1}
+pipeline=${PIPELINE:-16}
+fsyncs=${FSYNCS:-true false}
 
 start_cluster() { # binary fsync -> sets pids, ports
     rm -rf "$dir"/run-*
@@ -43,7 +50,7 @@ start_cluster() { # binary fsync -> sets pids, ports
 }
 
 for round in $(seq "$rounds"); do
-    for fsync in true false; do
+    for fsync in $fsyncs; do
         for binary in "$@"; do
             start_cluster "$binary" "$fsync"
             load=${LOAD_BINARY:-$binary}
@@ -53,19 +60,23 @@ for round in $(seq "$rounds"); do
             p1=$("$load" bench --target "latchkey://$target" --workload uncontended \
                 --pipeline 1 --connections 1 --hot-keys 8 --duration 3s --warmup 1s \
                 "${routing[@]}" --json)
-            before=$(cpu_ticks "${pids[@]}")
+            before=()
+            for pid in "${pids[@]}"; do before+=("$(cpu_ticks "$pid")"); done
             p16=$("$load" bench --target "latchkey://$target" --workload uncontended \
-                --pipeline 16 --connections 50 --hot-keys 8 --duration 3s --warmup 0s \
-                "${routing[@]}" --json)
-            after=$(cpu_ticks "${pids[@]}")
-            python3 - "$round" "$fsync" "$binary" "$p1" "$p16" "$((after - before))" "$hz" <<'PY'
+                --pipeline "$pipeline" --connections 50 --hot-keys 8 --duration 3s \
+                --warmup 0s "${routing[@]}" --json)
+            ticks=()
+            for i in "${!pids[@]}"; do ticks+=("$(($(cpu_ticks "${pids[$i]}") - before[i]))"); done
+            python3 - "$round" "$fsync" "$binary" "$p1" "$p16" "$hz" "$pipeline" "${ticks[@]}" <<'PY'
 import json, sys
-round_, fsync, binary, p1, p16, ticks, hz = sys.argv[1:]
+round_, fsync, binary, p1, p16, hz, pipeline = sys.argv[1:8]
+ticks = [int(t) for t in sys.argv[8:]]
 p1, p16 = json.loads(p1), json.loads(p16)
 assert p1["ok"] and p16["ok"], "a bench run was not clean"
-cpu_us = int(ticks) * 1e6 / int(hz) / p16["requests"]
+per_request = lambda t: t * 1e6 / int(hz) / p16["requests"]
 print(f"round {round_} fsync={fsync:<5} {binary}: p1 p50 {p1['latency_us']['p50']:7.1f} us"
-      f"  p16 {p16['requests_per_sec']:>9,.0f} req/s  server CPU {cpu_us:5.2f} us/request")
+      f"  p{pipeline} {p16['requests_per_sec']:>9,.0f} req/s  server CPU"
+      f" {per_request(sum(ticks)):5.2f} us/request (busiest member {per_request(max(ticks)):5.2f})")
 PY
             { for pid in "${pids[@]}"; do kill -9 "$pid" && wait "$pid"; done; } 2>/dev/null || true
             pids=()
