@@ -39,7 +39,7 @@ pids=()
 cleanup() { for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT
 
-# free_port, wait_port, cluster_target, cpu_ticks, disk_sync, start_three (use $dir).
+# free_port, wait_port, cluster_target, cpu_ticks, idle_note, disk_sync, start_three (use $dir).
 # shellcheck source=benches/cluster_lib.sh
 source "$(dirname "$0")/cluster_lib.sh"
 
@@ -111,6 +111,7 @@ port=$(free_port)
 "$binary" serve --cores 1 --listen "127.0.0.1:$port" >/dev/null 2>&1 &
 pids+=($!)
 wait_port "$port"
+idle_note
 disk_sync "this disk"
 run_bench "single node" "127.0.0.1:$port" "" "${pids[0]}"
 worst_loop "single node" "$port"

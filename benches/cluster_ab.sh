@@ -20,8 +20,8 @@
 # key's leader). LOAD_BINARY=PATH runs every load (`bench`) with that build, so that only the
 # servers differ (e.g. when the builds differ in their allocator). PIPELINE=N runs the CPU
 # measurement at pipeline N instead of 16 (with several shards each connection becomes one
-# socket per member, each carrying about N/3 of its requests). FSYNCS="true" (or "false")
-# runs one fsync setting instead of both.
+# socket per member, each carrying about N/3 of its requests), CONNECTIONS=N over N
+# connections instead of 50. FSYNCS="true" (or "false") runs one fsync setting instead of both.
 set -euo pipefail
 rounds=${1:?rounds}
 shift
@@ -36,6 +36,7 @@ hz=$(getconf CLK_TCK)
 
 shards=${SHARDS:-1}
 pipeline=${PIPELINE:-16}
+connections=${CONNECTIONS:-50}
 fsyncs=${FSYNCS:-true false}
 
 start_cluster() { # binary fsync -> sets pids, ports
@@ -49,6 +50,7 @@ start_cluster() { # binary fsync -> sets pids, ports
     done
 }
 
+idle_note
 for round in $(seq "$rounds"); do
     for fsync in $fsyncs; do
         for binary in "$@"; do
@@ -63,7 +65,7 @@ for round in $(seq "$rounds"); do
             before=()
             for pid in "${pids[@]}"; do before+=("$(cpu_ticks "$pid")"); done
             p16=$("$load" bench --target "latchkey://$target" --workload uncontended \
-                --pipeline "$pipeline" --connections 50 --hot-keys 8 --duration 3s \
+                --pipeline "$pipeline" --connections "$connections" --hot-keys 8 --duration 3s \
                 --warmup 0s "${routing[@]}" --json)
             ticks=()
             for i in "${!pids[@]}"; do ticks+=("$(($(cpu_ticks "${pids[$i]}") - before[i]))"); done

@@ -78,6 +78,17 @@ cpu_ticks() {
     echo "$total"
 }
 
+# How this machine's idle CPUs wake (printed once by the scripts beside their figures): a CPU
+# that halts as soon as it is idle takes tens of microseconds to wake, which every sleep and
+# wake-up on a replicated request's path pays (docs/operations.md, Latency tuning).
+idle_note() {
+    local driver poll=""
+    driver=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)
+    [ -r /sys/module/haltpoll/parameters/guest_halt_poll_ns ] &&
+        poll=", guest_halt_poll_ns $(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns)"
+    echo "idle CPUs: cpuidle driver ${driver}${poll}"
+}
+
 # The disk's own fdatasync latency where the data directories live (the physics a replicated
 # request cannot beat), measured with nothing of latchkey in the way.
 disk_sync() { # label
