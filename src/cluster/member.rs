@@ -612,13 +612,18 @@ impl<W: LogWriter> Member<W> {
         live
     }
 
+    /// Whether [`Member::balance`] would plan now (once every [`BALANCE_INTERVAL_TICKS`]), so
+    /// that a caller asks who is live only then.
+    pub fn balance_due(&self) -> bool {
+        self.ticks >= self.balanced_at_ticks + BALANCE_INTERVAL_TICKS
+    }
+
     /// Spreads leadership: at most once every [`BALANCE_INTERVAL_TICKS`] (otherwise does
     /// nothing), plans moves with [`crate::cluster::balance::plan`] over this member's view of
     /// every group's leader and the members the caller believes are up (`live`), and starts
     /// the transfers away from this member. Returns the `(shard, to)` transfers started.
     pub fn balance(&mut self, live: &[u64]) -> Vec<(u32, u64)> {
-        let due = self.ticks >= self.balanced_at_ticks + BALANCE_INTERVAL_TICKS;
-        if !due {
+        if !self.balance_due() {
             return Vec::new();
         }
         self.balanced_at_ticks = self.ticks;
