@@ -4,6 +4,7 @@
 //! configured. The server and the cluster do not import each other; they share only the
 //! vocabulary of the `partition` module.
 
+mod idle;
 mod member;
 
 #[cfg(test)]
@@ -28,8 +29,11 @@ pub fn start(config: Config) -> io::Result<ServerHandle> {
 /// not) or on shutdown.
 ///
 /// A member's data directory is locked and checked first: a second process on it, or a start
-/// that disagrees with what it holds, stops here before anything else is touched.
+/// that disagrees with what it holds, stops here before anything else is touched. Idle CPUs
+/// that would slow every request's wake-ups are logged at info (`docs/operations.md`, Latency
+/// tuning).
 pub fn start_with_notify(config: Config, notify: Option<Arc<Waker>>) -> io::Result<ServerHandle> {
+    idle::log_advice();
     match config.cluster.clone() {
         None => server::start_with_notify(config, notify),
         Some(cluster) => {
