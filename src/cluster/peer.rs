@@ -374,18 +374,11 @@ fn spawn_inner(
     };
     let readers = (polls.into_iter().flatten().zip(receivers).enumerate())
         .map(|(core, (poll, receiver))| {
+            let cores = inbound::Cores::new(inbound.clone(), Arc::clone(&route), Some(core));
             let context = inbound::Context {
-                node_id: config.node_id,
-                shards: config.shards,
-                identity: config.identity,
-                peers: config.peers.iter().map(|&(id, _)| id).collect(),
-                heard: Arc::clone(&heard),
-                cores: inbound::Cores::new(inbound.clone(), Arc::clone(&route), Some(core)),
-                now: epoch,
-                epoch,
-                invalid_log: crate::logging::Throttle::default(),
                 snapshots: Some((snapshots_in.clone(), Arc::clone(&handle.waker))),
                 read_bytes_max: inbound::BUFFER_BYTES,
+                ..inbound::Context::new(&config, Arc::clone(&heard), cores, epoch)
             };
             let back = (refusals_in.clone(), Arc::clone(&handle.waker));
             CoreReader::new(receiver, poll, context, &handle.stats, back)

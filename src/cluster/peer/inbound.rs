@@ -20,7 +20,7 @@
 //! thread replaces the older one), and logging closes (the thread does, rate-limited).
 
 use super::frame::{self, Envelope, Hello, Local, Reply, Verdict, HELLO_BYTES, LEN_BYTES};
-use super::{content, wire, CoreInbox, PeerStats};
+use super::{content, wire, CoreInbox, PeerConfig, PeerStats};
 use bytes::Bytes;
 use crate::logging::Throttle;
 use crossbeam_channel::{Sender, TrySendError};
@@ -106,7 +106,7 @@ impl Cores {
     }
 
     /// Wakes core `core` now.
-    pub(crate) fn wake_core(&mut self, core: usize) {
+    pub(crate) fn wake_core(&self, core: usize) {
         if let Err(error) = self.inbound[core].1.wake() {
             log::warn!("peer: cannot wake core {core}: {error}");
         }
@@ -114,11 +114,9 @@ impl Cores {
 
     /// Wakes each core handed something since the last call, once.
     pub(crate) fn wake(&mut self) {
-        for (core, delivered) in self.delivered.iter_mut().enumerate() {
-            if std::mem::take(delivered) {
-                if let Err(error) = self.inbound[core].1.wake() {
-                    log::warn!("peer thread: cannot wake core {core}: {error}");
-                }
+        for core in 0..self.delivered.len() {
+            if std::mem::take(&mut self.delivered[core]) {
+                self.wake_core(core);
             }
         }
     }
@@ -183,10 +181,36 @@ pub(crate) struct Context {
     pub(crate) read_bytes_max: usize,
 }
 
+/// Wakes the peer thread (from a core: it has something to take).
+pub(crate) fn wake_peer_thread(waker: &Waker) {
+    if let Err(error) = waker.wake() {
+        log::warn!("peer thread: cannot wake it: {error}");
+    }
+}
+
 /// A snapshot a core read, for the peer thread to check and deliver: its sender and shard.
 pub(crate) type Unchecked = (u64, u32, Message);
 
 impl Context {
+    /// The context of the peer thread, which reads whole envelopes at once and checks
+    /// snapshots itself; a core that reads connections sets [`Context::snapshots`] and
+    /// [`Context::read_bytes_max`] on it. `epoch` starts its clock.
+    pub(crate) fn new(config: &PeerConfig, heard: Arc<Heard>, cores: Cores, epoch: Instant) -> Context {
+        Context {
+            node_id: config.node_id,
+            shards: config.shards,
+            identity: config.identity,
+            peers: config.peers.iter().map(|&(id, _)| id).collect(),
+            heard,
+            cores,
+            now: epoch,
+            epoch,
+            invalid_log: Throttle::default(),
+            snapshots: None,
+            read_bytes_max: usize::MAX,
+        }
+    }
+
     fn local(&self) -> Local<'_> {
         Local {
             shards: self.shards,
@@ -257,9 +281,7 @@ impl Context {
                 if snapshots.try_send((from, shard, message)).is_err() {
                     PeerStats::add(&stats.drops_inbound, 1);
                 }
-                if let Err(error) = peer_waker.wake() {
-                    log::warn!("peer thread: cannot wake it: {error}");
-                }
+                wake_peer_thread(peer_waker);
                 return Ok(());
             }
         }

@@ -19,7 +19,7 @@
 //! counts it, logs it (rate-limited) and shows it in the peer's status, as for a connection it
 //! reads itself. A connection that is gone is dropped with a `debug!` line: the peer redials.
 
-use super::inbound::{Close, Context, Inbound};
+use super::inbound::{wake_peer_thread, Close, Context, Inbound};
 use super::PeerStats;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use mio::{Interest, Registry, Token, Waker};
@@ -203,9 +203,7 @@ impl CoreReader {
                 if self.refusals.try_send(refusal).is_err() {
                     PeerStats::add(&self.stats.refusals, 1);
                 }
-                if let Err(error) = self.peer_waker.wake() {
-                    log::warn!("peer thread: cannot wake it: {error}");
-                }
+                wake_peer_thread(&self.peer_waker);
             }
         }
     }

@@ -100,19 +100,7 @@ impl Peer {
             })
             .collect();
         let connections_max = config.limits.inbound_connections_max.max(1);
-        let context = Context {
-            node_id: config.node_id,
-            shards: config.shards,
-            identity: config.identity,
-            peers: config.peers.iter().map(|&(id, _)| id).collect(),
-            heard,
-            cores: Cores::new(inbound, route, None),
-            now,
-            epoch: now,
-            invalid_log: Throttle::default(),
-            snapshots: None,
-            read_bytes_max: usize::MAX,
-        };
+        let context = Context::new(&config, heard, Cores::new(inbound, route, None), now);
         let period = Duration::from_micros(LOG_PERIOD_US);
         let watch = Watch::new(&config.peers, now, period);
         // Published before any core can ask: the members and every peer "connecting".
