@@ -7,7 +7,7 @@
 //! and a refused frame ends at its newline unless its error closes the session.
 #![no_main]
 
-use latchkey::protocol::{parse_request, FrameError, Request, KEY_BYTES_MAX};
+use latchkey_client::protocol::{parse_request, FrameError, Request, KEY_BYTES_MAX};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
