@@ -1,4 +1,5 @@
-//! Benchmarks of the timing wheel: the costs the lock table pays per lease and per expiry.
+//! Benchmarks of the timing wheel: the costs the lock table pays per lease and per expiry, and
+//! (`deadline_index`) what a cluster member's ordered deadline index costs beside it.
 //!
 //! Every benchmark keeps one wheel across iterations and leaves it empty after each, so the
 //! slab is warm and the measured work allocates nothing (the steady state of a running server).
@@ -87,10 +88,58 @@ fn insert_advance_ticks(c: &mut Criterion) {
     group.finish();
 }
 
+/// Holds already indexed while the deadline-index benchmarks run (a loaded member's shard).
+const BACKGROUND: u64 = 1_000_000;
+
+/// What a cluster member pays per hold for its lease deadline, grant then release, with a
+/// million other holds indexed: the shard machine's ordered index, a `BTreeSet` of
+/// `(deadline, token)` (insert at the grant, remove at the release), against the wheel's insert
+/// and cancel (docs/cluster-design.md, "Timers", quotes both).
+fn deadline_index(c: &mut Criterion) {
+    let offsets = offsets(HORIZON_TICKS);
+    let mut group = c.benchmark_group("deadline_index");
+    group.throughput(Throughput::Elements(TIMERS as u64));
+    let mut tree: std::collections::BTreeSet<(u64, u64)> = (0..BACKGROUND)
+        .map(|i| {
+            (
+                1 + i.wrapping_mul(2_654_435_761) % HORIZON_TICKS,
+                u64::MAX - i,
+            )
+        })
+        .collect();
+    group.bench_function("btreeset_insert_remove_10k_of_1m", |b| {
+        b.iter(|| {
+            for (i, &offset) in offsets.iter().enumerate() {
+                tree.insert((offset, i as u64));
+            }
+            for (i, &offset) in offsets.iter().enumerate() {
+                black_box(tree.remove(&(offset, i as u64)));
+            }
+        })
+    });
+    let mut wheel = Wheel::with_horizon(0, HORIZON_TICKS);
+    for i in 0..BACKGROUND {
+        wheel.insert(1 + i.wrapping_mul(2_654_435_761) % HORIZON_TICKS, u32::MAX);
+    }
+    let mut handles: Vec<TimerHandle> = Vec::with_capacity(TIMERS);
+    group.bench_function("wheel_insert_cancel_10k_of_1m", |b| {
+        b.iter(|| {
+            for (i, &offset) in offsets.iter().enumerate() {
+                handles.push(wheel.insert(offset, i as u32));
+            }
+            for handle in handles.drain(..) {
+                black_box(wheel.cancel(handle));
+            }
+        })
+    });
+    group.finish();
+}
+
 criterion_group!(
     benches,
     insert_cancel,
     insert_advance_jump,
-    insert_advance_ticks
+    insert_advance_ticks,
+    deadline_index
 );
 criterion_main!(benches);

@@ -30,8 +30,9 @@
 //! Sessions, sockets and cross-core routing (the reactor owns those; a session is an opaque
 //! [`SessionId`] here), and token persistence ([`crate::tokens`]).
 
+use crate::partition::rules::{self, AcquireView, Admit};
 use crate::partition::{
-    Answer, BusyReason, GrantRef, HeldKey, Op, QueueCounts, SessionId, TableStats,
+    Answer, BusyReason, GrantRef, HeldKey, Op, Places, QueueCounts, SessionId, TableStats,
 };
 use crate::tokens::TokenRange;
 use hashbrown::DefaultHashBuilder;
@@ -147,8 +148,8 @@ pub struct LockTable {
     answers: Vec<Answer>,
     fired: Vec<Timer>,
     keys: KeyStore,
-    /// Counts shared with the other partitions, if any.
-    shared_counts: Option<Arc<dyn QueueCounts>>,
+    /// Sessions' places in `max_pending_per_session`: every waiter here holds one.
+    places: Places,
     stats: TableStats,
     /// The latest time a call was given (for the figures of calls that take none).
     now_us: u64,
@@ -183,7 +184,7 @@ impl LockTable {
             answers: Vec::new(),
             fired: Vec::new(),
             keys: KeyStore::default(),
-            shared_counts: None,
+            places: Places::new(config.max_pending_per_session),
             stats: TableStats::default(),
             now_us,
             #[cfg(test)]
@@ -195,7 +196,7 @@ impl LockTable {
     /// sharing `counts`, not only here. Call before the table queues anything.
     pub fn share_queue_counts(&mut self, counts: Arc<dyn QueueCounts>) {
         assert!(self.waiters.is_empty(), "queue counts shared too late");
-        self.shared_counts = Some(counts);
+        self.places.share(counts);
     }
 
     /// Executes one keyed request from `session`.
@@ -245,59 +246,69 @@ impl LockTable {
         self.now_us = self.now_us.max(now_us);
         debug_assert!(acquire.lease_s > 0 && !key.is_empty());
         let ends_pending = acquire.wait_s > 0;
-        let busy = Response::Busy {
-            owner: acquire.owner,
-        };
-        if self.shutting_down {
-            self.stats.busy(BusyReason::Shutdown);
-            return self.answer(session, busy, ends_pending);
-        }
+        let owner = acquire.owner;
         let hash = self.hasher.hash_one(key);
-        let Some(entry) = self.find(hash, key) else {
-            if self.entries.len() >= self.config.max_keys {
-                self.stats.busy(BusyReason::Keys);
-                return self.answer(session, busy, ends_pending);
-            }
-            let Some(token) = self.tokens.issue() else {
-                self.stats.busy(BusyReason::Tokens);
-                return self.answer(session, busy, ends_pending);
-            };
-            self.stats.acquired += 1;
-            let holder = (session, acquire.owner);
-            let entry = self.insert_entry(now_us, key, hash, token, acquire.lease_s, holder);
-            let granted = Response::Acquired {
-                owner: acquire.owner,
-                token,
-            };
-            self.answers.push(Answer {
-                session,
-                response: granted,
-                ends_pending,
-                grant: GrantRef(entry),
-            });
-            return self.debug_check_entry(entry);
+        let entry = match self.shutting_down {
+            true => None,
+            false => self.find(hash, key),
         };
-        if acquire.wait_s == 0 {
-            self.stats.timed_out += 1;
-            return self.answer(
-                session,
-                Response::Timeout {
-                    owner: acquire.owner,
-                },
-                false,
-            );
+        let view = AcquireView {
+            shutting_down: self.shutting_down,
+            taken: entry.is_some(),
+            room_for_key: self.entries.len() < self.config.max_keys,
+            waiters: entry.map_or(0, |entry| self.entries[entry].waiters),
+            max_waiters_per_key: self.config.max_waiters_per_key,
+            wait_s: acquire.wait_s,
+        };
+        match (rules::admit(&view, &mut self.places, session), entry) {
+            (Admit::Grant, _) => self.grant_free(now_us, session, acquire, key, hash),
+            (Admit::Queue, Some(entry)) => {
+                self.enqueue(now_us, session, acquire, entry);
+                self.debug_check_entry(entry);
+            }
+            (Admit::Timeout, _) => {
+                self.stats.timed_out += 1;
+                self.answer(session, Response::Timeout { owner }, false);
+            }
+            (Admit::Busy(reason), _) => {
+                self.stats.busy(reason);
+                self.answer(session, Response::Busy { owner }, ends_pending);
+            }
+            (Admit::Queue, None) => unreachable!("a free key is never queued on"),
         }
-        let queue_full = self.entries[entry].waiters >= self.config.max_waiters_per_key;
-        // Counted last: a place taken in shared counts is always followed by the enqueue.
-        if queue_full {
-            self.stats.busy(BusyReason::WaitersPerKey);
-            return self.answer(session, busy, true);
-        }
-        if !self.take_queue_place(session) {
-            self.stats.busy(BusyReason::PendingPerSession);
-            return self.answer(session, busy, true);
-        }
-        self.enqueue(now_us, session, acquire, entry);
+    }
+
+    /// Grants the free `key` (hashed `hash`) to `acquire`, or answers `B` when no token can be
+    /// issued.
+    fn grant_free(
+        &mut self,
+        now_us: u64,
+        session: SessionId,
+        acquire: Acquire,
+        key: &[u8],
+        hash: u64,
+    ) {
+        let ends_pending = acquire.wait_s > 0;
+        let Some(token) = self.tokens.issue() else {
+            self.stats.busy(BusyReason::Tokens);
+            let busy = Response::Busy {
+                owner: acquire.owner,
+            };
+            return self.answer(session, busy, ends_pending);
+        };
+        self.stats.acquired += 1;
+        let holder = (session, acquire.owner);
+        let entry = self.insert_entry(now_us, key, hash, token, acquire.lease_s, holder);
+        let granted = Response::Acquired {
+            owner: acquire.owner,
+            token,
+        };
+        self.answers.push(Answer {
+            session,
+            response: granted,
+            ends_pending,
+            grant: GrantRef(entry),
+        });
         self.debug_check_entry(entry);
     }
 
@@ -398,7 +409,8 @@ impl LockTable {
                 true => waiter.session_next,
                 false => waiter.queue_next,
             };
-            if waiter.entry == entry && waiter.session == session && waiter.owner == owner {
+            let queued = (waiter.session, waiter.owner);
+            if waiter.entry == entry && rules::withdraws(queued, (session, owner)) {
                 self.time_out(cursor);
             }
             cursor = next;
@@ -716,7 +728,8 @@ impl LockTable {
             if head == NIL {
                 return self.remove_entry(entry);
             }
-            if expired_at_us.is_some_and(|end| self.waiters[head].wait_end_us <= end) {
+            let wait_end_us = self.waiters[head].wait_end_us;
+            if expired_at_us.is_some_and(|end| rules::wait_ends_first(wait_end_us, end)) {
                 self.time_out(head);
                 continue;
             }
@@ -747,15 +760,6 @@ impl LockTable {
                 grant: GrantRef(entry),
             });
             return;
-        }
-    }
-
-    /// Whether `session` may queue one more acquire; with shared counts, takes the place.
-    fn take_queue_place(&self, session: SessionId) -> bool {
-        let max = self.config.max_pending_per_session;
-        match &self.shared_counts {
-            Some(counts) => counts.try_add(session, max),
-            None => self.session_list(session).map_or(0, |list| list.count) < max,
         }
     }
 
@@ -850,9 +854,7 @@ impl LockTable {
             },
         );
         debug_assert!(listed, "a waiter's session is listed");
-        if let Some(counts) = &self.shared_counts {
-            counts.remove(removed.session);
-        }
+        self.places.give_back(removed.session);
         removed
     }
 }
@@ -860,8 +862,6 @@ impl LockTable {
 mod check;
 mod index;
 mod keys;
-#[cfg(any(test, feature = "testing"))]
-pub mod model;
 mod partition;
 
 #[cfg(test)]

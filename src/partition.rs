@@ -1,9 +1,11 @@
 //! What a core serves, in the words both kinds of partition speak: the [`Partition`] trait
 //! between a core and the state it serves, the requests it executes ([`Op`]), the answers it
 //! produces ([`Answer`], with a typed [`GrantRef`]), sessions ([`SessionId`], [`NOBODY`]),
-//! the per-session queue counts shared between cores ([`QueueCounts`]), what it counts
-//! ([`stats`], [`cluster_stats`]) and the fixed hash that picks a key's partition
-//! ([`partition_of`]: a single node's core, a cluster's shard).
+//! the lock rules both partitions decide by ([`rules`]), the per-session places in
+//! `max_pending_per_session` ([`Places`], over the [`QueueCounts`] shared between cores), what
+//! it counts ([`stats`], [`cluster_stats`]) and the fixed hash that picks a key's partition
+//! ([`partition_of`]: a single node's core, a cluster's shard). The reference model of the
+//! rules (`model`, tests only) lives beside them.
 //!
 //! A single node's partition is its [`crate::lock_table::LockTable`]; a cluster member's is
 //! the cluster partition of one core (`crate::cluster::partition`: its shards' Raft groups and
@@ -11,16 +13,22 @@
 //! compiles to direct calls into the lock table. This module is the only thing the server and
 //! the cluster share: neither imports the other.
 //!
-//! Deliberately not here: any behaviour. This is vocabulary; the queue rules are
-//! docs/protocol.md §3, kept by the lock table and the cluster partition and checked against
-//! one model.
+//! Deliberately not here: storage and I/O. The rules of docs/protocol.md §3 are decided here
+//! ([`rules`]) and carried out by each partition over its own storage (the lock table's
+//! entries and wheel; the cluster's log, machines and queues); `tests/queue_rules.rs` checks
+//! both against the one model.
 
 pub mod cluster_stats;
+#[cfg(any(test, feature = "testing"))]
+pub mod model;
 mod op;
+mod places;
+pub mod rules;
 pub mod stats;
 
 pub use cluster_stats::ClusterStats;
 pub use op::Op;
+pub use places::Places;
 pub use stats::{BusyCounts, BusyReason, HeldKey, TableStats};
 
 use crate::tokens::TokenKeeper;

@@ -1,5 +1,5 @@
 //! One specification of the waiting rules of docs/protocol.md §3, checked against both
-//! partitions: the reference model `latchkey::lock_table::model` (the one the lock table's own
+//! partitions: the reference model `latchkey::partition::model` (the one the lock table's own
 //! tests and `tests/simulation.rs` check it against) is driven by a seeded random sequence of
 //! operations, and the same sequence goes to the single node's `LockTable` and to a one-member
 //! cluster partition on `MemDurable` (`queue_rules/subject.rs`), all on one virtual clock.

@@ -1,5 +1,5 @@
 //! Deterministic simulation of one partition — the lock table and its timing wheel — on virtual
-//! time, checked after every step against the reference model, `latchkey::lock_table::model`.
+//! time, checked after every step against the reference model, `latchkey::partition::model`.
 //!
 //! Each seed picks its own limits (keys, waiters per key, pending per session, tick length,
 //! token reservation) and runs loop iterations the way the reactor does: time moves (by a
@@ -31,8 +31,8 @@
 mod generator;
 
 use generator::key_name;
-use latchkey::lock_table::model::{Expect, Model};
 use latchkey::lock_table::{LockTable, TableConfig};
+use latchkey::partition::model::{Expect, Model};
 use latchkey::partition::{Answer, SessionId};
 use latchkey::rng::Rng;
 use latchkey::tokens::TokenRange;

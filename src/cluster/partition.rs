@@ -18,7 +18,7 @@ use super::compactor::Compactor;
 use super::compactor::MemCompactor;
 use super::machine::Command;
 use super::member::{Envelope, Member};
-use super::shard::{Places, Shard};
+use super::shard::Shard;
 use super::writer::LogWriter;
 use crate::metrics::Histogram;
 use crate::partition::cluster_stats::{ClusterStats, PeerReport, ShardStatus, LATENCY_BOUNDS_US};
@@ -26,14 +26,18 @@ use crate::partition::partition_of;
 use crate::partition::GrantRef;
 use crate::partition::Partition;
 use crate::partition::NOBODY;
-use crate::partition::{Answer, BusyReason, HeldKey, Op, QueueCounts, SessionId, TableStats};
+use crate::partition::{
+    Answer, BusyReason, HeldKey, Op, Places, QueueCounts, SessionId, TableStats,
+};
 use crate::tokens::TokenKeeper;
 use latchkey_client::protocol::{Leader, Response};
+use duties::{LeaseTimer, WaitTimer};
+use latchkey_wheel::Wheel;
 use leadership_log::LeadershipLog;
 use raft::eraftpb::Message;
 use requests::End;
 use crate::hash::Map as HashMap;
-use std::collections::BTreeMap;
+use slab::Slab;
 use std::net::SocketAddr;
 
 /// One Raft tick: 10 ms (the member's election timeout is 10–20 ticks, its heartbeat 2).
@@ -45,8 +49,9 @@ pub const PROMOTE_GRACE_MS: u64 = 200;
 pub const CHECKPOINT_EVERY_US: u64 = 1_000_000;
 /// Holds one checkpoint entry carries at most.
 const CHECKPOINT_HOLDS: usize = 1024;
-/// Expiries one shard proposes per iteration at most.
-const EXPIRIES_PER_ITERATION: usize = 256;
+/// Lease timers one iteration fires at most (whole ticks past it), all shards together: the
+/// expiries proposed per iteration.
+const LEASE_TIMERS_PER_STEP_MAX: usize = 512;
 /// A shard's log is compacted into a snapshot after this many applied entries, at most (the
 /// default of [`PartitionSettings::compact_every`] with up to 6 shards; [`compact_every`]).
 pub const COMPACT_EVERY: u64 = 10_000;
@@ -66,6 +71,12 @@ pub const LOG_ENTRIES_PER_MEMBER: u64 = 64_000;
 pub fn compact_every(shards: u32) -> u64 {
     (LOG_ENTRIES_PER_MEMBER / u64::from(shards.max(1))).clamp(COMPACT_EVERY_MIN, COMPACT_EVERY)
 }
+/// Wait timers one iteration fires at most (whole ticks past it): as the lock table's
+/// `TIMERS_PER_STEP_MAX`, a burst of them never holds a loop iteration for long.
+const WAIT_TIMERS_PER_STEP_MAX: usize = 512;
+/// The longest wait or lease the wire can carry, in microseconds (the wheels' ring reaches
+/// past it; a lease a promotion's grace moved further out waits in a page).
+const WAIT_US_MAX: u64 = 255 * 1_000_000;
 /// Peer messages stepped per iteration at most.
 const INBOUND_PER_ITERATION: usize = 8192;
 /// Ticks caught up at most after a stall (the rest are dropped: elections take longer).
@@ -116,6 +127,9 @@ pub struct PartitionSettings {
     /// Applied entries between two compactions of a shard's log into a snapshot (at least 1;
     /// [`compact_every`] in a server, smaller in tests so that snapshots are sent and restored).
     pub compact_every: u64,
+    /// The wait timers' tick in microseconds (`timer.tick_ms`; at least 1): a wait ends at most
+    /// one tick late, never early.
+    pub tick_us: u64,
 }
 
 /// The shard of `key` among `shards`: the same on every member, whatever its core count.
@@ -190,8 +204,16 @@ pub struct ClusterPartition<D: LogWriter, P: Peers> {
     pending: HashMap<(u32, u64), Pending>,
     reads: HashMap<u64, PendingRead>,
     next_seq: u64,
-    /// Wait deadlines: (deadline µs, waiter seq) → (shard, key).
-    wait_timers: BTreeMap<(u64, u64), (u32, Vec<u8>)>,
+    /// Queued acquires' wait deadlines, by tick: slots of `wait_slots`.
+    wait_timers: Wheel<u32>,
+    /// What each armed wait timer is for.
+    wait_slots: Slab<WaitTimer>,
+    /// The slots the last `fire_wait_timers` took (kept for its allocation).
+    fired_waits: Vec<u32>,
+    /// The lease timers of the holds of the shards this member serves, by tick.
+    lease_timers: Wheel<LeaseTimer>,
+    /// The timers the last `fire_lease_timers` took (kept for its allocation).
+    fired_leases: Vec<LeaseTimer>,
     answers: Vec<Answer>,
     /// Sessions' places in `max_pending_per_session`, taken by their queued waiters.
     places: Places,
@@ -231,6 +253,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         let node_id = settings.node_id;
         let members = settings.clients.clone();
         let places = Places::new(settings.max_pending_per_session);
+        assert!(settings.tick_us >= 1, "a tick of at least a microsecond");
+        let tick_us = settings.tick_us;
         ClusterPartition {
             settings,
             member,
@@ -241,7 +265,11 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             pending: HashMap::default(),
             reads: HashMap::default(),
             next_seq: 1,
-            wait_timers: BTreeMap::new(),
+            wait_timers: Wheel::with_horizon(0, WAIT_US_MAX.div_ceil(tick_us) + 1),
+            wait_slots: Slab::new(),
+            fired_waits: Vec::new(),
+            lease_timers: Wheel::with_horizon(0, WAIT_US_MAX.div_ceil(tick_us) + 1),
+            fired_leases: Vec::new(),
             answers: Vec::new(),
             places,
             stats: TableStats::default(),
@@ -292,7 +320,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
 
     /// The shard machine of `shard` (hosted here), for tests and status.
     pub fn machine(&self, shard: u32) -> Option<&super::machine::ShardMachine> {
-        self.shard(shard).map(|s| &s.machine)
+        self.shard(shard).map(Shard::machine)
     }
 
     /// Whether this member serves `shard` now (leads it and applied its barrier).
@@ -445,6 +473,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         self.step_inbound();
         self.tick();
         self.fire_wait_timers();
+        self.fire_lease_timers();
         for local in 0..self.shards.len() {
             self.leader_duties(local);
         }
@@ -463,14 +492,10 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         if self.member.has_ready() || self.compactor.has_done() || self.peers.has_pending() {
             return Some(self.now_us);
         }
-        let waits = self.wait_timers.keys().next().map(|(at, _)| *at);
-        let leases = self
-            .shards
-            .iter()
-            .filter(|shard| shard.serving())
-            .filter_map(|shard| shard.machine.next_deadline())
-            .min()
-            .map(|ms| ms.saturating_mul(1000));
+        let waits = self.wait_timers.next_deadline();
+        let waits = waits.map(|tick| tick.saturating_mul(self.settings.tick_us));
+        let leases = self.lease_timers.next_deadline();
+        let leases = leases.map(|tick| tick.saturating_mul(self.settings.tick_us));
         [Some(self.next_tick_us), waits, leases]
             .into_iter()
             .flatten()
@@ -494,7 +519,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         let GrantRef(shard) = grant;
         let Some(key) = self
             .shard(shard)
-            .and_then(|s| s.machine.key_of(token))
+            .and_then(|s| s.machine().key_of(token))
             .map(<[u8]>::to_vec)
         else {
             return;
@@ -515,42 +540,22 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
     }
 
     fn handle_session_closed(&mut self, session: SessionId) {
-        for local in 0..self.shards.len() {
-            let keys: Vec<Vec<u8>> = self.shards[local].queues.keys().cloned().collect();
-            for key in keys {
-                let shard = &mut self.shards[local];
-                if let Some(queue) = shard.queues.get_mut(&key) {
-                    for waiter in queue.iter_mut().filter(|w| w.session == session) {
-                        self.places.abandon(waiter);
-                    }
-                }
-                shard.remove_where(&key, &mut self.places, |w| w.session == session);
-            }
-            self.shards[local].check_invariants();
+        for shard in &mut self.shards {
+            shard.close_session(session, &mut self.places);
         }
     }
 
     fn handle_shutdown(&mut self) {
         self.shutting_down = true;
         for local in 0..self.shards.len() {
-            let keys: Vec<Vec<u8>> = self.shards[local].queues.keys().cloned().collect();
-            for key in keys {
-                if let Some(head) = self.shards[local].head_mut(&key) {
-                    if head.proposed && !head.abandoned {
-                        self.places.abandon(head);
-                        let (session, owner, ends) = (head.session, head.owner, head.ends_pending);
-                        self.busy(session, owner, ends, BusyReason::Shutdown);
-                    }
-                }
-                let removed = self.shards[local].remove_where(&key, &mut self.places, |_| true);
-                for waiter in removed {
-                    self.busy(
-                        waiter.session,
-                        waiter.owner,
-                        waiter.ends_pending,
-                        BusyReason::Shutdown,
-                    );
-                }
+            let (heads, waiters) = self.shards[local].shut_down(&mut self.places);
+            for head in heads {
+                let reason = BusyReason::Shutdown;
+                self.busy(head.session, head.owner, head.ends_pending, reason);
+            }
+            for waiter in waiters {
+                let reason = BusyReason::Shutdown;
+                self.busy(waiter.session, waiter.owner, waiter.ends_pending, reason);
             }
         }
     }
@@ -564,11 +569,11 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
     }
 
     fn key_count(&self) -> usize {
-        self.shards.iter().map(|s| s.machine.len()).sum()
+        self.shards.iter().map(|s| s.machine().len()).sum()
     }
 
     fn waiter_count(&self) -> usize {
-        self.shards.iter().map(|s| s.waiters).sum()
+        self.shards.iter().map(Shard::waiter_count).sum()
     }
 
     fn cluster_stats(&self) -> Option<ClusterStats> {
@@ -577,15 +582,15 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
             .shards
             .iter()
             .map(|state| {
-                let shard = state.machine.shard();
+                let shard = state.machine().shard();
                 ShardStatus {
                     shard,
                     leader: self.member.leader(shard),
                     serving: state.serving(),
                     term: self.member.term(shard),
                     commit: self.member.commit(shard),
-                    applied: state.machine.applied(),
-                    holds: state.machine.len(),
+                    applied: state.machine().applied(),
+                    holds: state.machine().len(),
                 }
             })
             .collect();
@@ -615,11 +620,11 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
             if !shard.serving() {
                 continue;
             }
-            for (key, hold) in shard.machine.holds() {
+            for (key, hold) in shard.machine().holds() {
                 if !key.starts_with(prefix) {
                     continue;
                 }
-                let granted = shard.grants.get(&hold.token);
+                let granted = shard.granted(hold.token);
                 found(HeldKey {
                     key: key.into(),
                     owner: hold.owner,
@@ -643,8 +648,12 @@ fn op_id(op: &Op) -> u64 {
     }
 }
 
-#[path = "partition/drive.rs"]
-mod drive;
+#[path = "partition/apply.rs"]
+mod apply;
+#[path = "partition/duties.rs"]
+mod duties;
+#[path = "partition/raft_io.rs"]
+mod raft_io;
 #[path = "partition/leadership_log.rs"]
 mod leadership_log;
 pub(crate) use leadership_log::shard_list;

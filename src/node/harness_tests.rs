@@ -63,6 +63,7 @@ fn member() -> MemberHarness {
             max_keys_per_shard: LIMITS.max_keys,
             max_pending_per_session: LIMITS.max_pending_per_session,
             compact_every: 24,
+            tick_us: 1_000,
         };
         let mut partition = ClusterPartition::new(settings, member, NoPeers);
         if let Some(queues) = &shared.queues {

@@ -279,6 +279,7 @@ fn core_partition(
         max_keys_per_shard: (config.limits.max_keys / cluster.shards as usize).max(1),
         max_pending_per_session: config.limits.max_pending_per_session,
         compact_every: crate::cluster::partition::compact_every(cluster.shards),
+        tick_us: u64::from(config.timer.tick_ms) * 1_000,
     };
     let compactor = SnapWorker::spawn(format!("latchkey-snap-{core}"), snap_wake)?;
     let partition = ClusterPartition::with_compactor(settings, member, peers, Box::new(compactor));

@@ -189,6 +189,7 @@ fn settings(id: u64, core: usize) -> PartitionSettings {
         max_pending_per_session: 1024,
         // Small, so that shards compact often and crashed or lagging members restore snapshots.
         compact_every: COMPACT_EVERY_IN_SIM,
+        tick_us: 1_000,
     }
 }
 

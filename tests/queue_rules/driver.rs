@@ -3,8 +3,8 @@
 
 use crate::step::{said_of, Pick, Said, Step};
 use crate::subject::{Limits, Shown, Subject};
-use latchkey::lock_table::model::{Expect, Model};
 use latchkey::lock_table::TableConfig;
+use latchkey::partition::model::{Expect, Model};
 use latchkey::partition::{Answer, Op as TableOp, SessionId};
 use latchkey::rng::Rng;
 use latchkey::tokens::TokenRange;

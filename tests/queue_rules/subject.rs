@@ -130,6 +130,7 @@ impl Subject {
             max_keys_per_shard: limits.max_keys,
             max_pending_per_session: limits.max_pending_per_session,
             compact_every: 1 + seed % 300,
+            tick_us: 1_000,
         };
         let mut partition = ClusterPartition::new(settings, member, NoPeers);
         let mut now_us = start_us;

@@ -1,4 +1,4 @@
-//! A member stops, with a line naming what and where, when it cannot keep its state equal to
+//! Tests of `raft_io.rs` and `apply.rs`. A member stops, with a line naming what and where, when it cannot keep its state equal to
 //! the other replicas': a committed entry that does not decode, a write-ahead log sync that
 //! failed.
 
@@ -40,6 +40,7 @@ fn partition(
         max_keys_per_shard: 1000,
         max_pending_per_session: 16,
         compact_every: 1000,
+        tick_us: 1_000,
     };
     ClusterPartition::new(settings, member, Alone)
 }
@@ -237,7 +238,7 @@ fn a_compaction_that_comes_back_after_a_later_snapshot_is_dropped_and_the_next_o
         acquire(&mut partition, &mut now_us);
     }
     // One image is frozen and held (one in flight per shard: no second one).
-    let frozen_at = partition.shards[0].compacting.expect("an image in flight");
+    let frozen_at = partition.shards[0].compacting().expect("an image in flight");
     assert_eq!(held.0.lock().0.len(), 1);
     // Meanwhile the shard's log gets a snapshot past it (as a received snapshot would).
     let applied = partition.machine(0).expect("shard 0").applied();
@@ -252,7 +253,7 @@ fn a_compaction_that_comes_back_after_a_later_snapshot_is_dropped_and_the_next_o
     partition.handle_timers(now_us);
     assert_eq!(partition.compactions(), (0, 1));
     // Free to freeze again (it may have, on an entry applied in the same iteration).
-    let again = partition.shards[0].compacting;
+    let again = partition.shards[0].compacting();
     assert!(
         !matches!(again, Some(index) if index <= frozen_at),
         "{again:?}"
@@ -363,8 +364,7 @@ fn entries_after_a_snapshot_decoded_off_the_loop_wait_for_it_then_apply_in_order
     assert!(machine.applied() >= last, "{} < {last}", machine.applied());
     assert_eq!(holds(machine), expected);
     assert!(second.serving(0), "and it serves again");
-    assert!(second.shards[0].held.is_empty());
-    assert!(second.shards[0].decoded.is_empty());
+    assert!(second.shards[0].restores_settled());
 }
 
 #[test]

@@ -56,6 +56,7 @@ impl Bench {
             max_keys_per_shard: limits.keys_per_shard,
             max_pending_per_session: limits.pending_per_session,
             compact_every: COMPACT_EVERY,
+            tick_us: 1_000,
         };
         let mut bench = Bench {
             partition: ClusterPartition::new(settings, member, NoPeers),
@@ -256,8 +257,7 @@ fn a_proposed_waiter_gives_its_place_back_when_its_session_closes() {
     // The release carries the waiter's grant (one entry); before it applies, the waiter's
     // session closes: its place is back at once (a server frees the session's slot next).
     bench.send(1, Op::Release { token }, key);
-    let queue = bench.partition.shards[0].queues.get(&key[..]);
-    let head = queue.and_then(|queue| queue.front());
+    let head = bench.partition.shards[0].head_waiter(key);
     assert!(
         head.is_some_and(|head| head.proposed && head.handoff),
         "the grant is in flight"
@@ -430,13 +430,13 @@ fn a_head_whose_handoff_misses_waits_again_and_is_granted() {
     // iteration would apply it at once on one member; here the requests come in between).
     bench.now_us += 1_001_000;
     bench.partition.now_us = bench.now_us;
-    bench.partition.leader_duties(0);
-    assert!(bench.partition.shards[0].expiring.contains(&token));
-    assert!(bench.partition.shards[0].machine.holder(key).is_some());
+    bench.partition.fire_lease_timers();
+    assert!(bench.partition.shards[0].expiring(token));
+    assert!(bench.partition.shards[0].machine().holder(key).is_some());
     // 3 queues (the applied state holds the key) and the holder's release carries its grant.
     bench.acquire(2, key, 30, 3);
     bench.send(1, Op::Release { token }, key);
-    let head = bench.partition.shards[0].queues[key].front().cloned();
+    let head = bench.partition.shards[0].head_waiter(key).cloned();
     assert!(head.is_some_and(|head| head.proposed && head.handoff));
     // Proposed, 3 is the holder to be: its session's place goes to 4.
     assert_eq!(bench.places(), 0);
@@ -467,7 +467,7 @@ fn a_head_that_waits_again_takes_its_place_back() {
     // Its entry did not grant it the key (as when another entry took the key first): it
     // waits again, and counts again, while the applied state still shows the key held.
     bench.partition.head_missed(0, key);
-    let head = bench.partition.shards[0].queues[key].front().cloned();
+    let head = bench.partition.shards[0].head_waiter(key).cloned();
     assert!(head.is_some_and(|head| !head.proposed && head.counted));
     assert_eq!(bench.places(), 1);
     bench.partition.check_places();
@@ -502,4 +502,56 @@ impl QueueCounts for Counts {
             .expect("a queued acquire to remove");
         *count -= 1;
     }
+}
+
+/// Steps the bench's clock to `at_us`, a millisecond at a time.
+fn run_until(bench: &mut Bench, at_us: u64) {
+    while bench.now_us < at_us {
+        bench.step();
+    }
+}
+
+#[test]
+fn lease_timers_follow_grants_extends_and_releases_and_never_fire_early() {
+    let limits = Limits {
+        keys_per_shard: 1000,
+        pending_per_session: 8,
+    };
+    let mut bench = Bench::new(1, 0, 1, limits);
+    let key: &[u8] = b"leases/extended";
+    let op = Op::Acquire {
+        wait_s: 0,
+        lease_s: 1,
+        owner: 1,
+    };
+    bench.send(1, op, key);
+    bench.settle();
+    let Response::Acquired { token, .. } = bench.answer(1) else {
+        panic!("the key is granted");
+    };
+    let granted_us = bench.now_us;
+    assert_eq!(bench.partition.shards[0].lease_timers(), 1, "armed at the grant");
+    // Half a second in, a 2 s extend: the timer moves with the deadline.
+    run_until(&mut bench, granted_us + 500_000);
+    let extend = Op::Extend { lease_s: 2, token };
+    bench.send(1, extend, key);
+    bench.settle();
+    assert_eq!(bench.answer(token), Response::Extended { token });
+    let extended_us = bench.now_us;
+    // Past the first lease, before the extended one: still held, no expiry in flight.
+    run_until(&mut bench, extended_us + 1_900_000);
+    assert!(!bench.partition.shards[0].expiring(token));
+    assert!(bench.partition.shards[0].machine().holder(key).is_some());
+    // Past the extended lease: expired, its timer gone.
+    run_until(&mut bench, extended_us + 2_100_000);
+    assert!(bench.partition.shards[0].machine().holder(key).is_none());
+    assert_eq!(bench.partition.shards[0].lease_timers(), 0);
+    // A release cancels the timer of the hold it ends.
+    let token = bench.hold(1, key, 2);
+    assert_eq!(bench.partition.shards[0].lease_timers(), 1);
+    bench.send(1, Op::Release { token }, key);
+    bench.settle();
+    assert_eq!(bench.answer(token), Response::Released { token });
+    assert_eq!(bench.partition.shards[0].lease_timers(), 0);
+    assert!(bench.answers.is_empty(), "{:?}", bench.answers);
 }

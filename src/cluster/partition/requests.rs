@@ -1,10 +1,11 @@
 //! Clients' acquires, cancels and queries on a shard this member serves, the proposals that
 //! grant queue heads, and the answers of acquires.
 //!
-//! The queue rules are the single node's (docs/protocol.md §3), decided by the shard's leader
-//! from its applied state and its queues before anything is proposed, so that an acquire that
-//! changes nothing leaves nothing in the log (`tests/queue_rules.rs` checks both partitions
-//! against one model of those rules):
+//! The queue rules are the single node's (docs/protocol.md §3), decided by the same functions
+//! ([`crate::partition::rules`]) — by the shard's leader, from its applied state and its queues,
+//! before anything is proposed, so that an acquire that changes nothing leaves nothing in the
+//! log (`tests/queue_rules.rs` checks both partitions against one model of those rules). What
+//! the cluster adds is how it carries them out:
 //! * `wait = 0` on a key the applied state shows held, or with a queue, is answered `T` at
 //!   once: no entry, no sync (docs/cluster-design.md says why that is safe).
 //! * `wait > 0` on such a key queues without an entry: the head of a held key's queue is
@@ -29,6 +30,7 @@ use crate::cluster::shard::Waiter;
 use crate::cluster::writer::LogWriter;
 use crate::partition::GrantRef;
 use crate::partition::NOBODY;
+use crate::partition::rules::{self, AcquireView, Admit};
 use crate::partition::{BusyReason, SessionId};
 use latchkey_client::protocol::Response;
 
@@ -58,33 +60,32 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         (wait_s, lease_s, owner): (u8, u8, u64),
     ) {
         let ends_pending = wait_s > 0;
-        if self.shutting_down {
-            return self.busy(session, owner, ends_pending, BusyReason::Shutdown);
-        }
         self.check_places();
         let local = self.local(shard);
-        let queued = self.shards[local].queue_len(key);
-        let free = queued == 0 && self.shards[local].machine.holder(key).is_none();
-        if free && self.shards[local].holds_and_grants() >= self.settings.max_keys_per_shard {
-            return self.busy(session, owner, ends_pending, BusyReason::Keys);
-        }
-        // A `wait = 0` acquire of a key held (as this leader applied it) or queued changes
-        // nothing: `T` at once, from the leader's state, with no entry and no sync, as a single
-        // node answers it. `T` promises nothing: a release still in the log makes it no less
-        // true ("held when asked"), and the acquire never queued (docs/cluster-design.md).
-        if !free && wait_s == 0 {
-            self.stats.timed_out += 1;
-            return self.answer(session, Response::Timeout { owner }, false);
-        }
-        let waiting = self.shards[local].waiting_len(key);
-        if waiting >= self.settings.max_waiters_per_key as usize {
-            return self.busy(session, owner, ends_pending, BusyReason::WaitersPerKey);
-        }
-        // Taken last: a place taken (in shared counts too) is always followed by the enqueue.
-        let counted = ends_pending && !free;
-        if counted && !self.places.try_take(session) {
-            return self.busy(session, owner, true, BusyReason::PendingPerSession);
-        }
+        let state = &self.shards[local];
+        let free = state.queue_len(key) == 0 && state.machine().holder(key).is_none();
+        // The rules are the single node's ([`rules::admit`]), decided from the applied state
+        // and the queues. A `wait = 0` acquire of a key held (as this leader applied it) or
+        // queued is answered `T` at once, with no entry and no sync: `T` promises nothing (a
+        // release still in the log makes it no less true, "held when asked") and the acquire
+        // never queued (docs/cluster-design.md).
+        let view = AcquireView {
+            shutting_down: self.shutting_down,
+            taken: !free,
+            room_for_key: state.holds_and_grants() < self.settings.max_keys_per_shard,
+            waiters: u32::try_from(state.waiting_len(key)).unwrap_or(u32::MAX),
+            max_waiters_per_key: self.settings.max_waiters_per_key,
+            wait_s,
+        };
+        let counted = match rules::admit(&view, &mut self.places, session) {
+            Admit::Grant => false,
+            Admit::Queue => true,
+            Admit::Timeout => {
+                self.stats.timed_out += 1;
+                return self.answer(session, Response::Timeout { owner }, false);
+            }
+            Admit::Busy(reason) => return self.busy(session, owner, ends_pending, reason),
+        };
         let deadline_us = self.now_us + u64::from(wait_s) * 1_000_000;
         let seq = self.seq();
         let waiter = Waiter {
@@ -102,8 +103,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         };
         self.shards[local].enqueue(key, waiter);
         if wait_s > 0 {
-            self.wait_timers
-                .insert((deadline_us, seq), (shard, key.to_vec()));
+            self.arm_wait(shard, key, seq, deadline_us);
         }
         if free {
             self.propose_head(shard, key);
@@ -116,10 +116,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// that cannot be proposed (leadership just lost) is answered `M`.
     pub(super) fn propose_head(&mut self, shard: u32, key: &[u8]) {
         let local = self.local(shard);
-        if self.shards[local].machine.holder(key).is_some() {
+        if self.shards[local].machine().holder(key).is_some() {
             return;
         }
-        let Some(head) = self.shards[local].head_mut(key) else {
+        let Some(head) = self.shards[local].head(key) else {
             return;
         };
         if head.proposed {
@@ -175,7 +175,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.stats.cancels += 1;
         let local = self.local(shard);
         let removed = self.shards[local].remove_where(key, &mut self.places, |w| {
-            w.session == session && w.owner == owner
+            rules::withdraws((w.session, w.owner), (session, owner))
         });
         for waiter in removed {
             self.stats.timed_out += 1;
@@ -229,7 +229,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             };
             let local = self.local(read.shard);
             let shard = &self.shards[local];
-            let holder = shard.machine.holder(&read.key);
+            let holder = shard.machine().holder(&read.key);
             let lease_ms = holder.map_or(0, |hold| hold.deadline_ms.saturating_sub(now_ms));
             let response = Response::State {
                 nonce: read.nonce,
@@ -303,10 +303,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         if !self.shards[local].unpropose_head(key, &mut self.places) {
             return;
         }
-        let now_us = self.now_us;
-        let over = self.shards[local]
-            .head_mut(key)
-            .is_some_and(|head| head.abandoned || head.deadline_us <= now_us);
+        let over = self.shards[local].head_is_over(key, self.now_us);
         if over {
             let head = self.shards[local].pop_head(key, &mut self.places);
             let head = head.expect("a head");
@@ -329,10 +326,14 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         if !cfg!(debug_assertions) {
             return;
         }
-        let waiters: usize = self.shards.iter().map(|shard| shard.waiters).sum();
+        let waiters: usize = self.shards.iter().map(|shard| shard.waiter_count()).sum();
         if waiters <= PLACES_CHECKED_WAITERS_MAX {
             let counted: usize = self.shards.iter().map(|shard| shard.counted(None)).sum();
             assert_eq!(counted, self.places.held(), "places held by queued waiters");
+            for (session, held) in self.places.iter() {
+                let counted: usize = self.shards.iter().map(|s| s.counted(Some(session))).sum();
+                assert_eq!(counted, held as usize, "session {session:#x}'s places");
+            }
         }
     }
 }

@@ -26,9 +26,20 @@ fn max_keys_refuses_new_keys_only() {
 
 /// A table whose sessions may queue `max_pending` acquires each.
 fn with_pending_limit(max_pending: u32) -> Fixture {
-    let mut fixture = Fixture::new(8, 8);
-    fixture.table.config.max_pending_per_session = max_pending;
-    fixture
+    let fixture = Fixture::new(8, 8);
+    let config = TableConfig {
+        max_pending_per_session: max_pending,
+        ..fixture.table.config
+    };
+    let tokens = TokenRange {
+        next: FIRST_TOKEN,
+        step: 1,
+        limit: u64::MAX / 2,
+    };
+    Fixture {
+        table: LockTable::new(config, fixture.now_us, tokens),
+        ..fixture
+    }
 }
 
 #[test]

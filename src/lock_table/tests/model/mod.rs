@@ -1,8 +1,8 @@
 //! The observer that checks answers alone; the simulation in `sim` drives the table and the
-//! reference model ([`crate::lock_table::model`]) with the same random operations.
+//! reference model ([`crate::partition::model`]) with the same random operations.
 
 use super::*;
-use crate::lock_table::model::{Expect, Model};
+use crate::partition::model::{Expect, Model};
 
 mod sim;
 
