@@ -32,8 +32,10 @@
 
 use crate::partition::rules::{self, AcquireView, Admit};
 use crate::partition::{
-    Answer, BusyReason, GrantRef, HeldKey, Op, Places, QueueCounts, SessionId, TableStats,
+    is_detached, Answer, BusyReason, ClientRef, Fate, GrantRef, HeldKey, Op, Places, QueueCounts,
+    SessionId, TableStats,
 };
+use clients::ClientStates;
 use crate::tokens::TokenRange;
 use hashbrown::DefaultHashBuilder;
 use index::SegmentedTable;
@@ -93,6 +95,8 @@ struct KeyEntry {
     /// hold histogram).
     owner: u64,
     holder: SessionId,
+    /// The identified client the holder speaks for ([`ClientRef::NONE`] if none).
+    client: ClientRef,
     granted_us: u64,
     lease_end_us: u64,
     lease_timer: TimerHandle,
@@ -106,6 +110,8 @@ struct KeyEntry {
 struct Waiter {
     owner: u64,
     session: SessionId,
+    /// The identified client it speaks for ([`ClientRef::NONE`] if none).
+    client: ClientRef,
     lease_s: u8,
     wait_s: u8,
     entry: u32,
@@ -150,6 +156,8 @@ pub struct LockTable {
     keys: KeyStore,
     /// Sessions' places in `max_pending_per_session`: every waiter here holds one.
     places: Places,
+    /// What this partition remembers of identified clients (docs/protocol.md §5).
+    clients: ClientStates,
     stats: TableStats,
     /// The latest time a call was given (for the figures of calls that take none).
     now_us: u64,
@@ -185,6 +193,7 @@ impl LockTable {
             fired: Vec::new(),
             keys: KeyStore::default(),
             places: Places::new(config.max_pending_per_session),
+            clients: ClientStates::default(),
             stats: TableStats::default(),
             now_us,
             #[cfg(test)]
@@ -199,8 +208,22 @@ impl LockTable {
         self.places.share(counts);
     }
 
-    /// Executes one keyed request from `session`.
+    /// Executes one keyed request from `session`, which did not identify.
+    #[cfg(any(test, feature = "testing"))]
     pub fn handle(&mut self, now_us: u64, session: SessionId, op: Op, key: &[u8]) {
+        self.handle_as(now_us, session, ClientRef::NONE, op, key);
+    }
+
+    /// Executes one keyed request from `session`, speaking for `client` if it identified
+    /// (docs/protocol.md §5).
+    pub fn handle_as(
+        &mut self,
+        now_us: u64,
+        session: SessionId,
+        client: ClientRef,
+        op: Op,
+        key: &[u8],
+    ) {
         self.now_us = self.now_us.max(now_us);
         match op {
             Op::Acquire {
@@ -213,7 +236,7 @@ impl LockTable {
                     lease_s,
                     owner,
                 };
-                self.handle_acquire(now_us, session, acquire, key);
+                self.acquire_as(now_us, (session, client), acquire, key);
             }
             Op::Release { token } => self.handle_release(now_us, session, token, key),
             Op::Extend { lease_s, token } => {
@@ -221,6 +244,7 @@ impl LockTable {
             }
             Op::Cancel { owner } => self.handle_cancel(session, owner, key),
             Op::Query { nonce } => self.handle_query(now_us, session, nonce, key),
+            Op::Resolve { owner } => self.handle_resolve(now_us, session, client, owner, key),
         }
     }
 
@@ -236,6 +260,7 @@ impl LockTable {
 
     /// Acquire: grant a free key, queue on a held one (wait > 0), or answer `T`/`B` (`B` when
     /// the key's queue or the session's queued acquires are at their limit).
+    #[cfg(any(test, feature = "testing"))]
     pub fn handle_acquire(
         &mut self,
         now_us: u64,
@@ -243,10 +268,27 @@ impl LockTable {
         acquire: Acquire,
         key: &[u8],
     ) {
+        self.acquire_as(now_us, (session, ClientRef::NONE), acquire, key);
+    }
+
+    /// An Acquire (as `handle_acquire`, tests only) from `session` speaking for `client`: an owner
+    /// a Resolve answered "never seen" is refused `B`, and the `T` or `B` answers of an
+    /// identified client's acquires are remembered for its Resolves.
+    fn acquire_as(
+        &mut self,
+        now_us: u64,
+        (session, client): (SessionId, ClientRef),
+        acquire: Acquire,
+        key: &[u8],
+    ) {
         self.now_us = self.now_us.max(now_us);
         debug_assert!(acquire.lease_s > 0 && !key.is_empty());
         let ends_pending = acquire.wait_s > 0;
         let owner = acquire.owner;
+        if client.is_some() && self.clients.is_forgotten(client, owner) {
+            self.stats.busy(BusyReason::Resolved);
+            return self.answer(session, Response::Busy { owner }, ends_pending);
+        }
         let hash = self.hasher.hash_one(key);
         let entry = match self.shutting_down {
             true => None,
@@ -260,19 +302,20 @@ impl LockTable {
             max_waiters_per_key: self.config.max_waiters_per_key,
             wait_s: acquire.wait_s,
         };
+        let caller = (session, client);
         match (rules::admit(&view, &mut self.places, session), entry) {
-            (Admit::Grant, _) => self.grant_free(now_us, session, acquire, key, hash),
+            (Admit::Grant, _) => self.grant_free(now_us, caller, acquire, key, hash),
             (Admit::Queue, Some(entry)) => {
-                self.enqueue(now_us, session, acquire, entry);
+                self.enqueue(now_us, caller, acquire, entry);
                 self.debug_check_entry(entry);
             }
             (Admit::Timeout, _) => {
                 self.stats.timed_out += 1;
-                self.answer(session, Response::Timeout { owner }, false);
+                self.answer_acquire(caller, Response::Timeout { owner }, false);
             }
             (Admit::Busy(reason), _) => {
                 self.stats.busy(reason);
-                self.answer(session, Response::Busy { owner }, ends_pending);
+                self.answer_acquire(caller, Response::Busy { owner }, ends_pending);
             }
             (Admit::Queue, None) => unreachable!("a free key is never queued on"),
         }
@@ -283,7 +326,7 @@ impl LockTable {
     fn grant_free(
         &mut self,
         now_us: u64,
-        session: SessionId,
+        (session, client): (SessionId, ClientRef),
         acquire: Acquire,
         key: &[u8],
         hash: u64,
@@ -294,11 +337,12 @@ impl LockTable {
             let busy = Response::Busy {
                 owner: acquire.owner,
             };
-            return self.answer(session, busy, ends_pending);
+            return self.answer_acquire((session, client), busy, ends_pending);
         };
         self.stats.acquired += 1;
         let holder = (session, acquire.owner);
         let entry = self.insert_entry(now_us, key, hash, token, acquire.lease_s, holder);
+        self.entries[entry].client = client;
         let granted = Response::Acquired {
             owner: acquire.owner,
             token,
@@ -519,7 +563,7 @@ impl LockTable {
         let timeout = Response::Timeout {
             owner: removed.owner,
         };
-        self.answer(removed.session, timeout, true);
+        self.answer_acquire((removed.session, removed.client), timeout, true);
     }
 
     /// Answers `B` to a queued waiter, and removes it.
@@ -530,7 +574,7 @@ impl LockTable {
         let busy = Response::Busy {
             owner: removed.owner,
         };
-        self.answer(removed.session, busy, true);
+        self.answer_acquire((removed.session, removed.client), busy, true);
     }
 
     /// Records how long a queued acquire waited, at its answer (the table's current time).
@@ -643,6 +687,29 @@ impl LockTable {
         self.shutting_down
     }
 
+    /// Answers an acquire `T` or `B`: remembered for an identified client's Resolves, and
+    /// written nowhere for a detached one.
+    fn answer_acquire(
+        &mut self,
+        (session, client): (SessionId, ClientRef),
+        response: Response,
+        ends_pending: bool,
+    ) {
+        if client.is_some() {
+            let fate = match response {
+                Response::Timeout { .. } => Fate::TimedOut,
+                _ => Fate::Busy,
+            };
+            let owner = response.correlation_id();
+            if self.clients.answered(client, owner, fate, self.now_us) {
+                self.stats.fates_dropped += 1;
+            }
+        }
+        if !is_detached(session) {
+            self.answer(session, response, ends_pending);
+        }
+    }
+
     fn answer(&mut self, session: SessionId, response: Response, ends_pending: bool) {
         self.answers.push(Answer {
             session,
@@ -696,6 +763,7 @@ impl LockTable {
             token,
             owner: holder.1,
             holder: holder.0,
+            client: ClientRef::NONE,
             granted_us: now_us,
             lease_end_us,
             lease_timer,
@@ -739,6 +807,7 @@ impl LockTable {
             }
             let removed = self.remove_waiter(head);
             let (session, owner, lease_s) = (removed.session, removed.owner, removed.lease_s);
+            let client = removed.client;
             let token = self.tokens.issue().expect("a token can be issued");
             self.stats.acquired += 1;
             self.record_wait(&removed);
@@ -749,9 +818,14 @@ impl LockTable {
             held.token = token;
             held.owner = owner;
             held.holder = session;
+            held.client = client;
             held.granted_us = now_us;
             held.lease_end_us = lease_end_us;
             held.lease_timer = lease_timer;
+            if is_detached(session) {
+                // Its client has no session: the grant waits for a Resolve, or its grace.
+                return self.clients.undelivered(client, entry, token);
+            }
             let granted = Response::Acquired { owner, token };
             self.answers.push(Answer {
                 session,
@@ -771,12 +845,45 @@ impl LockTable {
         self.keys.recycle(removed.key);
     }
 
-    fn enqueue(&mut self, now_us: u64, session: SessionId, acquire: Acquire, entry: u32) {
+    fn enqueue(
+        &mut self,
+        now_us: u64,
+        (session, client): (SessionId, ClientRef),
+        acquire: Acquire,
+        entry: u32,
+    ) {
         let wait_end_us = now_us + u64::from(acquire.wait_s) * MICROS_PER_SECOND;
         let deadline = self.tick_at_or_after(wait_end_us);
         let waiter = self.waiters.vacant_key();
         let timer = self.wheel.insert(deadline, Timer::Wait(waiter));
         let queue_prev = self.entries[entry].queue_tail;
+        self.waiters.insert(Waiter {
+            owner: acquire.owner,
+            session,
+            client,
+            lease_s: acquire.lease_s,
+            wait_s: acquire.wait_s,
+            entry,
+            wait_end_us,
+            timer,
+            queue_prev,
+            queue_next: NIL,
+            session_prev: NIL,
+            session_next: NIL,
+        });
+        self.link_session(waiter, session);
+        let held = &mut self.entries[entry];
+        if queue_prev == NIL {
+            held.queue_head = waiter;
+        } else {
+            self.waiters[queue_prev].queue_next = waiter;
+        }
+        held.queue_tail = waiter;
+        held.waiters += 1;
+    }
+
+    /// Links `waiter` at the head of `session`'s list (its place is the caller's business).
+    fn link_session(&mut self, waiter: u32, session: SessionId) {
         let hash = self.hasher.hash_one(session);
         let empty = || {
             (
@@ -793,34 +900,45 @@ impl LockTable {
         let session_next = list.head;
         list.head = waiter;
         list.count += 1;
-        self.waiters.insert(Waiter {
-            owner: acquire.owner,
-            session,
-            lease_s: acquire.lease_s,
-            wait_s: acquire.wait_s,
-            entry,
-            wait_end_us,
-            timer,
-            queue_prev,
-            queue_next: NIL,
-            session_prev: NIL,
-            session_next,
-        });
+        let linked = &mut self.waiters[waiter];
+        linked.session = session;
+        linked.session_prev = NIL;
+        linked.session_next = session_next;
         if session_next != NIL {
             self.waiters[session_next].session_prev = waiter;
         }
-        let held = &mut self.entries[entry];
-        if queue_prev == NIL {
-            held.queue_head = waiter;
-        } else {
-            self.waiters[queue_prev].queue_next = waiter;
+    }
+
+    /// Unlinks `waiter` from its session's list (its place is the caller's business).
+    fn unlink_session(&mut self, waiter: u32) {
+        let (session, prev, next) = {
+            let unlinked = &self.waiters[waiter];
+            (unlinked.session, unlinked.session_prev, unlinked.session_next)
+        };
+        if next != NIL {
+            self.waiters[next].session_prev = prev;
         }
-        held.queue_tail = waiter;
-        held.waiters += 1;
+        if prev != NIL {
+            self.waiters[prev].session_next = next;
+        }
+        let hash = self.hasher.hash_one(session);
+        let listed = self.sessions.update_or_remove(
+            hash,
+            |&(id, _)| id == session,
+            |(_, list)| {
+                if list.head == waiter {
+                    list.head = next;
+                }
+                list.count -= 1;
+                list.count > 0
+            },
+        );
+        debug_assert!(listed, "a waiter's session is listed");
     }
 
     /// Unlinks a waiter from its key queue and session list, cancels its timer, and returns it.
     fn remove_waiter(&mut self, waiter: u32) -> Waiter {
+        self.unlink_session(waiter);
         let removed = self.waiters.remove(waiter);
         // Already fired when called from handle_timers; cancel is then a no-op.
         self.wheel.cancel(removed.timer);
@@ -834,35 +952,17 @@ impl LockTable {
             next => self.waiters[next].queue_prev = removed.queue_prev,
         }
         held.waiters -= 1;
-        if removed.session_next != NIL {
-            self.waiters[removed.session_next].session_prev = removed.session_prev;
-        }
-        if removed.session_prev != NIL {
-            self.waiters[removed.session_prev].session_next = removed.session_next;
-        }
-        let session = removed.session;
-        let hash = self.hasher.hash_one(session);
-        let listed = self.sessions.update_or_remove(
-            hash,
-            |&(id, _)| id == session,
-            |(_, list)| {
-                if list.head == waiter {
-                    list.head = removed.session_next;
-                }
-                list.count -= 1;
-                list.count > 0
-            },
-        );
-        debug_assert!(listed, "a waiter's session is listed");
         self.places.give_back(removed.session);
         removed
     }
 }
 
 mod check;
+mod clients;
 mod index;
 mod keys;
 mod partition;
+mod resume;
 
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,7 @@ pub mod rules;
 pub mod stats;
 
 pub use cluster_stats::ClusterStats;
+pub use latchkey_client::protocol::Fate;
 pub use op::Op;
 pub use places::Places;
 pub use stats::{BusyCounts, BusyReason, HeldKey, TableStats};
@@ -39,6 +40,41 @@ pub type SessionId = u64;
 
 /// The session of answers nobody reads (releases of grants that were never delivered).
 pub const NOBODY: SessionId = u64::MAX;
+
+/// The first of the session ids under which a partition keeps the waiters and grants of an
+/// identified client that has no session (docs/protocol.md §5): `DETACHED + client index`.
+/// Above every id a core gives a session (a core's id starts with its index, below
+/// `CORES_MAX`), below [`NOBODY`].
+pub const DETACHED: SessionId = 0xFFFF_FFFF_0000_0000;
+
+/// Which identified client a session speaks for (docs/protocol.md §5, resumable calls): the
+/// small index the server gave the client id at its first Identify, or [`ClientRef::NONE`] for
+/// a session that did not identify.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientRef(pub u32);
+
+impl ClientRef {
+    /// A session that did not identify.
+    pub const NONE: ClientRef = ClientRef(u32::MAX);
+
+    /// Whether this names a client.
+    pub fn is_some(self) -> bool {
+        self != ClientRef::NONE
+    }
+
+    /// The session id this client's waiters and grants are kept under while it has no session
+    /// (its answers go nowhere; a Resolve attaches them to the session that asks).
+    pub fn detached(self) -> SessionId {
+        debug_assert!(self.is_some());
+        DETACHED + u64::from(self.0)
+    }
+}
+
+/// Whether `session` is a detached client's ([`ClientRef::detached`]): nobody reads its
+/// answers.
+pub fn is_detached(session: SessionId) -> bool {
+    (DETACHED..NOBODY).contains(&session)
+}
 /// Per-session counts of queued acquires shared by the partitions of one server, so that
 /// `max_pending_per_session` bounds a session's queued acquires across all of them (its
 /// acquires may queue in several). Without one, a table counts its own waiters of the session,
@@ -86,9 +122,9 @@ pub const PARTITION_SOURCES: usize = 64;
 pub trait Partition {
     /// The core (of `cores`) whose partition serves `key`.
     fn core_of_key(&self, key: &[u8], cores: usize) -> usize;
-    /// Executes a keyed request of `session` at `now_us`; its answers (now or later) come out
-    /// of [`take_answers`](Self::take_answers).
-    fn handle(&mut self, now_us: u64, session: SessionId, op: Op, key: &[u8]);
+    /// Executes a keyed request of `session` (speaking for `client`, if it identified) at
+    /// `now_us`; its answers (now or later) come out of [`take_answers`](Self::take_answers).
+    fn handle(&mut self, now_us: u64, session: SessionId, client: ClientRef, op: Op, key: &[u8]);
     /// Fires what is due at `now_us` and does the partition's periodic work.
     fn handle_timers(&mut self, now_us: u64);
     /// When [`handle_timers`](Self::handle_timers) must run next, if anything is scheduled.
@@ -102,10 +138,21 @@ pub trait Partition {
     fn take_answers(&mut self) -> Vec<Answer>;
     /// Gives back a vector taken by [`take_answers`](Self::take_answers).
     fn return_answers(&mut self, answers: Vec<Answer>);
-    /// Releases the grant `grant` of `token`, whose `A` never reached its session.
-    fn release_granted(&mut self, now_us: u64, grant: GrantRef, token: u64);
-    /// `session` closed: its queued acquires leave.
-    fn handle_session_closed(&mut self, session: SessionId);
+    /// The grant `grant` of `token`, whose `A` never reached its session: released at once, or,
+    /// for an identified `client`, kept for it to resolve until its grace ends.
+    fn release_granted(&mut self, now_us: u64, grant: GrantRef, token: u64, client: ClientRef);
+    /// `session` closed: its queued acquires leave — or, for a session of an identified
+    /// `client`, stay queued for the client (detached) until a Resolve attaches them or its
+    /// grace ends.
+    fn handle_session_closed(&mut self, session: SessionId, client: ClientRef);
+    /// `client`'s grace ended without a session: its detached waiters leave, its grants that
+    /// never reached it are released, and what the partition remembered of it is dropped.
+    fn handle_client_gone(&mut self, _now_us: u64, _client: ClientRef) {}
+    /// Whether the partition resumes calls (answers Resolve); the core refuses Identify where
+    /// it does not.
+    fn resumes_calls(&self) -> bool {
+        false
+    }
     /// The server is stopping: queued acquires are answered `B`, new ones refused.
     fn handle_shutdown(&mut self);
     /// Keeps the token reservation topped up (a single node's tokens are persisted ahead).

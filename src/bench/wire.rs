@@ -217,9 +217,10 @@ impl Wire for LatchkeyWire {
                 nonce,
                 lease_ms: held.then_some(lease_ms),
             },
-            Response::Extended { .. } | Response::Pong { .. } => {
-                return Err(WireError::UnaskedOp(response.op()))
-            }
+            Response::Extended { .. }
+            | Response::Pong { .. }
+            | Response::Identified { .. }
+            | Response::Resolved { .. } => return Err(WireError::UnaskedOp(response.op())),
             Response::Moved { id, leader } => Answer::Moved {
                 id,
                 leader: leader.addr(),

@@ -27,10 +27,10 @@ use crate::partition::GrantRef;
 use crate::partition::Partition;
 use crate::partition::NOBODY;
 use crate::partition::{
-    Answer, BusyReason, HeldKey, Op, Places, QueueCounts, SessionId, TableStats,
+    Answer, BusyReason, ClientRef, HeldKey, Op, Places, QueueCounts, SessionId, TableStats,
 };
 use crate::tokens::TokenKeeper;
-use latchkey_client::protocol::{Leader, Response};
+use latchkey_client::protocol::{ErrorCode, Leader, Response};
 use duties::{LeaseTimer, WaitTimer};
 use latchkey_wheel::Wheel;
 use leadership_log::LeadershipLog;
@@ -428,7 +428,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         shard_of(key, self.settings.shards) as usize % cores
     }
 
-    fn handle(&mut self, now_us: u64, session: SessionId, op: Op, key: &[u8]) {
+    fn handle(&mut self, now_us: u64, session: SessionId, _client: ClientRef, op: Op, key: &[u8]) {
         self.now_us = self.now_us.max(now_us);
         let shard = shard_of(key, self.settings.shards);
         let serving = self.shard(shard).is_some_and(Shard::serving);
@@ -465,6 +465,12 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
             }
             Op::Cancel { owner } => self.cancel(shard, session, key, owner),
             Op::Query { nonce } => self.query(shard, session, key, nonce),
+            Op::Resolve { owner } => {
+                // A member of this version does not resume calls: its core refuses Identify,
+                // so no session that may resolve reaches it.
+                let code = ErrorCode::NotIdentified;
+                self.answer(session, Response::Error { code, id: owner }, false);
+            }
         }
     }
 
@@ -513,7 +519,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         }
     }
 
-    fn release_granted(&mut self, now_us: u64, grant: GrantRef, token: u64) {
+    fn release_granted(&mut self, now_us: u64, grant: GrantRef, token: u64, _client: ClientRef) {
         self.now_us = self.now_us.max(now_us);
         // A cluster partition's grant reference is the shard (see `answer_grant`).
         let GrantRef(shard) = grant;
@@ -539,7 +545,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         }
     }
 
-    fn handle_session_closed(&mut self, session: SessionId) {
+    fn handle_session_closed(&mut self, session: SessionId, _client: ClientRef) {
         for shard in &mut self.shards {
             shard.close_session(session, &mut self.places);
         }
@@ -642,7 +648,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
 /// The correlation id of a keyed request.
 fn op_id(op: &Op) -> u64 {
     match *op {
-        Op::Acquire { owner, .. } | Op::Cancel { owner } => owner,
+        Op::Acquire { owner, .. } | Op::Cancel { owner } | Op::Resolve { owner } => owner,
         Op::Release { token } | Op::Extend { token, .. } => token,
         Op::Query { nonce } => nonce,
     }

@@ -3,7 +3,7 @@
 
 use super::LockTable;
 use crate::partition::{
-    partition_of, Answer, GrantRef, HeldKey, Op, Partition, SessionId, TableStats,
+    partition_of, Answer, ClientRef, GrantRef, HeldKey, Op, Partition, SessionId, TableStats,
 };
 use crate::tokens::{TokenKeeper, TokenLimit};
 
@@ -14,8 +14,8 @@ impl Partition for LockTable {
     }
 
     #[inline]
-    fn handle(&mut self, now_us: u64, session: SessionId, op: Op, key: &[u8]) {
-        LockTable::handle(self, now_us, session, op, key);
+    fn handle(&mut self, now_us: u64, session: SessionId, client: ClientRef, op: Op, key: &[u8]) {
+        LockTable::handle_as(self, now_us, session, client, op, key);
     }
 
     #[inline]
@@ -39,12 +39,20 @@ impl Partition for LockTable {
     }
 
     #[inline]
-    fn release_granted(&mut self, now_us: u64, grant: GrantRef, token: u64) {
-        LockTable::release_granted(self, now_us, grant.0, token);
+    fn release_granted(&mut self, now_us: u64, grant: GrantRef, token: u64, client: ClientRef) {
+        LockTable::release_granted_as(self, now_us, grant.0, token, client);
     }
 
-    fn handle_session_closed(&mut self, session: SessionId) {
-        LockTable::handle_session_closed(self, session);
+    fn handle_session_closed(&mut self, session: SessionId, client: ClientRef) {
+        LockTable::handle_session_closed_as(self, session, client);
+    }
+
+    fn handle_client_gone(&mut self, now_us: u64, client: ClientRef) {
+        LockTable::handle_client_gone(self, now_us, client);
+    }
+
+    fn resumes_calls(&self) -> bool {
+        true
     }
 
     fn handle_shutdown(&mut self) {

@@ -2,8 +2,8 @@
 //!
 //! The parser produces [`Request`]s borrowing their key from a read buffer. A request for a
 //! partition is that request's fixed fields plus its key: executed at once when the partition
-//! is local, or sent to another core with a copy of the key. Ping names no key and is never a
-//! partition's business: the reactor answers it.
+//! is local, or sent to another core with a copy of the key. Ping and Identify name no key and
+//! are never a partition's business: the core answers them.
 
 use latchkey_client::protocol::Request;
 
@@ -41,6 +41,11 @@ pub enum Op {
         /// Correlation id.
         nonce: u64,
     },
+    /// See [`Request::Resolve`] (an identified session's only).
+    Resolve {
+        /// The owner whose acquire is asked about.
+        owner: u64,
+    },
 }
 
 impl Op {
@@ -68,7 +73,8 @@ impl Op {
             } => (Op::Extend { lease_s, token }, key),
             Request::Cancel { owner, key } => (Op::Cancel { owner }, key),
             Request::Query { nonce, key } => (Op::Query { nonce }, key),
-            Request::Ping { .. } => return None,
+            Request::Resolve { owner, key } => (Op::Resolve { owner }, key),
+            Request::Ping { .. } | Request::Identify { .. } => return None,
         })
     }
 
@@ -94,6 +100,7 @@ impl Op {
             },
             Op::Cancel { owner } => Request::Cancel { owner, key },
             Op::Query { nonce } => Request::Query { nonce, key },
+            Op::Resolve { owner } => Request::Resolve { owner, key },
         }
     }
 

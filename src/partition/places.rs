@@ -8,14 +8,16 @@
 //! with its queues.
 //!
 //! Invariant (each partition checks it against its queues): the places held by a session here
-//! are the waiters of that session here that hold one. No zero counts are kept.
+//! are the waiters of that session here that hold one. No zero counts are kept. A detached
+//! client's waiters (`crate::partition::ClientRef::detached`) hold places here only: no session
+//! of a core counts them.
 //!
 //! Deliberately not here: which waiters hold a place (a single node's waiters all do; a
 //! cluster's proposed queue head gives its place back while its grant is in the log), and the
 //! waiters themselves.
 
 use crate::hash::Map as HashMap;
-use crate::partition::{QueueCounts, SessionId};
+use crate::partition::{is_detached, QueueCounts, SessionId};
 use std::sync::Arc;
 
 /// Per-session places of one partition. See the module docs.
@@ -63,6 +65,17 @@ impl Places {
         free
     }
 
+    /// Takes a place for `session` whatever it holds: a waiter that changes hands (a detached
+    /// client's waiter, or one a Resolve attached to a new session) keeps the place it had.
+    pub fn take_forced(&mut self, session: SessionId) {
+        if let Some(shared) = self.shared.as_ref().filter(|_| !is_detached(session)) {
+            let taken = shared.try_add(session, u32::MAX);
+            debug_assert!(taken, "a forced place is always taken");
+        }
+        *self.held.entry(session).or_insert(0) += 1;
+        self.total += 1;
+    }
+
     /// Gives back one place of `session`. Panics if it holds none here (a bug: every place
     /// given back was taken).
     pub fn give_back(&mut self, session: SessionId) {
@@ -74,7 +87,7 @@ impl Places {
             None => panic!("session {session:#x}: a place given back that was not taken"),
         }
         self.total -= 1;
-        if let Some(shared) = &self.shared {
+        if let Some(shared) = self.shared.as_ref().filter(|_| !is_detached(session)) {
             shared.remove(session);
         }
     }

@@ -20,17 +20,21 @@ pub enum BusyReason {
     /// Cluster mode: the member stopped leading the key's shard while the acquire was queued
     /// there (and no grant for it can commit).
     Leadership,
+    /// A Resolve already answered this client's owner "never seen": the acquire arrived after
+    /// that and is not executed (docs/protocol.md §5).
+    Resolved,
 }
 
 impl BusyReason {
     /// Every reason, in the order of [`BusyCounts::get`]'s label names.
-    pub const ALL: [BusyReason; 6] = [
+    pub const ALL: [BusyReason; 7] = [
         BusyReason::WaitersPerKey,
         BusyReason::Keys,
         BusyReason::PendingPerSession,
         BusyReason::Shutdown,
         BusyReason::Tokens,
         BusyReason::Leadership,
+        BusyReason::Resolved,
     ];
 
     /// The reason's label in metrics, stats and logs.
@@ -42,13 +46,14 @@ impl BusyReason {
             BusyReason::Shutdown => "shutdown",
             BusyReason::Tokens => "tokens",
             BusyReason::Leadership => "leadership",
+            BusyReason::Resolved => "resolved",
         }
     }
 }
 
 /// `B` answers to Acquires, by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BusyCounts([u64; 6]);
+pub struct BusyCounts([u64; BusyReason::ALL.len()]);
 
 impl BusyCounts {
     /// `B` answers for `reason`.
@@ -94,6 +99,14 @@ pub struct TableStats {
     pub cancels: u64,
     /// Leases that ran out.
     pub lease_expirations: u64,
+    /// Resolves answered, by fate (indexed by the fate's wire byte, docs/protocol.md §5).
+    pub resolves: [u64; 5],
+    /// Grants to an identified client that never reached it and were released when its grace
+    /// ended.
+    pub grace_releases: u64,
+    /// Answers to identified clients (`T`, `B`) forgotten before their retention ended, for
+    /// room (a Resolve of one then says "never seen").
+    pub fates_dropped: u64,
     /// From a queued acquire's arrival to its answer (`A`, `T` or `B`), in microseconds.
     pub acquire_wait: Histogram,
     /// From a grant to its release or expiry, in microseconds.
@@ -112,6 +125,9 @@ impl Default for TableStats {
             extend_not_held: 0,
             cancels: 0,
             lease_expirations: 0,
+            resolves: [0; 5],
+            grace_releases: 0,
+            fates_dropped: 0,
             acquire_wait: Histogram::new(WAIT_BOUNDS_US),
             lock_hold: Histogram::new(HOLD_BOUNDS_US),
         }
@@ -135,6 +151,11 @@ impl TableStats {
         self.extend_not_held += other.extend_not_held;
         self.cancels += other.cancels;
         self.lease_expirations += other.lease_expirations;
+        for (mine, theirs) in self.resolves.iter_mut().zip(other.resolves) {
+            *mine += theirs;
+        }
+        self.grace_releases += other.grace_releases;
+        self.fates_dropped += other.fates_dropped;
         self.acquire_wait.merge(&other.acquire_wait);
         self.lock_hold.merge(&other.lock_hold);
     }

@@ -79,13 +79,18 @@ impl<N: Net, P: Partition> Core<N, P> {
                 Some(peer) => log::debug!("session {id:#x} from {peer}: closing: {reason}"),
                 None => log::debug!("session {id:#x}: closing: {reason}"),
             }
+            let client = session.client();
             let mut acks = 0;
             for outbox in self.links.outboxes.iter_mut().flatten() {
-                outbox.push(Msg::SessionClosed { session: id });
+                outbox.push(Msg::SessionClosed {
+                    session: id,
+                    client,
+                });
                 acks += 1;
             }
             self.sessions[slot].await_acks(acks);
-            self.table.handle_session_closed(id);
+            self.table.handle_session_closed(id, client);
+            self.start_grace(client);
             self.closing.push(slot);
         } else if phase == Phase::Dead {
             session.set_phase(Phase::Dead);
@@ -100,9 +105,10 @@ impl<N: Net, P: Partition> Core<N, P> {
 
     /// The session's socket failed: its unsent output is gone, and so are the grants in it.
     fn release_unsent_grants(&mut self, slot: usize) {
+        let client = self.sessions[slot].client();
         let unsent = self.sessions[slot].discard_output();
         for grant in unsent {
-            self.release_grant(grant.partition as usize, grant.grant, grant.token);
+            self.release_grant(grant.partition as usize, grant.grant, grant.token, client);
         }
         self.route_answers();
     }

@@ -42,11 +42,12 @@ use crate::auth::AuthRules;
 use crate::lock_table::LockTable;
 use crate::partition::GrantRef;
 use crate::partition::Partition;
+use crate::partition::{ClientRef, Fate};
 use crate::partition::NOBODY;
 use crate::partition::{Answer, Op, SessionId};
 use crate::tokens::TokenKeeper;
 use crossbeam_channel::Receiver;
-use latchkey_client::protocol::{parse_request, ErrorCode, FrameError, Response};
+use latchkey_client::protocol::{parse_request, ErrorCode, FrameError, Response, Request};
 use slab::Slab;
 use std::sync::Arc;
 use std::time::Duration;
@@ -164,6 +165,8 @@ pub struct Core<N: Net, P: Partition = LockTable> {
     pub(super) logs: super::logs::CoreLogs,
     /// Sessions in a handshake (TLS), with their deadlines.
     pub(super) handshakes: super::handshake::Handshakes,
+    /// The graces of identified clients whose last session closed here: (end µs, client).
+    pub(super) graces: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32)>>,
 }
 
 /// What a core counts besides its partition (see [`super::admin::render::CoreStats`]).
@@ -188,7 +191,7 @@ struct Budget {
 }
 
 /// What executing one frame did.
-enum Step {
+pub(super) enum Step {
     Incomplete,
     Executed,
     /// The frame's partition has no room in its outbox: not executed, try again later.
@@ -227,6 +230,7 @@ impl<N: Net, P: Partition> Core<N, P> {
             counters: CoreCounters::default(),
             logs: super::logs::CoreLogs::default(),
             handshakes: Default::default(),
+            graces: Default::default(),
         }
     }
 
@@ -313,6 +317,7 @@ impl<N: Net, P: Partition> Core<N, P> {
             self.hold_wake_us,
             self.admin_wake_us(),
             self.handshakes.next_deadline_us(),
+            self.grace_wake_us(),
         ]
         .into_iter()
         .flatten()
@@ -353,6 +358,7 @@ impl<N: Net, P: Partition> Core<N, P> {
         self.advance_scans();
         self.expire_admin_jobs();
         self.expire_handshakes();
+        self.end_graces();
         self.log_busy();
         self.table.top_up_tokens(&mut self.links.tokens);
         self.flush_outboxes();
@@ -475,6 +481,19 @@ impl<N: Net, P: Partition> Core<N, P> {
             Err(error) => return self.refuse_frame(slot, error),
         };
         let id = session.id();
+        if let Request::Identify {
+            grace_s,
+            client,
+            nonce,
+        } = request
+        {
+            return self.identify(slot, (grace_s, client, nonce), used);
+        }
+        let client = session.client();
+        if matches!(request, Request::Resolve { .. }) && !client.is_some() {
+            let (code, id) = (ErrorCode::NotIdentified, request.correlation_id());
+            return self.answer_refused(slot, FrameError { code, id, consumed: used });
+        }
         let Some((op, key)) = Op::of(&request) else {
             // Ping: answered here, unordered with keyed answers (docs/protocol.md §3).
             let pong = Response::Pong {
@@ -508,11 +527,12 @@ impl<N: Net, P: Partition> Core<N, P> {
             let key = self.links.key_pool.copy(key);
             outbox.push(Msg::Request {
                 session: id,
+                client,
                 op,
                 key,
             });
         } else {
-            self.table.handle(self.now_us, id, op, key);
+            self.table.handle(self.now_us, id, client, op, key);
         }
         let session = &mut self.sessions[slot];
         session.consume(used, &mut self.buffers);
@@ -568,8 +588,8 @@ impl<N: Net, P: Partition> Core<N, P> {
         let index = self.settings.index;
         let core = core_of(answer.session);
         if core == index {
-            if !self.deliver(answer, index, false) {
-                self.release_undelivered(index, answer);
+            if let Err(client) = self.deliver(answer, index, false) {
+                self.release_undelivered(index, answer, client);
             }
             return;
         }
@@ -582,19 +602,27 @@ impl<N: Net, P: Partition> Core<N, P> {
         }
     }
 
-    /// Writes an answer from `partition` to a local session. False when the session cannot
-    /// take it (gone or dead): then a grant in it must be released by the caller.
-    fn deliver(&mut self, answer: &Answer, partition: usize, remote: bool) -> bool {
+    /// Writes an answer from `partition` to a local session. `Err` with the client the session
+    /// spoke for when the session cannot take it (gone or dead): then a grant in it must be
+    /// released by the caller (or kept for that client).
+    fn deliver(&mut self, answer: &Answer, partition: usize, remote: bool) -> Result<(), ClientRef> {
         let slot = slot_of(answer.session);
         let Some(session) = self.sessions.get_mut(slot) else {
-            return false;
+            return Err(ClientRef::NONE);
         };
         if session.id() != answer.session {
-            return false;
+            return Err(ClientRef::NONE);
         }
         session.note_answer(answer.ends_pending, remote);
         if matches!(session.phase(), Phase::Dead | Phase::Lingering) {
-            return false;
+            return Err(session.client());
+        }
+        if let Response::Resolved {
+            fate: Fate::Queued, ..
+        } = answer.response
+        {
+            // The acquire resolved is now this session's, pending as if it had sent it.
+            session.note_request(true, remote);
         }
         session.push_grant(&answer.response, partition, answer.grant);
         let resume = session.resume(self.settings.max_pending_per_session);
@@ -602,25 +630,37 @@ impl<N: Net, P: Partition> Core<N, P> {
         if resume {
             self.schedule(slot);
         }
-        true
+        Ok(())
     }
 
-    /// A grant that will never be written: the partition that made it releases it at once.
-    fn release_undelivered(&mut self, partition: usize, answer: &Answer) {
+    /// A grant that will never be written: the partition that made it releases it at once
+    /// (or keeps it for `client`, the identified client its session spoke for).
+    fn release_undelivered(&mut self, partition: usize, answer: &Answer, client: ClientRef) {
         if let Response::Acquired { token, .. } = answer.response {
-            self.release_grant(partition, answer.grant, token);
+            self.release_grant(partition, answer.grant, token, client);
         }
     }
 
-    /// Releases `token`'s grant `grant` in `partition` (here, or by a message).
-    pub(super) fn release_grant(&mut self, partition: usize, grant: GrantRef, token: u64) {
-        log::debug!("releasing token {token}: its grant never reached its session");
+    /// Releases `token`'s grant `grant` in `partition` (here, or by a message), or has it kept
+    /// for `client`.
+    pub(super) fn release_grant(
+        &mut self,
+        partition: usize,
+        grant: GrantRef,
+        token: u64,
+        client: ClientRef,
+    ) {
+        log::debug!("token {token}: its grant never reached its session");
         if partition == self.settings.index {
-            self.table.release_granted(self.now_us, grant, token);
+            self.table.release_granted(self.now_us, grant, token, client);
             return;
         }
         match self.links.outboxes[partition].as_mut() {
-            Some(outbox) => outbox.push(Msg::OrphanRelease { grant, token }),
+            Some(outbox) => outbox.push(Msg::OrphanRelease {
+                grant,
+                token,
+                client,
+            }),
             None => log::error!("grant of unknown partition {partition}"),
         }
     }
@@ -641,17 +681,22 @@ impl<N: Net, P: Partition> Core<N, P> {
 
     fn handle_msg(&mut self, msg: Msg) {
         match msg {
-            Msg::Request { session, op, key } => {
-                self.table.handle(self.now_us, session, op, &key);
+            Msg::Request {
+                session,
+                client,
+                op,
+                key,
+            } => {
+                self.table.handle(self.now_us, session, client, op, &key);
                 self.links.key_pool.give(key);
             }
             Msg::Answer { answer, from } => {
-                if !self.deliver(&answer, from as usize, true) {
-                    self.release_undelivered(from as usize, &answer);
+                if let Err(client) = self.deliver(&answer, from as usize, true) {
+                    self.release_undelivered(from as usize, &answer, client);
                 }
             }
-            Msg::SessionClosed { session } => {
-                self.table.handle_session_closed(session);
+            Msg::SessionClosed { session, client } => {
+                self.table.handle_session_closed(session, client);
                 if let Some(outbox) = self.links.outboxes[core_of(session)].as_mut() {
                     outbox.push(Msg::ClosedAck { session });
                 }
@@ -663,9 +708,14 @@ impl<N: Net, P: Partition> Core<N, P> {
                     }
                 }
             }
-            Msg::OrphanRelease { grant, token } => {
-                self.table.release_granted(self.now_us, grant, token);
+            Msg::OrphanRelease {
+                grant,
+                token,
+                client,
+            } => {
+                self.table.release_granted(self.now_us, grant, token, client);
             }
+            Msg::ClientGone { client } => self.table.handle_client_gone(self.now_us, client),
             Msg::Admin(msg) => self.handle_admin_msg(*msg),
         }
         self.route_answers();

@@ -25,6 +25,7 @@ pub mod admin;
 pub mod admission;
 pub mod alarm;
 pub mod bind;
+pub mod clients;
 pub mod buffers;
 pub mod close;
 pub mod core;
@@ -34,6 +35,7 @@ pub mod net;
 
 pub mod queued;
 pub mod reactor;
+mod resume;
 pub mod route;
 pub mod session;
 pub mod tls;
@@ -78,6 +80,8 @@ pub struct Shared {
     loop_gauges: Box<[StallGauge]>,
     /// The limits in force (for `GET /stats`).
     limits: crate::config::LimitsConfig,
+    /// The identified clients (docs/protocol.md §5, resumable calls).
+    pub(crate) clients: clients::ClientRegistry,
 }
 
 /// Upper bounds of the loop-iteration histogram's buckets, in microseconds; one more bucket
@@ -541,6 +545,7 @@ fn plan(config: &Config, notify: Option<Arc<Waker>>) -> io::Result<Plan> {
         queues,
         loop_gauges: (0..cores).map(|_| StallGauge::default()).collect(),
         limits: limits.clone(),
+        clients: clients::ClientRegistry::new(clients::SERVER_CLIENTS_MAX),
     });
     let table_config = TableConfig {
         max_keys: (limits.max_keys / cores).max(1),

@@ -15,7 +15,7 @@
 //! the order sent, and the answers come back in the order produced.
 
 use crate::partition::GrantRef;
-use crate::partition::{Answer, Op, SessionId};
+use crate::partition::{Answer, ClientRef, Op, SessionId};
 
 use crate::lock_table::INLINE_KEY_BYTES;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -120,6 +120,8 @@ pub enum Msg {
     Request {
         /// The requesting session.
         session: SessionId,
+        /// The client it speaks for, if it identified.
+        client: ClientRef,
         /// The request's fixed fields.
         op: Op,
         /// The key, copied once out of the session's read buffer.
@@ -136,6 +138,8 @@ pub enum Msg {
     SessionClosed {
         /// The session.
         session: SessionId,
+        /// The client it spoke for, if it identified: its waiters stay, detached.
+        client: ClientRef,
     },
     /// The partition has withdrawn the session's waiters; no answer for it follows.
     ClosedAck {
@@ -148,6 +152,13 @@ pub enum Msg {
         grant: GrantRef,
         /// The granted token.
         token: u64,
+        /// The client the session spoke for, if it identified: the grant stays for it.
+        client: ClientRef,
+    },
+    /// An identified client's grace ended without a session: let it go.
+    ClientGone {
+        /// The client.
+        client: ClientRef,
     },
     /// A message of an admin HTTP request (rare; boxed to keep the common ones small).
     Admin(Box<super::admin::AdminMsg>),

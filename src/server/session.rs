@@ -22,7 +22,7 @@ use super::buffers::{BufferId, ReadBuffers, READ_BUFFER_BYTES};
 use super::net::Stream;
 use crate::auth::{AuthRules, Grant};
 use crate::partition::GrantRef;
-use crate::partition::SessionId;
+use crate::partition::{ClientRef, SessionId};
 use latchkey_client::protocol::Response;
 use std::collections::VecDeque;
 use std::io;
@@ -119,6 +119,8 @@ pub struct Session<S> {
     unsent_grants: VecDeque<UnsentGrant>,
     /// A frame of the lock protocol was consumed: the session is not an admin request.
     started: bool,
+    /// The identified client it speaks for ([`ClientRef::NONE`] until an Identify).
+    client: ClientRef,
     /// The session is an admin HTTP request (see [`super::admin`]).
     admin: bool,
     /// With authorization rules: what the session may use, worked out on first need.
@@ -151,9 +153,21 @@ impl<S: Stream> Session<S> {
             written_total: 0,
             unsent_grants: VecDeque::new(),
             started: false,
+            client: ClientRef::NONE,
             admin: false,
             grant: None,
         }
+    }
+
+    /// The identified client the session speaks for ([`ClientRef::NONE`] if it did not
+    /// identify).
+    pub fn client(&self) -> ClientRef {
+        self.client
+    }
+
+    /// The session identified as `client` (docs/protocol.md §5).
+    pub fn set_client(&mut self, client: ClientRef) {
+        self.client = client;
     }
 
     /// Whether no lock-protocol frame was consumed yet (the session may be an admin request).

@@ -22,8 +22,8 @@ use latchkey::cluster::mem_durable::MemDurable;
 use latchkey::cluster::mem_writer::MemWriter;
 use latchkey::cluster::member::{Envelope, Member};
 use latchkey::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
-use latchkey::partition::Answer;
 use latchkey::partition::Partition;
+use latchkey::partition::{Answer, ClientRef};
 use latchkey::rng::Rng;
 use raft::eraftpb::Message;
 use std::cell::RefCell;
@@ -387,7 +387,7 @@ impl World {
         let Some(partition) = node.partitions.get_mut(core) else {
             return Vec::new();
         };
-        partition.handle(local, session, op, key);
+        partition.handle(local, session, ClientRef::NONE, op, key);
         node.wake_us = node.wake_us.min(now_us + 10);
         partition.take_answers()
     }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use latchkey_client::protocol::{parse_request, Leader, Response, KEY_BYTES_MAX};
+use latchkey_client::protocol::{parse_request, ErrorCode, Leader, Response, KEY_BYTES_MAX};
 
 use super::Frame;
 
@@ -188,9 +188,11 @@ fn serve(mut stream: TcpStream, shared: Shared) {
 /// The correlation id of a request (owner, token or nonce).
 fn id_of(frame: &Frame) -> u64 {
     match *frame {
-        Frame::Acquire { owner, .. } | Frame::Cancel { owner, .. } => owner,
+        Frame::Acquire { owner, .. }
+        | Frame::Cancel { owner, .. }
+        | Frame::Resolve { owner, .. } => owner,
         Frame::Release { token, .. } | Frame::Extend { token, .. } => token,
-        Frame::Query { nonce, .. } | Frame::Ping { nonce } => nonce,
+        Frame::Query { nonce, .. } | Frame::Ping { nonce } | Frame::Identify { nonce, .. } => nonce,
     }
 }
 
@@ -217,6 +219,11 @@ pub fn leader_reply(frame: &Frame, token: u64) -> Reply {
         },
         Frame::Ping { nonce } => Response::Pong { nonce },
         Frame::Cancel { owner, .. } => Response::Timeout { owner },
+        // A member of a cluster does not resume calls (docs/protocol.md §5).
+        Frame::Identify { nonce: id, .. } | Frame::Resolve { owner: id, .. } => Response::Error {
+            code: ErrorCode::NotIdentified,
+            id,
+        },
     };
     Reply::Answer(response)
 }

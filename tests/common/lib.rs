@@ -100,6 +100,14 @@ pub enum Frame {
     Query { nonce: u64, key: String },
     /// `P`.
     Ping { nonce: u64 },
+    /// `I`.
+    Identify {
+        grace_s: u8,
+        client: u128,
+        nonce: u64,
+    },
+    /// `W`.
+    Resolve { owner: u64, key: String },
 }
 
 impl Frame {
@@ -132,6 +140,19 @@ impl Frame {
                 key: text(key),
             },
             Request::Cancel { owner, key } => Frame::Cancel {
+                owner,
+                key: text(key),
+            },
+            Request::Identify {
+                grace_s,
+                client,
+                nonce,
+            } => Frame::Identify {
+                grace_s,
+                client,
+                nonce,
+            },
+            Request::Resolve { owner, key } => Frame::Resolve {
                 owner,
                 key: text(key),
             },

@@ -238,6 +238,13 @@ impl Driver {
             session.answers.push(Response::Pong { nonce });
             return;
         }
+        if let Request::Identify { nonce, .. } | Request::Resolve { owner: nonce, .. } = request {
+            // The core refuses both here: a session of this driver never identifies (the
+            // resumable calls have their own tests), and a Resolve needs an identified session.
+            let code = latchkey_client::protocol::ErrorCode::NotIdentified;
+            session.answers.push(Response::Error { code, id: nonce });
+            return;
+        }
         self.table.handle_request(self.now_us, id, &request);
         self.table.check_invariants();
         self.route(Some((index, request)));

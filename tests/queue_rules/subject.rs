@@ -14,7 +14,7 @@ use latchkey::cluster::mem_writer::MemWriter;
 use latchkey::cluster::member::{Envelope, Member};
 use latchkey::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use latchkey::lock_table::{LockTable, TableConfig};
-use latchkey::partition::{Answer, Op, Partition, SessionId};
+use latchkey::partition::{Answer, ClientRef, Op, Partition, SessionId};
 use latchkey::tokens::TokenRange;
 use latchkey_client::protocol::Response;
 use raft::eraftpb::Message;
@@ -201,14 +201,15 @@ impl Subject {
     /// (`Partition::release_granted`); grants still in flight are the partition's business.
     pub fn close(&mut self, now_us: u64, session: SessionId) {
         // Withdrawn first, its waiters cannot be handed what its grants give back.
-        self.partition().handle_session_closed(session);
+        self.partition()
+            .handle_session_closed(session, ClientRef::NONE);
         let mut taken = std::mem::take(&mut self.early);
         taken.extend(self.take());
         for answer in taken {
             match answer.response {
                 Response::Acquired { token, .. } if answer.session == session => {
                     self.partition()
-                        .release_granted(now_us, answer.grant, token);
+                        .release_granted(now_us, answer.grant, token, ClientRef::NONE);
                 }
                 _ => self.early.push(answer),
             }
@@ -217,7 +218,8 @@ impl Subject {
 
     /// A keyed request at `now_us` (its answers come with the next settle).
     pub fn send(&mut self, now_us: u64, session: SessionId, op: Op, key: &[u8]) {
-        self.partition().handle(now_us, session, op, key);
+        self.partition()
+            .handle(now_us, session, ClientRef::NONE, op, key);
     }
 
     /// Every held key (by index into `keys`) as of `now_us`, and the queued acquires in all.

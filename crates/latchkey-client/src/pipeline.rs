@@ -378,6 +378,9 @@ impl Pipeline {
                     None => log::debug!("error for unknown id {id:#x} ignored"),
                 }
             }
+            Response::Identified { .. } | Response::Resolved { .. } => {
+                log::debug!("an answer to a request this session did not send: {response:?}");
+            }
         }
     }
 

@@ -19,10 +19,16 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// The longest key the protocol allows, in bytes. A server may be configured lower.
 pub const KEY_BYTES_MAX: usize = 1024;
-/// The longest fixed header of any request (Acquire: wait, lease, owner).
+/// The longest fixed header of a request that names a key (Acquire: wait, lease, owner).
 pub const REQUEST_HEADER_BYTES_MAX: usize = 10;
-/// The longest request frame: op, header, key, `\n`.
+/// The longest request frame: op, header, key, `\n` (an Acquire with the longest key; an
+/// Identify, the longest frame without a key, is 27 bytes).
 pub const REQUEST_BYTES_MAX: usize = 1 + REQUEST_HEADER_BYTES_MAX + KEY_BYTES_MAX + 1;
+/// The fixed header of an Identify (docs/protocol.md §5): grace, client id, nonce.
+const IDENTIFY_HEADER_BYTES: usize = 1 + 16 + 8;
+/// The longest grace an Identify may ask for, in seconds (docs/protocol.md §5).
+pub const GRACE_S_MAX: u8 = 60;
+const _: () = assert!(IDENTIFY_HEADER_BYTES + 2 <= REQUEST_BYTES_MAX);
 /// The longest response frame (Moved: op, id, IPv6 address, port, `\n`; only a cluster member
 /// sends it, docs/protocol.md §5).
 pub const RESPONSE_BYTES_MAX: usize = 28;
@@ -76,6 +82,24 @@ pub enum Request<'a> {
         /// Correlation id echoed in the answer.
         nonce: u64,
     },
+    /// `I`: identify the session as client `client`, whose calls the server remembers for
+    /// `grace_s` seconds after its sessions end (docs/protocol.md §5, resumable calls).
+    Identify {
+        /// Seconds the server keeps the client's state once it has no session, 1..=60.
+        grace_s: u8,
+        /// The client's random id; never 0.
+        client: u128,
+        /// Correlation id echoed in the answer.
+        nonce: u64,
+    },
+    /// `W`: what became of this client's acquire of `key` with `owner` (an identified session
+    /// only; docs/protocol.md §5).
+    Resolve {
+        /// The acquire's owner.
+        owner: u64,
+        /// The lock's name.
+        key: &'a [u8],
+    },
 }
 
 impl<'a> Request<'a> {
@@ -87,8 +111,9 @@ impl<'a> Request<'a> {
             | Request::Release { key, .. }
             | Request::Extend { key, .. }
             | Request::Cancel { key, .. }
-            | Request::Query { key, .. } => Some(key),
-            Request::Ping { .. } => None,
+            | Request::Query { key, .. }
+            | Request::Resolve { key, .. } => Some(key),
+            Request::Ping { .. } | Request::Identify { .. } => None,
         }
     }
 
@@ -96,9 +121,13 @@ impl<'a> Request<'a> {
     #[inline]
     pub fn correlation_id(&self) -> u64 {
         match *self {
-            Request::Acquire { owner, .. } | Request::Cancel { owner, .. } => owner,
+            Request::Acquire { owner, .. }
+            | Request::Cancel { owner, .. }
+            | Request::Resolve { owner, .. } => owner,
             Request::Release { token, .. } | Request::Extend { token, .. } => token,
-            Request::Query { nonce, .. } | Request::Ping { nonce } => nonce,
+            Request::Query { nonce, .. }
+            | Request::Ping { nonce }
+            | Request::Identify { nonce, .. } => nonce,
         }
     }
 
@@ -119,6 +148,8 @@ impl<'a> Request<'a> {
             Request::Cancel { .. } => b'C',
             Request::Query { .. } => b'Q',
             Request::Ping { .. } => b'P',
+            Request::Identify { .. } => b'I',
+            Request::Resolve { .. } => b'W',
         }
     }
 
@@ -143,7 +174,17 @@ impl<'a> Request<'a> {
             }
             Request::Cancel { owner: id, .. }
             | Request::Query { nonce: id, .. }
-            | Request::Ping { nonce: id } => out.extend_from_slice(&id.to_be_bytes()),
+            | Request::Ping { nonce: id }
+            | Request::Resolve { owner: id, .. } => out.extend_from_slice(&id.to_be_bytes()),
+            Request::Identify {
+                grace_s,
+                client,
+                nonce,
+            } => {
+                out.push(grace_s);
+                out.extend_from_slice(&client.to_be_bytes());
+                out.extend_from_slice(&nonce.to_be_bytes());
+            }
         }
         if let Some(key) = self.key() {
             out.extend_from_slice(key);
@@ -172,8 +213,18 @@ pub enum ErrorCode {
     SessionRefused = 7,
     /// 8: the session's identity may not use this key: sent only by a server with
     /// authorization rules (`[[auth.rule]]`: key prefixes per client-certificate identity,
-    /// docs/protocol.md §5), never by one without. The session continues.
+    /// docs/protocol.md §5), never by one without. The session continues. Also an Identify
+    /// whose client id another identity first used.
     Forbidden = 8,
+    /// 9: an Identify that is not the session's first request, or asks a grace outside
+    /// 1..=60 s or the client id 0, or comes to a server that does not resume calls (a cluster
+    /// member of this version); a Resolve on a session that did not identify. The session
+    /// continues, not identified.
+    NotIdentified = 9,
+    /// 10: the server keeps the records of as many identified clients, or as many "never
+    /// seen" answers of this client, as it may; the session continues (an Identify: not
+    /// identified).
+    Limit = 10,
 }
 
 impl ErrorCode {
@@ -201,6 +252,8 @@ impl ErrorCode {
             6 => ErrorCode::MissingNewline,
             7 => ErrorCode::SessionRefused,
             8 => ErrorCode::Forbidden,
+            9 => ErrorCode::NotIdentified,
+            10 => ErrorCode::Limit,
             _ => return None,
         })
     }
@@ -217,6 +270,8 @@ impl fmt::Display for ErrorCode {
             ErrorCode::MissingNewline => "byte after a fixed-size frame is not a newline",
             ErrorCode::SessionRefused => "session refused: too many connections",
             ErrorCode::Forbidden => "forbidden: this identity may not use this key",
+            ErrorCode::NotIdentified => "not identified (resumable calls refused here)",
+            ErrorCode::Limit => "the server's records of identified clients are full",
         };
         write!(f, "{text} (code {})", *self as u8)
     }
@@ -253,7 +308,8 @@ fn header_bytes(op: u8) -> Option<usize> {
     match op {
         b'A' => Some(10),
         b'E' => Some(9),
-        b'R' | b'C' | b'Q' | b'P' => Some(8),
+        b'R' | b'C' | b'Q' | b'P' | b'W' => Some(8),
+        b'I' => Some(IDENTIFY_HEADER_BYTES),
         _ => None,
     }
 }
@@ -287,8 +343,8 @@ pub fn parse_request(buf: &[u8], key_bytes_max: usize) -> ParseResult<'_> {
     }
     let header = &buf[1..body_start];
     let id = header_id(op, header);
-    if op == b'P' {
-        return parse_ping_end(buf, body_start, id);
+    if op == b'P' || op == b'I' {
+        return parse_unkeyed_end(buf, body_start, op, header, id);
     }
     let Some(key_len) = find_key_end(buf, body_start, key_bytes_max, id)? else {
         return Ok(None);
@@ -313,16 +369,34 @@ fn header_id(op: u8, header: &[u8]) -> u64 {
     match op {
         b'A' => be_u64(&header[2..]),
         b'E' => be_u64(&header[1..]),
+        b'I' => be_u64(&header[17..]),
         _ => be_u64(header),
     }
 }
 
-/// The end of a Ping, whose fixed header (`nonce`) ends at `body_start`: `\n` or code 6.
+/// The end of a Ping or an Identify, whose fixed header ends at `body_start`: `\n` or code 6.
+/// The Identify's grace and client id are not checked here (the server answers them `X` 9).
 #[inline]
-fn parse_ping_end(buf: &[u8], body_start: usize, nonce: u64) -> ParseResult<'static> {
+fn parse_unkeyed_end(
+    buf: &[u8],
+    body_start: usize,
+    op: u8,
+    header: &[u8],
+    nonce: u64,
+) -> ParseResult<'static> {
     match buf.get(body_start) {
         None => Ok(None),
-        Some(b'\n') => Ok(Some((Request::Ping { nonce }, body_start + 1))),
+        Some(b'\n') if op == b'P' => Ok(Some((Request::Ping { nonce }, body_start + 1))),
+        Some(b'\n') => {
+            let mut client = [0u8; 16];
+            client.copy_from_slice(&header[1..17]);
+            let identify = Request::Identify {
+                grace_s: header[0],
+                client: u128::from_be_bytes(client),
+                nonce,
+            };
+            Ok(Some((identify, body_start + 1)))
+        }
         Some(_) => Err(FrameError {
             code: ErrorCode::MissingNewline,
             id: nonce,
@@ -386,6 +460,7 @@ fn keyed_request<'a>(op: u8, header: &[u8], id: u64, key: &'a [u8]) -> Request<'
             key,
         },
         b'C' => Request::Cancel { owner: id, key },
+        b'W' => Request::Resolve { owner: id, key },
         _ => Request::Query { nonce: id, key },
     }
 }
@@ -456,6 +531,58 @@ pub enum Response {
         /// The member that leads the key, as far as this member knows.
         leader: Leader,
     },
+    /// `I`: the session is identified; the server keeps the client's state `grace_s` seconds
+    /// after its last session ends.
+    Identified {
+        /// The Identify's correlation id.
+        nonce: u64,
+        /// The grace granted (at most the one asked for).
+        grace_s: u8,
+    },
+    /// `W`: what became of the acquire of `owner` (answers a Resolve).
+    Resolved {
+        /// The acquire's owner.
+        owner: u64,
+        /// Its fate.
+        fate: Fate,
+        /// For [`Fate::Granted`]: the grant's token (0 otherwise).
+        token: u64,
+        /// For [`Fate::Granted`]: milliseconds left on the lease, rounded down (0 otherwise).
+        lease_ms: u32,
+    },
+}
+
+/// What became of an acquire, as a Resolve reports it (docs/protocol.md §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Fate {
+    /// 0: the server has no acquire of that owner in effect and records that none will ever
+    /// be executed: it was never read, or whatever it did no longer stands (its grant ended,
+    /// its answer was forgotten). The caller may send a new acquire, under a new owner.
+    NeverSeen = 0,
+    /// 1: granted and still held by that owner: the token and the lease left come with it.
+    Granted = 1,
+    /// 2: still queued; the waiter now belongs to the session that asked, where its `A`, `T`
+    /// or `B` will come.
+    Queued = 2,
+    /// 3: answered `T` (its wait ran out, it was cancelled, or it could not wait).
+    TimedOut = 3,
+    /// 4: answered `B`: it was not executed.
+    Busy = 4,
+}
+
+impl Fate {
+    /// The fate for a wire byte, if it is one of the defined fates.
+    pub fn from_u8(fate: u8) -> Option<Fate> {
+        Some(match fate {
+            0 => Fate::NeverSeen,
+            1 => Fate::Granted,
+            2 => Fate::Queued,
+            3 => Fate::TimedOut,
+            4 => Fate::Busy,
+            _ => return None,
+        })
+    }
 }
 
 /// The leader a [`Response::Moved`] names: an IP address and port, or none known. Kept as the
@@ -512,6 +639,8 @@ impl Response {
             Response::Pong { .. } => b'P',
             Response::Error { .. } => b'X',
             Response::Moved { .. } => b'M',
+            Response::Identified { .. } => b'I',
+            Response::Resolved { .. } => b'W',
         }
     }
 
@@ -521,11 +650,14 @@ impl Response {
         match *self {
             Response::Acquired { owner, .. }
             | Response::Timeout { owner }
-            | Response::Busy { owner } => owner,
+            | Response::Busy { owner }
+            | Response::Resolved { owner, .. } => owner,
             Response::Released { token }
             | Response::Extended { token }
             | Response::NotHeld { token } => token,
-            Response::State { nonce, .. } | Response::Pong { nonce } => nonce,
+            Response::State { nonce, .. }
+            | Response::Pong { nonce }
+            | Response::Identified { nonce, .. } => nonce,
             Response::Error { id, .. } | Response::Moved { id, .. } => id,
         }
     }
@@ -570,6 +702,23 @@ impl Response {
                 frame[25..27].copy_from_slice(&leader.port.to_be_bytes());
                 26
             }
+            Response::Identified { nonce, grace_s } => {
+                frame[1..9].copy_from_slice(&nonce.to_be_bytes());
+                frame[9] = grace_s;
+                9
+            }
+            Response::Resolved {
+                owner,
+                fate,
+                token,
+                lease_ms,
+            } => {
+                frame[1..9].copy_from_slice(&owner.to_be_bytes());
+                frame[9] = fate as u8;
+                frame[10..18].copy_from_slice(&token.to_be_bytes());
+                frame[18..22].copy_from_slice(&lease_ms.to_be_bytes());
+                21
+            }
             _ => {
                 frame[1..9].copy_from_slice(&self.correlation_id().to_be_bytes());
                 8
@@ -591,6 +740,8 @@ pub enum ResponseError {
     UnknownErrorCode(u8),
     /// A `Q` frame's `held` byte is neither 0 nor 1.
     BadHeld(u8),
+    /// A `W` frame carries an undefined fate.
+    UnknownFate(u8),
 }
 
 impl fmt::Display for ResponseError {
@@ -602,6 +753,7 @@ impl fmt::Display for ResponseError {
             }
             ResponseError::UnknownErrorCode(c) => write!(f, "unknown error code {c}"),
             ResponseError::BadHeld(b) => write!(f, "query answer has held byte {b}"),
+            ResponseError::UnknownFate(b) => write!(f, "resolve answer has unknown fate {b}"),
         }
     }
 }
@@ -619,6 +771,8 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<(Response, usize)>, ResponseE
         b'Q' => 19,
         b'X' => 11,
         b'M' => 28,
+        b'W' => 23,
+        b'I' => 11,
         b'T' | b'B' | b'R' | b'E' | b'N' | b'P' => 10,
         _ => return Err(ResponseError::UnknownOp(op)),
     };
@@ -650,6 +804,16 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<(Response, usize)>, ResponseE
                 leader: Leader { ip, port },
             }
         }
+        b'I' => Response::Identified {
+            nonce: id,
+            grace_s: buf[9],
+        },
+        b'W' => Response::Resolved {
+            owner: id,
+            fate: Fate::from_u8(buf[9]).ok_or(ResponseError::UnknownFate(buf[9]))?,
+            token: be_u64(&buf[10..18]),
+            lease_ms: u32::from_be_bytes([buf[18], buf[19], buf[20], buf[21]]),
+        },
         b'Q' => {
             let held = match buf[9] {
                 0 => false,

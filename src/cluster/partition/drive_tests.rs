@@ -9,7 +9,7 @@ use crate::cluster::mem_writer::MemWriter;
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
 use crate::cluster::Recovered;
-use crate::partition::{Op, Partition};
+use crate::partition::{ClientRef, Op, Partition};
 use latchkey_client::protocol::Response;
 use raft::eraftpb::{Entry, HardState, Message};
 
@@ -138,7 +138,7 @@ fn compactions_that_come_back_late_record_the_state_at_their_own_index() {
             lease_s: 60,
             owner: i + 1,
         };
-        partition.handle(now_us, 1, op, key.as_bytes());
+        partition.handle(now_us, 1, ClientRef::NONE, op, key.as_bytes());
         run(&mut partition, &mut now_us, 1);
         let answers = partition.take_answers();
         granted += answers
@@ -231,7 +231,7 @@ fn a_compaction_that_comes_back_after_a_later_snapshot_is_dropped_and_the_next_o
             lease_s: 60,
             owner,
         };
-        partition.handle(*now_us, 1, op, format!("key-{owner}").as_bytes());
+        partition.handle(*now_us, 1, ClientRef::NONE, op, format!("key-{owner}").as_bytes());
         run(partition, now_us, 1);
     };
     for _ in 0..10 {
@@ -321,7 +321,7 @@ fn entries_after_a_snapshot_decoded_off_the_loop_wait_for_it_then_apply_in_order
             lease_s: 60,
             owner: i + 1,
         };
-        first.handle(now_us, 1, op, format!("key-{i}").as_bytes());
+        first.handle(now_us, 1, ClientRef::NONE, op, format!("key-{i}").as_bytes());
         run(&mut first, &mut now_us, 1);
     }
     run(&mut first, &mut now_us, 5);

@@ -8,7 +8,7 @@ use super::super::{ClusterPartition, PartitionSettings, Peers, COMPACT_EVERY};
 use crate::cluster::mem_durable::MemDurable;
 use crate::cluster::mem_writer::MemWriter;
 use crate::cluster::member::{Envelope, Member};
-use crate::partition::{Answer, BusyReason, Op, Partition, QueueCounts, SessionId};
+use crate::partition::{Answer, BusyReason, ClientRef, Op, Partition, QueueCounts, SessionId};
 use latchkey_client::protocol::Response;
 use raft::eraftpb::Message;
 use std::collections::HashMap;
@@ -94,7 +94,7 @@ impl Bench {
     }
 
     fn send(&mut self, session: SessionId, op: Op, key: &[u8]) {
-        self.partition.handle(self.now_us, session, op, key);
+        self.partition.handle(self.now_us, session, ClientRef::NONE, op, key);
         self.collect();
     }
 
@@ -137,16 +137,7 @@ impl Bench {
 }
 
 fn response_id(response: &Response) -> u64 {
-    match *response {
-        Response::Acquired { owner, .. }
-        | Response::Timeout { owner }
-        | Response::Busy { owner } => owner,
-        Response::Released { token } | Response::Extended { token } => token,
-        Response::NotHeld { token } => token,
-        Response::Moved { id, .. } => id,
-        Response::State { nonce, .. } | Response::Pong { nonce } => nonce,
-        Response::Error { id, .. } => id,
-    }
+    response.correlation_id()
 }
 
 /// `count` keys of shard `shard` of `shards`.
@@ -237,7 +228,7 @@ fn max_pending_per_session_counts_only_acquires_that_queue_and_they_give_their_p
     }
     assert_eq!(bench.answer(7), Response::Timeout { owner: 7 });
     assert_eq!(bench.places(), 3);
-    bench.partition.handle_session_closed(waiter);
+    bench.partition.handle_session_closed(waiter, ClientRef::NONE);
     assert_eq!(bench.places(), 1);
     bench.partition.check_places();
 }
@@ -262,7 +253,7 @@ fn a_proposed_waiter_gives_its_place_back_when_its_session_closes() {
         head.is_some_and(|head| head.proposed && head.handoff),
         "the grant is in flight"
     );
-    bench.partition.handle_session_closed(2);
+    bench.partition.handle_session_closed(2, ClientRef::NONE);
     assert_eq!(bench.places(), 0);
     // The release applies and grants the key to nobody, which is released: the key is free
     // for the next session.
@@ -311,7 +302,7 @@ fn max_pending_per_session_holds_across_partitions_that_share_counts() {
     cores[1].acquire(waiter, &keys[3], 30, 5);
     assert_eq!(counts.queued(waiter), 2);
     for bench in &mut cores {
-        bench.partition.handle_session_closed(waiter);
+        bench.partition.handle_session_closed(waiter, ClientRef::NONE);
     }
     assert_eq!(counts.queued(waiter), 0);
 }

@@ -9,6 +9,7 @@ mod answers;
 mod limits;
 mod matrix;
 mod model;
+mod resume;
 mod timers;
 
 use super::*;

@@ -139,6 +139,7 @@ mod tests {
             uptime_us: 1,
             limits: crate::config::LimitsConfig::default(),
             shutting_down: false,
+            clients: (0, 0),
         };
         let metrics = metrics_text(&stats);
         for sample in [

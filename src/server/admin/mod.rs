@@ -559,6 +559,7 @@ impl<N: Net, P: Partition> Core<N, P> {
             uptime_us: self.now_us,
             limits: shared.limits.clone(),
             shutting_down: self.stop_deadline.is_some(),
+            clients: shared.clients.counts(),
         }
     }
 

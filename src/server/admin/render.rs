@@ -46,6 +46,9 @@ pub struct ServerStats {
     pub limits: LimitsConfig,
     /// Whether the server is shutting down.
     pub shutting_down: bool,
+    /// Identified clients with a record now, and Identifies refused for room so far
+    /// (docs/protocol.md §5, resumable calls).
+    pub clients: (usize, u64),
 }
 
 impl ServerStats {
@@ -98,6 +101,50 @@ pub fn metrics_text(stats: &ServerStats) -> String {
 struct Snapshot(ServerStats);
 
 type Labels = [(&'static str, String); 1];
+
+impl Snapshot {
+    /// The figures of resumable calls (docs/protocol.md §5).
+    fn encode_resumable(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        table: &TableStats,
+    ) -> Result<(), std::fmt::Error> {
+        let fates = ["never_seen", "granted", "queued", "timed_out", "busy"];
+        let resolves: Vec<(&str, u64)> = fates.into_iter().zip(table.resolves).collect();
+        counters(
+            encoder,
+            "latchkey_resolves",
+            "Resolves answered, by the fate they reported",
+            "fate",
+            &resolves,
+        )?;
+        counter(
+            encoder,
+            "latchkey_grace_releases",
+            "Grants to identified clients released when their grace ended unresolved",
+            table.grace_releases,
+        )?;
+        counter(
+            encoder,
+            "latchkey_client_answers_dropped",
+            "T and B answers to identified clients forgotten early for room",
+            table.fates_dropped,
+        )?;
+        let (clients, refused) = self.0.clients;
+        gauge(
+            encoder,
+            "latchkey_identified_clients",
+            "Identified clients the server keeps now",
+            clients as u64,
+        )?;
+        counter(
+            encoder,
+            "latchkey_identify_refused_full",
+            "Identifies refused because the server kept as many clients as it may",
+            refused,
+        )
+    }
+}
 
 impl prometheus_client::collector::Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -183,6 +230,7 @@ impl prometheus_client::collector::Collector for Snapshot {
             "Keys held now",
             total.locks_held,
         )?;
+        self.encode_resumable(&mut encoder, table)?;
         gauge(
             &mut encoder,
             "latchkey_waiters",
@@ -527,6 +575,19 @@ pub fn stats_json(stats: &ServerStats) -> String {
         "cancels": table.cancels,
         "lease_expirations": table.lease_expirations,
         "busy": busy,
+        "resumable": {
+            "identified_clients": stats.clients.0,
+            "identify_refused_full": stats.clients.1,
+            "resolves": {
+                "never_seen": table.resolves[0],
+                "granted": table.resolves[1],
+                "queued": table.resolves[2],
+                "timed_out": table.resolves[3],
+                "busy": table.resolves[4],
+            },
+            "grace_releases": table.grace_releases,
+            "client_answers_dropped": table.fates_dropped,
+        },
         "acquire_wait_seconds": histogram_json(&table.acquire_wait),
         "lock_hold_seconds": histogram_json(&table.lock_hold),
         "loop_iteration_seconds": loops,

@@ -43,6 +43,13 @@ pub(super) enum Sent {
     Ping {
         nonce: u64,
     },
+    Identify {
+        nonce: u64,
+    },
+    Resolve {
+        owner: u64,
+        key: String,
+    },
 }
 
 pub(super) fn decode(mut bytes: &[u8]) -> Vec<Sent> {
@@ -80,6 +87,11 @@ pub(super) fn decode(mut bytes: &[u8]) -> Vec<Sent> {
             },
             Request::Query { nonce, .. } => Sent::Query { nonce },
             Request::Ping { nonce } => Sent::Ping { nonce },
+            Request::Identify { nonce, .. } => Sent::Identify { nonce },
+            Request::Resolve { owner, key } => Sent::Resolve {
+                owner,
+                key: text(key),
+            },
         });
         bytes = &bytes[used..];
     }

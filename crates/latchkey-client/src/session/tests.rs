@@ -3,7 +3,7 @@
 
 use super::super::call::Op;
 use super::*;
-use crate::protocol::{parse_request, ErrorCode, Request, Response, KEY_BYTES_MAX};
+use crate::protocol::{parse_request, ErrorCode, Response, KEY_BYTES_MAX};
 use crossbeam_channel::Receiver;
 use std::net::{TcpListener, TcpStream};
 
@@ -73,11 +73,7 @@ impl Peer {
     fn next_id(&mut self) -> Option<u64> {
         loop {
             if let Some((request, used)) = parse_request(&self.input, KEY_BYTES_MAX).unwrap() {
-                let id = match request {
-                    Request::Acquire { owner, .. } | Request::Cancel { owner, .. } => owner,
-                    Request::Release { token, .. } | Request::Extend { token, .. } => token,
-                    Request::Query { nonce, .. } | Request::Ping { nonce } => nonce,
-                };
+                let id = request.correlation_id();
                 self.input.drain(..used);
                 return Some(id);
             }

@@ -10,7 +10,7 @@ use super::*;
 #[test]
 fn code_1_unknown_op_has_id_0_and_closes() {
     for op in 0..=u8::MAX {
-        if b"AERCQP".contains(&op) {
+        if b"AERCQPIW".contains(&op) {
             continue;
         }
         let buf = concat(&[&[op], &be(77), b"key\n"]);
@@ -205,7 +205,7 @@ fn frame_error_response_and_error_code_table() {
 #[test]
 fn response_parser_errors() {
     for op in 0..=u8::MAX {
-        if b"ATBRENQPXM".contains(&op) {
+        if b"ATBRENQPXMIW".contains(&op) {
             continue;
         }
         let buf = concat(&[&[op], &[b'\n'; 27]]);
@@ -240,7 +240,7 @@ fn response_parser_errors() {
         assert_eq!(parse_response(&held), Err(ResponseError::BadHeld(byte)));
     }
     let mut code = frames[3].clone();
-    for byte in [0, 9, 0xFF] {
+    for byte in [0, 11, 0xFF] {
         code[1] = byte;
         assert_eq!(
             parse_response(&code),

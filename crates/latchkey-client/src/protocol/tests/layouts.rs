@@ -309,3 +309,92 @@ fn responses_full_of_newlines_parse_by_length() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Resumable calls (§5)
+
+#[test]
+fn identify_is_27_bytes_and_resolve_is_10_plus_key_bytes() {
+    let client = 0x0102_0304_0506_0708_090A_0B0C_0D0E_0F10u128;
+    let identify = Request::Identify {
+        grace_s: 10,
+        client,
+        nonce: 0x0A0A_0A0A_0A0A_0A0A,
+    };
+    let bytes = encoded(&identify);
+    let want = concat(&[b"I", &[10], &client.to_be_bytes(), &[0x0A; 8], b"\n"]);
+    assert_eq!(bytes, want);
+    assert_eq!(bytes.len(), 27);
+    assert_eq!(identify.key(), None);
+    assert_eq!(identify.correlation_id(), 0x0A0A_0A0A_0A0A_0A0A);
+    assert_eq!(
+        parse_request(&bytes, KEY_BYTES_MAX),
+        Ok(Some((identify, 27)))
+    );
+    for prefix in 0..bytes.len() {
+        assert_eq!(parse_request(&bytes[..prefix], KEY_BYTES_MAX), Ok(None));
+    }
+    let mut bad = bytes.clone();
+    bad[26] = b'x';
+    let error = parse_request(&bad, KEY_BYTES_MAX).unwrap_err();
+    assert_eq!(
+        (error.code, error.id),
+        (ErrorCode::MissingNewline, 0x0A0A_0A0A_0A0A_0A0A)
+    );
+    let key = b"lock/1";
+    let resolve = Request::Resolve { owner: 9, key };
+    let bytes = encoded(&resolve);
+    assert_eq!(bytes, concat(&[b"W", &be(9), key, b"\n"]));
+    assert_eq!(
+        parse_request(&bytes, KEY_BYTES_MAX),
+        Ok(Some((resolve, 10 + key.len())))
+    );
+}
+
+#[test]
+fn identified_and_resolved_layouts() {
+    let identified = Response::Identified {
+        nonce: 7,
+        grace_s: 30,
+    };
+    let bytes = encoded_response(&identified);
+    assert_eq!(bytes, concat(&[b"I", &be(7), &[30], b"\n"]));
+    assert_eq!(parse_response(&bytes), Ok(Some((identified, 11))));
+    let resolved = Response::Resolved {
+        owner: 9,
+        fate: Fate::Granted,
+        token: 0x0102,
+        lease_ms: 2_500,
+    };
+    let bytes = encoded_response(&resolved);
+    let want = concat(&[
+        b"W",
+        &be(9),
+        &[1],
+        &be(0x0102),
+        &2_500u32.to_be_bytes(),
+        b"\n",
+    ]);
+    assert_eq!(bytes, want);
+    assert_eq!(bytes.len(), 23);
+    assert_eq!(parse_response(&bytes), Ok(Some((resolved, 23))));
+    assert_eq!(parse_response(&bytes[..22]), Ok(None));
+    for fate in 0..=4u8 {
+        let fate = Fate::from_u8(fate).expect("a fate");
+        let response = Response::Resolved {
+            owner: 1,
+            fate,
+            token: 0,
+            lease_ms: 0,
+        };
+        let bytes = encoded_response(&response);
+        assert_eq!(parse_response(&bytes), Ok(Some((response, 23))));
+    }
+    let mut unknown = bytes.clone();
+    unknown[9] = 5;
+    assert_eq!(parse_response(&unknown), Err(ResponseError::UnknownFate(5)));
+    for code in [9, 10] {
+        let code = ErrorCode::from_u8(code).expect("defined");
+        assert!(!code.closes_session());
+    }
+}

@@ -69,7 +69,7 @@ enum Tail {
 }
 
 fn tail_strategy() -> impl Strategy<Value = Tail> {
-    let unknown = any::<u8>().prop_filter("unknown op", |op| !b"AERCQP".contains(op));
+    let unknown = any::<u8>().prop_filter("unknown op", |op| !b"AERCQPIW".contains(op));
     prop_oneof![
         3 => Just(Tail::None),
         1 => unknown.prop_map(Tail::UnknownOp),
