@@ -41,6 +41,12 @@ fn bench_drives_a_server_without_errors() {
     let uncontended = run(address, Workload::Uncontended, |config| {
         config.duration = Duration::from_millis(600);
     });
+    // Identified connections (resumable calls) run the same way.
+    let identified = run(address, Workload::Uncontended, |config| {
+        config.duration = Duration::from_millis(300);
+        config.identify = true;
+    });
+    assert!(identified.stats.cycles > 0, "{}", identified.to_table());
     let counts = uncontended.stats.counts;
     assert!(uncontended.stats.cycles > 0, "{}", uncontended.to_table());
     assert!(

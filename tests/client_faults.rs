@@ -100,13 +100,30 @@ fn unsent_retry_on_another_session_keeps_owner_and_deadline() {
     drop(ticket);
 }
 
+/// Bytes of a resuming client's handshake: an Identify (27), then the ping (10).
+const HELLO: usize = 27 + 10;
+
+/// A client that does not resume calls (docs/protocol.md §5): the rules of §4 alone, as with a
+/// server that does not know the extension.
+fn client_without_resume(addr: std::net::SocketAddr, sessions: usize, timeout: Duration) -> Client {
+    let config = latchkey_client::ClientConfig {
+        addrs: vec![addr],
+        sessions,
+        connect_timeout: Duration::from_secs(2),
+        transport_timeout: timeout,
+        resume: None,
+        ..latchkey_client::ClientConfig::default()
+    };
+    Client::with_config(config).expect("client")
+}
+
 #[test]
-fn a_cut_after_a_partial_frame_is_indeterminate_and_never_resent() {
+fn without_resuming_a_cut_after_a_partial_frame_is_indeterminate_and_never_resent() {
     let upstream = Upstream::start();
     let proxy = Proxy::start(upstream.addr());
     // The 10-byte handshake ping, then 5 bytes of the acquire.
     proxy.cut_after(10 + 5);
-    let client = client(&[proxy.addr()], 2, Duration::from_secs(1));
+    let client = client_without_resume(proxy.addr(), 2, Duration::from_secs(1));
     let result = client.acquire("cut", ms(1000), LEASE);
     assert_eq!(result.unwrap_err(), AcquireError::Indeterminate);
     thread::sleep(ms(300));
@@ -124,11 +141,11 @@ fn a_cut_after_a_partial_frame_is_indeterminate_and_never_resent() {
 }
 
 #[test]
-fn a_cut_after_the_whole_frame_is_indeterminate_and_the_lease_recovers_the_grant() {
+fn without_resuming_a_cut_after_the_whole_frame_is_indeterminate_and_the_lease_recovers_it() {
     let upstream = Upstream::start();
     let proxy = Proxy::start(upstream.addr());
     proxy.cut_after(10 + 12 + "cut-whole".len());
-    let client = client(&[proxy.addr()], 1, Duration::from_secs(1));
+    let client = client_without_resume(proxy.addr(), 1, Duration::from_secs(1));
     let result = client.acquire("cut-whole", ms(1000), Duration::from_secs(1));
     assert_eq!(result.unwrap_err(), AcquireError::Indeterminate);
     assert_eq!(
@@ -137,6 +154,55 @@ fn a_cut_after_the_whole_frame_is_indeterminate_and_the_lease_recovers_the_grant
     );
     let observer = upstream.observer();
     assert!(freed_within(&observer, "cut-whole", Duration::from_secs(1) + LATE).is_some());
+}
+
+#[test]
+fn a_cut_after_a_partial_frame_is_resolved_never_seen_and_acquired_anew() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(upstream.addr());
+    // The handshake, then 5 bytes of the acquire: the server executes nothing.
+    proxy.cut_next(HELLO + 5);
+    let client = client(&[proxy.addr()], 2, Duration::from_secs(1));
+    let ticket = client
+        .acquire("cut", ms(2000), LEASE)
+        .expect("acquired anew");
+    let acquires = proxy.acquires();
+    // The half-sent acquire was asked about ("never seen", so never to be executed) and never
+    // sent again: the one whole acquire the proxy saw is a new one, on the second session.
+    // (The proxy counts a frame it parsed whole even if it forwarded only its first bytes.)
+    assert!(acquires.values().all(|&count| count == 1), "{acquires:?}");
+    assert!((1..=2).contains(&acquires.len()), "{acquires:?}");
+    let observer = upstream.observer();
+    assert!(observer.query("cut").unwrap().held);
+    drop(ticket);
+    assert!(
+        freed_within(&observer, "cut", LATE).is_some(),
+        "no ghost hold"
+    );
+}
+
+#[test]
+fn a_cut_after_the_whole_frame_is_resolved_to_the_grant_it_made() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(upstream.addr());
+    proxy.cut_next(HELLO + 12 + "cut-whole".len());
+    let client = client(&[proxy.addr()], 1, Duration::from_secs(1));
+    let ticket = client
+        .acquire("cut-whole", ms(2000), Duration::from_secs(30))
+        .expect("the grant is found");
+    // Sent once; its grant, made while the answer could not reach the client, is the ticket's.
+    assert_eq!(
+        proxy.acquires().values().copied().collect::<Vec<_>>(),
+        vec![1]
+    );
+    assert!(ticket.valid_until() > Instant::now() + Duration::from_secs(20));
+    let observer = upstream.observer();
+    assert!(observer.query("cut-whole").unwrap().held);
+    assert_eq!(
+        ticket.release().expect("released"),
+        latchkey_client::ReleaseOutcome::Released
+    );
+    assert!(!observer.query("cut-whole").unwrap().held, "no ghost hold");
 }
 
 #[test]
@@ -267,4 +333,53 @@ fn many_threads_through_a_slow_proxy_each_send_once_and_get_one_result() {
     let acquires = proxy.acquires();
     assert_eq!(acquires.len(), THREADS * CALLS);
     assert!(acquires.values().all(|&count| count == 1));
+}
+
+#[test]
+fn a_waiter_whose_session_is_cut_keeps_its_place_and_is_granted_on_the_next() {
+    let upstream = Upstream::start();
+    let observer = upstream.observer();
+    let holder = observer.acquire("cut-queued", ms(100), LEASE).unwrap();
+    let proxy = Proxy::start(upstream.addr());
+    // The whole acquire goes up and queues; the session dies before anything comes back.
+    proxy.cut_next(HELLO + 12 + "cut-queued".len());
+    let client = client(&[proxy.addr()], 1, Duration::from_secs(1));
+    let acquiring = {
+        let client = client.clone();
+        thread::spawn(move || client.acquire("cut-queued", ms(5000), LEASE))
+    };
+    // Its place is kept: the queue still has it while the client resolves it elsewhere.
+    thread::sleep(ms(600));
+    assert_eq!(observer.query("cut-queued").unwrap().waiters, 1);
+    drop(holder);
+    let ticket = acquiring
+        .join()
+        .unwrap()
+        .expect("granted on the next session");
+    assert_eq!(
+        proxy.acquires().values().copied().collect::<Vec<_>>(),
+        vec![1]
+    );
+    assert!(observer.query("cut-queued").unwrap().held);
+    drop(ticket);
+    assert!(freed_within(&observer, "cut-queued", LATE).is_some());
+}
+
+#[test]
+fn a_timeout_lost_with_its_session_is_still_a_timeout() {
+    let upstream = Upstream::start();
+    let observer = upstream.observer();
+    let holder = observer.acquire("cut-timeout", ms(100), LEASE).unwrap();
+    let proxy = Proxy::start(upstream.addr());
+    proxy.cut_next(HELLO + 12 + "cut-timeout".len());
+    let client = client(&[proxy.addr()], 1, Duration::from_secs(1));
+    // A wait-0 acquire on a held key: its `T` is lost with the session, and the Resolve says
+    // so. Nothing is sent again (a wait-0 acquire is one attempt).
+    let result = client.acquire("cut-timeout", Duration::ZERO, LEASE);
+    assert_eq!(result.unwrap_err(), AcquireError::Timeout);
+    assert_eq!(
+        proxy.acquires().values().copied().collect::<Vec<_>>(),
+        vec![1]
+    );
+    drop(holder);
 }

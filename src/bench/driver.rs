@@ -298,7 +298,7 @@ fn spawn(
     let shared = Arc::clone(shared);
     let dialect = config.target.dialect;
     let tls = config.tls.clone();
-    let (pipeline, lease) = (config.pipeline, config.lease);
+    let (pipeline, lease, identify) = (config.pipeline, config.lease, config.identify);
     let index = spec.index;
     thread::Builder::new()
         .name(format!("bench-{index}"))
@@ -308,15 +308,19 @@ fn spawn(
             // `validate` allows TLS only to latchkey.
             let result = match (dialect, tls) {
                 (Dialect::Latchkey, None) => {
-                    work(spec, &shared, connect_plain, || LatchkeyWire::new(lease_s))
-                }
-                (Dialect::Latchkey, Some(tls)) => {
-                    let dial = |address| connect_tls(address, &tls);
+                    let dial = |address| connect_plain(address, identify);
                     work(spec, &shared, dial, || LatchkeyWire::new(lease_s))
                 }
-                (Dialect::Redis, _) => work(spec, &shared, connect_plain, || {
-                    RedisWire::new(pipeline, sha, lease_ms)
-                }),
+                (Dialect::Latchkey, Some(tls)) => {
+                    let dial = |address| connect_tls(address, &tls, identify);
+                    work(spec, &shared, dial, || LatchkeyWire::new(lease_s))
+                }
+                (Dialect::Redis, _) => {
+                    let dial = |address| connect_plain(address, false);
+                    work(spec, &shared, dial, || {
+                        RedisWire::new(pipeline, sha, lease_ms)
+                    })
+                }
             };
             shared.progress[index].done.store(true, Ordering::Release);
             result

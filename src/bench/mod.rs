@@ -267,6 +267,11 @@ pub struct BenchArgs {
     /// costs no redirect once its shard's leader is known).
     #[arg(long)]
     pub shards: Option<u32>,
+    /// Identify each connection (latchkey only) as a client of its own before its first
+    /// request, as the official clients do (resumable calls, docs/protocol.md §5), so that
+    /// their cost is measured.
+    #[arg(long)]
+    pub identify: bool,
 }
 
 /// A validated run description: what [`execute`] needs.
@@ -304,6 +309,8 @@ pub struct BenchConfig {
     pub shards: Option<u32>,
     /// Whether to print a progress line on stderr while running.
     pub progress: bool,
+    /// Whether each latchkey connection identifies before its first request.
+    pub identify: bool,
 }
 
 impl BenchConfig {
@@ -326,6 +333,7 @@ impl BenchConfig {
             server_pid: None,
             shards: None,
             progress: false,
+            identify: false,
         }
     }
 
@@ -375,6 +383,9 @@ impl BenchConfig {
         }
         if let Some(message) = tls_mismatch(&self.target, self.tls.is_some()) {
             return Err(message);
+        }
+        if self.identify && self.target.dialect != Dialect::Latchkey {
+            return Err("--identify is for a latchkey target".into());
         }
         self.threads = self.threads.min(self.connections as usize);
         self.lease = self.wire_lease()?;
@@ -455,6 +466,7 @@ impl BenchArgs {
             server_pid: self.server_pid,
             shards: self.shards,
             progress: !self.json,
+            identify: self.identify,
             ..BenchConfig::new(self.target.clone(), self.workload)
         };
         config.validate()

@@ -153,6 +153,11 @@ fn serve(mut stream: TcpStream, shared: Shared) {
             };
             buffer.drain(..used);
             let reply = match (greeted, &frame) {
+                // A member of this version does not resume calls (docs/protocol.md §5).
+                (false, &Frame::Identify { nonce, .. }) => Reply::Answer(Response::Error {
+                    code: ErrorCode::NotIdentified,
+                    id: nonce,
+                }),
                 (false, &Frame::Ping { nonce }) => {
                     greeted = true;
                     shared.greeting.count.fetch_add(1, Ordering::Relaxed);

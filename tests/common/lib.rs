@@ -226,6 +226,16 @@ impl FakeServer {
         Some(conn)
     }
 
+    /// Closes every connection that comes within `within` as soon as it comes: a server
+    /// whose sessions all fail (a call's retries there send nothing and hear nothing).
+    pub fn refuse_for(&self, within: Duration) {
+        let until = Instant::now() + within;
+        while let Some(conn) = self.try_accept_raw(until.saturating_duration_since(Instant::now()))
+        {
+            conn.close();
+        }
+    }
+
     /// The next connection within `within`, if any, as accepted.
     fn try_accept_raw(&self, within: Duration) -> Option<FakeConn> {
         let until = Instant::now() + within;
@@ -298,7 +308,17 @@ impl FakeConn {
     /// Reads the client's handshake ping without answering it; returns its nonce.
     #[track_caller]
     fn handshake_ping(&mut self) -> u64 {
-        match self.frame() {
+        let mut frame = self.frame();
+        if let Frame::Identify { nonce, .. } = frame {
+            // A fake server does not resume calls (docs/protocol.md §5): the client's Identify
+            // is refused, and its handshake ping follows.
+            self.send(Response::Error {
+                code: ErrorCode::NotIdentified,
+                id: nonce,
+            });
+            frame = self.frame();
+        }
+        match frame {
             Frame::Ping { nonce } => nonce,
             other => panic!("a session starts with its handshake ping, not {other:?}"),
         }

@@ -7,8 +7,10 @@
 //! the refused session). It parses what the client sends and counts Acquire and Cancel frames
 //! per owner and Ping frames, so a test can prove that an acquire was sent exactly once.
 //!
-//! Every client session starts with its handshake ping (10 bytes) and sends nothing else
-//! before the pong: byte counts (`cut_after`) include it.
+//! Every client session starts with its handshake — an Identify (27 bytes) when the client
+//! resumes calls, then a ping (10 bytes) — and sends nothing else before the pong: byte counts
+//! (`cut_after`, `cut_next`) include it. A refused session answers an Identify `X` 9 (it does
+//! not identify anybody).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -37,6 +39,8 @@ struct State {
     delay_up: Duration,
     delay_down: Duration,
     cut_after: Option<usize>,
+    /// A cut of the next connection only (taken by it when accepted).
+    cut_next: Option<usize>,
     refuse_next: usize,
     refuse_after: Duration,
     /// Refused sessions get a pong to every ping before their `X` 7.
@@ -99,6 +103,12 @@ impl Proxy {
     /// Cuts every connection (both sides) once `bytes` client bytes were forwarded on it.
     pub fn cut_after(&self, bytes: usize) {
         self.with(|s| s.cut_after = Some(bytes));
+    }
+
+    /// Cuts the next connection (both sides) once `bytes` client bytes were forwarded on it;
+    /// later ones are left alone.
+    pub fn cut_next(&self, bytes: usize) {
+        self.with(|s| s.cut_next = Some(bytes));
     }
 
     /// Refuses the next `count` connections with `X` 7, sent `after` the connection was
@@ -179,12 +189,12 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 }
 
 fn connection(client: TcpStream, shared: Arc<Shared>) {
-    let refuse = {
+    let (refuse, cut) = {
         let mut state = shared.state.lock().unwrap();
         state.connections += 1;
         let refuse = state.refuse_next > 0;
         state.refuse_next = state.refuse_next.saturating_sub(1);
-        refuse.then_some(state.refuse_after)
+        (refuse.then_some(state.refuse_after), state.cut_next.take())
     };
     if let Some(after) = refuse {
         return refuse_session(client, &shared, after);
@@ -197,7 +207,7 @@ fn connection(client: TcpStream, shared: Arc<Shared>) {
     let (client2, server2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
     let down_shared = Arc::clone(&shared);
     thread::spawn(move || pump_down(server2, client2, down_shared));
-    pump_up(client, server, &shared);
+    pump_up(client, server, &shared, cut);
 }
 
 /// Counts what the client sends for `after`, then `X` 7, end of output, and counts what the
@@ -216,10 +226,10 @@ fn refuse_session(mut client: TcpStream, shared: &Shared, after: Duration) {
         match client.read(&mut chunk) {
             Ok(0) => return,
             Ok(read) => {
-                for nonce in counter.feed(&chunk[..read], shared) {
+                for answer in counter.feed(&chunk[..read], shared) {
                     if pong {
                         let mut bytes = Vec::new();
-                        Response::Pong { nonce }.encode(&mut bytes);
+                        answer.encode(&mut bytes);
                         let _ = client.write_all(&bytes);
                     }
                 }
@@ -254,8 +264,9 @@ struct Counter {
 }
 
 impl Counter {
-    /// Counts the frames `bytes` complete; returns the nonces of the pings among them.
-    fn feed(&mut self, bytes: &[u8], shared: &Shared) -> Vec<u64> {
+    /// Counts the frames `bytes` complete; returns what a refusing server that answers the
+    /// handshake would answer: a pong to each ping, `X` 9 to each Identify.
+    fn feed(&mut self, bytes: &[u8], shared: &Shared) -> Vec<Response> {
         let mut pings = Vec::new();
         if self.broken {
             return pings;
@@ -274,8 +285,12 @@ impl Counter {
                         }
                         Request::Ping { nonce } => {
                             state.pings += 1;
-                            pings.push(nonce);
+                            pings.push(Response::Pong { nonce });
                         }
+                        Request::Identify { nonce, .. } => pings.push(Response::Error {
+                            code: ErrorCode::NotIdentified,
+                            id: nonce,
+                        }),
                         _ => {}
                     }
                     self.input.drain(..used);
@@ -290,7 +305,7 @@ impl Counter {
     }
 }
 
-fn pump_up(mut client: TcpStream, mut server: TcpStream, shared: &Shared) {
+fn pump_up(mut client: TcpStream, mut server: TcpStream, shared: &Shared, cut: Option<usize>) {
     let mut counter = Counter::default();
     let mut forwarded = 0usize;
     let mut chunk = [0u8; 16 * 1024];
@@ -305,7 +320,7 @@ fn pump_up(mut client: TcpStream, mut server: TcpStream, shared: &Shared) {
         let _ = counter.feed(&chunk[..read], shared);
         let (delay, cut_after) = {
             let state = shared.state.lock().unwrap();
-            (state.delay_up, state.cut_after)
+            (state.delay_up, state.cut_after.or(cut))
         };
         thread::sleep(delay);
         let allowed = cut_after.map_or(read, |cut| cut.saturating_sub(forwarded).min(read));

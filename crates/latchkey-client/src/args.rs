@@ -96,6 +96,31 @@ pub(crate) fn next_id() -> u64 {
     }
 }
 
+/// A random client id for resumable calls (docs/protocol.md §5), never 0: from the hashers'
+/// random keys (the operating system's randomness), mixed with the process's id base.
+pub(crate) fn client_id() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    loop {
+        let keys = std::collections::hash_map::RandomState::new();
+        let half = |salt: u64| {
+            let mut hasher = keys.build_hasher();
+            hasher.write_u64(salt);
+            hasher.write_u64(next_id());
+            hasher.finish()
+        };
+        let id = (u128::from(half(1)) << 64) | u128::from(half(2));
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// The grace a client asks for: `grace` rounded up to whole seconds, within 1..=60.
+pub(crate) fn grace_s(grace: Duration) -> u8 {
+    let seconds = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
+    seconds.clamp(1, u64::from(crate::protocol::GRACE_S_MAX)) as u8
+}
+
 /// A per-process base from the clock, the pid and a stack address, so that two processes
 /// (or two runs) are unlikely to draw the same ids.
 fn random_base() -> u64 {

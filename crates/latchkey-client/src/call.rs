@@ -41,6 +41,16 @@ pub(crate) enum Op {
     Ping { nonce: u64 },
     /// Withdraw the acquire of `owner`; only the pipeline itself creates these.
     Cancel { key: Arc<str>, owner: u64 },
+    /// Ask what became of this client's acquire of `key` with `owner`, sent on a session that
+    /// failed (docs/protocol.md §5). A `Queued` answer turns the call into that acquire again,
+    /// waiting on this session until `wait_deadline` (its own deadline), as if sent here.
+    Resolve {
+        key: Arc<str>,
+        owner: u64,
+        wait_zero: bool,
+        lease_s: u8,
+        wait_deadline: Instant,
+    },
 }
 
 impl Op {
@@ -51,7 +61,8 @@ impl Op {
             | Op::Release { key, .. }
             | Op::Extend { key, .. }
             | Op::Query { key, .. }
-            | Op::Cancel { key, .. } => Some(key),
+            | Op::Cancel { key, .. }
+            | Op::Resolve { key, .. } => Some(key),
             Op::Ping { .. } => None,
         }
     }
@@ -91,6 +102,10 @@ impl Op {
                 owner: *owner,
                 key: key.as_bytes(),
             },
+            Op::Resolve { key, owner, .. } => Request::Resolve {
+                owner: *owner,
+                key: key.as_bytes(),
+            },
         }
     }
 }
@@ -118,6 +133,10 @@ pub(crate) enum Outcome {
     Unreachable,
     /// The request may have reached the server and no definitive answer was delivered.
     Indeterminate,
+    /// An `A` found late (at or after the deadline, or after the Cancel): a compensating
+    /// release of its token went out, and the call ends `Indeterminate` (docs/protocol.md
+    /// §4.2) — its fate is known, so it is not resolved.
+    Compensated,
 }
 
 /// A request with its deadline and where its outcome goes.

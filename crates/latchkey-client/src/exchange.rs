@@ -23,7 +23,10 @@
 //!   that then cannot be reached is such a case: nothing was executed anywhere.
 //! * An `M` is a definite answer that nothing executed; a request that may have been sent and
 //!   got no definite answer is never sent again: it ends
-//!   [`Indeterminate`](super::Exchange::Indeterminate) at once.
+//!   [`Indeterminate`](super::Exchange::Indeterminate) at once — except an acquire on an
+//!   identified session, which is *resolved* on another session (docs/protocol.md §5:
+//!   [`Client::resolve`]), and a release or an extend, which names a token and is safe to send
+//!   again (another attempt, as for an unsent one).
 //!
 //! Cost on a single node: the report is built only once an attempt fails; a call answered at
 //! its first attempt allocates nothing here.
@@ -42,7 +45,7 @@ use super::members::Members;
 use super::report::{MemberState, UnavailableReport};
 use super::session::Session;
 use super::{Client, Exchange, BACKOFF_MAX, MEMBERS_MAX};
-use crate::protocol::Response;
+use crate::protocol::{Fate, Response};
 
 /// The most `M` answers one call follows before it gives up (a redirect loop ends).
 pub const REDIRECTS_MAX: u32 = 64;
@@ -58,6 +61,9 @@ struct Attempts {
     keyed: bool,
     /// What each member did, once an attempt did not end the call.
     report: Option<UnavailableReport>,
+    /// An earlier attempt of this release or extend may have been sent: if no later one is
+    /// answered, the request ends `Indeterminate`, not unsent.
+    possibly_sent: bool,
 }
 
 /// What to do after one attempt.
@@ -80,6 +86,7 @@ impl Client {
             redirects: 0,
             keyed: key.is_some(),
             report: None,
+            possibly_sent: false,
         };
         let mut addr = members.route(key.as_deref());
         // Bounded: every pass either ends, sleeps a backoff, or counts a redirect.
@@ -116,11 +123,80 @@ impl Client {
                 }
             };
             let outcome = self.attempt(&session, &op, deadline);
-            match attempts.next(outcome, &session, addr, members, key.as_ref(), deadline) {
+            let indeterminate = matches!(outcome, Some(Ok(Outcome::Indeterminate)));
+            if indeterminate && matches!(op, Op::Acquire { .. }) && session.is_identified() {
+                members.forget(key.as_deref(), addr);
+                return self.resolve(&op, deadline, &session, addr);
+            }
+            match attempts.next(
+                outcome,
+                &op,
+                &session,
+                (addr, members),
+                key.as_ref(),
+                deadline,
+            ) {
                 Next::Done(exchange) => return exchange,
                 Next::Retry(next) => addr = next,
             }
         }
+    }
+
+    /// An acquire that may have been sent on `failed`, an identified session to `addr`, got no
+    /// answer there: asks other sessions of this client what became of it (docs/protocol.md
+    /// §5) until its `deadline` — or, when that passed, a transport allowance from now, to
+    /// settle a grant it may have made (`settle_acquire` releases one found late). A Resolve
+    /// is safe to repeat: a session that fails with one out tries the next.
+    fn resolve(&self, op: &Op, deadline: Instant, failed: &Session, addr: SocketAddr) -> Exchange {
+        let Op::Acquire {
+            key,
+            wait_zero,
+            lease_s,
+            owner,
+        } = op.clone()
+        else {
+            unreachable!("only an acquire is resolved")
+        };
+        let until = deadline.max(Instant::now() + self.config().transport_timeout);
+        let resolve = Op::Resolve {
+            key,
+            owner,
+            wait_zero,
+            lease_s,
+            wait_deadline: deadline,
+        };
+        let members = &self.shared.members;
+        let mut avoid = Some(failed.id());
+        let mut backoff = Backoff::default();
+        log::debug!("the session of acquire {owner:#x} failed: resolving it");
+        // Bounded by `until`: every pass ends, or sleeps a backoff, or retries after a
+        // session that failed.
+        while Instant::now() < until {
+            let picked = members
+                .pool(addr)
+                .ok()
+                .flatten()
+                .map(|pool| pool.pick(avoid));
+            let Some(Ok(session)) = picked else {
+                backoff.sleep(until);
+                continue;
+            };
+            match self.attempt(&session, &resolve, until) {
+                None | Some(Ok(Outcome::NotSent | Outcome::Indeterminate)) => {
+                    avoid = Some(session.id());
+                    backoff.sleep(until);
+                }
+                Some(Ok(Outcome::Answer {
+                    response,
+                    sent_at,
+                    read_at,
+                })) => return resolved(response, owner, sent_at, read_at),
+                Some(Ok(Outcome::Expired { .. } | Outcome::Unreachable | Outcome::Compensated))
+                | Some(Err(_)) => break,
+            }
+        }
+        log::debug!("acquire {owner:#x}: no session could say what became of it");
+        Exchange::Indeterminate
     }
 
     /// Submits the call to `session` and waits for its outcome; `None` when the session
@@ -151,9 +227,9 @@ impl Attempts {
     fn next(
         &mut self,
         outcome: Option<Result<Outcome, RecvTimeoutError>>,
+        op: &Op,
         session: &Session,
-        addr: SocketAddr,
-        members: &Members,
+        (addr, members): (SocketAddr, &Members),
         key: Option<&Arc<str>>,
         deadline: Instant,
     ) -> Next {
@@ -179,6 +255,11 @@ impl Attempts {
                 sent_at,
                 read_at,
             }),
+            // An earlier attempt may have executed: whatever the later ones did, its fate is
+            // unknown.
+            Outcome::Expired { .. } | Outcome::Unreachable if self.possibly_sent => {
+                Next::Done(Exchange::Indeterminate)
+            }
             // It waited, unsent, on a session that was up: as when a wait runs out.
             Outcome::Expired { established: true } => {
                 Next::Done(Exchange::Unsent { serving: true })
@@ -201,7 +282,19 @@ impl Attempts {
                 self.backoff.sleep(deadline);
                 Next::Retry(members.next_member_except(Some(addr)))
             }
-            Outcome::Indeterminate => {
+            // A release or an extend names a token and is safe to send again (a release that
+            // executed twice says `N` the second time; an extend executed twice counts its
+            // lease from the later): another session tries, within the same deadline.
+            Outcome::Indeterminate if matches!(op, Op::Release { .. } | Op::Extend { .. }) => {
+                self.possibly_sent = true;
+                let state = Self::failed_state(session, addr, members);
+                self.note(members, addr, state);
+                self.avoid = Some(session.id());
+                members.forget(key.map(|key| &**key), addr);
+                self.backoff.sleep(deadline);
+                Next::Retry(members.next_member_except(Some(addr)))
+            }
+            Outcome::Indeterminate | Outcome::Compensated => {
                 // Never resent; but the key's next request tries elsewhere first.
                 members.forget(key.map(|key| &**key), addr);
                 Next::Done(Exchange::Indeterminate)
@@ -272,8 +365,12 @@ impl Attempts {
             .record(addr, state);
     }
 
-    /// The request ends unsent with nothing serving it: its report is kept for the caller.
+    /// The request ends unsent with nothing serving it: its report is kept for the caller. (A
+    /// release or extend an earlier attempt may have sent ends `Indeterminate` instead.)
     fn unavailable(&mut self, members: &Members) -> Exchange {
+        if self.possibly_sent {
+            return Exchange::Indeterminate;
+        }
         let keyed = self.keyed;
         let report = self
             .report
@@ -281,6 +378,36 @@ impl Attempts {
             .unwrap_or_else(|| UnavailableReport::new(keyed, members.listed()));
         members.note_unavailable(report);
         Exchange::Unsent { serving: false }
+    }
+}
+
+/// What a Resolve's answer (or, after `Queued`, the acquire's own answer) means for the call.
+fn resolved(response: Response, owner: u64, sent_at: Instant, read_at: Instant) -> Exchange {
+    let answer = |response| Exchange::Answer {
+        response,
+        sent_at,
+        read_at,
+    };
+    match response {
+        Response::Resolved {
+            fate: Fate::NeverSeen,
+            ..
+        } => Exchange::NeverSeen,
+        Response::Resolved {
+            fate: Fate::TimedOut,
+            ..
+        } => answer(Response::Timeout { owner }),
+        Response::Resolved {
+            fate: Fate::Busy, ..
+        } => answer(Response::Busy { owner }),
+        // A grant (`Resolved` with its token and lease left), or the acquire's own `A`, `T`
+        // or `B` after it was found queued; an `X` (the session was not identified after all,
+        // or the server's records were full) settles nothing.
+        Response::Error { code, .. } => {
+            log::debug!("acquire {owner:#x} could not be resolved: {code}");
+            Exchange::Indeterminate
+        }
+        other => answer(other),
     }
 }
 

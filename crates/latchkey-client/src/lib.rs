@@ -146,8 +146,10 @@ pub use members::{LEADER_CACHE_MAX, MEMBERS_MAX};
 pub use report::{MemberState, UnavailableReport};
 pub use ticket::{ExtendOutcome, ReleaseOutcome, Ticket};
 
+use args::grace_s;
 use call::{Call, Op};
 use members::Members;
+use pipeline::Identity;
 use session::SessionConfig;
 
 /// The server address a client uses when none is given.
@@ -175,6 +177,12 @@ pub struct ClientConfig {
     pub session_calls_max: usize,
     /// TLS to the server, or `None` (the default) for plaintext.
     pub tls: Option<ClientTls>,
+    /// Resumable calls (docs/protocol.md §5): every session identifies as this client, with
+    /// this grace (1..=60 s, rounded up to whole seconds), so that a call whose session fails
+    /// after its request may have been sent asks another session what became of it instead of
+    /// ending `Indeterminate`. `None` turns it off. Default 10 s. A server that does not
+    /// resume calls refuses the Identify, and the client keeps to §1–§4 alone with it.
+    pub resume: Option<Duration>,
 }
 
 /// How a client speaks TLS to the server.
@@ -204,6 +212,7 @@ impl Default for ClientConfig {
             transport_timeout: Duration::from_secs(5),
             session_calls_max: 4096,
             tls: None,
+            resume: Some(Duration::from_secs(10)),
         }
     }
 }
@@ -247,6 +256,9 @@ pub(crate) enum Exchange {
     Unsent { serving: bool },
     /// The request may have reached the server and no answer was delivered.
     Indeterminate,
+    /// An acquire that may have been sent, which a Resolve found in no effect and recorded so
+    /// that it never will be (docs/protocol.md §5): as if definitely not sent.
+    NeverSeen,
 }
 
 impl Client {
@@ -273,6 +285,11 @@ impl Client {
             transport_timeout: config.transport_timeout,
             inbox_calls_max: config.session_calls_max.max(1),
             tls,
+            identity: config.resume.map(|grace| Identity {
+                client: args::client_id(),
+                grace_s: grace_s(grace),
+            }),
+            resumes: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         };
         let members = Members::start(&config.addrs, config.sessions, session_config)?;
         Ok(Client {
@@ -345,15 +362,22 @@ impl Client {
         };
         let deadline = Instant::now() + allowance;
         let key: Arc<str> = Arc::from(key);
-        let owner = args::next_id();
-        let op = Op::Acquire {
-            key: Arc::clone(&key),
-            wait_zero,
-            lease_s,
-            owner,
-        };
-        let exchange = self.exchange(op, deadline);
-        self.settle_acquire(exchange, key, lease_s, deadline, Instant::now())
+        // Bounded by the deadline: only a "never seen" (nothing executed, and nothing will be)
+        // sends the acquire again, under a new owner, and only while time is left.
+        loop {
+            let op = Op::Acquire {
+                key: Arc::clone(&key),
+                wait_zero,
+                lease_s,
+                owner: args::next_id(),
+            };
+            let exchange = self.exchange(op, deadline);
+            if matches!(exchange, Exchange::NeverSeen) && Instant::now() < deadline {
+                log::debug!("an acquire of {key} was never seen: sent again, as a new one");
+                continue;
+            }
+            return self.settle_acquire(exchange, key, lease_s, deadline, Instant::now());
+        }
     }
 
     /// Turns how an acquire's request ended into the call's result. `now` is the delivery
@@ -373,7 +397,33 @@ impl Client {
             Exchange::Unsent { serving: true } => return Err(AcquireError::Timeout),
             Exchange::Unsent { serving: false } => return Err(AcquireError::Unavailable),
             Exchange::Indeterminate => return Err(AcquireError::Indeterminate),
+            // Nothing of it stands, and the deadline passed: as a wait that ran out.
+            Exchange::NeverSeen => return Err(AcquireError::Timeout),
         };
+        if let (
+            Response::Resolved {
+                token, lease_ms, ..
+            },
+            _,
+        ) = response
+        {
+            if now >= deadline {
+                self.release_in_background(key, token);
+                return Err(AcquireError::Indeterminate);
+            }
+            let (sent_at, left) = (
+                resolved_at(exchange),
+                Duration::from_millis(lease_ms.into()),
+            );
+            return Ok(Ticket::resumed(
+                self.clone(),
+                key,
+                token,
+                lease_s,
+                sent_at,
+                left,
+            ));
+        }
         match response {
             (Response::Acquired { token, .. }, _) if now >= deadline => {
                 self.release_in_background(key, token);
@@ -463,6 +513,14 @@ impl Client {
             attempts: 0,
         };
         self.shared.members.submit_background(call);
+    }
+}
+
+/// When the request of an answered exchange was sent.
+fn resolved_at(exchange: Exchange) -> Instant {
+    match exchange {
+        Exchange::Answer { sent_at, .. } => sent_at,
+        _ => Instant::now(),
     }
 }
 

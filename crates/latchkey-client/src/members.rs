@@ -254,6 +254,8 @@ mod tests {
             transport_timeout: Duration::from_millis(100),
             inbox_calls_max: 4,
             tls: None,
+            identity: None,
+            resumes: Default::default(),
         };
         Members::start(addrs, 1, config).expect("members")
     }

@@ -62,7 +62,7 @@ use crossbeam_channel::Sender;
 use slab::Slab;
 
 pub(crate) use super::call::{Call, CloseReason, Op, Outcome};
-use crate::protocol::{parse_response, ErrorCode, Response};
+use crate::protocol::{parse_response, ErrorCode, Fate, Response};
 use latchkey_wheel::TimerHandle;
 
 mod deadlines;
@@ -70,7 +70,8 @@ mod link;
 pub(crate) mod output;
 
 use deadlines::Deadlines;
-use link::{Link, PING_BYTES};
+pub(crate) use link::Identity;
+use link::{Link, HELLO_BYTES_MAX};
 
 /// Bytes of frames encoded ahead of the socket at most; the rest stay queued, so their wire
 /// wait is computed later.
@@ -132,8 +133,10 @@ pub(crate) struct Pipeline {
     /// How long an answer may be overdue before the session stops taking calls.
     silence_limit: Duration,
     link: Link,
-    /// The handshake ping's frame.
-    hello: [u8; PING_BYTES],
+    /// The handshake's frames (an Identify, then the ping).
+    hello: [u8; HELLO_BYTES_MAX],
+    /// The server identified the session (docs/protocol.md §5).
+    identified: bool,
     /// The earliest instant a request the server answers at once was handed to the socket
     /// since the last read; `None` when nothing is overdue-able.
     awaiting_since: Option<Instant>,
@@ -177,7 +180,8 @@ impl Pipeline {
             transport_timeout,
             silence_limit,
             link: Link::Connecting,
-            hello: [0; PING_BYTES],
+            hello: [0; HELLO_BYTES_MAX],
+            identified: false,
             awaiting_since: None,
             stalled: false,
             returned: Vec::new(),
@@ -239,7 +243,7 @@ impl Pipeline {
         }
         let deadline = call.deadline;
         let correlation = match call.op {
-            Op::Acquire { owner, .. } => Some((true, owner)),
+            Op::Acquire { owner, .. } | Op::Resolve { owner, .. } => Some((true, owner)),
             Op::Query { nonce, .. } | Op::Ping { nonce } => Some((false, nonce)),
             _ => None,
         };
@@ -305,7 +309,9 @@ impl Pipeline {
             self.timers.cancel(timer);
         }
         match entry.call.op {
-            Op::Acquire { owner, .. } if self.owners.get(&owner) == Some(&handle) => {
+            Op::Acquire { owner, .. } | Op::Resolve { owner, .. }
+                if self.owners.get(&owner) == Some(&handle) =>
+            {
                 self.owners.remove(&owner);
             }
             Op::Query { nonce, .. } | Op::Ping { nonce }
@@ -378,7 +384,10 @@ impl Pipeline {
                     None => log::debug!("error for unknown id {id:#x} ignored"),
                 }
             }
-            Response::Identified { .. } | Response::Resolved { .. } => {
+            Response::Resolved { owner, fate, .. } => {
+                self.handle_resolved(owner, fate, response, now)
+            }
+            Response::Identified { .. } => {
                 log::debug!("an answer to a request this session did not send: {response:?}");
             }
         }
@@ -469,17 +478,50 @@ impl Pipeline {
             return;
         };
         let mut entry = self.take(handle);
-        let Op::Acquire { key, .. } = entry.call.op.clone() else {
-            unreachable!("owners only maps acquires")
+        let (Op::Acquire { key, .. } | Op::Resolve { key, .. }) = entry.call.op.clone() else {
+            unreachable!("owners only maps acquires and resolves")
         };
         let late = entry.stage == Stage::Cancelling || now >= entry.call.deadline;
         let response = Response::Acquired { owner, token };
         let delivered = !late && Self::answer_keep(&mut entry, response, now);
         if !delivered {
             log::debug!("grant of token {token} found late: releasing it");
-            reply(entry.call.reply.take(), Outcome::Indeterminate);
+            reply(entry.call.reply.take(), Outcome::Compensated);
             self.release_in_background(key, token, now);
         }
+    }
+
+    /// A Resolve's answer: `Queued` turns the call into the acquire it resolved, waiting on
+    /// this session for its `A`, `T` or `B` until its own deadline (docs/protocol.md §5); any
+    /// other fate is the call's answer.
+    fn handle_resolved(&mut self, owner: u64, fate: Fate, response: Response, now: Instant) {
+        let Some(&handle) = self.owners.get(&owner) else {
+            return log::debug!("answer for unknown owner {owner:#x} ignored");
+        };
+        let entry = &mut self.entries[handle.slot];
+        let Op::Resolve {
+            key,
+            wait_zero,
+            lease_s,
+            wait_deadline,
+            ..
+        } = entry.call.op.clone()
+        else {
+            return log::warn!("a Resolve answer for an acquire of owner {owner:#x} ignored");
+        };
+        if fate != Fate::Queued {
+            let entry = self.take(handle);
+            Self::answer(entry, response, now);
+            return;
+        }
+        entry.call.op = Op::Acquire {
+            key,
+            wait_zero,
+            lease_s,
+            owner,
+        };
+        entry.call.deadline = wait_deadline;
+        self.arm(handle, wait_deadline);
     }
 
     fn answer_keep(entry: &mut Entry, response: Response, now: Instant) -> bool {
@@ -647,7 +689,10 @@ impl Pipeline {
                 Some(tx) => {
                     let _ = tx.try_send(outcome);
                 }
-                None if !possibly_sent && matches!(entry.call.op, Op::Release { .. }) => {
+                // A release is safe to send again (a second one of the same token changes
+                // nothing: `N`), so a background release goes to another session whether or
+                // not this one may have sent it: no grant is left held by nobody for a cut.
+                None if matches!(entry.call.op, Op::Release { .. }) => {
                     unsent_releases.push(entry.call);
                 }
                 None => {}
@@ -722,7 +767,9 @@ impl Pipeline {
         assert_eq!(armed, self.timers.len(), "no timer outlives its entry");
         for (owner, &handle) in &self.owners {
             let entry = self.entry(handle).expect("owners map live entries");
-            assert!(matches!(entry.call.op, Op::Acquire { owner: o, .. } if o == *owner));
+            let matches = matches!(entry.call.op,
+                Op::Acquire { owner: o, .. } | Op::Resolve { owner: o, .. } if o == *owner);
+            assert!(matches);
         }
         for (token, fifo) in &self.tokens {
             assert!(!fifo.is_empty());

@@ -46,7 +46,8 @@ use parking_lot::Mutex;
 
 use super::call::{Call, CloseReason, Outcome};
 use super::error::SessionFailure;
-use super::pipeline::Pipeline;
+use super::pipeline::{Identity, Pipeline};
+use crate::protocol::ErrorCode;
 use crate::tls::Connector;
 use crate::tls::TlsStream;
 
@@ -69,6 +70,11 @@ pub(crate) struct SessionConfig {
     pub inbox_calls_max: usize,
     /// TLS, or `None` for plaintext.
     pub tls: Option<Connector>,
+    /// How the session identifies (docs/protocol.md §5), or `None`: it does not.
+    pub identity: Option<Identity>,
+    /// Shared by the client's sessions: false once a server answered an Identify `X` 1 (it
+    /// does not know resumable calls), after which no session identifies.
+    pub resumes: Arc<AtomicBool>,
 }
 
 /// A session's connection: plain TCP or TLS.
@@ -173,6 +179,8 @@ struct Shared {
     /// Answers are overdue and nothing was read since: no new call is taken.
     stalled: AtomicBool,
     shutdown: AtomicBool,
+    /// The server identified the session (docs/protocol.md §5).
+    identified: AtomicBool,
 }
 
 struct Inbox {
@@ -201,6 +209,7 @@ impl Session {
             failed: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            identified: AtomicBool::new(false),
         });
         let pipeline = Pipeline::new(
             config.transport_timeout,
@@ -236,6 +245,12 @@ impl Session {
     /// Whether the session has ended; the pool then replaces it.
     pub(crate) fn is_failed(&self) -> bool {
         self.shared.failed.load(Ordering::Acquire)
+    }
+
+    /// Whether the server identified the session (docs/protocol.md §5): a Resolve may ask
+    /// another session of this client what became of an acquire it may have sent.
+    pub(crate) fn is_identified(&self) -> bool {
+        self.shared.identified.load(Ordering::Acquire)
     }
 
     /// Whether the session's answers are overdue (see the module docs): it takes no new call
@@ -360,6 +375,9 @@ impl Driver {
             self.pipeline.handle_deadlines(now);
             self.flush();
             self.publish_stall();
+            if self.pipeline.is_identified() {
+                self.shared.identified.store(true, Ordering::Release);
+            }
             if let Some(reason) = self.pipeline.close_reason() {
                 return reason.clone();
             }
@@ -410,8 +428,16 @@ impl Driver {
     /// Moves the TLS handshake along; once it is done (at once for plain TCP), the handshake
     /// ping goes out with a nonce of this session's own.
     fn handshake(&mut self) {
+        let identity = match self.config.resumes.load(Ordering::Acquire) {
+            true => self.config.identity,
+            false => None,
+        };
         let tls = match self.stream.as_mut().expect("connected") {
-            Connection::Plain(_) => return self.pipeline.start_handshake(super::args::next_id()),
+            Connection::Plain(_) => {
+                return self
+                    .pipeline
+                    .start_handshake(super::args::next_id(), identity)
+            }
             Connection::Tls(tls) => tls,
         };
         if let Err(error) = tls.progress() {
@@ -424,7 +450,8 @@ impl Driver {
         }
         if !tls.handshaking() {
             log::debug!("session {}: TLS established with {}", self.id, self.addr);
-            self.pipeline.start_handshake(super::args::next_id());
+            self.pipeline
+                .start_handshake(super::args::next_id(), identity);
         }
     }
 
@@ -539,6 +566,15 @@ impl Driver {
     /// Ends the session: closes the inbox, resolves every open call, and hands unsent
     /// background releases to the pool.
     fn finish(mut self, reason: CloseReason) {
+        let identifying = self.pipeline.is_handshaking() && self.config.identity.is_some();
+        if identifying && reason == CloseReason::ServerError(ErrorCode::UnknownOp) {
+            log::info!(
+                "{} does not know resumable calls (it answered Identify with X 1): sessions \
+                 no longer identify",
+                self.addr
+            );
+            self.config.resumes.store(false, Ordering::Release);
+        }
         match reason {
             CloseReason::Shutdown | CloseReason::Eof => {
                 log::debug!("session {} to {}: {reason}", self.id, self.addr)

@@ -11,6 +11,8 @@ fn client_and_server() -> (Client, TcpListener) {
     let config = ClientConfig {
         addrs: vec![listener.local_addr().unwrap()],
         sessions: 1,
+        // A bare socket: the handshake is the ping alone.
+        resume: None,
         ..ClientConfig::default()
     };
     (Client::with_config(config).unwrap(), listener)

@@ -128,6 +128,26 @@ impl Ticket {
         }
     }
 
+    /// A grant found by a Resolve sent at `sent_at` (docs/protocol.md §5), whose lease had
+    /// `lease_left` to run when the server answered: the bound is `sent_at + lease_left` minus
+    /// the margin of the whole lease (`lease_s`).
+    pub(crate) fn resumed(
+        client: Client,
+        key: Arc<str>,
+        token: u64,
+        lease_s: u8,
+        sent_at: Instant,
+        lease_left: Duration,
+    ) -> Ticket {
+        let margin = super::args::margin(Duration::from_secs(u64::from(lease_s)));
+        let valid_until = (sent_at + lease_left)
+            .checked_sub(margin)
+            .unwrap_or(sent_at);
+        let mut ticket = Ticket::new(client, key, token, lease_s, sent_at);
+        ticket.bound.get_mut().valid_until = valid_until;
+        ticket
+    }
+
     /// The client this ticket was granted through.
     pub fn client(&self) -> &Client {
         &self.client
@@ -268,7 +288,8 @@ impl Client {
                 response, sent_at, ..
             } => Ok((response, sent_at)),
             Exchange::Unsent { .. } => Err(RequestError::Unavailable),
-            Exchange::Indeterminate => Err(RequestError::NoAnswer),
+            // Only an acquire is resolved.
+            Exchange::Indeterminate | Exchange::NeverSeen => Err(RequestError::NoAnswer),
         }
     }
 }

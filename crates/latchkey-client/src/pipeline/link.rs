@@ -9,6 +9,12 @@
 //! it held is then definitely unsent and goes to another session or member. The pong is never
 //! delivered to a caller, and any other answer to the ping ends the session (nothing was sent).
 //!
+//! A client that resumes calls (docs/protocol.md §5) puts an Identify before that ping: the
+//! server answers it first (`I`: the session is identified; `X` 9, 8 or 10: it is not, and the
+//! session goes on), then the pong. A server that does not know Identify answers `X` 1 and
+//! closes the session: nothing was sent, and the driver reports it so that the next sessions
+//! do not identify ([`CloseReason::ServerError`] with [`ErrorCode::UnknownOp`]).
+//!
 //! **Silence.** An established session *stalls* when an answer is overdue: some request the
 //! server answers at once was handed to the socket at least `silence_limit` (the client's
 //! connect timeout) ago, and nothing at all was read since it was handed. "Answered at once"
@@ -30,15 +36,34 @@ use crate::protocol::{Request, Response};
 
 /// Bytes of a `P` frame.
 pub(super) const PING_BYTES: usize = 10;
+/// Bytes of an `I` frame.
+const IDENTIFY_BYTES: usize = 27;
+/// Bytes of the longest handshake: an Identify, then the ping.
+pub(super) const HELLO_BYTES_MAX: usize = IDENTIFY_BYTES + PING_BYTES;
+
+/// How a session identifies in its handshake (docs/protocol.md §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Identity {
+    /// The client id, shared by every session of a client; never 0.
+    pub client: u128,
+    /// The grace asked for, 1..=60 s.
+    pub grace_s: u8,
+}
 
 /// How far a session's connection is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Link {
     /// TCP (and TLS) are not up yet: nothing is written or read.
     Connecting,
-    /// The handshake ping is offered or out (`written` of its bytes handed to the socket);
-    /// nothing else is encoded until its pong.
-    Handshake { nonce: u64, written: usize },
+    /// The handshake (an Identify, if the session identifies, and the ping) is offered or out
+    /// (`written` of its `len` bytes handed to the socket); nothing else is encoded until the
+    /// pong. `identify` is the Identify's nonce while its answer is awaited.
+    Handshake {
+        nonce: u64,
+        written: usize,
+        len: usize,
+        identify: Option<u64>,
+    },
     /// The pong came back: requests go out.
     Established,
 }
@@ -46,13 +71,35 @@ pub(super) enum Link {
 impl Pipeline {
     /// TCP (and TLS) are up: the handshake ping with `nonce` (one the client uses for nothing
     /// else) is the only frame offered until its pong is read.
-    pub(crate) fn start_handshake(&mut self, nonce: u64) {
+    /// With `identity`, an Identify (whose nonce is `nonce + 1`) goes first.
+    pub(crate) fn start_handshake(&mut self, nonce: u64, identity: Option<Identity>) {
         debug_assert_eq!(self.link, Link::Connecting, "one handshake per session");
-        let mut frame = Vec::with_capacity(PING_BYTES);
+        let mut frame = Vec::with_capacity(HELLO_BYTES_MAX);
+        let identify = identity.map(|identity| {
+            let identify_nonce = nonce.wrapping_add(1);
+            let request = Request::Identify {
+                grace_s: identity.grace_s,
+                client: identity.client,
+                nonce: identify_nonce,
+            };
+            request.encode(&mut frame);
+            identify_nonce
+        });
         Request::Ping { nonce }.encode(&mut frame);
-        self.hello.copy_from_slice(&frame);
-        self.link = Link::Handshake { nonce, written: 0 };
+        self.hello[..frame.len()].copy_from_slice(&frame);
+        self.link = Link::Handshake {
+            nonce,
+            written: 0,
+            len: frame.len(),
+            identify,
+        };
         self.check_invariants();
+    }
+
+    /// Whether the server identified this session (docs/protocol.md §5): a Resolve may then
+    /// ask it what became of an acquire of this client's.
+    pub(crate) fn is_identified(&self) -> bool {
+        self.identified
     }
 
     /// Whether TCP (and TLS) are still coming up.
@@ -97,7 +144,7 @@ impl Pipeline {
     /// The bytes of the handshake ping not handed to the socket yet.
     pub(super) fn hello_offered(&self) -> &[u8] {
         match self.link {
-            Link::Handshake { written, .. } => &self.hello[written..],
+            Link::Handshake { written, len, .. } => &self.hello[written..len],
             _ => &[],
         }
     }
@@ -105,22 +152,57 @@ impl Pipeline {
     /// The socket took `written` more bytes of the handshake ping; `false` when the link is
     /// not in its handshake (the bytes are requests').
     pub(super) fn hello_written(&mut self, written: usize) -> bool {
-        let Link::Handshake { written: done, .. } = &mut self.link else {
+        let Link::Handshake {
+            written: done, len, ..
+        } = &mut self.link
+        else {
             return false;
         };
         *done += written;
-        assert!(*done <= PING_BYTES, "socket took more bytes than offered");
+        assert!(*done <= *len, "socket took more bytes than offered");
         true
     }
 
     /// An answer read while the handshake ping is out: its pong establishes the session;
     /// anything else ends it with nothing sent.
     pub(super) fn handle_handshake_answer(&mut self, response: Response) {
-        let Link::Handshake { nonce, written } = self.link else {
+        let Link::Handshake {
+            nonce,
+            written,
+            len,
+            identify,
+        } = self.link
+        else {
             unreachable!("called only during the handshake")
         };
+        let refused = |code| {
+            matches!(
+                code,
+                ErrorCode::NotIdentified | ErrorCode::Forbidden | ErrorCode::Limit
+            )
+        };
         match response {
-            Response::Pong { nonce: echoed } if echoed == nonce && written == PING_BYTES => {
+            Response::Identified { nonce: echoed, .. } if identify == Some(echoed) => {
+                self.identified = true;
+                self.link = Link::Handshake {
+                    nonce,
+                    written,
+                    len,
+                    identify: None,
+                };
+            }
+            Response::Error { code, id } if identify == Some(id) && refused(code) => {
+                log::debug!("the server did not identify the session: {code}");
+                self.link = Link::Handshake {
+                    nonce,
+                    written,
+                    len,
+                    identify: None,
+                };
+            }
+            Response::Pong { nonce: echoed }
+                if echoed == nonce && written == len && identify.is_none() =>
+            {
                 self.link = Link::Established;
             }
             Response::Error {

@@ -142,7 +142,7 @@ fn follow_wake_ups(pipeline: &mut Pipeline, deadline: Instant) {
 /// The handshake at `now`, as a driver and a server run it: the ping goes out alone, its
 /// pong establishes the session.
 pub(super) fn handshake(pipeline: &mut Pipeline, now: Instant) {
-    pipeline.start_handshake(HELLO);
+    pipeline.start_handshake(HELLO, None);
     assert_eq!(write_all(pipeline, now), vec![Sent::Ping { nonce: HELLO }]);
     feed(pipeline, Response::Pong { nonce: HELLO }, now);
     assert!(pipeline.is_established());
@@ -267,7 +267,7 @@ fn a_grant_after_the_cancel_is_released_and_the_call_is_indeterminate() {
         },
         t0 + ms(1010),
     );
-    assert_eq!(rx.try_recv(), Ok(Outcome::Indeterminate));
+    assert_eq!(rx.try_recv(), Ok(Outcome::Compensated));
     let frames = write_all(&mut pipeline, t0 + ms(1010));
     assert_eq!(
         frames,
@@ -294,7 +294,7 @@ fn a_grant_read_at_the_deadline_before_it_was_processed_is_released() {
         },
         t0 + ms(1000),
     );
-    assert_eq!(rx.try_recv(), Ok(Outcome::Indeterminate));
+    assert_eq!(rx.try_recv(), Ok(Outcome::Compensated));
     let frames = write_all(&mut pipeline, t0 + ms(1000));
     assert_eq!(
         frames,

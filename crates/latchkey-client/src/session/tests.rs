@@ -16,6 +16,8 @@ fn config() -> SessionConfig {
         transport_timeout: Duration::from_secs(5),
         inbox_calls_max: 16,
         tls: None,
+        identity: None,
+        resumes: Default::default(),
     }
 }
 

@@ -40,7 +40,7 @@ fn nothing_but_the_ping_goes_out_before_its_pong_and_the_pong_reaches_no_caller(
         pipeline.output(t0).bytes().is_empty(),
         "not connected: nothing"
     );
-    pipeline.start_handshake(HELLO);
+    pipeline.start_handshake(HELLO, None);
     let (during, rx_during) = query(2, t0 + ms(3000));
     pipeline.submit(during);
     // The socket takes four bytes of the ping, then the rest: still nothing but the ping.
@@ -73,7 +73,7 @@ fn nothing_but_the_ping_goes_out_before_its_pong_and_the_pong_reaches_no_caller(
 fn the_ping_written_in_pieces_is_counted_exactly() {
     let t0 = Instant::now();
     let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, t0);
-    pipeline.start_handshake(HELLO);
+    pipeline.start_handshake(HELLO, None);
     let mut wire = Vec::new();
     for taken in [1, 0, 3, 6] {
         let mut output = pipeline.output(t0);
@@ -90,7 +90,7 @@ fn no_pong_leaves_every_call_not_sent() {
     let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, t0);
     let (first, rx_first) = acquire(1, true, t0 + TRANSPORT);
     pipeline.submit(first);
-    pipeline.start_handshake(HELLO);
+    pipeline.start_handshake(HELLO, None);
     write_all(&mut pipeline, t0);
     let (second, rx_second) = query(2, t0 + TRANSPORT);
     pipeline.submit(second);
@@ -134,7 +134,7 @@ fn any_other_answer_to_the_ping_ends_the_session_with_nothing_sent() {
         let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, t0);
         let (call, rx) = acquire(OWNER, false, t0 + ms(3000));
         pipeline.submit(call);
-        pipeline.start_handshake(HELLO);
+        pipeline.start_handshake(HELLO, None);
         write_all(&mut pipeline, t0);
         feed(&mut pipeline, answer, t0);
         assert_eq!(pipeline.close_reason(), Some(&reason), "{answer:?}");
@@ -143,7 +143,7 @@ fn any_other_answer_to_the_ping_ends_the_session_with_nothing_sent() {
     }
     // A pong before the ping was written whole answers no ping of ours.
     let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, t0);
-    pipeline.start_handshake(HELLO);
+    pipeline.start_handshake(HELLO, None);
     write_some(&mut pipeline, t0, 9);
     feed(&mut pipeline, Response::Pong { nonce: HELLO }, t0);
     assert_eq!(
@@ -158,7 +158,7 @@ fn bytes_that_are_not_frames_in_answer_to_the_ping_make_calls_unreachable() {
     let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, t0);
     let (call, rx) = query(3, t0 + ms(3000));
     pipeline.submit(call);
-    pipeline.start_handshake(HELLO);
+    pipeline.start_handshake(HELLO, None);
     write_all(&mut pipeline, t0);
     pipeline.handle_read(b"-ERR unknown command\r\n", t0);
     assert!(matches!(
