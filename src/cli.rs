@@ -8,7 +8,9 @@
 //! with CMD's status. If the lease is lost (the server says the token no longer holds the key,
 //! or the ticket's validity bound passes without a confirmed extend), CMD gets SIGTERM, then
 //! SIGKILL after the grace, and `latchkey lock` exits [`EXIT_LEASE_LOST`]. SIGINT, SIGTERM and
-//! SIGHUP received by `latchkey lock` are forwarded to CMD.
+//! SIGHUP received by `latchkey lock` are forwarded to CMD. CMD never outlives `latchkey lock`:
+//! however it dies, the kernel kills CMD, and without a controlling terminal CMD's whole
+//! process group (`cli/child.rs`); [`LOCK_HELP`] says what each signal does.
 //!
 //! `latchkey query [--json] KEY` prints `held=0|1 lease_ms=N waiters=N`, or with `--json`
 //! `{"key":...,"held":bool,"lease_ms":N,"waiters":N}`. `latchkey ping [--count N]
@@ -50,7 +52,7 @@ use std::ffi::OsString;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::thread;
 use std::time::Duration;
 
@@ -63,6 +65,7 @@ use latchkey_client::{
 };
 
 mod admin;
+mod child;
 mod cluster;
 mod duration;
 mod ping;
@@ -72,6 +75,7 @@ mod supervise;
 pub use servers::{parse_server_items, parse_servers, ServerListError};
 
 pub use admin::{run_keys, run_stats, KeysArgs, StatsArgs};
+pub use child::{enable_lock_guard, run_lock_guard, GuardArgs};
 pub use cluster::{run_cluster, ClusterCommand, ClusterLeaderArgs, ClusterStatusArgs};
 pub use duration::{format_duration, parse_duration};
 pub use ping::{run_ping, run_ping_command, PingCommand};
@@ -103,6 +107,23 @@ pub const EXIT_NOT_FOUND: u8 = 127;
 /// ...`.
 pub const FORBIDDEN_TEXT: &str = "the key is forbidden for this identity (X 8): the server's \
                                   rules do not let this client use it";
+
+/// What `latchkey lock --help` says after the flags: what each signal does.
+pub const LOCK_HELP: &str = "\
+Signals:
+  SIGINT, SIGTERM, SIGHUP  forwarded to CMD; the lock is released when CMD exits, and
+                           latchkey lock exits with CMD's status
+  SIGKILL, or any other    the kernel kills CMD at once (PR_SET_PDEATHSIG): CMD never runs
+  death of latchkey lock   on without the lock. The lock is not released: its lease ends
+                           it. Without a controlling terminal (cron, systemd, setsid) CMD
+                           runs in a process group of its own and a guard process kills the
+                           whole group, so nothing CMD started runs on either; with one, CMD
+                           shares latchkey lock's group and terminal, as under flock(1), and
+                           only CMD itself is killed
+  SIGSTOP                  CMD runs on while latchkey lock is stopped and extends nothing;
+                           after SIGCONT, a lease that ran out meanwhile counts as lost
+  lease lost               CMD gets SIGTERM, then SIGKILL after --grace (its whole group
+                           without a terminal); latchkey lock exits 85";
 
 /// An acquire allowed at least this long says at once that it cannot connect (and retries).
 const NOTICE_ALLOWANCE_MIN: Duration = Duration::from_secs(1);
@@ -374,15 +395,24 @@ pub fn request_exit_code(error: &RequestError) -> u8 {
 /// The addresses `--server` names (every item of its list; at least one), or the exit code
 /// after saying why there are none: a malformed item is a usage error, a name that does not
 /// resolve is unavailable.
-fn server_addrs(command: &str, connect: &ConnectArgs) -> Result<Vec<SocketAddr>, ExitCode> {
-    parse_servers(&connect.server).map_err(|failure| fail_servers(command, &failure))
+fn server_addrs(command: &str, connect: &ConnectArgs) -> Result<Vec<SocketAddr>, u8> {
+    parse_servers(&connect.server).map_err(|failure| say_servers_failure(command, &failure))
 }
 
 /// Says which `--server` item is wrong; the exit code: usage for a malformed one.
 fn fail_servers(command: &str, failure: &ServerListError) -> ExitCode {
+    ExitCode::from(say_servers_failure(command, failure))
+}
+
+/// Says which `--server` item is wrong; the exit code as a number.
+fn say_servers_failure(command: &str, failure: &ServerListError) -> u8 {
     eprintln!("latchkey {command}: --server {failure}");
     let usage = failure.error.kind() == io::ErrorKind::InvalidInput;
-    ExitCode::from(if usage { EXIT_USAGE } else { EXIT_UNAVAILABLE })
+    if usage {
+        EXIT_USAGE
+    } else {
+        EXIT_UNAVAILABLE
+    }
 }
 
 /// How long one member may take to connect (TCP, TLS and the handshake ping) for a client of
@@ -395,11 +425,11 @@ pub fn connect_timeout(transport_timeout: Duration, members: usize) -> Duration 
 
 /// The client of the command-line tools: one session per member; the connect timeout is the
 /// member's share of the transport timeout ([`connect_timeout`]).
-fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAddr), ExitCode> {
+fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAddr), u8> {
     let addrs = server_addrs(command, connect)?;
     let tls = connect.tls().map_err(|message| {
         eprintln!("latchkey {command}: {message}");
-        ExitCode::from(EXIT_USAGE)
+        EXIT_USAGE
     })?;
     let mut distinct = addrs.clone();
     distinct.sort_unstable();
@@ -416,7 +446,7 @@ fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAdd
         Ok(client) => Ok((client, addrs[0])),
         Err(error) => {
             eprintln!("latchkey {command}: {error}");
-            Err(ExitCode::from(EXIT_UNAVAILABLE))
+            Err(EXIT_UNAVAILABLE)
         }
     }
 }
@@ -555,7 +585,7 @@ pub fn run_query_command(command: QueryCommand) -> ExitCode {
     let args = command.query;
     let (client, addr) = match cli_client("query", &args.connect) {
         Ok(found) => found,
-        Err(code) => return code,
+        Err(code) => return ExitCode::from(code),
     };
     match client.query(&args.key) {
         Ok(state) => {
@@ -608,40 +638,62 @@ fn note_lease_rounding(args: &LockArgs) {
     }
 }
 
+/// How `latchkey lock` ends: with CMD's own status, or with an outcome of its own (the lock not
+/// taken, the lease lost, CMD not run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LockExit {
+    /// CMD ran under the lock and exited with this status (128 + N: killed by signal N).
+    Command(u8),
+    /// `latchkey lock`'s own exit code.
+    Own(u8),
+}
+
+impl LockExit {
+    fn code(self) -> ExitCode {
+        match self {
+            LockExit::Command(code) | LockExit::Own(code) => ExitCode::from(code),
+        }
+    }
+}
+
 /// `latchkey lock KEY -- CMD [ARGS..]`: see the module docs.
 pub fn run_lock(args: LockArgs) -> ExitCode {
+    lock(&args).code()
+}
+
+/// Takes the lock and runs CMD under it; how `latchkey lock` ends.
+fn lock(args: &LockArgs) -> LockExit {
     let (client, addr) = match cli_client("lock", &args.connect) {
         Ok(found) => found,
-        Err(code) => return code,
+        Err(code) => return LockExit::Own(code),
     };
-    note_lease_rounding(&args);
-    let ticket = match acquire_with_notice(&client, &args) {
+    note_lease_rounding(args);
+    let ticket = match acquire_with_notice(&client, args) {
         Ok(ticket) => ticket,
         Err(AcquireError::Timeout) if args.quiet => {
-            return ExitCode::from(args.conflict_exit_code.unwrap_or(EXIT_TIMEOUT));
+            return LockExit::Own(args.conflict_exit_code.unwrap_or(EXIT_TIMEOUT));
         }
         Err(error) => {
-            let message = acquire_message(&client, addr, &args, &error);
+            let message = acquire_message(&client, addr, args, &error);
             eprintln!("latchkey lock: {}: {message}", shown_key(&args.key));
             let conflict = args
                 .conflict_exit_code
                 .filter(|_| error == AcquireError::Timeout);
-            return ExitCode::from(conflict.unwrap_or_else(|| acquire_exit_code(&error)));
+            return LockExit::Own(conflict.unwrap_or_else(|| acquire_exit_code(&error)));
         }
     };
-    let child = Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .env("LATCHKEY_KEY", &args.key)
-        .env("LATCHKEY_TOKEN", ticket.token().to_string())
-        .spawn();
-    match child {
-        Ok(child) => supervise(child, ticket, &args),
+    let environment = [
+        ("LATCHKEY_KEY", args.key.clone()),
+        ("LATCHKEY_TOKEN", ticket.token().to_string()),
+    ];
+    match child::start(&args.command, &environment, !child::has_terminal()) {
+        Ok(started) => supervise(started, ticket, args),
         Err(error) => {
             let name = args.command[0].to_string_lossy();
             eprintln!("latchkey lock: {name}: {error}");
             release(ticket);
             let missing = error.kind() == io::ErrorKind::NotFound;
-            ExitCode::from(if missing {
+            LockExit::Own(if missing {
                 EXIT_NOT_FOUND
             } else {
                 EXIT_CANNOT_EXECUTE

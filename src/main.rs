@@ -64,6 +64,7 @@ enum Command {
     #[command(after_help = SERVE_HELP)]
     Serve(ServeArgs),
     /// Run a command while holding a lock.
+    #[command(after_help = cli::LOCK_HELP)]
     Lock(cli::LockArgs),
     /// Print the state of a key.
     Query(cli::QueryCommand),
@@ -124,7 +125,26 @@ struct ServeArgs {
     cores: Option<usize>,
 }
 
+/// `latchkey lock-guard PGID`: the guard `latchkey lock` starts beside its command (see
+/// `latchkey::cli::run_lock_guard`). Not a subcommand of [`Cli`], so that neither the help nor
+/// the completion scripts offer it to people.
+#[derive(Parser, Debug)]
+#[command(name = "latchkey lock-guard")]
+struct GuardCli {
+    #[command(flatten)]
+    args: cli::GuardArgs,
+}
+
+/// The first argument that starts the guard instead of a command.
+const GUARD_COMMAND: &str = "lock-guard";
+
 fn main() -> ExitCode {
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|first| first == GUARD_COMMAND) {
+        let guard = GuardCli::parse_from(std::env::args_os().skip(1));
+        return cli::run_lock_guard(guard.args);
+    }
+    cli::enable_lock_guard();
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
         Command::Serve(args) => serve(args),

@@ -67,7 +67,7 @@ pub fn run_ping(args: PingArgs) -> ExitCode {
 pub fn run_ping_command(command: PingCommand) -> ExitCode {
     let (client, addr) = match cli_client("ping", &command.ping.connect) {
         Ok(found) => found,
-        Err(code) => return code,
+        Err(code) => return ExitCode::from(code),
     };
     let start = Instant::now();
     let mut tally = PingTally::default();

@@ -1,0 +1,141 @@
+//! `latchkey lock` as a process, as a user meets it: its command never outlives it (a
+//! `kill -9` of `latchkey lock` takes the command, and without a controlling terminal the
+//! command's children, with it), and its own failures can be told from the command's status.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{client, start_server, PATIENCE};
+
+fn latchkey() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    // Whatever the environment of the test run says, the tests name their servers.
+    command.env_remove("LATCHKEY_SERVER");
+    command
+}
+
+/// A fresh directory for one test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("latchkey-cli-lock-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The pid written to `path`, once it is there.
+fn read_pid(path: &Path) -> libc::pid_t {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(Instant::now() < until, "{} never written", path.display());
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `pid` is a live process (a zombie, dead but not reaped yet, is not).
+fn alive(pid: libc::pid_t) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) S ...`: the state follows the last `)`.
+    let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+    !matches!(
+        state.and_then(|rest| rest.chars().next()),
+        Some('Z' | 'X') | None
+    )
+}
+
+/// Waits until none of `pids` is alive; panics naming those still alive after the patience.
+fn assert_all_die(pids: &[libc::pid_t], what: &str) {
+    let until = Instant::now() + PATIENCE;
+    while pids.iter().any(|&pid| alive(pid)) {
+        if Instant::now() >= until {
+            let left: Vec<_> = pids.iter().filter(|&&pid| alive(pid)).collect();
+            // Do not leave them running after the test.
+            for &&pid in &left {
+                // SAFETY: kill has no memory effects.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            panic!("{what}: still running after latchkey lock died: {left:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_killed_lock_takes_its_command_and_the_commands_children_along() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let dir = scratch("group");
+    let script = "echo $$ > cmd.pid; sleep 300 & echo $! > child.pid; wait";
+    let mut lock = latchkey();
+    lock.args(["lock", "--server", &addr, "--lease", "1s", "jobs/orphan"])
+        .args(["--", "sh", "-c", script])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: setsid is async-signal-safe and touches no memory of ours. Without a controlling
+    // terminal, as under cron or systemd.
+    unsafe {
+        lock.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut lock = lock.spawn().unwrap();
+    let command = read_pid(&dir.join("cmd.pid"));
+    let child = read_pid(&dir.join("child.pid"));
+    assert!(alive(command) && alive(child));
+    lock.kill().unwrap();
+    lock.wait().unwrap();
+    assert_all_die(&[command, child], "the command and its child");
+
+    // The lease runs out; the next holder is alone.
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let ticket = observer
+        .acquire(
+            "jobs/orphan",
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert!(!alive(command) && !alive(child));
+    drop(ticket);
+}
+
+#[test]
+fn a_killed_lock_takes_its_command_along_whatever_its_terminal() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let dir = scratch("plain");
+    // `exec`: the command's pid is the shell's, and the death signal survives the exec.
+    let script = "echo $$ > cmd.pid; exec sleep 300";
+    let mut lock = latchkey()
+        .args([
+            "lock",
+            "--server",
+            &addr,
+            "jobs/plain",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .current_dir(&dir)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let command = read_pid(&dir.join("cmd.pid"));
+    assert!(alive(command));
+    lock.kill().unwrap();
+    lock.wait().unwrap();
+    assert_all_die(&[command], "the command");
+}
