@@ -2,7 +2,7 @@
 //! `cli/ping.rs`), and `latchkey stats` and `keys`, the admin requests (`cli/admin.rs`).
 //!
 //! `latchkey lock [--server ADDR] [--transport-timeout 5s] [--wait 10s] [--lease 30s]
-//! [--grace 5s] [--conflict-exit-code N] [--quiet] KEY -- CMD [ARGS..]`
+//! [--grace 5s] [--conflict-exit-code N] [--failure-exit-code N] [--quiet] KEY -- CMD [ARGS..]`
 //! takes the lock, runs CMD with `LATCHKEY_KEY` and `LATCHKEY_TOKEN` in its environment,
 //! extends the lease every lease/3 while CMD runs, releases the lock when CMD exits and exits
 //! with CMD's status. If the lease is lost (the server says the token no longer holds the key,
@@ -41,6 +41,10 @@
 //! | 84 | rejected: the server refused the request (`stats`, `keys`: not a 200 with JSON) |
 //! | 85 | lease lost while CMD ran; CMD was signalled |
 //! | 126, 127 | CMD could not be run / was not found (the lock was released) |
+//!
+//! `latchkey lock --failure-exit-code N` exits N in place of each code of its own (all but
+//! CMD's status and a conflict's `--conflict-exit-code`; usage errors included, see
+//! [`lock_failure_exit_code`]), so that a script can tell CMD's exit 2 from a usage error.
 //!
 //! A key the server refuses to this client's identity (`X` 8, where the server has
 //! authorization rules) is such a refusal: exit 84, and the message names the key and says it
@@ -123,7 +127,21 @@ Signals:
   SIGSTOP                  CMD runs on while latchkey lock is stopped and extends nothing;
                            after SIGCONT, a lease that ran out meanwhile counts as lost
   lease lost               CMD gets SIGTERM, then SIGKILL after --grace (its whole group
-                           without a terminal); latchkey lock exits 85";
+                           without a terminal); latchkey lock exits 85
+
+Exit codes:
+  CMD's status  CMD ran under the lock (128 + N: CMD was killed by signal N)
+  2         usage: bad arguments
+  80        held by someone else: not acquired within --wait (N with --conflict-exit-code N)
+  81        busy: the server is at a capacity limit or shutting down
+  82        indeterminate: the acquire may have reached the server, no definitive answer
+  83        unavailable: nothing was executed (no server reachable, no leader for the key)
+  84        rejected: the server refused the request (e.g. the key is forbidden)
+  85        the lease was lost while CMD ran; CMD was signalled
+  126, 127  CMD could not be executed / was not found (the lock was released)
+With --failure-exit-code N, latchkey lock exits N instead of each of these but CMD's status
+(and a conflict's --conflict-exit-code), so that a script can tell CMD's exit 2 from a usage
+error.";
 
 /// An acquire allowed at least this long says at once that it cannot connect (and retries).
 const NOTICE_ALLOWANCE_MIN: Duration = Duration::from_secs(1);
@@ -239,6 +257,11 @@ pub struct LockArgs {
     /// Exit N, instead of 80, when the lock is held by someone else (like `flock -E N`).
     #[arg(long, value_name = "N")]
     pub conflict_exit_code: Option<u8>,
+    /// Exit N whenever latchkey lock itself fails (2, 80-85, 126, 127: the lock not taken,
+    /// the lease lost, CMD not run), so that every other status is CMD's own; pick an N that
+    /// CMD never exits with. A conflict exits --conflict-exit-code when that is given.
+    #[arg(long, value_name = "N")]
+    pub failure_exit_code: Option<u8>,
     /// Say nothing when the lock is held by someone else, nor that the lease was rounded up
     /// (errors are still said).
     #[arg(long, short)]
@@ -638,27 +661,69 @@ fn note_lease_rounding(args: &LockArgs) {
     }
 }
 
-/// How `latchkey lock` ends: with CMD's own status, or with an outcome of its own (the lock not
-/// taken, the lease lost, CMD not run).
+/// How `latchkey lock` ends: with CMD's own status, with the code the caller chose for a
+/// conflict, or with an outcome of its own (the lock not taken, the lease lost, CMD not run).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LockExit {
     /// CMD ran under the lock and exited with this status (128 + N: killed by signal N).
     Command(u8),
-    /// `latchkey lock`'s own exit code.
+    /// The key was held by someone else and `--conflict-exit-code` chose this code.
+    Chosen(u8),
+    /// `latchkey lock`'s own exit code (`--failure-exit-code` replaces it).
     Own(u8),
 }
 
 impl LockExit {
-    fn code(self) -> ExitCode {
+    /// The exit code, with `--failure-exit-code` (`failure`) in place of an own one.
+    fn code(self, failure: Option<u8>) -> u8 {
         match self {
-            LockExit::Command(code) | LockExit::Own(code) => ExitCode::from(code),
+            LockExit::Command(code) | LockExit::Chosen(code) => code,
+            LockExit::Own(code) => failure.unwrap_or(code),
         }
     }
 }
 
 /// `latchkey lock KEY -- CMD [ARGS..]`: see the module docs.
 pub fn run_lock(args: LockArgs) -> ExitCode {
-    lock(&args).code()
+    ExitCode::from(lock(&args).code(args.failure_exit_code))
+}
+
+/// The `--failure-exit-code N` of a `latchkey lock` command line (the whole of it, program
+/// name first), found without parsing the rest: what a usage error of that command line exits
+/// with. `None` for other commands, or when the flag is absent or malformed.
+///
+/// ```
+/// use latchkey::cli::lock_failure_exit_code;
+///
+/// let line = |words: &[&str]| words.iter().map(Into::into).collect::<Vec<_>>();
+/// let usage = line(&["latchkey", "lock", "--failure-exit-code", "99", "--wait", "1.5s"]);
+/// assert_eq!(lock_failure_exit_code(usage), Some(99));
+/// assert_eq!(lock_failure_exit_code(line(&["latchkey", "lock", "--failure-exit-code=7"])), Some(7));
+/// let cmd_flag = line(&["latchkey", "lock", "k", "--", "cmd", "--failure-exit-code", "9"]);
+/// assert_eq!(lock_failure_exit_code(cmd_flag), None);
+/// assert_eq!(lock_failure_exit_code(line(&["latchkey", "query", "k"])), None);
+/// ```
+pub fn lock_failure_exit_code(line: impl IntoIterator<Item = OsString>) -> Option<u8> {
+    const FLAG: &str = "--failure-exit-code";
+    let mut words = line.into_iter().skip(1);
+    if words.next()? != "lock" {
+        return None;
+    }
+    let mut words = words.take_while(|word| word != "--");
+    // Bounded by the command line.
+    while let Some(word) = words.next() {
+        let word = word.to_str()?.to_owned();
+        if word == FLAG {
+            return words.next()?.to_str()?.parse().ok();
+        }
+        if let Some(value) = word
+            .strip_prefix(FLAG)
+            .and_then(|rest| rest.strip_prefix('='))
+        {
+            return value.parse().ok();
+        }
+    }
+    None
 }
 
 /// Takes the lock and runs CMD under it; how `latchkey lock` ends.
@@ -670,16 +735,15 @@ fn lock(args: &LockArgs) -> LockExit {
     note_lease_rounding(args);
     let ticket = match acquire_with_notice(&client, args) {
         Ok(ticket) => ticket,
-        Err(AcquireError::Timeout) if args.quiet => {
-            return LockExit::Own(args.conflict_exit_code.unwrap_or(EXIT_TIMEOUT));
-        }
         Err(error) => {
-            let message = acquire_message(&client, addr, args, &error);
-            eprintln!("latchkey lock: {}: {message}", shown_key(&args.key));
-            let conflict = args
-                .conflict_exit_code
-                .filter(|_| error == AcquireError::Timeout);
-            return LockExit::Own(conflict.unwrap_or_else(|| acquire_exit_code(&error)));
+            if error != AcquireError::Timeout || !args.quiet {
+                let message = acquire_message(&client, addr, args, &error);
+                eprintln!("latchkey lock: {}: {message}", shown_key(&args.key));
+            }
+            return match args.conflict_exit_code {
+                Some(code) if error == AcquireError::Timeout => LockExit::Chosen(code),
+                _ => LockExit::Own(acquire_exit_code(&error)),
+            };
         }
     };
     let environment = [
@@ -740,6 +804,7 @@ mod tests {
             lease: Duration::from_secs(30),
             grace: Duration::from_secs(5),
             conflict_exit_code: Some(0),
+            failure_exit_code: None,
             quiet: true,
             key: "jobs/a".into(),
             command: vec!["true".into()],

@@ -145,7 +145,10 @@ fn main() -> ExitCode {
         return cli::run_lock_guard(guard.args);
     }
     cli::enable_lock_guard();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error),
+    };
     match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
         Command::Serve(args) => serve(args),
         Command::Lock(args) => cli::run_lock(args),
@@ -160,6 +163,19 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "latchkey", &mut stdout);
             ExitCode::SUCCESS
         }
+    }
+}
+
+/// Says a command line's error (or prints the help or version it asked for) and exits:
+/// with 2 for a usage error, or with `latchkey lock --failure-exit-code N`'s N.
+fn usage_error(error: &clap::Error) -> ExitCode {
+    let failure = cli::lock_failure_exit_code(std::env::args_os());
+    match failure.filter(|_| error.use_stderr()) {
+        Some(code) => {
+            let _ = error.print();
+            ExitCode::from(code)
+        }
+        None => error.exit(),
     }
 }
 

@@ -139,3 +139,91 @@ fn a_killed_lock_takes_its_command_along_whatever_its_terminal() {
     lock.wait().unwrap();
     assert_all_die(&[command], "the command");
 }
+
+#[test]
+fn the_help_lists_the_exit_codes_and_what_each_signal_does() {
+    let output = latchkey().args(["lock", "--help"]).output().unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for code in ["80", "81", "82", "83", "84", "85", "126, 127"] {
+        let listed = help.lines().any(|line| line.trim_start().starts_with(code));
+        assert!(listed, "exit code {code} in\n{help}");
+    }
+    for part in [
+        "SIGINT, SIGTERM, SIGHUP",
+        "SIGKILL",
+        "SIGSTOP",
+        "--failure-exit-code",
+    ] {
+        assert!(help.contains(part), "{part} in\n{help}");
+    }
+}
+
+#[test]
+fn a_failure_exit_code_tells_latchkeys_own_failures_from_the_commands_status() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let _held = observer
+        .acquire("jobs/held", Duration::from_secs(1), Duration::from_secs(30))
+        .unwrap();
+    let dead = common::dead_addr().to_string();
+    let status = |words: &[&str]| {
+        let output = latchkey().args(words).output().unwrap();
+        output.status.code()
+    };
+    let failure = ["--failure-exit-code", "99"];
+    // CMD's own 2 stays 2.
+    let run = [
+        "lock",
+        "--server",
+        &addr,
+        failure[0],
+        failure[1],
+        "jobs/free",
+    ];
+    assert_eq!(
+        status(&[&run[..], &["--", "sh", "-c", "exit 2"]].concat()),
+        Some(2)
+    );
+    // A usage error, the lock not taken, CMD not found: 99.
+    let usage = [
+        "lock", failure[0], failure[1], "--wait", "1.5s", "k", "--", "true",
+    ];
+    assert_eq!(status(&usage), Some(99));
+    let joined = [
+        "lock",
+        "--failure-exit-code=99",
+        "--wait",
+        "1.5s",
+        "k",
+        "--",
+        "true",
+    ];
+    assert_eq!(status(&joined), Some(99));
+    let unavailable = [
+        "lock", "--server", &dead, failure[0], failure[1], "k", "--", "true",
+    ];
+    assert_eq!(status(&unavailable), Some(99));
+    let held = [
+        "lock",
+        "--server",
+        &addr,
+        failure[0],
+        failure[1],
+        "--wait",
+        "0",
+        "jobs/held",
+    ];
+    assert_eq!(status(&[&held[..], &["--", "true"]].concat()), Some(99));
+    let missing = [&run[..], &["--", "/nonexistent/latchkey-test-command"]].concat();
+    assert_eq!(status(&missing), Some(99));
+    // A conflict keeps the code chosen for it.
+    let chosen = [&held[..], &["--conflict-exit-code", "0", "--", "true"]].concat();
+    assert_eq!(status(&chosen), Some(0));
+    // Without the flag, the codes of old.
+    assert_eq!(
+        status(&["lock", "--wait", "1.5s", "k", "--", "true"]),
+        Some(2)
+    );
+}

@@ -34,6 +34,7 @@ fn lock_args(server: String, key: &str, wait: Duration, lease: Duration, script:
         lease,
         grace: ms(500),
         conflict_exit_code: None,
+        failure_exit_code: None,
         quiet: false,
         key: key.to_owned(),
         command: ["sh", "-c", script].iter().map(OsString::from).collect(),
