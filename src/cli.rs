@@ -58,20 +58,21 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
 
-use latchkey_client::protocol::ErrorCode;
 use latchkey_client::tls::ClientFiles;
 use latchkey_client::{
-    AcquireError, Client, ClientConfig, ClientTls, KeyState, RequestError, Ticket, DEFAULT_ADDR,
+    AcquireError, Client, ClientConfig, ClientTls, KeyState, RequestError, SessionFailure, Ticket,
+    DEFAULT_ADDR,
 };
 
 mod admin;
 mod child;
 mod cluster;
 mod duration;
+mod messages;
 mod ping;
 mod servers;
 mod supervise;
@@ -82,6 +83,7 @@ pub use admin::{run_keys, run_stats, KeysArgs, StatsArgs};
 pub use child::{enable_lock_guard, run_lock_guard, GuardArgs};
 pub use cluster::{run_cluster, ClusterCommand, ClusterLeaderArgs, ClusterStatusArgs};
 pub use duration::{format_duration, parse_duration};
+use messages::{acquire_message, allowance_text, request_message, Tried};
 pub use ping::{run_ping, run_ping_command, PingCommand};
 use supervise::{release, supervise};
 
@@ -161,6 +163,11 @@ pub struct ConnectArgs {
     /// ping, a `--wait 0` acquire, and the answer to the Cancel sent when `--wait` runs out.
     #[arg(long, default_value = "5s", value_parser = parse_transport_timeout)]
     pub transport_timeout: Duration,
+    /// Keep trying a refused connection (nothing listens: a server restarting) until --wait
+    /// (or --transport-timeout) runs out. Without it a command fails at once, like `flock -n`,
+    /// when every member in --server refused; other failures are retried either way.
+    #[arg(long)]
+    pub retry_refused: bool,
     /// TLS to the server.
     #[command(flatten)]
     pub tls: TlsArgs,
@@ -200,6 +207,7 @@ impl ConnectArgs {
         ConnectArgs {
             server: server.into(),
             transport_timeout: ClientConfig::default().transport_timeout,
+            retry_refused: false,
             tls: TlsArgs::default(),
         }
     }
@@ -463,6 +471,7 @@ fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAdd
         connect_timeout: connect_timeout(connect.transport_timeout, distinct.len()),
         transport_timeout: connect.transport_timeout,
         tls,
+        retry_refused: connect.retry_refused,
         ..ClientConfig::default()
     };
     match Client::with_config(config) {
@@ -471,95 +480,6 @@ fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAdd
             eprintln!("latchkey {command}: {error}");
             Err(EXIT_UNAVAILABLE)
         }
-    }
-}
-
-/// Why the server could not be reached or talked to: the failure the client remembers (address
-/// and cause), else the address and `fallback`.
-fn failure_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
-    match client.last_session_failure() {
-        Some(failure) => failure.to_string(),
-        None => format!("{addr}: {fallback}"),
-    }
-}
-
-/// What to say about a call that ended unavailable: what the members did (no leader, no
-/// quorum, a leader that cannot be reached...), else why the server could not be reached.
-fn unavailable_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
-    match client.last_unavailable() {
-        // A member answered: it is not a matter of reaching "the server".
-        Some(report) if report.reachable() > 0 || report.listed() > 1 => report.to_string(),
-        Some(report) if !report.members().is_empty() => {
-            format!("cannot reach the server: {report}")
-        }
-        _ => format!(
-            "cannot reach the server: {}",
-            failure_text(client, addr, fallback)
-        ),
-    }
-}
-
-/// What to say about a query or ping that got no answer.
-fn request_message(client: &Client, addr: SocketAddr, error: &RequestError) -> String {
-    match error {
-        RequestError::Unavailable => {
-            unavailable_text(client, addr, "no connection within --transport-timeout")
-        }
-        RequestError::NoAnswer => {
-            failure_text(client, addr, "no answer within --transport-timeout")
-        }
-        // Only keyed requests are refused so; the caller names the key.
-        RequestError::Rejected(ErrorCode::Forbidden) => format!("{addr}: {FORBIDDEN_TEXT}"),
-        other => format!("{addr}: {other}"),
-    }
-}
-
-/// How long an acquire of `latchkey lock` may take, as its flags say it.
-fn allowance_text(args: &LockArgs) -> String {
-    if args.wait.is_zero() {
-        let timeout = format_duration(args.connect.transport_timeout);
-        format!("--transport-timeout {timeout} (--wait 0)")
-    } else {
-        format!("--wait {}", format_duration(args.wait))
-    }
-}
-
-/// What to say about an acquire of `latchkey lock` that did not return a ticket.
-fn acquire_message(
-    client: &Client,
-    addr: SocketAddr,
-    args: &LockArgs,
-    error: &AcquireError,
-) -> String {
-    match error {
-        AcquireError::Timeout if args.wait.is_zero() => {
-            "the lock is held by someone else (--wait 0 tries once)".to_owned()
-        }
-        AcquireError::Timeout => format!(
-            "the lock is held by someone else: not acquired within --wait {}",
-            format_duration(args.wait)
-        ),
-        AcquireError::Unavailable => {
-            let allowance = allowance_text(args);
-            match client.last_unavailable() {
-                Some(report) if report.reachable() > 0 || report.listed() > 1 => {
-                    format!("{report}; nothing was executed within {allowance}")
-                }
-                Some(report) if !report.members().is_empty() => {
-                    format!("cannot reach the server within {allowance}: {report}")
-                }
-                _ => {
-                    let cause = failure_text(client, addr, "no connection was established");
-                    format!("cannot reach the server within {allowance}: {cause}")
-                }
-            }
-        }
-        AcquireError::Indeterminate => match client.last_session_failure() {
-            Some(failure) => format!("{error}; the session failed: {failure}"),
-            None => error.to_string(),
-        },
-        AcquireError::Rejected(ErrorCode::Forbidden) => FORBIDDEN_TEXT.to_owned(),
-        other => other.to_string(),
     }
 }
 
@@ -579,8 +499,11 @@ fn acquire_with_notice(client: &Client, args: &LockArgs) -> Result<Ticket, Acqui
     thread::scope(|scope| {
         scope.spawn(move || {
             while done.recv_timeout(NOTICE_POLL) == Err(RecvTimeoutError::Timeout) {
-                // Only a session that never connected: nothing was sent, a retry follows.
-                if let Some(failure) = client.last_session_failure().filter(|f| !f.connected()) {
+                // Only a session that never connected: nothing was sent, a retry follows (not
+                // after a refusal without --retry-refused: the call ends at once then).
+                let retried = |f: &SessionFailure| args.connect.retry_refused || !f.refused();
+                let failure = client.last_session_failure();
+                if let Some(failure) = failure.filter(|f| !f.connected() && retried(f)) {
                     let until = allowance_text(args);
                     eprintln!("latchkey lock: {failure}; retrying until {until} runs out");
                     return;
@@ -610,13 +533,15 @@ pub fn run_query_command(command: QueryCommand) -> ExitCode {
         Ok(found) => found,
         Err(code) => return ExitCode::from(code),
     };
+    let start = Instant::now();
     match client.query(&args.key) {
         Ok(state) => {
             println!("{}", query_text(&args.key, &state, command.output));
             ExitCode::SUCCESS
         }
         Err(error) => {
-            let message = request_message(&client, addr, &error);
+            let tried = Tried::request(&args.connect, start.elapsed());
+            let message = request_message(&client, addr, &error, &tried);
             eprintln!("latchkey query: {}: {message}", shown_key(&args.key));
             ExitCode::from(request_exit_code(&error))
         }
@@ -733,11 +658,13 @@ fn lock(args: &LockArgs) -> LockExit {
         Err(code) => return LockExit::Own(code),
     };
     note_lease_rounding(args);
+    let start = Instant::now();
     let ticket = match acquire_with_notice(&client, args) {
         Ok(ticket) => ticket,
         Err(error) => {
             if error != AcquireError::Timeout || !args.quiet {
-                let message = acquire_message(&client, addr, args, &error);
+                let tried = Tried::acquire(args, start.elapsed());
+                let message = acquire_message(&client, addr, args, &error, &tried);
                 eprintln!("latchkey lock: {}: {message}", shown_key(&args.key));
             }
             return match args.conflict_exit_code {
@@ -769,6 +696,7 @@ fn lock(args: &LockArgs) -> LockExit {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use latchkey_client::protocol::ErrorCode;
 
     #[test]
     fn each_member_gets_an_equal_share_of_the_transport_timeout_to_connect() {
@@ -809,18 +737,20 @@ mod tests {
             key: "jobs/a".into(),
             command: vec!["true".into()],
         };
+        let tried = Tried::acquire(&args, Duration::from_millis(1));
         let rejected = AcquireError::Rejected(forbidden);
         assert_eq!(
-            acquire_message(&client, addr, &args, &rejected),
+            acquire_message(&client, addr, &args, &rejected, &tried),
             FORBIDDEN_TEXT
         );
-        let refused = request_message(&client, addr, &RequestError::Rejected(forbidden));
+        let rejected = RequestError::Rejected(forbidden);
+        let refused = request_message(&client, addr, &rejected, &tried);
         assert_eq!(refused, format!("127.0.0.1:1: {FORBIDDEN_TEXT}"));
         assert!(FORBIDDEN_TEXT.starts_with("the key is forbidden for this identity (X 8)"));
         // Other rejections keep the server's words.
         let other = AcquireError::Rejected(ErrorCode::LeaseZero);
         assert_eq!(
-            acquire_message(&client, addr, &args, &other),
+            acquire_message(&client, addr, &args, &other, &tried),
             other.to_string()
         );
         assert_eq!(acquire_exit_code(&other), EXIT_REJECTED);

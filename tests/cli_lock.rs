@@ -227,3 +227,95 @@ fn a_failure_exit_code_tells_latchkeys_own_failures_from_the_commands_status() {
         Some(2)
     );
 }
+
+/// Runs `latchkey` with `words`; its exit code, its stderr and how long it took.
+fn run_timed(words: &[&str]) -> (Option<i32>, String, Duration) {
+    let start = Instant::now();
+    let output = latchkey().args(words).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status.code(), stderr, start.elapsed())
+}
+
+#[test]
+fn against_a_refused_port_every_command_fails_at_once_and_says_so_in_one_line() {
+    let dead = common::dead_addr().to_string();
+    // A transport timeout far longer than the slack: retrying until it runs out would show.
+    let patience = ["--server", &dead, "--transport-timeout", "60s"];
+    let cron_guard = [
+        "lock",
+        "--wait",
+        "0",
+        "--conflict-exit-code",
+        "0",
+        "--quiet",
+    ];
+    let runs: [Vec<&str>; 5] = [
+        [&cron_guard[..], &patience, &["jobs/report", "--", "true"]].concat(),
+        [
+            &["lock", "--wait", "60s"][..],
+            &patience,
+            &["k", "--", "true"],
+        ]
+        .concat(),
+        [&["query"][..], &patience, &["k"]].concat(),
+        [&["ping"][..], &patience].concat(),
+        [&["stats"][..], &patience].concat(),
+    ];
+    for words in runs {
+        let (code, stderr, took) = run_timed(&words);
+        assert_eq!(code, Some(83), "{words:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{words:?}: one line: {stderr}");
+        assert!(stderr.contains("connection refused"), "{words:?}: {stderr}");
+        let tried = "(tried for ";
+        assert!(stderr.contains(tried), "{words:?}: how long: {stderr}");
+        assert!(
+            stderr.contains("--retry-refused keeps trying"),
+            "{words:?}: {stderr}"
+        );
+        assert!(
+            took < Duration::from_secs(30),
+            "{words:?}: at once, not {took:?}"
+        );
+    }
+}
+
+#[test]
+fn with_retry_refused_a_command_keeps_trying_until_its_allowance_runs_out() {
+    let dead = common::dead_addr().to_string();
+    let retry = [
+        "--server",
+        &dead,
+        "--retry-refused",
+        "--transport-timeout",
+        "1s",
+    ];
+    let runs: [(Vec<&str>, &str); 4] = [
+        (
+            [&["lock", "--wait", "0"][..], &retry, &["k", "--", "true"]].concat(),
+            "of --transport-timeout 1s (--wait 0))",
+        ),
+        (
+            [&["query"][..], &retry, &["k"]].concat(),
+            "of --transport-timeout 1s)",
+        ),
+        (
+            [&["ping"][..], &retry].concat(),
+            "of --transport-timeout 1s) (seq=1)",
+        ),
+        (
+            [&["stats"][..], &retry].concat(),
+            "of --transport-timeout 1s)",
+        ),
+    ];
+    for (words, end) in runs {
+        let (code, stderr, took) = run_timed(&words);
+        assert_eq!(code, Some(83), "{words:?}: {stderr}");
+        assert!(
+            took >= Duration::from_secs(1),
+            "{words:?}: never early: {took:?}"
+        );
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(last.ends_with(end), "{words:?}: {stderr}");
+        assert!(last.contains("connection refused"), "{words:?}: {stderr}");
+    }
+}

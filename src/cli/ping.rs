@@ -21,7 +21,8 @@ use std::process::ExitCode;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{cli_client, parse_duration, request_exit_code, request_message, OutputArgs, PingArgs};
+use super::messages::{request_message, Tried};
+use super::{cli_client, parse_duration, request_exit_code, OutputArgs, PingArgs};
 
 /// The longest `--interval`.
 const INTERVAL_MAX: Duration = Duration::from_secs(3600);
@@ -77,6 +78,7 @@ pub fn run_ping_command(command: PingCommand) -> ExitCode {
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             thread::sleep(wait);
         }
+        let sent = Instant::now();
         match client.ping() {
             Ok(rtt) => {
                 tally.pong(rtt);
@@ -86,7 +88,8 @@ pub fn run_ping_command(command: PingCommand) -> ExitCode {
             }
             Err(error) => {
                 tally.lost();
-                let message = request_message(&client, addr, &error);
+                let tried = Tried::request(&command.ping.connect, sent.elapsed());
+                let message = request_message(&client, addr, &error, &tried);
                 eprintln!("latchkey ping: {message} (seq={seq})");
                 exit_code = ExitCode::from(request_exit_code(&error));
             }

@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::child::Started;
+use super::format_duration;
+use super::messages::{unavailable_text, Tried};
 use super::{shown_key, LockArgs, LockExit, EXIT_INDETERMINATE, EXIT_LEASE_LOST, FORBIDDEN_TEXT};
 use latchkey_client::protocol::ErrorCode;
 use latchkey_client::{Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
@@ -144,6 +146,7 @@ fn extend_until_stopped(
         if stop.recv_deadline(next) != Err(RecvTimeoutError::Timeout) {
             return;
         }
+        let start = Instant::now();
         match ticket.extend(lease) {
             Ok(ExtendOutcome::Extended) => next = Instant::now() + period,
             Ok(ExtendOutcome::NotHeld) => {
@@ -163,7 +166,7 @@ fn extend_until_stopped(
             Err(error) => {
                 let now = Instant::now();
                 let left = ticket.valid_until().saturating_duration_since(now);
-                let why = failure(ticket.client(), &error);
+                let why = failure(ticket.client(), &error, now - start);
                 if left.is_zero() {
                     // The watcher reports the lease lost at the bound; nothing left to keep.
                     eprintln!("latchkey lock: extend failed: {why}");
@@ -235,6 +238,7 @@ fn status_code(status: ExitStatus) -> u8 {
 pub(super) fn release(ticket: Ticket) {
     let key = shown_key(ticket.key());
     let client = ticket.client().clone();
+    let start = Instant::now();
     match ticket.release() {
         Ok(ReleaseOutcome::Released) => {}
         Ok(ReleaseOutcome::NotHeld) => {
@@ -246,7 +250,7 @@ pub(super) fn release(ticket: Ticket) {
             )
         }
         Err(error) => {
-            let why = failure(&client, &error);
+            let why = failure(&client, &error, start.elapsed());
             eprintln!("latchkey lock: release failed ({why}); the lease recovers it")
         }
     }
@@ -255,11 +259,18 @@ pub(super) fn release(ticket: Ticket) {
 /// Why an extend or release got no answer, as true as the client knows it: when nothing was
 /// sent, what the cluster's members did (no leader, no quorum...) or why the server could not
 /// be reached.
-fn failure(client: &Client, error: &RequestError) -> String {
+fn failure(client: &Client, error: &RequestError, elapsed: Duration) -> String {
     match error {
         RequestError::Unavailable => {
             let addr = client.config().addrs[0];
-            super::unavailable_text(client, addr, "no connection within --transport-timeout")
+            let timeout = format_duration(client.config().transport_timeout);
+            let tried = Tried {
+                elapsed,
+                allowance: format!("--transport-timeout {timeout}"),
+                // Not a word of --retry-refused: the supervisor tries again on its own.
+                retry_refused: true,
+            };
+            unavailable_text(client, addr, &tried)
         }
         other => other.to_string(),
     }

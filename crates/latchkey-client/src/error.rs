@@ -21,6 +21,7 @@ pub struct SessionFailure {
     addr: SocketAddr,
     cause: String,
     connected: bool,
+    refused: bool,
 }
 
 impl SessionFailure {
@@ -29,7 +30,13 @@ impl SessionFailure {
             addr,
             cause,
             connected,
+            refused: false,
         }
+    }
+
+    /// The same failure, saying whether the TCP connection was refused.
+    pub(crate) fn with_refused(self, refused: bool) -> SessionFailure {
+        SessionFailure { refused, ..self }
     }
 
     /// The server address of the session.
@@ -46,6 +53,13 @@ impl SessionFailure {
     /// nothing, so the calls it held are tried again on another session until their deadline.
     pub fn connected(&self) -> bool {
         self.connected
+    }
+
+    /// Whether the TCP connection was refused: nothing listens at the address (a server that is
+    /// down, or restarting). Unless [`ClientConfig::retry_refused`](super::ClientConfig) is
+    /// set, a call ends at once when every listed address refused it.
+    pub fn refused(&self) -> bool {
+        self.refused
     }
 }
 

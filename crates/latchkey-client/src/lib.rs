@@ -21,8 +21,11 @@
 //! * A request counts as *definitely not sent* only while none of its bytes has been handed
 //!   to the socket (or its session was refused with `X` code 7). Only such a request is tried
 //!   again on another session, with backoff of at most 250 ms, until the deadline — except
-//!   after a TLS error in the handshake (a certificate refused by either side), which another
-//!   attempt would meet again: the call ends [`Unavailable`](AcquireError::Unavailable) at once.
+//!   after a TLS error in the handshake (a certificate refused by either side), or an answer
+//!   that is not latchkey's (a TLS server to a plaintext client), which another attempt would
+//!   meet again, and once every listed address refused the TCP connection (nothing listens
+//!   there; unless [`ClientConfig::retry_refused`]): the call ends
+//!   [`Unavailable`](AcquireError::Unavailable) at once.
 //! * At the deadline an unsent request ends [`Timeout`](AcquireError::Timeout) (it waited on
 //!   an established session) or [`Unavailable`](AcquireError::Unavailable) (it did not); a
 //!   sent, unanswered acquire
@@ -175,6 +178,12 @@ pub struct ClientConfig {
     pub session_calls_max: usize,
     /// TLS to the server, or `None` (the default) for plaintext.
     pub tls: Option<ClientTls>,
+    /// Whether a refused connection (nothing listens at the address: a server down or
+    /// restarting) is tried again until the call's deadline, like any other unsent attempt.
+    /// Default `false`: a call ends [`Unavailable`](AcquireError::Unavailable) at once when
+    /// every listed address refused it (as `flock -n` fails at once); other failures (a
+    /// connect that times out, a silent server, `X` 7) are retried either way.
+    pub retry_refused: bool,
 }
 
 /// How a client speaks TLS to the server.
@@ -204,6 +213,7 @@ impl Default for ClientConfig {
             transport_timeout: Duration::from_secs(5),
             session_calls_max: 4096,
             tls: None,
+            retry_refused: false,
         }
     }
 }

@@ -1,17 +1,16 @@
 //! Asking every member at once: one thread per `--server` item, each making its admin `GET`s
-//! with its own `--transport-timeout`, so that a member that does not answer (stopped,
+//! with its own `--transport-timeout` (and `--retry-refused`), so that a member that does not answer (stopped,
 //! partitioned) costs the command one timeout, not one per member, and the others' answers
 //! still count.
 //!
 //! Deliberately not here: the HTTP of one request (`fetch`), merging (`merge.rs`).
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use serde_json::Value;
 
 use super::merge::MemberAnswer;
-use super::{fetch, Failure};
+use super::{fetch, Failure, Patience};
 use latchkey_client::tls::Connector;
 
 /// `GET` each of `targets` in turn from every member of `items` (one thread per member, all at
@@ -20,13 +19,13 @@ use latchkey_client::tls::Connector;
 pub(crate) fn gather(
     items: &[(String, Vec<SocketAddr>)],
     targets: &[&str],
-    timeout: Duration,
+    patience: Patience,
     tls: Option<&Connector>,
 ) -> Vec<Vec<MemberAnswer>> {
     std::thread::scope(|scope| {
         let threads: Vec<_> = items
             .iter()
-            .map(|(item, addrs)| scope.spawn(move || ask(item, addrs, targets, timeout, tls)))
+            .map(|(item, addrs)| scope.spawn(move || ask(item, addrs, targets, patience, tls)))
             .collect();
         threads
             .into_iter()
@@ -48,7 +47,7 @@ fn ask(
     item: &str,
     addrs: &[SocketAddr],
     targets: &[&str],
-    timeout: Duration,
+    patience: Patience,
     tls: Option<&Connector>,
 ) -> Vec<MemberAnswer> {
     let mut answers: Vec<MemberAnswer> = Vec::with_capacity(targets.len());
@@ -58,7 +57,7 @@ fn ask(
             .find_map(|a| a.result.as_ref().err().cloned());
         let result = match failed_before {
             Some(error) => Err(error),
-            None => fetch(addrs, target, timeout, tls)
+            None => fetch(addrs, target, patience, tls)
                 .map_err(|failure: Failure| failure.message)
                 .and_then(|body| {
                     serde_json::from_slice(&body)

@@ -309,7 +309,23 @@ fn fetch_failures_name_the_address_and_the_exit_code() {
     let failure = fetch(&[dead], "/stats", Duration::from_secs(5), None).unwrap_err();
     assert_eq!(failure.exit_code, EXIT_UNAVAILABLE);
     let says = format!("cannot reach the server: {dead}: cannot connect: connection refused");
-    assert_eq!(failure.message, says);
+    assert!(failure.message.starts_with(&says), "{}", failure.message);
+    let hint = "nothing listens there; --retry-refused keeps trying until --transport-timeout 5s \
+                runs out)";
+    assert!(failure.message.ends_with(hint), "{}", failure.message);
+    // With --retry-refused, until the timeout runs out (never early).
+    let patience = Patience {
+        timeout: Duration::from_millis(300),
+        retry_refused: true,
+    };
+    let start = Instant::now();
+    let failure = fetch(&[dead], "/stats", patience, None).unwrap_err();
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert!(
+        failure.message.ends_with("of --transport-timeout 300ms)"),
+        "{}",
+        failure.message
+    );
 
     let silent = scripted("GET /stats HTTP/1.1", None);
     let start = Instant::now();
