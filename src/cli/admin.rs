@@ -19,7 +19,8 @@
 //! timeout (or the connection failed mid-answer); 83 when the server cannot be reached (or a
 //! TLS file cannot be used, or the TLS handshake fails, as for the other commands); 84 when the
 //! answer is not a 200 with the expected JSON (including "not a latchkey server" when it is not
-//! HTTP, and "the server speaks TLS" when a TLS server answers a plaintext request).
+//! HTTP); 83 too, with the words of `lock`, `query` and `ping`, when a TLS server answers a
+//! plaintext request ("the server speaks TLS").
 //!
 //! Deliberately not here: HTTP beyond one `GET` answered with a length or by closing (no
 //! keep-alive, chunked encoding or redirects), and retries (the caller decides).
@@ -32,13 +33,14 @@ use std::time::{Duration, Instant};
 use rustls::{AlertDescription, ClientConnection, StreamOwned};
 use serde_json::Value;
 
-use super::messages::{tried_suffix, Tried};
+use super::messages::{tried_suffix, Tried, TLS_HINT};
 use super::{
     fail_servers, format_duration, parse_server_items, shown_key, ConnectArgs, OutputArgs,
     EXIT_BUSY, EXIT_INDETERMINATE, EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE,
 };
 use latchkey_client::protocol::{parse_response, ErrorCode, Response};
 use latchkey_client::tls::Connector;
+use latchkey_client::SPEAKS_TLS;
 
 pub(super) mod gather;
 pub(super) mod merge;
@@ -426,8 +428,15 @@ pub(super) fn fetch(
     let patience = patience.into();
     let timeout = patience.timeout;
     let (tcp, addr) = connect(addrs, patience)?;
-    let named =
-        |failure: Failure| Failure::new(failure.exit_code, format!("{addr}: {}", failure.message));
+    // Said as the other commands say it: a failure to reach the server (nothing was served),
+    // or what the server did.
+    let named = |failure: Failure| {
+        let message = match failure.exit_code {
+            EXIT_UNAVAILABLE => format!("cannot reach the server: {addr}: {}", failure.message),
+            _ => format!("{addr}: {}", failure.message),
+        };
+        Failure::new(failure.exit_code, message)
+    };
     let deadline = Instant::now() + timeout;
     let mut stream = match tls {
         None => AdminStream::Plain(tcp),
@@ -675,9 +684,10 @@ fn not_http(answer: &[u8]) -> Failure {
         );
     }
     if is_tls_record(answer) {
-        let message = "the server speaks TLS (it answered with a TLS record): give --tls-ca FILE \
-                       (or LATCHKEY_TLS_CA)";
-        return Failure::new(EXIT_REJECTED, message);
+        // The words of every client (latchkey_client::SPEAKS_TLS), and the same exit code as
+        // `lock`, `query` and `ping`: nothing was served.
+        let message = format!("{SPEAKS_TLS}: connect with TLS, trusting its CA {TLS_HINT}");
+        return Failure::new(EXIT_UNAVAILABLE, message);
     }
     match parse_response(answer) {
         Ok(Some((

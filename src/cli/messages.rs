@@ -11,9 +11,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use latchkey_client::protocol::ErrorCode;
-use latchkey_client::{AcquireError, Client, RequestError};
+use latchkey_client::{AcquireError, Client, RequestError, SessionFailure, SPEAKS_TLS};
 
 use super::{format_duration, ConnectArgs, LockArgs, FORBIDDEN_TEXT};
+
+/// What a command adds when a TLS server answered a plaintext request ([`SPEAKS_TLS`]): how to
+/// give the client the server's CA on the command line.
+pub(super) const TLS_HINT: &str = "(--tls-ca FILE, or LATCHKEY_TLS_CA)";
 
 /// How a call went: how long it tried, what it was allowed, whether refused connections were
 /// tried again.
@@ -70,10 +74,17 @@ pub(super) fn elapsed_text(elapsed: Duration) -> String {
     format!("{:.1} s", elapsed.as_secs_f64())
 }
 
+/// Whether `failure` is a plaintext session that a TLS server answered.
+fn speaks_tls(failure: &SessionFailure) -> bool {
+    failure.cause().starts_with(SPEAKS_TLS)
+}
+
 /// Why the server could not be reached or talked to: the failure the client remembers (address
-/// and cause), else the address and `fallback`.
+/// and cause, and how to give the CA when the server speaks TLS), else the address and
+/// `fallback`.
 pub(super) fn failure_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
     match client.last_session_failure() {
+        Some(failure) if speaks_tls(&failure) => format!("{failure} {TLS_HINT}"),
         Some(failure) => failure.to_string(),
         None => format!("{addr}: {fallback}"),
     }
@@ -112,7 +123,15 @@ pub(super) fn unavailable_text(client: &Client, addr: SocketAddr, tried: &Tried)
             format!("{report}; nothing was executed")
         }
         Some(report) if !report.members().is_empty() => {
-            format!("cannot reach the server: {report}")
+            let tls = client
+                .last_session_failure()
+                .is_some_and(|f| speaks_tls(&f));
+            let hint = if tls {
+                format!(" {TLS_HINT}")
+            } else {
+                String::new()
+            };
+            format!("cannot reach the server: {report}{hint}")
         }
         _ => {
             let cause = failure_text(client, addr, "no connection was established");

@@ -12,6 +12,12 @@ use std::net::SocketAddr;
 
 use crate::protocol::ErrorCode;
 
+/// How a session failure begins when a TLS server answered the plaintext handshake ping with a
+/// TLS record (an alert): the client must speak TLS, trusting the server's CA. The same words in
+/// every client and command (the `latchkey` commands and the Python client add how to give the
+/// CA), so that a person meets one message wherever they made the mistake.
+pub const SPEAKS_TLS: &str = "the server speaks TLS (it answered with a TLS record)";
+
 /// Why a session to a server ended without the client ending it, as
 /// [`Client::last_session_failure`](super::Client::last_session_failure) reports it: the
 /// address and the cause, for messages to a person (`127.0.0.1:7420: cannot connect:

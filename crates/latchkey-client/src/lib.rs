@@ -143,7 +143,7 @@ mod report;
 mod session;
 mod ticket;
 
-pub use error::{AcquireError, ArgumentError, RequestError, SessionFailure};
+pub use error::{AcquireError, ArgumentError, RequestError, SessionFailure, SPEAKS_TLS};
 pub use exchange::REDIRECTS_MAX;
 pub use members::{LEADER_CACHE_MAX, MEMBERS_MAX};
 pub use report::{MemberState, UnavailableReport};

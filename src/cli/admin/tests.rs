@@ -233,8 +233,8 @@ fn a_tls_answer_to_plaintext_says_to_use_tls() {
         &b"\x15\x03\x03\0\x02\x02\x32"[..],
         b"\x16\x03\x01\0\x7a\x02",
     ] {
-        assert_failure(answer, EXIT_REJECTED, "the server speaks TLS");
-        assert_failure(answer, EXIT_REJECTED, "--tls-ca");
+        assert_failure(answer, EXIT_UNAVAILABLE, latchkey_client::SPEAKS_TLS);
+        assert_failure(answer, EXIT_UNAVAILABLE, "--tls-ca");
     }
     assert!(!is_tls_record(b"\x15\x03"), "too short to tell");
     assert!(!is_tls_record(b"\x15\x02\x00"), "not TLS 1.x");
