@@ -143,6 +143,57 @@ fn ping_text_ends_with_a_summary() {
 }
 
 #[test]
+fn ping_of_several_members_pings_every_one() {
+    let (one, two) = (start_server(|_| {}), start_server(|_| {}));
+    let dead = dead_addr().to_string();
+    let (one, two) = (one.local_addr().to_string(), two.local_addr().to_string());
+    let list = format!("{one},{two}");
+    let output = latchkey(&[
+        "ping",
+        "--server",
+        &list,
+        "--count",
+        "2",
+        "--interval",
+        "10ms",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let text = stdout(&output);
+    for addr in [&one, &two] {
+        for seq in [1, 2] {
+            let pong = format!("pong from {addr}: seq={seq} time=");
+            assert!(text.contains(&pong), "{pong} in\n{text}");
+        }
+        let summary = format!("{addr}: 2 pings, 2 pongs, 0% lost; rtt");
+        assert!(text.contains(&summary), "{summary} in\n{text}");
+    }
+    // JSON: an object per member, a line each; a member that does not answer is lost.
+    let list = format!("{one},{dead}");
+    let output = latchkey(&["ping", "--server", &list, "--json"]);
+    assert_eq!(output.status.code(), Some(EXIT_UNAVAILABLE), "{output:?}");
+    let objects: Vec<Value> = stdout(&output)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(objects.len(), 2, "{objects:?}");
+    assert_eq!(
+        (
+            objects[0]["server"].as_str(),
+            objects[0]["received"].as_u64()
+        ),
+        (Some(one.as_str()), Some(1))
+    );
+    assert_eq!(
+        (
+            objects[1]["server"].as_str(),
+            objects[1]["received"].as_u64()
+        ),
+        (Some(dead.as_str()), Some(0))
+    );
+    assert!(stderr(&output).contains(&dead), "{}", stderr(&output));
+}
+
+#[test]
 fn ping_of_no_server_counts_losses_and_exits_83() {
     let dead = dead_addr().to_string();
     let args = [
