@@ -245,6 +245,49 @@ fn stats_and_keys_of_no_server_exit_83_naming_the_address() {
 }
 
 #[test]
+fn stats_of_several_members_counts_cores_per_member_and_names_each_failure_once() {
+    let one = start_server(|config| config.server.cores = 1);
+    let two = start_server(|config| config.server.cores = 1);
+    let (one, two) = (one.local_addr().to_string(), two.local_addr().to_string());
+    // Accepts (the kernel does, from the backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_addr = silent.local_addr().unwrap().to_string();
+    let dead = dead_addr().to_string();
+    let list = format!("{one},{two},{silent_addr},{dead}");
+    let output = latchkey(&["stats", "--server", &list, "--transport-timeout", "500ms"]);
+    assert_eq!(output.status.code(), Some(EXIT_UNAVAILABLE), "{output:?}");
+    let text = stdout(&output);
+    let cores = text
+        .lines()
+        .find(|line| line.starts_with("cores:"))
+        .unwrap();
+    assert_eq!(
+        cores.split_whitespace().collect::<Vec<_>>(),
+        ["cores:", "1", "per", "member"]
+    );
+    let said = stderr(&output);
+    assert_eq!(said.lines().count(), 2, "{said}");
+    for (line, addr) in said.lines().zip([&silent_addr, &dead]) {
+        assert!(
+            line.starts_with(&format!("latchkey stats: {addr}: ")),
+            "{line}"
+        );
+        assert_eq!(line.matches(addr.as_str()).count(), 1, "{line}");
+    }
+    assert!(said.contains("no complete answer"), "{said}");
+    assert!(said.contains("connection refused"), "{said}");
+    // The # Members section names each once too.
+    for addr in [&silent_addr, &dead] {
+        let row = text
+            .lines()
+            .find(|line| line.starts_with(addr.as_str()))
+            .unwrap();
+        assert_eq!(row.matches(addr.as_str()).count(), 1, "{row}");
+    }
+    drop(silent);
+}
+
+#[test]
 fn stats_of_another_protocol_exit_84_and_usage_errors_exit_2() {
     let redis_like = not_latchkey_server(PATIENCE).to_string();
     let start = Instant::now();

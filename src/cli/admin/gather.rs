@@ -58,7 +58,7 @@ fn ask(
         let result = match failed_before {
             Some(error) => Err(error),
             None => fetch(addrs, target, patience, tls)
-                .map_err(|failure: Failure| failure.message)
+                .map_err(|failure: Failure| without_address(&failure.message, addrs))
                 .and_then(|body| {
                     serde_json::from_slice(&body)
                         .map_err(|e| format!("the answer to GET {target} is not JSON: {e}"))
@@ -70,4 +70,37 @@ fn ask(
         });
     }
     answers
+}
+
+/// A failure's message without the address it names: every place that shows a member's
+/// failure puts the member (its `--server` item) before it, so it would say the address twice
+/// (`127.0.0.1:7421: 127.0.0.1:7421: no complete answer`).
+fn without_address(message: &str, addrs: &[SocketAddr]) -> String {
+    for addr in addrs {
+        let named = format!("{addr}: ");
+        if let Some(at) = message.find(&named) {
+            return format!("{}{}", &message[..at], &message[at + named.len()..]);
+        }
+    }
+    message.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_members_failure_names_no_address_of_its_own() {
+        let addrs: Vec<SocketAddr> = vec!["127.0.0.1:7421".parse().unwrap()];
+        let said = |message: &str| without_address(message, &addrs);
+        assert_eq!(
+            said("127.0.0.1:7421: no complete answer"),
+            "no complete answer"
+        );
+        assert_eq!(
+            said("cannot reach the server: 127.0.0.1:7421: cannot connect: refused"),
+            "cannot reach the server: cannot connect: refused"
+        );
+        assert_eq!(said("10.0.0.1:7421: other"), "10.0.0.1:7421: other");
+    }
 }

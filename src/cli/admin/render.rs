@@ -87,6 +87,7 @@ fn members_section(rows: &[Value]) -> Section {
             "up {}",
             uptime.map_or_else(|| MISSING.to_owned(), uptime_text)
         ));
+        parts.push(format!("cores {}", count(row.get("cores"))));
         parts.push(format!("sessions {}", count(row.get("sessions"))));
         if let Some(led) = row.get("shards_led").and_then(Value::as_u64) {
             let shards = count(row.get("shard_count"));
@@ -122,7 +123,13 @@ fn server_section(stats: &Value) -> Section {
         "uptime",
         uptime.map_or_else(|| MISSING.to_owned(), uptime_text),
     );
-    section.line("cores", count(stats.get("cores")));
+    let cores = count(stats.get("cores"));
+    match stats.get("members") {
+        // Merged figures of several members: cores are each member's own.
+        Some(_) if cores == MISSING => section.line("cores", "differ per member (# Members)"),
+        Some(_) => section.line("cores", format!("{cores} per member")),
+        None => section.line("cores", cores),
+    }
     if let Some(stopping) = stats.get("shutting_down").and_then(Value::as_bool) {
         section.line("state", if stopping { "shutting down" } else { "serving" });
     }
