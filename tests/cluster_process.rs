@@ -364,3 +364,21 @@ fn cluster_status_shows_every_member_its_shards_and_an_unreachable_one() {
         assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
     }
 }
+
+#[test]
+fn a_member_stopping_says_the_cluster_keeps_its_held_locks() {
+    let mut cluster = Cluster::start("cluster-stop-log", 3, 4, false);
+    let key = "jobs/kept";
+    let (leader, token) = acquire_on_leader(&cluster, key, 30);
+    cluster.stop(leader);
+    let log = cluster.members[leader].log.lock().unwrap().clone();
+    let line = log
+        .lines()
+        .find(|line| line.contains("shutting down:"))
+        .unwrap_or_else(|| panic!("no shutdown line in\n{log}"));
+    assert!(line.contains("held locks kept by the cluster"), "{line}");
+    assert!(!line.contains("dropped"), "{line}");
+    // And so it does: another member serves the key, still held by that token.
+    let (_, released) = cluster.call(key, &[leader], FAILOVER_LIMIT, release(key, token));
+    assert_eq!(released, Response::Released { token });
+}
