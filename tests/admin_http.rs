@@ -1,7 +1,7 @@
-//! The admin HTTP requests on the lock port (`GET /metrics`, `/stats`, `/keys`, `/health`)
-//! against a real two-core server: exact figures after a known workload, the key listing,
-//! and hostile HTTP clients (split heads, oversized heads, other methods, slow and flooding
-//! clients) beside a well-behaved lock session whose p99 must stay low.
+//! The admin HTTP requests on the lock port (`GET /metrics`, `/stats`, `/keys`, `/health`, and
+//! `HEAD` of them) against a real two-core server: exact figures after a known workload, the
+//! key listing, and hostile HTTP clients (split heads, oversized heads, other methods, slow and
+//! flooding clients) beside a well-behaved lock session whose p99 must stay low.
 
 use common::probe::{key_per_partition, serial, Probe};
 use common::server::{start_with, test_config, Conn};
@@ -279,10 +279,30 @@ fn odd_requests_are_answered_or_closed() {
     big.resize(9 * 1024, b'a');
     big.extend_from_slice(b"\r\n\r\n");
     assert_eq!(http_raw(addr, &big).0, 431);
+    // HEAD: the answer to GET without its body (a load balancer's probe), and its length.
+    for (path, status, length) in [("/health", 200, 8), ("/nope", 404, 53)] {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let request = format!("HEAD {path} HTTP/1.1\r\nHost: probe\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .expect("the head, then the end");
+        let status_line = format!("HTTP/1.1 {status} ");
+        assert!(answer.starts_with(&status_line), "{answer}");
+        assert!(
+            answer.contains(&format!("Content-Length: {length}\r\n")),
+            "{answer}"
+        );
+        assert!(answer.ends_with("\r\n\r\n"), "no body: {answer}");
+    }
     // Other methods are not admin requests: the lock protocol refuses them and closes.
     for request in [
         &b"POST /metrics HTTP/1.1\r\n\r\n"[..],
-        b"HEAD / HTTP/1.1\r\n\r\n",
+        b"PUT / HTTP/1.1\r\n\r\n",
     ] {
         let mut stream = TcpStream::connect(addr).unwrap();
         stream
