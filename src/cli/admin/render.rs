@@ -342,6 +342,15 @@ pub(super) fn render_keys(keys: &[Value]) -> String {
     out
 }
 
+/// An owner id: a decimal string (what servers send, exact beyond 2^53), or a number (older
+/// servers).
+fn owner_text(value: Option<&Value>) -> String {
+    match value {
+        Some(Value::String(owner)) if owner.bytes().all(|b| b.is_ascii_digit()) => owner.clone(),
+        other => count(other),
+    }
+}
+
 fn key_row(entry: &Value) -> [String; 6] {
     let duration = |name: &str| match entry.get(name).and_then(Value::as_u64) {
         Some(millis) => format_duration(Duration::from_millis(millis)),
@@ -350,7 +359,7 @@ fn key_row(entry: &Value) -> [String; 6] {
     let key = entry.get("key").and_then(Value::as_str);
     [
         key.map_or_else(|| MISSING.to_owned(), shown_key),
-        count(entry.get("owner")),
+        owner_text(entry.get("owner")),
         text(entry.get("peer")),
         duration("held_ms"),
         duration("lease_ms"),

@@ -118,7 +118,7 @@ fn keys_render_as_an_aligned_table() {
     let keys = json(&format!(
         r#"[{{"key":"jobs/a","owner":7,"peer":"127.0.0.1:50122","held_ms":1200,
               "lease_ms":28000,"waiters":0,"extra":true}},
-            {{"key":"{long}","owner":18446744073709551615,"peer":null,"held_ms":120000,
+            {{"key":"{long}","owner":"18446744073709551615","peer":null,"held_ms":120000,
               "lease_ms":0,"waiters":3}},
             {{"key":"tab\there"}}]"#
     ));
