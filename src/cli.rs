@@ -154,9 +154,12 @@ const NOTICE_POLL: Duration = Duration::from_millis(50);
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConnectArgs {
     /// Server address (host:port), or a cluster's members as a comma-separated list
-    /// (a:7420,b:7420,c:7420); defaults to LATCHKEY_SERVER when it is set. `stats`, `keys`
-    /// and `cluster` ask every member and merge what they answer.
-    #[arg(long, env = "LATCHKEY_SERVER", default_value = DEFAULT_ADDR)]
+    /// (a:7420,b:7420,c:7420); defaults to LATCHKEY_SERVER when it is set, else
+    /// 127.0.0.1:7420. `stats`, `keys` and `cluster` ask every member and merge what they
+    /// answer.
+    // The environment is read here, as the default, rather than with clap's `env`: an argument
+    // taken from the environment shows in usage messages as if it were required.
+    #[arg(long, default_value_t = default_server(), hide_default_value = true)]
     pub server: String,
     /// How long the transport may take: a connect (TCP, TLS and a ping round trip; with N
     /// members in --server, each gets 1/N of it), the answer to a release, extend, query or
@@ -173,27 +176,37 @@ pub struct ConnectArgs {
     pub tls: TlsArgs,
 }
 
-/// TLS to the server: shared by every client command and `latchkey bench`.
+/// `--server`'s default: `LATCHKEY_SERVER` when it is set (and not empty), else
+/// [`DEFAULT_ADDR`].
+fn default_server() -> String {
+    std::env::var("LATCHKEY_SERVER")
+        .ok()
+        .filter(|server| !server.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_ADDR.to_owned())
+}
+
+/// The path in environment variable `name`, when it is set and not empty.
+fn env_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+}
+
+/// TLS to the server: shared by every client command and `latchkey bench`. Each flag defaults
+/// to its environment variable, read by [`TlsArgs::client_tls`] (not by clap, whose usage
+/// messages would show a flag taken from the environment as required).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct TlsArgs {
-    /// Speak TLS, trusting the CA certificates (PEM) in FILE for the server's certificate.
-    #[arg(long, env = "LATCHKEY_TLS_CA", value_name = "FILE")]
+    /// Speak TLS, trusting the CA certificates (PEM) in FILE for the server's certificate
+    /// [env: LATCHKEY_TLS_CA].
+    #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
-    /// With --tls-ca: present this certificate chain (PEM), for a server that requires one.
-    #[arg(
-        long,
-        env = "LATCHKEY_TLS_CERT",
-        value_name = "FILE",
-        requires = "tls_key"
-    )]
+    /// With --tls-ca: present this certificate chain (PEM), for a server that requires one
+    /// [env: LATCHKEY_TLS_CERT].
+    #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
-    /// The private key (PEM) of --tls-cert.
-    #[arg(
-        long,
-        env = "LATCHKEY_TLS_KEY",
-        value_name = "FILE",
-        requires = "tls_cert"
-    )]
+    /// The private key (PEM) of --tls-cert [env: LATCHKEY_TLS_KEY].
+    #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
     /// With --tls-ca: the name the server's certificate must carry, when the address (an IP
     /// SAN by default) is not in it.
@@ -219,9 +232,27 @@ impl ConnectArgs {
 }
 
 impl TlsArgs {
-    /// The client's TLS settings: `None` without `--tls-ca`; a usage error when a TLS flag is
-    /// given without it.
+    /// The client's TLS settings: `None` without `--tls-ca` (or `LATCHKEY_TLS_CA`); a usage
+    /// error when a TLS flag is given without it, or a certificate without its key. A flag
+    /// wins over its environment variable.
     pub fn client_tls(&self) -> Result<Option<ClientTls>, String> {
+        let with_env = TlsArgs {
+            tls_ca: self.tls_ca.clone().or_else(|| env_path("LATCHKEY_TLS_CA")),
+            tls_cert: self
+                .tls_cert
+                .clone()
+                .or_else(|| env_path("LATCHKEY_TLS_CERT")),
+            tls_key: self
+                .tls_key
+                .clone()
+                .or_else(|| env_path("LATCHKEY_TLS_KEY")),
+            tls_server_name: self.tls_server_name.clone(),
+        };
+        with_env.client_tls_as_given()
+    }
+
+    /// [`client_tls`](Self::client_tls) of the flags alone.
+    fn client_tls_as_given(&self) -> Result<Option<ClientTls>, String> {
         let Some(ca_file) = &self.tls_ca else {
             let flags = [
                 (self.tls_cert.is_some(), "--tls-cert"),

@@ -476,3 +476,23 @@ fn a_soft_files_limit_below_the_hard_one_is_raised() {
         log.lock().unwrap()
     );
 }
+
+#[test]
+fn a_usage_message_does_not_show_what_the_environment_gives_as_required() {
+    for command in [&["lock"][..], &["query"], &["cluster", "leader"]] {
+        let output = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+            .args(command)
+            .env("LATCHKEY_SERVER", "127.0.0.1:7420")
+            .env("LATCHKEY_TLS_CA", "/etc/latchkey/ca.crt")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{output:?}");
+        let said = stderr(&output);
+        let usage = said
+            .lines()
+            .find(|line| line.starts_with("Usage:"))
+            .unwrap();
+        assert!(!usage.contains("--server"), "{usage}");
+        assert!(!usage.contains("--tls-ca"), "{usage}");
+    }
+}
