@@ -278,6 +278,9 @@ fn run_server(config: Config) -> std::io::Result<ExitCode> {
     let server = latchkey::node::start_with_notify(config, Some(notify))?;
     let addr = server.local_addr();
     log::info!("latchkey listening on {addr}: {summary}");
+    if let Some(health) = server.health_addr() {
+        log::info!("health port (plaintext, GET and HEAD /health only) on {health}");
+    }
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "listening on {addr}");
     let _ = stdout.flush();

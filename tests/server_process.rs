@@ -489,3 +489,30 @@ fn a_failing_state_dir_is_retried_off_the_loop_and_acquires_get_busy_until_it_re
     assert!(log.lock().unwrap().contains("persisted again"));
     stop(server, libc::SIGTERM);
 }
+
+#[test]
+fn a_health_port_serves_health_in_plaintext_and_a_taken_one_exits_70_naming_it() {
+    let dir = TempDir::new("health-port");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let path = dir.path().join("latchkey.toml");
+    std::fs::write(&path, format!("[server]\nhealth_listen = \"{port}\"\n")).unwrap();
+    let server = spawn(&["--config", path.to_str().unwrap()]);
+    let (status, body) = common::cluster::http_get(port, "/health").expect("an answer");
+    assert_eq!((status, body.as_str()), (200, "serving\n"));
+    // A health port already taken stops the start, naming the key.
+    let (code, stderr) = serve_until_exit(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, Some(70), "stderr: {stderr}");
+    assert!(
+        stderr.contains(&format!("server.health_listen {port}: cannot listen")),
+        "{stderr}"
+    );
+    stop(server, libc::SIGTERM);
+}

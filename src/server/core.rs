@@ -164,6 +164,8 @@ pub struct Core<N: Net, P: Partition = LockTable> {
     pub(super) logs: super::logs::CoreLogs,
     /// Sessions in a handshake (TLS), with their deadlines.
     pub(super) handshakes: super::handshake::Handshakes,
+    /// When this core next publishes its figures for the health port, if there is one.
+    pub(super) health_publish_us: u64,
 }
 
 /// What a core counts besides its partition (see [`super::admin::render::CoreStats`]).
@@ -227,6 +229,7 @@ impl<N: Net, P: Partition> Core<N, P> {
             counters: CoreCounters::default(),
             logs: super::logs::CoreLogs::default(),
             handshakes: Default::default(),
+            health_publish_us: 0,
         }
     }
 
@@ -352,6 +355,7 @@ impl<N: Net, P: Partition> Core<N, P> {
         self.route_answers();
         self.advance_scans();
         self.expire_admin_jobs();
+        self.publish_health();
         self.expire_handshakes();
         self.log_busy();
         self.table.top_up_tokens(&mut self.links.tokens);

@@ -216,6 +216,7 @@ impl<P: Partition> Harness<P> {
             queues,
             loop_gauges: (0..cores).map(|_| StallGauge::default()).collect(),
             limits: crate::config::Config::default().limits,
+            health: None,
         });
         let channels: Vec<_> = (0..cores)
             .map(|_| crossbeam_channel::bounded::<Msg>(CHANNEL_DEPTH))

@@ -26,6 +26,7 @@
 //! [`TableStats`]: crate::partition::TableStats
 
 pub mod health;
+pub mod health_port;
 pub mod http;
 pub mod render;
 
@@ -37,6 +38,7 @@ use super::session::Phase;
 use crate::auth::Grant;
 use crate::partition::Partition;
 use crate::partition::{HeldKey, SessionId};
+use health::HealthFigures;
 use http::{Head, Refusal, Route};
 use render::{CoreStats, ServerStats};
 use std::collections::{BinaryHeap, HashMap};
@@ -662,7 +664,25 @@ impl<N: Net, P: Partition> Core<N, P> {
 
     /// The earliest admin deadline, for the poll timeout.
     pub(super) fn admin_wake_us(&self) -> Option<u64> {
-        self.admin_jobs.iter().map(|job| job.deadline_us).min()
+        let health = self.links.shared.health.as_ref();
+        let publish = health.map(|_| self.health_publish_us);
+        let jobs = self.admin_jobs.iter().map(|job| job.deadline_us);
+        jobs.chain(publish).min()
+    }
+
+    /// With a health port (`server.health_listen`), publishes this core's figures for it every
+    /// [`HEALTH_PUBLISH_US`](health_port::HEALTH_PUBLISH_US) (the core wakes for it, see
+    /// [`admin_wake_us`](Self::admin_wake_us)).
+    pub(super) fn publish_health(&mut self) {
+        let Some(board) = self.links.shared.health.as_ref() else {
+            return;
+        };
+        if self.now_us < self.health_publish_us {
+            return;
+        }
+        self.health_publish_us = self.now_us + health_port::HEALTH_PUBLISH_US;
+        let cluster = self.table.cluster_stats();
+        board.publish(self.settings.index, cluster.as_ref().map(HealthFigures::of));
     }
 
     /// Whether admin work is in progress (the core is not quiescent then).
