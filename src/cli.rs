@@ -1,8 +1,9 @@
 //! The client on the command line: `latchkey lock`, `query` and `ping` (here and in
 //! `cli/ping.rs`), and `latchkey stats` and `keys`, the admin requests (`cli/admin.rs`).
 //!
-//! `latchkey lock [--server ADDR] [--transport-timeout 5s] [--wait 10s] [--lease 30s]
-//! [--grace 5s] [--conflict-exit-code N] [--failure-exit-code N] [--quiet] KEY -- CMD [ARGS..]`
+//! `latchkey lock [--server ADDR] [--transport-timeout 5s] [--retry-refused] [--wait 10s]
+//! [--lease 30s] [--grace 5s] [--conflict-exit-code N] [--failure-exit-code N] [--quiet] KEY --
+//! CMD [ARGS..]`
 //! takes the lock, runs CMD with `LATCHKEY_KEY` and `LATCHKEY_TOKEN` in its environment,
 //! extends the lease every lease/3 while CMD runs, releases the lock when CMD exits and exits
 //! with CMD's status. If the lease is lost (the server says the token no longer holds the key,
@@ -22,10 +23,12 @@
 //! [`parse_servers`]) defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
 //! `--transport-timeout` (5 s) is the transport allowance of docs/protocol.md §4 (with N members,
 //! each member's connect — TCP, TLS and a ping round trip — gets 1/N of it: see
-//! [`connect_timeout`]). Durations are
-//! one syntax everywhere ([`parse_duration`]). Messages name the server's address and why its
-//! session failed when the client knows ([`Client::last_session_failure`]), and show at most
-//! the first 64 characters of a key ([`shown_key`]).
+//! [`connect_timeout`]). Every command fails at once when every member refused the connection
+//! (nothing listens there), like `flock -n`; `--retry-refused` keeps trying until the
+//! allowance runs out (`ClientConfig::retry_refused`). Durations are one syntax everywhere
+//! ([`parse_duration`]). Messages name the server's address and why its session failed when
+//! the client knows ([`Client::last_session_failure`]), how long the call tried, and show at
+//! most the first 64 characters of a key ([`shown_key`]); `cli/messages.rs` builds them.
 //!
 //! Exit codes (the same for `query`, `ping`, `stats` and `keys` where they apply):
 //!
