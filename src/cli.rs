@@ -112,8 +112,8 @@ pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 pub const EXIT_NOT_FOUND: u8 = 127;
 
 /// What a keyed command says, after the key, when the server refuses the key to this client's
-/// identity (`X` 8, [`ErrorCode::Forbidden`]): `latchkey lock: jobs/a: the key is forbidden
-/// ...`.
+/// identity (`X` 8, [`latchkey_client::protocol::ErrorCode::Forbidden`]):
+/// `latchkey lock: jobs/a: the key is forbidden ...`.
 pub const FORBIDDEN_TEXT: &str = "the key is forbidden for this identity (X 8): the server's \
                                   rules do not let this client use it";
 
