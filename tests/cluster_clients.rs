@@ -105,8 +105,20 @@ fn a_paused_member_listed_first_does_not_hide_a_held_lock() {
     assert!(output.status.success(), "{}", stderr(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.starts_with("held=1 "), "{stdout}");
+    // ping asks every member: the two that serve answer, the paused one is said lost.
     let output = latchkey(&["ping", "--server", &servers]);
-    assert!(output.status.success(), "{}", stderr(&output));
+    let pongs = String::from_utf8_lossy(&output.stdout);
+    for &index in &others {
+        let pong = format!("pong from {}: seq=1", m[index].client);
+        assert!(pongs.contains(&pong), "{pong} in {pongs}");
+    }
+    let said = stderr(&output);
+    assert!(said.contains(&m[paused].client.to_string()), "{said}");
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_UNAVAILABLE)),
+        "{said}"
+    );
 }
 
 /// Whether member `index` answers a `Q` on `key` with an `M` naming no leader.
