@@ -1,14 +1,17 @@
 //! The client on the command line: `latchkey lock`, `query` and `ping` (here and in
 //! `cli/ping.rs`), and `latchkey stats` and `keys`, the admin requests (`cli/admin.rs`).
 //!
-//! `latchkey lock [--server ADDR] [--transport-timeout 5s] [--wait 10s] [--lease 30s]
-//! [--grace 5s] [--conflict-exit-code N] [--quiet] KEY -- CMD [ARGS..]`
+//! `latchkey lock [--server ADDR] [--transport-timeout 5s] [--retry-refused] [--wait 10s]
+//! [--lease 30s] [--grace 5s] [--conflict-exit-code N] [--failure-exit-code N] [--quiet] KEY --
+//! CMD [ARGS..]`
 //! takes the lock, runs CMD with `LATCHKEY_KEY` and `LATCHKEY_TOKEN` in its environment,
 //! extends the lease every lease/3 while CMD runs, releases the lock when CMD exits and exits
 //! with CMD's status. If the lease is lost (the server says the token no longer holds the key,
 //! or the ticket's validity bound passes without a confirmed extend), CMD gets SIGTERM, then
 //! SIGKILL after the grace, and `latchkey lock` exits [`EXIT_LEASE_LOST`]. SIGINT, SIGTERM and
-//! SIGHUP received by `latchkey lock` are forwarded to CMD.
+//! SIGHUP received by `latchkey lock` are forwarded to CMD. CMD never outlives `latchkey lock`:
+//! however it dies, the kernel kills CMD, and without a controlling terminal CMD's whole
+//! process group (`cli/child.rs`); [`LOCK_HELP`] says what each signal does.
 //!
 //! `latchkey query [--json] KEY` prints `held=0|1 lease_ms=N waiters=N`, or with `--json`
 //! `{"key":...,"held":bool,"lease_ms":N,"waiters":N}`. `latchkey ping [--count N]
@@ -20,10 +23,12 @@
 //! [`parse_servers`]) defaults to `LATCHKEY_SERVER`, then `127.0.0.1:7420`; its
 //! `--transport-timeout` (5 s) is the transport allowance of docs/protocol.md §4 (with N members,
 //! each member's connect — TCP, TLS and a ping round trip — gets 1/N of it: see
-//! [`connect_timeout`]). Durations are
-//! one syntax everywhere ([`parse_duration`]). Messages name the server's address and why its
-//! session failed when the client knows ([`Client::last_session_failure`]), and show at most
-//! the first 64 characters of a key ([`shown_key`]).
+//! [`connect_timeout`]). Every command fails at once when every member refused the connection
+//! (nothing listens there), like `flock -n`; `--retry-refused` keeps trying until the
+//! allowance runs out (`ClientConfig::retry_refused`). Durations are one syntax everywhere
+//! ([`parse_duration`]). Messages name the server's address and why its session failed when
+//! the client knows ([`Client::last_session_failure`]), how long the call tried, and show at
+//! most the first 64 characters of a key ([`shown_key`]); `cli/messages.rs` builds them.
 //!
 //! Exit codes (the same for `query`, `ping`, `stats` and `keys` where they apply):
 //!
@@ -40,6 +45,10 @@
 //! | 85 | lease lost while CMD ran; CMD was signalled |
 //! | 126, 127 | CMD could not be run / was not found (the lock was released) |
 //!
+//! `latchkey lock --failure-exit-code N` exits N in place of each code of its own (all but
+//! CMD's status and a conflict's `--conflict-exit-code`; usage errors included, see
+//! [`lock_failure_exit_code`]), so that a script can tell CMD's exit 2 from a usage error.
+//!
 //! A key the server refuses to this client's identity (`X` 8, where the server has
 //! authorization rules) is such a refusal: exit 84, and the message names the key and says it
 //! is forbidden for this identity ([`FORBIDDEN_TEXT`]).
@@ -50,21 +59,23 @@ use std::ffi::OsString;
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
 
-use latchkey_client::protocol::ErrorCode;
 use latchkey_client::tls::ClientFiles;
 use latchkey_client::{
-    AcquireError, Client, ClientConfig, ClientTls, KeyState, RequestError, Ticket, DEFAULT_ADDR,
+    AcquireError, Client, ClientConfig, ClientTls, KeyState, RequestError, SessionFailure, Ticket,
+    DEFAULT_ADDR,
 };
 
 mod admin;
+mod child;
 mod cluster;
 mod duration;
+mod messages;
 mod ping;
 mod servers;
 mod supervise;
@@ -72,8 +83,10 @@ mod supervise;
 pub use servers::{parse_server_items, parse_servers, ServerListError};
 
 pub use admin::{run_keys, run_stats, KeysArgs, StatsArgs};
+pub use child::{enable_lock_guard, run_lock_guard, GuardArgs};
 pub use cluster::{run_cluster, ClusterCommand, ClusterLeaderArgs, ClusterStatusArgs};
 pub use duration::{format_duration, parse_duration};
+use messages::{acquire_message, allowance_text, request_message, Tried};
 pub use ping::{run_ping, run_ping_command, PingCommand};
 use supervise::{release, supervise};
 
@@ -99,10 +112,41 @@ pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 pub const EXIT_NOT_FOUND: u8 = 127;
 
 /// What a keyed command says, after the key, when the server refuses the key to this client's
-/// identity (`X` 8, [`ErrorCode::Forbidden`]): `latchkey lock: jobs/a: the key is forbidden
-/// ...`.
+/// identity (`X` 8, [`latchkey_client::protocol::ErrorCode::Forbidden`]):
+/// `latchkey lock: jobs/a: the key is forbidden ...`.
 pub const FORBIDDEN_TEXT: &str = "the key is forbidden for this identity (X 8): the server's \
                                   rules do not let this client use it";
+
+/// What `latchkey lock --help` says after the flags: what each signal does.
+pub const LOCK_HELP: &str = "\
+Signals:
+  SIGINT, SIGTERM, SIGHUP  forwarded to CMD; the lock is released when CMD exits, and
+                           latchkey lock exits with CMD's status
+  SIGKILL, or any other    the kernel kills CMD at once (PR_SET_PDEATHSIG): CMD never runs
+  death of latchkey lock   on without the lock. The lock is not released: its lease ends
+                           it. Without a controlling terminal (cron, systemd, setsid) CMD
+                           runs in a process group of its own and a guard process kills the
+                           whole group, so nothing CMD started runs on either; with one, CMD
+                           shares latchkey lock's group and terminal, as under flock(1), and
+                           only CMD itself is killed
+  SIGSTOP                  CMD runs on while latchkey lock is stopped and extends nothing;
+                           after SIGCONT, a lease that ran out meanwhile counts as lost
+  lease lost               CMD gets SIGTERM, then SIGKILL after --grace (its whole group
+                           without a terminal); latchkey lock exits 85
+
+Exit codes:
+  CMD's status  CMD ran under the lock (128 + N: CMD was killed by signal N)
+  2         usage: bad arguments
+  80        held by someone else: not acquired within --wait (N with --conflict-exit-code N)
+  81        busy: the server is at a capacity limit or shutting down
+  82        indeterminate: the acquire may have reached the server, no definitive answer
+  83        unavailable: nothing was executed (no server reachable, no leader for the key)
+  84        rejected: the server refused the request (e.g. the key is forbidden)
+  85        the lease was lost while CMD ran; CMD was signalled
+  126, 127  CMD could not be executed / was not found (the lock was released)
+With --failure-exit-code N, latchkey lock exits N instead of each of these but CMD's status
+(and a conflict's --conflict-exit-code), so that a script can tell CMD's exit 2 from a usage
+error.";
 
 /// An acquire allowed at least this long says at once that it cannot connect (and retries).
 const NOTICE_ALLOWANCE_MIN: Duration = Duration::from_secs(1);
@@ -113,41 +157,59 @@ const NOTICE_POLL: Duration = Duration::from_millis(50);
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConnectArgs {
     /// Server address (host:port), or a cluster's members as a comma-separated list
-    /// (a:7420,b:7420,c:7420); defaults to LATCHKEY_SERVER when it is set. `stats`, `keys`
-    /// and `cluster` ask every member and merge what they answer.
-    #[arg(long, env = "LATCHKEY_SERVER", default_value = DEFAULT_ADDR)]
+    /// (a:7420,b:7420,c:7420); defaults to LATCHKEY_SERVER when it is set, else
+    /// 127.0.0.1:7420. `stats`, `keys` and `cluster` ask every member and merge what they
+    /// answer.
+    // The environment is read here, as the default, rather than with clap's `env`: an argument
+    // taken from the environment shows in usage messages as if it were required.
+    #[arg(long, default_value_t = default_server(), hide_default_value = true)]
     pub server: String,
     /// How long the transport may take: a connect (TCP, TLS and a ping round trip; with N
     /// members in --server, each gets 1/N of it), the answer to a release, extend, query or
     /// ping, a `--wait 0` acquire, and the answer to the Cancel sent when `--wait` runs out.
     #[arg(long, default_value = "5s", value_parser = parse_transport_timeout)]
     pub transport_timeout: Duration,
+    /// Keep trying a refused connection (nothing listens: a server restarting) until --wait
+    /// (or --transport-timeout) runs out. Without it a command fails at once, like `flock -n`,
+    /// when every member in --server refused; other failures are retried either way.
+    #[arg(long)]
+    pub retry_refused: bool,
     /// TLS to the server.
     #[command(flatten)]
     pub tls: TlsArgs,
 }
 
-/// TLS to the server: shared by every client command and `latchkey bench`.
+/// `--server`'s default: `LATCHKEY_SERVER` when it is set (and not empty), else
+/// [`DEFAULT_ADDR`].
+fn default_server() -> String {
+    std::env::var("LATCHKEY_SERVER")
+        .ok()
+        .filter(|server| !server.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_ADDR.to_owned())
+}
+
+/// The path in environment variable `name`, when it is set and not empty.
+fn env_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+}
+
+/// TLS to the server: shared by every client command and `latchkey bench`. Each flag defaults
+/// to its environment variable, read by [`TlsArgs::client_tls`] (not by clap, whose usage
+/// messages would show a flag taken from the environment as required).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct TlsArgs {
-    /// Speak TLS, trusting the CA certificates (PEM) in FILE for the server's certificate.
-    #[arg(long, env = "LATCHKEY_TLS_CA", value_name = "FILE")]
+    /// Speak TLS, trusting the CA certificates (PEM) in FILE for the server's certificate
+    /// [env: LATCHKEY_TLS_CA].
+    #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
-    /// With --tls-ca: present this certificate chain (PEM), for a server that requires one.
-    #[arg(
-        long,
-        env = "LATCHKEY_TLS_CERT",
-        value_name = "FILE",
-        requires = "tls_key"
-    )]
+    /// With --tls-ca: present this certificate chain (PEM), for a server that requires one
+    /// [env: LATCHKEY_TLS_CERT].
+    #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
-    /// The private key (PEM) of --tls-cert.
-    #[arg(
-        long,
-        env = "LATCHKEY_TLS_KEY",
-        value_name = "FILE",
-        requires = "tls_cert"
-    )]
+    /// The private key (PEM) of --tls-cert [env: LATCHKEY_TLS_KEY].
+    #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
     /// With --tls-ca: the name the server's certificate must carry, when the address (an IP
     /// SAN by default) is not in it.
@@ -161,6 +223,7 @@ impl ConnectArgs {
         ConnectArgs {
             server: server.into(),
             transport_timeout: ClientConfig::default().transport_timeout,
+            retry_refused: false,
             tls: TlsArgs::default(),
         }
     }
@@ -172,9 +235,27 @@ impl ConnectArgs {
 }
 
 impl TlsArgs {
-    /// The client's TLS settings: `None` without `--tls-ca`; a usage error when a TLS flag is
-    /// given without it.
+    /// The client's TLS settings: `None` without `--tls-ca` (or `LATCHKEY_TLS_CA`); a usage
+    /// error when a TLS flag is given without it, or a certificate without its key. A flag
+    /// wins over its environment variable.
     pub fn client_tls(&self) -> Result<Option<ClientTls>, String> {
+        let with_env = TlsArgs {
+            tls_ca: self.tls_ca.clone().or_else(|| env_path("LATCHKEY_TLS_CA")),
+            tls_cert: self
+                .tls_cert
+                .clone()
+                .or_else(|| env_path("LATCHKEY_TLS_CERT")),
+            tls_key: self
+                .tls_key
+                .clone()
+                .or_else(|| env_path("LATCHKEY_TLS_KEY")),
+            tls_server_name: self.tls_server_name.clone(),
+        };
+        with_env.client_tls_as_given()
+    }
+
+    /// [`client_tls`](Self::client_tls) of the flags alone.
+    fn client_tls_as_given(&self) -> Result<Option<ClientTls>, String> {
         let Some(ca_file) = &self.tls_ca else {
             let flags = [
                 (self.tls_cert.is_some(), "--tls-cert"),
@@ -218,6 +299,11 @@ pub struct LockArgs {
     /// Exit N, instead of 80, when the lock is held by someone else (like `flock -E N`).
     #[arg(long, value_name = "N")]
     pub conflict_exit_code: Option<u8>,
+    /// Exit N whenever latchkey lock itself fails (2, 80-85, 126, 127: the lock not taken,
+    /// the lease lost, CMD not run), so that every other status is CMD's own; pick an N that
+    /// CMD never exits with. A conflict exits --conflict-exit-code when that is given.
+    #[arg(long, value_name = "N")]
+    pub failure_exit_code: Option<u8>,
     /// Say nothing when the lock is held by someone else, nor that the lease was rounded up
     /// (errors are still said).
     #[arg(long, short)]
@@ -374,15 +460,24 @@ pub fn request_exit_code(error: &RequestError) -> u8 {
 /// The addresses `--server` names (every item of its list; at least one), or the exit code
 /// after saying why there are none: a malformed item is a usage error, a name that does not
 /// resolve is unavailable.
-fn server_addrs(command: &str, connect: &ConnectArgs) -> Result<Vec<SocketAddr>, ExitCode> {
-    parse_servers(&connect.server).map_err(|failure| fail_servers(command, &failure))
+fn server_addrs(command: &str, connect: &ConnectArgs) -> Result<Vec<SocketAddr>, u8> {
+    parse_servers(&connect.server).map_err(|failure| say_servers_failure(command, &failure))
 }
 
 /// Says which `--server` item is wrong; the exit code: usage for a malformed one.
 fn fail_servers(command: &str, failure: &ServerListError) -> ExitCode {
+    ExitCode::from(say_servers_failure(command, failure))
+}
+
+/// Says which `--server` item is wrong; the exit code as a number.
+fn say_servers_failure(command: &str, failure: &ServerListError) -> u8 {
     eprintln!("latchkey {command}: --server {failure}");
     let usage = failure.error.kind() == io::ErrorKind::InvalidInput;
-    ExitCode::from(if usage { EXIT_USAGE } else { EXIT_UNAVAILABLE })
+    if usage {
+        EXIT_USAGE
+    } else {
+        EXIT_UNAVAILABLE
+    }
 }
 
 /// How long one member may take to connect (TCP, TLS and the handshake ping) for a client of
@@ -395,11 +490,11 @@ pub fn connect_timeout(transport_timeout: Duration, members: usize) -> Duration 
 
 /// The client of the command-line tools: one session per member; the connect timeout is the
 /// member's share of the transport timeout ([`connect_timeout`]).
-fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAddr), ExitCode> {
+fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAddr), u8> {
     let addrs = server_addrs(command, connect)?;
     let tls = connect.tls().map_err(|message| {
         eprintln!("latchkey {command}: {message}");
-        ExitCode::from(EXIT_USAGE)
+        EXIT_USAGE
     })?;
     let mut distinct = addrs.clone();
     distinct.sort_unstable();
@@ -410,103 +505,15 @@ fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAdd
         connect_timeout: connect_timeout(connect.transport_timeout, distinct.len()),
         transport_timeout: connect.transport_timeout,
         tls,
+        retry_refused: connect.retry_refused,
         ..ClientConfig::default()
     };
     match Client::with_config(config) {
         Ok(client) => Ok((client, addrs[0])),
         Err(error) => {
             eprintln!("latchkey {command}: {error}");
-            Err(ExitCode::from(EXIT_UNAVAILABLE))
+            Err(EXIT_UNAVAILABLE)
         }
-    }
-}
-
-/// Why the server could not be reached or talked to: the failure the client remembers (address
-/// and cause), else the address and `fallback`.
-fn failure_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
-    match client.last_session_failure() {
-        Some(failure) => failure.to_string(),
-        None => format!("{addr}: {fallback}"),
-    }
-}
-
-/// What to say about a call that ended unavailable: what the members did (no leader, no
-/// quorum, a leader that cannot be reached...), else why the server could not be reached.
-fn unavailable_text(client: &Client, addr: SocketAddr, fallback: &str) -> String {
-    match client.last_unavailable() {
-        // A member answered: it is not a matter of reaching "the server".
-        Some(report) if report.reachable() > 0 || report.listed() > 1 => report.to_string(),
-        Some(report) if !report.members().is_empty() => {
-            format!("cannot reach the server: {report}")
-        }
-        _ => format!(
-            "cannot reach the server: {}",
-            failure_text(client, addr, fallback)
-        ),
-    }
-}
-
-/// What to say about a query or ping that got no answer.
-fn request_message(client: &Client, addr: SocketAddr, error: &RequestError) -> String {
-    match error {
-        RequestError::Unavailable => {
-            unavailable_text(client, addr, "no connection within --transport-timeout")
-        }
-        RequestError::NoAnswer => {
-            failure_text(client, addr, "no answer within --transport-timeout")
-        }
-        // Only keyed requests are refused so; the caller names the key.
-        RequestError::Rejected(ErrorCode::Forbidden) => format!("{addr}: {FORBIDDEN_TEXT}"),
-        other => format!("{addr}: {other}"),
-    }
-}
-
-/// How long an acquire of `latchkey lock` may take, as its flags say it.
-fn allowance_text(args: &LockArgs) -> String {
-    if args.wait.is_zero() {
-        let timeout = format_duration(args.connect.transport_timeout);
-        format!("--transport-timeout {timeout} (--wait 0)")
-    } else {
-        format!("--wait {}", format_duration(args.wait))
-    }
-}
-
-/// What to say about an acquire of `latchkey lock` that did not return a ticket.
-fn acquire_message(
-    client: &Client,
-    addr: SocketAddr,
-    args: &LockArgs,
-    error: &AcquireError,
-) -> String {
-    match error {
-        AcquireError::Timeout if args.wait.is_zero() => {
-            "the lock is held by someone else (--wait 0 tries once)".to_owned()
-        }
-        AcquireError::Timeout => format!(
-            "the lock is held by someone else: not acquired within --wait {}",
-            format_duration(args.wait)
-        ),
-        AcquireError::Unavailable => {
-            let allowance = allowance_text(args);
-            match client.last_unavailable() {
-                Some(report) if report.reachable() > 0 || report.listed() > 1 => {
-                    format!("{report}; nothing was executed within {allowance}")
-                }
-                Some(report) if !report.members().is_empty() => {
-                    format!("cannot reach the server within {allowance}: {report}")
-                }
-                _ => {
-                    let cause = failure_text(client, addr, "no connection was established");
-                    format!("cannot reach the server within {allowance}: {cause}")
-                }
-            }
-        }
-        AcquireError::Indeterminate => match client.last_session_failure() {
-            Some(failure) => format!("{error}; the session failed: {failure}"),
-            None => error.to_string(),
-        },
-        AcquireError::Rejected(ErrorCode::Forbidden) => FORBIDDEN_TEXT.to_owned(),
-        other => other.to_string(),
     }
 }
 
@@ -526,8 +533,11 @@ fn acquire_with_notice(client: &Client, args: &LockArgs) -> Result<Ticket, Acqui
     thread::scope(|scope| {
         scope.spawn(move || {
             while done.recv_timeout(NOTICE_POLL) == Err(RecvTimeoutError::Timeout) {
-                // Only a session that never connected: nothing was sent, a retry follows.
-                if let Some(failure) = client.last_session_failure().filter(|f| !f.connected()) {
+                // Only a session that never connected: nothing was sent, a retry follows (not
+                // after a refusal without --retry-refused: the call ends at once then).
+                let retried = |f: &SessionFailure| args.connect.retry_refused || !f.refused();
+                let failure = client.last_session_failure();
+                if let Some(failure) = failure.filter(|f| !f.connected() && retried(f)) {
                     let until = allowance_text(args);
                     eprintln!("latchkey lock: {failure}; retrying until {until} runs out");
                     return;
@@ -555,15 +565,17 @@ pub fn run_query_command(command: QueryCommand) -> ExitCode {
     let args = command.query;
     let (client, addr) = match cli_client("query", &args.connect) {
         Ok(found) => found,
-        Err(code) => return code,
+        Err(code) => return ExitCode::from(code),
     };
+    let start = Instant::now();
     match client.query(&args.key) {
         Ok(state) => {
             println!("{}", query_text(&args.key, &state, command.output));
             ExitCode::SUCCESS
         }
         Err(error) => {
-            let message = request_message(&client, addr, &error);
+            let tried = Tried::request(&args.connect, start.elapsed());
+            let message = request_message(&client, addr, &error, &tried);
             eprintln!("latchkey query: {}: {message}", shown_key(&args.key));
             ExitCode::from(request_exit_code(&error))
         }
@@ -608,40 +620,105 @@ fn note_lease_rounding(args: &LockArgs) {
     }
 }
 
+/// How `latchkey lock` ends: with CMD's own status, with the code the caller chose for a
+/// conflict, or with an outcome of its own (the lock not taken, the lease lost, CMD not run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LockExit {
+    /// CMD ran under the lock and exited with this status (128 + N: killed by signal N).
+    Command(u8),
+    /// The key was held by someone else and `--conflict-exit-code` chose this code.
+    Chosen(u8),
+    /// `latchkey lock`'s own exit code (`--failure-exit-code` replaces it).
+    Own(u8),
+}
+
+impl LockExit {
+    /// The exit code, with `--failure-exit-code` (`failure`) in place of an own one.
+    fn code(self, failure: Option<u8>) -> u8 {
+        match self {
+            LockExit::Command(code) | LockExit::Chosen(code) => code,
+            LockExit::Own(code) => failure.unwrap_or(code),
+        }
+    }
+}
+
 /// `latchkey lock KEY -- CMD [ARGS..]`: see the module docs.
 pub fn run_lock(args: LockArgs) -> ExitCode {
+    ExitCode::from(lock(&args).code(args.failure_exit_code))
+}
+
+/// The `--failure-exit-code N` of a `latchkey lock` command line (the whole of it, program
+/// name first), found without parsing the rest: what a usage error of that command line exits
+/// with. `None` for other commands, or when the flag is absent or malformed.
+///
+/// ```
+/// use latchkey::cli::lock_failure_exit_code;
+///
+/// let line = |words: &[&str]| words.iter().map(Into::into).collect::<Vec<_>>();
+/// let usage = line(&["latchkey", "lock", "--failure-exit-code", "99", "--wait", "1.5s"]);
+/// assert_eq!(lock_failure_exit_code(usage), Some(99));
+/// assert_eq!(lock_failure_exit_code(line(&["latchkey", "lock", "--failure-exit-code=7"])), Some(7));
+/// let cmd_flag = line(&["latchkey", "lock", "k", "--", "cmd", "--failure-exit-code", "9"]);
+/// assert_eq!(lock_failure_exit_code(cmd_flag), None);
+/// assert_eq!(lock_failure_exit_code(line(&["latchkey", "query", "k"])), None);
+/// ```
+pub fn lock_failure_exit_code(line: impl IntoIterator<Item = OsString>) -> Option<u8> {
+    const FLAG: &str = "--failure-exit-code";
+    let mut words = line.into_iter().skip(1);
+    if words.next()? != "lock" {
+        return None;
+    }
+    let mut words = words.take_while(|word| word != "--");
+    // Bounded by the command line.
+    while let Some(word) = words.next() {
+        let word = word.to_str()?.to_owned();
+        if word == FLAG {
+            return words.next()?.to_str()?.parse().ok();
+        }
+        if let Some(value) = word
+            .strip_prefix(FLAG)
+            .and_then(|rest| rest.strip_prefix('='))
+        {
+            return value.parse().ok();
+        }
+    }
+    None
+}
+
+/// Takes the lock and runs CMD under it; how `latchkey lock` ends.
+fn lock(args: &LockArgs) -> LockExit {
     let (client, addr) = match cli_client("lock", &args.connect) {
         Ok(found) => found,
-        Err(code) => return code,
+        Err(code) => return LockExit::Own(code),
     };
-    note_lease_rounding(&args);
-    let ticket = match acquire_with_notice(&client, &args) {
+    note_lease_rounding(args);
+    let start = Instant::now();
+    let ticket = match acquire_with_notice(&client, args) {
         Ok(ticket) => ticket,
-        Err(AcquireError::Timeout) if args.quiet => {
-            return ExitCode::from(args.conflict_exit_code.unwrap_or(EXIT_TIMEOUT));
-        }
         Err(error) => {
-            let message = acquire_message(&client, addr, &args, &error);
-            eprintln!("latchkey lock: {}: {message}", shown_key(&args.key));
-            let conflict = args
-                .conflict_exit_code
-                .filter(|_| error == AcquireError::Timeout);
-            return ExitCode::from(conflict.unwrap_or_else(|| acquire_exit_code(&error)));
+            if error != AcquireError::Timeout || !args.quiet {
+                let tried = Tried::acquire(args, start.elapsed());
+                let message = acquire_message(&client, addr, args, &error, &tried);
+                eprintln!("latchkey lock: {}: {message}", shown_key(&args.key));
+            }
+            return match args.conflict_exit_code {
+                Some(code) if error == AcquireError::Timeout => LockExit::Chosen(code),
+                _ => LockExit::Own(acquire_exit_code(&error)),
+            };
         }
     };
-    let child = Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .env("LATCHKEY_KEY", &args.key)
-        .env("LATCHKEY_TOKEN", ticket.token().to_string())
-        .spawn();
-    match child {
-        Ok(child) => supervise(child, ticket, &args),
+    let environment = [
+        ("LATCHKEY_KEY", args.key.clone()),
+        ("LATCHKEY_TOKEN", ticket.token().to_string()),
+    ];
+    match child::start(&args.command, &environment, !child::has_terminal()) {
+        Ok(started) => supervise(started, ticket, args),
         Err(error) => {
             let name = args.command[0].to_string_lossy();
             eprintln!("latchkey lock: {name}: {error}");
             release(ticket);
             let missing = error.kind() == io::ErrorKind::NotFound;
-            ExitCode::from(if missing {
+            LockExit::Own(if missing {
                 EXIT_NOT_FOUND
             } else {
                 EXIT_CANNOT_EXECUTE
@@ -653,6 +730,7 @@ pub fn run_lock(args: LockArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use latchkey_client::protocol::ErrorCode;
 
     #[test]
     fn each_member_gets_an_equal_share_of_the_transport_timeout_to_connect() {
@@ -688,22 +766,25 @@ mod tests {
             lease: Duration::from_secs(30),
             grace: Duration::from_secs(5),
             conflict_exit_code: Some(0),
+            failure_exit_code: None,
             quiet: true,
             key: "jobs/a".into(),
             command: vec!["true".into()],
         };
+        let tried = Tried::acquire(&args, Duration::from_millis(1));
         let rejected = AcquireError::Rejected(forbidden);
         assert_eq!(
-            acquire_message(&client, addr, &args, &rejected),
+            acquire_message(&client, addr, &args, &rejected, &tried),
             FORBIDDEN_TEXT
         );
-        let refused = request_message(&client, addr, &RequestError::Rejected(forbidden));
+        let rejected = RequestError::Rejected(forbidden);
+        let refused = request_message(&client, addr, &rejected, &tried);
         assert_eq!(refused, format!("127.0.0.1:1: {FORBIDDEN_TEXT}"));
         assert!(FORBIDDEN_TEXT.starts_with("the key is forbidden for this identity (X 8)"));
         // Other rejections keep the server's words.
         let other = AcquireError::Rejected(ErrorCode::LeaseZero);
         assert_eq!(
-            acquire_message(&client, addr, &args, &other),
+            acquire_message(&client, addr, &args, &other, &tried),
             other.to_string()
         );
         assert_eq!(acquire_exit_code(&other), EXIT_REJECTED);

@@ -81,7 +81,7 @@ const _: () =
 
 /// The sections of the file and the keys each accepts, in the order the example file lists them.
 const SECTIONS: [(&str, &[&str]); 8] = [
-    ("server", &["listen", "cores"]),
+    ("server", &["listen", "cores", "health_listen"]),
     (
         "limits",
         &[
@@ -139,6 +139,9 @@ pub struct ServerConfig {
     /// Whether `cores` is a count the file or `--cores` gave (not `0`, not left out). Cluster
     /// mode requires one: its data directory records the core count.
     pub cores_explicit: bool,
+    /// `server.health_listen`: a plaintext port that answers only `/health`, for probes that
+    /// cannot present a client certificate. `None` (`""`, the default): no such port.
+    pub health_listen: Option<SocketAddr>,
 }
 
 /// `[limits]`.
@@ -216,6 +219,7 @@ impl Default for ServerConfig {
             listen: LISTEN_DEFAULT,
             cores: cores_resolved(0),
             cores_explicit: false,
+            health_listen: None,
         }
     }
 }
@@ -381,10 +385,13 @@ impl Config {
             None => "single node".to_string(),
             Some(cluster) => cluster.role(),
         };
+        let health = (self.server.health_listen).map_or(String::new(), |addr| {
+            format!(" health_listen={addr} (plaintext, /health only)")
+        });
         format!(
             "listen={} cores={} max_connections={} max_keys={} max_waiters_per_key={} \
              max_pending_per_session={} max_key_bytes={} tick_ms={} state_dir={} tls={tls} \
-             auth_rules={}; {role}",
+             auth_rules={}{health}; {role}",
             self.server.listen,
             self.server.cores,
             self.limits.max_connections,
@@ -407,6 +414,11 @@ impl Config {
     fn apply(&mut self, setting: &Setting) -> Result<(), ConfigError> {
         match (setting.section, setting.key) {
             ("server", "listen") => self.server.listen = setting.socket_address()?,
+            ("server", "health_listen") => {
+                let none = setting.string()?.is_empty();
+                self.server.health_listen =
+                    (!none).then(|| setting.socket_address()).transpose()?;
+            }
             ("server", "cores") => {
                 let cores = setting.usize_in(0, CORES_MAX)?;
                 self.server.cores = cores_resolved(cores);

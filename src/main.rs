@@ -64,6 +64,7 @@ enum Command {
     #[command(after_help = SERVE_HELP)]
     Serve(ServeArgs),
     /// Run a command while holding a lock.
+    #[command(after_help = cli::LOCK_HELP)]
     Lock(cli::LockArgs),
     /// Print the state of a key.
     Query(cli::QueryCommand),
@@ -124,8 +125,30 @@ struct ServeArgs {
     cores: Option<usize>,
 }
 
+/// `latchkey lock-guard PGID`: the guard `latchkey lock` starts beside its command (see
+/// `latchkey::cli::run_lock_guard`). Not a subcommand of [`Cli`], so that neither the help nor
+/// the completion scripts offer it to people.
+#[derive(Parser, Debug)]
+#[command(name = "latchkey lock-guard")]
+struct GuardCli {
+    #[command(flatten)]
+    args: cli::GuardArgs,
+}
+
+/// The first argument that starts the guard instead of a command.
+const GUARD_COMMAND: &str = "lock-guard";
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|first| first == GUARD_COMMAND) {
+        let guard = GuardCli::parse_from(std::env::args_os().skip(1));
+        return cli::run_lock_guard(guard.args);
+    }
+    cli::enable_lock_guard();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error),
+    };
     match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
         Command::Serve(args) => serve(args),
         Command::Lock(args) => cli::run_lock(args),
@@ -140,6 +163,19 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "latchkey", &mut stdout);
             ExitCode::SUCCESS
         }
+    }
+}
+
+/// Says a command line's error (or prints the help or version it asked for) and exits:
+/// with 2 for a usage error, or with `latchkey lock --failure-exit-code N`'s N.
+fn usage_error(error: &clap::Error) -> ExitCode {
+    let failure = cli::lock_failure_exit_code(std::env::args_os());
+    match failure.filter(|_| error.use_stderr()) {
+        Some(code) => {
+            let _ = error.print();
+            ExitCode::from(code)
+        }
+        None => error.exit(),
     }
 }
 
@@ -242,6 +278,9 @@ fn run_server(config: Config) -> std::io::Result<ExitCode> {
     let server = latchkey::node::start_with_notify(config, Some(notify))?;
     let addr = server.local_addr();
     log::info!("latchkey listening on {addr}: {summary}");
+    if let Some(health) = server.health_addr() {
+        log::info!("health port (plaintext, GET and HEAD /health only) on {health}");
+    }
     let mut stdout = std::io::stdout();
     let _ = writeln!(stdout, "listening on {addr}");
     let _ = stdout.flush();

@@ -103,6 +103,16 @@ pub fn check_floor(floor: u64, state: Option<&StateDir>) -> io::Result<()> {
     Err(io::Error::new(io::ErrorKind::InvalidData, message))
 }
 
+/// Whether `dir`'s parent is a directory (a relative path's empty parent is the working
+/// directory).
+fn parent_exists(dir: &Path) -> bool {
+    match dir.parent() {
+        Some(parent) if parent.as_os_str().is_empty() => true,
+        Some(parent) => parent.is_dir(),
+        None => true,
+    }
+}
+
 /// The persisted high-water marks of a state directory: one file per partition.
 #[derive(Clone, Debug)]
 pub struct StateDir {
@@ -110,15 +120,27 @@ pub struct StateDir {
 }
 
 impl StateDir {
-    /// Opens (creating if needed) the state directory.
+    /// Opens the state directory, creating it if it is missing but its parent exists. A
+    /// missing parent is refused rather than created: it is more likely a typo in the path
+    /// than a wish, and a mark kept in the wrong place protects nothing after a restart.
     pub fn open(dir: &Path) -> io::Result<StateDir> {
-        fs::create_dir_all(dir).map_err(|error| {
-            let message = format!(
-                "tokens.state_dir {}: cannot create it: {error}",
-                dir.display()
-            );
+        let named = |error: io::Error, why: &str| {
+            let message = format!("tokens.state_dir {}: {why}: {error}", dir.display());
             io::Error::new(error.kind(), message)
-        })?;
+        };
+        match fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(error) if !parent_exists(dir) => {
+                let parent = dir.parent().unwrap_or(dir).display().to_string();
+                let why = format!(
+                    "cannot create it: its parent directory {parent} does not exist (a typo? \
+                     create it first)"
+                );
+                return Err(named(error, &why));
+            }
+            Err(error) => return Err(named(error, "cannot create it")),
+        }
         Ok(StateDir {
             dir: dir.to_path_buf(),
         })

@@ -1,7 +1,7 @@
-//! The admin HTTP requests on the lock port (`GET /metrics`, `/stats`, `/keys`, `/health`)
-//! against a real two-core server: exact figures after a known workload, the key listing,
-//! and hostile HTTP clients (split heads, oversized heads, other methods, slow and flooding
-//! clients) beside a well-behaved lock session whose p99 must stay low.
+//! The admin HTTP requests on the lock port (`GET /metrics`, `/stats`, `/keys`, `/health`, and
+//! `HEAD` of them) against a real two-core server: exact figures after a known workload, the
+//! key listing, and hostile HTTP clients (split heads, oversized heads, other methods, slow and
+//! flooding clients) beside a well-behaved lock session whose p99 must stay low.
 
 use common::probe::{key_per_partition, serial, Probe};
 use common::server::{start_with, test_config, Conn};
@@ -219,24 +219,34 @@ fn keys_lists_holders_with_owner_peer_and_waiters_and_never_a_token() {
     c.send_acquire("app/b", 30, 60, 13);
     assert_eq!(c.state("app/b").waiters, 1, "queued before the listing");
     let token_other = c.acquire_ok("other/c", 60, 14);
+    // An owner id beyond 2^53, where a JSON number stops being exact in JavaScript and `jq`.
+    let mut d = Conn::connect(addr);
+    let large = u64::MAX - 1;
+    let token_large = d.acquire_ok("app/large", 60, large);
     let peer_of = |conn: &Conn| conn.stream.local_addr().unwrap().to_string();
     thread::sleep(Duration::from_millis(50));
     let (status, body) = get(addr, "/keys?prefix=app%2F");
     assert_eq!(status, 200);
-    for token in [token_a, token_b, token_other] {
+    for token in [token_a, token_b, token_other, token_large] {
         assert!(!body.contains(&token.to_string()), "a token in {body}");
     }
     let listed: Value = serde_json::from_str(&body).unwrap();
     let listed = listed.as_array().unwrap();
-    assert_eq!(listed.len(), 2, "{body}");
+    assert_eq!(listed.len(), 3, "{body}");
     assert_eq!(listed[0]["key"], "app/a");
-    assert_eq!(listed[0]["owner"], 11);
+    assert_eq!(listed[0]["owner"], "11");
     assert_eq!(listed[0]["peer"], peer_of(&a).as_str());
     assert_eq!(listed[0]["waiters"], 0);
     assert_eq!(listed[1]["key"], "app/b");
-    assert_eq!(listed[1]["owner"], 12);
+    assert_eq!(listed[1]["owner"], "12");
     assert_eq!(listed[1]["peer"], peer_of(&b).as_str());
     assert_eq!(listed[1]["waiters"], 1);
+    assert_eq!(listed[2]["key"], "app/large");
+    assert_eq!(listed[2]["owner"], large.to_string().as_str());
+    assert!(
+        body.contains("\"owner\":\"18446744073709551614\""),
+        "{body}"
+    );
     let lease_ms = listed[0]["lease_ms"].as_u64().unwrap();
     assert!((55_000..=60_000).contains(&lease_ms), "{lease_ms}");
     assert!(listed[0]["held_ms"].as_u64().unwrap() < 5_000);
@@ -244,7 +254,7 @@ fn keys_lists_holders_with_owner_peer_and_waiters_and_never_a_token() {
     let first = get_json(addr, "/keys?limit=1");
     assert_eq!(first.as_array().unwrap().len(), 1);
     assert_eq!(first[0]["key"], "app/a");
-    assert_eq!(get_json(addr, "/keys").as_array().unwrap().len(), 3);
+    assert_eq!(get_json(addr, "/keys").as_array().unwrap().len(), 4);
     // The holder's session closed: its hold stays, its peer is gone.
     drop(a);
     thread::sleep(Duration::from_millis(200));
@@ -279,10 +289,30 @@ fn odd_requests_are_answered_or_closed() {
     big.resize(9 * 1024, b'a');
     big.extend_from_slice(b"\r\n\r\n");
     assert_eq!(http_raw(addr, &big).0, 431);
+    // HEAD: the answer to GET without its body (a load balancer's probe), and its length.
+    for (path, status, length) in [("/health", 200, 8), ("/nope", 404, 53)] {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let request = format!("HEAD {path} HTTP/1.1\r\nHost: probe\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .expect("the head, then the end");
+        let status_line = format!("HTTP/1.1 {status} ");
+        assert!(answer.starts_with(&status_line), "{answer}");
+        assert!(
+            answer.contains(&format!("Content-Length: {length}\r\n")),
+            "{answer}"
+        );
+        assert!(answer.ends_with("\r\n\r\n"), "no body: {answer}");
+    }
     // Other methods are not admin requests: the lock protocol refuses them and closes.
     for request in [
         &b"POST /metrics HTTP/1.1\r\n\r\n"[..],
-        b"HEAD / HTTP/1.1\r\n\r\n",
+        b"PUT / HTTP/1.1\r\n\r\n",
     ] {
         let mut stream = TcpStream::connect(addr).unwrap();
         stream

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::pki::{tls_client, Pki};
 use common::server::start_with;
-use latchkey::cli::{EXIT_REJECTED, EXIT_UNAVAILABLE};
+use latchkey::cli::EXIT_UNAVAILABLE;
 use latchkey_client::Ticket;
 use serde_json::Value;
 
@@ -104,9 +104,10 @@ fn plaintext_against_a_tls_server_fails_clearly_within_the_timeout() {
         let output = latchkey(&addr, &[command], &[]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(started.elapsed() < Duration::from_secs(3), "{stderr}");
+        // As `lock`, `query` and `ping` say it: nothing was served.
         assert_eq!(
             output.status.code(),
-            Some(i32::from(EXIT_REJECTED)),
+            Some(i32::from(EXIT_UNAVAILABLE)),
             "{stderr}"
         );
         assert!(stderr.contains("--tls-ca"), "{stderr}");
@@ -145,4 +146,57 @@ fn tls_to_a_plaintext_server_or_with_the_wrong_ca_is_unavailable() {
     assert!(stderr.contains("TLS handshake"), "{stderr}");
     server.shutdown();
     server.join().unwrap();
+}
+
+/// `request` sent raw to `addr` in plaintext; the whole answer, read until the server closes.
+fn plaintext(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[test]
+fn a_probe_without_a_client_certificate_reads_health_on_the_health_port() {
+    let pki = Pki::new("health-port");
+    let mut config = pki.server_config(true);
+    config.server.health_listen = Some("127.0.0.1:0".parse().unwrap());
+    let server = start_with(config);
+    let health = server.health_addr().expect("a health port");
+    // On the lock port, a handshake without a client certificate gets nothing.
+    let lock_port = plaintext(server.local_addr(), b"GET /health HTTP/1.1\r\n\r\n");
+    assert!(!lock_port.starts_with("HTTP/1.1"), "{lock_port:?}");
+    // On the health port, plaintext and no certificate: the lock port's answer.
+    let answer = plaintext(health, b"GET /health HTTP/1.1\r\nHost: lb\r\n\r\n");
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\nserving\n"), "{answer}");
+    let head = plaintext(health, b"HEAD /health HTTP/1.1\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(
+        head.contains("Content-Length: 8\r\n") && head.ends_with("\r\n\r\n"),
+        "{head}"
+    );
+    // Nothing else: no other page, no lock protocol.
+    for (request, status) in [
+        (&b"GET /metrics HTTP/1.1\r\n\r\n"[..], "404"),
+        (b"GET /keys HTTP/1.1\r\n\r\n", "404"),
+        (b"P\0\0\0\0\0\0\0\x01\n", "400"),
+    ] {
+        let answer = plaintext(health, request);
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{answer}"
+        );
+    }
+    server.shutdown();
+    server.join().unwrap();
+    assert!(
+        std::net::TcpStream::connect(health).is_err(),
+        "the port closed with the server"
+    );
 }

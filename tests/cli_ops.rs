@@ -143,6 +143,57 @@ fn ping_text_ends_with_a_summary() {
 }
 
 #[test]
+fn ping_of_several_members_pings_every_one() {
+    let (one, two) = (start_server(|_| {}), start_server(|_| {}));
+    let dead = dead_addr().to_string();
+    let (one, two) = (one.local_addr().to_string(), two.local_addr().to_string());
+    let list = format!("{one},{two}");
+    let output = latchkey(&[
+        "ping",
+        "--server",
+        &list,
+        "--count",
+        "2",
+        "--interval",
+        "10ms",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let text = stdout(&output);
+    for addr in [&one, &two] {
+        for seq in [1, 2] {
+            let pong = format!("pong from {addr}: seq={seq} time=");
+            assert!(text.contains(&pong), "{pong} in\n{text}");
+        }
+        let summary = format!("{addr}: 2 pings, 2 pongs, 0% lost; rtt");
+        assert!(text.contains(&summary), "{summary} in\n{text}");
+    }
+    // JSON: an object per member, a line each; a member that does not answer is lost.
+    let list = format!("{one},{dead}");
+    let output = latchkey(&["ping", "--server", &list, "--json"]);
+    assert_eq!(output.status.code(), Some(EXIT_UNAVAILABLE), "{output:?}");
+    let objects: Vec<Value> = stdout(&output)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(objects.len(), 2, "{objects:?}");
+    assert_eq!(
+        (
+            objects[0]["server"].as_str(),
+            objects[0]["received"].as_u64()
+        ),
+        (Some(one.as_str()), Some(1))
+    );
+    assert_eq!(
+        (
+            objects[1]["server"].as_str(),
+            objects[1]["received"].as_u64()
+        ),
+        (Some(dead.as_str()), Some(0))
+    );
+    assert!(stderr(&output).contains(&dead), "{}", stderr(&output));
+}
+
+#[test]
 fn ping_of_no_server_counts_losses_and_exits_83() {
     let dead = dead_addr().to_string();
     let args = [
@@ -175,10 +226,12 @@ fn stats_and_keys_of_no_server_exit_83_naming_the_address() {
             "{args:?}: {output:?}"
         );
         let says = format!(
-            "latchkey {}: cannot reach the server: {dead}: cannot connect: connection refused\n",
+            "latchkey {}: cannot reach the server: {dead}: cannot connect: connection refused \
+             (tried for ",
             command[0]
         );
-        assert_eq!(stderr(&output), says);
+        assert!(stderr(&output).starts_with(&says), "{}", stderr(&output));
+        assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
         assert!(output.stdout.is_empty());
     }
     // LATCHKEY_SERVER is the default server for these too.
@@ -189,6 +242,49 @@ fn stats_and_keys_of_no_server_exit_83_naming_the_address() {
         .unwrap();
     assert_eq!(output.status.code(), Some(EXIT_UNAVAILABLE));
     assert!(stderr(&output).contains(&dead));
+}
+
+#[test]
+fn stats_of_several_members_counts_cores_per_member_and_names_each_failure_once() {
+    let one = start_server(|config| config.server.cores = 1);
+    let two = start_server(|config| config.server.cores = 1);
+    let (one, two) = (one.local_addr().to_string(), two.local_addr().to_string());
+    // Accepts (the kernel does, from the backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_addr = silent.local_addr().unwrap().to_string();
+    let dead = dead_addr().to_string();
+    let list = format!("{one},{two},{silent_addr},{dead}");
+    let output = latchkey(&["stats", "--server", &list, "--transport-timeout", "500ms"]);
+    assert_eq!(output.status.code(), Some(EXIT_UNAVAILABLE), "{output:?}");
+    let text = stdout(&output);
+    let cores = text
+        .lines()
+        .find(|line| line.starts_with("cores:"))
+        .unwrap();
+    assert_eq!(
+        cores.split_whitespace().collect::<Vec<_>>(),
+        ["cores:", "1", "per", "member"]
+    );
+    let said = stderr(&output);
+    assert_eq!(said.lines().count(), 2, "{said}");
+    for (line, addr) in said.lines().zip([&silent_addr, &dead]) {
+        assert!(
+            line.starts_with(&format!("latchkey stats: {addr}: ")),
+            "{line}"
+        );
+        assert_eq!(line.matches(addr.as_str()).count(), 1, "{line}");
+    }
+    assert!(said.contains("no complete answer"), "{said}");
+    assert!(said.contains("connection refused"), "{said}");
+    // The # Members section names each once too.
+    for addr in [&silent_addr, &dead] {
+        let row = text
+            .lines()
+            .find(|line| line.starts_with(addr.as_str()))
+            .unwrap();
+        assert_eq!(row.matches(addr.as_str()).count(), 1, "{row}");
+    }
+    drop(silent);
 }
 
 #[test]
@@ -379,4 +475,24 @@ fn a_soft_files_limit_below_the_hard_one_is_raised() {
         "{}",
         log.lock().unwrap()
     );
+}
+
+#[test]
+fn a_usage_message_does_not_show_what_the_environment_gives_as_required() {
+    for command in [&["lock"][..], &["query"], &["cluster", "leader"]] {
+        let output = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+            .args(command)
+            .env("LATCHKEY_SERVER", "127.0.0.1:7420")
+            .env("LATCHKEY_TLS_CA", "/etc/latchkey/ca.crt")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{output:?}");
+        let said = stderr(&output);
+        let usage = said
+            .lines()
+            .find(|line| line.starts_with("Usage:"))
+            .unwrap();
+        assert!(!usage.contains("--server"), "{usage}");
+        assert!(!usage.contains("--tls-ca"), "{usage}");
+    }
 }

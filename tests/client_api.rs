@@ -2,13 +2,16 @@
 //! query, ping, correlation of pipelined calls from many threads.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{client, start_server, FakeConn, FakeServer, Frame, Got, PATIENCE};
 use latchkey_client::protocol::{ErrorCode, Response};
-use latchkey_client::{AcquireError, Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
+use latchkey_client::{
+    AcquireError, Client, ClientConfig, ExtendOutcome, ReleaseOutcome, RequestError, Ticket,
+};
 
 fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
@@ -522,4 +525,49 @@ fn the_client_remembers_why_its_last_session_failed() {
         "{failure}"
     );
     serving.join().unwrap();
+}
+
+/// A client of `addrs` that retries refused connections or not.
+fn client_retrying(addrs: &[SocketAddr], retry_refused: bool) -> Client {
+    let config = ClientConfig {
+        addrs: addrs.to_vec(),
+        sessions: 1,
+        retry_refused,
+        ..ClientConfig::default()
+    };
+    Client::with_config(config).unwrap()
+}
+
+#[test]
+fn a_refused_connection_ends_the_call_at_once_unless_it_is_retried() {
+    let dead = common::dead_addr();
+    let wait = Duration::from_secs(60);
+    let client = client_retrying(&[dead], false);
+    let start = Instant::now();
+    let result = client.acquire("k", wait, ms(1000));
+    assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
+    assert_eq!(client.query("k"), Err(RequestError::Unavailable));
+    assert_eq!(client.ping(), Err(RequestError::Unavailable));
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "at once: {:?}",
+        start.elapsed()
+    );
+    let failure = client.last_session_failure().expect("a failure");
+    assert!(failure.refused() && !failure.connected(), "{failure}");
+    assert!(client.last_unavailable().unwrap().all_refused());
+
+    // Retried: the whole wait (never early).
+    let client = client_retrying(&[dead], true);
+    let start = Instant::now();
+    let result = client.acquire("k", ms(600), ms(1000));
+    assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
+    assert!(start.elapsed() >= ms(600), "{:?}", start.elapsed());
+    assert!(!client.last_unavailable().unwrap().all_refused());
+
+    // One member refusing among several is not the end: the next one serves.
+    let server = start_server(|_| {});
+    let client = client_retrying(&[dead, server.local_addr()], false);
+    let ticket = client.acquire("k", wait, ms(1000)).unwrap();
+    ticket.release().unwrap();
 }

@@ -34,6 +34,7 @@ fn lock_args(server: String, key: &str, wait: Duration, lease: Duration, script:
         lease,
         grace: ms(500),
         conflict_exit_code: None,
+        failure_exit_code: None,
         quiet: false,
         key: key.to_owned(),
         command: ["sh", "-c", script].iter().map(OsString::from).collect(),
@@ -525,11 +526,12 @@ fn over_a_slow_link_a_timeout_read_after_the_cancel_is_definitive() {
 }
 
 #[test]
-fn lock_against_a_stopped_server_says_where_and_why_at_once_and_at_the_end() {
+fn lock_retrying_a_stopped_server_says_where_and_why_at_once_and_at_the_end() {
     use std::io::{BufRead, BufReader};
     let dead = dead_addr().to_string();
     let start = Instant::now();
-    let mut lock = latchkey(&["lock", "--server", &dead, "--wait", "2s", "k", "--", "true"])
+    let mut lock = latchkey(&["lock", "--server", &dead, "--wait", "2s", "--retry-refused"])
+        .args(["k", "--", "true"])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -545,13 +547,13 @@ fn lock_against_a_stopped_server_says_where_and_why_at_once_and_at_the_end() {
     );
     assert!(noticed_after < ms(1500), "said at once: {noticed_after:?}");
     let last: Vec<String> = lines.map(Result::unwrap).collect();
-    assert_eq!(
-        last,
-        [format!(
-            "latchkey lock: k: cannot reach the server within --wait 2s: \
-             {dead}: cannot connect: connection refused"
-        )]
+    assert_eq!(last.len(), 1, "{last:?}");
+    let said = format!(
+        "latchkey lock: k: cannot reach the server: {dead}: cannot connect: connection refused \
+         (tried for "
     );
+    assert!(last[0].starts_with(&said), "{last:?}");
+    assert!(last[0].ends_with(" s of --wait 2s)"), "{last:?}");
     let status = lock.wait().unwrap();
     assert_eq!(status.code(), Some(i32::from(cli::EXIT_UNAVAILABLE)));
     assert!(

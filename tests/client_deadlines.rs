@@ -1,6 +1,7 @@
 //! The deadline rules of docs/protocol.md §4.2–§4.4 against a scripted server, each interleaving
 //! forced by hand. Timing assertions are strict about "never early" and generous about late.
 
+use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,20 @@ fn ms(millis: u64) -> Duration {
 }
 
 type Acquired = (Result<Ticket, AcquireError>, Duration);
+
+/// A client like `common::client` that tries refused connections again until the deadline
+/// (`ClientConfig::retry_refused`): what these tests of §4.2's retries need.
+fn retrying_client(addrs: &[SocketAddr], sessions: usize, transport_timeout: Duration) -> Client {
+    let config = ClientConfig {
+        addrs: addrs.to_vec(),
+        sessions,
+        connect_timeout: Duration::from_secs(2),
+        transport_timeout,
+        retry_refused: true,
+        ..ClientConfig::default()
+    };
+    Client::with_config(config).expect("client")
+}
 
 fn acquire_in_background(client: &Client, wait: Duration) -> thread::JoinHandle<Acquired> {
     let client = client.clone();
@@ -75,7 +90,7 @@ fn a_failed_connect_is_retried_on_another_session_within_the_same_deadline() {
 #[test]
 fn an_unsent_request_keeps_trying_new_sessions_until_a_server_appears() {
     let addr = dead_addr();
-    let client = client(&[addr], 1, Duration::from_secs(2));
+    let client = retrying_client(&[addr], 1, Duration::from_secs(2));
     let start = Instant::now();
     let call = acquire_in_background(&client, ms(3000));
     thread::sleep(ms(1000));
@@ -340,7 +355,7 @@ fn a_session_failing_after_the_send_is_indeterminate_and_never_resent() {
 
 #[test]
 fn the_server_down_is_unavailable_at_the_deadline() {
-    let client = client(&[dead_addr()], 2, Duration::from_secs(1));
+    let client = retrying_client(&[dead_addr()], 2, Duration::from_secs(1));
     let start = Instant::now();
     let result = client.acquire("k", ms(600), LEASE);
     assert_eq!(result.unwrap_err(), AcquireError::Unavailable);

@@ -364,3 +364,64 @@ fn cluster_status_shows_every_member_its_shards_and_an_unreachable_one() {
         assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
     }
 }
+
+#[test]
+fn a_member_stopping_says_the_cluster_keeps_its_held_locks() {
+    let mut cluster = Cluster::start("cluster-stop-log", 3, 4, false);
+    let key = "jobs/kept";
+    let (leader, token) = acquire_on_leader(&cluster, key, 30);
+    cluster.stop(leader);
+    let log = cluster.members[leader].log.lock().unwrap().clone();
+    let line = log
+        .lines()
+        .find(|line| line.contains("shutting down:"))
+        .unwrap_or_else(|| panic!("no shutdown line in\n{log}"));
+    assert!(line.contains("held locks kept by the cluster"), "{line}");
+    assert!(!line.contains("dropped"), "{line}");
+    // And so it does: another member serves the key, still held by that token.
+    let (_, released) = cluster.call(key, &[leader], FAILOVER_LIMIT, release(key, token));
+    assert_eq!(released, Response::Released { token });
+}
+
+#[test]
+fn a_query_never_shows_more_lease_than_was_granted() {
+    let cluster = Cluster::start("cluster-query-lease", 3, 4, false);
+    let key = "jobs/lease";
+    let (leader, token) = acquire_on_leader(&cluster, key, 30);
+    let (_, released) = cluster.call(key, &[], FAILOVER_LIMIT, release(key, token));
+    assert_eq!(released, Response::Released { token });
+    // The query right behind the acquire, on one connection: read once the grant applied,
+    // often within the same millisecond.
+    let mut conn = cluster.conn(leader);
+    let mut checked = 0;
+    for round in 0..50u64 {
+        conn.send(acquire(key, 0, 30)());
+        conn.send(Request::Query {
+            nonce: round + 1,
+            key: key.as_bytes(),
+        });
+        // Two answers, in either order (the query may be read before the grant applies).
+        let answers = [
+            conn.recv_within(FAILOVER_LIMIT),
+            conn.recv_within(FAILOVER_LIMIT),
+        ];
+        for answer in answers.iter().flatten() {
+            match *answer {
+                Response::State {
+                    held: true,
+                    lease_ms,
+                    ..
+                } => {
+                    assert!(lease_ms <= 30_000, "round {round}: lease_ms {lease_ms}");
+                    checked += 1;
+                }
+                Response::Acquired { token, .. } => {
+                    conn.send(release(key, token)());
+                    let _ = conn.recv_within(FAILOVER_LIMIT);
+                }
+                _ => {} // free when read, or leadership moved (M): nothing to check
+            }
+        }
+    }
+    assert!(checked > 0, "no query saw the key held");
+}

@@ -250,6 +250,33 @@ fn startup_errors_name_the_address_or_the_state_dir() {
 }
 
 #[test]
+fn a_state_dir_whose_parent_is_missing_is_refused_not_created() {
+    let dir = TempDir::new("state-typo");
+    // A typo in the path: `lib` for `lib/latchkey`'s parent that does not exist.
+    let state = dir.path().join("var/lbi/latchkey");
+    let config = config_with_state_dir(&dir, &state);
+    let (code, stderr) = serve_until_exit(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(70), "stderr: {stderr}");
+    let parent = state.parent().unwrap().display().to_string();
+    assert!(
+        stderr.contains(&format!("its parent directory {parent} does not exist")),
+        "stderr: {stderr}"
+    );
+    assert!(!state.parent().unwrap().exists(), "nothing was created");
+    // A missing state directory in a parent that exists is created, as before.
+    let state = dir.path().join("state");
+    let config = config_with_state_dir(&dir, &state);
+    let server = spawn(&["--config", config.to_str().unwrap()]);
+    assert!(state.is_dir());
+    stop(server, libc::SIGTERM);
+}
+
+#[test]
 fn a_cluster_member_refuses_a_data_dir_written_with_another_core_count() {
     let dir = TempDir::new("cluster-layout");
     let path = dir.path().join("latchkey.toml");
@@ -460,5 +487,32 @@ fn a_failing_state_dir_is_retried_off_the_loop_and_acquires_get_busy_until_it_re
         )
     }));
     assert!(log.lock().unwrap().contains("persisted again"));
+    stop(server, libc::SIGTERM);
+}
+
+#[test]
+fn a_health_port_serves_health_in_plaintext_and_a_taken_one_exits_70_naming_it() {
+    let dir = TempDir::new("health-port");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let path = dir.path().join("latchkey.toml");
+    std::fs::write(&path, format!("[server]\nhealth_listen = \"{port}\"\n")).unwrap();
+    let server = spawn(&["--config", path.to_str().unwrap()]);
+    let (status, body) = common::cluster::http_get(port, "/health").expect("an answer");
+    assert_eq!((status, body.as_str()), (200, "serving\n"));
+    // A health port already taken stops the start, naming the key.
+    let (code, stderr) = serve_until_exit(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, Some(70), "stderr: {stderr}");
+    assert!(
+        stderr.contains(&format!("server.health_listen {port}: cannot listen")),
+        "{stderr}"
+    );
     stop(server, libc::SIGTERM);
 }

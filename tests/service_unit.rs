@@ -1,7 +1,8 @@
 //! `dist/latchkey.service` and `dist/latchkey.toml`: the unit passes `systemd-analyze verify`
 //! (when the tool is on PATH; skipped otherwise) with its `ExecStart` pointed at the built
 //! binary, and the example config loads, uses the unit's state directory and fits the unit's
-//! `LimitNOFILE`.
+//! `LimitNOFILE`; with their TLS lines uncommented, the unit hands the TLS files over as
+//! credentials (`LoadCredential=`) and the config names exactly those copies.
 //!
 //! `systemd-analyze verify` also reports on units of the host it loads along the way; only its
 //! lines that name our unit are judged.
@@ -38,13 +39,57 @@ fn setting<'a>(unit: &'a str, key: &str) -> Option<&'a str> {
         .find_map(|line| line.strip_prefix(&prefix))
 }
 
+/// `text` with the '#' removed from the lines that start with one of `starts` (after it).
+fn uncommented(text: &str, starts: &[&str]) -> String {
+    let lines = text.lines().map(|line| match line.strip_prefix('#') {
+        Some(rest) if starts.iter().any(|start| rest.starts_with(start)) => rest,
+        _ => line,
+    });
+    lines.map(|line| format!("{line}\n")).collect()
+}
+
+/// The example config with its `[tls]` lines uncommented.
+fn config_with_tls() -> String {
+    let config = std::fs::read_to_string("dist/latchkey.toml").unwrap();
+    let tls_lines = ["[tls]", "cert_file =", "key_file =", "client_ca_file ="];
+    uncommented(&config, &tls_lines)
+}
+
 #[test]
 fn the_unit_passes_systemd_analyze_verify() {
+    check_verify(UNIT, "service-unit");
+}
+
+#[test]
+fn the_unit_and_config_show_how_the_dynamic_user_reads_the_tls_files() {
+    let unit = uncommented(UNIT, &["LoadCredential="]);
+    let credentials: Vec<(&str, &str)> = unit
+        .lines()
+        .filter_map(|line| line.strip_prefix("LoadCredential="))
+        .filter_map(|value| value.split_once(':'))
+        .collect();
+    let names: Vec<&str> = credentials.iter().map(|(name, _)| *name).collect();
+    assert_eq!(names, ["tls.crt", "tls.key", "client-ca.crt"], "{unit}");
+    let dir = TempDir::new("service-unit-tls");
+    let path = dir.path().join("latchkey.toml");
+    std::fs::write(&path, config_with_tls()).unwrap();
+    let config = Config::load(&path).expect("the example config with [tls] loads");
+    let tls = config.tls.expect("a [tls] section");
+    let copy = |name: &str| Path::new("/run/credentials/latchkey.service").join(name);
+    assert_eq!(tls.cert_file, copy("tls.crt"));
+    assert_eq!(tls.key_file, copy("tls.key"));
+    assert_eq!(tls.client_ca_file, Some(copy("client-ca.crt")));
+    check_verify(&unit, "service-unit-credentials");
+}
+
+/// `unit` (its `ExecStart` pointed at the built binary and a copy of the example config)
+/// passes `systemd-analyze verify`, when the tool is there.
+fn check_verify(unit: &str, label: &str) {
     if !on_path("systemd-analyze") {
         eprintln!("skipped: systemd-analyze is not on PATH");
         return;
     }
-    let dir = TempDir::new("service-unit");
+    let dir = TempDir::new(label);
     let config = dir.path().join("latchkey.toml");
     std::fs::copy("dist/latchkey.toml", &config).unwrap();
     let exec_start = format!(
@@ -52,8 +97,8 @@ fn the_unit_passes_systemd_analyze_verify() {
         env!("CARGO_BIN_EXE_latchkey"),
         config.display()
     );
-    let original = setting(UNIT, "ExecStart").expect("an ExecStart");
-    let unit_text = UNIT.replace(&format!("ExecStart={original}"), &exec_start);
+    let original = setting(unit, "ExecStart").expect("an ExecStart");
+    let unit_text = unit.replace(&format!("ExecStart={original}"), &exec_start);
     let unit = dir.path().join("latchkey.service");
     std::fs::write(&unit, unit_text).unwrap();
     let Some((success, stderr)) = verify(&unit) else {

@@ -362,3 +362,51 @@ fn admin_requests_are_served_over_tls() {
     server.shutdown();
     server.join().unwrap();
 }
+
+#[test]
+fn every_command_says_the_same_words_to_a_plaintext_user_of_a_tls_port() {
+    let pki = Pki::new("plain-cli");
+    let server = start_with(pki.server_config(false));
+    let addr = server.local_addr().to_string();
+    let said = format!(
+        "{addr}: {}: connect with TLS, trusting its CA (--tls-ca FILE, or LATCHKEY_TLS_CA)",
+        latchkey_client::SPEAKS_TLS
+    );
+    let commands: [&[&str]; 5] = [
+        &["lock", "--wait", "0", "k", "--", "true"],
+        &["query", "k"],
+        &["ping"],
+        &["stats"],
+        &["keys"],
+    ];
+    for words in commands {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"))
+            .env_remove("LATCHKEY_TLS_CA")
+            .arg(words[0])
+            .args(["--server", &addr])
+            .args(&words[1..])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(83), "{words:?}: {stderr}");
+        let line = format!("cannot reach the server: {said}");
+        assert!(stderr.contains(&line), "{words:?}: {stderr}");
+        assert!(
+            !stderr.contains("unknown response op"),
+            "{words:?}: {stderr}"
+        );
+    }
+    // The client's own words, for programs that show them.
+    let client = latchkey_client::Client::connect(server.local_addr()).unwrap();
+    assert_eq!(
+        client.ping(),
+        Err(latchkey_client::RequestError::Unavailable)
+    );
+    let failure = client.last_session_failure().unwrap();
+    assert!(
+        failure.cause().starts_with(latchkey_client::SPEAKS_TLS),
+        "{failure}"
+    );
+    server.shutdown();
+    server.join().unwrap();
+}

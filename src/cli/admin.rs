@@ -19,7 +19,8 @@
 //! timeout (or the connection failed mid-answer); 83 when the server cannot be reached (or a
 //! TLS file cannot be used, or the TLS handshake fails, as for the other commands); 84 when the
 //! answer is not a 200 with the expected JSON (including "not a latchkey server" when it is not
-//! HTTP, and "the server speaks TLS" when a TLS server answers a plaintext request).
+//! HTTP); 83 too, with the words of `lock`, `query` and `ping`, when a TLS server answers a
+//! plaintext request ("the server speaks TLS").
 //!
 //! Deliberately not here: HTTP beyond one `GET` answered with a length or by closing (no
 //! keep-alive, chunked encoding or redirects), and retries (the caller decides).
@@ -32,12 +33,14 @@ use std::time::{Duration, Instant};
 use rustls::{AlertDescription, ClientConnection, StreamOwned};
 use serde_json::Value;
 
+use super::messages::{tried_suffix, Tried, TLS_HINT};
 use super::{
-    fail_servers, parse_server_items, shown_key, ConnectArgs, OutputArgs, EXIT_BUSY,
-    EXIT_INDETERMINATE, EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE,
+    fail_servers, format_duration, parse_server_items, shown_key, ConnectArgs, OutputArgs,
+    EXIT_BUSY, EXIT_INDETERMINATE, EXIT_REJECTED, EXIT_UNAVAILABLE, EXIT_USAGE,
 };
 use latchkey_client::protocol::{parse_response, ErrorCode, Response};
 use latchkey_client::tls::Connector;
+use latchkey_client::SPEAKS_TLS;
 
 pub(super) mod gather;
 pub(super) mod merge;
@@ -57,6 +60,10 @@ const READ_CHUNK_BYTES: usize = 64 << 10;
 const KEYS_LIMIT_MAX: u32 = 10_000;
 /// Characters of a refusal's body quoted in the message.
 const REFUSAL_SHOWN_CHARS_MAX: usize = 200;
+/// The first pause before a refused connection is tried again (`--retry-refused`).
+const CONNECT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// The longest pause between two tries of a refused connection.
+const CONNECT_BACKOFF_MAX: Duration = Duration::from_millis(250);
 /// Loop iterations longer than this count as stalls in the `# Loop` section, in seconds.
 const STALL_SECONDS: f64 = 0.001;
 
@@ -191,8 +198,8 @@ fn run_stats_of_members(args: &StatsArgs, items: &[(String, Vec<SocketAddr>)]) -
         Ok(tls) => tls,
         Err(code) => return code,
     };
-    let timeout = args.connect.transport_timeout;
-    let answers: Vec<MemberAnswer> = gather(items, &["/stats"], timeout, tls.as_ref())
+    let patience = Patience::of(&args.connect);
+    let answers: Vec<MemberAnswer> = gather(items, &["/stats"], patience, tls.as_ref())
         .into_iter()
         .flatten()
         .collect();
@@ -223,8 +230,8 @@ fn run_keys_of_members(
         Ok(tls) => tls,
         Err(code) => return code,
     };
-    let timeout = args.connect.transport_timeout;
-    let answers = gather(items, &["/stats", target], timeout, tls.as_ref());
+    let patience = Patience::of(&args.connect);
+    let answers = gather(items, &["/stats", target], patience, tls.as_ref());
     let lasts: Vec<MemberAnswer> = answers
         .iter()
         .map(|pair| MemberAnswer {
@@ -312,8 +319,8 @@ fn get_json(
     target: &str,
 ) -> Result<(Vec<u8>, Value), ExitCode> {
     let connector = connector(command, connect)?;
-    let timeout = connect.transport_timeout;
-    let body = fetch(addrs, target, timeout, connector.as_ref()).map_err(|f| fail(command, &f))?;
+    let patience = Patience::of(connect);
+    let body = fetch(addrs, target, patience, connector.as_ref()).map_err(|f| fail(command, &f))?;
     match serde_json::from_slice(&body) {
         Ok(value) => Ok((body, value)),
         Err(error) => {
@@ -380,17 +387,56 @@ impl Write for AdminStream {
     }
 }
 
+/// How long one admin request may take (its connect, then its answer), and whether a refused
+/// connection is tried again within that (`--retry-refused`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Patience {
+    /// `--transport-timeout`.
+    pub timeout: Duration,
+    /// `--retry-refused`.
+    pub retry_refused: bool,
+}
+
+impl Patience {
+    /// What `connect`'s flags allow.
+    pub(super) fn of(connect: &ConnectArgs) -> Patience {
+        Patience {
+            timeout: connect.transport_timeout,
+            retry_refused: connect.retry_refused,
+        }
+    }
+}
+
+impl From<Duration> for Patience {
+    /// `timeout`, a refused connection not tried again.
+    fn from(timeout: Duration) -> Patience {
+        Patience {
+            timeout,
+            retry_refused: false,
+        }
+    }
+}
+
 /// Connects to the first of `addrs` that accepts (over TLS with `tls`), sends `GET target` and
 /// returns the body of a 200 answer. Each failure names the address.
 pub(super) fn fetch(
     addrs: &[SocketAddr],
     target: &str,
-    timeout: Duration,
+    patience: impl Into<Patience>,
     tls: Option<&Connector>,
 ) -> Result<Vec<u8>, Failure> {
-    let (tcp, addr) = connect(addrs, timeout)?;
-    let named =
-        |failure: Failure| Failure::new(failure.exit_code, format!("{addr}: {}", failure.message));
+    let patience = patience.into();
+    let timeout = patience.timeout;
+    let (tcp, addr) = connect(addrs, patience)?;
+    // Said as the other commands say it: a failure to reach the server (nothing was served),
+    // or what the server did.
+    let named = |failure: Failure| {
+        let message = match failure.exit_code {
+            EXIT_UNAVAILABLE => format!("cannot reach the server: {addr}: {}", failure.message),
+            _ => format!("{addr}: {}", failure.message),
+        };
+        Failure::new(failure.exit_code, message)
+    };
     let deadline = Instant::now() + timeout;
     let mut stream = match tls {
         None => AdminStream::Plain(tcp),
@@ -416,9 +462,49 @@ pub(super) fn fetch(
     answer_body(&answer).map(<[u8]>::to_vec).map_err(named)
 }
 
-/// A connection to the first of `addrs` that accepts, all tried within `timeout` together.
-fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<(TcpStream, SocketAddr), Failure> {
-    let deadline = Instant::now() + timeout;
+/// A connection to the first of `addrs` that accepts, all tried within the timeout together;
+/// with `retry_refused`, again after a refusal (backing off 10 ms doubling, at most 250 ms)
+/// until the timeout has run out.
+fn connect(addrs: &[SocketAddr], patience: Patience) -> Result<(TcpStream, SocketAddr), Failure> {
+    let start = Instant::now();
+    let deadline = start + patience.timeout;
+    let mut backoff = CONNECT_BACKOFF_MIN;
+    // Bounded: a pass tries each address once; another pass follows only a refusal, with
+    // `retry_refused`, and only before the deadline.
+    loop {
+        let (addr, error) = match connect_once(addrs, deadline) {
+            Ok(found) => return Ok(found),
+            Err(failed) => failed,
+        };
+        let refused = error.kind() == io::ErrorKind::ConnectionRefused;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let again = patience.retry_refused && refused && !left.is_zero();
+        if !again {
+            let cause = match error.kind() {
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => "timed out".to_owned(),
+                kind => kind.to_string(),
+            };
+            let timeout = format_duration(patience.timeout);
+            let tried = Tried {
+                elapsed: start.elapsed(),
+                allowance: format!("--transport-timeout {timeout}"),
+                retry_refused: patience.retry_refused,
+            };
+            let tried = tried_suffix(refused, &tried);
+            let message =
+                format!("cannot reach the server: {addr}: cannot connect: {cause} {tried}");
+            return Err(Failure::new(EXIT_UNAVAILABLE, message));
+        }
+        std::thread::sleep(backoff.min(left));
+        backoff = (backoff * 2).min(CONNECT_BACKOFF_MAX);
+    }
+}
+
+/// One pass over `addrs` before `deadline`: a connection, or the last address's error.
+fn connect_once(
+    addrs: &[SocketAddr],
+    deadline: Instant,
+) -> Result<(TcpStream, SocketAddr), (SocketAddr, io::Error)> {
     let mut failure = None;
     for &addr in addrs {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -432,13 +518,7 @@ fn connect(addrs: &[SocketAddr], timeout: Duration) -> Result<(TcpStream, Socket
             Err(error) => failure = Some((addr, error)),
         }
     }
-    let (addr, error) = failure.expect("server_addrs gives at least one address");
-    let cause = match error.kind() {
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => "timed out".to_owned(),
-        kind => kind.to_string(),
-    };
-    let message = format!("cannot reach the server: {addr}: cannot connect: {cause}");
-    Err(Failure::new(EXIT_UNAVAILABLE, message))
+    Err(failure.expect("server_addrs gives at least one address"))
 }
 
 /// Reads until the server closes the connection, the deadline passes or the answer is too
@@ -604,9 +684,10 @@ fn not_http(answer: &[u8]) -> Failure {
         );
     }
     if is_tls_record(answer) {
-        let message = "the server speaks TLS (it answered with a TLS record): give --tls-ca FILE \
-                       (or LATCHKEY_TLS_CA)";
-        return Failure::new(EXIT_REJECTED, message);
+        // The words of every client (latchkey_client::SPEAKS_TLS), and the same exit code as
+        // `lock`, `query` and `ping`: nothing was served.
+        let message = format!("{SPEAKS_TLS}: connect with TLS, trusting its CA {TLS_HINT}");
+        return Failure::new(EXIT_UNAVAILABLE, message);
     }
     match parse_response(answer) {
         Ok(Some((

@@ -81,7 +81,8 @@ fn seen(command: &str, connect: &ConnectArgs) -> Result<Vec<Seen>, ExitCode> {
     let items = parse_server_items(&connect.server)
         .map_err(|failure| super::fail_servers(command, &failure))?;
     let tls = connector(command, connect)?;
-    let answers = gather(&items, &["/stats"], connect.transport_timeout, tls.as_ref());
+    let patience = super::admin::Patience::of(connect);
+    let answers = gather(&items, &["/stats"], patience, tls.as_ref());
     Ok(answers.into_iter().flatten().map(seen_of).collect())
 }
 

@@ -1,5 +1,5 @@
 //! `latchkey ping [--count N] [--interval 1s] [--json]`: N pings `--interval` apart over one
-//! session, a line per pong, and a summary like ping(8).
+//! session per member, a line per pong, and a summary like ping(8).
 //!
 //! Pings go out on a schedule: the first at once, the k-th `k × --interval` after it, or right
 //! after the previous one's answer when that came later. A ping without a pong (no connection,
@@ -8,7 +8,9 @@
 //! more than one ping the summary `N pings, M pongs, L% lost; rtt min/avg/max = a/b/c ms`.
 //! `--json` prints only one object at the end:
 //! `{"server":ADDR,"count":N,"received":M,"rtt_ms":{"min":a,"avg":b,"max":c}}` (the times are
-//! `null` when no pong came).
+//! `null` when no pong came). With several members in `--server`, every member is pinged in
+//! each round: the summary has a line per member (`ADDR: N pings, ...`), `--json` an object
+//! per member, a line each.
 //!
 //! Exit code: 0 when every ping got its pong; else that of the last ping lost (83 unreachable,
 //! 82 no answer, 84 refused).
@@ -21,7 +23,13 @@ use std::process::ExitCode;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{cli_client, parse_duration, request_exit_code, request_message, OutputArgs, PingArgs};
+use latchkey_client::Client;
+
+use super::messages::{request_message, Tried};
+use super::{
+    cli_client, parse_duration, parse_server_items, request_exit_code, ConnectArgs, OutputArgs,
+    PingArgs,
+};
 
 /// The longest `--interval`.
 const INTERVAL_MAX: Duration = Duration::from_secs(3600);
@@ -64,40 +72,82 @@ pub fn run_ping(args: PingArgs) -> ExitCode {
 /// `{"server":ADDR,"count":N,"received":M,"rtt_ms":{"min":a,"avg":b,"max":c}}`. A ping without
 /// a pong is said on stderr and counted lost. Exits 0 when every ping got its pong, else with
 /// the code of the last one lost.
+///
+/// Given several members (`--server a,b,c`), each round pings every member in turn, each over
+/// its own session: the summary is one line per member, prefixed with its address, and
+/// `--json` one object per member, a line each.
 pub fn run_ping_command(command: PingCommand) -> ExitCode {
-    let (client, addr) = match cli_client("ping", &command.ping.connect) {
-        Ok(found) => found,
-        Err(code) => return code,
+    let members = match ping_members(&command.ping.connect) {
+        Ok(members) => members,
+        Err(code) => return ExitCode::from(code),
     };
     let start = Instant::now();
-    let mut tally = PingTally::default();
+    let mut tallies = vec![PingTally::default(); members.len()];
     let mut exit_code = ExitCode::SUCCESS;
     for seq in 1..=command.ping.count {
         let due = start + command.interval * (seq - 1);
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             thread::sleep(wait);
         }
-        match client.ping() {
-            Ok(rtt) => {
-                tally.pong(rtt);
-                if !command.output.json {
-                    println!("pong from {addr}: seq={seq} time={} ms", millis_text(rtt));
-                }
-            }
-            Err(error) => {
-                tally.lost();
-                let message = request_message(&client, addr, &error);
-                eprintln!("latchkey ping: {message} (seq={seq})");
-                exit_code = ExitCode::from(request_exit_code(&error));
+        for ((client, addr), tally) in members.iter().zip(&mut tallies) {
+            if let Err(code) = ping_once(&command, client, *addr, seq, tally) {
+                exit_code = ExitCode::from(code);
             }
         }
     }
-    if command.output.json {
-        println!("{}", tally.json(addr));
-    } else if command.ping.count > 1 {
-        println!("{}", tally.summary());
+    let several = members.len() > 1;
+    for ((_, addr), tally) in members.iter().zip(&tallies) {
+        if command.output.json {
+            println!("{}", tally.json(*addr));
+        } else if several {
+            println!("{addr}: {}", tally.summary());
+        } else if command.ping.count > 1 {
+            println!("{}", tally.summary());
+        }
     }
     exit_code
+}
+
+/// A client of each `--server` item (a member), with the address its pongs are said from; or
+/// the exit code after saying why not.
+fn ping_members(connect: &ConnectArgs) -> Result<Vec<(Client, SocketAddr)>, u8> {
+    let items = parse_server_items(&connect.server)
+        .map_err(|failure| super::say_servers_failure("ping", &failure))?;
+    let mut members = Vec::with_capacity(items.len());
+    for (item, _) in items {
+        let mut one = connect.clone();
+        one.server = item;
+        members.push(cli_client("ping", &one)?);
+    }
+    Ok(members)
+}
+
+/// Pings `addr` once as the `seq`-th ping, says the pong or the loss, and counts it in
+/// `tally`; the exit code of a loss.
+fn ping_once(
+    command: &PingCommand,
+    client: &Client,
+    addr: SocketAddr,
+    seq: u32,
+    tally: &mut PingTally,
+) -> Result<(), u8> {
+    let sent = Instant::now();
+    match client.ping() {
+        Ok(rtt) => {
+            tally.pong(rtt);
+            if !command.output.json {
+                println!("pong from {addr}: seq={seq} time={} ms", millis_text(rtt));
+            }
+            Ok(())
+        }
+        Err(error) => {
+            tally.lost();
+            let tried = Tried::request(&command.ping.connect, sent.elapsed());
+            let message = request_message(client, addr, &error, &tried);
+            eprintln!("latchkey ping: {message} (seq={seq})");
+            Err(request_exit_code(&error))
+        }
+    }
 }
 
 /// What a run saw: pings sent, pongs received and their round-trip times. No I/O.

@@ -9,20 +9,27 @@
 //! [`EXTEND_RETRY`] at most, and sooner as the validity bound nears (a quarter of what is left
 //! of it), until the bound passes: then the lease counts as lost.
 //!
+//! Signals for CMD go to its process group when it has one (`child.rs`): a lost lease or a
+//! forwarded signal then reaches what CMD started too.
+//!
 //! Invariant: CMD is reaped only by [`supervise`], after every thread that may signal it has
-//! stopped, so a signal never reaches a recycled pid. Deliberately not here: taking the lock
-//! and the exit codes of the other outcomes (see [`super`]).
+//! stopped and its guard stood down, so a signal never reaches a recycled pid. Deliberately
+//! not here: starting CMD (`child.rs`), taking the lock and the exit codes of the other
+//! outcomes (see [`super`]).
 
 use std::io;
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, ExitCode, ExitStatus};
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::{shown_key, LockArgs, EXIT_INDETERMINATE, EXIT_LEASE_LOST, FORBIDDEN_TEXT};
+use super::child::Started;
+use super::format_duration;
+use super::messages::{unavailable_text, Tried};
+use super::{shown_key, LockArgs, LockExit, EXIT_INDETERMINATE, EXIT_LEASE_LOST, FORBIDDEN_TEXT};
 use latchkey_client::protocol::ErrorCode;
 use latchkey_client::{Client, ExtendOutcome, ReleaseOutcome, RequestError, Ticket};
 
@@ -41,8 +48,13 @@ enum Event {
     Signal(i32),
 }
 
-/// Runs CMD to its end under the lock; returns the exit code.
-pub(super) fn supervise(mut child: Child, ticket: Ticket, args: &LockArgs) -> ExitCode {
+/// Runs CMD to its end under the lock; returns how `latchkey lock` exits.
+pub(super) fn supervise(started: Started, ticket: Ticket, args: &LockArgs) -> LockExit {
+    let Started {
+        mut child,
+        target,
+        guard,
+    } = started;
     let pid = child.id() as libc::pid_t;
     let ticket = Arc::new(ticket);
     let (events_tx, events) = crossbeam_channel::unbounded();
@@ -57,31 +69,36 @@ pub(super) fn supervise(mut child: Child, ticket: Ticket, args: &LockArgs) -> Ex
         thread::spawn(move || extend_until_stopped(&ticket, lease, &stop, &events_tx))
     };
     let signals = forward_signals(events_tx);
-    let lost = watch(&events, &ticket, pid, args.grace);
+    let lost = watch(&events, &ticket, target, args.grace);
     drop(stop_tx);
     let _ = extender.join();
     if let Some(handle) = signals {
         handle.close();
     }
+    // Before the reap: until then CMD's pid, and so its group's id, cannot be reused.
+    if let Some(guard) = guard {
+        guard.stand_down();
+    }
     let status = child.wait();
     let ticket = Arc::into_inner(ticket).expect("the extender has ended");
     if lost {
         drop(ticket);
-        return ExitCode::from(EXIT_LEASE_LOST);
+        return LockExit::Own(EXIT_LEASE_LOST);
     }
     release(ticket);
     match status {
-        Ok(status) => ExitCode::from(status_code(status)),
+        Ok(status) => LockExit::Command(status_code(status)),
         Err(error) => {
             eprintln!("latchkey lock: waiting for the command: {error}");
-            ExitCode::from(EXIT_INDETERMINATE)
+            LockExit::Own(EXIT_INDETERMINATE)
         }
     }
 }
 
 /// Waits for events until CMD exits; on a lost lease sends SIGTERM, then SIGKILL after
-/// `grace`. Returns whether the lease was lost.
-fn watch(events: &Receiver<Event>, ticket: &Ticket, pid: libc::pid_t, grace: Duration) -> bool {
+/// `grace`, to `target` (CMD's pid, or its group as `-pgid`). Returns whether the lease was
+/// lost.
+fn watch(events: &Receiver<Event>, ticket: &Ticket, target: libc::pid_t, grace: Duration) -> bool {
     let mut lost = false;
     let mut kill_at: Option<Instant> = None;
     loop {
@@ -93,13 +110,13 @@ fn watch(events: &Receiver<Event>, ticket: &Ticket, pid: libc::pid_t, grace: Dur
         let why = match event {
             Ok(Event::Exited) | Err(RecvTimeoutError::Disconnected) => return lost,
             Ok(Event::Signal(signal)) => {
-                send_signal(pid, signal);
+                send_signal(target, signal);
                 continue;
             }
             Ok(Event::Lost(why)) => why,
             Err(RecvTimeoutError::Timeout) if kill_at.is_some() => {
                 eprintln!("latchkey lock: the command outlived its grace: SIGKILL");
-                send_signal(pid, libc::SIGKILL);
+                send_signal(target, libc::SIGKILL);
                 kill_at = None;
                 continue;
             }
@@ -108,7 +125,7 @@ fn watch(events: &Receiver<Event>, ticket: &Ticket, pid: libc::pid_t, grace: Dur
         };
         if !lost {
             eprintln!("latchkey lock: lease lost ({why}): SIGTERM to the command");
-            send_signal(pid, libc::SIGTERM);
+            send_signal(target, libc::SIGTERM);
             kill_at = Some(Instant::now() + grace);
             lost = true;
         }
@@ -129,6 +146,7 @@ fn extend_until_stopped(
         if stop.recv_deadline(next) != Err(RecvTimeoutError::Timeout) {
             return;
         }
+        let start = Instant::now();
         match ticket.extend(lease) {
             Ok(ExtendOutcome::Extended) => next = Instant::now() + period,
             Ok(ExtendOutcome::NotHeld) => {
@@ -148,7 +166,7 @@ fn extend_until_stopped(
             Err(error) => {
                 let now = Instant::now();
                 let left = ticket.valid_until().saturating_duration_since(now);
-                let why = failure(ticket.client(), &error);
+                let why = failure(ticket.client(), &error, now - start);
                 if left.is_zero() {
                     // The watcher reports the lease lost at the bound; nothing left to keep.
                     eprintln!("latchkey lock: extend failed: {why}");
@@ -198,10 +216,12 @@ fn wait_for_exit(pid: libc::pid_t) {
     }
 }
 
-fn send_signal(pid: libc::pid_t, signal: i32) {
-    // SAFETY: kill has no memory effects; `pid` is our unreaped child (see wait_for_exit).
+/// Sends `signal` to `target`: CMD's pid, or its process group as `-pgid`.
+fn send_signal(target: libc::pid_t, signal: i32) {
+    // SAFETY: kill has no memory effects; `target` is our unreaped child or its group (see
+    // wait_for_exit).
     unsafe {
-        libc::kill(pid, signal);
+        libc::kill(target, signal);
     }
 }
 
@@ -218,6 +238,7 @@ fn status_code(status: ExitStatus) -> u8 {
 pub(super) fn release(ticket: Ticket) {
     let key = shown_key(ticket.key());
     let client = ticket.client().clone();
+    let start = Instant::now();
     match ticket.release() {
         Ok(ReleaseOutcome::Released) => {}
         Ok(ReleaseOutcome::NotHeld) => {
@@ -229,7 +250,7 @@ pub(super) fn release(ticket: Ticket) {
             )
         }
         Err(error) => {
-            let why = failure(&client, &error);
+            let why = failure(&client, &error, start.elapsed());
             eprintln!("latchkey lock: release failed ({why}); the lease recovers it")
         }
     }
@@ -238,11 +259,18 @@ pub(super) fn release(ticket: Ticket) {
 /// Why an extend or release got no answer, as true as the client knows it: when nothing was
 /// sent, what the cluster's members did (no leader, no quorum...) or why the server could not
 /// be reached.
-fn failure(client: &Client, error: &RequestError) -> String {
+fn failure(client: &Client, error: &RequestError, elapsed: Duration) -> String {
     match error {
         RequestError::Unavailable => {
             let addr = client.config().addrs[0];
-            super::unavailable_text(client, addr, "no connection within --transport-timeout")
+            let timeout = format_duration(client.config().transport_timeout);
+            let tried = Tried {
+                elapsed,
+                allowance: format!("--transport-timeout {timeout}"),
+                // Not a word of --retry-refused: the supervisor tries again on its own.
+                retry_refused: true,
+            };
+            unavailable_text(client, addr, &tried)
         }
         other => other.to_string(),
     }

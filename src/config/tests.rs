@@ -132,6 +132,7 @@ fn full_file() {
         [server]
         listen = "[::1]:9000"
         cores = 3
+        health_listen = "127.0.0.1:7421"
         [limits]
         max_connections = 1_000_000
         max_keys = 30
@@ -159,6 +160,7 @@ fn full_file() {
             listen: "[::1]:9000".parse().unwrap(),
             cores: 3,
             cores_explicit: true,
+            health_listen: Some("127.0.0.1:7421".parse().unwrap()),
         },
         limits,
         timer: TimerConfig { tick_ms: 1000 },
@@ -231,7 +233,8 @@ fn wrong_types_name_their_key() {
 #[test]
 fn unknown_keys_and_sections_are_named() {
     let text = "[server]\nlisten = \"127.0.0.1:1\"\nlisen = \"127.0.0.1:2\"\n";
-    let says = "line 3: unknown key `server.lisen` (known keys in [server]: listen, cores)";
+    let says =
+        "line 3: unknown key `server.lisen` (known keys in [server]: listen, cores, health_listen)";
     assert_refused(text, "server.lisen", says);
     assert_refused(
         "[limit]\nmax_keys = 1",
@@ -640,4 +643,16 @@ fn a_cluster_identity_ignores_order_and_peer_addresses_but_not_client_addresses(
         peer: "127.0.0.1:7523".parse().unwrap(),
     });
     assert_ne!(grown.identity().digest, identity.digest);
+}
+
+#[test]
+fn health_listen_is_an_address_or_empty() {
+    let config = Config::from_toml_str("[server]\nhealth_listen = \"\"\n").unwrap();
+    assert_eq!(config.server.health_listen, None);
+    let error =
+        Config::from_toml_str("[server]\nhealth_listen = \"localhost:7421\"\n").unwrap_err();
+    assert!(
+        error.to_string().contains("server.health_listen"),
+        "{error}"
+    );
 }

@@ -190,8 +190,14 @@ impl<N: Net, P: Partition> Core<N, P> {
     }
 
     fn begin_shutdown(&mut self) {
+        // A single node's holds end with it; a cluster member's are replicated, and the other
+        // members keep serving them.
+        let holds = match self.table.cluster_stats() {
+            Some(_) => "held locks kept by the cluster",
+            None => "held locks dropped",
+        };
         log::info!(
-            "core {}: shutting down: {} queued acquires answered B, {} held locks dropped, \
+            "core {}: shutting down: {} queued acquires answered B, {} {holds}, \
              {} sessions to close",
             self.settings.index,
             self.table.waiter_count(),

@@ -167,6 +167,8 @@ pub struct Core<N: Net, P: Partition = LockTable> {
     pub(super) handshakes: super::handshake::Handshakes,
     /// The graces of identified clients whose last session closed here: (end µs, client).
     pub(super) graces: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32)>>,
+    /// When this core next publishes its figures for the health port, if there is one.
+    pub(super) health_publish_us: u64,
 }
 
 /// What a core counts besides its partition (see [`super::admin::render::CoreStats`]).
@@ -231,6 +233,7 @@ impl<N: Net, P: Partition> Core<N, P> {
             logs: super::logs::CoreLogs::default(),
             handshakes: Default::default(),
             graces: Default::default(),
+            health_publish_us: 0,
         }
     }
 
@@ -357,6 +360,7 @@ impl<N: Net, P: Partition> Core<N, P> {
         self.route_answers();
         self.advance_scans();
         self.expire_admin_jobs();
+        self.publish_health();
         self.expire_handshakes();
         self.end_graces();
         self.log_busy();

@@ -217,6 +217,7 @@ impl<P: Partition> Harness<P> {
             loop_gauges: (0..cores).map(|_| StallGauge::default()).collect(),
             limits: crate::config::Config::default().limits,
             clients: super::clients::ClientRegistry::new(super::clients::SERVER_CLIENTS_MAX),
+            health: None,
         });
         let channels: Vec<_> = (0..cores)
             .map(|_| crossbeam_channel::bounded::<Msg>(CHANNEL_DEPTH))

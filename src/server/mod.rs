@@ -82,6 +82,8 @@ pub struct Shared {
     limits: crate::config::LimitsConfig,
     /// The identified clients (docs/protocol.md §5, resumable calls).
     pub(crate) clients: clients::ClientRegistry,
+    /// What the cores published for the health port, when `server.health_listen` has one.
+    pub(crate) health: Option<admin::health_port::HealthBoard>,
 }
 
 /// Upper bounds of the loop-iteration histogram's buckets, in microseconds; one more bucket
@@ -192,6 +194,9 @@ pub struct ServerHandle {
     /// What a [`Backend`] started beside the cores (a cluster member's peer thread and data
     /// directory), stopped after the cores.
     beside: Option<Box<dyn Beside>>,
+    /// The health port (`server.health_listen`), stopped after the cores: it answers `503
+    /// shutting down` while they stop.
+    health: Option<admin::health_port::HealthPort>,
     /// Keeps the address ours until the server is gone.
     _guard: AddressGuard,
 }
@@ -200,6 +205,12 @@ impl ServerHandle {
     /// The address the server listens on (with the real port when 0 was configured).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The address of the health port (`server.health_listen`), if there is one (with the
+    /// real port when 0 was configured).
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health.as_ref().map(|port| port.local_addr())
     }
 
     /// Begins a graceful shutdown: stop accepting, answer queued waiters `B`, flush, stop.
@@ -268,13 +279,16 @@ impl ServerHandle {
         if let Some(beside) = self.beside.take() {
             beside.stop();
         }
+        if let Some(health) = self.health.take() {
+            health.stop();
+        }
         outcome
     }
 }
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        if !self.threads.is_empty() || self.beside.is_some() {
+        if !self.threads.is_empty() || self.beside.is_some() || self.health.is_some() {
             self.shutdown();
             let _ = self.join_threads();
         }
@@ -372,6 +386,9 @@ fn start_inner<B: Backend>(
         .map(crate::server::tls::server_config)
         .transpose()?;
     let bound = bind::bind(config.server.listen, cores)?;
+    let health = (config.server.health_listen)
+        .map(admin::health_port::bind)
+        .transpose()?;
     let mut plan = plan(&config, notify)?;
     let mut handle = ServerHandle {
         addr: bound.addr,
@@ -379,6 +396,7 @@ fn start_inner<B: Backend>(
         threads: Vec::with_capacity(cores),
         persister: None,
         beside: None,
+        health: None,
         _guard: bound.guard,
     };
     let listeners = bound.listeners;
@@ -433,6 +451,10 @@ fn start_inner<B: Backend>(
                 &mut handle,
             )?;
         }
+    }
+    if let Some(listener) = health {
+        let shared = Arc::clone(&plan.shared);
+        handle.health = Some(admin::health_port::HealthPort::start(listener, shared)?);
     }
     Ok(handle)
 }
@@ -546,6 +568,8 @@ fn plan(config: &Config, notify: Option<Arc<Waker>>) -> io::Result<Plan> {
         loop_gauges: (0..cores).map(|_| StallGauge::default()).collect(),
         limits: limits.clone(),
         clients: clients::ClientRegistry::new(clients::SERVER_CLIENTS_MAX),
+        health: (config.server.health_listen)
+            .map(|_| admin::health_port::HealthBoard::new(cores, config.cluster.is_some())),
     });
     let table_config = TableConfig {
         max_keys: (limits.max_keys / cores).max(1),

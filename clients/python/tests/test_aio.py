@@ -230,3 +230,45 @@ def test_many_tasks_share_one_client(server: Server) -> None:
     acquires = proxy.acquires()
     assert len(acquires) == tasks * calls and all(n == 1 for n in acquires.values())
     proxy.stop()
+
+
+def test_a_cancelled_acquire_withdraws_its_waiter_at_once(server: Server, observer: latchkey.Client) -> None:
+    """A task cancelled while its acquire waits in the server's queue: the waiter is withdrawn
+    (Cancel), not left to get the key later and give it back."""
+    holder = observer.acquire("ghost", wait=0, lease=LEASE)
+
+    def waiters() -> int:
+        return observer.query("ghost").waiters
+
+    async def main() -> None:
+        async with aclient(server.text) as client:
+            task = asyncio.ensure_future(client.acquire("ghost", wait=60.0, lease=LEASE))
+            until = time.monotonic() + 10.0
+            while waiters() != 1:
+                assert time.monotonic() < until, "never queued"
+                await asyncio.sleep(0.02)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            cancelled = time.monotonic()
+            while waiters() != 0:
+                assert time.monotonic() - cancelled < 5.0, "the cancelled task's waiter stays queued"
+                await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    holder.release()
+    assert not observer.query("ghost").held, "nobody was left to take it"
+
+
+def test_lock_keeps_the_lock_and_a_lost_one_raises_at_the_end(server: Server) -> None:
+    async def main() -> None:
+        async with aclient(server.text) as client:
+            async with client.lock("aio-kept", wait=1.0, lease=1.0) as ticket:
+                await asyncio.sleep(2.5)
+                assert (await client.query("aio-kept")).held and not ticket.lost.is_set()
+            with pytest.raises(latchkey.LockLost) as raised:
+                async with client.lock("aio-lost", wait=1.0, lease=1.0, keep_alive=False) as ticket:
+                    await asyncio.sleep(1.5)
+            assert (raised.value.key, raised.value.token) == ("aio-lost", ticket.token)
+
+    asyncio.run(main())

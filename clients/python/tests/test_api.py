@@ -58,12 +58,42 @@ def test_keep_alive_extends_past_the_lease(server: Server) -> None:
 
 def test_keep_alive_sets_lost_when_the_lock_is_lost(server: Server, observer: latchkey.Client) -> None:
     client = latchkey.Client(server.text)
-    with client.lock("stolen", wait=1.0, lease=3.0, keep_alive=True) as ticket:
-        # Someone releases it with the token (as after an expiry): the next extend says so.
-        forged = latchkey.Ticket(observer, "stolen", b"stolen", ticket.token, 3, 0.0)
-        assert forged.release() is True
-        assert ticket.lost.wait(3.0), "lost was not set"
-        assert not ticket.is_valid()
+    with pytest.raises(latchkey.LockLost) as raised:
+        with client.lock("stolen", wait=1.0, lease=3.0, keep_alive=True) as ticket:
+            # Someone releases it with the token (as after an expiry): the next extend says so.
+            forged = latchkey.Ticket(observer, "stolen", b"stolen", ticket.token, 3, 0.0)
+            assert forged.release() is True
+            assert ticket.lost.wait(3.0), "lost was not set"
+            assert not ticket.is_valid()
+    lost = raised.value
+    assert (lost.key, lost.token) == ("stolen", ticket.token)
+    assert f"stolen: the lock (token {ticket.token}) was lost" in str(lost), lost
+    assert "no longer holds it" in str(lost), lost
+    client.close()
+
+
+def test_lock_keeps_the_lock_by_default(server: Server) -> None:
+    client = latchkey.Client(server.text)
+    with client.lock("default-kept", wait=1.0, lease=1.0) as ticket:
+        time.sleep(2.5)
+        assert client.query("default-kept").held, "extended past the lease without keep_alive=True"
+        assert not ticket.lost.is_set() and ticket.is_valid()
+    assert not client.query("default-kept").held
+    client.close()
+
+
+def test_a_lease_that_ran_out_in_the_block_raises_lock_lost_at_its_end(server: Server) -> None:
+    client = latchkey.Client(server.text)
+    with pytest.raises(latchkey.LockLost) as raised:
+        with client.lock("ran-out", wait=1.0, lease=1.0, keep_alive=False) as ticket:
+            time.sleep(1.5)
+    assert (raised.value.key, raised.value.token) == ("ran-out", ticket.token)
+    assert "no longer held" in str(raised.value), raised.value
+    # An exception of the block itself is never replaced by it.
+    with pytest.raises(RuntimeError):
+        with client.lock("ran-out", wait=1.0, lease=1.0, keep_alive=False):
+            time.sleep(1.5)
+            raise RuntimeError("the block's own")
     client.close()
 
 

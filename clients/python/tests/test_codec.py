@@ -56,9 +56,16 @@ def test_bad_arguments_raise_value_error_before_anything_is_sent() -> None:
 
     client = latchkey.Client("127.0.0.1:1", sessions=1, connect_timeout=0.2)
     for args in [("", 1, 1), ("a\nb", 1, 1), ("x" * 1025, 1, 1), ("k", -1, 1), ("k", 255.001, 1),
-                 ("k", 1, 0), ("k", 1, 256), ("k", float("nan"), 1), ("k", True, 1)]:
+                 ("k", 1, 0), ("k", 1, 256), ("k", float("nan"), 1)]:
         with pytest.raises(ValueError):
             client.acquire(*args)  # type: ignore[arg-type]
+    # The wrong type is a TypeError, as Python code expects.
+    for args in [(b"k", 1, 1), (7, 1, 1), (None, 1, 1), ("k", True, 1), ("k", "1", 1), ("k", 1, "30")]:
+        with pytest.raises(TypeError):
+            client.acquire(*args)  # type: ignore[arg-type]
+    with pytest.raises(TypeError) as raised:
+        client.query(b"k")  # type: ignore[arg-type]
+    assert "must be a str, not bytes" in str(raised.value), raised.value
     with pytest.raises(ValueError):
         latchkey.Client("no-port")
     with pytest.raises(ValueError):

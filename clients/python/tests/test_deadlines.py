@@ -17,8 +17,12 @@ LATE = 3.0
 LEASE = 30.0
 
 
-def make_client(addrs: List[str], sessions: int, transport: float, connect: float = 2.0) -> latchkey.Client:
-    return latchkey.Client(addrs, sessions=sessions, connect_timeout=connect, transport_timeout=transport)
+def make_client(
+    addrs: List[str], sessions: int, transport: float, connect: float = 2.0, retry_refused: bool = False
+) -> latchkey.Client:
+    return latchkey.Client(
+        addrs, sessions=sessions, connect_timeout=connect, transport_timeout=transport, retry_refused=retry_refused
+    )
 
 
 class Background:
@@ -86,7 +90,7 @@ def test_a_failed_connect_is_retried_on_another_session_within_the_same_deadline
 def test_an_unsent_request_keeps_trying_new_sessions_until_a_server_appears() -> None:
     """client_deadlines.rs an_unsent_request_keeps_trying_new_sessions_until_a_server_appears"""
     addr = dead_addr()
-    client = make_client([addr], 1, 2.0)
+    client = make_client([addr], 1, 2.0, retry_refused=True)
     start = time.monotonic()
     call = Background(client, 3.0)
     time.sleep(1.0)
@@ -310,11 +314,38 @@ def test_a_session_failing_after_the_send_is_indeterminate_and_never_resent() ->
 
 def test_the_server_down_is_unavailable_at_the_deadline() -> None:
     """client_deadlines.rs the_server_down_is_unavailable_at_the_deadline"""
-    client = make_client([dead_addr()], 2, 1.0)
+    client = make_client([dead_addr()], 2, 1.0, retry_refused=True)
     start = time.monotonic()
     with pytest.raises(latchkey.Unavailable):
         client.acquire("k", wait=0.6, lease=LEASE)
     assert_between(time.monotonic() - start, 0.6, 0.6 + LATE)
     with pytest.raises(latchkey.Unavailable):
         client.ping()
+    client.close()
+
+
+def test_a_refused_connection_everywhere_is_unavailable_at_once() -> None:
+    """client_api.rs a_refused_connection_ends_the_call_at_once_unless_it_is_retried"""
+    dead = dead_addr()
+    client = make_client([dead], 1, 60.0)
+    start = time.monotonic()
+    with pytest.raises(latchkey.Unavailable) as raised:
+        client.acquire("k", wait=60.0, lease=LEASE)
+    for call in (lambda: client.acquire("k", wait=0, lease=LEASE), lambda: client.query("k"), client.ping):
+        with pytest.raises(latchkey.Unavailable):
+            call()
+    assert time.monotonic() - start < 30.0, "at once, not at the deadline"
+    said = str(raised.value)
+    assert "onnection refused" in said and "(tried for " in said, said
+    assert "retry_refused=True keeps trying" in said, said
+    client.close()
+    # One member refusing among several is not the end: the next one serves.
+    server = FakeServer()
+    client = make_client([dead, server.addr], 1, 5.0)
+    call = Background(client, 5.0)
+    conn = server.accept()
+    owner, _, _, _ = conn.acquire()
+    conn.send(resp("A", owner, 9))
+    result, _ = call.join()
+    assert isinstance(result, latchkey.Ticket) and result.token == 9, result
     client.close()

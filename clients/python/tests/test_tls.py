@@ -88,6 +88,8 @@ def test_a_forbidden_key_is_rejected_with_code_8_and_the_session_goes_on(pki: Di
         with pytest.raises(latchkey.Rejected) as raised:
             call()
         assert raised.value.code == 8
+        said = str(raised.value)
+        assert said.startswith("ops/deploy: the key is forbidden for this identity (X 8)"), said
     # A ticket of another identity's key, extended or released by billing: refused too.
     ops = tls_client(pki, tls_server, "ops")
     ticket = ops.acquire("ops/deploy", wait=1.0, lease=10.0)
@@ -127,6 +129,22 @@ def test_a_server_name_that_the_certificate_lacks_is_refused(pki: Dict[str, str]
 
 def test_a_plaintext_client_of_a_tls_port_is_unavailable(tls_server: Server) -> None:
     client = latchkey.Client(tls_server.text, sessions=1, connect_timeout=1.0, transport_timeout=1.0)
-    with pytest.raises(latchkey.Unavailable):
-        client.acquire("k", wait=0.5, lease=5.0)
+    for call in (lambda: client.acquire("k", wait=0.5, lease=5.0), client.ping, lambda: client.query("k")):
+        with pytest.raises(latchkey.Unavailable) as raised:
+            call()
+        said = str(raised.value)
+        # The words of every client and command (latchkey_client::SPEAKS_TLS), with this one's way.
+        assert "the server speaks TLS (it answered with a TLS record): connect with TLS" in said, said
+        assert "tls=latchkey.TLS(ca=FILE)" in said, said
     client.close()
+
+
+def test_a_tls_file_that_cannot_be_read_is_named() -> None:
+    missing = "/nonexistent/latchkey/ca.crt"
+    with pytest.raises(FileNotFoundError) as raised:
+        latchkey.Client("127.0.0.1:7420", tls=latchkey.TLS(ca=missing))
+    assert missing in str(raised.value) and "TLS ca" in str(raised.value), raised.value
+    assert raised.value.filename == missing
+    with pytest.raises(FileNotFoundError) as raised:
+        latchkey.Client("127.0.0.1:7420", tls=latchkey.TLS(cert="/nonexistent/c.crt", key="/nonexistent/c.key"))
+    assert "/nonexistent/c.crt" in str(raised.value), raised.value

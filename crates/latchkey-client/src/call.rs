@@ -15,6 +15,7 @@ use crossbeam_channel::Sender;
 
 use crate::protocol::{ErrorCode, Request, Response, ResponseError};
 use crate::tls::TlsError;
+use crate::SPEAKS_TLS;
 
 /// One request as the client wants it sent. Keys are shared with the caller's ticket.
 #[derive(Clone, Debug)]
@@ -222,6 +223,10 @@ impl fmt::Display for CloseReason {
             }
             CloseReason::Io(kind) => write!(f, "socket error: {kind}"),
             CloseReason::Tls(message) => f.write_str(message),
+            // An alert (21) or a handshake (22): a TLS server's answer to plaintext.
+            CloseReason::Protocol(ResponseError::UnknownOp(21 | 22)) => {
+                write!(f, "{SPEAKS_TLS}: connect with TLS, trusting its CA")
+            }
             CloseReason::Protocol(error) => write!(
                 f,
                 "not a latchkey server: it answered bytes that are not latchkey frames ({error})"

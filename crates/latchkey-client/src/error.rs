@@ -12,6 +12,12 @@ use std::net::SocketAddr;
 
 use crate::protocol::ErrorCode;
 
+/// How a session failure begins when a TLS server answered the plaintext handshake ping with a
+/// TLS record (an alert): the client must speak TLS, trusting the server's CA. The same words in
+/// every client and command (the `latchkey` commands and the Python client add how to give the
+/// CA), so that a person meets one message wherever they made the mistake.
+pub const SPEAKS_TLS: &str = "the server speaks TLS (it answered with a TLS record)";
+
 /// Why a session to a server ended without the client ending it, as
 /// [`Client::last_session_failure`](super::Client::last_session_failure) reports it: the
 /// address and the cause, for messages to a person (`127.0.0.1:7420: cannot connect:
@@ -21,6 +27,7 @@ pub struct SessionFailure {
     addr: SocketAddr,
     cause: String,
     connected: bool,
+    refused: bool,
 }
 
 impl SessionFailure {
@@ -29,7 +36,13 @@ impl SessionFailure {
             addr,
             cause,
             connected,
+            refused: false,
         }
+    }
+
+    /// The same failure, saying whether the TCP connection was refused.
+    pub(crate) fn with_refused(self, refused: bool) -> SessionFailure {
+        SessionFailure { refused, ..self }
     }
 
     /// The server address of the session.
@@ -46,6 +59,13 @@ impl SessionFailure {
     /// nothing, so the calls it held are tried again on another session until their deadline.
     pub fn connected(&self) -> bool {
         self.connected
+    }
+
+    /// Whether the TCP connection was refused: nothing listens at the address (a server that is
+    /// down, or restarting). Unless [`ClientConfig::retry_refused`](super::ClientConfig) is
+    /// set, a call ends at once when every listed address refused it.
+    pub fn refused(&self) -> bool {
+        self.refused
     }
 }
 

@@ -11,8 +11,10 @@
 //! * An `M` naming a leader: the leader is remembered and the same request (same owner, token
 //!   or nonce, same deadline) goes to it at once. An `M` without a leader (an election, or no
 //!   quorum): back off, then the next member in turn.
-//! * The request ends *unsent* when its deadline passes while it is definitely unsent, or
-//!   after [`REDIRECTS_MAX`] `M`s. It counts as *serving* (an acquire then ends
+//! * The request ends *unsent* when its deadline passes while it is definitely unsent, after
+//!   [`REDIRECTS_MAX`] `M`s, or (unless `ClientConfig::retry_refused`) as soon as every listed
+//!   member refused a connection during the call: nothing listens anywhere, and failing at
+//!   once is what a caller of a one-shot attempt (`flock -n`) expects. It counts as *serving* (an acquire then ends
 //!   [`Timeout`](super::AcquireError::Timeout), like a wait that ran out) only when the
 //!   deadline passed while it waited, unsent, on an established session. Otherwise nothing
 //!   served it: it met only `M`s, failed sessions or silence, and it ends
@@ -64,6 +66,11 @@ struct Attempts {
     /// An earlier attempt of this release or extend may have been sent: if no later one is
     /// answered, the request ends `Indeterminate`, not unsent.
     possibly_sent: bool,
+    /// Whether a refused connection is tried again (`ClientConfig::retry_refused`).
+    retry_refused: bool,
+    /// The addresses that refused a connection during this call, each once (at most
+    /// [`MEMBERS_MAX`], the bound on a client's addresses).
+    refused: Vec<SocketAddr>,
 }
 
 /// What to do after one attempt.
@@ -87,6 +94,8 @@ impl Client {
             keyed: key.is_some(),
             report: None,
             possibly_sent: false,
+            retry_refused: self.config().retry_refused,
+            refused: Vec::new(),
         };
         let mut addr = members.route(key.as_deref());
         // Bounded: every pass either ends, sleeps a backoff, or counts a redirect.
@@ -277,6 +286,12 @@ impl Attempts {
             Outcome::NotSent => {
                 let state = Self::failed_state(session, addr, members);
                 self.note(members, addr, state);
+                if self.every_member_refused(session, addr, members) {
+                    if let Some(report) = self.report.as_mut() {
+                        report.refused_everywhere();
+                    }
+                    return Next::Done(self.unavailable(members));
+                }
                 self.avoid = Some(session.id());
                 members.forget(key.map(|key| &**key), addr);
                 self.backoff.sleep(deadline);
@@ -316,6 +331,30 @@ impl Attempts {
             |f| f.cause().to_string(),
         );
         MemberState::Unreachable { cause }
+    }
+
+    /// Whether `session` to `addr` failed because its connection was refused and, with that,
+    /// every listed member refused one during this call: then, unless refused connections are
+    /// retried, the call ends at once (nothing listens anywhere; a server down or restarting).
+    fn every_member_refused(
+        &mut self,
+        session: &Session,
+        addr: SocketAddr,
+        members: &Members,
+    ) -> bool {
+        if self.retry_refused || !session.is_failed() {
+            return false;
+        }
+        if !members
+            .failure_of(addr)
+            .is_some_and(|failure| failure.refused())
+        {
+            return false;
+        }
+        if !self.refused.contains(&addr) {
+            self.refused.push(addr);
+        }
+        self.refused.len() >= members.listed()
     }
 
     /// `addr` answered `M` naming `leader` (or none): where the request goes next.

@@ -21,8 +21,11 @@
 //! * A request counts as *definitely not sent* only while none of its bytes has been handed
 //!   to the socket (or its session was refused with `X` code 7). Only such a request is tried
 //!   again on another session, with backoff of at most 250 ms, until the deadline — except
-//!   after a TLS error in the handshake (a certificate refused by either side), which another
-//!   attempt would meet again: the call ends [`Unavailable`](AcquireError::Unavailable) at once.
+//!   after a TLS error in the handshake (a certificate refused by either side), or an answer
+//!   that is not latchkey's (a TLS server to a plaintext client), which another attempt would
+//!   meet again, and once every listed address refused the TCP connection (nothing listens
+//!   there; unless [`ClientConfig::retry_refused`]): the call ends
+//!   [`Unavailable`](AcquireError::Unavailable) at once.
 //! * At the deadline an unsent request ends [`Timeout`](AcquireError::Timeout) (it waited on
 //!   an established session) or [`Unavailable`](AcquireError::Unavailable) (it did not); a
 //!   sent, unanswered acquire
@@ -140,7 +143,7 @@ mod report;
 mod session;
 mod ticket;
 
-pub use error::{AcquireError, ArgumentError, RequestError, SessionFailure};
+pub use error::{AcquireError, ArgumentError, RequestError, SessionFailure, SPEAKS_TLS};
 pub use exchange::REDIRECTS_MAX;
 pub use members::{LEADER_CACHE_MAX, MEMBERS_MAX};
 pub use report::{MemberState, UnavailableReport};
@@ -183,6 +186,12 @@ pub struct ClientConfig {
     /// ending `Indeterminate`. `None` turns it off. Default 10 s. A server that does not
     /// resume calls refuses the Identify, and the client keeps to §1–§4 alone with it.
     pub resume: Option<Duration>,
+    /// Whether a refused connection (nothing listens at the address: a server down or
+    /// restarting) is tried again until the call's deadline, like any other unsent attempt.
+    /// Default `false`: a call ends [`Unavailable`](AcquireError::Unavailable) at once when
+    /// every listed address refused it (as `flock -n` fails at once); other failures (a
+    /// connect that times out, a silent server, `X` 7) are retried either way.
+    pub retry_refused: bool,
 }
 
 /// How a client speaks TLS to the server.
@@ -213,6 +222,7 @@ impl Default for ClientConfig {
             session_calls_max: 4096,
             tls: None,
             resume: Some(Duration::from_secs(10)),
+            retry_refused: false,
         }
     }
 }

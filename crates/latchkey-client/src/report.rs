@@ -71,6 +71,7 @@ pub struct UnavailableReport {
     listed: usize,
     members: Vec<(SocketAddr, MemberState)>,
     redirects_exhausted: bool,
+    all_refused: bool,
 }
 
 impl UnavailableReport {
@@ -81,6 +82,7 @@ impl UnavailableReport {
             listed,
             members: Vec::new(),
             redirects_exhausted: false,
+            all_refused: false,
         }
     }
 
@@ -95,6 +97,18 @@ impl UnavailableReport {
     /// The call followed [`REDIRECTS_MAX`] `M`s without reaching a leader.
     pub(crate) fn redirects_exhausted(&mut self) {
         self.redirects_exhausted = true;
+    }
+
+    /// The call ended at once because every listed member refused the connection.
+    pub(crate) fn refused_everywhere(&mut self) {
+        self.all_refused = true;
+    }
+
+    /// Whether the call ended at once, before its deadline, because every listed member
+    /// refused the connection: nothing listens at any of them (see
+    /// [`ClientConfig::retry_refused`](super::ClientConfig::retry_refused)).
+    pub fn all_refused(&self) -> bool {
+        self.all_refused
     }
 
     /// Every member tried, with what it did last, in the order first tried.

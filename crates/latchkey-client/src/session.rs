@@ -584,7 +584,9 @@ impl Driver {
         if reason != CloseReason::Shutdown {
             // Recorded before any call hears back, so a caller that asks why sees this.
             let connected = self.pipeline.is_established();
-            let failure = SessionFailure::new(self.addr, reason.to_string(), connected);
+            let refused = reason == CloseReason::ConnectFailed(io::ErrorKind::ConnectionRefused);
+            let failure =
+                SessionFailure::new(self.addr, reason.to_string(), connected).with_refused(refused);
             self.failures.lock().record(failure);
         }
         // Marked failed and closed before any call hears back (including the `Rejected` of an

@@ -4,7 +4,8 @@
 //! * Stats: counters and gauges are summed over the members that answered; histograms are
 //!   merged bucket by bucket (every member uses the same bounds) and their quantile bounds
 //!   computed again from the merged buckets; loop iterations stay per member and core; what
-//!   only means something per member (version, uptime, limits) goes to a `members` list. In a
+//!   only means something per member (version, uptime, cores, limits) goes to a `members`
+//!   list, and `cores` at the top is the members' common count (`null` when they differ). In a
 //!   cluster, `locks_held` counts each key once: the holds of the shards each member leads
 //!   (every member keeps a replica of every shard, so its own `locks_held` counts replicas).
 //!   The rate of a summed counter is taken over the longest uptime: a lower bound, never more.
@@ -60,7 +61,8 @@ pub(crate) fn merge_stats(members: &[MemberAnswer]) -> Value {
             Some(max.map_or(up, |max| max.max(up)))
         });
     merged.insert("uptime_seconds".into(), json!(uptime));
-    merged.insert("cores".into(), json!(sum(&answered, |s| &s["cores"])));
+    // Per member, not summed: a sum would read as one server's cores.
+    merged.insert("cores".into(), common_number(&answered, "cores"));
     let stopping = answered
         .iter()
         .any(|(_, stats)| stats["shutting_down"] == json!(true));
@@ -100,6 +102,21 @@ fn common_text(answered: &[(&str, &Value)], name: &str) -> Value {
         [] => Value::Null,
         [one] => json!(one),
         _ => json!(format!("mixed: {}", values.join(", "))),
+    }
+}
+
+/// The members' shared value of the number field `name`, or `null` when they differ (each
+/// member's is in its row of `members`).
+fn common_number(answered: &[(&str, &Value)], name: &str) -> Value {
+    let mut values: Vec<u64> = answered
+        .iter()
+        .filter_map(|(_, stats)| stats[name].as_u64())
+        .collect();
+    values.sort_unstable();
+    values.dedup();
+    match values[..] {
+        [one] => json!(one),
+        _ => Value::Null,
     }
 }
 
@@ -217,6 +234,7 @@ fn member_rows(members: &[MemberAnswer]) -> Value {
                 "node_id": cluster.map(|c| c["node_id"].clone()),
                 "version": stats["version"],
                 "uptime_seconds": stats["uptime_seconds"],
+                "cores": stats["cores"],
                 "sessions": stats["sessions"],
                 "locks_held": match cluster {
                     Some(cluster) => cluster["locks_led"].clone(),

@@ -84,7 +84,7 @@ fn stats_sum_counters_once_per_key_and_keep_what_is_per_member() {
     assert_eq!(merged["sessions"], json!(7));
     assert_eq!(merged["waiters"], json!(2));
     assert_eq!(merged["cancels"], json!(4));
-    assert_eq!(merged["cores"], json!(4));
+    assert_eq!(merged["cores"], json!(2), "each member's, not their sum");
     assert_eq!(
         merged["locks_held"],
         json!(12),
@@ -99,6 +99,7 @@ fn stats_sum_counters_once_per_key_and_keep_what_is_per_member() {
     let rows = merged["members"].as_array().unwrap();
     assert_eq!(rows.len(), 3);
     assert_eq!(rows[0]["locks_held"], json!(7));
+    assert_eq!(rows[0]["cores"], json!(2));
     assert_eq!(rows[1]["limits"], json!({"max_keys": 100}));
     assert_eq!(rows[2], json!({"member": "c:3", "error": "no answer"}));
     let mixed = [

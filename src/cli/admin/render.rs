@@ -87,6 +87,7 @@ fn members_section(rows: &[Value]) -> Section {
             "up {}",
             uptime.map_or_else(|| MISSING.to_owned(), uptime_text)
         ));
+        parts.push(format!("cores {}", count(row.get("cores"))));
         parts.push(format!("sessions {}", count(row.get("sessions"))));
         if let Some(led) = row.get("shards_led").and_then(Value::as_u64) {
             let shards = count(row.get("shard_count"));
@@ -122,7 +123,13 @@ fn server_section(stats: &Value) -> Section {
         "uptime",
         uptime.map_or_else(|| MISSING.to_owned(), uptime_text),
     );
-    section.line("cores", count(stats.get("cores")));
+    let cores = count(stats.get("cores"));
+    match stats.get("members") {
+        // Merged figures of several members: cores are each member's own.
+        Some(_) if cores == MISSING => section.line("cores", "differ per member (# Members)"),
+        Some(_) => section.line("cores", format!("{cores} per member")),
+        None => section.line("cores", cores),
+    }
     if let Some(stopping) = stats.get("shutting_down").and_then(Value::as_bool) {
         section.line("state", if stopping { "shutting down" } else { "serving" });
     }
@@ -335,6 +342,15 @@ pub(super) fn render_keys(keys: &[Value]) -> String {
     out
 }
 
+/// An owner id: a decimal string (what servers send, exact beyond 2^53), or a number (older
+/// servers).
+fn owner_text(value: Option<&Value>) -> String {
+    match value {
+        Some(Value::String(owner)) if owner.bytes().all(|b| b.is_ascii_digit()) => owner.clone(),
+        other => count(other),
+    }
+}
+
 fn key_row(entry: &Value) -> [String; 6] {
     let duration = |name: &str| match entry.get(name).and_then(Value::as_u64) {
         Some(millis) => format_duration(Duration::from_millis(millis)),
@@ -343,7 +359,7 @@ fn key_row(entry: &Value) -> [String; 6] {
     let key = entry.get("key").and_then(Value::as_str);
     [
         key.map_or_else(|| MISSING.to_owned(), shown_key),
-        count(entry.get("owner")),
+        owner_text(entry.get("owner")),
         text(entry.get("peer")),
         duration("held_ms"),
         duration("lease_ms"),

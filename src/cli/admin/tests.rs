@@ -118,7 +118,7 @@ fn keys_render_as_an_aligned_table() {
     let keys = json(&format!(
         r#"[{{"key":"jobs/a","owner":7,"peer":"127.0.0.1:50122","held_ms":1200,
               "lease_ms":28000,"waiters":0,"extra":true}},
-            {{"key":"{long}","owner":18446744073709551615,"peer":null,"held_ms":120000,
+            {{"key":"{long}","owner":"18446744073709551615","peer":null,"held_ms":120000,
               "lease_ms":0,"waiters":3}},
             {{"key":"tab\there"}}]"#
     ));
@@ -233,8 +233,8 @@ fn a_tls_answer_to_plaintext_says_to_use_tls() {
         &b"\x15\x03\x03\0\x02\x02\x32"[..],
         b"\x16\x03\x01\0\x7a\x02",
     ] {
-        assert_failure(answer, EXIT_REJECTED, "the server speaks TLS");
-        assert_failure(answer, EXIT_REJECTED, "--tls-ca");
+        assert_failure(answer, EXIT_UNAVAILABLE, latchkey_client::SPEAKS_TLS);
+        assert_failure(answer, EXIT_UNAVAILABLE, "--tls-ca");
     }
     assert!(!is_tls_record(b"\x15\x03"), "too short to tell");
     assert!(!is_tls_record(b"\x15\x02\x00"), "not TLS 1.x");
@@ -309,7 +309,23 @@ fn fetch_failures_name_the_address_and_the_exit_code() {
     let failure = fetch(&[dead], "/stats", Duration::from_secs(5), None).unwrap_err();
     assert_eq!(failure.exit_code, EXIT_UNAVAILABLE);
     let says = format!("cannot reach the server: {dead}: cannot connect: connection refused");
-    assert_eq!(failure.message, says);
+    assert!(failure.message.starts_with(&says), "{}", failure.message);
+    let hint = "nothing listens there; --retry-refused keeps trying until --transport-timeout 5s \
+                runs out)";
+    assert!(failure.message.ends_with(hint), "{}", failure.message);
+    // With --retry-refused, until the timeout runs out (never early).
+    let patience = Patience {
+        timeout: Duration::from_millis(300),
+        retry_refused: true,
+    };
+    let start = Instant::now();
+    let failure = fetch(&[dead], "/stats", patience, None).unwrap_err();
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert!(
+        failure.message.ends_with("of --transport-timeout 300ms)"),
+        "{}",
+        failure.message
+    );
 
     let silent = scripted("GET /stats HTTP/1.1", None);
     let start = Instant::now();

@@ -230,7 +230,11 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             let local = self.local(read.shard);
             let shard = &self.shards[local];
             let holder = shard.machine().holder(&read.key);
-            let lease_ms = holder.map_or(0, |hold| hold.deadline_ms.saturating_sub(now_ms));
+            // At most the lease granted: the deadline counts from a rounded-up apply time.
+            let lease_ms = holder.map_or(0, |hold| {
+                let left_ms = hold.deadline_ms.saturating_sub(now_ms);
+                left_ms.min(u64::from(hold.lease_ms))
+            });
             let response = Response::State {
                 nonce: read.nonce,
                 held: holder.is_some(),

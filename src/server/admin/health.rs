@@ -6,6 +6,10 @@
 //! requests on some keys can only be redirected or time out, so a load balancer or an alert
 //! must see `503`, with a body that says why.
 //!
+//! The decision is made from [`HealthFigures`], the few numbers it needs; they come from every
+//! core's figures gathered for the request, or (the health port of `server.health_listen`, see
+//! `health_port.rs`) from what each core published last.
+//!
 //! Deliberately not here: gathering the figures (the admin job does, from every core).
 
 use crate::partition::ClusterStats;
@@ -28,9 +32,52 @@ pub fn shards_without_leader(cluster: &ClusterStats) -> usize {
         .count()
 }
 
+/// What `/health` decides from, for a cluster member: its shards, those without a known
+/// leader, and its quorum (members reachable of members) when its peers are known.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HealthFigures {
+    /// Shards of this member (of the cores counted).
+    pub shards: usize,
+    /// Of them, those whose leader this member does not know.
+    pub leaderless: usize,
+    /// Members reachable, members, and whether those reachable are a majority.
+    pub quorum: Option<(u64, u64, bool)>,
+}
+
+impl HealthFigures {
+    /// The figures of one core's (or every core's merged) cluster stats.
+    pub fn of(cluster: &ClusterStats) -> HealthFigures {
+        HealthFigures {
+            shards: cluster.shards.len(),
+            leaderless: shards_without_leader(cluster),
+            quorum: (cluster.peers.as_ref()).map(|p| (p.reachable, p.members, p.quorum)),
+        }
+    }
+
+    /// Two cores' figures as one member's: their shards together, and the member's quorum
+    /// (every core sees the same peers; read at different moments, the one that saw no quorum
+    /// wins, or the one that saw any).
+    pub fn merge(self, other: HealthFigures) -> HealthFigures {
+        let quorum = match (self.quorum, other.quorum) {
+            (Some(lost @ (_, _, false)), _) | (_, Some(lost @ (_, _, false))) => Some(lost),
+            (seen, other) => seen.or(other),
+        };
+        HealthFigures {
+            shards: self.shards + other.shards,
+            leaderless: self.leaderless + other.leaderless,
+            quorum,
+        }
+    }
+}
+
 /// The answer of a server that is `shutting_down` or not, with its members' figures if it is a
 /// cluster member (every core's shards merged).
 pub fn decide(shutting_down: bool, cluster: Option<&ClusterStats>) -> Health {
+    decide_figures(shutting_down, cluster.map(HealthFigures::of))
+}
+
+/// [`decide`] from the figures alone (`None`: a single node).
+pub fn decide_figures(shutting_down: bool, figures: Option<HealthFigures>) -> Health {
     let unhealthy = |why: String| Health {
         status: 503,
         body: why + "\n",
@@ -38,22 +85,20 @@ pub fn decide(shutting_down: bool, cluster: Option<&ClusterStats>) -> Health {
     if shutting_down {
         return unhealthy("shutting down".to_string());
     }
-    let Some(cluster) = cluster else {
+    let Some(figures) = figures else {
         return Health {
             status: 200,
             body: "serving\n".to_string(),
         };
     };
     let mut why = Vec::new();
-    if let Some(peers) = cluster.peers.as_ref().filter(|peers| !peers.quorum) {
+    if let Some((reachable, members, false)) = figures.quorum {
         why.push(format!(
-            "no quorum: {} of {} members reachable",
-            peers.reachable, peers.members
+            "no quorum: {reachable} of {members} members reachable"
         ));
     }
-    let leaderless = shards_without_leader(cluster);
-    if leaderless > 0 {
-        let shards = cluster.shards.len();
+    if figures.leaderless > 0 {
+        let (leaderless, shards) = (figures.leaderless, figures.shards);
         why.push(format!("{leaderless} of {shards} shards without a leader"));
     }
     match why.is_empty() {
@@ -210,5 +255,16 @@ mod tests {
         unknown.peers = None;
         assert_eq!(decide(false, Some(&unknown)), health(200, "serving"));
         assert_eq!(shards_without_leader(&member(8, 3, 3)), 3);
+    }
+
+    #[test]
+    fn figures_of_several_cores_merge_into_the_members_and_decide_alike() {
+        let cores = [member(32, 12, 1), member(32, 0, 1)];
+        let merged = HealthFigures::of(&cores[0]).merge(HealthFigures::of(&cores[1]));
+        assert_eq!(merged, HealthFigures { shards: 64, leaderless: 12, quorum: Some((1, 3, false)) });
+        let both = "no quorum: 1 of 3 members reachable; 12 of 64 shards without a leader";
+        assert_eq!(decide_figures(false, Some(merged)), health(503, both));
+        assert_eq!(decide_figures(false, None), health(200, "serving"));
+        assert_eq!(decide_figures(true, Some(merged)), health(503, "shutting down"));
     }
 }

@@ -71,15 +71,24 @@ impl Refusal {
     };
 }
 
-/// Classifies the first bytes of a fresh session; a session whose first four bytes are `GET `
-/// is an admin request (no op is `G`).
+/// The methods an admin request may use, each with the space after it: `HEAD` is answered as
+/// `GET` without the body (a load balancer's probe). No op is `G` or `H`.
+const METHODS: [&[u8]; 2] = [b"GET ", b"HEAD "];
+
+/// Classifies the first bytes of a fresh session; a session whose first bytes are `GET ` or
+/// `HEAD ` is an admin request (no op is `G` or `H`).
 pub fn parse_head(bytes: &[u8]) -> Head {
-    const METHOD: &[u8] = b"GET ";
-    let known = bytes.len().min(METHOD.len());
-    if bytes.is_empty() || bytes[..known] != METHOD[..known] {
+    if bytes.is_empty() {
         return Head::NotHttp;
     }
-    if known < METHOD.len() {
+    let starts = |method: &[u8]| {
+        let known = bytes.len().min(method.len());
+        bytes[..known] == method[..known]
+    };
+    if !METHODS.iter().any(|method| starts(method)) {
+        return Head::NotHttp;
+    }
+    if !METHODS.iter().any(|method| bytes.starts_with(method)) {
         return Head::Prefix;
     }
     let Some(end) = head_end(bytes) else {
@@ -118,10 +127,15 @@ const BAD_REQUEST: Refusal = Refusal {
     reason: "malformed request line",
 };
 
-/// The route of a request line `GET <target> HTTP/1.x`.
+/// Whether a request's first bytes are a `HEAD` request's: answered without a body.
+pub fn is_head_only(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"HEAD ")
+}
+
+/// The route of a request line `GET <target> HTTP/1.x` (or `HEAD ...`).
 fn route_of(line: &[u8]) -> Result<Route, Refusal> {
     let mut parts = line.split(|&b| b == b' ');
-    let (Some(b"GET"), Some(target), Some(version), None) =
+    let (Some(b"GET" | b"HEAD"), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(BAD_REQUEST);
@@ -231,6 +245,15 @@ pub fn response(status: u16, content_type: &str, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `answer` (a whole [`response`]) without its body, for a `HEAD` request: the head, with the
+/// `Content-Length` the body would have.
+pub fn without_body(mut answer: Vec<u8>) -> Vec<u8> {
+    if let Some(end) = answer.windows(4).position(|window| window == b"\r\n\r\n") {
+        answer.truncate(end + 4);
+    }
+    answer
+}
+
 /// The answer to a refused request: its status and reason as plain text.
 pub fn refusal_response(refusal: Refusal) -> Vec<u8> {
     let body = format!("{}\n", refusal.reason);
@@ -295,6 +318,21 @@ mod tests {
         assert_eq!(parse_head(b"GX"), Head::NotHttp);
         assert_eq!(parse_head(b"A\x00\x01"), Head::NotHttp);
         assert_eq!(parse_head(b"POST /metrics HTTP/1.1\r\n\r\n"), Head::NotHttp);
+        assert_eq!(parse_head(b"H"), Head::Prefix);
+        assert_eq!(parse_head(b"HEAD"), Head::Prefix);
+        assert_eq!(parse_head(b"HEAD "), Head::Incomplete);
+        assert_eq!(parse_head(b"HEX"), Head::NotHttp);
+        assert!(is_head_only(b"HEAD /health HTTP/1.1\r\n") && !is_head_only(b"GET /health "));
+    }
+
+    #[test]
+    fn head_requests_route_as_get_and_are_answered_without_a_body() {
+        let head = complete(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(head, Ok(Route::Health));
+        let answer = without_body(response(200, "text/plain", b"serving\n"));
+        let answer = String::from_utf8(answer).unwrap();
+        assert!(answer.contains("Content-Length: 8\r\n"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\n"), "{answer}");
     }
 
     #[test]

@@ -1,12 +1,14 @@
-//! Admin HTTP on the lock port: `GET /metrics`, `/stats`, `/keys` and `/health`.
+//! Admin HTTP on the lock port: `GET /metrics`, `/stats`, `/keys` and `/health` (and `HEAD` of
+//! each: the same answer without its body).
 //!
 //! `/health` of a single node is answered at once (`200 serving`, `503` while shutting down);
 //! a cluster member's gathers every core's figures like `/stats`, and is `503` without a
 //! quorum or with a shard that has no leader ([`health`]).
 //!
-//! A session whose first four bytes are `GET ` (no op is `G`, docs/protocol.md §5) is one HTTP/1.1
-//! request: its head is read (at most [`http::HEAD_BYTES_MAX`], within [`READ_DEADLINE_US`]),
-//! answered, and the session closed like any other (its answer written first). It counts
+//! A session whose first bytes are `GET ` or `HEAD ` (no op is `G` or `H`, docs/protocol.md §5)
+//! is one HTTP/1.1 request: its head is read (at most [`http::HEAD_BYTES_MAX`], within
+//! [`READ_DEADLINE_US`]), answered, and the session closed like any other (its answer written
+//! first). It counts
 //! against `max_connections`; a core serves at most [`ADMIN_JOBS_MAX`] at once and answers
 //! `503` past that, so a flood of them costs a bounded amount and never holds the lock traffic.
 //!
@@ -24,6 +26,7 @@
 //! [`TableStats`]: crate::partition::TableStats
 
 pub mod health;
+pub mod health_port;
 pub mod http;
 pub mod render;
 
@@ -35,6 +38,7 @@ use super::session::Phase;
 use crate::auth::Grant;
 use crate::partition::Partition;
 use crate::partition::{HeldKey, SessionId};
+use health::HealthFigures;
 use http::{Head, Refusal, Route};
 use render::{CoreStats, ServerStats};
 use std::collections::{BinaryHeap, HashMap};
@@ -116,6 +120,8 @@ pub(super) struct AdminJob {
     session: SessionId,
     deadline_us: u64,
     state: JobState,
+    /// A `HEAD` request: its answer goes without the body.
+    head_only: bool,
 }
 
 enum JobState {
@@ -221,11 +227,13 @@ impl<N: Net, P: Partition> Core<N, P> {
                 self.refuse_admin(slot, Refusal::UNAVAILABLE);
                 return Some(false);
             }
+            let head_only = http::is_head_only(self.sessions[slot].unparsed(&self.buffers));
             self.sessions[slot].set_admin();
             self.admin_jobs.push(AdminJob {
                 session: id,
                 deadline_us: self.now_us + READ_DEADLINE_US,
                 state: JobState::Reading,
+                head_only,
             });
         }
         match head {
@@ -274,6 +282,8 @@ impl<N: Net, P: Partition> Core<N, P> {
 
     /// Writes `answer` to admin session `id` (if still open) and ends its job and session.
     fn answer_admin(&mut self, id: SessionId, answer: Vec<u8>) {
+        let job = self.admin_jobs.iter().find(|job| job.session == id);
+        let job_head_only = job.map(|job| job.head_only);
         self.admin_jobs.retain(|job| job.session != id);
         let slot = slot_of(id);
         let Some(session) = self.sessions.get_mut(slot).filter(|s| s.id() == id) else {
@@ -282,6 +292,13 @@ impl<N: Net, P: Partition> Core<N, P> {
         if session.phase() != Phase::Open {
             return;
         }
+        // A request refused before it had a job (too many at once) is still unread.
+        let head_only = job_head_only
+            .unwrap_or_else(|| http::is_head_only(session.unparsed(&self.buffers)));
+        let answer = match head_only {
+            true => http::without_body(answer),
+            false => answer,
+        };
         session.discard_input(&mut self.buffers);
         session.push_raw(&answer);
         self.mark_dirty(slot);
@@ -648,7 +665,25 @@ impl<N: Net, P: Partition> Core<N, P> {
 
     /// The earliest admin deadline, for the poll timeout.
     pub(super) fn admin_wake_us(&self) -> Option<u64> {
-        self.admin_jobs.iter().map(|job| job.deadline_us).min()
+        let health = self.links.shared.health.as_ref();
+        let publish = health.map(|_| self.health_publish_us);
+        let jobs = self.admin_jobs.iter().map(|job| job.deadline_us);
+        jobs.chain(publish).min()
+    }
+
+    /// With a health port (`server.health_listen`), publishes this core's figures for it every
+    /// [`HEALTH_PUBLISH_US`](health_port::HEALTH_PUBLISH_US) (the core wakes for it, see
+    /// [`admin_wake_us`](Self::admin_wake_us)).
+    pub(super) fn publish_health(&mut self) {
+        let Some(board) = self.links.shared.health.as_ref() else {
+            return;
+        };
+        if self.now_us < self.health_publish_us {
+            return;
+        }
+        self.health_publish_us = self.now_us + health_port::HEALTH_PUBLISH_US;
+        let cluster = self.table.cluster_stats();
+        board.publish(self.settings.index, cluster.as_ref().map(HealthFigures::of));
     }
 
     /// Whether admin work is in progress (the core is not quiescent then).

@@ -619,13 +619,15 @@ pub(crate) fn histogram_json(histogram: &Histogram) -> Value {
 }
 
 /// `GET /keys`: a JSON array of held keys, each with its holder session's address if known.
+/// The owner id is a decimal string: as a JSON number, an id above 2^53 (most of them: clients
+/// draw them at random) would not read back exactly in JavaScript or `jq`.
 pub fn keys_json(keys: &[(HeldKey, Option<SocketAddr>)]) -> String {
     let listed: Vec<Value> = keys
         .iter()
         .map(|(held, peer)| {
             json!({
                 "key": String::from_utf8_lossy(&held.key),
-                "owner": held.owner,
+                "owner": held.owner.to_string(),
                 "peer": peer.map(|peer| peer.to_string()),
                 "held_ms": held.held_us.map(|us| us / 1000),
                 "lease_ms": held.lease_left_us / 1000,

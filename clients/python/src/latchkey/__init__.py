@@ -10,7 +10,16 @@ rules it follows::
 """
 
 from ._client import DEFAULT_ADDR, REDIRECTS_MAX, TLS, Client, KeyState, Ticket
-from ._errors import Busy, Error, Indeterminate, NoAnswer, Rejected, Timeout, Unavailable
+from ._errors import (
+    Busy,
+    Error,
+    Indeterminate,
+    LockLost,
+    NoAnswer,
+    Rejected,
+    Timeout,
+    Unavailable,
+)
 
 __all__ = [
     "DEFAULT_ADDR",
@@ -21,6 +30,7 @@ __all__ = [
     "Error",
     "Indeterminate",
     "KeyState",
+    "LockLost",
     "NoAnswer",
     "Rejected",
     "Ticket",

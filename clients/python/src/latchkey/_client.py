@@ -19,7 +19,16 @@ from contextlib import contextmanager
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ._codec import KEY_BYTES_MAX, Response
-from ._errors import Busy, Indeterminate, NoAnswer, Rejected, Timeout, Unavailable
+from ._errors import (
+    Busy,
+    Indeterminate,
+    LockLost,
+    NoAnswer,
+    Rejected,
+    Timeout,
+    Unavailable,
+    refusal_text,
+)
 from ._session import (
     ANSWER,
     EXPIRED,
@@ -75,11 +84,30 @@ class TLS:
         self.server_name = server_name
 
     def context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)
+        """The SSL context of these settings; a file that cannot be read or used raises the
+        error ``ssl`` raised (``FileNotFoundError``, ``PermissionError``, ``ssl.SSLError``)
+        with the setting and the path in its message."""
+        try:
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)
+        except OSError as error:
+            raise _file_error(error, "ca", self.ca) from None
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         if self.cert is not None:
-            context.load_cert_chain(self.cert, self.key)
+            try:
+                context.load_cert_chain(self.cert, self.key)
+            except OSError as error:
+                raise _file_error(error, "cert and key", f"{self.cert}, {self.key}") from None
         return context
+
+
+def _file_error(error: OSError, setting: str, path: Optional[str]) -> OSError:
+    """``error`` of the same type, naming the TLS setting and the path (``ssl`` names neither:
+    ``[Errno 2] No such file or directory``)."""
+    if isinstance(error, ssl.SSLError):
+        return ssl.SSLError(error.errno, f"TLS {setting} {path}: {error.reason or error}")
+    if error.errno is not None:
+        return type(error)(error.errno, f"TLS {setting}: {error.strerror}", path)
+    return type(error)(f"TLS {setting} {path}: {error}")
 
 
 def _parse_addr(text: str) -> Address:
@@ -105,7 +133,7 @@ def _parse_addr(text: str) -> Address:
 
 def _check_seconds(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number of seconds, not {value!r}")
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
     value = float(value)
     if math.isnan(value) or math.isinf(value):
         raise ValueError(f"{name} must be finite")
@@ -114,7 +142,7 @@ def _check_seconds(name: str, value: float) -> float:
 
 def _key_bytes(key: str) -> bytes:
     if not isinstance(key, str):
-        raise ValueError(f"the key must be a str, not {type(key).__name__}")
+        raise TypeError(f"the key must be a str, not {type(key).__name__}")
     data = key.encode("utf-8")
     if not data:
         raise ValueError("the key is empty")
@@ -342,11 +370,12 @@ class Ticket:
         self._bound_lock = threading.Lock()
         self._extending = threading.Lock()
         self._lost: Optional[threading.Event] = None
+        self._lost_why = ""  # why ``lost`` was set, for LockLost
 
     @property
     def lost(self) -> threading.Event:
-        """Set by ``lock(..., keep_alive=True)`` when the lock is lost (or cannot be kept):
-        stop using the protected resource."""
+        """Set by ``lock()``'s keep-alive when the lock is lost (or cannot be kept): stop
+        using the protected resource."""
         lost = self._lost
         if lost is None:
             with self._bound_lock:
@@ -437,22 +466,80 @@ class _KeepAlive:
         while not self._stop.wait(pause):
             try:
                 if not ticket.extend(self._lease_s):
-                    ticket.lost.set()
-                    return
+                    return self._lost("the server no longer holds it for this token")
                 pause = period
             except (NoAnswer, Unavailable):
                 # Tried again soon (a leader change, a cut connection) until the bound passes.
                 pause = min(period, 0.25)
-            except Rejected:
-                ticket.lost.set()
-                return
+            except Rejected as error:
+                return self._lost(f"an extend was refused: {error}")
             if not ticket.is_valid():
-                ticket.lost.set()
-                return
+                return self._lost("no extend was confirmed before its validity bound passed")
+
+    def _lost(self, why: str) -> None:
+        self._ticket._lost_why = why
+        self._ticket.lost.set()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _end_lock(ticket: Ticket, keeper: Optional[_KeepAlive]) -> Optional[str]:
+    """Ends a ``lock()`` block: stops the keep-alive and releases. Why the lock was lost while
+    the block ran, if it was; ``None`` when it was held to the end (or the release could not
+    tell: unsent, unanswered or refused, the lease recovers it)."""
+    if keeper is not None:
+        keeper.stop()
+    try:
+        released = ticket.release()
+    except (Unavailable, NoAnswer, Rejected):
+        released = True  # unknown; the lease recovers it
+    if ticket.lost.is_set():
+        return ticket._lost_why or "the lock was lost"
+    if not released:
+        return "the release found it no longer held (its lease had run out)"
+    return None
+
+
+def _elapsed_text(seconds: float) -> str:
+    """``seconds`` for a person: whole milliseconds under a second (at least 1), else seconds
+    with a decimal (as the ``latchkey`` commands write it)."""
+    if seconds < 1.0:
+        return f"{max(1, math.ceil(seconds * 1000))} ms"
+    return f"{seconds:.1f} s"
+
+
+class _Abort:
+    """A way for another thread (an asyncio task being cancelled) to give a call up: its
+    current attempt is ended as if its deadline had passed (``Session.abort``: an unsent
+    request is never sent, a queued acquire gets its Cancel at once), and a grant that still
+    comes is given back at the delivery gate."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cancelled = False
+        self._current: Optional[Tuple[Session, Call]] = None
+
+    def attach(self, session: Session, call: Call) -> None:
+        """``call`` was handed to ``session``: what to abort; at once if already cancelled."""
+        with self._lock:
+            self._current = (session, call)
+            cancelled = self.cancelled
+        if cancelled:
+            session.abort(call)
+
+    def detach(self) -> None:
+        with self._lock:
+            self._current = None
+
+    def cancel(self) -> None:
+        """Gives the call up (from any thread; returns at once)."""
+        with self._lock:
+            self.cancelled = True
+            current = self._current
+        if current is not None:
+            current[0].abort(current[1])
 
 
 def _default_addrs() -> List[str]:
@@ -469,7 +556,9 @@ class Client:
     (comma-separated), else ``127.0.0.1:7420``. ``sessions`` per member; ``connect_timeout``
     bounds a session's connect, TLS handshake and handshake ping; ``transport_timeout`` is
     the deadline of extend, release, query and ping, of a ``wait=0`` acquire, and how long an
-    acquire's Cancel waits for its answer.
+    acquire's Cancel waits for its answer. A call ends ``Unavailable`` at once when every
+    member refused the connection (nothing listens there); ``retry_refused=True`` keeps trying
+    until the call's deadline instead (a server restarting).
     """
 
     def __init__(
@@ -480,6 +569,7 @@ class Client:
         connect_timeout: float = 2.0,
         transport_timeout: float = 5.0,
         tls: Optional[TLS] = None,
+        retry_refused: bool = False,
     ) -> None:
         if servers is None:
             texts = _default_addrs()
@@ -513,6 +603,8 @@ class Client:
         )
         self.transport_timeout = transport_timeout
         self.connect_timeout = connect_timeout
+        self.retry_refused = bool(retry_refused)
+        """Whether a refused connection is tried again until the call's deadline."""
         self._members = _Members(addrs, sessions, self._config)
         self.last_unavailable: Optional[str] = None
         """What each member did in the last call that ended ``Unavailable``."""
@@ -527,7 +619,12 @@ class Client:
         """Takes the lock on ``key``, waiting at most ``wait`` seconds, holding it at most
         ``lease`` seconds (rounded up to whole seconds, 1..=255). ``wait=0`` is one immediate
         attempt. Raises ``Timeout``, ``Busy``, ``Rejected``, ``Unavailable`` or
-        ``Indeterminate`` (§4.1); ``ValueError`` for bad arguments, before anything is sent."""
+        ``Indeterminate`` (§4.1); ``TypeError`` or ``ValueError`` for bad arguments, before
+        anything is sent."""
+        return self._acquire(key, wait, lease, None)
+
+    def _acquire(self, key: str, wait: float, lease: float, abort: Optional["_Abort"]) -> Ticket:
+        """``acquire``, given up at once when ``abort`` is cancelled (see :class:`_Abort`)."""
         key_bytes = _key_bytes(key)
         wait_ms = _wait_ms(wait)
         lease_s = _lease_s(lease)
@@ -536,7 +633,7 @@ class Client:
         deadline = time.monotonic() + allowance
         owner = self._ids()
         call = Call("A", key_bytes, owner, deadline, lease_s, wait_zero)
-        result = self._exchange(call)
+        result = self._exchange(call, abort)
         if result.kind == "unsent":
             if result.serving:
                 raise Timeout(f"{key}: the wait ran out before the request could be sent")
@@ -547,8 +644,9 @@ class Client:
         assert response is not None
         op = response.op
         if op == "A":
-            if time.monotonic() >= deadline:
-                # Found at the delivery gate after the deadline: give it back (§4.2).
+            if time.monotonic() >= deadline or (abort is not None and abort.cancelled):
+                # Found at the delivery gate after the deadline (or the caller gave up): give
+                # it back (§4.2).
                 self._release_in_background(key_bytes, response.token, result.session)
                 raise Indeterminate(f"{key}: granted after the deadline; released again")
             return Ticket(self, key, key_bytes, response.token, lease_s, result.read_at)
@@ -557,29 +655,31 @@ class Client:
         if op == "B":
             raise Busy(f"{key}: the server is busy (queue or limits full, or shutting down)")
         if op == "X":
-            raise Rejected(response.code, f"{key}: refused by the server: error code {response.code}")
+            raise Rejected(response.code, f"{key}: {refusal_text(response.code)}")
         raise Indeterminate(f"{key}: unexpected answer {op!r}")
 
     @contextmanager
     def lock(
-        self, key: str, wait: float = 0.0, lease: float = 30.0, keep_alive: bool = False
+        self, key: str, wait: float = 0.0, lease: float = 30.0, keep_alive: bool = True
     ) -> Iterator[Ticket]:
-        """``acquire`` as a context manager that releases on exit. With ``keep_alive`` the
-        lease is extended every lease/3; if the lock is lost, ``ticket.lost`` is set and the
-        caller must stop using the protected resource (check it, and ``is_valid()``, before
-        every write; pass ``ticket.token`` to the resource)."""
+        """``acquire`` as a context manager that releases on exit. The lease is extended every
+        lease/3 while the block runs (``keep_alive=False``: not, so a block longer than the
+        lease loses the lock). If the lock is lost, ``ticket.lost`` is set at once (check it,
+        and ``is_valid()``, before every write; pass ``ticket.token`` to the resource), and
+        leaving the block raises :class:`LockLost` naming the key and the token — also when
+        the release finds the lock no longer held. An exception of the block itself is never
+        replaced by it."""
         lease_s = _lease_s(lease)
         ticket = self.acquire(key, wait, lease_s)
         keeper = _KeepAlive(ticket, lease_s) if keep_alive else None
         try:
             yield ticket
-        finally:
-            if keeper is not None:
-                keeper.stop()
-            try:
-                ticket.release()
-            except (Unavailable, NoAnswer, Rejected):
-                pass  # the lease recovers it
+        except BaseException:
+            _end_lock(ticket, keeper)
+            raise
+        why = _end_lock(ticket, keeper)
+        if why is not None:
+            raise LockLost(key, ticket.token, why)
 
     def query(self, key: str) -> KeyState:
         """Whether ``key`` is held, the lease left and its waiters."""
@@ -612,7 +712,7 @@ class Client:
     ) -> Tuple[Response, float]:
         deadline = time.monotonic() + self.transport_timeout
         call = Call(kind, key, ident, deadline, lease_s)
-        result = self._exchange(call)
+        result = self._exchange(call, None)
         what = key.decode("utf-8", "replace") if key else "ping"
         if result.kind == "unsent":
             raise Unavailable(f"{what}: {result.why}")
@@ -621,7 +721,7 @@ class Client:
         response = result.response
         assert response is not None
         if response.op == "X":
-            raise Rejected(response.code, f"{what}: refused by the server: error code {response.code}")
+            raise Rejected(response.code, f"{what}: {refusal_text(response.code)}")
         expected = {"R": "RN", "E": "EN", "Q": "Q", "P": "P"}[kind]
         if response.op not in expected:
             raise NoAnswer(f"{what}: unexpected answer {response.op!r}")
@@ -642,16 +742,20 @@ class Client:
             if other is not None:
                 other.submit_background(call)
 
-    def _exchange(self, call: Call) -> _Result:
+    def _exchange(self, call: Call, abort: Optional["_Abort"]) -> _Result:
         """Hands ``call`` to sessions until one answers (other than ``M``) or may have sent
-        it, or its deadline passes while it is definitely unsent (see the module docs)."""
+        it, or its deadline passes while it is definitely unsent, or (unless
+        ``retry_refused``) every member refused the connection (see the module docs). A
+        cancelled ``abort`` ends it as its deadline would."""
         members = self._members
         key = call.key if call.kind != "P" else None
         deadline = call.deadline
+        started = time.monotonic()
         report: Optional[_Report] = None
         backoff = 0.0
         redirects = 0
         avoid: Optional[Session] = None
+        refused: List[Address] = []  # members that refused a connection, each once
         addr = members.route(key)
 
         def sleep() -> None:
@@ -673,12 +777,29 @@ class Client:
             sleep()
             return members.next_member_except(at)
 
-        def unavailable() -> _Result:
+        def unavailable(all_refused: bool = False) -> _Result:
             text = (report or _Report()).text(members.listed)
+            tried = _elapsed_text(time.monotonic() - started)
+            if all_refused:
+                text += (
+                    f" (tried for {tried}: nothing listens there; retry_refused=True keeps "
+                    "trying until the deadline)"
+                )
+            else:
+                text += f" (tried for {tried})"
             self.last_unavailable = text
             return _Result("unsent", why=text)
 
+        def every_member_refused(session: Optional[Session], at: Address) -> bool:
+            if self.retry_refused or session is None or not session.connect_refused:
+                return False
+            if at not in refused:
+                refused.append(at)
+            return len(refused) >= len(members.listed)
+
         while True:
+            if abort is not None and abort.cancelled:
+                return _Result("unsent", serving=True)
             if time.monotonic() >= deadline:
                 return unavailable()
             pool = members.pool(addr)
@@ -698,12 +819,18 @@ class Client:
                     note(addr, f"unreachable: {pool.last_failure}")
                 else:
                     note(addr, "silent (its sessions stopped answering)")
+                if every_member_refused(session, addr):
+                    return unavailable(all_refused=True)
                 if session is not None:
                     avoid = session
                 addr = leave(addr)
                 call = call.fresh()
                 continue
+            if abort is not None:
+                abort.attach(session, call)
             session.wait(call)
+            if abort is not None:
+                abort.detach()
             outcome = call.outcome
             if outcome == ANSWER:
                 response = call.response
@@ -738,6 +865,8 @@ class Client:
             if outcome == NOT_SENT:
                 failure = session.failure if session.failed else "silent (answers overdue)"
                 note(addr, f"unreachable: {failure}" if session.failed else failure)
+                if every_member_refused(session, addr):
+                    return unavailable(all_refused=True)
                 avoid = session
                 addr = leave(addr)
                 call = call.fresh()

@@ -17,13 +17,49 @@ class Busy(Error):
     shutting down). Definitive: nothing is held."""
 
 
+# What each error code of an ``X`` answer means (docs/protocol.md §2.3).
+ERROR_CODES = {
+    1: "unknown op",
+    2: "key longer than the limit",
+    3: "empty key",
+    4: "key is not valid UTF-8",
+    5: "lease 0",
+    6: "byte after a fixed-size frame is not a newline",
+    7: "session refused: too many connections",
+    8: "the key is forbidden for this identity (X 8): the server's rules do not let this client use it",
+}
+
+
+def refusal_text(code: int) -> str:
+    """What code ``code`` means, as the ``latchkey`` commands say it."""
+    meaning = ERROR_CODES.get(code)
+    if meaning is None:
+        return f"refused by the server: error code {code}"
+    if code == 8:
+        return meaning
+    return f"refused by the server: {meaning} (code {code})"
+
+
 class Rejected(Error):
     """The server refused the request with ``X`` and ``code`` (e.g. 8: the identity may not use
     this key). Definitive: the request had no effect."""
 
     def __init__(self, code: int, message: str = "") -> None:
         self.code = code
-        super().__init__(message or f"refused by the server: error code {code}")
+        super().__init__(message or refusal_text(code))
+
+
+class LockLost(Error):
+    """Raised when a ``with client.lock(...)`` block ends and the lock was lost while it ran:
+    ``keep_alive`` found it gone (or could not keep it before its validity bound passed), or
+    the release at the end found it no longer held (the lease had run out). Someone else may
+    have held the key meanwhile: what the block wrote must be fenced with ``token``. Names the
+    ``key`` and the ``token``."""
+
+    def __init__(self, key: str, token: int, why: str) -> None:
+        self.key = key
+        self.token = token
+        super().__init__(f"{key}: the lock (token {token}) was lost while the block ran: {why}")
 
 
 class Unavailable(Error):

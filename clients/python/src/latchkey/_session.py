@@ -46,6 +46,11 @@ EXPIRED_CONNECTING = "expired_connecting"  # ... while its session was not estab
 
 Address = Tuple[str, int]
 
+# What every client says when a TLS server answers a plaintext client (the Rust client's
+# latchkey_client::SPEAKS_TLS), and how this one is given the CA.
+SPEAKS_TLS = "the server speaks TLS (it answered with a TLS record)"
+TLS_HINT = "connect with TLS, trusting its CA (tls=latchkey.TLS(ca=FILE))"
+
 _READ_BYTES = 65536
 
 
@@ -216,6 +221,7 @@ class Session:
         self.failed = False
         self.failure = ""
         self.unreachable = False
+        self.connect_refused = False  # the TCP connection was refused: nothing listens there
         self._sock: Optional[socket.socket] = None
         self._tls: Optional[ssl.SSLObject] = None
         self._tls_in: Optional[ssl.MemoryBIO] = None
@@ -306,10 +312,27 @@ class Session:
             elif state == HANDING:
                 timeout = max(call.timer - now, 0.001)
             else:
-                timeout = call.timer - now
+                # At least every second: ``abort`` may have moved the timer earlier.
+                timeout = min(call.timer - now, 1.0)
             if done.acquire(True, max(timeout, 0.0)):
                 return
             self.on_timer(call)
+
+    def abort(self, call: Call) -> None:
+        """Gives ``call`` up now, as if its deadline had passed (a caller that no longer wants
+        it: an asyncio task cancelled): unsent, it is never sent; a fully sent acquire that
+        may be queued gets its Cancel on this session at once (§4.4), and the answer that
+        follows decides. A ``wait=0`` acquire is left alone: it never queues, its answer
+        comes at once, and the caller's delivery gate gives a late grant back."""
+        if call.kind == "A" and call.wait_zero:
+            return
+        with self.lock:
+            if call.state == DONE or call.state == CANCELLING:
+                return
+            now = time.monotonic()
+            call.deadline = min(call.deadline, now)
+            call.timer = min(call.timer, now)
+        self.on_timer(call)
 
     def on_timer(self, call: Call) -> None:
         """What a call's deadline (or a stall) does to it; see the module docs."""
@@ -557,7 +580,13 @@ class Session:
     # ------------------------------------------------------------------------------------
     # Failing
 
-    def _fail_locked(self, reason: str, refused: bool = False, unreachable: bool = False) -> None:
+    def _fail_locked(
+        self,
+        reason: str,
+        refused: bool = False,
+        unreachable: bool = False,
+        connect_refused: bool = False,
+    ) -> None:
         """Ends the session: unsent calls go back (``NOT_SENT``), the others end
         ``INDETERMINATE`` — all of them ``NOT_SENT`` after an ``X`` 7."""
         if self.failed:
@@ -565,6 +594,7 @@ class Session:
         self.failed = True
         self.failure = reason
         self.unreachable = unreachable
+        self.connect_refused = connect_refused
         unsent = UNREACHABLE if unreachable else NOT_SENT
         for call in self._waiting:
             _finish(call, unsent)
@@ -606,7 +636,13 @@ class Session:
             with self.lock:
                 unreachable = isinstance(error, _Unreachable)
                 refused = isinstance(error, _Refused)
-                self._fail_locked(_describe(error), refused=refused, unreachable=unreachable)
+                connect_refused = isinstance(error, _ConnectRefused)
+                self._fail_locked(
+                    _describe(error),
+                    refused=refused,
+                    unreachable=unreachable,
+                    connect_refused=connect_refused,
+                )
             self._close_socket()
             return
         try:
@@ -632,6 +668,8 @@ class Session:
             sock = socket.create_connection(self.addr, timeout=config.connect_timeout)
         except socket.timeout:
             raise _ConnectError("cannot connect: timed out") from None
+        except ConnectionRefusedError as error:
+            raise _ConnectRefused(f"cannot connect: {error.strerror or error}") from None
         except OSError as error:
             raise _ConnectError(f"cannot connect: {error.strerror or error}") from None
         self._sock = sock
@@ -661,6 +699,8 @@ class Session:
             try:
                 answers = decoder.feed(data)
             except _codec.ProtocolError:
+                if data[:1] in (b"\x15", b"\x16"):  # a TLS alert or handshake record
+                    raise _Unreachable(f"{SPEAKS_TLS}: {TLS_HINT}") from None
                 raise _Unreachable(
                     f"not a latchkey server: it answered a ping with {data[:1]!r}"
                 ) from None
@@ -925,6 +965,10 @@ class _Refused(_ConnectError):
 
 class _Unreachable(_ConnectError):
     """Not a latchkey server, or TLS refused: retrying would meet the same."""
+
+
+class _ConnectRefused(_ConnectError):
+    """The TCP connection was refused: nothing listens at the address."""
 
 
 def _describe(error: BaseException) -> str:

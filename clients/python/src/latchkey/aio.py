@@ -3,8 +3,10 @@
 Each call runs the thread-safe blocking client on a worker thread of this client's own pool
 (so a call that waits for a lock never blocks the event loop, and many tasks share the
 sessions and their pipelining exactly like many threads do): the rules of docs/protocol.md §4
-are the blocking client's, unchanged. A task cancelled while its ``acquire`` runs does not
-leave a lock behind: if the acquire still succeeds, the ticket is released.
+are the blocking client's, unchanged. A task cancelled while its ``acquire`` runs gives the
+acquire up at once: a waiter queued on the server is withdrawn (Cancel, docs/protocol.md §4.4),
+and a grant that still arrives is released, so the cancelled task leaves no lock and no waiter
+behind.
 """
 
 from __future__ import annotations
@@ -18,9 +20,19 @@ from typing import AsyncIterator, Callable, Optional, Sequence, Type, TypeVar, U
 
 from contextlib import asynccontextmanager
 
-from ._client import TLS, KeyState, Ticket, _KeepAlive, _key_bytes, _lease_s, _wait_ms
+from ._client import (
+    TLS,
+    KeyState,
+    Ticket,
+    _Abort,
+    _end_lock,
+    _KeepAlive,
+    _key_bytes,
+    _lease_s,
+    _wait_ms,
+)
 from ._client import Client as _SyncClient
-from ._errors import NoAnswer, Rejected, Unavailable
+from ._errors import LockLost, NoAnswer, Rejected, Unavailable
 
 __all__ = ["Client", "Ticket", "AsyncTicket"]
 
@@ -48,7 +60,7 @@ class AsyncTicket:
 
     @property
     def lost(self) -> threading.Event:
-        """Set by ``lock(..., keep_alive=True)`` when the lock is lost."""
+        """Set by ``lock()``'s keep-alive when the lock is lost."""
         return self.ticket.lost
 
     def is_valid(self) -> bool:
@@ -79,6 +91,7 @@ class Client:
         connect_timeout: float = 2.0,
         transport_timeout: float = 5.0,
         tls: Optional[TLS] = None,
+        retry_refused: bool = False,
         max_calls: int = 256,
     ) -> None:
         if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
@@ -89,6 +102,7 @@ class Client:
             connect_timeout=connect_timeout,
             transport_timeout=transport_timeout,
             tls=tls,
+            retry_refused=retry_refused,
         )
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_calls, thread_name_prefix="latchkey-aio"
@@ -100,36 +114,41 @@ class Client:
         return await future
 
     async def acquire(self, key: str, wait: float = 0.0, lease: float = 30.0) -> AsyncTicket:
-        """As :meth:`latchkey.Client.acquire`."""
+        """As :meth:`latchkey.Client.acquire`. Cancelling the task gives the acquire up at
+        once: its waiter is withdrawn from the server's queue (Cancel), and a grant that still
+        comes is released."""
         _key_bytes(key)
         _wait_ms(wait)
         _lease_s(lease)
         loop = asyncio.get_running_loop()
-        inner = self._pool.submit(self.sync.acquire, key, wait, lease)
+        abort = _Abort()
+        inner = self._pool.submit(self.sync._acquire, key, wait, lease, abort)
         try:
             ticket = await asyncio.wrap_future(inner, loop=loop)
         except asyncio.CancelledError:
+            abort.cancel()
             inner.add_done_callback(_release_if_granted)
             raise
         return AsyncTicket(self, ticket)
 
     @asynccontextmanager
     async def lock(
-        self, key: str, wait: float = 0.0, lease: float = 30.0, keep_alive: bool = False
+        self, key: str, wait: float = 0.0, lease: float = 30.0, keep_alive: bool = True
     ) -> AsyncIterator[AsyncTicket]:
-        """As :meth:`latchkey.Client.lock`: ``async with client.lock(...) as ticket``."""
+        """As :meth:`latchkey.Client.lock`: ``async with client.lock(...) as ticket``; the
+        lease is kept by default, and a lock lost while the block ran raises
+        :class:`latchkey.LockLost` when it ends."""
         lease_s = _lease_s(lease)
         ticket = await self.acquire(key, wait, lease_s)
         keeper = _KeepAlive(ticket.ticket, lease_s) if keep_alive else None
         try:
             yield ticket
-        finally:
-            if keeper is not None:
-                await self._run(keeper.stop)
-            try:
-                await ticket.release()
-            except (Unavailable, NoAnswer, Rejected):
-                pass
+        except BaseException:
+            await self._run(_end_lock, ticket.ticket, keeper)
+            raise
+        why = await self._run(_end_lock, ticket.ticket, keeper)
+        if why is not None:
+            raise LockLost(key, ticket.token, why)
 
     async def query(self, key: str) -> KeyState:
         return await self._run(self.sync.query, key)

@@ -1,0 +1,321 @@
+//! `latchkey lock` as a process, as a user meets it: its command never outlives it (a
+//! `kill -9` of `latchkey lock` takes the command, and without a controlling terminal the
+//! command's children, with it), and its own failures can be told from the command's status.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{client, start_server, PATIENCE};
+
+fn latchkey() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_latchkey"));
+    // Whatever the environment of the test run says, the tests name their servers.
+    command.env_remove("LATCHKEY_SERVER");
+    command
+}
+
+/// A fresh directory for one test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("latchkey-cli-lock-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The pid written to `path`, once it is there.
+fn read_pid(path: &Path) -> libc::pid_t {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(Instant::now() < until, "{} never written", path.display());
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `pid` is a live process (a zombie, dead but not reaped yet, is not).
+fn alive(pid: libc::pid_t) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) S ...`: the state follows the last `)`.
+    let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+    !matches!(
+        state.and_then(|rest| rest.chars().next()),
+        Some('Z' | 'X') | None
+    )
+}
+
+/// Waits until none of `pids` is alive; panics naming those still alive after the patience.
+fn assert_all_die(pids: &[libc::pid_t], what: &str) {
+    let until = Instant::now() + PATIENCE;
+    while pids.iter().any(|&pid| alive(pid)) {
+        if Instant::now() >= until {
+            let left: Vec<_> = pids.iter().filter(|&&pid| alive(pid)).collect();
+            // Do not leave them running after the test.
+            for &&pid in &left {
+                // SAFETY: kill has no memory effects.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            panic!("{what}: still running after latchkey lock died: {left:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_killed_lock_takes_its_command_and_the_commands_children_along() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let dir = scratch("group");
+    let script = "echo $$ > cmd.pid; sleep 300 & echo $! > child.pid; wait";
+    let mut lock = latchkey();
+    lock.args(["lock", "--server", &addr, "--lease", "1s", "jobs/orphan"])
+        .args(["--", "sh", "-c", script])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: setsid is async-signal-safe and touches no memory of ours. Without a controlling
+    // terminal, as under cron or systemd.
+    unsafe {
+        lock.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut lock = lock.spawn().unwrap();
+    let command = read_pid(&dir.join("cmd.pid"));
+    let child = read_pid(&dir.join("child.pid"));
+    assert!(alive(command) && alive(child));
+    lock.kill().unwrap();
+    lock.wait().unwrap();
+    assert_all_die(&[command, child], "the command and its child");
+
+    // The lease runs out; the next holder is alone.
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let ticket = observer
+        .acquire(
+            "jobs/orphan",
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert!(!alive(command) && !alive(child));
+    drop(ticket);
+}
+
+#[test]
+fn a_killed_lock_takes_its_command_along_whatever_its_terminal() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let dir = scratch("plain");
+    // `exec`: the command's pid is the shell's, and the death signal survives the exec.
+    let script = "echo $$ > cmd.pid; exec sleep 300";
+    let mut lock = latchkey()
+        .args([
+            "lock",
+            "--server",
+            &addr,
+            "jobs/plain",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .current_dir(&dir)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let command = read_pid(&dir.join("cmd.pid"));
+    assert!(alive(command));
+    lock.kill().unwrap();
+    lock.wait().unwrap();
+    assert_all_die(&[command], "the command");
+}
+
+#[test]
+fn the_help_lists_the_exit_codes_and_what_each_signal_does() {
+    let output = latchkey().args(["lock", "--help"]).output().unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for code in ["80", "81", "82", "83", "84", "85", "126, 127"] {
+        let listed = help.lines().any(|line| line.trim_start().starts_with(code));
+        assert!(listed, "exit code {code} in\n{help}");
+    }
+    for part in [
+        "SIGINT, SIGTERM, SIGHUP",
+        "SIGKILL",
+        "SIGSTOP",
+        "--failure-exit-code",
+    ] {
+        assert!(help.contains(part), "{part} in\n{help}");
+    }
+}
+
+#[test]
+fn a_failure_exit_code_tells_latchkeys_own_failures_from_the_commands_status() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let _held = observer
+        .acquire("jobs/held", Duration::from_secs(1), Duration::from_secs(30))
+        .unwrap();
+    let dead = common::dead_addr().to_string();
+    let status = |words: &[&str]| {
+        let output = latchkey().args(words).output().unwrap();
+        output.status.code()
+    };
+    let failure = ["--failure-exit-code", "99"];
+    // CMD's own 2 stays 2.
+    let run = [
+        "lock",
+        "--server",
+        &addr,
+        failure[0],
+        failure[1],
+        "jobs/free",
+    ];
+    assert_eq!(
+        status(&[&run[..], &["--", "sh", "-c", "exit 2"]].concat()),
+        Some(2)
+    );
+    // A usage error, the lock not taken, CMD not found: 99.
+    let usage = [
+        "lock", failure[0], failure[1], "--wait", "1.5s", "k", "--", "true",
+    ];
+    assert_eq!(status(&usage), Some(99));
+    let joined = [
+        "lock",
+        "--failure-exit-code=99",
+        "--wait",
+        "1.5s",
+        "k",
+        "--",
+        "true",
+    ];
+    assert_eq!(status(&joined), Some(99));
+    let unavailable = [
+        "lock", "--server", &dead, failure[0], failure[1], "k", "--", "true",
+    ];
+    assert_eq!(status(&unavailable), Some(99));
+    let held = [
+        "lock",
+        "--server",
+        &addr,
+        failure[0],
+        failure[1],
+        "--wait",
+        "0",
+        "jobs/held",
+    ];
+    assert_eq!(status(&[&held[..], &["--", "true"]].concat()), Some(99));
+    let missing = [&run[..], &["--", "/nonexistent/latchkey-test-command"]].concat();
+    assert_eq!(status(&missing), Some(99));
+    // A conflict keeps the code chosen for it.
+    let chosen = [&held[..], &["--conflict-exit-code", "0", "--", "true"]].concat();
+    assert_eq!(status(&chosen), Some(0));
+    // Without the flag, the codes of old.
+    assert_eq!(
+        status(&["lock", "--wait", "1.5s", "k", "--", "true"]),
+        Some(2)
+    );
+}
+
+/// Runs `latchkey` with `words`; its exit code, its stderr and how long it took.
+fn run_timed(words: &[&str]) -> (Option<i32>, String, Duration) {
+    let start = Instant::now();
+    let output = latchkey().args(words).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status.code(), stderr, start.elapsed())
+}
+
+#[test]
+fn against_a_refused_port_every_command_fails_at_once_and_says_so_in_one_line() {
+    let dead = common::dead_addr().to_string();
+    // A transport timeout far longer than the slack: retrying until it runs out would show.
+    let patience = ["--server", &dead, "--transport-timeout", "60s"];
+    let cron_guard = [
+        "lock",
+        "--wait",
+        "0",
+        "--conflict-exit-code",
+        "0",
+        "--quiet",
+    ];
+    let runs: [Vec<&str>; 5] = [
+        [&cron_guard[..], &patience, &["jobs/report", "--", "true"]].concat(),
+        [
+            &["lock", "--wait", "60s"][..],
+            &patience,
+            &["k", "--", "true"],
+        ]
+        .concat(),
+        [&["query"][..], &patience, &["k"]].concat(),
+        [&["ping"][..], &patience].concat(),
+        [&["stats"][..], &patience].concat(),
+    ];
+    for words in runs {
+        let (code, stderr, took) = run_timed(&words);
+        assert_eq!(code, Some(83), "{words:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{words:?}: one line: {stderr}");
+        assert!(stderr.contains("connection refused"), "{words:?}: {stderr}");
+        let tried = "(tried for ";
+        assert!(stderr.contains(tried), "{words:?}: how long: {stderr}");
+        assert!(
+            stderr.contains("--retry-refused keeps trying"),
+            "{words:?}: {stderr}"
+        );
+        assert!(
+            took < Duration::from_secs(30),
+            "{words:?}: at once, not {took:?}"
+        );
+    }
+}
+
+#[test]
+fn with_retry_refused_a_command_keeps_trying_until_its_allowance_runs_out() {
+    let dead = common::dead_addr().to_string();
+    let retry = [
+        "--server",
+        &dead,
+        "--retry-refused",
+        "--transport-timeout",
+        "1s",
+    ];
+    let runs: [(Vec<&str>, &str); 4] = [
+        (
+            [&["lock", "--wait", "0"][..], &retry, &["k", "--", "true"]].concat(),
+            "of --transport-timeout 1s (--wait 0))",
+        ),
+        (
+            [&["query"][..], &retry, &["k"]].concat(),
+            "of --transport-timeout 1s)",
+        ),
+        (
+            [&["ping"][..], &retry].concat(),
+            "of --transport-timeout 1s) (seq=1)",
+        ),
+        (
+            [&["stats"][..], &retry].concat(),
+            "of --transport-timeout 1s)",
+        ),
+    ];
+    for (words, end) in runs {
+        let (code, stderr, took) = run_timed(&words);
+        assert_eq!(code, Some(83), "{words:?}: {stderr}");
+        assert!(
+            took >= Duration::from_secs(1),
+            "{words:?}: never early: {took:?}"
+        );
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(last.ends_with(end), "{words:?}: {stderr}");
+        assert!(last.contains("connection refused"), "{words:?}: {stderr}");
+    }
+}
