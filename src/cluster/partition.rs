@@ -186,6 +186,10 @@ struct PendingRead {
     session: SessionId,
     nonce: u64,
     key: Vec<u8>,
+    /// The last entry proposed on the shard when the query arrived: the query is answered
+    /// only once it is applied too, so that it never overtakes a request of the same session
+    /// on the same key sent before it (docs/protocol.md §3.6).
+    after: u64,
     /// The index the state must reach, once known.
     index: Option<u64>,
 }
@@ -413,6 +417,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 };
                 self.pending.insert((shard, proposed.index), pending);
                 self.cluster_stats.proposals += 1;
+                let local = self.local(shard);
+                self.shards[local].proposed_at(proposed.index);
                 true
             }
             Err(not_leader) => {

@@ -113,6 +113,8 @@ pub(crate) struct Shard {
     grants: BTreeMap<u64, Granted>,
     /// The token the incremental pruning of `grants` goes on from (it wraps to the start).
     grants_cursor: u64,
+    /// The index of the last entry this member proposed on the shard.
+    last_proposed: u64,
 }
 
 impl Shard {
@@ -132,6 +134,7 @@ impl Shard {
             decoded: BTreeMap::new(),
             grants: BTreeMap::new(),
             grants_cursor: 0,
+            last_proposed: 0,
         }
     }
 }
@@ -154,6 +157,17 @@ impl Shard {
     pub fn install(&mut self, machine: ShardMachine, index: u64) -> ShardMachine {
         self.compacted_at = index;
         std::mem::replace(&mut self.machine, machine)
+    }
+
+    /// This member proposed an entry at `index`.
+    pub fn proposed_at(&mut self, index: u64) {
+        self.last_proposed = self.last_proposed.max(index);
+    }
+
+    /// The index of the last entry this member proposed on the shard (0 before any): a query
+    /// waits for it to apply.
+    pub fn last_proposed(&self) -> u64 {
+        self.last_proposed
     }
 
     /// This member's role.

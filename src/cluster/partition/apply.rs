@@ -439,7 +439,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 continue;
             };
             if let Some(pending) = self.reads.get_mut(&u64::from_be_bytes(bytes)) {
-                pending.index = Some(read.index);
+                pending.index = Some(read.index.max(pending.after));
             }
         }
     }

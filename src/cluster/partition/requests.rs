@@ -198,6 +198,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                     session,
                     nonce,
                     key: key.to_vec(),
+                    after: self.shards[self.local(shard)].last_proposed(),
                     index: None,
                 };
                 self.reads.insert(seq, read);
