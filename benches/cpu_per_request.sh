@@ -8,7 +8,9 @@
 # for both), and read the server's user+sys CPU ticks from /proc/PID/stat just before and just
 # after the bench; the bench runs without warm-up, so every request it counts falls in that
 # window. Prints µs of server CPU per request per round and the medians. PIPELINE,
-# CONNECTIONS, DURATION, WARMUP and WORKLOAD change a run.
+# CONNECTIONS, DURATION, WARMUP and WORKLOAD change a run; NEW_BENCH_ARGS adds arguments to
+# the bench of NEW_BINARY's rounds only (e.g. `--identify`: the cost of identified sessions,
+# docs/protocol.md §5, against an OLD_BINARY that knows none).
 set -euo pipefail
 old=${1:?old binary}
 new=${2:?new binary}
@@ -24,7 +26,7 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # One measurement: prints "requests cpu_ticks".
 measure() {
-    local binary=$1 port
+    local binary=$1 extra=$2 port
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     taskset -c 0 "$binary" serve --cores 1 --listen "127.0.0.1:$port" >/dev/null 2>&1 &
     local pid=$!
@@ -36,7 +38,7 @@ measure() {
     before=$(cpu_ticks "$pid")
     json=$(taskset -c 1 "$new" bench --target "latchkey://127.0.0.1:$port" --workload "$workload" \
         --pipeline "$pipeline" --connections "$connections" --duration "$duration" \
-        --warmup "$warmup" --json)
+        --warmup "$warmup" --json $extra)
     after=$(cpu_ticks "$pid")
     kill -TERM "$pid"; wait "$pid" || true
     requests=$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(sum(r["counts"].values()))' "$json")
@@ -46,8 +48,9 @@ measure() {
 declare -a old_us new_us
 for round in $(seq "$rounds"); do
     for which in old new; do
-        binary=$old; [ "$which" = new ] && binary=$new
-        read -r requests cpu < <(measure "$binary")
+        binary=$old extra=""
+        [ "$which" = new ] && binary=$new extra=${NEW_BENCH_ARGS:-}
+        read -r requests cpu < <(measure "$binary" "$extra")
         us=$(python3 -c "print(f'{$cpu / $ticks * 1e6 / $requests:.3f}')")
         echo "round $round $which: $requests requests, $cpu ticks of server CPU, $us us/request"
         if [ "$which" = old ]; then old_us+=("$us"); else new_us+=("$us"); fi

@@ -340,9 +340,8 @@ impl LockTable {
             return self.answer_acquire((session, client), busy, ends_pending);
         };
         self.stats.acquired += 1;
-        let holder = (session, acquire.owner);
+        let holder = (session, acquire.owner, client);
         let entry = self.insert_entry(now_us, key, hash, token, acquire.lease_s, holder);
-        self.entries[entry].client = client;
         let granted = Response::Acquired {
             owner: acquire.owner,
             token,
@@ -743,7 +742,7 @@ impl LockTable {
         at_us.div_ceil(self.config.tick_us)
     }
 
-    /// A new entry for `key`, held with `token` by `holder` (session, owner).
+    /// A new entry for `key`, held with `token` by `holder` (session, owner, client).
     fn insert_entry(
         &mut self,
         now_us: u64,
@@ -751,7 +750,7 @@ impl LockTable {
         hash: u64,
         token: u64,
         lease_s: u8,
-        holder: (SessionId, u64),
+        holder: (SessionId, u64, ClientRef),
     ) -> u32 {
         let lease_end_us = now_us + u64::from(lease_s) * MICROS_PER_SECOND;
         let entry = self.entries.vacant_key();
@@ -763,7 +762,7 @@ impl LockTable {
             token,
             owner: holder.1,
             holder: holder.0,
-            client: ClientRef::NONE,
+            client: holder.2,
             granted_us: now_us,
             lease_end_us,
             lease_timer,
