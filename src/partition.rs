@@ -148,6 +148,12 @@ pub trait Partition {
     /// `client`'s grace ended without a session: its detached waiters leave, its grants that
     /// never reached it are released, and what the partition remembered of it is dropped.
     fn handle_client_gone(&mut self, _now_us: u64, _client: ClientRef) {}
+    /// Whether the partition has nothing left to do for a shutdown (a cluster member hands its
+    /// leaderships over first, and answers its waiters once they moved): the core stops only
+    /// once it is.
+    fn is_quiescent(&self) -> bool {
+        true
+    }
     /// Whether the partition resumes calls (answers Resolve); the core refuses Identify where
     /// it does not.
     fn resumes_calls(&self) -> bool {

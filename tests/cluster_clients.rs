@@ -350,3 +350,62 @@ fn a_holder_that_loses_the_quorum_says_why_it_cannot_extend() {
         "{said}"
     );
 }
+
+/// A member that is stopped (SIGTERM: a rolling restart) hands its leaderships over first: a
+/// waiter queued on it is answered `M` naming the new leader (nothing of it was executed), and
+/// the client queues it there within the same deadline; it is granted when the holder lets go.
+/// Before, it was answered `B` (exit 81) by the member shutting down.
+#[test]
+fn a_waiter_on_a_member_that_is_stopped_moves_to_the_new_leader_and_is_granted() {
+    let mut cluster = Cluster::start("clients-handover", 3, 4, false);
+    let key = "jobs/handover";
+    let owner = fresh_id();
+    let acquire = move || Request::Acquire {
+        wait_s: 0,
+        lease_s: 60,
+        owner,
+        key: key.as_bytes(),
+    };
+    let (leader, token) = match cluster.call(key, &[], SETTLE, acquire) {
+        (leader, Response::Acquired { token, .. }) => (leader, token),
+        (_, other) => panic!("acquire of {key} answered {other:?}"),
+    };
+    let members: Vec<&Member> = cluster.members.iter().collect();
+    let addrs = list(&members);
+    let waiter = std::thread::spawn(move || {
+        latchkey(&[
+            "lock", "--server", &addrs, "--wait", "20s", "--lease", "30s", key, "--", "true",
+        ])
+    });
+    let waiting_on = |client| {
+        let state = common::cluster::query(client, key, fresh_id());
+        matches!(state, Some(Response::State { waiters: 1, .. }))
+    };
+    let on_leader = cluster.members[leader].client;
+    assert!(
+        wait_until(SETTLE, || waiting_on(on_leader)),
+        "queued on the leader"
+    );
+    cluster.stop(leader);
+    // The hold lives on (the cluster keeps it); the waiter is queued again on the new leader.
+    let (new_leader, state) = cluster
+        .serving(key, &[leader], SETTLE)
+        .expect("a new leader");
+    assert!(
+        matches!(state, Response::State { held: true, .. }),
+        "{state:?}"
+    );
+    let on_new = cluster.members[new_leader].client;
+    assert!(
+        wait_until(SETTLE, || waiting_on(on_new)),
+        "queued on the new leader"
+    );
+    let release = move || Request::Release {
+        token,
+        key: key.as_bytes(),
+    };
+    let (_, released) = cluster.call(key, &[leader], SETTLE, release);
+    assert_eq!(released, Response::Released { token });
+    let output = waiter.join().expect("the waiter ran");
+    assert!(output.status.success(), "{}", stderr(&output));
+}

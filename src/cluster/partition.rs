@@ -27,7 +27,7 @@ use crate::partition::GrantRef;
 use crate::partition::Partition;
 use crate::partition::NOBODY;
 use crate::partition::{
-    Answer, BusyReason, ClientRef, HeldKey, Op, Places, QueueCounts, SessionId, TableStats,
+    Answer, ClientRef, HeldKey, Op, Places, QueueCounts, SessionId, TableStats,
 };
 use crate::tokens::TokenKeeper;
 use latchkey_client::protocol::{ErrorCode, Leader, Response};
@@ -49,6 +49,9 @@ pub const PROMOTE_GRACE_MS: u64 = 200;
 pub const CHECKPOINT_EVERY_US: u64 = 1_000_000;
 /// Holds one checkpoint entry carries at most.
 const CHECKPOINT_HOLDS: usize = 1024;
+/// How long a member that shuts down waits for the leaderships it hands over to move before it
+/// answers its waiters without them (well within the 5 s a shutdown may take).
+const SHUTDOWN_HANDOVER_US: u64 = 1_000_000;
 /// Lease timers one iteration fires at most (whole ticks past it), all shards together: the
 /// expiries proposed per iteration.
 const LEASE_TIMERS_PER_STEP_MAX: usize = 512;
@@ -226,6 +229,12 @@ pub struct ClusterPartition<D: LogWriter, P: Peers> {
     now_us: u64,
     next_tick_us: u64,
     shutting_down: bool,
+    /// While a shutdown hands this member's leaderships over: until when it waits for them.
+    handover_until_us: Option<u64>,
+    /// Other members were live when the shutdown began: its waiters and new acquires are sent
+    /// to them (`M`); without any (a one-member cluster, or the last one up), they are refused
+    /// `B`, as a single node does.
+    others_at_shutdown: bool,
     /// This iteration's leadership changes, logged at its end.
     leadership_log: LeadershipLog,
 }
@@ -291,6 +300,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             now_us: 0,
             next_tick_us: 0,
             shutting_down: false,
+            handover_until_us: None,
+            others_at_shutdown: false,
             leadership_log: LeadershipLog::default(),
         }
     }
@@ -491,6 +502,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         }
         self.balance();
         self.drain();
+        self.end_handover();
         for line in self.leadership_log.take_lines(self.settings.core) {
             log::info!("{line}");
         }
@@ -508,7 +520,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         let waits = waits.map(|tick| tick.saturating_mul(self.settings.tick_us));
         let leases = self.lease_timers.next_deadline();
         let leases = leases.map(|tick| tick.saturating_mul(self.settings.tick_us));
-        [Some(self.next_tick_us), waits, leases]
+        [Some(self.next_tick_us), waits, leases, self.handover_until_us]
             .into_iter()
             .flatten()
             .min()
@@ -559,17 +571,11 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
 
     fn handle_shutdown(&mut self) {
         self.shutting_down = true;
-        for local in 0..self.shards.len() {
-            let (heads, waiters) = self.shards[local].shut_down(&mut self.places);
-            for head in heads {
-                let reason = BusyReason::Shutdown;
-                self.busy(head.session, head.owner, head.ends_pending, reason);
-            }
-            for waiter in waiters {
-                let reason = BusyReason::Shutdown;
-                self.busy(waiter.session, waiter.owner, waiter.ends_pending, reason);
-            }
-        }
+        self.hand_over_leaderships();
+    }
+
+    fn is_quiescent(&self) -> bool {
+        self.handover_until_us.is_none()
     }
 
     fn top_up_tokens(&mut self, _keeper: &mut TokenKeeper) {

@@ -17,9 +17,6 @@ pub enum BusyReason {
     Shutdown,
     /// No token could be issued (the persisted reservation is used up).
     Tokens,
-    /// Cluster mode: the member stopped leading the key's shard while the acquire was queued
-    /// there (and no grant for it can commit).
-    Leadership,
     /// A Resolve already answered this client's owner "never seen": the acquire arrived after
     /// that and is not executed (docs/protocol.md §5).
     Resolved,
@@ -27,13 +24,12 @@ pub enum BusyReason {
 
 impl BusyReason {
     /// Every reason, in the order of [`BusyCounts::get`]'s label names.
-    pub const ALL: [BusyReason; 7] = [
+    pub const ALL: [BusyReason; 6] = [
         BusyReason::WaitersPerKey,
         BusyReason::Keys,
         BusyReason::PendingPerSession,
         BusyReason::Shutdown,
         BusyReason::Tokens,
-        BusyReason::Leadership,
         BusyReason::Resolved,
     ];
 
@@ -45,7 +41,6 @@ impl BusyReason {
             BusyReason::PendingPerSession => "pending_per_session",
             BusyReason::Shutdown => "shutdown",
             BusyReason::Tokens => "tokens",
-            BusyReason::Leadership => "leadership",
             BusyReason::Resolved => "resolved",
         }
     }

@@ -816,7 +816,8 @@ impl<N: Net, P: Partition> Core<N, P> {
 
     /// Nothing left to do here unless someone sends something.
     pub(super) fn is_quiescent(&self) -> bool {
-        !self.admin_busy()
+        self.table.is_quiescent()
+            && !self.admin_busy()
             && self.scheduled.is_empty()
             && !self.more_inbox
             && self.links.inbox.is_empty()

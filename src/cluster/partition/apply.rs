@@ -405,17 +405,14 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
     }
 
-    /// This member stopped leading: queued acquires that were never proposed get `B`;
-    /// proposed ones wait for their entry; queries in flight get `M`.
+    /// This member stopped leading: queued acquires that were never proposed get `M` (nothing
+    /// of them was executed: the client asks the leader again, within its deadline); proposed
+    /// ones wait for their entry; queries in flight get `M`.
     fn demote(&mut self, shard: u32) {
         let local = self.local(shard);
         for waiter in self.shards[local].demote(&mut self.places) {
-            self.busy(
-                waiter.session,
-                waiter.owner,
-                waiter.ends_pending,
-                BusyReason::Leadership,
-            );
+            let response = self.moved(shard, waiter.owner);
+            self.answer(waiter.session, response, waiter.ends_pending);
         }
         let reads: Vec<u64> = self
             .reads

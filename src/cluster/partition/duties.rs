@@ -17,13 +17,14 @@
 use super::requests::End;
 use super::{
     ClusterPartition, Peers, PendingKind, CHECKPOINT_EVERY_US, CHECKPOINT_HOLDS,
-    LEASE_TIMERS_PER_STEP_MAX, WAIT_TIMERS_PER_STEP_MAX,
+    LEASE_TIMERS_PER_STEP_MAX, SHUTDOWN_HANDOVER_US, WAIT_TIMERS_PER_STEP_MAX,
 };
 use crate::cluster::machine::{Applied, Command};
-use crate::cluster::shard::Role;
+use crate::cluster::shard::{Role, Shard};
+use crate::partition::BusyReason;
 use crate::cluster::writer::LogWriter;
 use crate::partition::rules;
-use crate::partition::NOBODY;
+use crate::partition::{SessionId, NOBODY};
 use latchkey_client::protocol::Response;
 
 /// A queued acquire's wait timer: which waiter, and when its wait ends.
@@ -303,6 +304,88 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             // Not proposed now and none in the log: again at the next tick.
             let next_ms = (self.now_us + self.settings.tick_us).div_ceil(1000);
             self.arm_lease(local, timer.token, next_ms);
+        }
+    }
+}
+
+/// A member's shutdown (SIGTERM: a rolling restart, a machine taken out).
+impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
+    /// Hands every shard this member serves to another live member (raft's leader transfer),
+    /// so that its clients and their requests move to a leader that stays; its waiters are
+    /// answered once their shard moved (`M` naming the new leader, as any member that steps
+    /// down does), or when [`SHUTDOWN_HANDOVER_US`] passed ([`Self::end_handover`]).
+    pub(super) fn hand_over_leaderships(&mut self) {
+        let me = self.settings.node_id;
+        let others: Vec<u64> = (self.member.live_voters().into_iter())
+            .filter(|&member| member != me)
+            .collect();
+        self.others_at_shutdown = !others.is_empty();
+        let mut handed = 0;
+        for (turn, local) in (0..self.shards.len()).enumerate() {
+            let shard = self.shards[local].machine().shard();
+            let leads = self.member.leader(shard) == Some(me);
+            let Some(&to) = others.get(turn % others.len().max(1)) else {
+                break;
+            };
+            if leads && self.member.transfer_leader(shard, to).is_ok() {
+                self.leadership_log.handed(shard, to);
+                handed += 1;
+            }
+        }
+        if handed > 0 {
+            log::info!(
+                "core {}: shutting down: {handed} shard leaderships handed to other members",
+                self.settings.core
+            );
+        }
+        self.handover_until_us = Some(self.now_us + SHUTDOWN_HANDOVER_US);
+        if !self.others_at_shutdown {
+            self.end_handover();
+        }
+    }
+
+    /// An acquire this stopping member will not execute: `M` (another member takes it), or
+    /// `B` when no other member was up.
+    pub(super) fn refuse_at_shutdown(
+        &mut self,
+        shard: u32,
+        session: SessionId,
+        owner: u64,
+        ends_pending: bool,
+    ) {
+        if self.others_at_shutdown {
+            let response = self.moved(shard, owner);
+            self.answer(session, response, ends_pending);
+        } else {
+            self.busy(session, owner, ends_pending, BusyReason::Shutdown);
+        }
+    }
+
+    /// Once every shard moved, or the handover's time is up: the waiters still queued here are
+    /// answered (see `handle_shutdown`), and the partition is quiescent.
+    pub(super) fn end_handover(&mut self) {
+        let Some(until_us) = self.handover_until_us else {
+            return;
+        };
+        let serving = self.shards.iter().any(Shard::serving);
+        if self.others_at_shutdown && serving && self.now_us < until_us {
+            return;
+        }
+        self.handover_until_us = None;
+        for local in 0..self.shards.len() {
+            let (heads, waiters) = self.shards[local].shut_down(&mut self.places);
+            // A head whose grant is in the log may still be granted: `B` promises nothing.
+            for head in heads {
+                let reason = BusyReason::Shutdown;
+                self.busy(head.session, head.owner, head.ends_pending, reason);
+            }
+            // The others were never proposed: nothing of them was executed, and the cluster
+            // goes on without this member, so `M` sends them to the leader (or, none known
+            // yet, to the next member) — unless no other member was up to take them.
+            let shard = self.shards[local].machine().shard();
+            for waiter in waiters {
+                self.refuse_at_shutdown(shard, waiter.session, waiter.owner, waiter.ends_pending);
+            }
         }
     }
 }

@@ -61,7 +61,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
 
     /// Spreads leadership over the live members (the member rate-limits it: every 3 s at most).
     pub(super) fn balance(&mut self) {
-        if !self.member.balance_due() {
+        if self.shutting_down || !self.member.balance_due() {
             return;
         }
         let live = self.member.live_voters();

@@ -84,6 +84,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 self.stats.timed_out += 1;
                 return self.answer(session, Response::Timeout { owner }, false);
             }
+            // A member that stops executes nothing more; the cluster goes on without it.
+            Admit::Busy(BusyReason::Shutdown) => {
+                return self.refuse_at_shutdown(shard, session, owner, ends_pending);
+            }
             Admit::Busy(reason) => return self.busy(session, owner, ends_pending, reason),
         };
         let deadline_us = self.now_us + u64::from(wait_s) * 1_000_000;
