@@ -409,3 +409,40 @@ fn a_waiter_on_a_member_that_is_stopped_moves_to_the_new_leader_and_is_granted()
     let output = waiter.join().expect("the waiter ran");
     assert!(output.status.success(), "{}", stderr(&output));
 }
+
+/// A holder keeps its lock while the key's leader is paused (SIGSTOP for longer than the
+/// lease): `latchkey lock` extends every lease/3, and an extend the paused leader does not
+/// answer is also sent to the other members, which redirect it to the new leader once one is
+/// elected (docs/protocol.md §4.3). Before, the extend waited out its transport timeout on the
+/// paused member, and the lease was lost.
+#[test]
+fn a_holder_keeps_its_lock_while_its_leader_is_paused() {
+    let cluster = Cluster::start("clients-stall", 3, 4, false);
+    let key = "jobs/stall";
+    let members: Vec<&Member> = cluster.members.iter().collect();
+    let addrs = list(&members);
+    let holder = std::thread::spawn(move || {
+        latchkey(&[
+            "lock", "--server", &addrs, "--lease", "3s", key, "--", "sleep", "9",
+        ])
+    });
+    let held = |state: &Response| matches!(state, Response::State { held: true, .. });
+    let leader = wait_until(SETTLE, || {
+        cluster
+            .serving(key, &[], SETTLE)
+            .is_some_and(|(_, state)| held(&state))
+    });
+    assert!(leader, "the holder took the lock");
+    let (leader, _) = cluster.serving(key, &[], SETTLE).expect("a leader");
+    cluster.signal(leader, libc::SIGSTOP);
+    let resume = Resume {
+        cluster: &cluster,
+        index: leader,
+    };
+    std::thread::sleep(Duration::from_secs(6));
+    drop(resume);
+    let output = holder.join().expect("the holder ran");
+    let err = stderr(&output);
+    assert!(output.status.success(), "exit {:?}: {err}", output.status);
+    assert!(!err.contains("lease lost"), "{err}");
+}

@@ -66,6 +66,9 @@ struct Attempts {
     /// An earlier attempt of this release or extend may have been sent: if no later one is
     /// answered, the request ends `Indeterminate`, not unsent.
     possibly_sent: bool,
+    /// A member this attempt sequence leaves alone (a hedge's: the first attempt waits there),
+    /// even when another member names it leader.
+    skip: Option<SocketAddr>,
     /// Whether a refused connection is tried again (`ClientConfig::retry_refused`).
     retry_refused: bool,
     /// The addresses that refused a connection during this call, each once (at most
@@ -85,6 +88,81 @@ impl Client {
     /// Hands `op` to sessions until one answers (other than `M`) or may have sent it, or the
     /// deadline passes while it is definitely unsent (see the module docs).
     pub(crate) fn exchange(&self, op: Op, deadline: Instant) -> Exchange {
+        self.exchange_from(op, deadline, None)
+    }
+
+    /// [`exchange`](Self::exchange) of a release or an extend of a cluster's hold, *hedged*:
+    /// when the first attempt is not answered within [`Client::hedge_after`] (its member may
+    /// be paused: a VM stall, a slow disk, a cut link), the same request also goes to the
+    /// other members — which redirect it to the new leader once one is elected — and the
+    /// first answer wins. Both are safe to execute twice (docs/protocol.md §4.3): a second
+    /// release answers `N`, and an extend executed twice counts its lease from the later
+    /// execution, so the ticket's bound, taken from the answer that came, is never late.
+    pub(crate) fn exchange_hedged(&self, op: Op, deadline: Instant) -> Exchange {
+        let members = &self.shared.members;
+        let hedged = matches!(op, Op::Release { .. } | Op::Extend { .. }) && members.listed() > 1;
+        if !hedged {
+            return self.exchange(op, deadline);
+        }
+        let first_addr = members.route(op.key().map(|key| &**key));
+        let (tx, rx) = crossbeam_channel::bounded::<Exchange>(2);
+        let spawn = |skip: Option<SocketAddr>| {
+            let (client, op, tx) = (self.clone(), op.clone(), tx.clone());
+            thread::Builder::new()
+                .name("latchkey-hedge".into())
+                .spawn(move || {
+                    let _ = tx.send(client.exchange_from(op, deadline, skip));
+                })
+        };
+        if spawn(None).is_err() {
+            return self.exchange(op, deadline);
+        }
+        let backstop = deadline + 2 * self.config().transport_timeout;
+        let mut outstanding = 1;
+        let mut fallback = None;
+        match rx.recv_timeout(self.hedge_after()) {
+            Ok(exchange) if answered(&exchange) => return exchange,
+            Ok(exchange) => {
+                outstanding -= 1;
+                fallback = Some(exchange);
+            }
+            Err(_) => {}
+        }
+        log::debug!("a release or extend is unanswered: also sent to the other members");
+        if spawn(Some(first_addr)).is_ok() {
+            outstanding += 1;
+        }
+        // Bounded: each branch sends one result, by its deadline plus the transport allowance.
+        while outstanding > 0 {
+            let Ok(exchange) = rx.recv_deadline(backstop) else {
+                break;
+            };
+            outstanding -= 1;
+            if answered(&exchange) {
+                return exchange;
+            }
+            // A branch that may have sent it makes the whole request's fate unknown.
+            fallback = match (fallback, exchange) {
+                (Some(Exchange::Indeterminate), _) | (_, Exchange::Indeterminate) => {
+                    Some(Exchange::Indeterminate)
+                }
+                (_, other) => Some(other),
+            };
+        }
+        fallback.unwrap_or(Exchange::Indeterminate)
+    }
+
+    /// How long a release or an extend of a cluster's hold waits for its first attempt before
+    /// it also goes to the other members: a quarter of the connect timeout, within 100..=500 ms
+    /// (well under a lease's validity: a 2 s lease is valid for 1.8 s).
+    pub(crate) fn hedge_after(&self) -> Duration {
+        let quarter = self.config().connect_timeout / 4;
+        quarter.clamp(HEDGE_AFTER_MIN, HEDGE_AFTER_MAX)
+    }
+
+    /// [`exchange`](Self::exchange), whose first attempt goes to the next member after `skip`
+    /// (a hedge of a request already handed to `skip`) instead of the key's route.
+    fn exchange_from(&self, op: Op, deadline: Instant, skip: Option<SocketAddr>) -> Exchange {
         let members = &self.shared.members;
         let key = op.key().cloned();
         let mut attempts = Attempts {
@@ -96,8 +174,12 @@ impl Client {
             possibly_sent: false,
             retry_refused: self.config().retry_refused,
             refused: Vec::new(),
+            skip,
         };
-        let mut addr = members.route(key.as_deref());
+        let mut addr = match skip {
+            Some(skip) => attempts.next_addr(members, skip),
+            None => members.route(key.as_deref()),
+        };
         // Bounded: every pass either ends, sleeps a backoff, or counts a redirect.
         loop {
             if Instant::now() >= deadline {
@@ -109,7 +191,7 @@ impl Client {
                     let cause = format!("more than {MEMBERS_MAX} members: no session to it");
                     attempts.note(members, addr, MemberState::Unreachable { cause });
                     attempts.backoff.sleep(deadline);
-                    addr = members.next_member_except(Some(addr));
+                    addr = attempts.next_addr(members, addr);
                     continue;
                 }
                 Err(error) => {
@@ -117,7 +199,7 @@ impl Client {
                     let cause = error.to_string();
                     attempts.note(members, addr, MemberState::Unreachable { cause });
                     attempts.backoff.sleep(deadline);
-                    addr = members.next_member_except(Some(addr));
+                    addr = attempts.next_addr(members, addr);
                     continue;
                 }
             };
@@ -295,7 +377,7 @@ impl Attempts {
                 self.avoid = Some(session.id());
                 members.forget(key.map(|key| &**key), addr);
                 self.backoff.sleep(deadline);
-                Next::Retry(members.next_member_except(Some(addr)))
+                Next::Retry(self.next_addr(members, addr))
             }
             // A release or an extend names a token and is safe to send again (a release that
             // executed twice says `N` the second time; an extend executed twice counts its
@@ -307,7 +389,7 @@ impl Attempts {
                 self.avoid = Some(session.id());
                 members.forget(key.map(|key| &**key), addr);
                 self.backoff.sleep(deadline);
-                Next::Retry(members.next_member_except(Some(addr)))
+                Next::Retry(self.next_addr(members, addr))
             }
             Outcome::Indeterminate | Outcome::Compensated => {
                 // Never resent; but the key's next request tries elsewhere first.
@@ -367,7 +449,7 @@ impl Attempts {
         deadline: Instant,
     ) -> Next {
         self.redirects += 1;
-        let named = leader.filter(|&leader| leader != addr);
+        let named = leader.filter(|&leader| leader != addr && Some(leader) != self.skip);
         let state = match named {
             Some(leader) => MemberState::Redirected { leader },
             None => MemberState::NoLeader,
@@ -391,9 +473,23 @@ impl Attempts {
                 members.forget(key.map(|key| &**key), addr);
                 self.backoff.next = self.backoff.next.max(BACKOFF_MIN);
                 self.backoff.sleep(deadline);
-                Next::Retry(members.next_member_except(Some(addr)))
+                Next::Retry(self.next_addr(members, addr))
             }
         }
+    }
+
+    /// The member after `from` in turn, never the one this sequence skips (unless it is the
+    /// only member).
+    fn next_addr(&self, members: &Members, from: SocketAddr) -> SocketAddr {
+        let mut addr = members.next_member_except(Some(from));
+        // Bounded by the member count: the turn goes round once at most.
+        for _ in 0..members.listed() {
+            if Some(addr) != self.skip {
+                break;
+            }
+            addr = members.next_member_except(Some(addr));
+        }
+        addr
     }
 
     /// Records what `addr` did (the report is started on first use).
@@ -449,6 +545,16 @@ fn resolved(response: Response, owner: u64, sent_at: Instant, read_at: Instant) 
         other => answer(other),
     }
 }
+
+/// Whether a branch of a hedged request got a definite answer (anything but an `X` is one for
+/// a release or an extend; an `X` is too: the request was refused).
+fn answered(exchange: &Exchange) -> bool {
+    matches!(exchange, Exchange::Answer { .. })
+}
+
+/// Bounds of [`Client::hedge_after`].
+const HEDGE_AFTER_MIN: Duration = Duration::from_millis(100);
+const HEDGE_AFTER_MAX: Duration = Duration::from_millis(500);
 
 /// The first pause after an `M` without a leader (an election takes some time).
 const BACKOFF_MIN: Duration = Duration::from_millis(10);

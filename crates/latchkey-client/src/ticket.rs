@@ -279,7 +279,7 @@ impl Client {
     /// returns the answer and the instant its first byte was handed to the socket.
     pub(crate) fn exchange_small(&self, op: Op) -> Result<(Response, Instant), RequestError> {
         let deadline = Instant::now() + self.config().transport_timeout;
-        match self.exchange(op, deadline) {
+        match self.exchange_hedged(op, deadline) {
             Exchange::Answer {
                 response: Response::Error { code, .. },
                 ..
