@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Faults a three-member cluster under lock traffic and counts what reached the callers.
+
+    python3 benches/failover.py BINARY [--shards N] [--holders N] [--callers N] [--lease S]
+                                       [--stall S] [--fsync true|false] [--members 1,2,3]
+
+Starts three members of BINARY (one core each, fresh data directories on this machine), then:
+
+* HOLDERS processes `latchkey lock --lease LEASE holders/i -- sleep ...`, which extend their
+  lease every lease/3 for the whole run (keys spread over the shards);
+* CALLERS threads, each looping `latchkey lock --wait 8s --lease LEASE calls/k -- true` on 4
+  contended keys.
+
+For each member in turn (MEMBERS): SIGSTOP for STALL seconds, SIGCONT, 3 s to settle; then
+kill -9, 2 s down, restart, 3 s to settle. Meanwhile a prober measures failover: from each
+fault to the first moment every probe key is served (answers `Q`) by a member that is up.
+
+Printed at the end: the callers' exit codes (0 done, 80 timeout, 81 busy, 82 indeterminate,
+83 unavailable, other), holders that lost their lock (exit 85) or ended otherwise, failover
+times (p50, max), and ghost holds — keys still held once every client has exited and released
+(a grant nobody knows of). With the disk's fdatasync p50 beside them. Loopback only; bounded in
+time (about 15 s per member plus the start).
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def query(port, key, nonce=1, timeout=0.5):
+    """The `Q` answer of the member on `port` for `key`: (held, waiters), or None (M, down)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(b"Q" + struct.pack(">Q", nonce) + key.encode() + b"\n")
+            answer = b""
+            while len(answer) < 19 and answer[:1] in (b"", b"Q"):
+                chunk = s.recv(64)
+                if not chunk:
+                    return None
+                answer += chunk
+                if answer[:1] != b"Q":
+                    return None
+            held, _lease, waiters = struct.unpack(">BII", answer[9:18])
+            return bool(held), waiters
+    except OSError:
+        return None
+
+
+def disk_sync_p50(directory):
+    path = os.path.join(directory, "fdatasync-probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    times = []
+    for i in range(200):
+        os.pwrite(fd, b"x" * 4096, (i % 64) * 4096)
+        start = time.perf_counter()
+        os.fdatasync(fd)
+        times.append((time.perf_counter() - start) * 1e6)
+    os.close(fd)
+    os.unlink(path)
+    return statistics.median(times)
+
+
+class Cluster:
+    def __init__(self, binary, directory, shards, fsync):
+        self.binary, self.dir = binary, directory
+        self.clients = [free_port() for _ in range(3)]
+        peers = [free_port() for _ in range(3)]
+        members = "".join(
+            f'  {{ id = {i + 1}, client = "127.0.0.1:{self.clients[i]}", '
+            f'peer = "127.0.0.1:{peers[i]}" }},\n'
+            for i in range(3)
+        )
+        self.configs = []
+        for i in range(3):
+            path = os.path.join(directory, f"member-{i + 1}.toml")
+            with open(path, "w") as f:
+                f.write(
+                    f"[server]\ncores = 1\n[cluster]\nnode_id = {i + 1}\n"
+                    f'data_dir = "{directory}/data-{i + 1}"\nshards = {shards}\n'
+                    f"fsync = {fsync}\nmembers = [\n{members}]\n"
+                )
+            self.configs.append(path)
+        self.processes = [None, None, None]
+        for i in range(3):
+            self.launch(i)
+
+    def launch(self, i):
+        log = open(os.path.join(self.dir, f"member-{i + 1}.log"), "a")
+        self.processes[i] = subprocess.Popen(
+            [self.binary, "serve", "--config", self.configs[i]], stdout=log, stderr=log
+        )
+
+    def servers(self):
+        return ",".join(f"127.0.0.1:{port}" for port in self.clients)
+
+    def served(self, key, skip=()):
+        for i, port in enumerate(self.clients):
+            if i in skip or self.processes[i] is None:
+                continue
+            if query(port, key) is not None:
+                return i
+        return None
+
+    def stop_all(self):
+        for process in self.processes:
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("binary")
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--holders", type=int, default=16)
+    parser.add_argument("--callers", type=int, default=16)
+    parser.add_argument("--lease", type=int, default=3)
+    parser.add_argument("--stall", type=float, default=6.0)
+    parser.add_argument("--fsync", default="true")
+    parser.add_argument("--members", default="1,2,3")
+    args = parser.parse_args()
+    order = [int(m) - 1 for m in args.members.split(",")]
+    directory = tempfile.mkdtemp(prefix="latchkey-failover.")
+    cluster = Cluster(args.binary, directory, args.shards, args.fsync)
+    env = dict(os.environ, LATCHKEY_SERVER=cluster.servers())
+    env.pop("RUST_LOG", None)
+    probe_keys = [f"probe/{n}" for n in range(64)]
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and any(cluster.served(k) is None for k in probe_keys):
+            time.sleep(0.05)
+        print(f"cluster up: {args.shards} shards, fsync {args.fsync}; "
+              f"disk fdatasync p50 {disk_sync_p50(directory):.0f} us", flush=True)
+        run_s = len(order) * (args.stall + 3 + 2 + 3 + 2) + 10
+        holders = [
+            subprocess.Popen(
+                [args.binary, "lock", "--lease", f"{args.lease}s", "--wait", "10s",
+                 f"holders/{i}", "--", "sleep", str(int(run_s))],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for i in range(args.holders)
+        ]
+        stop = threading.Event()
+        codes, codes_lock = {}, threading.Lock()
+        errors = []
+
+        def caller(n):
+            key = f"calls/{n % 4}"
+            while not stop.is_set():
+                done = subprocess.run(
+                    [args.binary, "lock", "--wait", "8s", "--lease", f"{args.lease}s", key,
+                     "--", "true"],
+                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                with codes_lock:
+                    codes[done.returncode] = codes.get(done.returncode, 0) + 1
+                    if done.returncode not in (0, 80):
+                        errors.append(done.stderr.strip().splitlines()[-1:])
+
+        threads = [threading.Thread(target=caller, args=(n,)) for n in range(args.callers)]
+        for thread in threads:
+            thread.start()
+        time.sleep(2)
+        failovers = []
+
+        def failover_after(fault_at, down):
+            """Seconds until every probe key is served by a member other than `down`."""
+            pending = list(probe_keys)
+            while pending and time.time() < fault_at + 30:
+                pending = [k for k in pending if cluster.served(k, skip=(down,)) is None]
+                time.sleep(0.005)
+            return time.time() - fault_at if not pending else None
+
+        for i in order:
+            process = cluster.processes[i]
+            process.send_signal(signal.SIGSTOP)
+            fault_at = time.time()
+            took = failover_after(fault_at, i)
+            failovers.append(("stop", i + 1, took))
+            time.sleep(max(0.0, fault_at + args.stall - time.time()))
+            process.send_signal(signal.SIGCONT)
+            time.sleep(3)
+            process.kill()
+            process.wait()
+            cluster.processes[i] = None
+            fault_at = time.time()
+            took = failover_after(fault_at, i)
+            failovers.append(("kill", i + 1, took))
+            time.sleep(max(0.0, fault_at + 2 - time.time()))
+            cluster.launch(i)
+            time.sleep(3)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        holder_codes = {}
+        for holder in holders:
+            holder.send_signal(signal.SIGTERM)
+        for holder in holders:
+            try:
+                code = holder.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                holder.kill()
+                code = "killed"
+            holder_codes[code] = holder_codes.get(code, 0) + 1
+        time.sleep(1)
+        keys = [f"holders/{i}" for i in range(args.holders)] + [f"calls/{k}" for k in range(4)]
+        ghosts = []
+        for key in keys:
+            for i, port in enumerate(cluster.clients):
+                state = query(port, key)
+                if state is not None:
+                    if state[0]:
+                        ghosts.append(key)
+                    break
+        print(f"callers: exit codes {dict(sorted(codes.items()))} "
+              f"(0 done, 80 timeout, 81 busy, 82 indeterminate, 83 unavailable)")
+        for line in errors[:5]:
+            print(f"  e.g. {line}")
+        # `latchkey lock` forwards SIGTERM to `sleep` and releases: a holder that kept its
+        # lock to the end exits 143 (its command's status); 85 is a lost lease.
+        print(f"holders: exit codes {holder_codes} (143: kept the lock to the end; 85: lost it)")
+        times = [took for _, _, took in failovers if took is not None]
+        print("failover (every probe key served by a member that is up), per fault: "
+              + ", ".join(f"{kind} m{m} {took * 1000:.0f} ms" if took else f"{kind} m{m} -"
+                          for kind, m, took in failovers))
+        if times:
+            print(f"failover p50 {statistics.median(times) * 1000:.0f} ms, "
+                  f"max {max(times) * 1000:.0f} ms")
+        print(f"ghost holds (held once every client exited): {len(ghosts)} {ghosts[:8]}")
+    finally:
+        cluster.stop_all()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
