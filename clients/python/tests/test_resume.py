@@ -1,6 +1,6 @@
 """Resumable calls (docs/protocol.md §4.1, §5): every session identifies; an acquire whose
 identified session fails after it may have been sent is *resolved* on another session (never
-sent again).
+sent again), and releases and extends are sent again.
 
 The first half runs the real single node behind the fault proxy, mirroring the cut tests of
 tests/client_faults.rs (the Rust test of the same name is named in each docstring); the second
@@ -197,6 +197,67 @@ def test_a_busy_lost_with_its_session_is_still_busy() -> None:
         observer.close()
         proxy.stop()
         server.stop()
+
+
+def test_a_release_cut_mid_frame_is_sent_again_and_releases(proxy: Proxy, observer: latchkey.Client) -> None:
+    """§4.3: a release names a token and is safe to send again; the one whose session was cut
+    after 5 of its bytes goes to the next session and is answered there."""
+    key = "cut-release"
+    proxy.cut_next(HELLO + acquire_bytes(key) + 5)
+    client = make_client(proxy.addr)
+    ticket = client.acquire(key, wait=1.0, lease=LEASE)
+    assert ticket.release() is True, "released on the second session"
+    assert proxy.releases == {ticket.token: 2}
+    assert not observer.query(key).held, "no ghost hold"
+    assert list(proxy.acquires().values()) == [1]
+    client.close()
+
+
+def test_a_release_cut_after_the_whole_frame_leaves_no_hold(proxy: Proxy, observer: latchkey.Client) -> None:
+    """The whole release reached the server, its answer did not: sent again, it is answered
+    (N, as the first one released it: reported as not held, which the docs say is ambiguous),
+    and the key is free at once, not at the end of its lease."""
+    key = "cut-release-whole"
+    proxy.cut_next(HELLO + acquire_bytes(key) + 10 + len(key))
+    client = make_client(proxy.addr)
+    ticket = client.acquire(key, wait=1.0, lease=LEASE)
+    assert ticket.release() in (True, False)  # answered: no NoAnswer
+    assert proxy.releases == {ticket.token: 2}
+    assert not observer.query(key).held, "no ghost hold"
+    client.close()
+
+
+def test_an_extend_cut_mid_frame_is_sent_again_and_confirmed(proxy: Proxy, observer: latchkey.Client) -> None:
+    """§4.3: an extend executed twice counts its lease from the later; the one whose session
+    was cut goes to the next session, and the bound counts from the attempt answered."""
+    key = "cut-extend"
+    proxy.cut_next(HELLO + acquire_bytes(key) + 5)
+    client = make_client(proxy.addr)
+    ticket = client.acquire(key, wait=1.0, lease=5.0)
+    before = time.monotonic()
+    assert ticket.extend(20.0) is True
+    after = time.monotonic()
+    assert before + 20.0 - 2.0 <= ticket.valid_until <= after + 20.0 - 2.0
+    assert proxy.extends == {ticket.token: 2}
+    assert observer.query(key).lease_ms > 15_000
+    assert ticket.release() is True
+    client.close()
+
+
+def test_lock_keeps_its_lock_across_a_cut_of_a_keep_alive_extend(proxy: Proxy, observer: latchkey.Client) -> None:
+    """The keep-alive of ``lock()`` (every lease/3) meets a cut mid-frame: its extend is sent
+    again on the next session, and the block ends with the lock kept (no LockLost)."""
+    key = "cut-keep"
+    proxy.cut_next(HELLO + acquire_bytes(key) + 5)
+    client = make_client(proxy.addr)
+    with client.lock(key, wait=1.0, lease=3.0) as ticket:
+        time.sleep(2.5)  # extends at about 1 s and 2 s; the first is cut
+        assert not ticket.lost.is_set()
+        assert observer.query(key).held
+    assert proxy.extends.get(ticket.token, 0) >= 2
+    assert proxy.connections == 2
+    assert not observer.query(key).held
+    client.close()
 
 
 def test_without_resuming_the_session_does_not_identify_and_a_cut_is_indeterminate(proxy: Proxy, observer: latchkey.Client) -> None:
@@ -497,6 +558,26 @@ def test_a_waiter_resolved_queued_is_granted_there() -> None:
     fake.close()
 
 
+def test_a_background_release_whose_session_fails_goes_to_another() -> None:
+    """A grant found after the deadline is released in the background; the session that
+    takes that release fails: the release goes to the next session (§4.3)."""
+    fake = FakeServer()
+    client = make_client(fake.addr, transport=2.0)
+    call, owner = cut_after_acquire(fake, client, 0.5)
+    conn = next_resolve(fake, owner)
+    time.sleep(0.7)
+    conn.send(resp("W", owner, 1, 91, 29000))
+    result, _ = call.join()
+    assert isinstance(result, latchkey.Indeterminate), result
+    assert conn.frame() == ("R", 91, "k")
+    conn.close()  # unanswered
+    again = fake.accept(identify=True)
+    assert again.frame() == ("R", 91, "k"), "the same release, on the next session"
+    again.send(resp("R", 91))
+    client.close()
+    fake.close()
+
+
 def _ignore(function: Any) -> None:
     try:
         function()
@@ -578,6 +659,21 @@ def test_aio_a_timeout_lost_with_its_session_is_still_a_timeout(proxy: Proxy, ob
     asyncio.run(main())
     assert list(proxy.acquires().values()) == [1]
     holder.release()
+
+
+def test_aio_a_release_cut_mid_frame_is_sent_again_and_releases(proxy: Proxy, observer: latchkey.Client) -> None:
+    """test_a_release_cut_mid_frame_is_sent_again_and_releases, as a task"""
+    key = "cut-release"
+    proxy.cut_next(HELLO + acquire_bytes(key) + 5)
+
+    async def main() -> None:
+        async with aclient(proxy.addr) as client:
+            ticket = await client.acquire(key, wait=1.0, lease=LEASE)
+            assert await ticket.release() is True
+            assert proxy.releases == {ticket.token: 2}
+
+    asyncio.run(main())
+    assert not observer.query(key).held
 
 
 def test_aio_a_cancelled_task_whose_waiter_was_resolved_leaves_no_waiter(proxy: Proxy, observer: latchkey.Client) -> None:

@@ -5,9 +5,10 @@ last leader an ``M`` named, else the members in turn); while it is definitely un
 other sessions and members (backoff 10 ms doubling, at most 250 ms) until its deadline; an
 ``M`` sends the same request (same id, same deadline) to the leader it names, or after a
 backoff to the next member; a request that may have been sent without a definite answer is
-never sent again, to any member: an acquire whose *identified* session failed after it may
-have been sent is *resolved* on another session instead (a Resolve, §4.1 and §5), which is not
-a resend.
+never sent again, to any member — except a release or an extend, which names a token and is
+safe to send again (§4.3). An acquire never is: one whose *identified* session failed after it
+may have been sent is *resolved* on another session instead (a Resolve, §4.1 and §5), which
+is not a resend.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ WAIT_MAX = 255.0
 LEASE_S_MAX = 255
 MARGIN_MIN = 0.1
 RESUME_DEFAULT = 10.0
+# How many sessions a fire-and-forget release is handed to at most (as the Rust client).
+BACKGROUND_ATTEMPTS_MAX = 3
 
 
 class KeyState(NamedTuple):
@@ -329,7 +332,8 @@ class _Members:
 class _Result(NamedTuple):
     """How one request ended: an answer (with the instants its first byte was handed and its
     answer read), unsent (``serving``: it waited on an established session), indeterminate,
-    or (an acquire that a Resolve found never executed, and never to be) ``never_seen``."""
+    or (an acquire that a Resolve found never executed, and never to be) ``never_seen``.
+    ``retried``: an earlier attempt of this release or extend may have been sent."""
 
     kind: str  # "answer", "unsent", "indeterminate", "never_seen"
     response: Optional[Response] = None
@@ -338,6 +342,7 @@ class _Result(NamedTuple):
     serving: bool = False
     why: str = ""
     session: Optional[Session] = None
+    retried: bool = False
 
 
 class _Report:
@@ -411,6 +416,9 @@ class Ticket:
         self._extending = threading.Lock()
         self._lost: Optional[threading.Event] = None
         self._lost_why = ""  # why ``lost`` was set, for LockLost
+        # The last release's ``N`` answered a release sent again after its session failed
+        # (the first may have released it): for the message of LockLost.
+        self._release_retried = False
 
     @property
     def lost(self) -> threading.Event:
@@ -448,7 +456,10 @@ class Ticket:
         ``True``: extended; ``False``: the token no longer holds the key (the lock is lost).
         Raises ``Unavailable`` (not sent: the bound is as before), ``NoAnswer`` (unknown: the
         bound stays the earlier of the old one and what this extend would give) or
-        ``Rejected``.
+        ``Rejected``. An extend whose session failed after it may have been sent is sent
+        again on another session within its deadline (an extend executed twice counts its
+        lease from the later, §4.3); the bound then counts from the attempt answered.
+        ``NoAnswer`` only when no attempt was answered.
         """
         lease_s = _lease_s(lease)
         with self._extending:
@@ -456,7 +467,9 @@ class Ticket:
                 before = self._valid_until
                 self._valid_until = min(before, _valid_until(time.monotonic(), lease_s))
             try:
-                response, sent_at = self._client._small("E", self._key_bytes, self._token, lease_s)
+                response, sent_at, _ = self._client._small(
+                    "E", self._key_bytes, self._token, lease_s
+                )
             except NoAnswer:
                 with self._bound_lock:
                     shortest = self._unknown_lease_s
@@ -478,11 +491,19 @@ class Ticket:
     def release(self) -> bool:
         """Releases the lock. ``True``: released; ``False``: it was no longer held (the lease
         ran out, another holder may have it). Raises ``Unavailable``, ``NoAnswer`` or
-        ``Rejected``."""
+        ``Rejected``.
+
+        A release whose session failed after it may have been sent is sent again on another
+        session within its deadline (§4.3: a release executed twice answers ``N`` the second
+        time), so a cut connection leaves no hold behind; ``NoAnswer`` only when no attempt
+        was answered. Then ``False`` is ambiguous — the first attempt may have released it —
+        and is reported all the same: the lock may have been lost."""
         with self._bound_lock:
             self._valid_until = min(self._valid_until, time.monotonic())
-        response, _ = self._client._small("R", self._key_bytes, self._token)
-        return response.op == "R"
+        response, _, retried = self._client._small("R", self._key_bytes, self._token)
+        released = response.op == "R"
+        self._release_retried = retried and not released
+        return released
 
     def __repr__(self) -> str:
         return f"Ticket(key={self._key!r}, token={self._token}, valid_until={self._valid_until:.3f})"
@@ -538,6 +559,11 @@ def _end_lock(ticket: Ticket, keeper: Optional[_KeepAlive]) -> Optional[str]:
     if ticket.lost.is_set():
         return ticket._lost_why or "the lock was lost"
     if not released:
+        if ticket._release_retried:
+            return (
+                "the release, sent again after its session failed, found it no longer held "
+                "(the first attempt may have released it, or its lease had run out)"
+            )
         return "the release found it no longer held (its lease had run out)"
     return None
 
@@ -673,6 +699,7 @@ class Client:
             tls.server_name if tls is not None else None,
             self._ids,
             identity=None if grace_s is None else (_client_id(), grace_s),
+            resubmit=self._resubmit_background,
         )
         self.resume: Optional[float] = None if grace_s is None else float(grace_s)
         """The grace (whole seconds) this client's sessions identify with; ``None``: off."""
@@ -777,7 +804,7 @@ class Client:
     def query(self, key: str) -> KeyState:
         """Whether ``key`` is held, the lease left and its waiters."""
         key_bytes = _key_bytes(key)
-        response, _ = self._small("Q", key_bytes, self._ids())
+        response, _, _ = self._small("Q", key_bytes, self._ids())
         return KeyState(response.held, response.lease_ms, response.waiters)
 
     def ping(self) -> float:
@@ -802,7 +829,10 @@ class Client:
 
     def _small(
         self, kind: str, key: bytes, ident: int, lease_s: int = 0
-    ) -> Tuple[Response, float]:
+    ) -> Tuple[Response, float, bool]:
+        """Sends a release, extend, query or ping within the transport timeout: its answer,
+        when the answered attempt was sent, and whether an earlier attempt (of a release or an
+        extend) may have been sent too."""
         deadline = time.monotonic() + self.transport_timeout
         call = Call(kind, key, ident, deadline, lease_s)
         result = self._exchange(call, None)
@@ -818,13 +848,14 @@ class Client:
         expected = {"R": "RN", "E": "EN", "Q": "Q", "P": "P"}[kind]
         if response.op not in expected:
             raise NoAnswer(f"{what}: unexpected answer {response.op!r}")
-        return response, result.sent_at
+        return response, result.sent_at, result.retried
 
     def _release_in_background(
         self, key: bytes, token: int, session: Optional[Session]
     ) -> None:
         """A compensating release of that exact token, not waited for (the lease recovers it
-        if this fails)."""
+        if this fails). A session that fails with it, sent or not, hands it back to
+        :meth:`_resubmit_background`: a release is safe to send again (§4.3)."""
         deadline = time.monotonic() + self.transport_timeout
         call = Call("R", key, token, deadline, waitable=False)
         if session is not None and session.submit_background(call):
@@ -835,12 +866,30 @@ class Client:
             if other is not None:
                 other.submit_background(call)
 
+    def _resubmit_background(self, call: Call) -> None:
+        """A fire-and-forget release whose session failed: to another session of the key's
+        route while its deadline leaves time, at most ``BACKGROUND_ATTEMPTS_MAX`` sessions in
+        all (called on the failed session's I/O thread)."""
+        attempts = call.attempts + 1
+        if attempts >= BACKGROUND_ATTEMPTS_MAX or time.monotonic() >= call.deadline:
+            return
+        again = call.fresh()
+        again.attempts = attempts
+        pool = self._members.pool(self._members.route(call.key))
+        if pool is None:
+            return
+        session = pool.pick(None)
+        if session is not None:
+            session.submit_background(again)
+
     def _exchange(self, call: Call, abort: Optional["_Abort"]) -> _Result:
         """Hands ``call`` to sessions until one answers (other than ``M``) or may have sent
         it, or its deadline passes while it is definitely unsent, or (unless
         ``retry_refused``) every member refused the connection (see the module docs). A
-        cancelled ``abort`` ends it as its deadline would. An acquire that may have been sent
-        on an identified session that failed is resolved (:meth:`_resolve`)."""
+        cancelled ``abort`` ends it as its deadline would. A release or an extend that may
+        have been sent on a session that failed is sent again (it ends ``indeterminate`` only
+        if no later attempt is answered); an acquire that may have been sent on an identified
+        session that failed is resolved (:meth:`_resolve`)."""
         members = self._members
         key = call.key if call.kind != "P" else None
         deadline = call.deadline
@@ -851,6 +900,8 @@ class Client:
         avoid: Optional[Session] = None
         refused: List[Address] = []  # members that refused a connection, each once
         addr = members.route(key)
+        # An earlier attempt of this release or extend may have been sent.
+        possibly_sent = False
 
         def sleep() -> None:
             nonlocal backoff
@@ -872,6 +923,9 @@ class Client:
             return members.next_member_except(at)
 
         def unavailable(all_refused: bool = False) -> _Result:
+            if possibly_sent:
+                # An earlier attempt may have executed: whatever the later ones did, unknown.
+                return _Result("indeterminate", retried=True)
             text = (report or _Report()).text(members.listed)
             tried = _elapsed_text(time.monotonic() - started)
             if all_refused:
@@ -930,7 +984,14 @@ class Client:
                 response = call.response
                 assert response is not None
                 if response.op != "M":
-                    return _Result("answer", response, call.sent_at, call.read_at, session=session)
+                    return _Result(
+                        "answer",
+                        response,
+                        call.sent_at,
+                        call.read_at,
+                        session=session,
+                        retried=possibly_sent,
+                    )
                 redirects += 1
                 leader = response.leader
                 named = leader if leader is not None and leader != addr else None
@@ -949,6 +1010,8 @@ class Client:
                     addr = leave(addr)
                 continue
             if outcome == EXPIRED:
+                if possibly_sent:
+                    return _Result("indeterminate", retried=True)
                 return _Result("unsent", serving=True)
             if outcome == EXPIRED_CONNECTING:
                 note(addr, "connecting")
@@ -970,6 +1033,15 @@ class Client:
                 # Not sent again: asked about, on another session (§4.1, §5).
                 members.forget(key, addr)
                 return self._resolve(call, session, addr, abort)
+            if call.kind == "R" or call.kind == "E":
+                # Names a token: safe to send again (§4.3), within the same deadline.
+                possibly_sent = True
+                if session.failed:
+                    note(addr, f"unreachable: {session.failure}")
+                avoid = session
+                addr = leave(addr)
+                call = call.fresh()
+                continue
             members.forget(key, addr)
             return _Result("indeterminate")
 

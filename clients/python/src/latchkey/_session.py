@@ -19,6 +19,8 @@ closes the session) turns identification off for every later session of the clie
 this one as a failed connect (its calls were not sent). A Resolve (``W``) is correlated by
 the owner of the acquire it asks about; a ``queued`` answer turns it back into that acquire,
 waiting on this session until the acquire's own deadline (then the Cancel of §4.4 goes here).
+A fire-and-forget release whose session fails, sent or not, is handed to the client's
+``resubmit`` for another session (a release is safe to send again).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from . import _codec
 from ._codec import Response
@@ -83,6 +85,7 @@ class Call:
         "abandoned",
         "parent",
         "wait_deadline",
+        "attempts",
     )
 
     def __init__(
@@ -116,6 +119,8 @@ class Call:
         self.parent: Optional[Call] = None
         # A Resolve: the deadline of the acquire it asks about (``deadline`` is the Resolve's).
         self.wait_deadline = deadline
+        # A fire-and-forget release: how many sessions it was handed to after the first.
+        self.attempts = 0
 
     def fresh(self) -> "Call":
         """The same request (same id, key and deadline) for another attempt."""
@@ -129,6 +134,7 @@ class Call:
             self.done is not None,
         )
         call.wait_deadline = self.wait_deadline
+        call.attempts = self.attempts
         return call
 
     def immediate(self) -> bool:
@@ -179,7 +185,9 @@ class SessionConfig:
 
     ``identity``: the client id and the grace (whole seconds) its sessions identify with
     (docs/protocol.md §5), or ``None`` (they do not). ``resumes`` turns ``False``, for every
-    later session, once a server answered an Identify ``X`` 1."""
+    later session, once a server answered an Identify ``X`` 1. ``resubmit`` takes the
+    fire-and-forget releases of a failed session (called on its I/O thread, without its
+    lock)."""
 
     __slots__ = (
         "connect_timeout",
@@ -189,6 +197,7 @@ class SessionConfig:
         "next_id",
         "identity",
         "resumes",
+        "resubmit",
     )
 
     def __init__(
@@ -199,6 +208,7 @@ class SessionConfig:
         server_name: Optional[str],
         next_id: "IdSource",
         identity: Optional[Tuple[int, int]] = None,
+        resubmit: Optional[Callable[[Call], None]] = None,
     ) -> None:
         self.connect_timeout = connect_timeout
         self.transport_timeout = transport_timeout
@@ -207,6 +217,7 @@ class SessionConfig:
         self.next_id = next_id
         self.identity = identity
         self.resumes = identity is not None
+        self.resubmit = resubmit
 
 
 class IdSource:
@@ -253,6 +264,7 @@ class Session:
         self.unreachable = False
         self.connect_refused = False  # the TCP connection was refused: nothing listens there
         self.identified = False  # the server identified it (docs/protocol.md §5)
+        self._lost: List[Call] = []  # fire-and-forget releases it ended: for another session
         self._sock: Optional[socket.socket] = None
         self._tls: Optional[ssl.SSLObject] = None
         self._tls_in: Optional[ssl.MemoryBIO] = None
@@ -647,6 +659,12 @@ class Session:
         self.unreachable = unreachable
         self.connect_refused = connect_refused
         unsent = UNREACHABLE if unreachable else NOT_SENT
+        lost = self._lost
+        for queue in self._tokens.values():
+            for call in queue:
+                if call.done is None and call.kind == "R" and call.state != DONE:
+                    # A background release, sent or not: safe to send again elsewhere.
+                    lost.append(call)
         for call in self._waiting:
             _finish(call, unsent)
         self._waiting.clear()
@@ -695,6 +713,7 @@ class Session:
                     connect_refused=connect_refused,
                 )
             self._close_socket()
+            self._hand_lost()
             return
         try:
             self._loop()
@@ -702,6 +721,22 @@ class Session:
             with self.lock:
                 self._fail_locked(_describe(error))
         self._close_socket()
+        self._hand_lost()
+
+    def _hand_lost(self) -> None:
+        """Gives the fire-and-forget releases the failed session ended to the client, for
+        another session (outside the lock: the client takes pool and session locks)."""
+        with self.lock:
+            lost = self._lost
+            self._lost = []
+        resubmit = self.config.resubmit
+        if resubmit is None:
+            return
+        for call in lost:
+            try:
+                resubmit(call)
+            except Exception:  # noqa: BLE001 - the lease recovers a release that is lost
+                pass
 
     def _close_socket(self) -> None:
         for sock in (self._sock, self._wake_r, self._wake_w):

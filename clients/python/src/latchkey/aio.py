@@ -5,7 +5,7 @@ Each call runs the thread-safe blocking client on a worker thread of this client
 sessions and their pipelining exactly like many threads do): the rules of docs/protocol.md §4
 are the blocking client's, unchanged, and so are resumable calls (§4.1, §5: ``resume``, on by
 default; an acquire whose session fails after it may have been sent is resolved on another
-session). A task cancelled while its ``acquire`` runs gives the
+session, and releases and extends are sent again). A task cancelled while its ``acquire`` runs gives the
 acquire up at once: a waiter queued on the server is withdrawn (Cancel, docs/protocol.md §4.4),
 and a grant that still arrives is released, so the cancelled task leaves no lock and no waiter
 behind.
