@@ -117,7 +117,11 @@ def assert_between(elapsed: float, at_least: float, at_most: float) -> None:
 # Frames the client sends
 
 Frame = Tuple  # ("A", owner, wait_s, lease_s, key) | ("R", token, key) | ("E", lease_s, token, key)
-# | ("C", owner, key) | ("Q", nonce, key) | ("P", nonce)
+# | ("C", owner, key) | ("Q", nonce, key) | ("P", nonce) | ("W", owner, key)
+# | ("I", nonce, grace_s, client)
+
+# Bytes of a resuming client's handshake: an Identify (27), then the ping (10).
+HELLO = 27 + 10
 
 
 def parse_requests(buffer: bytearray) -> List[Frame]:
@@ -125,7 +129,7 @@ def parse_requests(buffer: bytearray) -> List[Frame]:
     out: List[Frame] = []
     while buffer:
         op = chr(buffer[0])
-        head = {"A": 11, "R": 9, "E": 10, "C": 9, "Q": 9, "P": 9}.get(op)
+        head = {"A": 11, "R": 9, "E": 10, "C": 9, "Q": 9, "P": 9, "W": 9, "I": 26}.get(op)
         if head is None:
             raise ValueError(f"unknown op {op!r}")
         if len(buffer) < head + 1:
@@ -135,6 +139,15 @@ def parse_requests(buffer: bytearray) -> List[Frame]:
                 raise ValueError("bad ping")
             out.append(("P", struct.unpack_from(">Q", buffer, 1)[0]))
             del buffer[:10]
+            continue
+        if op == "I":
+            if buffer[26] != 0x0A:
+                raise ValueError("bad identify")
+            grace_s = buffer[1]
+            client = int.from_bytes(bytes(buffer[2:18]), "big")
+            (nonce,) = struct.unpack_from(">Q", buffer, 18)
+            out.append(("I", nonce, grace_s, client))
+            del buffer[:27]
             continue
         end = buffer.find(b"\n", head)
         if end < 0:
@@ -155,7 +168,12 @@ def parse_requests(buffer: bytearray) -> List[Frame]:
 
 def resp(op: str, ident: int, *rest: int) -> bytes:
     """A response frame: ``resp("A", owner, token)``, ``resp("T", owner)``, ``resp("X", code,
-    id)``, ``resp("Q", nonce, held, lease_ms, waiters)``."""
+    id)``, ``resp("Q", nonce, held, lease_ms, waiters)``, ``resp("W", owner, fate, token,
+    lease_ms)``, ``resp("I", nonce, grace_s)``."""
+    if op == "W":
+        return struct.pack(">cQBQI", b"W", ident, *rest) + b"\n"
+    if op == "I":
+        return struct.pack(">cQB", b"I", ident, rest[0]) + b"\n"
     if op == "A":
         return struct.pack(">cQQ", b"A", ident, rest[0]) + b"\n"
     if op == "X":
@@ -181,8 +199,12 @@ def moved(ident: int, leader: Optional[str]) -> bytes:
 
 class Proxy:
     """A TCP fault proxy (tests/common/proxy.rs): delays, holding the server's bytes, cutting
-    a connection after N client bytes, refusing connections with ``X`` 7; counts the Acquire,
-    Cancel and Ping frames the client sent."""
+    a connection (every one, or the next only) after N client bytes, refusing connections with
+    ``X`` 7; counts the Acquire, Cancel, Resolve, Identify and Ping frames the client sent.
+
+    Byte counts include the session's handshake: an Identify (27 bytes) when the client
+    resumes calls, then the ping (10): ``HELLO``. A refused session that answers its handshake
+    answers an Identify ``X`` 9 (it identifies nobody)."""
 
     def __init__(self, upstream: Tuple[str, int]) -> None:
         self.upstream = upstream
@@ -196,6 +218,7 @@ class Proxy:
         self.delay_up_s = 0.0
         self.delay_down_s = 0.0
         self.cut: Optional[int] = None
+        self.cut_next_count: Optional[int] = None
         self.refuse_count = 0
         self.refuse_after = 0.0
         self.refuse_pong = False
@@ -203,6 +226,10 @@ class Proxy:
         self.connections = 0
         self.acquire_frames: List[Tuple[int, int]] = []
         self.cancels: Dict[int, int] = {}
+        self.resolves: Dict[int, int] = {}
+        self.identifies = 0
+        self.releases: Dict[int, int] = {}
+        self.extends: Dict[int, int] = {}
         self.stopped = False
         self._sockets: List[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -224,6 +251,12 @@ class Proxy:
 
     def cut_after(self, count: int) -> None:
         self.cut = count
+
+    def cut_next(self, count: int) -> None:
+        """Cuts the next connection accepted (both sides) once ``count`` client bytes were
+        forwarded on it; later ones are left alone."""
+        with self.cond:
+            self.cut_next_count = count
 
     def refuse_next(self, count: int, after: float, pong: bool = False) -> None:
         with self.cond:
@@ -262,24 +295,35 @@ class Proxy:
             self._sockets.append(client)
             threading.Thread(target=self._connection, args=(client,), daemon=True).start()
 
-    def _count(self, buffer: bytearray, data: bytes) -> List[int]:
+    def _count(self, buffer: bytearray, data: bytes) -> List[bytes]:
+        """Counts the frames ``data`` completes; returns what a refusing server that answers
+        the handshake would answer: a pong to each ping, ``X`` 9 to each Identify."""
         buffer += data
-        pings = []
+        replies: List[bytes] = []
         try:
             frames = parse_requests(buffer)
         except ValueError:
             buffer.clear()
-            return pings
+            return replies
         with self.cond:
             for frame in frames:
                 if frame[0] == "A":
                     self.acquire_frames.append((frame[1], frame[2]))
                 elif frame[0] == "C":
                     self.cancels[frame[1]] = self.cancels.get(frame[1], 0) + 1
+                elif frame[0] == "W":
+                    self.resolves[frame[1]] = self.resolves.get(frame[1], 0) + 1
+                elif frame[0] == "R":
+                    self.releases[frame[1]] = self.releases.get(frame[1], 0) + 1
+                elif frame[0] == "E":
+                    self.extends[frame[2]] = self.extends.get(frame[2], 0) + 1
+                elif frame[0] == "I":
+                    self.identifies += 1
+                    replies.append(resp("X", 9, frame[1]))
                 elif frame[0] == "P":
                     self.pings += 1
-                    pings.append(frame[1])
-        return pings
+                    replies.append(resp("P", frame[1]))
+        return replies
 
     def _connection(self, client: socket.socket) -> None:
         with self.cond:
@@ -288,6 +332,8 @@ class Proxy:
             if refuse:
                 self.refuse_count -= 1
             after, pong = self.refuse_after, self.refuse_pong
+            cut = self.cut_next_count
+            self.cut_next_count = None
         if refuse:
             self._refuse(client, after, pong)
             return
@@ -301,7 +347,7 @@ class Proxy:
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sockets.append(server)
         threading.Thread(target=self._down, args=(server, client), daemon=True).start()
-        self._up(client, server)
+        self._up(client, server, cut)
 
     def _refuse(self, client: socket.socket, after: float, pong: bool) -> None:
         buffer = bytearray()
@@ -319,9 +365,9 @@ class Proxy:
                 return
             if not data:
                 return
-            for nonce in self._count(buffer, data):
+            for reply in self._count(buffer, data):
                 if pong:
-                    client.sendall(resp("P", nonce))
+                    client.sendall(reply)
         try:
             client.sendall(resp("X", 7, 0))
             client.shutdown(socket.SHUT_WR)
@@ -335,7 +381,7 @@ class Proxy:
             pass
         client.close()
 
-    def _up(self, client: socket.socket, server: socket.socket) -> None:
+    def _up(self, client: socket.socket, server: socket.socket, cut_next: Optional[int]) -> None:
         buffer = bytearray()
         forwarded = 0
         while True:
@@ -345,7 +391,7 @@ class Proxy:
             self._count(buffer, data)
             if self.delay_up_s:
                 time.sleep(self.delay_up_s)
-            cut = self.cut
+            cut = self.cut if self.cut is not None else cut_next
             allowed = len(data) if cut is None else max(0, min(len(data), cut - forwarded))
             cut_now = allowed < len(data) or (cut is not None and cut == forwarded + allowed)
             if cut_now:
@@ -410,6 +456,7 @@ class FakeConn:
         self.sock = sock
         self.buffer = bytearray()
         self.frames: List[Frame] = []
+        self.identify: Optional[Frame] = None  # the Identify of its handshake, if any
 
     def read_frame(self, within: float) -> Union[Frame, str]:
         """The next frame, ``"quiet"`` after ``within`` s, or ``"eof"``."""
@@ -436,8 +483,16 @@ class FakeConn:
         assert isinstance(got, tuple), f"expected a frame, got {got}"
         return got
 
-    def handshake(self) -> int:
+    def handshake(self, identify: bool = False) -> int:
+        """Answers the session's handshake; returns the ping's nonce. A fake server does not
+        resume calls unless ``identify``: the client's Identify is refused ``X`` 9 (as by a
+        cluster member of this version), and its handshake ping follows."""
         frame = self.frame()
+        self.identify = None
+        if frame[0] == "I":
+            self.identify = frame
+            self.send(resp("I", frame[1], frame[2]) if identify else resp("X", 9, frame[1]))
+            frame = self.frame()
         assert frame[0] == "P", f"a session starts with its handshake ping, not {frame}"
         self.send(resp("P", frame[1]))
         return int(frame[1])
@@ -499,10 +554,10 @@ class FakeServer:
             return None
         return FakeConn(sock)
 
-    def accept(self) -> FakeConn:
+    def accept(self, identify: bool = False) -> FakeConn:
         conn = self.accept_raw()
         assert conn is not None, "no connection"
-        conn.handshake()
+        conn.handshake(identify)
         return conn
 
     def try_accept(self, within: float) -> Optional[FakeConn]:
@@ -602,6 +657,10 @@ class FakeMember:
                     return
                 buffer += data
                 for frame in parse_requests(buffer):
+                    if not greeted and frame[0] == "I":
+                        # A member of this version does not resume calls (§5).
+                        sock.sendall(resp("X", 9, frame[1]))
+                        continue
                     if not greeted and frame[0] == "P":
                         greeted = True
                         with self.lock:

@@ -88,13 +88,15 @@ def test_a_grant_held_past_the_deadline_is_indeterminate_and_released(server: Se
     proxy.stop()
 
 
-def test_a_cut_mid_frame_is_indeterminate_and_never_resent(server: Server, observer: latchkey.Client) -> None:
-    """test_faults a_cut_after_a_partial_frame_is_indeterminate_and_never_resent"""
+def test_without_resuming_a_cut_mid_frame_is_indeterminate_and_never_resent(server: Server, observer: latchkey.Client) -> None:
+    """test_faults without_resuming_a_cut_after_a_partial_frame_is_indeterminate_and_never_resent"""
     proxy = Proxy(server.addr)
     proxy.cut_after(10 + 5)
 
     async def main() -> None:
-        async with aclient(proxy.addr, sessions=2, transport=1.0) as client:
+        async with latchkey.aio.Client(
+            proxy.addr, sessions=2, connect_timeout=2.0, transport_timeout=1.0, resume=None
+        ) as client:
             with pytest.raises(latchkey.Indeterminate):
                 await client.acquire("cut", wait=1.0, lease=LEASE)
 

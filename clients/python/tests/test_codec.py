@@ -84,3 +84,32 @@ def test_the_default_server_comes_from_the_environment(monkeypatch: pytest.Monke
     client = latchkey.Client(connect_timeout=0.2)
     assert client._members.listed == [("127.0.0.1", 7420)]
     client.close()
+
+
+def test_the_frames_of_resumable_calls() -> None:
+    """docs/protocol.md §5: Identify (27 bytes), Resolve (10 + N); Identified (11), Resolved
+    (23). Identified's grace of 10 s is the byte 0x0A before its own newline."""
+    client = 0x5EED0000000000000000000000000001
+    assert _codec.encode_identify(10, client, 4).hex(" ") == (
+        "49 0a 5e ed 00 00 00 00 00 00 00 00 00 00 00 00 00 01 00 00 00 00 00 00 00 04 0a"
+    )
+    assert len(_codec.encode_identify(60, (1 << 128) - 1, (1 << 64) - 1)) == 27
+    assert _codec.encode_resolve(b"orders/42", 3).hex() == "5700000000000000036f72646572732f34320a"
+    stream = bytes.fromhex(
+        "49 0000000000000004 0a 0a"
+        "57 0000000000000003 01 1986e1af9e58b802 00007530 0a"
+        "57 0000000000000005 02 0000000000000000 00000000 0a"
+        "58 09 0000000000000004 0a"
+    )
+    expected = [
+        _codec.Response("I", 4, grace=10),
+        _codec.Response("W", 3, token=0x1986E1AF9E58B802, lease_ms=30000, fate=_codec.FATE_GRANTED),
+        _codec.Response("W", 5, fate=_codec.FATE_QUEUED),
+        _codec.Response("X", 4, code=9),
+    ]
+    assert _codec.Decoder().feed(stream) == expected
+    decoder = _codec.Decoder()
+    got = []
+    for i in range(len(stream)):
+        got += decoder.feed(stream[i : i + 1])
+    assert got == expected and decoder.pending() == 0

@@ -67,10 +67,11 @@ def test_unsent_retry_on_another_session_keeps_owner_and_deadline(proxy, observe
     client.close()
 
 
-def test_a_cut_after_a_partial_frame_is_indeterminate_and_never_resent(proxy, observer):  # type: ignore[no-untyped-def]
-    """client_faults.rs a_cut_after_a_partial_frame_is_indeterminate_and_never_resent"""
+def test_without_resuming_a_cut_after_a_partial_frame_is_indeterminate_and_never_resent(proxy, observer):  # type: ignore[no-untyped-def]
+    """client_faults.rs without_resuming_a_cut_after_a_partial_frame_is_indeterminate_and_never_resent:
+    a client that does not resume calls (``resume=None``) keeps to §4 alone."""
     proxy.cut_after(10 + 5)  # the handshake ping, then 5 bytes of the acquire
-    client = make_client(proxy.addr, 2, 1.0)
+    client = latchkey.Client(proxy.addr, sessions=2, connect_timeout=2.0, transport_timeout=1.0, resume=None)
     with pytest.raises(latchkey.Indeterminate):
         client.acquire("cut", wait=1.0, lease=LEASE)
     time.sleep(0.3)
@@ -80,10 +81,10 @@ def test_a_cut_after_a_partial_frame_is_indeterminate_and_never_resent(proxy, ob
     client.close()
 
 
-def test_a_cut_after_the_whole_frame_is_indeterminate_and_the_lease_recovers_the_grant(proxy, observer):  # type: ignore[no-untyped-def]
-    """client_faults.rs a_cut_after_the_whole_frame_is_indeterminate_and_the_lease_recovers_the_grant"""
+def test_without_resuming_a_cut_after_the_whole_frame_is_indeterminate_and_the_lease_recovers_it(proxy, observer):  # type: ignore[no-untyped-def]
+    """client_faults.rs without_resuming_a_cut_after_the_whole_frame_is_indeterminate_and_the_lease_recovers_it"""
     proxy.cut_after(10 + 12 + len("cut-whole"))
-    client = make_client(proxy.addr, 1, 1.0)
+    client = latchkey.Client(proxy.addr, sessions=1, connect_timeout=2.0, transport_timeout=1.0, resume=None)
     with pytest.raises(latchkey.Indeterminate):
         client.acquire("cut-whole", wait=1.0, lease=1.0)
     assert list(proxy.acquires().values()) == [1]

@@ -5,7 +5,10 @@ last leader an ``M`` named, else the members in turn); while it is definitely un
 other sessions and members (backoff 10 ms doubling, at most 250 ms) until its deadline; an
 ``M`` sends the same request (same id, same deadline) to the leader it names, or after a
 backoff to the next member; a request that may have been sent without a definite answer is
-never sent again, to any member.
+never sent again, to any member — except a release or an extend, which names a token and is
+safe to send again (§4.3). An acquire never is: one whose *identified* session failed after it
+may have been sent is *resolved* on another session instead (a Resolve, §4.1 and §5), which
+is not a resend.
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ import time
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-from ._codec import KEY_BYTES_MAX, Response
+from ._codec import (
+    FATE_BUSY,
+    FATE_GRANTED,
+    FATE_NEVER_SEEN,
+    FATE_TIMED_OUT,
+    GRACE_S_MAX,
+    KEY_BYTES_MAX,
+    Response,
+)
 from ._errors import (
     Busy,
     Indeterminate,
@@ -52,6 +63,9 @@ BACKOFF_MAX = 0.250
 WAIT_MAX = 255.0
 LEASE_S_MAX = 255
 MARGIN_MIN = 0.1
+RESUME_DEFAULT = 10.0
+# How many sessions a fire-and-forget release is handed to at most (as the Rust client).
+BACKGROUND_ATTEMPTS_MAX = 3
 
 
 class KeyState(NamedTuple):
@@ -181,6 +195,25 @@ def _valid_until(start: float, lease_s: int) -> float:
     return start + lease_s - _margin(lease_s)
 
 
+def _resume_grace_s(resume: Optional[float]) -> Optional[int]:
+    """The grace, in whole seconds (rounded up, 1..=60), of ``Client(resume=...)``; ``None``:
+    the client does not resume calls."""
+    if resume is None:
+        return None
+    resume = _check_seconds("resume", resume)
+    if not 0 < resume <= GRACE_S_MAX:
+        raise ValueError(f"resume must be more than 0 and at most {GRACE_S_MAX} s, or None")
+    return max(1, math.ceil(resume - 1e-9))
+
+
+def _client_id() -> int:
+    """A random 128-bit client id (docs/protocol.md §5), never 0: one per client instance."""
+    while True:
+        value = int.from_bytes(os.urandom(16), "big")
+        if value:
+            return value
+
+
 class _Pool:
     """The sessions to one member."""
 
@@ -298,16 +331,18 @@ class _Members:
 
 class _Result(NamedTuple):
     """How one request ended: an answer (with the instants its first byte was handed and its
-    answer read), unsent (``serving``: it waited on an established session), or
-    indeterminate."""
+    answer read), unsent (``serving``: it waited on an established session), indeterminate,
+    or (an acquire that a Resolve found never executed, and never to be) ``never_seen``.
+    ``retried``: an earlier attempt of this release or extend may have been sent."""
 
-    kind: str  # "answer", "unsent", "indeterminate"
+    kind: str  # "answer", "unsent", "indeterminate", "never_seen"
     response: Optional[Response] = None
     sent_at: float = 0.0
     read_at: float = 0.0
     serving: bool = False
     why: str = ""
     session: Optional[Session] = None
+    retried: bool = False
 
 
 class _Report:
@@ -360,17 +395,30 @@ class Ticket:
     :meth:`release`, or use :meth:`Client.lock`. The lease recovers a forgotten hold.
     """
 
-    def __init__(self, client: "Client", key: str, key_bytes: bytes, token: int, lease_s: int, read_at: float) -> None:
+    def __init__(
+        self,
+        client: "Client",
+        key: str,
+        key_bytes: bytes,
+        token: int,
+        lease_s: int,
+        read_at: float,
+        valid_until: Optional[float] = None,
+    ) -> None:
         self._client = client
         self._key = key
         self._key_bytes = key_bytes
         self._token = token
-        self._valid_until = _valid_until(read_at, lease_s)
+        # A grant a Resolve found has its bound from the Resolve (``valid_until``, §4.1).
+        self._valid_until = _valid_until(read_at, lease_s) if valid_until is None else valid_until
         self._unknown_lease_s: Optional[int] = None
         self._bound_lock = threading.Lock()
         self._extending = threading.Lock()
         self._lost: Optional[threading.Event] = None
         self._lost_why = ""  # why ``lost`` was set, for LockLost
+        # The last release's ``N`` answered a release sent again after its session failed
+        # (the first may have released it): for the message of LockLost.
+        self._release_retried = False
 
     @property
     def lost(self) -> threading.Event:
@@ -408,7 +456,10 @@ class Ticket:
         ``True``: extended; ``False``: the token no longer holds the key (the lock is lost).
         Raises ``Unavailable`` (not sent: the bound is as before), ``NoAnswer`` (unknown: the
         bound stays the earlier of the old one and what this extend would give) or
-        ``Rejected``.
+        ``Rejected``. An extend whose session failed after it may have been sent is sent
+        again on another session within its deadline (an extend executed twice counts its
+        lease from the later, §4.3); the bound then counts from the attempt answered.
+        ``NoAnswer`` only when no attempt was answered.
         """
         lease_s = _lease_s(lease)
         with self._extending:
@@ -416,7 +467,9 @@ class Ticket:
                 before = self._valid_until
                 self._valid_until = min(before, _valid_until(time.monotonic(), lease_s))
             try:
-                response, sent_at = self._client._small("E", self._key_bytes, self._token, lease_s)
+                response, sent_at, _ = self._client._small(
+                    "E", self._key_bytes, self._token, lease_s
+                )
             except NoAnswer:
                 with self._bound_lock:
                     shortest = self._unknown_lease_s
@@ -438,11 +491,19 @@ class Ticket:
     def release(self) -> bool:
         """Releases the lock. ``True``: released; ``False``: it was no longer held (the lease
         ran out, another holder may have it). Raises ``Unavailable``, ``NoAnswer`` or
-        ``Rejected``."""
+        ``Rejected``.
+
+        A release whose session failed after it may have been sent is sent again on another
+        session within its deadline (§4.3: a release executed twice answers ``N`` the second
+        time), so a cut connection leaves no hold behind; ``NoAnswer`` only when no attempt
+        was answered. Then ``False`` is ambiguous — the first attempt may have released it —
+        and is reported all the same: the lock may have been lost."""
         with self._bound_lock:
             self._valid_until = min(self._valid_until, time.monotonic())
-        response, _ = self._client._small("R", self._key_bytes, self._token)
-        return response.op == "R"
+        response, _, retried = self._client._small("R", self._key_bytes, self._token)
+        released = response.op == "R"
+        self._release_retried = retried and not released
+        return released
 
     def __repr__(self) -> str:
         return f"Ticket(key={self._key!r}, token={self._token}, valid_until={self._valid_until:.3f})"
@@ -498,8 +559,35 @@ def _end_lock(ticket: Ticket, keeper: Optional[_KeepAlive]) -> Optional[str]:
     if ticket.lost.is_set():
         return ticket._lost_why or "the lock was lost"
     if not released:
+        if ticket._release_retried:
+            return (
+                "the release, sent again after its session failed, found it no longer held "
+                "(the first attempt may have released it, or its lease had run out)"
+            )
         return "the release found it no longer held (its lease had run out)"
     return None
+
+
+def _resolved(resolve: Call, session: Session) -> _Result:
+    """What a Resolve's answer (or, after ``queued``, the acquire's own ``A``, ``T`` or ``B``)
+    means for the acquire."""
+    response = resolve.response
+    assert response is not None
+    op = response.op
+    if op == "W":
+        fate = response.fate
+        if fate == FATE_NEVER_SEEN:
+            return _Result("never_seen")
+        if fate == FATE_TIMED_OUT:
+            response = Response("T", response.id)
+        elif fate == FATE_BUSY:
+            response = Response("B", response.id)
+        elif fate != FATE_GRANTED:
+            return _Result("indeterminate")
+    elif op not in ("A", "T", "B"):
+        # An X (not identified after all, or the server's records are full): settles nothing.
+        return _Result("indeterminate")
+    return _Result("answer", response, resolve.sent_at, resolve.read_at, session=session)
 
 
 def _elapsed_text(seconds: float) -> str:
@@ -559,6 +647,14 @@ class Client:
     acquire's Cancel waits for its answer. A call ends ``Unavailable`` at once when every
     member refused the connection (nothing listens there); ``retry_refused=True`` keeps trying
     until the call's deadline instead (a server restarting).
+
+    ``resume`` (seconds, default 10; ``None``: off) makes every session identify as this
+    client (a random 128-bit id, docs/protocol.md §5) with that grace (rounded up to whole
+    seconds, at most 60): an acquire whose session fails or stalls after it may have been sent
+    is then *resolved* on another session (the server says what became of it) instead of
+    ending ``Indeterminate``. A server that does not resume calls (a cluster member of this
+    version) refuses the Identify, and one that does not know it closes the session (``X`` 1;
+    no later session identifies then): the client then keeps to §4 alone.
     """
 
     def __init__(
@@ -570,6 +666,7 @@ class Client:
         transport_timeout: float = 5.0,
         tls: Optional[TLS] = None,
         retry_refused: bool = False,
+        resume: Optional[float] = RESUME_DEFAULT,
     ) -> None:
         if servers is None:
             texts = _default_addrs()
@@ -592,6 +689,7 @@ class Client:
         transport_timeout = _check_seconds("transport_timeout", transport_timeout)
         if connect_timeout <= 0 or transport_timeout <= 0:
             raise ValueError("timeouts must be more than 0")
+        grace_s = _resume_grace_s(resume)
         context = tls.context() if tls is not None else None
         self._ids = IdSource()
         self._config = SessionConfig(
@@ -600,7 +698,11 @@ class Client:
             context,
             tls.server_name if tls is not None else None,
             self._ids,
+            identity=None if grace_s is None else (_client_id(), grace_s),
+            resubmit=self._resubmit_background,
         )
+        self.resume: Optional[float] = None if grace_s is None else float(grace_s)
+        """The grace (whole seconds) this client's sessions identify with; ``None``: off."""
         self.transport_timeout = transport_timeout
         self.connect_timeout = connect_timeout
         self.retry_refused = bool(retry_refused)
@@ -631,9 +733,16 @@ class Client:
         wait_zero = wait_ms == 0
         allowance = self.transport_timeout if wait_zero else wait_ms / 1000
         deadline = time.monotonic() + allowance
-        owner = self._ids()
-        call = Call("A", key_bytes, owner, deadline, lease_s, wait_zero)
-        result = self._exchange(call, abort)
+        while True:
+            owner = self._ids()
+            call = Call("A", key_bytes, owner, deadline, lease_s, wait_zero)
+            result = self._exchange(call, abort)
+            if result.kind != "never_seen":
+                break
+            # A Resolve found it never executed, and recorded that it never will: as if never
+            # sent (§5). A new acquire, under a new owner, while the deadline leaves time.
+            if time.monotonic() >= deadline or (abort is not None and abort.cancelled):
+                raise Timeout(f"{key}: the wait ran out (the acquire was never executed)")
         if result.kind == "unsent":
             if result.serving:
                 raise Timeout(f"{key}: the wait ran out before the request could be sent")
@@ -643,6 +752,17 @@ class Client:
         response = result.response
         assert response is not None
         op = response.op
+        if op == "W":
+            # A grant a Resolve found (§4.1): its lease had ``lease_ms`` left when the server
+            # answered, so at most that from the instant the Resolve was sent.
+            if time.monotonic() >= deadline or (abort is not None and abort.cancelled):
+                self._release_in_background(key_bytes, response.token, result.session)
+                raise Indeterminate(f"{key}: a grant found after the deadline; released again")
+            left = response.lease_ms / 1000
+            valid_until = result.sent_at + max(0.0, left - _margin(lease_s))
+            return Ticket(
+                self, key, key_bytes, response.token, lease_s, result.read_at, valid_until
+            )
         if op == "A":
             if time.monotonic() >= deadline or (abort is not None and abort.cancelled):
                 # Found at the delivery gate after the deadline (or the caller gave up): give
@@ -684,7 +804,7 @@ class Client:
     def query(self, key: str) -> KeyState:
         """Whether ``key`` is held, the lease left and its waiters."""
         key_bytes = _key_bytes(key)
-        response, _ = self._small("Q", key_bytes, self._ids())
+        response, _, _ = self._small("Q", key_bytes, self._ids())
         return KeyState(response.held, response.lease_ms, response.waiters)
 
     def ping(self) -> float:
@@ -709,7 +829,10 @@ class Client:
 
     def _small(
         self, kind: str, key: bytes, ident: int, lease_s: int = 0
-    ) -> Tuple[Response, float]:
+    ) -> Tuple[Response, float, bool]:
+        """Sends a release, extend, query or ping within the transport timeout: its answer,
+        when the answered attempt was sent, and whether an earlier attempt (of a release or an
+        extend) may have been sent too."""
         deadline = time.monotonic() + self.transport_timeout
         call = Call(kind, key, ident, deadline, lease_s)
         result = self._exchange(call, None)
@@ -725,13 +848,14 @@ class Client:
         expected = {"R": "RN", "E": "EN", "Q": "Q", "P": "P"}[kind]
         if response.op not in expected:
             raise NoAnswer(f"{what}: unexpected answer {response.op!r}")
-        return response, result.sent_at
+        return response, result.sent_at, result.retried
 
     def _release_in_background(
         self, key: bytes, token: int, session: Optional[Session]
     ) -> None:
         """A compensating release of that exact token, not waited for (the lease recovers it
-        if this fails)."""
+        if this fails). A session that fails with it, sent or not, hands it back to
+        :meth:`_resubmit_background`: a release is safe to send again (§4.3)."""
         deadline = time.monotonic() + self.transport_timeout
         call = Call("R", key, token, deadline, waitable=False)
         if session is not None and session.submit_background(call):
@@ -742,11 +866,30 @@ class Client:
             if other is not None:
                 other.submit_background(call)
 
+    def _resubmit_background(self, call: Call) -> None:
+        """A fire-and-forget release whose session failed: to another session of the key's
+        route while its deadline leaves time, at most ``BACKGROUND_ATTEMPTS_MAX`` sessions in
+        all (called on the failed session's I/O thread)."""
+        attempts = call.attempts + 1
+        if attempts >= BACKGROUND_ATTEMPTS_MAX or time.monotonic() >= call.deadline:
+            return
+        again = call.fresh()
+        again.attempts = attempts
+        pool = self._members.pool(self._members.route(call.key))
+        if pool is None:
+            return
+        session = pool.pick(None)
+        if session is not None:
+            session.submit_background(again)
+
     def _exchange(self, call: Call, abort: Optional["_Abort"]) -> _Result:
         """Hands ``call`` to sessions until one answers (other than ``M``) or may have sent
         it, or its deadline passes while it is definitely unsent, or (unless
         ``retry_refused``) every member refused the connection (see the module docs). A
-        cancelled ``abort`` ends it as its deadline would."""
+        cancelled ``abort`` ends it as its deadline would. A release or an extend that may
+        have been sent on a session that failed is sent again (it ends ``indeterminate`` only
+        if no later attempt is answered); an acquire that may have been sent on an identified
+        session that failed is resolved (:meth:`_resolve`)."""
         members = self._members
         key = call.key if call.kind != "P" else None
         deadline = call.deadline
@@ -757,6 +900,8 @@ class Client:
         avoid: Optional[Session] = None
         refused: List[Address] = []  # members that refused a connection, each once
         addr = members.route(key)
+        # An earlier attempt of this release or extend may have been sent.
+        possibly_sent = False
 
         def sleep() -> None:
             nonlocal backoff
@@ -778,6 +923,9 @@ class Client:
             return members.next_member_except(at)
 
         def unavailable(all_refused: bool = False) -> _Result:
+            if possibly_sent:
+                # An earlier attempt may have executed: whatever the later ones did, unknown.
+                return _Result("indeterminate", retried=True)
             text = (report or _Report()).text(members.listed)
             tried = _elapsed_text(time.monotonic() - started)
             if all_refused:
@@ -836,7 +984,14 @@ class Client:
                 response = call.response
                 assert response is not None
                 if response.op != "M":
-                    return _Result("answer", response, call.sent_at, call.read_at, session=session)
+                    return _Result(
+                        "answer",
+                        response,
+                        call.sent_at,
+                        call.read_at,
+                        session=session,
+                        retried=possibly_sent,
+                    )
                 redirects += 1
                 leader = response.leader
                 named = leader if leader is not None and leader != addr else None
@@ -855,6 +1010,8 @@ class Client:
                     addr = leave(addr)
                 continue
             if outcome == EXPIRED:
+                if possibly_sent:
+                    return _Result("indeterminate", retried=True)
                 return _Result("unsent", serving=True)
             if outcome == EXPIRED_CONNECTING:
                 note(addr, "connecting")
@@ -872,5 +1029,57 @@ class Client:
                 call = call.fresh()
                 continue
             assert outcome == INDETERMINATE
+            if call.kind == "A" and session.identified:
+                # Not sent again: asked about, on another session (§4.1, §5).
+                members.forget(key, addr)
+                return self._resolve(call, session, addr, abort)
+            if call.kind == "R" or call.kind == "E":
+                # Names a token: safe to send again (§4.3), within the same deadline.
+                possibly_sent = True
+                if session.failed:
+                    note(addr, f"unreachable: {session.failure}")
+                avoid = session
+                addr = leave(addr)
+                call = call.fresh()
+                continue
             members.forget(key, addr)
             return _Result("indeterminate")
+
+    def _resolve(
+        self, acquire: Call, failed: Session, addr: Address, abort: Optional["_Abort"]
+    ) -> _Result:
+        """An acquire that may have been sent on ``failed``, an identified session to
+        ``addr``, got no answer there: asks other sessions to that member what became of it
+        (Resolve, docs/protocol.md §5) until its deadline — or, when that passed, for one
+        transport timeout from now, so that a grant made meanwhile is found and released
+        rather than left to its lease. A Resolve is safe to repeat: one whose session fails
+        is tried again on the next. ``indeterminate`` when no session could answer in time."""
+        deadline = acquire.deadline
+        until = max(deadline, time.monotonic() + self.transport_timeout)
+        avoid: Optional[Session] = failed
+        backoff = 0.0
+        while time.monotonic() < until:
+            pool = self._members.pool(addr)
+            if pool is None:
+                break  # the client was closed
+            session = pool.pick(avoid)
+            resolve = Call("W", acquire.key, acquire.ident, until, acquire.lease_s, acquire.wait_zero)
+            resolve.wait_deadline = deadline
+            if session is not None and session.submit(resolve):
+                if abort is not None:
+                    abort.attach(session, resolve)
+                session.wait(resolve)
+                if abort is not None:
+                    abort.detach()
+                outcome = resolve.outcome
+                if outcome == ANSWER:
+                    return _resolved(resolve, session)
+                if outcome != NOT_SENT and outcome != INDETERMINATE:
+                    break  # its deadline passed unsent, or the member is unreachable
+            if session is not None:
+                avoid = session
+            left = until - time.monotonic()
+            if left > 0:
+                time.sleep(min(backoff, left))
+            backoff = min(max(backoff * 2, BACKOFF_MIN), BACKOFF_MAX)
+        return _Result("indeterminate")

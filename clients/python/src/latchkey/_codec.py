@@ -12,10 +12,13 @@ from typing import List, NamedTuple, Optional, Tuple
 
 KEY_BYTES_MAX = 1024
 U64_MAX = (1 << 64) - 1
+CLIENT_ID_MAX = (1 << 128) - 1
+GRACE_S_MAX = 60
 
 _HEAD_A = struct.Struct(">cBBQ")
 _HEAD_8 = struct.Struct(">cQ")
 _HEAD_E = struct.Struct(">cBQ")
+_U64 = struct.Struct(">Q")
 
 
 def encode_acquire(key: bytes, wait_s: int, lease_s: int, owner: int) -> bytes:
@@ -48,12 +51,32 @@ def encode_ping(nonce: int) -> bytes:
     return _HEAD_8.pack(b"P", nonce) + b"\n"
 
 
+def encode_identify(grace_s: int, client: int, nonce: int) -> bytes:
+    """``I`` grace:u8 client:16 bytes nonce:u64 ``\\n`` (27 bytes; docs/protocol.md §5). The
+    client id is big-endian and never 0; the grace is 1..=60 s."""
+    return b"I" + bytes((grace_s,)) + client.to_bytes(16, "big") + _U64.pack(nonce) + b"\n"
+
+
+def encode_resolve(key: bytes, owner: int) -> bytes:
+    """``W`` owner:u64 key ``\\n`` (10 + N bytes; docs/protocol.md §5)."""
+    return _HEAD_8.pack(b"W", owner) + key + b"\n"
+
+
+# The fates a Resolve reports (docs/protocol.md §5).
+FATE_NEVER_SEEN = 0
+FATE_GRANTED = 1
+FATE_QUEUED = 2
+FATE_TIMED_OUT = 3
+FATE_BUSY = 4
+
+
 class Response(NamedTuple):
     """One decoded server frame.
 
     ``op`` is the frame's letter; ``id`` its correlation id (owner, token or nonce; for ``X``
     the request's id, 0 for codes 1 and 7). The other fields are those of the op and 0 where
-    the op has none.
+    the op has none: ``W`` (Resolved) has ``fate``, ``token`` and ``lease_ms``; ``I``
+    (Identified) has ``grace`` (seconds).
     """
 
     op: str
@@ -64,6 +87,8 @@ class Response(NamedTuple):
     waiters: int = 0
     code: int = 0
     leader: Optional[Tuple[str, int]] = None
+    fate: int = 0
+    grace: int = 0
 
 
 # Total frame length per response op, the `\n` included.
@@ -78,6 +103,8 @@ RESPONSE_LEN = {
     "Q": 19,
     "X": 11,
     "M": 28,
+    "I": 11,
+    "W": 23,
 }
 
 
@@ -116,6 +143,12 @@ def decode_one(frame: bytes) -> Response:
         ip = bytes(frame[9:25])
         (port,) = struct.unpack_from(">H", frame, 25)
         return Response("M", ident, leader=_leader(ip, port))
+    if op == "W":
+        owner, fate, token, lease_ms = struct.unpack_from(">QBQI", frame, 1)
+        return Response("W", owner, token=token, lease_ms=lease_ms, fate=fate)
+    if op == "I":
+        nonce, grace = struct.unpack_from(">QB", frame, 1)
+        return Response("I", nonce, grace=grace)
     raise ProtocolError(f"unknown response op {op!r}")
 
 

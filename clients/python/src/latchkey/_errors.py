@@ -27,6 +27,8 @@ ERROR_CODES = {
     6: "byte after a fixed-size frame is not a newline",
     7: "session refused: too many connections",
     8: "the key is forbidden for this identity (X 8): the server's rules do not let this client use it",
+    9: "not identified (resumable calls refused here)",
+    10: "the server's records of identified clients are full",
 }
 
 

@@ -11,6 +11,16 @@ the session.
 
 A call counts as *definitely not sent* only while none of its bytes was handed to the socket
 (over TLS: to the TLS layer), or when the session was refused with ``X`` 7.
+
+Resumable calls (docs/protocol.md §5): when the client resumes calls, the handshake starts with
+an Identify before the ping. ``I`` makes the session *identified*; ``X`` 9, 8 or 10 leave it
+not identified and the handshake goes on; ``X`` 1 (a server that does not know Identify, and
+closes the session) turns identification off for every later session of the client and ends
+this one as a failed connect (its calls were not sent). A Resolve (``W``) is correlated by
+the owner of the acquire it asks about; a ``queued`` answer turns it back into that acquire,
+waiting on this session until the acquire's own deadline (then the Cancel of §4.4 goes here).
+A fire-and-forget release whose session fails, sent or not, is handed to the client's
+``resubmit`` for another session (a release is safe to send again).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from . import _codec
 from ._codec import Response
@@ -74,6 +84,8 @@ class Call:
         "answered",
         "abandoned",
         "parent",
+        "wait_deadline",
+        "attempts",
     )
 
     def __init__(
@@ -105,10 +117,14 @@ class Call:
         self.answered = False
         self.abandoned = False
         self.parent: Optional[Call] = None
+        # A Resolve: the deadline of the acquire it asks about (``deadline`` is the Resolve's).
+        self.wait_deadline = deadline
+        # A fire-and-forget release: how many sessions it was handed to after the first.
+        self.attempts = 0
 
     def fresh(self) -> "Call":
         """The same request (same id, key and deadline) for another attempt."""
-        return Call(
+        call = Call(
             self.kind,
             self.key,
             self.ident,
@@ -117,6 +133,9 @@ class Call:
             self.wait_zero,
             self.done is not None,
         )
+        call.wait_deadline = self.wait_deadline
+        call.attempts = self.attempts
+        return call
 
     def immediate(self) -> bool:
         """Whether the server answers it at once (anything but an acquire with wait > 0)."""
@@ -145,6 +164,8 @@ class Call:
             return _codec.encode_query(self.key, self.ident)
         if kind == "P":
             return _codec.encode_ping(self.ident)
+        if kind == "W":
+            return _codec.encode_resolve(self.key, self.ident)
         return _codec.encode_cancel(self.key, self.ident)
 
 
@@ -160,9 +181,24 @@ class _Entry:
 
 
 class SessionConfig:
-    """What every session of a client shares."""
+    """What every session of a client shares.
 
-    __slots__ = ("connect_timeout", "transport_timeout", "ssl_context", "server_name", "next_id")
+    ``identity``: the client id and the grace (whole seconds) its sessions identify with
+    (docs/protocol.md §5), or ``None`` (they do not). ``resumes`` turns ``False``, for every
+    later session, once a server answered an Identify ``X`` 1. ``resubmit`` takes the
+    fire-and-forget releases of a failed session (called on its I/O thread, without its
+    lock)."""
+
+    __slots__ = (
+        "connect_timeout",
+        "transport_timeout",
+        "ssl_context",
+        "server_name",
+        "next_id",
+        "identity",
+        "resumes",
+        "resubmit",
+    )
 
     def __init__(
         self,
@@ -171,12 +207,17 @@ class SessionConfig:
         ssl_context: Optional[ssl.SSLContext],
         server_name: Optional[str],
         next_id: "IdSource",
+        identity: Optional[Tuple[int, int]] = None,
+        resubmit: Optional[Callable[[Call], None]] = None,
     ) -> None:
         self.connect_timeout = connect_timeout
         self.transport_timeout = transport_timeout
         self.ssl_context = ssl_context
         self.server_name = server_name
         self.next_id = next_id
+        self.identity = identity
+        self.resumes = identity is not None
+        self.resubmit = resubmit
 
 
 class IdSource:
@@ -222,6 +263,8 @@ class Session:
         self.failure = ""
         self.unreachable = False
         self.connect_refused = False  # the TCP connection was refused: nothing listens there
+        self.identified = False  # the server identified it (docs/protocol.md §5)
+        self._lost: List[Call] = []  # fire-and-forget releases it ended: for another session
         self._sock: Optional[socket.socket] = None
         self._tls: Optional[ssl.SSLObject] = None
         self._tls_in: Optional[ssl.MemoryBIO] = None
@@ -266,9 +309,9 @@ class Session:
             self._submit_locked(call)
             return True
 
-    def _submit_locked(self, call: Call) -> None:
+    def _submit_locked(self, call: Call, flush: bool = True) -> None:
         kind = call.kind
-        if kind == "A":
+        if kind == "A" or kind == "W":
             self._owners[call.ident] = call
         elif kind == "R" or kind == "E":
             queue = self._tokens.get(call.ident)
@@ -286,7 +329,10 @@ class Session:
         if not self._sending and not self._want_write:
             # Otherwise the thread sending now, or the I/O thread once the socket takes more,
             # sends it.
-            self._flush_locked()
+            if flush:
+                self._flush_locked()
+            else:
+                self._request_write_locked()
 
     def is_stalled(self) -> bool:
         with self.lock:
@@ -314,6 +360,9 @@ class Session:
             else:
                 # At least every second: ``abort`` may have moved the timer earlier.
                 timeout = min(call.timer - now, 1.0)
+                if call.kind == "W" and call.wait_deadline > now:
+                    # A "queued" answer may turn it into the acquire, due at this deadline.
+                    timeout = min(timeout, call.wait_deadline - now)
             if done.acquire(True, max(timeout, 0.0)):
                 return
             self.on_timer(call)
@@ -330,6 +379,12 @@ class Session:
             if call.state == DONE or call.state == CANCELLING:
                 return
             now = time.monotonic()
+            if call.kind == "W":
+                # The Resolve goes on (it settles what the acquire did): only the acquire's
+                # deadline passes, so a "queued" answer cancels it at once, and a grant is
+                # given back at the caller's delivery gate.
+                call.wait_deadline = min(call.wait_deadline, now)
+                return
             call.deadline = min(call.deadline, now)
             call.timer = min(call.timer, now)
         self.on_timer(call)
@@ -337,38 +392,46 @@ class Session:
     def on_timer(self, call: Call) -> None:
         """What a call's deadline (or a stall) does to it; see the module docs."""
         with self.lock:
-            now = time.monotonic()
-            state = call.state
-            if state == DONE or state == HANDING:
-                # HANDING: the send under way decides in a moment whether it left.
-                return
-            if state == QUEUED:
-                if now >= call.deadline:
-                    self._unqueue_locked(call)
-                    _finish(call, EXPIRED if self.established else EXPIRED_CONNECTING)
-                elif self.established and self._stalled_locked(now):
-                    self._unqueue_locked(call)
-                    _finish(call, NOT_SENT)
-                return
-            if now < call.timer:
-                return
-            if state == PARTIAL:
-                self._fail_locked("the deadline passed with part of a frame sent")
-            elif state == SENT and call.kind == "A" and not call.wait_zero:
-                call.state = CANCELLING
-                call.timer = now + self.config.transport_timeout
-                cancel = Call("C", call.key, call.ident, call.timer, waitable=False)
-                cancel.parent = call
-                self._submit_locked(cancel)
-            elif call.kind == "A":
-                self._fail_locked("no answer to an acquire within its deadline")
-            elif call.kind == "R" or call.kind == "E":
-                # Its answer, if it comes, must still be matched in token order.
-                call.abandoned = True
-                _finish(call, INDETERMINATE)
-            else:
-                self._nonces.pop(call.ident, None)
-                _finish(call, INDETERMINATE)
+            self._on_timer_locked(call, time.monotonic())
+
+    def _on_timer_locked(self, call: Call, now: float, flush: bool = True) -> None:
+        """``on_timer`` under the lock; ``flush=False`` from the I/O thread's dispatch (a
+        Cancel is then left to the I/O thread to send: handing frames releases the lock)."""
+        state = call.state
+        if state == DONE or state == HANDING:
+            # HANDING: the send under way decides in a moment whether it left.
+            return
+        if state == QUEUED:
+            if now >= call.deadline:
+                self._unqueue_locked(call)
+                _finish(call, EXPIRED if self.established else EXPIRED_CONNECTING)
+            elif self.established and self._stalled_locked(now):
+                self._unqueue_locked(call)
+                _finish(call, NOT_SENT)
+            return
+        if now < call.timer:
+            return
+        if state == PARTIAL:
+            self._fail_locked("the deadline passed with part of a frame sent")
+        elif state == SENT and call.kind == "A" and not call.wait_zero:
+            call.state = CANCELLING
+            call.timer = now + self.config.transport_timeout
+            cancel = Call("C", call.key, call.ident, call.timer, waitable=False)
+            cancel.parent = call
+            self._submit_locked(cancel, flush)
+        elif call.kind == "A":
+            self._fail_locked("no answer to an acquire within its deadline")
+        elif call.kind == "W":
+            # Closed rather than given up: a waiter it might still hand to this session is
+            # then detached, and withdrawn when the client's grace ends (docs/protocol.md §5).
+            self._fail_locked("no answer to a Resolve within its deadline")
+        elif call.kind == "R" or call.kind == "E":
+            # Its answer, if it comes, must still be matched in token order.
+            call.abandoned = True
+            _finish(call, INDETERMINATE)
+        else:
+            self._nonces.pop(call.ident, None)
+            _finish(call, INDETERMINATE)
 
     def _unqueue_locked(self, call: Call) -> None:
         entry = self._entries.pop(id(call), None)
@@ -386,7 +449,7 @@ class Session:
 
     def _forget_locked(self, call: Call) -> None:
         kind = call.kind
-        if kind == "A":
+        if kind == "A" or kind == "W":
             if self._owners.get(call.ident) is call:
                 del self._owners[call.ident]
         elif kind == "Q" or kind == "P":
@@ -596,6 +659,12 @@ class Session:
         self.unreachable = unreachable
         self.connect_refused = connect_refused
         unsent = UNREACHABLE if unreachable else NOT_SENT
+        lost = self._lost
+        for queue in self._tokens.values():
+            for call in queue:
+                if call.done is None and call.kind == "R" and call.state != DONE:
+                    # A background release, sent or not: safe to send again elsewhere.
+                    lost.append(call)
         for call in self._waiting:
             _finish(call, unsent)
         self._waiting.clear()
@@ -644,6 +713,7 @@ class Session:
                     connect_refused=connect_refused,
                 )
             self._close_socket()
+            self._hand_lost()
             return
         try:
             self._loop()
@@ -651,6 +721,22 @@ class Session:
             with self.lock:
                 self._fail_locked(_describe(error))
         self._close_socket()
+        self._hand_lost()
+
+    def _hand_lost(self) -> None:
+        """Gives the fire-and-forget releases the failed session ended to the client, for
+        another session (outside the lock: the client takes pool and session locks)."""
+        with self.lock:
+            lost = self._lost
+            self._lost = []
+        resubmit = self.config.resubmit
+        if resubmit is None:
+            return
+        for call in lost:
+            try:
+                resubmit(call)
+            except Exception:  # noqa: BLE001 - the lease recovers a release that is lost
+                pass
 
     def _close_socket(self) -> None:
         for sock in (self._sock, self._wake_r, self._wake_w):
@@ -686,15 +772,25 @@ class Session:
                 server_hostname=config.server_name or self.addr[0],
             )
             self._tls_handshake(until)
+        # An Identify first when the client resumes calls (docs/protocol.md §5): the server
+        # answers it before the ping.
+        identify: Optional[int] = None
+        hello = b""
+        if config.identity is not None and config.resumes:
+            identify = config.next_id()
+            client, grace_s = config.identity
+            hello = _codec.encode_identify(grace_s, client, identify)
+        identified = False
         nonce = config.next_id()
-        ping = _codec.encode_ping(nonce)
+        ping = hello + _codec.encode_ping(nonce)
         if self._tls is not None:
             assert self._tls_out is not None
             self._tls.write(ping)
             ping = self._tls_out.read()
         self._send_blocking(ping, until)
         decoder = self._decoder
-        while True:
+        leftover: Optional[List[Response]] = None
+        while leftover is None:
             data = self._recv_blocking(until)
             try:
                 answers = decoder.feed(data)
@@ -704,19 +800,36 @@ class Session:
                 raise _Unreachable(
                     f"not a latchkey server: it answered a ping with {data[:1]!r}"
                 ) from None
-            if not answers:
-                continue
-            first = answers[0]
-            if first.op == "P" and first.id == nonce:
-                leftover = answers[1:]
-                break
-            if first.op == "X" and first.code == 7:
-                raise _Refused("the server refused the session: it has too many (X 7)")
-            raise _Unreachable(f"not a latchkey server: it answered a ping with {first.op!r}")
+            for index, answer in enumerate(answers):
+                op = answer.op
+                if identify is not None:
+                    if op == "I" and answer.id == identify:
+                        identified = True
+                        identify = None
+                        continue
+                    if op == "X" and answer.id == identify and answer.code in (8, 9, 10):
+                        # Not identified (a server or member that does not resume calls, a
+                        # client id of another identity, or its limit): §1-§4 alone here.
+                        identify = None
+                        continue
+                    if op == "X" and answer.code == 1:
+                        # It does not know Identify, and closes the session: no later
+                        # session of this client identifies.
+                        config.resumes = False
+                        raise _ConnectError(
+                            "the server does not know Identify (X 1): resumable calls are off"
+                        )
+                if op == "P" and answer.id == nonce and identify is None:
+                    leftover = answers[index + 1 :]
+                    break
+                if op == "X" and answer.code == 7:
+                    raise _Refused("the server refused the session: it has too many (X 7)")
+                raise _Unreachable(f"not a latchkey server: it answered a ping with {op!r}")
         sock.setblocking(False)
         with self.lock:
             if self.failed:
                 raise _ConnectError(self.failure)
+            self.identified = identified
             self.established = True
             self._last_read = time.monotonic()
             waiting = self._waiting
@@ -918,6 +1031,22 @@ class Session:
             if call is not None:
                 call.answered = True
                 _finish(call, ANSWER, answer, now)
+        elif op == "W":
+            call = self._owners.get(answer.id)
+            if call is None or call.kind != "W":
+                return
+            if answer.fate == _codec.FATE_QUEUED:
+                # Still queued, now on this session: the call is that acquire again, waiting
+                # here for its A, T or B until its own deadline (then its Cancel goes here).
+                call.kind = "A"
+                call.deadline = call.wait_deadline
+                call.timer = call.wait_deadline
+                if now >= call.deadline:
+                    self._on_timer_locked(call, now, flush=False)
+                return
+            del self._owners[answer.id]
+            call.answered = True
+            _finish(call, ANSWER, answer, now)
         elif op == "X" and answer.code in (1, 2, 6, 7):
             if answer.code == 7:
                 self._fail_locked("the server refused the session: it has too many (X 7)", True)

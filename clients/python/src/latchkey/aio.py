@@ -3,7 +3,9 @@
 Each call runs the thread-safe blocking client on a worker thread of this client's own pool
 (so a call that waits for a lock never blocks the event loop, and many tasks share the
 sessions and their pipelining exactly like many threads do): the rules of docs/protocol.md §4
-are the blocking client's, unchanged. A task cancelled while its ``acquire`` runs gives the
+are the blocking client's, unchanged, and so are resumable calls (§4.1, §5: ``resume``, on by
+default; an acquire whose session fails after it may have been sent is resolved on another
+session, and releases and extends are sent again). A task cancelled while its ``acquire`` runs gives the
 acquire up at once: a waiter queued on the server is withdrawn (Cancel, docs/protocol.md §4.4),
 and a grant that still arrives is released, so the cancelled task leaves no lock and no waiter
 behind.
@@ -21,6 +23,7 @@ from typing import AsyncIterator, Callable, Optional, Sequence, Type, TypeVar, U
 from contextlib import asynccontextmanager
 
 from ._client import (
+    RESUME_DEFAULT,
     TLS,
     KeyState,
     Ticket,
@@ -80,8 +83,9 @@ class AsyncTicket:
 
 
 class Client:
-    """``latchkey.Client`` for asyncio; the same arguments, plus ``max_calls``: how many calls
-    may be in flight at once (worker threads, started on demand)."""
+    """``latchkey.Client`` for asyncio; the same arguments (``resume`` among them), plus
+    ``max_calls``: how many calls may be in flight at once (worker threads, started on
+    demand)."""
 
     def __init__(
         self,
@@ -92,6 +96,7 @@ class Client:
         transport_timeout: float = 5.0,
         tls: Optional[TLS] = None,
         retry_refused: bool = False,
+        resume: Optional[float] = RESUME_DEFAULT,
         max_calls: int = 256,
     ) -> None:
         if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
@@ -103,6 +108,7 @@ class Client:
             transport_timeout=transport_timeout,
             tls=tls,
             retry_refused=retry_refused,
+            resume=resume,
         )
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_calls, thread_name_prefix="latchkey-aio"
