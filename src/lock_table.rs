@@ -35,7 +35,7 @@ use crate::partition::{
     is_detached, Answer, BusyReason, ClientRef, Fate, GrantRef, HeldKey, Op, Places, QueueCounts,
     SessionId, TableStats,
 };
-use clients::ClientStates;
+use crate::partition::clients::ClientStates;
 use crate::tokens::TokenRange;
 use hashbrown::DefaultHashBuilder;
 use index::SegmentedTable;
@@ -957,7 +957,6 @@ impl LockTable {
 }
 
 mod check;
-mod clients;
 mod index;
 mod keys;
 mod partition;

@@ -18,6 +18,7 @@
 //! entries and wheel; the cluster's log, machines and queues); `tests/queue_rules.rs` checks
 //! both against the one model.
 
+pub mod clients;
 pub mod cluster_stats;
 #[cfg(any(test, feature = "testing"))]
 pub mod model;

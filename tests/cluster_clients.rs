@@ -446,3 +446,58 @@ fn a_holder_keeps_its_lock_while_its_leader_is_paused() {
     assert!(output.status.success(), "exit {:?}: {err}", output.status);
     assert!(!err.contains("lease lost"), "{err}");
 }
+
+/// A waiter whose leader is killed (kill -9) does not end `Indeterminate` (exit 82): its
+/// session identified, so the client asks the new leader what became of the acquire
+/// (docs/protocol.md §5). The new leader never knew it (waiters are leader-local): "never
+/// seen", recorded so that it will never be executed, and the client queues a new acquire
+/// there within the same wait; it is granted when the holder lets go.
+#[test]
+fn a_waiter_whose_leader_is_killed_is_resolved_and_queued_again() {
+    let mut cluster = Cluster::start("clients-killed", 3, 4, false);
+    let key = "jobs/killed";
+    let owner = fresh_id();
+    let acquire = move || Request::Acquire {
+        wait_s: 0,
+        lease_s: 60,
+        owner,
+        key: key.as_bytes(),
+    };
+    let (leader, token) = match cluster.call(key, &[], SETTLE, acquire) {
+        (leader, Response::Acquired { token, .. }) => (leader, token),
+        (_, other) => panic!("acquire of {key} answered {other:?}"),
+    };
+    let members: Vec<&Member> = cluster.members.iter().collect();
+    let addrs = list(&members);
+    let waiter = std::thread::spawn(move || {
+        latchkey(&[
+            "lock", "--server", &addrs, "--wait", "20s", "--lease", "30s", key, "--", "true",
+        ])
+    });
+    let waiting_on = |client| {
+        let state = common::cluster::query(client, key, fresh_id());
+        matches!(state, Some(Response::State { waiters: 1, .. }))
+    };
+    let on_leader = cluster.members[leader].client;
+    assert!(
+        wait_until(SETTLE, || waiting_on(on_leader)),
+        "queued on the leader"
+    );
+    cluster.kill(leader);
+    let (new_leader, _) = cluster
+        .serving(key, &[leader], SETTLE)
+        .expect("a new leader");
+    let on_new = cluster.members[new_leader].client;
+    assert!(
+        wait_until(SETTLE, || waiting_on(on_new)),
+        "queued again on the new leader"
+    );
+    let release = move || Request::Release {
+        token,
+        key: key.as_bytes(),
+    };
+    let (_, released) = cluster.call(key, &[leader], SETTLE, release);
+    assert_eq!(released, Response::Released { token });
+    let output = waiter.join().expect("the waiter ran");
+    assert!(output.status.success(), "{}", stderr(&output));
+}

@@ -22,6 +22,7 @@ use super::shard::Shard;
 use super::writer::LogWriter;
 use crate::metrics::Histogram;
 use crate::partition::cluster_stats::{ClusterStats, PeerReport, ShardStatus, LATENCY_BOUNDS_US};
+use crate::partition::clients::ClientStates;
 use crate::partition::partition_of;
 use crate::partition::GrantRef;
 use crate::partition::Partition;
@@ -30,7 +31,7 @@ use crate::partition::{
     Answer, ClientRef, HeldKey, Op, Places, QueueCounts, SessionId, TableStats,
 };
 use crate::tokens::TokenKeeper;
-use latchkey_client::protocol::{ErrorCode, Leader, Response};
+use latchkey_client::protocol::{Leader, Response};
 use duties::{LeaseTimer, WaitTimer};
 use latchkey_wheel::Wheel;
 use leadership_log::LeadershipLog;
@@ -224,6 +225,12 @@ pub struct ClusterPartition<D: LogWriter, P: Peers> {
     answers: Vec<Answer>,
     /// Sessions' places in `max_pending_per_session`, taken by their queued waiters.
     places: Places,
+    /// Resumable calls (docs/protocol.md §5), leader-local: the `T` and `B` answers this member
+    /// gave identified clients' acquires and the owners it answered "never seen"
+    /// (`partition/resume.rs`).
+    clients: ClientStates,
+    /// The client each identified session that sent an acquire here speaks for.
+    session_clients: HashMap<SessionId, ClientRef>,
     stats: TableStats,
     cluster_stats: ClusterStats,
     now_us: u64,
@@ -285,6 +292,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             fired_leases: Vec::new(),
             answers: Vec::new(),
             places,
+            clients: ClientStates::default(),
+            session_clients: HashMap::default(),
             stats: TableStats::default(),
             cluster_stats: ClusterStats {
                 node_id,
@@ -368,6 +377,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     }
 
     fn answer(&mut self, session: SessionId, response: Response, ends_pending: bool) {
+        if let Response::Timeout { .. } | Response::Busy { .. } = response {
+            self.remember_answer(session, &response);
+        }
         self.answers.push(Answer {
             session,
             response,
@@ -445,8 +457,11 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         shard_of(key, self.settings.shards) as usize % cores
     }
 
-    fn handle(&mut self, now_us: u64, session: SessionId, _client: ClientRef, op: Op, key: &[u8]) {
+    fn handle(&mut self, now_us: u64, session: SessionId, client: ClientRef, op: Op, key: &[u8]) {
         self.now_us = self.now_us.max(now_us);
+        if client.is_some() {
+            self.session_clients.entry(session).or_insert(client);
+        }
         let shard = shard_of(key, self.settings.shards);
         let serving = self.shard(shard).is_some_and(Shard::serving);
         if !serving {
@@ -482,12 +497,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
             }
             Op::Cancel { owner } => self.cancel(shard, session, key, owner),
             Op::Query { nonce } => self.query(shard, session, key, nonce),
-            Op::Resolve { owner } => {
-                // A member of this version does not resume calls: its core refuses Identify,
-                // so no session that may resolve reaches it.
-                let code = ErrorCode::NotIdentified;
-                self.answer(session, Response::Error { code, id: owner }, false);
-            }
+            Op::Resolve { owner } => self.resolve(shard, (session, client), key, owner),
         }
     }
 
@@ -567,6 +577,15 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         for shard in &mut self.shards {
             shard.close_session(session, &mut self.places);
         }
+        self.session_clients.remove(&session);
+    }
+
+    fn handle_client_gone(&mut self, _now_us: u64, client: ClientRef) {
+        self.clients.remove(client);
+    }
+
+    fn resumes_calls(&self) -> bool {
+        true
     }
 
     fn handle_shutdown(&mut self) {
@@ -677,3 +696,5 @@ mod leadership_log;
 pub(crate) use leadership_log::shard_list;
 #[path = "partition/requests.rs"]
 mod requests;
+#[path = "partition/resume.rs"]
+mod resume;

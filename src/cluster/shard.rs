@@ -457,6 +457,19 @@ impl Shard {
         self.queues.remove_where(key, places, remove)
     }
 
+    /// See [`Queues::attach`].
+    pub fn attach(
+        &mut self,
+        key: &[u8],
+        owner: u64,
+        ours: impl Fn(SessionId) -> bool,
+        to: (SessionId, &mut Places),
+    ) -> bool {
+        let attached = self.queues.attach(key, owner, ours, to);
+        self.check_invariants();
+        attached
+    }
+
     /// See [`Queues::close_session`].
     pub fn close_session(&mut self, session: SessionId, places: &mut Places) {
         self.queues.close_session(session, places);

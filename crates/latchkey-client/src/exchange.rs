@@ -217,7 +217,7 @@ impl Client {
             let indeterminate = matches!(outcome, Some(Ok(Outcome::Indeterminate)));
             if indeterminate && matches!(op, Op::Acquire { .. }) && session.is_identified() {
                 members.forget(key.as_deref(), addr);
-                return self.resolve(&op, deadline, &session, addr);
+                return self.resolve(&op, deadline, &session);
             }
             match attempts.next(
                 outcome,
@@ -233,12 +233,13 @@ impl Client {
         }
     }
 
-    /// An acquire that may have been sent on `failed`, an identified session to `addr`, got no
-    /// answer there: asks other sessions of this client what became of it (docs/protocol.md
-    /// §5) until its `deadline` — or, when that passed, a transport allowance from now, to
-    /// settle a grant it may have made (`settle_acquire` releases one found late). A Resolve
-    /// is safe to repeat: a session that fails with one out tries the next.
-    fn resolve(&self, op: &Op, deadline: Instant, failed: &Session, addr: SocketAddr) -> Exchange {
+    /// An acquire that may have been sent on `failed`, an identified session, got no answer
+    /// there: asks this client's other sessions what became of it (docs/protocol.md §5) — on
+    /// the member that leads the key now, following `M` — until its `deadline`, or, when that
+    /// passed, a transport allowance from now, to settle a grant it may have made
+    /// (`settle_acquire` releases one found late). A Resolve is safe to repeat: one whose
+    /// session fails, or that reaches no member, is asked again while time is left.
+    fn resolve(&self, op: &Op, deadline: Instant, failed: &Session) -> Exchange {
         let Op::Acquire {
             key,
             wait_zero,
@@ -256,34 +257,23 @@ impl Client {
             lease_s,
             wait_deadline: deadline,
         };
-        let members = &self.shared.members;
-        let mut avoid = Some(failed.id());
         let mut backoff = Backoff::default();
-        log::debug!("the session of acquire {owner:#x} failed: resolving it");
-        // Bounded by `until`: every pass ends, or sleeps a backoff, or retries after a
-        // session that failed.
+        log::debug!(
+            "session {} of acquire {owner:#x} failed: resolving it",
+            failed.id()
+        );
+        // Bounded by `until`: every pass asks once (the exchange ends by `until`), then backs
+        // off.
         while Instant::now() < until {
-            let picked = members
-                .pool(addr)
-                .ok()
-                .flatten()
-                .map(|pool| pool.pick(avoid));
-            let Some(Ok(session)) = picked else {
-                backoff.sleep(until);
-                continue;
-            };
-            match self.attempt(&session, &resolve, until) {
-                None | Some(Ok(Outcome::NotSent | Outcome::Indeterminate)) => {
-                    avoid = Some(session.id());
-                    backoff.sleep(until);
-                }
-                Some(Ok(Outcome::Answer {
+            match self.exchange(resolve.clone(), until) {
+                Exchange::Answer {
                     response,
                     sent_at,
                     read_at,
-                })) => return resolved(response, owner, sent_at, read_at),
-                Some(Ok(Outcome::Expired { .. } | Outcome::Unreachable | Outcome::Compensated))
-                | Some(Err(_)) => break,
+                } => return resolved(response, owner, sent_at, read_at),
+                Exchange::Indeterminate | Exchange::Unsent { .. } | Exchange::NeverSeen => {
+                    backoff.sleep(until)
+                }
             }
         }
         log::debug!("acquire {owner:#x}: no session could say what became of it");
@@ -511,7 +501,11 @@ impl Attempts {
             .report
             .take()
             .unwrap_or_else(|| UnavailableReport::new(keyed, members.listed()));
-        members.note_unavailable(report);
+        // A hedge skips the first attempt's member: the first attempt's report, which saw
+        // every member, is the one kept.
+        if self.skip.is_none() {
+            members.note_unavailable(report);
+        }
         Exchange::Unsent { serving: false }
     }
 }

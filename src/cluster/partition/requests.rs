@@ -60,6 +60,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         (wait_s, lease_s, owner): (u8, u8, u64),
     ) {
         let ends_pending = wait_s > 0;
+        if self.forgotten(session, owner) {
+            return self.busy(session, owner, ends_pending, BusyReason::Resolved);
+        }
         self.check_places();
         let local = self.local(shard);
         let state = &self.shards[local];

@@ -242,6 +242,43 @@ impl Queues {
         }
     }
 
+    /// Moves the waiter of `key`'s queue with `owner` whose session `ours` accepts to `session`
+    /// (a Resolve attaches it there, docs/protocol.md §5), its place with it; false if there is
+    /// none.
+    pub fn attach(
+        &mut self,
+        key: &[u8],
+        owner: u64,
+        ours: impl Fn(SessionId) -> bool,
+        (session, places): (SessionId, &mut Places),
+    ) -> bool {
+        let Some(queue) = self.by_key.get_mut(key) else {
+            return false;
+        };
+        let Some(waiter) = queue
+            .iter_mut()
+            .find(|w| w.owner == owner && ours(w.session))
+        else {
+            return false;
+        };
+        let from = std::mem::replace(&mut waiter.session, session);
+        if waiter.counted {
+            places.give_back(from);
+            places.take_forced(session);
+        }
+        let keys = self.by_session.get_mut(&from).expect("a waiter's session is indexed");
+        let count = keys.get_mut(key).expect("a waiter's key is indexed");
+        *count -= 1;
+        if *count == 0 {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_session.remove(&from);
+            }
+        }
+        *self.by_session.entry(session).or_default().entry(key.to_vec()).or_default() += 1;
+        true
+    }
+
     /// Removes the waiters `remove` picks from `key`'s queue, returning them, their places
     /// back in `places` (a proposed head is never removed: `remove` is asked only about the
     /// others).

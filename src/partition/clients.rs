@@ -1,8 +1,10 @@
 //! What one partition remembers of identified clients (docs/protocol.md §5, resumable calls),
-//! besides what its entries and waiters say already: the answers `T` and `B` it gave their
-//! acquires (a grant is read from the key's entry, a queued acquire from its queue), the owners
+//! besides what its holds and waiters say already: the answers `T` and `B` it gave their
+//! acquires (a grant is read from the key's hold, a queued acquire from its queue), the owners
 //! a Resolve answered "never seen" (whose acquire, should it still arrive, is refused), and the
-//! grants that never reached them (released when the client's grace ends).
+//! grants that never reached them (released when the client's grace ends). Kept by a single
+//! node's lock table and, for the shards it leads, by a cluster member's partition (there,
+//! leader-local: see `crate::cluster::partition`).
 //!
 //! # Bounds
 //!
@@ -67,11 +69,11 @@ impl ClientState {
 
 /// Why an owner could not be recorded "never seen".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Full;
+pub(crate) struct Full;
 
 /// Every identified client's records in one partition.
 #[derive(Debug, Default)]
-pub struct ClientStates {
+pub(crate) struct ClientStates {
     by_client: HashMap<u32, ClientState>,
     /// Owners answered "never seen", all clients together: while 0, an acquire is not looked
     /// up (the common case costs nothing).
