@@ -199,6 +199,35 @@ def test_when_the_first_attempt_answers_first_the_hedge_is_given_up() -> None:
     electing.stop()
 
 
+def test_a_background_release_of_a_late_grant_is_hedged() -> None:
+    """A grant that comes after the acquire's deadline is released in the background on its
+    own session (§4.2); that member then falls silent, and the release also goes to the other
+    member, never back to it."""
+    other = FakeMember(leading(TOKEN))
+
+    def late_grant(frame: Frame) -> Reply:
+        if frame[0] == "A":
+            time.sleep(0.6)  # past the acquire's 0.2 s deadline
+            return leader_reply(frame, TOKEN)
+        if frame[0] == "R":
+            return None  # silent from now on
+        return leader_reply(frame, TOKEN)
+
+    leader = FakeMember(late_grant)
+    client = make_client([leader.addr, other.addr])
+    with pytest.raises(latchkey.Indeterminate):
+        client.acquire("k", wait=0.2, lease=LEASE)
+    release = ("R", TOKEN, "k")
+    until = time.monotonic() + PATIENCE
+    while not frames(other, "R") and time.monotonic() < until:
+        time.sleep(0.02)
+    assert frames(other, "R") == [release], "the background release was hedged"
+    assert frames(leader, "R") == [release], "the silent member got it once"
+    client.close()
+    leader.stop()
+    other.stop()
+
+
 def test_a_client_of_one_member_never_hedges() -> None:
     """One member: the extend waits for that member's (slow) answer, and no hedge starts."""
     only = FakeMember(leading(TOKEN))

@@ -10,12 +10,12 @@ safe to send again (§4.3). An acquire never is: one whose *identified* session 
 may have been sent is *resolved* on another session instead (a Resolve, §4.1 and §5), which
 is not a resend.
 
-With several members, a release or an extend (a ticket's, ``lock()``'s keep-alive) not answered
-within the hedge delay — a quarter of ``connect_timeout``, within 0.1..=0.5 s — is *hedged*
-(§4.3): the same request also goes to the other members, never back to the one that has not
-answered (even when another member names it leader: that ``M`` counts as naming none until a
-new leader is elected and named), and the first answer wins. A client of one member never
-hedges.
+With several members, a release or an extend (a ticket's, ``lock()``'s keep-alive, a
+background release) not answered within the hedge delay — a quarter of ``connect_timeout``,
+within 0.1..=0.5 s — is *hedged* (§4.3): the same request also goes to the other members,
+never back to the one that has not answered (even when another member names it leader: that
+``M`` counts as naming none until a new leader is elected and named), and the first answer
+wins. A client of one member never hedges.
 """
 
 from __future__ import annotations
@@ -867,6 +867,40 @@ class _Hedge(_Hedgeable):
         return first
 
 
+class _BackgroundHedge(_Hedgeable):
+    """The hedge of a background release handed to a session to ``first``: unless answered
+    by its instant (an ``M`` is no answer here), the same release also goes to the other
+    members, never to ``first``, on a thread of its own; its outcome is not waited for (the
+    lease recovers a release that is lost)."""
+
+    __slots__ = ("_client", "_call", "_first")
+
+    def __init__(self, client: "Client", call: Call, first: Address) -> None:
+        self._client = client
+        self._call = call
+        self._first = first
+
+    def pending(self) -> bool:
+        response = self._call.response
+        return response is None or response.op == "M"
+
+    def fire(self) -> None:
+        call = self._call
+        if not self.pending() or time.monotonic() >= call.deadline:
+            return
+        again = Call("R", call.key, call.ident, call.deadline)
+        thread = threading.Thread(
+            target=self._client._exchange,
+            args=(again, None, self._first),
+            name="latchkey-hedge-request",
+            daemon=True,
+        )
+        try:
+            thread.start()
+        except RuntimeError:
+            pass  # the interpreter is exiting; the lease recovers it
+
+
 def _default_addrs() -> List[str]:
     env = os.environ.get("LATCHKEY_SERVER", "").strip()
     if env:
@@ -893,8 +927,8 @@ class Client:
     version) refuses the Identify, and one that does not know it closes the session (``X`` 1;
     no later session identifies then): the client then keeps to §4 alone.
 
-    With several members, releases and extends (explicit, ``lock()``'s keep-alive) are
-    *hedged* (docs/protocol.md §4.3): one not answered within a quarter of
+    With several members, releases and extends (explicit, ``lock()``'s keep-alive, background)
+    are *hedged* (docs/protocol.md §4.3): one not answered within a quarter of
     ``connect_timeout`` (within 0.1..=0.5 s) also goes to the other members — never back to
     the one that has not answered, even when another member names it leader — which redirect
     it to the new leader once one is elected, and the first answer wins. So a paused leader
@@ -1105,13 +1139,19 @@ class Client:
         :meth:`_resubmit_background`: a release is safe to send again (§4.3)."""
         deadline = time.monotonic() + self.transport_timeout
         call = Call("R", key, token, deadline, waitable=False)
+        taken: Optional[Address] = None
         if session is not None and session.submit_background(call):
-            return
-        pool = self._members.pool(self._members.route(key))
-        if pool is not None:
-            other = pool.pick(None)
-            if other is not None:
-                other.submit_background(call)
+            taken = session.addr
+        else:
+            addr = self._members.route(key)
+            pool = self._members.pool(addr)
+            if pool is not None:
+                other = pool.pick(None)
+                if other is not None and other.submit_background(call):
+                    taken = addr
+        if taken is not None and len(self._members.listed) > 1:
+            # Hedged as any release of a client with several members (§4.3).
+            self._hedger.schedule(_BackgroundHedge(self, call, taken))
 
     def _resubmit_background(self, call: Call) -> None:
         """A fire-and-forget release whose session failed: to another session of the key's
