@@ -1,10 +1,12 @@
-"""A real three-member cluster (three ``latchkey serve`` processes on loopback): redirects to
-the key's leader, a leader killed mid-run, and no quorum (``Unavailable``, never a fake
-``Timeout``). The Rust counterparts are tests/cluster_clients.rs and tests/client_redirects.rs
-(which use fake members); this runs the real thing."""
+"""A real three-member cluster (three ``latchkey serve`` processes on loopback): redirects to the
+key's leader, a leader killed mid-run, no quorum (``Unavailable``, never a fake ``Timeout``),
+and a holder keeping its lock through a paused leader (hedged extends). The Rust counterparts
+are tests/cluster_clients.rs and tests/client_redirects.rs (which use fake members); this runs
+the real thing."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -18,6 +20,7 @@ from typing import Iterator, List, Optional
 import pytest
 
 import latchkey
+import latchkey.aio
 from support import Server, free_ports
 
 
@@ -185,3 +188,99 @@ def test_no_quorum_is_unavailable_never_a_timeout(cluster: Cluster) -> None:
     with pytest.raises(latchkey.Unavailable):
         client.query("quorum/k")
     client.close()
+
+
+# A holder's lease (whole seconds) and how long its key's leader is paused (twice the lease),
+# as in tests/cluster_clients.rs a_holder_keeps_its_lock_while_its_leader_is_paused
+# (`latchkey lock --lease 3s`, a 6 s SIGSTOP).
+STALL_LEASE = 3
+STALL_S = 6.0
+
+
+def _nobody_else_gets(cluster: Cluster, key: str, leader: int) -> None:
+    """While the leader is paused: a client of the other members only is refused the key
+    (``Timeout``) by the new leader once one is elected — the holder's lease lives on there."""
+    others = [addr for index, addr in enumerate(cluster.clients) if index != leader]
+    client = latchkey.Client(others, sessions=1, connect_timeout=1.0, transport_timeout=2.0)
+    try:
+        until = time.monotonic() + STALL_S / 2
+        while True:
+            try:
+                other = client.acquire(key, wait=0, lease=5.0)
+            except latchkey.Timeout:
+                return
+            except (latchkey.Unavailable, latchkey.Indeterminate):
+                assert time.monotonic() < until, "no new leader answered"
+                time.sleep(0.1)
+                continue
+            pytest.fail(f"granted twice while the leader was paused: {other}")
+    finally:
+        client.close()
+
+
+def test_a_holder_keeps_its_lock_while_its_leader_is_paused(cluster: Cluster) -> None:
+    """``lock(lease=3)`` with its keep-alive (an extend every second) through a 6 s SIGSTOP of
+    its key's leader: an extend the paused leader does not answer within the hedge delay
+    (0.5 s: a quarter of the default connect timeout) also goes to the other members, which
+    redirect it to the new leader once one is elected (docs/protocol.md §4.3). Without that,
+    an extend sent to the paused member waits out its 5 s transport timeout there, and the
+    lease is lost.
+
+    Both sessions to the leader (two: the default) answer a query before the pause, so the
+    keep-alive's extend is sent to the paused leader. (An extend waiting on a session still
+    connecting is another case: it is given back unsent after the 2 s connect timeout and goes
+    to another member, hedged or not.)"""
+    client = latchkey.Client(cluster.clients, sessions=2)
+    key = "stall/k"
+    try:
+        with client.lock(key, wait=5.0, lease=STALL_LEASE) as ticket:
+            leader = cluster.leader_of(key)
+            assert leader is not None
+            member = cluster.members[leader]
+            assert member is not None
+            for _ in range(2):
+                client.query(key)  # every session to the leader is up
+            member.signal(signal.SIGSTOP)
+            try:
+                paused = time.monotonic()
+                time.sleep(STALL_LEASE + 0.5)
+                _nobody_else_gets(cluster, key, leader)
+                time.sleep(max(0.0, paused + STALL_S - time.monotonic()))
+            finally:
+                member.signal(signal.SIGCONT)
+            assert not ticket.lost.is_set(), ticket._lost_why
+            assert ticket.is_valid()
+        # Leaving the block released it: its release found it held (else LockLost).
+        assert not client.query(key).held
+    finally:
+        client.close()
+
+
+def test_an_aio_holder_keeps_its_lock_while_its_leader_is_paused(cluster: Cluster) -> None:
+    """The same through ``latchkey.aio``: ``async with client.lock(lease=3)``."""
+    key = "stall/aio"
+
+    async def main() -> None:
+        async with latchkey.aio.Client(cluster.clients, sessions=2) as client:
+            async with client.lock(key, wait=5.0, lease=STALL_LEASE) as ticket:
+                leader = cluster.leader_of(key)
+                assert leader is not None
+                member = cluster.members[leader]
+                assert member is not None
+                for _ in range(2):
+                    await client.query(key)  # every session to the leader is up
+                member.signal(signal.SIGSTOP)
+                try:
+                    paused = time.monotonic()
+                    await asyncio.sleep(STALL_LEASE + 0.5)
+                    await asyncio.get_running_loop().run_in_executor(
+                        None, _nobody_else_gets, cluster, key, leader
+                    )
+                    await asyncio.sleep(max(0.0, paused + STALL_S - time.monotonic()))
+                finally:
+                    member.signal(signal.SIGCONT)
+                assert not ticket.lost.is_set(), ticket.ticket._lost_why
+                assert ticket.is_valid()
+            assert not (await client.query(key)).held
+
+    asyncio.run(main())

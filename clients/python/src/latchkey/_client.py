@@ -9,6 +9,13 @@ never sent again, to any member — except a release or an extend, which names a
 safe to send again (§4.3). An acquire never is: one whose *identified* session failed after it
 may have been sent is *resolved* on another session instead (a Resolve, §4.1 and §5), which
 is not a resend.
+
+With several members, a release or an extend (a ticket's, ``lock()``'s keep-alive, a
+background release) not answered within the hedge delay — a quarter of ``connect_timeout``,
+within 0.1..=0.5 s — is *hedged* (§4.3): the same request also goes to the other members,
+never back to the one that has not answered (even when another member names it leader: that
+``M`` counts as naming none until a new leader is elected and named), and the first answer
+wins. A client of one member never hedges.
 """
 
 from __future__ import annotations
@@ -18,8 +25,20 @@ import os
 import ssl
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    Callable,
+    Deque,
+    Dict,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from ._codec import (
     FATE_BUSY,
@@ -66,6 +85,10 @@ MARGIN_MIN = 0.1
 RESUME_DEFAULT = 10.0
 # How many sessions a fire-and-forget release is handed to at most (as the Rust client).
 BACKGROUND_ATTEMPTS_MAX = 3
+# Bounds of the hedge delay of a client with several members: a quarter of its connect
+# timeout, within these (docs/protocol.md §4.3; the Rust client's ``Client::hedge_after``).
+HEDGE_AFTER_MIN = 0.1
+HEDGE_AFTER_MAX = 0.5
 
 
 class KeyState(NamedTuple):
@@ -416,8 +439,8 @@ class Ticket:
         self._extending = threading.Lock()
         self._lost: Optional[threading.Event] = None
         self._lost_why = ""  # why ``lost`` was set, for LockLost
-        # The last release's ``N`` answered a release sent again after its session failed
-        # (the first may have released it): for the message of LockLost.
+        # The last release's ``N`` answered a release sent again after its session failed, or
+        # hedged (another attempt may have released it): for the message of LockLost.
         self._release_retried = False
 
     @property
@@ -459,7 +482,10 @@ class Ticket:
         ``Rejected``. An extend whose session failed after it may have been sent is sent
         again on another session within its deadline (an extend executed twice counts its
         lease from the later, §4.3); the bound then counts from the attempt answered.
-        ``NoAnswer`` only when no attempt was answered.
+        ``NoAnswer`` only when no attempt was answered. With several members, an extend not
+        answered within the hedge delay (a quarter of ``connect_timeout``, 0.1..=0.5 s) also
+        goes to the other members, never back to the silent one; the first answer wins, and
+        the bound counts from the attempt it answered.
         """
         lease_s = _lease_s(lease)
         with self._extending:
@@ -497,7 +523,10 @@ class Ticket:
         session within its deadline (§4.3: a release executed twice answers ``N`` the second
         time), so a cut connection leaves no hold behind; ``NoAnswer`` only when no attempt
         was answered. Then ``False`` is ambiguous — the first attempt may have released it —
-        and is reported all the same: the lock may have been lost."""
+        and is reported all the same: the lock may have been lost. With several members, a
+        release not answered within the hedge delay also goes to the other members (never
+        back to the silent one), and the first answer wins; a ``False`` after a hedge is as
+        ambiguous."""
         with self._bound_lock:
             self._valid_until = min(self._valid_until, time.monotonic())
         response, _, retried = self._client._small("R", self._key_bytes, self._token)
@@ -511,7 +540,8 @@ class Ticket:
 
 class _KeepAlive:
     """Extends a ticket every lease/3 until stopped; sets ``ticket.lost`` when the lock is lost
-    or its validity bound passes without a confirmed extend."""
+    or its validity bound passes without a confirmed extend. Its extends are
+    :meth:`Ticket.extend`'s: hedged when the client lists several members."""
 
     def __init__(self, ticket: Ticket, lease_s: int) -> None:
         self._ticket = ticket
@@ -561,8 +591,9 @@ def _end_lock(ticket: Ticket, keeper: Optional[_KeepAlive]) -> Optional[str]:
     if not released:
         if ticket._release_retried:
             return (
-                "the release, sent again after its session failed, found it no longer held "
-                "(the first attempt may have released it, or its lease had run out)"
+                "the release, sent more than once (its session failed, or its member did not "
+                "answer in time), found it no longer held (another attempt may have released "
+                "it, or its lease had run out)"
             )
         return "the release found it no longer held (its lease had run out)"
     return None
@@ -621,6 +652,12 @@ class _Abort:
         with self._lock:
             self._current = None
 
+    def member(self) -> Optional[Address]:
+        """The member the call's current attempt was handed to, if it is under way."""
+        with self._lock:
+            current = self._current
+        return None if current is None else current[0].addr
+
     def cancel(self) -> None:
         """Gives the call up (from any thread; returns at once)."""
         with self._lock:
@@ -628,6 +665,240 @@ class _Abort:
             current = self._current
         if current is not None:
             current[0].abort(current[1])
+
+
+def _hedge_after(connect_timeout: float) -> float:
+    """How long a release or an extend of a client with several members waits for its first
+    attempt before it also goes to the other members: a quarter of the connect timeout,
+    within 0.1..=0.5 s (well under a lease's validity: a 2 s lease is valid for 1.8 s)."""
+    return min(max(connect_timeout / 4, HEDGE_AFTER_MIN), HEDGE_AFTER_MAX)
+
+
+class _Hedgeable:
+    """What a :class:`_Hedger` holds: a request that may be hedged at its instant."""
+
+    __slots__ = ()
+
+    def pending(self) -> bool:
+        """Whether the request may still need its hedge (read without a lock: a stale
+        ``True`` only makes the hedger call :meth:`fire`, which looks again)."""
+        raise NotImplementedError
+
+    def fire(self) -> None:
+        """At the hedge instant, on the hedger's thread: starts the hedge if still needed."""
+        raise NotImplementedError
+
+
+class _Hedger:
+    """Starts the hedges of one client's releases and extends (docs/protocol.md §4.3).
+
+    Each release or extend of a client with several members registers here as it starts;
+    this class's one daemon thread (started on first use) fires, at the request's hedge
+    instant, each that is still pending, which starts its hedge. So a request answered in
+    time costs no thread of its own, and the thread drops answered requests without waiting
+    for their instants: it wakes about once per hedge delay under a steady stream, not once
+    per request. The instants come in order (one delay per client): a queue, not a heap."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self._cond = threading.Condition()
+        self._due: Deque[Tuple[float, _Hedgeable]] = deque()
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+
+    def schedule(self, request: _Hedgeable) -> None:
+        """Fires ``request`` (on this hedger's thread) ``delay`` from now if it is still
+        pending then (never after ``close``)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._due.append((time.monotonic() + self.delay, request))
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name="latchkey-hedge", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:
+                    # No thread to be had (the interpreter is exiting): not hedged.
+                    self._due.clear()
+                    return
+                self._thread = thread
+            elif len(self._due) == 1:
+                self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._due.clear()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        due = self._due
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    while due and not due[0][1].pending():
+                        due.popleft()
+                    if not due:
+                        self._cond.wait()
+                        continue
+                    left = due[0][0] - time.monotonic()
+                    if left <= 0:
+                        _, request = due.popleft()
+                        break
+                    self._cond.wait(left)
+            try:
+                request.fire()
+            except Exception:  # noqa: BLE001 - a hedge that cannot start leaves its request as is
+                pass
+
+
+class _Hedge(_Hedgeable):
+    """One hedged release or extend (:meth:`Client._exchange_hedged`).
+
+    Its first sequence of attempts runs on the caller's thread. The hedge — the same request
+    (same token, key and deadline) to the other members, never to the one the first sequence
+    waits at — runs on a thread of its own, started by the client's :class:`_Hedger` only if
+    the first is still unanswered at the hedge instant. The first answer wins, and the other
+    sequence is given up (an :class:`_Abort`: an unsent attempt is never sent, a sent one's
+    answer is ignored)."""
+
+    __slots__ = (
+        "_client",
+        "_call",
+        "_first_addr",
+        "_lock",
+        "_cond",
+        "abort_first",
+        "_abort_second",
+        "_started",
+        "_first",
+        "_second",
+    )
+
+    def __init__(self, client: "Client", call: Call, first: Address) -> None:
+        self._client = client
+        self._call = call
+        self._first_addr = first
+        self._lock = threading.Lock()
+        self._cond: Optional[threading.Condition] = None  # once the hedge started
+        self.abort_first = _Abort()
+        self._abort_second: Optional[_Abort] = None
+        self._started = False
+        self._first: Optional[_Result] = None
+        self._second: Optional[_Result] = None
+
+    def pending(self) -> bool:
+        return self._first is None
+
+    def fire(self) -> None:
+        """At the hedge instant (on the hedger's thread): the hedge, unless the first sequence
+        ended or the deadline passed."""
+        call = self._call
+        with self._lock:
+            if self._first is not None or time.monotonic() >= call.deadline:
+                return
+            self._started = True
+            self._cond = threading.Condition(self._lock)
+            self._abort_second = _Abort()
+            # The same request, for the hedge: nothing changed ``call`` yet (only the hedge's
+            # answer makes the first sequence give up).
+            copy = call.fresh()
+        # Never back to the member the first sequence waits at now (an M may have sent it
+        # there), else the one it started at.
+        skip = self.abort_first.member() or self._first_addr
+        thread = threading.Thread(
+            target=self._hedge,
+            args=(copy, self._abort_second, skip),
+            name="latchkey-hedge-request",
+            daemon=True,
+        )
+        try:
+            thread.start()
+        except RuntimeError:
+            with self._cond:
+                self._second = _Result("unsent", why="no thread for the hedge")
+                self._cond.notify_all()
+
+    def _hedge(self, copy: Call, abort: _Abort, skip: Address) -> None:
+        result = self._client._exchange(copy, abort, skip)
+        cond = self._cond
+        assert cond is not None
+        with cond:
+            self._second = result
+            first_running = self._first is None
+            cond.notify_all()
+        if result.kind == "answer" and first_running:
+            # It won: the caller's sequence gives up and returns this answer.
+            self.abort_first.cancel()
+
+    def settle(self, first: _Result) -> _Result:
+        """The request's result, once its first sequence ended with ``first``: that, when no
+        hedge started; else the first answer of either, and only when neither is answered,
+        ``indeterminate`` if either may have been sent."""
+        with self._lock:
+            self._first = first
+            if not self._started:
+                return first
+            cond = self._cond
+            assert cond is not None
+            second = self._second
+            if second is None and first.kind != "answer":
+                # Bounded: the hedge ends by the request's deadline (its session applies it).
+                backstop = self._call.deadline + 2 * self._client.transport_timeout
+                while self._second is None:
+                    left = backstop - time.monotonic()
+                    if left <= 0:
+                        break
+                    cond.wait(left)
+                second = self._second
+        # Both were handed on: the other may have been sent too, so a "not held" may answer a
+        # second execution (``retried``).
+        if second is not None and second.kind == "answer":
+            return second._replace(retried=True)
+        if first.kind == "answer":
+            if self._abort_second is not None:
+                self._abort_second.cancel()
+            return first._replace(retried=True)
+        if second is None or first.kind == "indeterminate" or second.kind == "indeterminate":
+            return _Result("indeterminate", retried=True)
+        # Neither may have been sent: nothing served it (the first's report is the caller's).
+        return first
+
+
+class _BackgroundHedge(_Hedgeable):
+    """The hedge of a background release handed to a session to ``first``: unless answered
+    by its instant (an ``M`` is no answer here), the same release also goes to the other
+    members, never to ``first``, on a thread of its own; its outcome is not waited for (the
+    lease recovers a release that is lost)."""
+
+    __slots__ = ("_client", "_call", "_first")
+
+    def __init__(self, client: "Client", call: Call, first: Address) -> None:
+        self._client = client
+        self._call = call
+        self._first = first
+
+    def pending(self) -> bool:
+        response = self._call.response
+        return response is None or response.op == "M"
+
+    def fire(self) -> None:
+        call = self._call
+        if not self.pending() or time.monotonic() >= call.deadline:
+            return
+        again = Call("R", call.key, call.ident, call.deadline)
+        thread = threading.Thread(
+            target=self._client._exchange,
+            args=(again, None, self._first),
+            name="latchkey-hedge-request",
+            daemon=True,
+        )
+        try:
+            thread.start()
+        except RuntimeError:
+            pass  # the interpreter is exiting; the lease recovers it
 
 
 def _default_addrs() -> List[str]:
@@ -655,6 +926,14 @@ class Client:
     ending ``Indeterminate``. A server that does not resume calls (a cluster member of this
     version) refuses the Identify, and one that does not know it closes the session (``X`` 1;
     no later session identifies then): the client then keeps to §4 alone.
+
+    With several members, releases and extends (explicit, ``lock()``'s keep-alive, background)
+    are *hedged* (docs/protocol.md §4.3): one not answered within a quarter of
+    ``connect_timeout`` (within 0.1..=0.5 s) also goes to the other members — never back to
+    the one that has not answered, even when another member names it leader — which redirect
+    it to the new leader once one is elected, and the first answer wins. So a paused leader
+    (a VM stall, a slow disk) does not cost a holder whose lease is shorter than
+    ``transport_timeout`` its lock.
     """
 
     def __init__(
@@ -708,6 +987,7 @@ class Client:
         self.retry_refused = bool(retry_refused)
         """Whether a refused connection is tried again until the call's deadline."""
         self._members = _Members(addrs, sessions, self._config)
+        self._hedger = _Hedger(_hedge_after(connect_timeout))
         self.last_unavailable: Optional[str] = None
         """What each member did in the last call that ended ``Unavailable``."""
         first = self._members.pool(addrs[0])
@@ -816,6 +1096,7 @@ class Client:
     def close(self) -> None:
         """Closes every session; calls in flight end ``Indeterminate``/``NoAnswer`` or
         ``Unavailable``."""
+        self._hedger.close()
         self._members.close()
 
     def __enter__(self) -> "Client":
@@ -835,7 +1116,7 @@ class Client:
         extend) may have been sent too."""
         deadline = time.monotonic() + self.transport_timeout
         call = Call(kind, key, ident, deadline, lease_s)
-        result = self._exchange(call, None)
+        result = self._exchange_hedged(call)
         what = key.decode("utf-8", "replace") if key else "ping"
         if result.kind == "unsent":
             raise Unavailable(f"{what}: {result.why}")
@@ -858,13 +1139,19 @@ class Client:
         :meth:`_resubmit_background`: a release is safe to send again (§4.3)."""
         deadline = time.monotonic() + self.transport_timeout
         call = Call("R", key, token, deadline, waitable=False)
+        taken: Optional[Address] = None
         if session is not None and session.submit_background(call):
-            return
-        pool = self._members.pool(self._members.route(key))
-        if pool is not None:
-            other = pool.pick(None)
-            if other is not None:
-                other.submit_background(call)
+            taken = session.addr
+        else:
+            addr = self._members.route(key)
+            pool = self._members.pool(addr)
+            if pool is not None:
+                other = pool.pick(None)
+                if other is not None and other.submit_background(call):
+                    taken = addr
+        if taken is not None and len(self._members.listed) > 1:
+            # Hedged as any release of a client with several members (§4.3).
+            self._hedger.schedule(_BackgroundHedge(self, call, taken))
 
     def _resubmit_background(self, call: Call) -> None:
         """A fire-and-forget release whose session failed: to another session of the key's
@@ -882,14 +1169,40 @@ class Client:
         if session is not None:
             session.submit_background(again)
 
-    def _exchange(self, call: Call, abort: Optional["_Abort"]) -> _Result:
+    def _exchange_hedged(self, call: Call) -> _Result:
+        """:meth:`_exchange` of a release or an extend, *hedged* when the client lists
+        several members (docs/protocol.md §4.3): when its first attempt is not answered
+        within the hedge delay (a quarter of ``connect_timeout``, within 0.1..=0.5 s; its
+        member may be paused: a VM stall, a slow disk, a cut link), the same request also goes
+        to the other members — never back to the one that has not answered, even when another
+        member names it leader — which redirect it to the new leader once one is elected; the
+        first answer wins. Both are safe to execute twice: a second release answers ``N``,
+        and an extend executed twice counts its lease from the later execution, so the
+        ticket's bound, taken from the answer that came, is never late. Anything else, and
+        any request of a client of one member: :meth:`_exchange` unchanged."""
+        members = self._members
+        if (call.kind != "R" and call.kind != "E") or len(members.listed) < 2:
+            return self._exchange(call, None)
+        hedge = _Hedge(self, call, members.route(call.key))
+        self._hedger.schedule(hedge)
+        return hedge.settle(self._exchange(call, hedge.abort_first))
+
+    def _exchange(
+        self, call: Call, abort: Optional["_Abort"], skip: Optional[Address] = None
+    ) -> _Result:
         """Hands ``call`` to sessions until one answers (other than ``M``) or may have sent
         it, or its deadline passes while it is definitely unsent, or (unless
         ``retry_refused``) every member refused the connection (see the module docs). A
         cancelled ``abort`` ends it as its deadline would. A release or an extend that may
         have been sent on a session that failed is sent again (it ends ``indeterminate`` only
         if no later attempt is answered); an acquire that may have been sent on an identified
-        session that failed is resolved (:meth:`_resolve`)."""
+        session that failed is resolved (:meth:`_resolve`).
+
+        ``skip``: the hedge of a release or an extend already waiting at that member
+        (:meth:`_exchange_hedged`): its first attempt goes to the member after it in turn
+        instead of the key's route, and it never goes there, even when another member names
+        it leader (such an ``M`` counts as naming none: back off, then the next member). A
+        hedge leaves ``last_unavailable`` to its caller."""
         members = self._members
         key = call.key if call.kind != "P" else None
         deadline = call.deadline
@@ -899,9 +1212,21 @@ class Client:
         redirects = 0
         avoid: Optional[Session] = None
         refused: List[Address] = []  # members that refused a connection, each once
-        addr = members.route(key)
         # An earlier attempt of this release or extend may have been sent.
         possibly_sent = False
+        # How many refusals end the call: every member this sequence may try.
+        refusals_all = max(1, len(members.listed) - (1 if skip in members.listed else 0))
+
+        def turn(at: Address) -> Address:
+            # The member after ``at`` in turn, never ``skip`` (unless it is the only one).
+            following = members.next_member_except(at)
+            for _ in range(len(members.listed)):
+                if following != skip:
+                    break
+                following = members.next_member_except(following)
+            return following
+
+        addr = members.route(key) if skip is None else turn(skip)
 
         def sleep() -> None:
             nonlocal backoff
@@ -920,7 +1245,7 @@ class Client:
             # No longer the key's leader as far as this call knows: back off, then the next.
             members.forget(key, at)
             sleep()
-            return members.next_member_except(at)
+            return turn(at)
 
         def unavailable(all_refused: bool = False) -> _Result:
             if possibly_sent:
@@ -935,7 +1260,8 @@ class Client:
                 )
             else:
                 text += f" (tried for {tried})"
-            self.last_unavailable = text
+            if skip is None and (abort is None or not abort.cancelled):
+                self.last_unavailable = text
             return _Result("unsent", why=text)
 
         def every_member_refused(session: Optional[Session], at: Address) -> bool:
@@ -943,7 +1269,7 @@ class Client:
                 return False
             if at not in refused:
                 refused.append(at)
-            return len(refused) >= len(members.listed)
+            return len(refused) >= refusals_all
 
         while True:
             if abort is not None and abort.cancelled:
@@ -957,7 +1283,7 @@ class Client:
                     return unavailable()
                 note(addr, f"more than {MEMBERS_MAX} members: no session to it")
                 sleep()
-                addr = members.next_member_except(addr)
+                addr = turn(addr)
                 continue
             session = pool.pick(avoid)
             if session is None or not session.submit(call):
@@ -995,6 +1321,10 @@ class Client:
                 redirects += 1
                 leader = response.leader
                 named = leader if leader is not None and leader != addr else None
+                if named is not None and named == skip:
+                    # The member this hedge leaves alone: as if no leader were known, until
+                    # another one is elected and named.
+                    named = None
                 note(addr, f"named the leader {named[0]}:{named[1]}" if named else "no leader")
                 if redirects > REDIRECTS_MAX:
                     if report is not None:

@@ -1,14 +1,16 @@
 """The client for asyncio: the methods of :class:`latchkey.Client` as coroutines.
 
-Each call runs the thread-safe blocking client on a worker thread of this client's own pool
-(so a call that waits for a lock never blocks the event loop, and many tasks share the
-sessions and their pipelining exactly like many threads do): the rules of docs/protocol.md §4
-are the blocking client's, unchanged, and so are resumable calls (§4.1, §5: ``resume``, on by
-default; an acquire whose session fails after it may have been sent is resolved on another
-session, and releases and extends are sent again). A task cancelled while its ``acquire`` runs gives the
-acquire up at once: a waiter queued on the server is withdrawn (Cancel, docs/protocol.md §4.4),
-and a grant that still arrives is released, so the cancelled task leaves no lock and no waiter
-behind.
+Each call runs the thread-safe blocking client on a worker thread of this client's own pool (so
+a call that waits for a lock never blocks the event loop, and many tasks share the sessions and
+their pipelining exactly like many threads do): the rules of docs/protocol.md §4 are the
+blocking client's, unchanged, and so are resumable calls (§4.1, §5: ``resume``, on by default;
+an acquire whose session fails after it may have been sent is resolved on another session, and
+releases and extends are sent again), and so is hedging (§4.3: with several members, a release
+or an extend — ``AsyncTicket``'s, ``lock()``'s keep-alive — not answered within a quarter of
+``connect_timeout``, 0.1..=0.5 s, also goes to the other members, never back to the silent one,
+and the first answer wins). A task cancelled while its ``acquire`` runs gives the acquire up at
+once: a waiter queued on the server is withdrawn (Cancel, docs/protocol.md §4.4), and a grant
+that still arrives is released, so the cancelled task leaves no lock and no waiter behind.
 """
 
 from __future__ import annotations
