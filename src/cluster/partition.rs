@@ -476,7 +476,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
                 wait_s,
                 lease_s,
                 owner,
-            } => self.acquire(shard, session, key, (wait_s, lease_s, owner)),
+            } => self.acquire(shard, (session, client), key, (wait_s, lease_s, owner)),
             Op::Release { token } => {
                 let kind = PendingKind::Release { token };
                 if !self.propose_end(shard, key, token, End::Release, session, kind) {

@@ -14,7 +14,7 @@ pub(crate) use queues::{Head, Waiter};
 use super::machine::{Grant, ShardMachine};
 use super::member::{Committed, Proposed};
 use crate::hash::{Map as HashMap, Set as HashSet};
-use crate::partition::{Places, SessionId};
+use crate::partition::{ClientRef, Places, SessionId};
 use latchkey_wheel::TimerHandle;
 use queues::Queues;
 use std::collections::{BTreeMap, VecDeque};
@@ -462,10 +462,10 @@ impl Shard {
         &mut self,
         key: &[u8],
         owner: u64,
-        ours: impl Fn(SessionId) -> bool,
+        client: ClientRef,
         to: (SessionId, &mut Places),
     ) -> bool {
-        let attached = self.queues.attach(key, owner, ours, to);
+        let attached = self.queues.attach(key, owner, client, to);
         self.check_invariants();
         attached
     }

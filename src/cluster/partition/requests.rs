@@ -31,7 +31,7 @@ use crate::cluster::writer::LogWriter;
 use crate::partition::GrantRef;
 use crate::partition::NOBODY;
 use crate::partition::rules::{self, AcquireView, Admit};
-use crate::partition::{BusyReason, SessionId};
+use crate::partition::{BusyReason, ClientRef, SessionId};
 use latchkey_client::protocol::Response;
 
 /// Up to this many queued waiters, debug builds check every place before each acquire.
@@ -55,7 +55,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     pub(super) fn acquire(
         &mut self,
         shard: u32,
-        session: SessionId,
+        (session, client): (SessionId, ClientRef),
         key: &[u8],
         (wait_s, lease_s, owner): (u8, u8, u64),
     ) {
@@ -97,6 +97,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         let seq = self.seq();
         let waiter = Waiter {
             session,
+            client,
             owner,
             lease_ms: u32::from(lease_s) * 1000,
             proposed_us: 0,

@@ -6,7 +6,9 @@
 //!   Holds carry the owner, not the client id: an owner is a random 64-bit id, and a client
 //!   asks only about its own.
 //! * **Queued**: one of this leader's waiters is the owner's, queued by a session of the same
-//!   client: it is attached to the session that asks.
+//!   client: it is attached to the session that asks — also a queue head whose grant is in the
+//!   log while the session that sent it closed (else that grant, committed, would be released
+//!   unanswered: an acquire executed after "never seen").
 //! * **Timed out, busy**: this leader answered it so (kept 60 s, bounded per client).
 //! * **Never seen**: anything else — recorded, so that the acquire, should its bytes still
 //!   reach this member, is refused `B` (busy reason `resolved`). A Resolve is answered only by
@@ -72,10 +74,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             self.shards[local].record_grant(token, session, self.now_us);
             return resolved(Fate::Granted, token, lease_ms);
         }
-        let clients = &self.session_clients;
-        let ours = |waiter: SessionId| clients.get(&waiter) == Some(&client);
         let to = (session, &mut self.places);
-        if self.shards[local].attach(key, owner, ours, to) {
+        if self.shards[local].attach(key, owner, client, to) {
             self.session_clients.entry(session).or_insert(client);
             return resolved(Fate::Queued, 0, 0);
         }
@@ -113,3 +113,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "resume_tests.rs"]
+mod tests;

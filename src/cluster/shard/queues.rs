@@ -25,14 +25,18 @@
 //! waiters in that key's queue.
 
 use crate::hash::Map as HashMap;
-use crate::partition::{Places, SessionId};
+use crate::partition::{ClientRef, Places, SessionId};
 use std::collections::VecDeque;
 
 /// An acquire queued on the leader.
 #[derive(Clone, Debug)]
 pub(crate) struct Waiter {
-    /// The session that sent it.
+    /// The session that sent it (or that a Resolve attached it to).
     pub session: SessionId,
+    /// The identified client that sent it, while that client may still ask about it
+    /// ([`Queues::attach`]); `NONE` for a session that did not identify, and once it is
+    /// answered.
+    pub client: ClientRef,
     /// Its correlation id.
     pub owner: u64,
     /// The lease it asks for.
@@ -52,7 +56,8 @@ pub(crate) struct Waiter {
     /// adds no hold, so it does not count in `Shard::holds_and_grants`.
     pub handoff: bool,
     /// It was answered (`T` or `B`) or its session closed while proposed: a grant that still
-    /// commits for it is released at once, unanswered.
+    /// commits for it is released at once, unanswered — unless, after its session closed, a
+    /// Resolve of its client attached it to another session first.
     pub abandoned: bool,
     /// It holds one of its session's places (see [`Places`]).
     pub counted: bool,
@@ -67,9 +72,13 @@ impl Waiter {
     }
 
     /// Marks it abandoned: it stays queued until its entry decides, and its session has the
-    /// place back now.
-    fn abandon(&mut self, places: &mut Places) {
+    /// place back now. `answered` (`T` or `B`): its client can no longer attach it (a Resolve
+    /// gets the answer it was given); else its session closed, and its client may.
+    fn abandon(&mut self, places: &mut Places, answered: bool) {
         self.abandoned = true;
+        if answered {
+            self.client = ClientRef::NONE;
+        }
         self.give_place_back(places);
     }
 }
@@ -235,32 +244,38 @@ impl Queues {
         let waiter = queue.and_then(|queue| queue.iter_mut().find(|w| w.seq == seq));
         match waiter {
             Some(waiter) if waiter.proposed && !waiter.abandoned => {
-                waiter.abandon(places);
+                waiter.abandon(places, true);
                 true
             }
             _ => false,
         }
     }
 
-    /// Moves the waiter of `key`'s queue with `owner` whose session `ours` accepts to `session`
-    /// (a Resolve attaches it there, docs/protocol.md §5), its place with it; false if there is
-    /// none.
+    /// Moves the waiter of `key`'s queue with `owner` sent by `client` (identified) to
+    /// `session` (a Resolve attaches it there, docs/protocol.md §5), its place with it; false if
+    /// there is none. A proposed head abandoned when its session closed is taken back: its
+    /// grant, should it commit, is answered on `session`.
     pub fn attach(
         &mut self,
         key: &[u8],
         owner: u64,
-        ours: impl Fn(SessionId) -> bool,
+        client: ClientRef,
         (session, places): (SessionId, &mut Places),
     ) -> bool {
+        if !client.is_some() {
+            return false;
+        }
         let Some(queue) = self.by_key.get_mut(key) else {
             return false;
         };
         let Some(waiter) = queue
             .iter_mut()
-            .find(|w| w.owner == owner && ours(w.session))
+            .find(|w| w.owner == owner && w.client == client)
         else {
             return false;
         };
+        // Only a session's close abandons a waiter and leaves its client (see `abandon`).
+        waiter.abandoned = false;
         let from = std::mem::replace(&mut waiter.session, session);
         if waiter.counted {
             places.give_back(from);
@@ -320,7 +335,7 @@ impl Queues {
         for key in keys {
             if let Some(head) = self.by_key.get_mut(&key).and_then(VecDeque::front_mut) {
                 if head.session == session && head.proposed {
-                    head.abandon(places);
+                    head.abandon(places, false);
                 }
             }
             self.remove_where(&key, places, |waiter| waiter.session == session);
@@ -345,7 +360,7 @@ impl Queues {
         let heads = self.by_key.values_mut().filter_map(VecDeque::front_mut);
         let mut abandoned = Vec::new();
         for head in heads.filter(|head| head.proposed && !head.abandoned) {
-            head.abandon(places);
+            head.abandon(places, true);
             abandoned.push(Head {
                 session: head.session,
                 owner: head.owner,

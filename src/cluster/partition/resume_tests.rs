@@ -1,0 +1,155 @@
+//! Tests of `resume.rs` on a one-member cluster (its own majority): what a Resolve answers.
+
+use crate::cluster::mem_durable::MemDurable;
+use crate::cluster::mem_writer::MemWriter;
+use crate::cluster::member::{Envelope, Member};
+use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
+use crate::partition::{ClientRef, Fate, Op, Partition, SessionId};
+use latchkey_client::protocol::Response;
+use raft::eraftpb::Message;
+
+/// No other member.
+struct Alone;
+
+impl Peers for Alone {
+    fn send(&mut self, _batch: Vec<Envelope>) {}
+
+    fn try_recv(&mut self) -> Option<(u32, Message)> {
+        None
+    }
+}
+
+/// A serving one-member partition, and its clock.
+fn serving() -> (ClusterPartition<MemWriter, Alone>, u64) {
+    let writer = MemWriter::immediate(MemDurable::new());
+    let member = Member::new(1, &[1], &[0], writer, Vec::new(), 5).expect("a member");
+    let settings = PartitionSettings {
+        node_id: 1,
+        shards: 1,
+        core: 0,
+        cores: 1,
+        clients: vec![(1, "127.0.0.1:7420".parse().expect("an address"))],
+        max_waiters_per_key: 16,
+        max_keys_per_shard: 1000,
+        max_pending_per_session: 16,
+        compact_every: 1000,
+        tick_us: 1_000,
+    };
+    let mut partition = ClusterPartition::new(settings, member, Alone);
+    let mut now_us = 0;
+    run(&mut partition, &mut now_us, 100);
+    assert!(partition.serving(0), "the one member serves");
+    (partition, now_us)
+}
+
+/// Runs the timers every 10 ms for `steps` steps; returns the answers given meanwhile.
+fn run(
+    partition: &mut ClusterPartition<MemWriter, Alone>,
+    now_us: &mut u64,
+    steps: u64,
+) -> Vec<(SessionId, Response)> {
+    let mut answers = Vec::new();
+    for _ in 0..steps {
+        *now_us += 10_000;
+        partition.handle_timers(*now_us);
+        let taken = partition.take_answers().into_iter();
+        answers.extend(taken.map(|answer| (answer.session, answer.response)));
+    }
+    answers
+}
+
+const CLIENT: ClientRef = ClientRef(7);
+const KEY: &[u8] = b"resumed";
+
+fn acquire(owner: u64, wait_s: u8) -> Op {
+    Op::Acquire {
+        wait_s,
+        lease_s: 30,
+        owner,
+    }
+}
+
+fn resolve(
+    partition: &mut ClusterPartition<MemWriter, Alone>,
+    now_us: u64,
+    session: SessionId,
+    owner: u64,
+) -> Response {
+    partition.handle(now_us, session, CLIENT, Op::Resolve { owner }, KEY);
+    let answers = partition.take_answers();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0].session, session);
+    answers[0].response
+}
+
+fn fate(response: Response) -> Fate {
+    match response {
+        Response::Resolved { fate, .. } => fate,
+        other => panic!("not a Resolved: {other:?}"),
+    }
+}
+
+#[test]
+fn an_acquire_whose_session_closed_with_its_grant_in_the_log_is_attached_not_forgotten() {
+    let (mut partition, mut now_us) = serving();
+    // Proposed at once (a free key); its session closes before the entry applies.
+    partition.handle(now_us, 1, CLIENT, acquire(1, 5), KEY);
+    assert!(partition.take_answers().is_empty());
+    partition.handle_session_closed(1, CLIENT);
+    // The client asks on another session: the grant in the log is still its own.
+    assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::Queued);
+    let answers = run(&mut partition, &mut now_us, 10);
+    let granted: Vec<_> = answers
+        .iter()
+        .filter(|(_, r)| matches!(r, Response::Acquired { owner: 1, .. }))
+        .collect();
+    assert_eq!(granted.len(), 1, "{answers:?}");
+    assert_eq!(granted[0].0, 2, "answered on the session that resolved it");
+    // Held by it, and not released behind its back.
+    let hold = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| (h.owner, h.token));
+    let (owner, token) = hold.expect("held");
+    assert_eq!(owner, 1);
+    // Asked again: granted, with its token.
+    match resolve(&mut partition, now_us, 2, 1) {
+        Response::Resolved {
+            fate: Fate::Granted,
+            token: got,
+            ..
+        } => assert_eq!(got, token),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_acquire_whose_session_closed_unresolved_is_released_and_never_seen_after() {
+    let (mut partition, mut now_us) = serving();
+    partition.handle(now_us, 1, CLIENT, acquire(1, 5), KEY);
+    partition.handle_session_closed(1, CLIENT);
+    // Nobody asked: the grant applies and is released at once (nobody can be told).
+    run(&mut partition, &mut now_us, 20);
+    let holder = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| h.owner);
+    assert_eq!(holder, None, "an undelivered grant is released");
+    assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::NeverSeen);
+    // Never seen is final: the same acquire, should it arrive, is refused.
+    partition.handle(now_us, 2, CLIENT, acquire(1, 5), KEY);
+    run(&mut partition, &mut now_us, 5);
+    let answers = partition.take_answers();
+    assert!(
+        answers.iter().all(|a| !matches!(a.response, Response::Acquired { .. })),
+        "{answers:?}"
+    );
+}
+
+#[test]
+fn a_proposed_acquire_answered_timeout_is_not_attached_and_resolves_as_timed_out() {
+    let (mut partition, mut now_us) = serving();
+    // Held by another; the client's waiter queues behind it with a 1 s wait.
+    partition.handle(now_us, 10, ClientRef::NONE, acquire(100, 0), KEY);
+    let answers = run(&mut partition, &mut now_us, 5);
+    assert!(matches!(answers[..], [(10, Response::Acquired { .. })]), "{answers:?}");
+    partition.handle(now_us, 1, CLIENT, acquire(1, 1), KEY);
+    let answers = run(&mut partition, &mut now_us, 120);
+    assert!(matches!(answers[..], [(1, Response::Timeout { owner: 1 })]), "{answers:?}");
+    partition.handle_session_closed(1, CLIENT);
+    assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::TimedOut);
+}
