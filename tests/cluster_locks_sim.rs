@@ -53,6 +53,8 @@ struct Outcome {
     failovers_us: Vec<u64>,
     answers: std::collections::BTreeMap<char, u64>,
     takeovers_us: Vec<u64>,
+    resolves: [u64; 5],
+    cuts: u64,
 }
 
 fn run_seed(seed: u64, run_us: u64) -> Outcome {
@@ -81,6 +83,8 @@ fn run_seed(seed: u64, run_us: u64) -> Outcome {
         failovers_us: sim.stats.failovers_us.clone(),
         answers: sim.stats.answers.clone(),
         takeovers_us: sim.stats.takeovers_us.clone(),
+        resolves: sim.stats.resolves,
+        cuts: sim.stats.cuts,
     }
 }
 
@@ -216,6 +220,7 @@ fn cluster_locks_simulation() {
     let mut failovers = Vec::new();
     let mut takeovers = Vec::new();
     let mut answers = std::collections::BTreeMap::new();
+    let (mut resolves, mut cuts) = ([0u64; 5], 0);
     for &seed in &seeds {
         let result = panic::catch_unwind(AssertUnwindSafe(|| run_seed(seed, run_ms * 1000)));
         let outcome = match result {
@@ -233,6 +238,10 @@ fn cluster_locks_simulation() {
         add_counts(&mut counts, &outcome.counts);
         failovers.extend(outcome.failovers_us);
         takeovers.extend(outcome.takeovers_us);
+        for (total, count) in resolves.iter_mut().zip(outcome.resolves) {
+            *total += count;
+        }
+        cuts += outcome.cuts;
         for (letter, count) in &outcome.answers {
             *answers.entry(*letter).or_insert(0u64) += count;
         }
@@ -249,7 +258,9 @@ fn cluster_locks_simulation() {
     takeovers.sort_unstable();
     eprintln!(
         "locks sim: {} seeds x {run_ms} ms, {} simulated ms in {:?}; grants {grants}, \
-         indeterminate acquires {indeterminate}; answers {answers:?}; {counts:?}; failovers to a grant {} (p50 {} ms, max {} ms); \
+         indeterminate acquires {indeterminate}; client connections cut {cuts}; resolves \
+         [never seen, granted, queued, timed out, busy] {resolves:?}; answers {answers:?}; \
+         {counts:?}; failovers to a grant {} (p50 {} ms, max {} ms); \
          takeovers (crash to serving) {} (p50 {} ms, max {} ms); failed seeds {failed:?}",
         seeds.len(),
         simulated_us / 1000,

@@ -179,8 +179,13 @@ enum PendingKind {
         token: u64,
     },
     Barrier,
-    /// A grant nobody will receive, released by the leader (no answer).
-    Orphan,
+    /// A checkpoint of the leases left.
+    Checkpoint,
+    /// The release of a grant nobody will receive (no answer; a Resolve of its owner is not
+    /// answered "granted" meanwhile).
+    Orphan {
+        token: u64,
+    },
 }
 
 /// A query waiting for its read index.
@@ -564,7 +569,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
             token,
             End::Release,
             NOBODY,
-            PendingKind::Orphan,
+            PendingKind::Orphan { token },
         ) {
             log::warn!(
                 "shard {shard}: cannot release undelivered token {token} (not the leader); \

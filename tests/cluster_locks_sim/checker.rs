@@ -16,7 +16,12 @@
 //! * `N` for a token whose belief is live (and whose release is not in flight);
 //! * a member's machine frees a token whose belief is live (lease ended early);
 //! * `Q` says "free" for a key whose belief was live from before the query was sent until
-//!   after it was answered.
+//!   after it was answered;
+//! * an acquire executed twice: one owner's hold under two tokens, on any members (each
+//!   member's machines are sampled after each of its iterations: a grant holds its key for at
+//!   least an iteration on the member that applies it first, as its end — a release, the
+//!   leader's expiry or its release of an undelivered grant — is proposed only after);
+//! * an acquire executed after a Resolve answered "never seen" for it (docs/protocol.md §5).
 //!
 //! Bounds: one entry per grant and per acquire of a run (a run is a few seconds).
 
@@ -67,6 +72,10 @@ pub struct Checker {
     last_token: HashMap<Vec<u8>, u64>,
     terminal: HashSet<(u64, u64, u32)>,
     granted_owners: HashSet<u64>,
+    /// Every grant executed (seen on any member's machine): owner → token.
+    executed: HashMap<u64, u64>,
+    /// Owners a Resolve answered "never seen", and when.
+    never_seen: HashMap<u64, u64>,
     /// What went wrong.
     pub violations: Vec<String>,
     /// Violations beyond [`VIOLATIONS_MAX`].
@@ -162,6 +171,38 @@ impl Checker {
                 ),
             );
         }
+    }
+
+    /// Member `member`'s machine holds `token` for `owner`, not held there before.
+    pub fn executed(&mut self, now_us: u64, member: u64, token: u64, owner: u64) {
+        match self.executed.get(&owner) {
+            Some(&first) if first != token => self.fail(
+                now_us,
+                format!("acquire {owner:#x} executed twice: tokens {first} and {token}"),
+            ),
+            Some(_) => {}
+            None => {
+                self.executed.insert(owner, token);
+                if let Some(&at) = self.never_seen.get(&owner) {
+                    self.fail(
+                        now_us,
+                        format!(
+                            "acquire {owner:#x} executed (token {token}, member {member}) after \
+                             a Resolve answered never seen at {at} µs"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// A Resolve from member `member` answered "never seen" for `owner` at `now_us`.
+    pub fn never_seen(&mut self, now_us: u64, member: u64, owner: u64) {
+        if self.granted_owners.contains(&owner) {
+            let what = format!("member {member} answered never seen for {owner:#x}, answered A");
+            self.fail(now_us, what);
+        }
+        self.never_seen.entry(owner).or_insert(now_us);
     }
 
     /// `N` for `token` answered at `now_us`.

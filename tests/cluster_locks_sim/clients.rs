@@ -4,8 +4,13 @@
 //! A client has at most one request in flight (plus, for an acquire, an optional Cancel of
 //! it). `M` means the request had no effect: the client resends it, with the same id, to the
 //! member `M` names (or another member when none is named), after a short backoff, at most
-//! [`RESENDS_MAX`] times. A request in flight on a session whose member crashes is
-//! *indeterminate*: never resent.
+//! [`RESENDS_MAX`] times. Every session identifies (its client's `ClientRef` is the client's
+//! index), as the official clients' do. An acquire in flight on a session that dies (its
+//! member crashed, or the connection was cut) is never resent: the client *resolves* it
+//! (docs/protocol.md §5) on the key's leader, following `M`, and acts on the fate — granted
+//! (it holds the token for the lease left from the Resolve's send), queued (its acquire waits
+//! on that session), timed out, busy, never seen. A Resolve is safe to send again. A release or
+//! an extend in flight on a dying session is indeterminate (the client stops counting on it).
 
 use super::world::{MEMBERS, SHARDS};
 use latchkey::partition::Op;
@@ -44,6 +49,15 @@ pub enum Request {
         /// Correlation id.
         nonce: u64,
     },
+    /// Resolve of an acquire whose session died after it may have been sent: its fields.
+    Resolve {
+        /// The acquire's owner.
+        owner: u64,
+        /// Its wait, in seconds.
+        wait_s: u8,
+        /// Its lease, in seconds.
+        lease_s: u8,
+    },
 }
 
 impl Request {
@@ -62,13 +76,14 @@ impl Request {
             Request::Release { token } => Op::Release { token },
             Request::Extend { token, lease_s } => Op::Extend { lease_s, token },
             Request::Query { nonce } => Op::Query { nonce },
+            Request::Resolve { owner, .. } => Op::Resolve { owner },
         }
     }
 
     /// The id its answers carry.
     pub fn id(&self) -> u64 {
         match *self {
-            Request::Acquire { owner, .. } => owner,
+            Request::Acquire { owner, .. } | Request::Resolve { owner, .. } => owner,
             Request::Release { token } | Request::Extend { token, .. } => token,
             Request::Query { nonce } => nonce,
         }

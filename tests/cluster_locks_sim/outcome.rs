@@ -3,6 +3,7 @@
 use super::{Grant, Pending, Request, Sim, RESENDS_MAX, SHARDS};
 use crate::world::member_at;
 use latchkey::cluster::partition::shard_of;
+use latchkey::partition::Fate;
 use latchkey_client::protocol::Response;
 
 impl Sim {
@@ -51,6 +52,17 @@ impl Sim {
                     self.clients[index].probe_failed = Some(what);
                 }
             }
+            (
+                request @ Request::Resolve { .. },
+                Response::Resolved {
+                    fate,
+                    token,
+                    lease_ms,
+                    ..
+                },
+            ) => {
+                self.resolved(index, (member, pending), request, (fate, token, lease_ms));
+            }
             (Request::Release { token }, Response::Released { .. }) => {
                 if let Some(belief) = self.checker.belief_mut(token) {
                     belief.ended = true;
@@ -86,6 +98,59 @@ impl Sim {
         }
     }
 
+    /// What a Resolve of client `index`'s acquire answered (docs/protocol.md §5).
+    fn resolved(
+        &mut self,
+        index: usize,
+        (member, pending): (u64, Pending),
+        request: Request,
+        (fate, token, lease_ms): (Fate, u64, u32),
+    ) {
+        let now = self.now_us;
+        let Request::Resolve {
+            owner,
+            wait_s,
+            lease_s,
+        } = request
+        else {
+            unreachable!("a Resolve's answer");
+        };
+        self.stats.resolves[fate as usize] += 1;
+        match fate {
+            Fate::Granted => {
+                // Held for the lease left, counted from the Resolve's send.
+                let grant = Grant {
+                    client: index,
+                    owner,
+                    token,
+                    sent_us: pending.sent_us,
+                    lease_us: u64::from(lease_ms) * 1000,
+                };
+                if lease_ms > u32::from(lease_s) * 1000 {
+                    let what = format!("resolve of {owner:#x}: {lease_ms} ms left of {lease_s} s");
+                    self.checker.fail(now, what);
+                }
+                self.checker.granted(now, grant, &pending.key);
+            }
+            Fate::Queued => {
+                // Its acquire waits on the session that asked: its answer comes there.
+                let acquire = Request::Acquire {
+                    owner,
+                    wait_s,
+                    lease_s,
+                };
+                let client = &mut self.clients[index];
+                client.pending = Some(Pending {
+                    request: acquire,
+                    ..pending
+                });
+                client.next_us = now + client.rng.between(1_000, 100_000);
+            }
+            Fate::TimedOut | Fate::Busy => {}
+            Fate::NeverSeen => self.checker.never_seen(now, member, owner),
+        }
+    }
+
     /// `M`: not executed; resend to the named leader (or another member) after a backoff.
     fn moved(
         &mut self,
@@ -117,6 +182,9 @@ impl Sim {
         if pending.resends >= RESENDS_MAX {
             if client.probe {
                 client.probe_failed = Some('M');
+            }
+            if let Request::Resolve { .. } = pending.request {
+                self.stats.indeterminate += 1;
             }
             return;
         }

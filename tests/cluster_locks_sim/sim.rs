@@ -4,13 +4,16 @@
 //! The loop jumps to the next event (a delivery, a member's wake-up, a client's turn, a
 //! fault), delivers what is due, applies faults, lets clients act, runs `handle_timers` on
 //! every member whose wake-up is due, then puts what members sent on the network.
-//! Faults happen only before `heal_us`; then every member is up, linked and lossless.
+//! Faults happen only before `heal_us`; then every member is up, linked and lossless. Faults:
+//! a member's crash (and restart), a member's isolation, message loss and duplicates, and a
+//! cut client connection (the session closes on its member; the client resolves what it had
+//! in flight there).
 
 use super::checker::{Checker, Grant};
 use super::clients::{Client, Pending, Request, RESENDS_MAX};
 use super::world::{World, MEMBERS, SHARDS};
 use latchkey::cluster::partition::shard_of;
-use latchkey::partition::{Answer, Op};
+use latchkey::partition::{Answer, ClientRef, Op};
 use latchkey::rng::Rng;
 use latchkey_client::protocol::Response;
 use std::collections::HashMap;
@@ -23,7 +26,8 @@ pub const KEYS: usize = 5;
 /// What one run counted.
 #[derive(Clone, Debug, Default)]
 pub struct RunStats {
-    /// Acquires whose session died before their answer.
+    /// Acquires whose session died before their answer and whose Resolve got no definite
+    /// answer within [`RESENDS_MAX`] tries.
     pub indeterminate: u64,
     /// Leader crash → first grant of that shard by another member, µs.
     pub failovers_us: Vec<u64>,
@@ -31,6 +35,11 @@ pub struct RunStats {
     pub takeovers_us: Vec<u64>,
     /// Answers received, by response letter.
     pub answers: std::collections::BTreeMap<char, u64>,
+    /// Resolves answered, by fate (in the wire's order): never seen, granted, queued, timed
+    /// out, busy.
+    pub resolves: [u64; 5],
+    /// Client connections cut.
+    pub cuts: u64,
 }
 
 /// One seed's world, clients and checker.
@@ -46,6 +55,8 @@ pub struct Sim {
     pub checker: Checker,
     /// Session → (client, member).
     sessions: HashMap<u64, (usize, u64)>,
+    /// Sessions cut: their member may still answer on them, to nobody.
+    cut_sessions: std::collections::HashSet<u64>,
     next_session: u64,
     next_id: u64,
     /// Global virtual time, µs.
@@ -79,6 +90,7 @@ impl Sim {
             clients,
             checker: Checker::default(),
             sessions: HashMap::new(),
+            cut_sessions: std::collections::HashSet::new(),
             next_session: 1,
             next_id: 1,
             now_us: 0,
@@ -105,11 +117,14 @@ impl Sim {
                 let node = &self.world.nodes[(id - 1) as usize];
                 if node.is_up() && node.wake_us <= self.now_us {
                     let jitter = self.rng.below(200);
-                    let (answers, freed) = self.world.iterate(id, self.now_us, jitter);
-                    for token in freed {
+                    let iterated = self.world.iterate(id, self.now_us, jitter);
+                    for token in iterated.freed {
                         self.checker.freed(self.now_us, id, token);
                     }
-                    self.answers(answers);
+                    for (token, owner) in iterated.started {
+                        self.checker.executed(self.now_us, id, token, owner);
+                    }
+                    self.answers(iterated.answers);
                 }
             }
             self.world.transmit(self.now_us, &mut self.rng);
@@ -176,13 +191,13 @@ impl Sim {
         }
         self.next_fault_us = now + self.rng.between(100_000, 800_000);
         match self.rng.below(100) {
-            0..35 if self.restart_at.is_none() => {
+            0..30 if self.restart_at.is_none() => {
                 let id = self.rng.between(1, MEMBERS);
                 self.crash(id);
                 let down = self.rng.between(100_000, 1_500_000);
                 self.restart_at = Some((id, now + down));
             }
-            35..70 if self.unisolate_at.is_none() => {
+            30..60 if self.unisolate_at.is_none() => {
                 self.world.isolated = Some(self.rng.between(1, MEMBERS));
                 if trace() {
                     eprintln!("{now} isolate {:?}", self.world.isolated);
@@ -190,7 +205,8 @@ impl Sim {
                 self.world.counts.isolations += 1;
                 self.unisolate_at = Some(now + self.rng.between(200_000, 1_500_000));
             }
-            70..100 => {
+            60..75 => self.cut(),
+            75..100 => {
                 self.world.loss_percent = self.rng.pick(&[0, 1, 5, 10, 20]);
                 self.world.dup_percent = self.rng.pick(&[0, 1, 5]);
             }
@@ -198,7 +214,103 @@ impl Sim {
         }
     }
 
-    /// Crashes member `id`: its sessions die, what was in flight on them is indeterminate.
+    /// Cuts one client connection: of a client with a request in flight if there is one (an
+    /// acquire's most of all), else any; its member closes the session, as a server does when
+    /// the connection drops, and the client learns of it at once.
+    fn cut(&mut self) {
+        let in_flight: Vec<usize> = (0..self.clients.len())
+            .filter(|&i| {
+                let pending = self.clients[i].pending.as_ref();
+                pending.is_some_and(|p| p.sent.is_some())
+            })
+            .collect();
+        let index = if in_flight.is_empty() {
+            self.rng.below(self.clients.len() as u64) as usize
+        } else {
+            in_flight[self.rng.below(in_flight.len() as u64) as usize]
+        };
+        let sent = self.clients[index].pending.as_ref().and_then(|p| p.sent);
+        let (member, session) = match sent {
+            Some(sent) => sent,
+            None => {
+                let sessions = &self.clients[index].sessions;
+                let Some((&member, &session)) = sessions.iter().next() else {
+                    return;
+                };
+                (member, session)
+            }
+        };
+        if trace() {
+            eprintln!("{} cut c{index} s{session} (m{member})", self.now_us);
+        }
+        self.stats.cuts += 1;
+        self.clients[index].sessions.remove(&member);
+        self.sessions.remove(&session);
+        self.cut_sessions.insert(session);
+        if self.world.up(member) {
+            self.world
+                .close_session(member, session, ClientRef(index as u32));
+        }
+        self.session_died(index, member);
+    }
+
+    /// Client `index`'s session to `member` died: a request in flight on it is resolved (an
+    /// acquire, or a Resolve), or indeterminate (a release, an extend).
+    fn session_died(&mut self, index: usize, member: u64) {
+        let client = &mut self.clients[index];
+        let on_it = client
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.sent.is_some_and(|(at, _)| at == member));
+        if !on_it {
+            return;
+        }
+        let pending = client.pending.take().expect("pending");
+        match pending.request {
+            Request::Acquire {
+                owner,
+                wait_s,
+                lease_s,
+            }
+            | Request::Resolve {
+                owner,
+                wait_s,
+                lease_s,
+            } => {
+                // Never resent: asked about (a Resolve is safe to send again).
+                let resolve = Request::Resolve {
+                    owner,
+                    wait_s,
+                    lease_s,
+                };
+                client.pending = Some(Pending {
+                    request: resolve,
+                    key: pending.key,
+                    sent: None,
+                    sent_us: 0,
+                    resends: pending.resends + 1,
+                });
+                // A short wait, as a client that notices a broken connection.
+                client.next_us = self.now_us + client.rng.between(1_000, 20_000);
+            }
+            Request::Release { token } => {
+                if let Some(belief) = self.checker.belief_mut(token) {
+                    belief.ended = true;
+                }
+            }
+            Request::Extend { token, .. } => {
+                // Maybe applied: the client counts on the earlier deadline for good.
+                if let Some(belief) = self.checker.belief_mut(token) {
+                    belief.deadline_us = belief.until_us();
+                    belief.extending = None;
+                }
+            }
+            Request::Query { .. } => {}
+        }
+    }
+
+    /// Crashes member `id`: its sessions die, and what was in flight on them with them (see
+    /// [`Sim::session_died`]).
     pub fn crash(&mut self, id: u64) {
         if trace() {
             eprintln!("{} crash m{id}", self.now_us);
@@ -213,37 +325,9 @@ impl Sim {
         }
         self.world.crash(id);
         self.sessions.retain(|_, (_, member)| *member != id);
-        for client in &mut self.clients {
-            client.sessions.remove(&id);
-            let on_it = client
-                .pending
-                .as_ref()
-                .is_some_and(|p| p.sent.is_some_and(|(member, _)| member == id));
-            if !on_it {
-                continue;
-            }
-            let pending = client.pending.take().expect("pending");
-            match pending.request {
-                Request::Acquire { .. } => {
-                    self.stats.indeterminate += 1;
-                    if client.probe {
-                        client.probe_failed = Some('I');
-                    }
-                }
-                Request::Release { token } => {
-                    if let Some(belief) = self.checker.belief_mut(token) {
-                        belief.ended = true;
-                    }
-                }
-                Request::Extend { token, .. } => {
-                    // Maybe applied: the client counts on the earlier deadline for good.
-                    if let Some(belief) = self.checker.belief_mut(token) {
-                        belief.deadline_us = belief.until_us();
-                        belief.extending = None;
-                    }
-                }
-                Request::Query { .. } => {}
-            }
+        for index in 0..self.clients.len() {
+            self.clients[index].sessions.remove(&id);
+            self.session_died(index, id);
         }
     }
 
@@ -269,7 +353,8 @@ impl Sim {
                         owner: pending.request.id(),
                     };
                     let key = pending.key.clone();
-                    let answers = self.world.handle(member, now, session, op, &key);
+                    let client = (session, ClientRef(index as u32));
+                    let answers = self.world.handle(member, now, client, op, &key);
                     self.answers(answers);
                 }
                 return;
@@ -385,7 +470,8 @@ impl Sim {
         if trace() {
             eprintln!("{now} c{index} -> m{target} s{session}: {op:?} {key:?}");
         }
-        let answers = self.world.handle(target, now, session, op, &key);
+        let client = (session, ClientRef(index as u32));
+        let answers = self.world.handle(target, now, client, op, &key);
         self.answers(answers);
     }
 
@@ -401,6 +487,9 @@ impl Sim {
     fn answer(&mut self, session: u64, response: Response) {
         let now = self.now_us;
         let Some(&(index, member)) = self.sessions.get(&session) else {
+            if self.cut_sessions.contains(&session) {
+                return; // its connection is gone
+            }
             return self
                 .checker
                 .fail(now, format!("{response:?} for unknown session {session}"));
@@ -413,7 +502,8 @@ impl Sim {
             | Response::Extended { token }
             | Response::NotHeld { token } => token,
             Response::State { nonce, .. } => nonce,
-            Response::Moved { id, .. } => id,
+            Response::Moved { id, .. } | Response::Error { id, .. } => id,
+            Response::Resolved { owner, .. } => owner,
             _ => 0,
         };
         let letter = match response {
@@ -425,6 +515,7 @@ impl Sim {
             Response::Extended { .. } => 'E',
             Response::NotHeld { .. } => 'N',
             Response::State { .. } => 'Q',
+            Response::Resolved { .. } => 'W',
             _ => 'X',
         };
         *self.stats.answers.entry(letter).or_default() += 1;

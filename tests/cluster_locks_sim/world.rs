@@ -27,7 +27,7 @@ use latchkey::partition::{Answer, ClientRef};
 use latchkey::rng::Rng;
 use raft::eraftpb::Message;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::rc::Rc;
 
@@ -133,8 +133,8 @@ pub struct Node {
     pub incarnation: u64,
     /// When it next runs `handle_timers` (global µs).
     pub wake_us: u64,
-    /// Tokens its machines held after its last iteration, with their shard.
-    pub holds: BTreeSet<u64>,
+    /// Tokens its machines held after its last iteration, with their owners.
+    pub holds: BTreeMap<u64, u64>,
     /// Per core: when its writer's round under way completes (global µs; 0: none).
     pub write_done_us: Vec<u64>,
 }
@@ -228,7 +228,7 @@ impl World {
                 images: (0..CORES).map(|_| MemDurable::new()).collect(),
                 incarnation: 0,
                 wake_us: rng.below(1000),
-                holds: BTreeSet::new(),
+                holds: BTreeMap::new(),
                 write_done_us: Vec::new(),
             };
             world.start(&mut node);
@@ -303,7 +303,7 @@ impl World {
                 images: Vec::new(),
                 incarnation: 0,
                 wake_us: 0,
-                holds: BTreeSet::new(),
+                holds: BTreeMap::new(),
                 write_done_us: Vec::new(),
             },
         );
@@ -372,12 +372,13 @@ impl World {
         }
     }
 
-    /// Runs one client request on member `id` (which must be up); returns its answers.
+    /// Runs one client request of `client`'s session `session` on member `id` (which must be
+    /// up); returns its answers.
     pub fn handle(
         &mut self,
         id: u64,
         now_us: u64,
-        session: u64,
+        (session, client): (u64, ClientRef),
         op: latchkey::partition::Op,
         key: &[u8],
     ) -> Vec<Answer> {
@@ -387,18 +388,28 @@ impl World {
         let Some(partition) = node.partitions.get_mut(core) else {
             return Vec::new();
         };
-        partition.handle(local, session, ClientRef::NONE, op, key);
+        partition.handle(local, session, client, op, key);
         node.wake_us = node.wake_us.min(now_us + 10);
         partition.take_answers()
     }
 
-    /// One loop iteration of member `id`; returns its answers and the tokens its machines
-    /// stopped holding since its last iteration.
-    pub fn iterate(&mut self, id: u64, now_us: u64, jitter_us: u64) -> (Vec<Answer>, Vec<u64>) {
+    /// Client `client`'s session `session` to member `id` closed (a cut connection): every
+    /// core of the member hears it, as a server's cores do.
+    pub fn close_session(&mut self, id: u64, session: u64, client: ClientRef) {
+        let node = &mut self.nodes[(id - 1) as usize];
+        for partition in &mut node.partitions {
+            partition.handle_session_closed(session, client);
+        }
+        node.wake_us = 0;
+    }
+
+    /// One loop iteration of member `id`; returns its answers, the tokens its machines
+    /// stopped holding since its last iteration, and the holds (token, owner) they started.
+    pub fn iterate(&mut self, id: u64, now_us: u64, jitter_us: u64) -> Iterated {
         let local = self.local_us(id, now_us);
         let node = &mut self.nodes[(id - 1) as usize];
         if !node.is_up() {
-            return (Vec::new(), Vec::new());
+            return Iterated::default();
         }
         let mut answers = Vec::new();
         for (core, partition) in node.partitions.iter_mut().enumerate() {
@@ -408,11 +419,14 @@ impl World {
             answers.extend(partition.take_answers());
             schedule_round(partition, done_us, now_us, &mut self.writes);
         }
-        let holds: BTreeSet<u64> = (0..SHARDS)
+        let holds: BTreeMap<u64, u64> = (0..SHARDS)
             .filter_map(|shard| node.machine(shard))
-            .flat_map(|machine| machine.holds().map(|(_, hold)| hold.token))
+            .flat_map(|machine| machine.holds().map(|(_, hold)| (hold.token, hold.owner)))
             .collect();
-        let freed = node.holds.difference(&holds).copied().collect();
+        let freed = node.holds.keys().filter(|t| !holds.contains_key(t));
+        let freed = freed.copied().collect();
+        let started = holds.iter().filter(|(t, _)| !node.holds.contains_key(t));
+        let started = started.map(|(&token, &owner)| (token, owner)).collect();
         node.holds = holds;
         let deadline = node
             .partitions
@@ -423,7 +437,11 @@ impl World {
         node.wake_us = deadline.clamp(now_us + 10, now_us + 1000 + jitter_us);
         let rounds = node.write_done_us.iter().filter(|&&at| at != 0);
         node.wake_us = rounds.fold(node.wake_us, |wake, &at| wake.min(at));
-        (answers, freed)
+        Iterated {
+            answers,
+            freed,
+            started,
+        }
     }
 
     /// Whether member `id` serves `shard` now.
@@ -431,6 +449,17 @@ impl World {
         let node = &self.nodes[(id - 1) as usize];
         node.partition_of(shard).is_some_and(|p| p.serving(shard))
     }
+}
+
+/// What one iteration of a member gave (see [`World::iterate`]).
+#[derive(Default)]
+pub struct Iterated {
+    /// Its answers.
+    pub answers: Vec<Answer>,
+    /// Tokens its machines stopped holding.
+    pub freed: Vec<u64>,
+    /// Holds (token, owner) its machines started: grants executed.
+    pub started: Vec<(u64, u64)>,
 }
 
 /// Completes the writer's round of `partition` if it is due by `now_us`: all the batches

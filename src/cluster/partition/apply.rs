@@ -94,7 +94,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                     }
                 }
             }
-            PendingKind::Expire { .. } | PendingKind::Barrier | PendingKind::Orphan => {
+            PendingKind::Expire { .. }
+            | PendingKind::Barrier
+            | PendingKind::Checkpoint
+            | PendingKind::Orphan { .. } => {
                 self.lost(shard, pending);
             }
         }
@@ -329,7 +332,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                     self.arm_lease(local, token, deadline_ms);
                 }
             }
-            PendingKind::Barrier | PendingKind::Orphan => {}
+            PendingKind::Barrier | PendingKind::Checkpoint | PendingKind::Orphan { .. } => {}
         }
     }
 

@@ -139,7 +139,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
             _ => 0,
         };
-        if self.propose(shard_id, &command, NOBODY, PendingKind::Orphan) {
+        if self.propose(shard_id, &command, NOBODY, PendingKind::Checkpoint) {
             let next_at_us = self.now_us + CHECKPOINT_EVERY_US;
             self.shards[local].checkpoint_proposed(last, next_at_us);
         }

@@ -285,7 +285,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         };
         let lease_over_us = head.proposed_us + u64::from(head.lease_ms) * 1000;
         if head.abandoned || self.now_us >= lease_over_us {
-            let orphan = PendingKind::Orphan;
+            let orphan = PendingKind::Orphan { token };
             self.propose_end(shard, key, token, End::Release, NOBODY, orphan);
             if !head.abandoned {
                 self.stats.timed_out += 1;

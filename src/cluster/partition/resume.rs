@@ -21,7 +21,7 @@
 //! leader-local), so its client is told "never seen" and queues a new acquire, at the back —
 //! and grants that never reached their session are not kept for the client's grace.
 
-use super::{ClusterPartition, Peers};
+use super::{ClusterPartition, PendingKind, Peers};
 use crate::cluster::writer::LogWriter;
 use crate::partition::{ClientRef, Fate, SessionId};
 use latchkey_client::protocol::{ErrorCode, Response};
@@ -67,7 +67,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         let local = self.local(shard);
         let now_ms = self.now_ms();
         let hold = self.shards[local].machine().holder(key);
-        if let Some(hold) = hold.filter(|hold| hold.owner == owner) {
+        let hold = hold.filter(|hold| hold.owner == owner);
+        if let Some(hold) = hold.filter(|hold| !self.releasing_undelivered(hold.token)) {
             let left_ms = hold.deadline_ms.saturating_sub(now_ms).min(hold.lease_ms.into());
             let token = hold.token;
             let lease_ms = u32::try_from(left_ms).unwrap_or(u32::MAX);
@@ -89,6 +90,16 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 id: owner,
             },
         }
+    }
+
+    /// Whether this leader proposed the release of `token`, a grant nobody was told of (its
+    /// session closed, or its waiter was answered): it will not stand, so it is not "granted".
+    /// Looked for among the proposals in flight: a Resolve is rare, and comes after a failure.
+    /// (A release that a crashed leader proposed is in this leader's state already, applied
+    /// before it serves, or can never commit: then the hold stands, and is granted.)
+    fn releasing_undelivered(&self, token: u64) -> bool {
+        let mut kinds = self.pending.values().map(|pending| &pending.kind);
+        kinds.any(|kind| matches!(kind, PendingKind::Orphan { token: t } if *t == token))
     }
 
     /// Whether a Resolve answered `session`'s client's `owner` "never seen" (its acquire is
