@@ -454,3 +454,30 @@ fn the_cli_says_no_leader_and_no_quorum_and_exits_83() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_release_fails_fast_when_every_member_refuses_even_once_hedged() {
+    // A release is hedged (two members); when both stop, every attempt is refused: the call
+    // ends Unavailable at once, as any call of a client that does not retry refused
+    // connections — the hedge, which never tries the member the first attempt went to, counts
+    // that member's refusal too — instead of trying until the transport deadline.
+    let first = FakeMember::start(leading(5));
+    let second = FakeMember::start(leading(5));
+    let transport = Duration::from_secs(20);
+    let client = client(&[first.addr(), second.addr()], 1, transport);
+    let ticket = client.acquire("k", Duration::from_secs(1), LEASE).unwrap();
+    drop((first, second));
+    // The members' sockets close (their threads poll every 20 ms).
+    thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let outcome = ticket.release();
+    let took = started.elapsed();
+    assert!(
+        matches!(outcome, Err(RequestError::Unavailable { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        took < Duration::from_secs(8),
+        "took {took:?} of the 20 s deadline"
+    );
+}

@@ -498,8 +498,10 @@ impl Attempts {
     }
 
     /// Whether `session` to `addr` failed because its connection was refused and, with that,
-    /// every listed member refused one during this call: then, unless refused connections are
-    /// retried, the call ends at once (nothing listens anywhere; a server down or restarting).
+    /// every listed member this call may try refused one during it: then, unless refused
+    /// connections are retried, the call ends at once (nothing listens anywhere; a server down
+    /// or restarting). A hedge never tries the member it skips (its first attempt's, which
+    /// reports its own refusal): it counts the others.
     fn every_member_refused(
         &mut self,
         session: &Session,
@@ -518,7 +520,9 @@ impl Attempts {
         if !self.refused.contains(&addr) {
             self.refused.push(addr);
         }
-        self.refused.len() >= members.listed()
+        let skipped = self.skip.is_some_and(|skip| members.is_listed(skip));
+        let tried = members.listed() - usize::from(skipped);
+        self.refused.len() >= tried.max(1)
     }
 
     /// `addr` answered `M` naming `leader` (or none): where the request goes next.

@@ -225,6 +225,11 @@ impl Members {
         self.configured.len()
     }
 
+    /// Whether `addr` is one of the configured addresses.
+    pub(crate) fn is_listed(&self, addr: SocketAddr) -> bool {
+        self.configured.contains(&addr)
+    }
+
     /// Keeps `report` as the latest call's that ended unavailable.
     pub(crate) fn note_unavailable(&self, report: UnavailableReport) {
         *self.unavailable.lock() = Some(report);
