@@ -26,7 +26,7 @@ use crate::partition::clients::ClientStates;
 use crate::partition::partition_of;
 use crate::partition::GrantRef;
 use crate::partition::Partition;
-use crate::partition::NOBODY;
+use crate::partition::{is_detached, NOBODY};
 use crate::partition::{
     Answer, ClientRef, HeldKey, Op, Places, QueueCounts, SessionId, TableStats,
 };
@@ -385,6 +385,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         if let Response::Timeout { .. } | Response::Busy { .. } = response {
             self.remember_answer(session, &response);
         }
+        if is_detached(session) {
+            return; // nobody reads it: its client has no session (resume.rs)
+        }
         self.answers.push(Answer {
             session,
             response,
@@ -552,41 +555,32 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         }
     }
 
-    fn release_granted(&mut self, now_us: u64, grant: GrantRef, token: u64, _client: ClientRef) {
+    fn release_granted(&mut self, now_us: u64, grant: GrantRef, token: u64, client: ClientRef) {
         self.now_us = self.now_us.max(now_us);
         // A cluster partition's grant reference is the shard (see `answer_grant`).
         let GrantRef(shard) = grant;
-        let Some(key) = self
-            .shard(shard)
-            .and_then(|s| s.machine().key_of(token))
-            .map(<[u8]>::to_vec)
-        else {
-            return;
-        };
-        if !self.propose_end(
-            shard,
-            &key,
-            token,
-            End::Release,
-            NOBODY,
-            PendingKind::Orphan { token },
-        ) {
-            log::warn!(
-                "shard {shard}: cannot release undelivered token {token} (not the leader); \
-                 its lease will free the key"
-            );
+        if client.is_some() {
+            // Kept for its client's grace, for a Resolve to find (resume.rs).
+            return self.keep_undelivered(client, shard, token);
         }
+        self.release_undelivered(shard, token);
     }
 
-    fn handle_session_closed(&mut self, session: SessionId, _client: ClientRef) {
+    fn handle_session_closed(&mut self, session: SessionId, client: ClientRef) {
+        // An identified client's waiters stay, detached, for its grace (resume.rs).
+        let detached = client.is_some().then(|| client.detached());
         for shard in &mut self.shards {
-            shard.close_session(session, &mut self.places);
+            match detached {
+                Some(detached) => shard.detach_session(session, detached, &mut self.places),
+                None => shard.close_session(session, &mut self.places),
+            }
         }
         self.session_clients.remove(&session);
     }
 
-    fn handle_client_gone(&mut self, _now_us: u64, client: ClientRef) {
-        self.clients.remove(client);
+    fn handle_client_gone(&mut self, now_us: u64, client: ClientRef) {
+        self.now_us = self.now_us.max(now_us);
+        self.client_gone(client);
     }
 
     fn resumes_calls(&self) -> bool {

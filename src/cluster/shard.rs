@@ -476,6 +476,12 @@ impl Shard {
         self.check_invariants();
     }
 
+    /// See [`Queues::detach_session`].
+    pub fn detach_session(&mut self, session: SessionId, detached: SessionId, places: &mut Places) {
+        self.queues.detach_session(session, detached, places);
+        self.check_invariants();
+    }
+
     /// The server shuts down: every proposed head not abandoned yet is abandoned (to be
     /// answered `B`; a grant that still commits for it is released), and every other waiter
     /// leaves (to be answered `B`).

@@ -29,7 +29,7 @@ use crate::cluster::machine::{Command, Grant};
 use crate::cluster::shard::Waiter;
 use crate::cluster::writer::LogWriter;
 use crate::partition::GrantRef;
-use crate::partition::NOBODY;
+use crate::partition::{is_detached, NOBODY};
 use crate::partition::rules::{self, AcquireView, Admit};
 use crate::partition::{BusyReason, ClientRef, SessionId};
 use latchkey_client::protocol::Response;
@@ -284,6 +284,11 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             return;
         };
         let lease_over_us = head.proposed_us + u64::from(head.lease_ms) * 1000;
+        if is_detached(head.session) && !head.abandoned && self.now_us < lease_over_us {
+            // Its client has no session: the grant waits for a Resolve, or its grace.
+            self.stats.acquired += 1;
+            return self.keep_undelivered(head.client, shard, token);
+        }
         if head.abandoned || self.now_us >= lease_over_us {
             let orphan = PendingKind::Orphan { token };
             self.propose_end(shard, key, token, End::Release, NOBODY, orphan);

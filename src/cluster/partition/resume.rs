@@ -2,13 +2,13 @@
 //! answered by the member that leads the key now, from what it knows.
 //!
 //! * **Granted**: the key's hold, in the replicated state, is the owner's (every member that
-//!   applied its grant knows it, so a new leader answers for an acquire its predecessor took).
-//!   Holds carry the owner, not the client id: an owner is a random 64-bit id, and a client
-//!   asks only about its own.
-//! * **Queued**: one of this leader's waiters is the owner's, queued by a session of the same
-//!   client: it is attached to the session that asks — also a queue head whose grant is in the
-//!   log while the session that sent it closed (else that grant, committed, would be released
-//!   unanswered: an acquire executed after "never seen").
+//!   applied its grant knows it, so a new leader answers for an acquire its predecessor took),
+//!   unless this leader proposed its release because nobody was told of it (the client would
+//!   hold a lock being released). Holds carry the owner, not the client id: an owner is a
+//!   random 64-bit id, and a client asks only about its own.
+//! * **Queued**: one of this leader's waiters is the owner's, of the same client (its waiter
+//!   remembers it): it is attached to the session that asks, in its place — a waiter whose
+//!   session closed is kept for that (below), and so is a queue head whose grant is in the log.
 //! * **Timed out, busy**: this leader answered it so (kept 60 s, bounded per client).
 //! * **Never seen**: anything else — recorded, so that the acquire, should its bytes still
 //!   reach this member, is refused `B` (busy reason `resolved`). A Resolve is answered only by
@@ -16,14 +16,21 @@
 //!   applied), so an acquire another member proposed either shows in the state now, or can
 //!   never commit; and one not proposed was queued on another member and is not in effect.
 //!
-//! What a member of this version does not do (the single node does): a waiter's place is not
-//! kept when its session ends or its leader changes — the new leader never knew it (waiters are
-//! leader-local), so its client is told "never seen" and queues a new acquire, at the back —
-//! and grants that never reached their session are not kept for the client's grace.
+//! As on a single node, a session of an identified client that closes leaves its waiters in
+//! their places, *detached* (under [`ClientRef::detached`]: nothing is answered to it, a `T` or
+//! `B` is remembered), and a grant that reaches no session of it (its head was detached, or its
+//! `A` could not be written) is kept; when the client's grace ends with no session (the
+//! server's registry says so), its detached waiters leave and its undelivered grants are
+//! released. All of it is this leader's: a waiter's place does not survive a change of leader
+//! (the new leader never knew it: waiters are leader-local, a queued acquire is not a
+//! replicated fact until its grant commits), so its client is told "never seen" there and
+//! queues a new acquire, at the back; and an undelivered grant whose leader dies is recovered
+//! by its lease, not at the end of the grace.
 
 use super::{ClusterPartition, PendingKind, Peers};
 use crate::cluster::writer::LogWriter;
-use crate::partition::{ClientRef, Fate, SessionId};
+use super::requests::End;
+use crate::partition::{is_detached, ClientRef, Fate, SessionId, DETACHED, NOBODY};
 use latchkey_client::protocol::{ErrorCode, Response};
 
 impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
@@ -73,6 +80,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             let token = hold.token;
             let lease_ms = u32::try_from(left_ms).unwrap_or(u32::MAX);
             self.shards[local].record_grant(token, session, self.now_us);
+            self.clients.delivered(client, token);
             return resolved(Fate::Granted, token, lease_ms);
         }
         let to = (session, &mut self.places);
@@ -89,6 +97,47 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 code: ErrorCode::Limit,
                 id: owner,
             },
+        }
+    }
+
+    /// The grant of `token` on `shard` reached no session of `client`, detached: kept for a
+    /// Resolve until the client's grace ends.
+    pub(super) fn keep_undelivered(&mut self, client: ClientRef, shard: u32, token: u64) {
+        self.clients.undelivered(client, shard, token);
+    }
+
+    /// `client`'s grace ended without a session: its detached waiters leave (a proposed one is
+    /// abandoned: a grant that still commits for it is released), its grants that never
+    /// reached it are released, and its records go.
+    pub(super) fn client_gone(&mut self, client: ClientRef) {
+        let detached = client.detached();
+        for shard in &mut self.shards {
+            shard.close_session(detached, &mut self.places);
+        }
+        for (shard, token) in self.clients.remove(client) {
+            if self.shard(shard).is_some_and(|s| s.machine().key_of(token).is_some()) {
+                self.stats.grace_releases += 1;
+                self.release_undelivered(shard, token);
+            }
+        }
+    }
+
+    /// Releases the grant of `token` on `shard`, which nobody received (no answer), if it
+    /// still holds its key and this member leads the shard (else its lease frees the key).
+    pub(super) fn release_undelivered(&mut self, shard: u32, token: u64) {
+        let Some(key) = self
+            .shard(shard)
+            .and_then(|s| s.machine().key_of(token))
+            .map(<[u8]>::to_vec)
+        else {
+            return;
+        };
+        let kind = PendingKind::Orphan { token };
+        if !self.propose_end(shard, &key, token, End::Release, NOBODY, kind) {
+            log::warn!(
+                "shard {shard}: cannot release undelivered token {token} (not the leader); \
+                 its lease will free the key"
+            );
         }
     }
 
@@ -109,10 +158,15 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         client.is_some_and(|&client| self.clients.is_forgotten(client, owner))
     }
 
-    /// Keeps a `T` or `B` answer to an identified client's acquire for its Resolves.
+    /// Keeps a `T` or `B` answer to an identified client's acquire for its Resolves (one of a
+    /// detached waiter's too).
     pub(super) fn remember_answer(&mut self, session: SessionId, response: &Response) {
-        let Some(&client) = self.session_clients.get(&session) else {
-            return;
+        let client = match is_detached(session) {
+            true => ClientRef((session - DETACHED) as u32),
+            false => match self.session_clients.get(&session) {
+                Some(&client) => client,
+                None => return,
+            },
         };
         let fate = match response {
             Response::Timeout { .. } => Fate::TimedOut,

@@ -121,23 +121,114 @@ fn an_acquire_whose_session_closed_with_its_grant_in_the_log_is_attached_not_for
 }
 
 #[test]
-fn an_acquire_whose_session_closed_unresolved_is_released_and_never_seen_after() {
+fn a_grant_that_reached_no_session_is_kept_for_a_resolve_then_released_when_the_grace_ends() {
     let (mut partition, mut now_us) = serving();
     partition.handle(now_us, 1, CLIENT, acquire(1, 5), KEY);
     partition.handle_session_closed(1, CLIENT);
-    // Nobody asked: the grant applies and is released at once (nobody can be told).
+    // Nobody asked yet: the grant applies, and is kept for the client (no answer goes out).
+    let answers = run(&mut partition, &mut now_us, 20);
+    assert!(answers.is_empty(), "{answers:?}");
+    let holder = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| h.owner);
+    assert_eq!(holder, Some(1), "kept for its client's grace");
+    // The client's grace ends with no session: released, and never seen after.
+    partition.handle_client_gone(now_us, CLIENT);
     run(&mut partition, &mut now_us, 20);
     let holder = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| h.owner);
-    assert_eq!(holder, None, "an undelivered grant is released");
+    assert_eq!(holder, None, "released at the end of the grace");
+    assert_eq!(partition.stats().grace_releases, 1);
     assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::NeverSeen);
     // Never seen is final: the same acquire, should it arrive, is refused.
     partition.handle(now_us, 2, CLIENT, acquire(1, 5), KEY);
-    run(&mut partition, &mut now_us, 5);
-    let answers = partition.take_answers();
+    // (`run` takes what `handle` answered too.)
+    let answers = run(&mut partition, &mut now_us, 5);
     assert!(
-        answers.iter().all(|a| !matches!(a.response, Response::Acquired { .. })),
+        answers.iter().all(|(_, r)| !matches!(r, Response::Acquired { .. })),
         "{answers:?}"
     );
+}
+
+#[test]
+fn a_grant_kept_for_its_client_is_granted_to_the_session_that_resolves_it() {
+    let (mut partition, mut now_us) = serving();
+    partition.handle(now_us, 1, CLIENT, acquire(1, 5), KEY);
+    partition.handle_session_closed(1, CLIENT);
+    run(&mut partition, &mut now_us, 20);
+    let token = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| h.token);
+    match resolve(&mut partition, now_us, 2, 1) {
+        Response::Resolved {
+            fate: Fate::Granted,
+            token: got,
+            lease_ms,
+            ..
+        } => {
+            assert_eq!(Some(got), token);
+            assert!(lease_ms <= 30_000 && lease_ms > 29_000, "{lease_ms}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Delivered now: the end of the grace no longer releases it.
+    partition.handle_client_gone(now_us, CLIENT);
+    run(&mut partition, &mut now_us, 20);
+    let holder = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| h.token);
+    assert_eq!(holder, token, "still held by the session that resolved it");
+}
+
+#[test]
+fn a_waiter_whose_session_closed_keeps_its_place_for_a_resolve() {
+    let (mut partition, mut now_us) = serving();
+    partition.handle(now_us, 10, ClientRef::NONE, acquire(100, 0), KEY);
+    let answers = run(&mut partition, &mut now_us, 5);
+    let holder_token = match answers[..] {
+        [(10, Response::Acquired { token, .. })] => token,
+        _ => panic!("{answers:?}"),
+    };
+    // The client's waiter queues first, another behind it; the client's session closes.
+    partition.handle(now_us, 1, CLIENT, acquire(1, 10), KEY);
+    partition.handle(now_us, 3, ClientRef::NONE, acquire(2, 10), KEY);
+    partition.handle_session_closed(1, CLIENT);
+    assert!(run(&mut partition, &mut now_us, 5).is_empty());
+    // Resolved from another session: still queued, in its place, now that session's.
+    assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::Queued);
+    let release = Op::Release {
+        token: holder_token,
+    };
+    partition.handle(now_us, 10, ClientRef::NONE, release, KEY);
+    let answers = run(&mut partition, &mut now_us, 10);
+    let granted: Vec<_> = answers
+        .iter()
+        .filter_map(|(session, r)| match r {
+            Response::Acquired { owner, .. } => Some((*session, *owner)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(granted, vec![(2, 1)], "the first in line, on the session that resolved it");
+}
+
+#[test]
+fn a_detached_waiter_leaves_when_its_clients_grace_ends() {
+    let (mut partition, mut now_us) = serving();
+    partition.handle(now_us, 10, ClientRef::NONE, acquire(100, 0), KEY);
+    let answers = run(&mut partition, &mut now_us, 5);
+    let holder_token = match answers[..] {
+        [(10, Response::Acquired { token, .. })] => token,
+        _ => panic!("{answers:?}"),
+    };
+    partition.handle(now_us, 1, CLIENT, acquire(1, 10), KEY);
+    partition.handle(now_us, 3, ClientRef::NONE, acquire(2, 10), KEY);
+    partition.handle_session_closed(1, CLIENT);
+    partition.handle_client_gone(now_us, CLIENT);
+    let release = Op::Release {
+        token: holder_token,
+    };
+    partition.handle(now_us, 10, ClientRef::NONE, release, KEY);
+    let answers = run(&mut partition, &mut now_us, 10);
+    assert!(
+        answers
+            .iter()
+            .any(|(session, r)| *session == 3 && matches!(r, Response::Acquired { owner: 2, .. })),
+        "the next in line gets it: {answers:?}"
+    );
+    assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::NeverSeen);
 }
 
 #[test]

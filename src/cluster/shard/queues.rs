@@ -3,7 +3,8 @@
 //! closing a session visits only the keys it queued on.
 //!
 //! Waiters are leader-local on purpose: a queued acquire is not a replicated fact until its
-//! grant commits. The head of a key's queue is *proposed* — an entry that grants it is in the
+//! grant commits. A waiter of an identified client outlives its session, detached, for its
+//! client's grace ([`Queues::detach_session`], [`Queues::attach`]; docs/protocol.md §5). The head of a key's queue is *proposed* — an entry that grants it is in the
 //! log and not yet applied: an `Acquire` of the key, free in the applied state, or the `then`
 //! of a release or expiry of the key's holder (a handoff, one entry) — or it waits: for the
 //! holder's release or expiry, which will carry it, or for a release or expiry already in the
@@ -277,9 +278,45 @@ impl Queues {
         // Only a session's close abandons a waiter and leaves its client (see `abandon`).
         waiter.abandoned = false;
         let from = std::mem::replace(&mut waiter.session, session);
-        if waiter.counted {
+        let counted = waiter.counted;
+        self.moved(key, (from, session), counted, places);
+        true
+    }
+
+    /// `session`, of an identified client, closed: its waiters stay in their places under
+    /// `detached` (its client's [`ClientRef::detached`] id), for a Resolve to attach them, or
+    /// the client's grace to end ([`Queues::close_session`] of `detached` then). Visits only
+    /// the keys the session queued on.
+    pub fn detach_session(&mut self, session: SessionId, detached: SessionId, places: &mut Places) {
+        let Some(keys) = self.by_session.get(&session) else {
+            return;
+        };
+        let keys: Vec<Vec<u8>> = keys.keys().cloned().collect();
+        for key in keys {
+            let queue = self.by_key.get_mut(&key).expect("an indexed key has a queue");
+            let mut moved = Vec::new();
+            for waiter in queue.iter_mut().filter(|w| w.session == session) {
+                waiter.session = detached;
+                moved.push(waiter.counted);
+            }
+            for counted in moved {
+                self.moved(&key, (session, detached), counted, places);
+            }
+        }
+    }
+
+    /// One waiter of `key` went from session `from` to session `to`: the session index, and
+    /// its place if it holds one (taken whatever `to` holds: it keeps the place it had).
+    fn moved(
+        &mut self,
+        key: &[u8],
+        (from, to): (SessionId, SessionId),
+        counted: bool,
+        places: &mut Places,
+    ) {
+        if counted {
             places.give_back(from);
-            places.take_forced(session);
+            places.take_forced(to);
         }
         let keys = self.by_session.get_mut(&from).expect("a waiter's session is indexed");
         let count = keys.get_mut(key).expect("a waiter's key is indexed");
@@ -290,8 +327,7 @@ impl Queues {
                 self.by_session.remove(&from);
             }
         }
-        *self.by_session.entry(session).or_default().entry(key.to_vec()).or_default() += 1;
-        true
+        *self.by_session.entry(to).or_default().entry(key.to_vec()).or_default() += 1;
     }
 
     /// Removes the waiters `remove` picks from `key`'s queue, returning them, their places
