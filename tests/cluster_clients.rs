@@ -503,3 +503,63 @@ fn a_waiter_whose_leader_is_killed_is_resolved_and_queued_again() {
     let output = waiter.join().expect("the waiter ran");
     assert!(output.status.success(), "{}", stderr(&output));
 }
+
+/// Bytes of a resuming client's handshake: an Identify (27), then the ping (10).
+const HELLO: usize = 27 + 10;
+
+/// A waiter whose connection to its leader is cut keeps its place in the queue: the member
+/// keeps an identified client's waiters, detached, for its grace, and the client resolves the
+/// acquire on a new session to it (docs/protocol.md §5) — without sending it again. When the
+/// holder lets go, it is granted before a waiter that queued after it.
+#[test]
+fn a_waiter_whose_connection_to_its_leader_is_cut_keeps_its_place() {
+    let cluster = Cluster::start("clients-cut", 1, 2, false);
+    let key = "jobs/cut";
+    let member = cluster.members[0].client;
+    cluster
+        .serving(key, &[], SETTLE)
+        .expect("the member serves");
+    let observer = common::client(&[member], 1, TRANSPORT);
+    let lease = Duration::from_secs(30);
+    let holder = observer
+        .acquire(key, Duration::from_secs(2), lease)
+        .unwrap();
+    let proxy = common::proxy::Proxy::start(member);
+    // The whole acquire goes up and queues; the session dies before anything comes back.
+    proxy.cut_next(HELLO + 12 + key.len());
+    let client = common::client(&[proxy.addr()], 1, Duration::from_secs(2));
+    let wait = Duration::from_secs(20);
+    let first = std::thread::spawn(move || client.acquire(key, wait, lease));
+    let waiters = |count| {
+        let observer = &observer;
+        move || {
+            observer
+                .query(key)
+                .is_ok_and(|state| state.waiters == count)
+        }
+    };
+    assert!(wait_until(SETTLE, waiters(1)), "the cut acquire queued");
+    let behind = common::client(&[member], 1, TRANSPORT);
+    let second = std::thread::spawn(move || behind.acquire(key, wait, lease));
+    assert!(
+        wait_until(SETTLE, waiters(2)),
+        "a second waiter queued behind it"
+    );
+    // The first has resolved it by now, or will (its place is kept either way).
+    std::thread::sleep(Duration::from_millis(300));
+    holder.release().unwrap();
+    let ticket = first.join().unwrap().expect("the first in line is granted");
+    assert_eq!(
+        proxy.acquires().values().copied().collect::<Vec<_>>(),
+        vec![1],
+        "its acquire was sent once"
+    );
+    assert!(!second.is_finished(), "the second still waits");
+    ticket.release().unwrap();
+    second
+        .join()
+        .unwrap()
+        .expect("then the second")
+        .release()
+        .unwrap();
+}
