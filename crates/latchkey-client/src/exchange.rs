@@ -104,144 +104,52 @@ impl Client {
         if !hedged {
             return self.exchange(op, deadline);
         }
-        // The first attempt goes out from this thread, as any request's does: only a hedge,
-        // when one is needed, takes a thread of its own.
         let first_addr = members.route(op.key().map(|key| &**key));
-        let session = members.pool(first_addr).ok().flatten();
-        let Some(Ok(session)) = session.map(|pool| pool.pick(None)) else {
-            return self.exchange_both_ways(op, deadline);
+        let (tx, rx) = crossbeam_channel::bounded::<Exchange>(2);
+        let spawn = |skip: Option<SocketAddr>| {
+            let (client, op, tx) = (self.clone(), op.clone(), tx.clone());
+            thread::Builder::new()
+                .name("latchkey-hedge".into())
+                .spawn(move || {
+                    let _ = tx.send(client.exchange_from(op, deadline, skip));
+                })
         };
-        let (first_tx, first_rx) = crossbeam_channel::bounded::<Outcome>(1);
-        let call = Call {
-            op: op.clone(),
-            deadline,
-            reply: Some(first_tx),
-            attempts: 0,
-        };
-        if session.submit(call).is_err() {
-            return self.exchange_both_ways(op, deadline);
-        }
-        let first = match first_rx.recv_timeout(self.hedge_after()) {
-            Ok(outcome) => match first_answer(outcome) {
-                First::Answered(exchange) => return exchange,
-                // Not executed there (unsent, or `M`): both ways, from the start.
-                First::NotExecuted => return self.exchange_both_ways(op, deadline),
-                // It may have executed: only the other members are left to ask.
-                First::Unknown => None,
-            },
-            Err(_) => Some(first_rx),
-        };
-        log::debug!("a release or extend is unanswered: also sent to the other members");
-        let first_sent = first.is_none();
-        let hedge = self.spawn_exchange(op, deadline, Some(first_addr));
-        self.first_answer_of(first, hedge, first_sent, deadline)
-    }
-
-    /// A hedged request whose first attempt could not be made on the key's route, or met an
-    /// `M` or a failure there: a full exchange (following `M`, trying the members in turn) and,
-    /// if it is not answered within [`Client::hedge_after`], a hedge that skips the key's
-    /// route, each on a thread of its own; the first answer wins.
-    fn exchange_both_ways(&self, op: Op, deadline: Instant) -> Exchange {
-        let route = self.shared.members.route(op.key().map(|key| &**key));
-        let Some(primary) = self.spawn_exchange(op.clone(), deadline, None) else {
+        if spawn(None).is_err() {
             return self.exchange(op, deadline);
-        };
-        match primary.recv_timeout(self.hedge_after()) {
+        }
+        let backstop = deadline + 2 * self.config().transport_timeout;
+        let mut outstanding = 1;
+        let mut fallback = None;
+        match rx.recv_timeout(self.hedge_after()) {
             Ok(exchange) if answered(&exchange) => return exchange,
             Ok(exchange) => {
-                let sent = matches!(exchange, Exchange::Indeterminate);
-                let hedge = self.spawn_exchange(op, deadline, Some(route));
-                return self.first_answer_of(None, hedge, sent, deadline);
+                outstanding -= 1;
+                fallback = Some(exchange);
             }
             Err(_) => {}
         }
-        let hedge = self.spawn_exchange(op, deadline, Some(route));
-        let (answer_tx, answer_rx) = crossbeam_channel::bounded::<Exchange>(2);
-        for side in [Some(primary), hedge].into_iter().flatten() {
-            let tx = answer_tx.clone();
-            // Forwarders end when their side ends; no join is needed.
-            let _ = thread::Builder::new()
-                .name("latchkey-hedge".into())
-                .spawn(move || {
-                    if let Ok(exchange) = side.recv() {
-                        let _ = tx.send(exchange);
-                    }
-                });
+        log::debug!("a release or extend is unanswered: also sent to the other members");
+        if spawn(Some(first_addr)).is_ok() {
+            outstanding += 1;
         }
-        drop(answer_tx);
-        let mut sent = false;
-        let backstop = deadline + 2 * self.config().transport_timeout;
-        // Bounded: each side sends one result, by its deadline plus the transport allowance.
-        while let Ok(exchange) = answer_rx.recv_deadline(backstop) {
+        // Bounded: each branch sends one result, by its deadline plus the transport allowance.
+        while outstanding > 0 {
+            let Ok(exchange) = rx.recv_deadline(backstop) else {
+                break;
+            };
+            outstanding -= 1;
             if answered(&exchange) {
                 return exchange;
             }
-            sent |= matches!(exchange, Exchange::Indeterminate);
-        }
-        match sent {
-            true => Exchange::Indeterminate,
-            false => Exchange::Unsent { serving: false },
-        }
-    }
-
-    /// Runs an exchange of `op` on a thread of its own (see [`Self::exchange_from`]); its
-    /// result comes on the receiver. `None` when no thread could be started.
-    fn spawn_exchange(
-        &self,
-        op: Op,
-        deadline: Instant,
-        skip: Option<SocketAddr>,
-    ) -> Option<crossbeam_channel::Receiver<Exchange>> {
-        let (tx, rx) = crossbeam_channel::bounded::<Exchange>(1);
-        let client = self.clone();
-        let spawned = thread::Builder::new()
-            .name("latchkey-hedge".into())
-            .spawn(move || {
-                let _ = tx.send(client.exchange_from(op, deadline, skip));
-            });
-        spawned.ok().map(|_| rx)
-    }
-
-    /// The first definite answer of a first attempt still out (`first`) and a hedge; else
-    /// `Indeterminate` if either may have sent it (`sent` says the first did), or unsent.
-    fn first_answer_of(
-        &self,
-        first: Option<crossbeam_channel::Receiver<Outcome>>,
-        hedge: Option<crossbeam_channel::Receiver<Exchange>>,
-        mut sent: bool,
-        deadline: Instant,
-    ) -> Exchange {
-        let (never_first, never_hedge) = (crossbeam_channel::never(), crossbeam_channel::never());
-        let (mut first, mut hedge) = (first, hedge);
-        let backstop = deadline + 2 * self.config().transport_timeout;
-        // Bounded: each side sends one result, by its deadline plus the transport allowance.
-        while first.is_some() || hedge.is_some() {
-            let first_rx = first.as_ref().unwrap_or(&never_first);
-            let hedge_rx = hedge.as_ref().unwrap_or(&never_hedge);
-            crossbeam_channel::select! {
-                recv(first_rx) -> outcome => {
-                    first = None;
-                    match outcome.map(first_answer) {
-                        Ok(First::Answered(exchange)) => return exchange,
-                        Ok(First::Unknown) => sent = true,
-                        Ok(First::NotExecuted) | Err(_) => {}
-                    }
+            // A branch that may have sent it makes the whole request's fate unknown.
+            fallback = match (fallback, exchange) {
+                (Some(Exchange::Indeterminate), _) | (_, Exchange::Indeterminate) => {
+                    Some(Exchange::Indeterminate)
                 }
-                recv(hedge_rx) -> exchange => {
-                    hedge = None;
-                    match exchange {
-                        Ok(exchange) if answered(&exchange) => return exchange,
-                        Ok(Exchange::Indeterminate) => sent = true,
-                        _ => {}
-                    }
-                }
-                default(backstop.saturating_duration_since(Instant::now())) => break,
-            }
+                (_, other) => Some(other),
+            };
         }
-        match sent {
-            true => Exchange::Indeterminate,
-            false => Exchange::Unsent { serving: false },
-        }
+        fallback.unwrap_or(Exchange::Indeterminate)
     }
 
     /// How long a release or an extend of a cluster's hold waits for its first attempt before
@@ -640,36 +548,6 @@ fn resolved(response: Response, owner: u64, sent_at: Instant, read_at: Instant) 
 /// a release or an extend; an `X` is too: the request was refused).
 fn answered(exchange: &Exchange) -> bool {
     matches!(exchange, Exchange::Answer { .. })
-}
-
-/// What the first attempt of a hedged request came to.
-enum First {
-    /// A definite answer (not `M`).
-    Answered(Exchange),
-    /// Nothing was executed there: unsent, or `M`.
-    NotExecuted,
-    /// It may have been executed; no answer.
-    Unknown,
-}
-
-fn first_answer(outcome: Outcome) -> First {
-    match outcome {
-        Outcome::Answer {
-            response: Response::Moved { .. },
-            ..
-        } => First::NotExecuted,
-        Outcome::Answer {
-            response,
-            sent_at,
-            read_at,
-        } => First::Answered(Exchange::Answer {
-            response,
-            sent_at,
-            read_at,
-        }),
-        Outcome::Indeterminate | Outcome::Compensated => First::Unknown,
-        Outcome::NotSent | Outcome::Expired { .. } | Outcome::Unreachable => First::NotExecuted,
-    }
 }
 
 /// Bounds of [`Client::hedge_after`].
