@@ -3,6 +3,7 @@
 
     python3 benches/failover.py BINARY [--shards N] [--holders N] [--callers N] [--lease S]
                                        [--stall S] [--fsync true|false] [--members 1,2,3]
+                                       [--client-binary CLIENT_BINARY]
 
 Starts three members of BINARY (one core each, fresh data directories on this machine), then:
 
@@ -127,6 +128,8 @@ class Cluster:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("binary")
+    parser.add_argument("--client-binary", help="the `latchkey lock` of the holders and callers "
+                        "(default: BINARY), to tell a client's part from the server's")
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--holders", type=int, default=16)
     parser.add_argument("--callers", type=int, default=16)
@@ -138,6 +141,7 @@ def main():
     order = [int(m) - 1 for m in args.members.split(",")]
     directory = tempfile.mkdtemp(prefix="latchkey-failover.")
     cluster = Cluster(args.binary, directory, args.shards, args.fsync)
+    client_binary = args.client_binary or args.binary
     env = dict(os.environ, LATCHKEY_SERVER=cluster.servers())
     env.pop("RUST_LOG", None)
     probe_keys = [f"probe/{n}" for n in range(64)]
@@ -150,7 +154,7 @@ def main():
         run_s = len(order) * (args.stall + 3 + 2 + 3 + 2) + 10
         holders = [
             subprocess.Popen(
-                [args.binary, "lock", "--lease", f"{args.lease}s", "--wait", "10s",
+                [client_binary, "lock", "--lease", f"{args.lease}s", "--wait", "10s",
                  f"holders/{i}", "--", "sleep", str(int(run_s))],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for i in range(args.holders)
@@ -163,7 +167,7 @@ def main():
             key = f"calls/{n % 4}"
             while not stop.is_set():
                 done = subprocess.run(
-                    [args.binary, "lock", "--wait", "8s", "--lease", f"{args.lease}s", key,
+                    [client_binary, "lock", "--wait", "8s", "--lease", f"{args.lease}s", key,
                      "--", "true"],
                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                 with codes_lock:
@@ -207,6 +211,7 @@ def main():
         for thread in threads:
             thread.join()
         holder_codes = {}
+        lost = []
         for holder in holders:
             holder.send_signal(signal.SIGTERM)
         for holder in holders:
@@ -216,6 +221,8 @@ def main():
                 holder.kill()
                 code = "killed"
             holder_codes[code] = holder_codes.get(code, 0) + 1
+            if code not in (143, 0):
+                lost.append(holder.stderr.read().strip().splitlines()[-int(os.environ.get("FAILOVER_LOST_LINES", "2")):])
         time.sleep(1)
         keys = [f"holders/{i}" for i in range(args.holders)] + [f"calls/{k}" for k in range(4)]
         ghosts = []
@@ -233,6 +240,8 @@ def main():
         # `latchkey lock` forwards SIGTERM to `sleep` and releases: a holder that kept its
         # lock to the end exits 143 (its command's status); 85 is a lost lease.
         print(f"holders: exit codes {holder_codes} (143: kept the lock to the end; 85: lost it)")
+        for line in lost[:5]:
+            print(f"  e.g. {line}")
         times = [took for _, _, took in failovers if took is not None]
         print("failover (every probe key served by a member that is up), per fault: "
               + ", ".join(f"{kind} m{m} {took * 1000:.0f} ms" if took else f"{kind} m{m} -"
