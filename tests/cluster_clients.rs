@@ -504,6 +504,74 @@ fn a_waiter_whose_leader_is_killed_is_resolved_and_queued_again() {
     assert!(output.status.success(), "{}", stderr(&output));
 }
 
+/// A waiter whose leader is paused (SIGSTOP: a stalled VM, a stuck disk) moves to the new
+/// leader during the pause: its identified session, which reads nothing while the acquire
+/// waits, probes the leader with a ping; unanswered, the session closes and the client
+/// resolves the acquire on the member that leads the key now ("never seen" there: it queues
+/// again). It is granted there when the holder lets go, while the old leader is still stopped.
+/// Before, the waiter waited the pause out.
+#[test]
+fn a_waiter_whose_leader_is_paused_moves_to_the_new_leader_during_the_pause() {
+    let cluster = Cluster::start("clients-paused-waiter", 3, 4, false);
+    let key = "jobs/paused-waiter";
+    let owner = fresh_id();
+    let acquire = move || Request::Acquire {
+        wait_s: 0,
+        lease_s: 60,
+        owner,
+        key: key.as_bytes(),
+    };
+    let (leader, token) = match cluster.call(key, &[], SETTLE, acquire) {
+        (leader, Response::Acquired { token, .. }) => (leader, token),
+        (_, other) => panic!("acquire of {key} answered {other:?}"),
+    };
+    let members: Vec<&Member> = cluster.members.iter().collect();
+    let addrs = list(&members);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let output = latchkey(&[
+            "lock", "--server", &addrs, "--wait", "20s", "--lease", "30s", key, "--", "true",
+        ]);
+        let _ = done_tx.send(());
+        output
+    });
+    let waiting_on = |client| {
+        let state = common::cluster::query(client, key, fresh_id());
+        matches!(state, Some(Response::State { waiters: 1, .. }))
+    };
+    let on_leader = cluster.members[leader].client;
+    assert!(
+        wait_until(SETTLE, || waiting_on(on_leader)),
+        "queued on the leader"
+    );
+    cluster.signal(leader, libc::SIGSTOP);
+    let resume = Resume {
+        cluster: &cluster,
+        index: leader,
+    };
+    let (new_leader, _) = cluster
+        .serving(key, &[leader], SETTLE)
+        .expect("a new leader");
+    let on_new = cluster.members[new_leader].client;
+    assert!(
+        wait_until(SETTLE, || waiting_on(on_new)),
+        "queued again on the new leader while the old one is stopped"
+    );
+    let release = move || Request::Release {
+        token,
+        key: key.as_bytes(),
+    };
+    let (_, released) = cluster.call(key, &[leader], SETTLE, release);
+    assert_eq!(released, Response::Released { token });
+    assert!(
+        done_rx.recv_timeout(SETTLE).is_ok(),
+        "the waiter ran its command while the old leader is still stopped"
+    );
+    drop(resume);
+    let output = waiter.join().expect("the waiter ran");
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
 /// Bytes of a resuming client's handshake: an Identify (27), then the ping (10).
 const HELLO: usize = 27 + 10;
 

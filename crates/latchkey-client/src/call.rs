@@ -184,6 +184,10 @@ pub(crate) enum CloseReason {
     DeadlineMidFrame,
     /// A wait-0 acquire, or a cancelled one, got no answer by its transport deadline.
     Unanswered,
+    /// An identified session with a waiting acquire on the wire read nothing while an answer
+    /// (its probe's, at least) was overdue: a paused server; its acquires are resolved
+    /// elsewhere (`pipeline/link.rs`).
+    Silent,
     /// The client was dropped.
     Shutdown,
 }
@@ -233,6 +237,9 @@ impl fmt::Display for CloseReason {
             ),
             CloseReason::DeadlineMidFrame => f.write_str("deadline passed mid-frame"),
             CloseReason::Unanswered => f.write_str("no answer within the transport timeout"),
+            CloseReason::Silent => f.write_str(
+                "the server stopped answering (a ping went unanswered) while an acquire waited",
+            ),
             CloseReason::Shutdown => f.write_str("client dropped"),
         }
     }

@@ -142,6 +142,12 @@ pub(crate) struct Pipeline {
     awaiting_since: Option<Instant>,
     /// Answers are overdue and nothing was read since: no new call is taken.
     stalled: bool,
+    /// While a waiting acquire may be on the wire of an identified session: the instant from
+    /// which its quiet time counts (its hand-off, the last read, or the last probe); `None`
+    /// when no probe is armed (`link.rs`).
+    probe_from: Option<Instant>,
+    /// The nonce of the next probe ping (the client uses it for nothing else).
+    probe_nonce: u64,
     /// Calls handed back unsent while stalled, not resolved yet.
     returned: Vec<Call>,
     close: Option<CloseReason>,
@@ -184,6 +190,8 @@ impl Pipeline {
             identified: false,
             awaiting_since: None,
             stalled: false,
+            probe_from: None,
+            probe_nonce: 0,
             returned: Vec::new(),
             close: None,
             entries: Slab::new(),
@@ -224,9 +232,13 @@ impl Pipeline {
     /// millisecond, or a cascade point of it; waking early is harmless). `None` when no
     /// deadline is armed.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        match (self.timers.next_deadline(), self.stall_at()) {
-            (Some(timer), Some(stall)) => Some(timer.min(stall)),
-            (timer, stall) => timer.or(stall),
+        let link = match (self.stall_at(), self.probe_at()) {
+            (Some(stall), Some(probe)) => Some(stall.min(probe)),
+            (stall, probe) => stall.or(probe),
+        };
+        match (self.timers.next_deadline(), link) {
+            (Some(timer), Some(link)) => Some(timer.min(link)),
+            (timer, link) => timer.or(link),
         }
     }
 
@@ -327,7 +339,7 @@ impl Pipeline {
     /// Correlates the answers at the start of `input`, read at `now`; returns the bytes used.
     /// The driver calls it after every read that returned bytes: any byte read ends a stall.
     pub(crate) fn handle_read(&mut self, input: &[u8], now: Instant) -> usize {
-        self.note_read();
+        self.note_read(now);
         let mut consumed = 0;
         while self.close.is_none() {
             match parse_response(&input[consumed..]) {

@@ -26,6 +26,20 @@
 //! byte read ends the stall. A stall never closes the session: a slow server that answers
 //! late is not a dead one, and closing would turn sent requests `Indeterminate` early.
 //!
+//! **Probes.** A waiting acquire is not answered at once, so a session that carries only
+//! waiters would never notice a paused server (a leader stopped by SIGSTOP, a stalled VM): its
+//! waiters would wait the pause out, although another member may lead their keys within a
+//! second. So an *identified* session with a waiting acquire on the wire that reads nothing
+//! for [`PROBE_QUIET`] of its silence limit sends a `P` of its own (never delivered to a
+//! caller); a live server answers it at once, a paused one lets it stall the session. An
+//! identified session that stalls with a waiting acquire on the wire *closes*
+//! ([`CloseReason::Silent`]): its acquires end `Indeterminate` here, and the client resolves
+//! them on another session (docs/protocol.md §5) — at the member that leads the key now, or,
+//! once the paused one answers again, there: a server keeps an identified client's waiters in
+//! their places when its session closes, and the Resolve finds them. An unidentified session
+//! never probes and never closes for silence: without Resolve, closing would only turn its
+//! waiters `Indeterminate` early.
+//!
 //! Deliberately not here: the connect deadline itself (the driver's), and choosing another
 //! session (the pool and the exchange).
 
@@ -36,6 +50,10 @@ use crate::protocol::{Request, Response};
 
 /// Bytes of a `P` frame.
 pub(super) const PING_BYTES: usize = 10;
+/// The fraction of the silence limit a session with a waiting acquire on the wire stays
+/// quiet before it probes (module docs): with the default connect timeout of 2 s, a probe
+/// after 500 ms without a read, and a paused server found 2.5 s after its last answer.
+const PROBE_QUIET: u32 = 4;
 /// Bytes of an `I` frame.
 const IDENTIFY_BYTES: usize = 27;
 /// Bytes of the longest handshake: an Identify, then the ping.
@@ -86,6 +104,7 @@ impl Pipeline {
             identify_nonce
         });
         Request::Ping { nonce }.encode(&mut frame);
+        self.probe_nonce = nonce.wrapping_add(2);
         self.hello[..frame.len()].copy_from_slice(&frame);
         self.link = Link::Handshake {
             nonce,
@@ -216,9 +235,13 @@ impl Pipeline {
         }
     }
 
-    /// Bytes were read: nothing is overdue any more.
-    pub(super) fn note_read(&mut self) {
+    /// Bytes were read at `now`: nothing is overdue any more, and a probe's quiet time starts
+    /// again.
+    pub(super) fn note_read(&mut self, now: Instant) {
         self.awaiting_since = None;
+        if self.probe_from.is_some() {
+            self.probe_from = Some(now);
+        }
         if self.stalled {
             log::debug!("a stalled session read again: it takes calls again");
             self.stalled = false;
@@ -234,6 +257,74 @@ impl Pipeline {
         if answered_at_once && self.awaiting_since.is_none() {
             self.awaiting_since = Some(now);
         }
+        if !answered_at_once && self.identified && self.probe_from.is_none() {
+            self.probe_from = Some(now);
+        }
+    }
+
+    /// Whether a waiting acquire may be on the wire (some byte of it handed, no answer yet).
+    /// O(acquires of the session): called at most once per probe interval and at a stall.
+    fn waiter_on_the_wire(&self) -> bool {
+        self.owners.values().any(|&handle| {
+            self.entry(handle).is_some_and(|entry| {
+                let waits = matches!(
+                    entry.call.op,
+                    Op::Acquire {
+                        wait_zero: false,
+                        ..
+                    }
+                );
+                waits
+                    && matches!(
+                        entry.stage,
+                        Stage::Partial | Stage::Sent | Stage::Cancelling
+                    )
+            })
+        })
+    }
+
+    /// When this session probes its server unless it reads before (module docs): `None` when
+    /// no probe is armed, or an answer is already awaited (the stall covers it).
+    pub(super) fn probe_at(&self) -> Option<Instant> {
+        if self.stalled || !self.is_established() || self.close.is_some() {
+            return None;
+        }
+        if self.awaiting_since.is_some() {
+            return None;
+        }
+        let quiet = self.silence_limit / PROBE_QUIET;
+        self.probe_from.map(|from| from + quiet)
+    }
+
+    /// At a probe's instant: a `P` of the session's own when a waiting acquire may still be on
+    /// the wire, else the probe is disarmed (the next waiting acquire handed arms it again).
+    fn handle_probe(&mut self, now: Instant) {
+        let Some(at) = self.probe_at() else {
+            return;
+        };
+        if now < at {
+            return;
+        }
+        if !self.waiter_on_the_wire() {
+            self.probe_from = None;
+            return;
+        }
+        self.probe_from = Some(now);
+        let mut nonce = self.probe_nonce;
+        while self.nonces.contains_key(&nonce) {
+            nonce = nonce.wrapping_add(1);
+        }
+        self.probe_nonce = nonce.wrapping_add(1);
+        log::trace!(
+            "no byte read for {:?} with a waiter on the wire: probing",
+            now - at
+        );
+        self.submit(Call {
+            op: Op::Ping { nonce },
+            deadline: now + self.transport_timeout,
+            reply: None,
+            attempts: 0,
+        });
     }
 
     /// When the session stalls unless it reads before: `None` when nothing is overdue-able.
@@ -244,12 +335,24 @@ impl Pipeline {
         self.awaiting_since.map(|since| since + self.silence_limit)
     }
 
-    /// Stalls the session once an answer is overdue at `now` (never before the instant).
+    /// Probes when a probe is due, and stalls the session once an answer is overdue at `now`
+    /// (never before the instant); an identified session that stalls with a waiting acquire on
+    /// the wire closes (module docs).
     pub(super) fn handle_silence(&mut self, now: Instant) {
+        self.handle_probe(now);
         let Some(at) = self.stall_at() else {
             return;
         };
         if now < at {
+            return;
+        }
+        if self.identified && self.waiter_on_the_wire() {
+            log::debug!(
+                "no byte read for {:?} while answers are due, with a waiter on the wire: the \
+                 session closes and its acquires are resolved elsewhere",
+                self.silence_limit
+            );
+            self.close(CloseReason::Silent);
             return;
         }
         log::debug!(

@@ -318,3 +318,139 @@ fn a_read_after_a_send_clears_the_evidence_against_it() {
     pipeline.handle_deadlines(t0 + ms(1_500) + SILENCE);
     assert!(pipeline.is_stalled());
 }
+
+/// An identified session (docs/protocol.md §5), established at `now`.
+fn identified(now: Instant) -> Pipeline {
+    let mut pipeline = Pipeline::new(TRANSPORT, SILENCE, now);
+    let identity = super::Identity {
+        client: 7,
+        grace_s: 10,
+    };
+    pipeline.start_handshake(HELLO, Some(identity));
+    let hello = write_all(&mut pipeline, now);
+    let identify = HELLO.wrapping_add(1);
+    assert_eq!(
+        hello,
+        vec![
+            Sent::Identify { nonce: identify },
+            Sent::Ping { nonce: HELLO }
+        ]
+    );
+    let answer = Response::Identified {
+        nonce: identify,
+        grace_s: 10,
+    };
+    feed(&mut pipeline, answer, now);
+    feed(&mut pipeline, Response::Pong { nonce: HELLO }, now);
+    assert!(pipeline.is_established() && pipeline.is_identified());
+    pipeline
+}
+
+/// The quiet time before a probe: a quarter of the silence limit.
+const QUIET: std::time::Duration = std::time::Duration::from_millis(500);
+
+#[test]
+fn an_identified_waiter_on_a_silent_server_is_probed_then_its_session_closes() {
+    let t0 = Instant::now();
+    let mut pipeline = identified(t0);
+    let (queued, rx) = acquire(OWNER, false, t0 + ms(30_000));
+    pipeline.submit(queued);
+    write_all(&mut pipeline, t0);
+    assert_eq!(pipeline.next_deadline(), Some(t0 + QUIET));
+    pipeline.handle_deadlines(t0 + QUIET - ms(1));
+    assert_eq!(write_all(&mut pipeline, t0 + QUIET - ms(1)), vec![]);
+    pipeline.handle_deadlines(t0 + QUIET);
+    let probe = write_all(&mut pipeline, t0 + QUIET);
+    let [Sent::Ping { nonce }] = probe[..] else {
+        panic!("a probe ping, got {probe:?}");
+    };
+    assert!(nonce != HELLO && nonce != HELLO.wrapping_add(1));
+    // Its pong is overdue one silence limit after it was handed: never before.
+    assert_eq!(pipeline.next_deadline(), Some(t0 + QUIET + SILENCE));
+    pipeline.handle_deadlines(t0 + QUIET + SILENCE - ms(1));
+    assert_eq!(pipeline.close_reason(), None);
+    assert!(rx.try_recv().is_err(), "the waiter still waits");
+    pipeline.handle_deadlines(t0 + QUIET + SILENCE);
+    assert_eq!(pipeline.close_reason(), Some(&CloseReason::Silent));
+    pipeline.finish();
+    assert!(
+        matches!(rx.try_recv(), Ok(Outcome::Indeterminate)),
+        "the client resolves it elsewhere"
+    );
+}
+
+#[test]
+fn a_live_server_answers_the_probes_and_the_waiter_keeps_waiting() {
+    let t0 = Instant::now();
+    let mut pipeline = identified(t0);
+    let (queued, rx) = acquire(OWNER, false, t0 + ms(30_000));
+    pipeline.submit(queued);
+    write_all(&mut pipeline, t0);
+    let mut now = t0;
+    for _ in 0..10 {
+        now += QUIET;
+        pipeline.handle_deadlines(now);
+        let probe = write_all(&mut pipeline, now);
+        let [Sent::Ping { nonce }] = probe[..] else {
+            panic!("a probe ping, got {probe:?}");
+        };
+        // The pong comes 300 ms later; it reaches no caller.
+        now += ms(300);
+        pipeline.handle_deadlines(now);
+        feed(&mut pipeline, Response::Pong { nonce }, now);
+        assert!(rx.try_recv().is_err());
+        // Quiet again from the read on.
+        assert_eq!(pipeline.next_deadline(), Some(now + QUIET));
+    }
+    assert_eq!(pipeline.close_reason(), None);
+    assert!(!pipeline.is_stalled());
+    let token = 41;
+    feed(
+        &mut pipeline,
+        Response::Acquired {
+            owner: OWNER,
+            token,
+        },
+        now,
+    );
+    assert_eq!(
+        super::super::tests::answered(&rx),
+        Response::Acquired {
+            owner: OWNER,
+            token
+        }
+    );
+    // Nothing waits any more: the next probe instant disarms the probe, and nothing wakes
+    // the driver after it.
+    pipeline.handle_deadlines(now + QUIET);
+    assert_eq!(write_all(&mut pipeline, now + QUIET), vec![]);
+    assert_eq!(pipeline.next_deadline(), None);
+}
+
+#[test]
+fn an_unidentified_waiter_is_never_probed_and_its_session_never_closes_for_silence() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (queued, rx) = acquire(OWNER, false, t0 + ms(30_000));
+    pipeline.submit(queued);
+    write_all(&mut pipeline, t0);
+    for second in 1..=29 {
+        let now = t0 + ms(second * 1_000);
+        pipeline.handle_deadlines(now);
+        assert_eq!(write_all(&mut pipeline, now), vec![]);
+    }
+    assert_eq!(pipeline.close_reason(), None);
+    assert!(rx.try_recv().is_err());
+}
+
+#[test]
+fn an_identified_session_without_a_waiter_stalls_as_before_and_stays_open() {
+    let t0 = Instant::now();
+    let mut pipeline = identified(t0);
+    let (first, _rx) = query(1, t0 + ms(9_000));
+    pipeline.submit(first);
+    write_all(&mut pipeline, t0);
+    pipeline.handle_deadlines(t0 + SILENCE);
+    assert!(pipeline.is_stalled());
+    assert_eq!(pipeline.close_reason(), None);
+}
