@@ -148,6 +148,8 @@ pub(crate) struct Pipeline {
     probe_from: Option<Instant>,
     /// The nonce of the next probe ping (the client uses it for nothing else).
     probe_nonce: u64,
+    /// When the probe ping now awaited was queued; `None` when none is.
+    probe_out: Option<Instant>,
     /// Calls handed back unsent while stalled, not resolved yet.
     returned: Vec<Call>,
     close: Option<CloseReason>,
@@ -192,6 +194,7 @@ impl Pipeline {
             stalled: false,
             probe_from: None,
             probe_nonce: 0,
+            probe_out: None,
             returned: Vec::new(),
             close: None,
             entries: Slab::new(),

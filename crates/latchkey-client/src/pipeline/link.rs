@@ -30,9 +30,10 @@
 //! waiters would never notice a paused server (a leader stopped by SIGSTOP, a stalled VM): its
 //! waiters would wait the pause out, although another member may lead their keys within a
 //! second. So an *identified* session with a waiting acquire on the wire that reads nothing
-//! for [`PROBE_QUIET`] of its silence limit sends a `P` of its own (never delivered to a
-//! caller); a live server answers it at once, a paused one lets it stall the session. An
-//! identified session that stalls with a waiting acquire on the wire *closes*
+//! for a quarter of its silence limit ([`PROBE_QUIET`]) sends a `P` of its own (never delivered
+//! to a caller); a live server answers it at once. When nothing is read within half the silence
+//! limit of the probe ([`PROBE_ANSWER`]), or the session stalls (another request's answer
+//! overdue), while a waiting acquire is on the wire, the session *closes*
 //! ([`CloseReason::Silent`]): its acquires end `Indeterminate` here, and the client resolves
 //! them on another session (docs/protocol.md §5) — at the member that leads the key now, or,
 //! once the paused one answers again, there: a server keeps an identified client's waiters in
@@ -52,8 +53,12 @@ use crate::protocol::{Request, Response};
 pub(super) const PING_BYTES: usize = 10;
 /// The fraction of the silence limit a session with a waiting acquire on the wire stays
 /// quiet before it probes (module docs): with the default connect timeout of 2 s, a probe
-/// after 500 ms without a read, and a paused server found 2.5 s after its last answer.
+/// after 500 ms without a read.
 const PROBE_QUIET: u32 = 4;
+/// The fraction of the silence limit a probe's pong may take (module docs): with the default
+/// connect timeout, 1 s, so a paused server is found at most 1.5 s after its last answer. A
+/// live but slow server found so costs a Resolve, which finds the waiter in its place.
+const PROBE_ANSWER: u32 = 2;
 /// Bytes of an `I` frame.
 const IDENTIFY_BYTES: usize = 27;
 /// Bytes of the longest handshake: an Identify, then the ping.
@@ -239,6 +244,7 @@ impl Pipeline {
     /// again.
     pub(super) fn note_read(&mut self, now: Instant) {
         self.awaiting_since = None;
+        self.probe_out = None;
         if self.probe_from.is_some() {
             self.probe_from = Some(now);
         }
@@ -283,11 +289,15 @@ impl Pipeline {
         })
     }
 
-    /// When this session probes its server unless it reads before (module docs): `None` when
-    /// no probe is armed, or an answer is already awaited (the stall covers it).
+    /// When this session probes its server, or gives up on its probe, unless it reads before
+    /// (module docs): `None` when no probe is armed, or when another answer is awaited and no
+    /// probe is out (the stall covers it).
     pub(super) fn probe_at(&self) -> Option<Instant> {
         if self.stalled || !self.is_established() || self.close.is_some() {
             return None;
+        }
+        if let Some(out) = self.probe_out {
+            return Some(out + self.silence_limit / PROBE_ANSWER);
         }
         if self.awaiting_since.is_some() {
             return None;
@@ -297,7 +307,8 @@ impl Pipeline {
     }
 
     /// At a probe's instant: a `P` of the session's own when a waiting acquire may still be on
-    /// the wire, else the probe is disarmed (the next waiting acquire handed arms it again).
+    /// the wire, else the probe is disarmed (the next waiting acquire handed arms it again); at
+    /// a probe's overdue instant with a waiter still on the wire, the session closes.
     fn handle_probe(&mut self, now: Instant) {
         let Some(at) = self.probe_at() else {
             return;
@@ -305,11 +316,27 @@ impl Pipeline {
         if now < at {
             return;
         }
-        if !self.waiter_on_the_wire() {
+        let waiting = self.waiter_on_the_wire();
+        if self.probe_out.is_some() {
+            if waiting {
+                log::debug!(
+                    "a probe ping unanswered for {:?} with a waiter on the wire: the session \
+                     closes and its acquires are resolved elsewhere",
+                    self.silence_limit / PROBE_ANSWER
+                );
+                self.close(CloseReason::Silent);
+            } else {
+                self.probe_out = None;
+                self.probe_from = None;
+            }
+            return;
+        }
+        if !waiting {
             self.probe_from = None;
             return;
         }
         self.probe_from = Some(now);
+        self.probe_out = Some(now);
         let mut nonce = self.probe_nonce;
         while self.nonces.contains_key(&nonce) {
             nonce = nonce.wrapping_add(1);

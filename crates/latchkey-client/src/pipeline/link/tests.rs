@@ -365,12 +365,13 @@ fn an_identified_waiter_on_a_silent_server_is_probed_then_its_session_closes() {
         panic!("a probe ping, got {probe:?}");
     };
     assert!(nonce != HELLO && nonce != HELLO.wrapping_add(1));
-    // Its pong is overdue one silence limit after it was handed: never before.
-    assert_eq!(pipeline.next_deadline(), Some(t0 + QUIET + SILENCE));
-    pipeline.handle_deadlines(t0 + QUIET + SILENCE - ms(1));
+    // Its pong is overdue half a silence limit after it went out: never before.
+    let overdue = t0 + QUIET + SILENCE / 2;
+    assert_eq!(pipeline.next_deadline(), Some(overdue));
+    pipeline.handle_deadlines(overdue - ms(1));
     assert_eq!(pipeline.close_reason(), None);
     assert!(rx.try_recv().is_err(), "the waiter still waits");
-    pipeline.handle_deadlines(t0 + QUIET + SILENCE);
+    pipeline.handle_deadlines(overdue);
     assert_eq!(pipeline.close_reason(), Some(&CloseReason::Silent));
     pipeline.finish();
     assert!(
@@ -389,13 +390,14 @@ fn a_live_server_answers_the_probes_and_the_waiter_keeps_waiting() {
     let mut now = t0;
     for _ in 0..10 {
         now += QUIET;
+        assert_eq!(pipeline.next_deadline(), Some(now));
         pipeline.handle_deadlines(now);
         let probe = write_all(&mut pipeline, now);
         let [Sent::Ping { nonce }] = probe[..] else {
             panic!("a probe ping, got {probe:?}");
         };
-        // The pong comes 300 ms later; it reaches no caller.
-        now += ms(300);
+        // The pong comes 900 ms later (within half the silence limit); it reaches no caller.
+        now += ms(900);
         pipeline.handle_deadlines(now);
         feed(&mut pipeline, Response::Pong { nonce }, now);
         assert!(rx.try_recv().is_err());
