@@ -18,7 +18,7 @@ import pytest
 
 import latchkey
 import latchkey.aio
-from support import HELLO, PATIENCE, FakeConn, FakeServer, Proxy, Server, assert_between, resp
+from support import HELLO, PATIENCE, FakeConn, FakeServer, Proxy, Server, assert_between, moved, resp
 
 LATE = 3.0
 LEASE = 30.0
@@ -576,6 +576,25 @@ def test_a_background_release_whose_session_fails_goes_to_another() -> None:
     again.send(resp("R", 91))
     client.close()
     fake.close()
+
+
+def test_a_resolve_answered_m_follows_it_to_the_leader_named() -> None:
+    """With a cluster, the Resolve goes to the member that leads the key now (docs/protocol.md
+    §4.1): the member whose session failed answers it ``M``, and the Resolve — not the acquire
+    — goes to the leader it names, which finds the grant."""
+    first, second = FakeServer(), FakeServer()
+    client = latchkey.Client([first.addr, second.addr], sessions=1, connect_timeout=2.0, transport_timeout=2.0)
+    call, owner = cut_after_acquire(first, client, 5.0)
+    asked = next_resolve(first, owner)
+    asked.send(moved(owner, second.addr))
+    leader = next_resolve(second, owner)
+    leader.send(resp("W", owner, 1, 66, 29000))
+    ticket, _ = call.join()
+    assert isinstance(ticket, latchkey.Ticket) and ticket.token == 66
+    assert asked.read_frame(0.3) == "quiet" and leader.read_frame(0.3) == "quiet", "no acquire again"
+    client.close()
+    first.close()
+    second.close()
 
 
 def _ignore(function: Any) -> None:

@@ -86,6 +86,7 @@ class Call:
         "parent",
         "wait_deadline",
         "attempts",
+        "resolved",
     )
 
     def __init__(
@@ -121,6 +122,9 @@ class Call:
         self.wait_deadline = deadline
         # A fire-and-forget release: how many sessions it was handed to after the first.
         self.attempts = 0
+        # A Resolve that a "queued" answer turned back into its acquire: never sent again as
+        # an acquire (its retries are Resolves, see ``Client._exchange``).
+        self.resolved = False
 
     def fresh(self) -> "Call":
         """The same request (same id, key and deadline) for another attempt."""
@@ -1039,6 +1043,7 @@ class Session:
                 # Still queued, now on this session: the call is that acquire again, waiting
                 # here for its A, T or B until its own deadline (then its Cancel goes here).
                 call.kind = "A"
+                call.resolved = True
                 call.deadline = call.wait_deadline
                 call.timer = call.wait_deadline
                 if now >= call.deadline:
