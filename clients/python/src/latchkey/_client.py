@@ -8,7 +8,8 @@ backoff to the next member; a request that may have been sent without a definite
 never sent again, to any member — except a release or an extend, which names a token and is
 safe to send again (§4.3). An acquire never is: one whose *identified* session failed after it
 may have been sent is *resolved* on another session instead (a Resolve, §4.1 and §5, routed
-like any request: to the key's leader now, following ``M``), which is not a resend.
+like any request: to the key's leader now, following ``M``), which is not a resend. (A waiting
+acquire's session that finds its server silent fails so: see the probes of ``_session``.)
 
 With several members, a release or an extend (a ticket's, ``lock()``'s keep-alive, a
 background release) not answered within the hedge delay — a quarter of ``connect_timeout``,
