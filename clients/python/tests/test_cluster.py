@@ -320,7 +320,7 @@ def test_a_waiter_whose_leader_is_paused_moves_to_the_new_leader_during_the_paus
     a waiter (``acquire(wait=20)``) queued on its key's leader, which is then paused (SIGSTOP).
     Its identified session, which reads nothing while the acquire waits, probes the leader with
     a ping a quarter of the connect timeout after its last read; unanswered, the session closes
-    at the probe + the connect timeout, and the acquire is resolved (never sent again) at the
+    at the probe + half the connect timeout, and the acquire is resolved (never sent again) at the
     member that leads the key now: "never seen" there, it queues again. Released there, the
     holder's lock goes to the waiter while the old leader is still stopped. Before, the waiter
     waited the pause out."""

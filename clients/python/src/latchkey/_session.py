@@ -34,8 +34,9 @@ So an *identified* session with a waiting acquire possibly on the wire that read
 a quarter of ``connect_timeout`` sends a ``P`` of its own (a nonce no caller uses; its pong is
 delivered to nobody), again after each quiet quarter; every read restarts the quiet time, and
 once no waiting acquire is on the wire probing stops (an idle session never wakes). An
-identified session that stalls — the probe counts as a request answered at once — while a
-waiting acquire is on the wire *closes*: its acquires end ``INDETERMINATE`` and the client
+identified session that stalls — the probe counts as a request answered at once, and its
+answer is overdue after half of ``connect_timeout`` — while a waiting acquire is on the wire
+*closes*: its acquires end ``INDETERMINATE`` and the client
 resolves them on another session (never sends them again). The I/O thread keeps that time
 (its poll wakes at the probe's instant and the stall's). An unidentified session never probes
 and never closes for silence: without a Resolve, closing would only end its waiters
@@ -86,6 +87,10 @@ _READ_BYTES = 65536
 # ``connect_timeout`` without a read (the module docs): 0.5 s with the default 2 s, and a paused
 # server found 2.5 s after its last answer.
 PROBE_QUIET = 4
+# An unanswered probe stalls the session after this fraction of ``connect_timeout`` (1 s with
+# the default 2 s): a paused server found 1.5 s after its last answer (the Rust client's
+# PROBE_ANSWER).
+PROBE_ANSWER = 2
 # The reason an identified session with a waiter closes for silence (the Rust client's
 # CloseReason::Silent).
 SILENT = "the server stopped answering (a ping went unanswered) while an acquire waited"
@@ -314,6 +319,9 @@ class Session:
         # its quiet time counts from (its hand-off, or the last probe; reads count through
         # ``_last_read``); ``None`` while no probe is armed (see the module docs).
         self._probe_from: Optional[float] = None
+        # The last probe handed and when: awaited for ``connect_timeout / PROBE_ANSWER``.
+        self._probe_out: Optional[Tuple[float, Call]] = None
+        self._probe_nonce = -1  # the last probe's
         self._want_write = False
         self._sending = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -384,7 +392,15 @@ class Session:
         last_read = self._last_read
         while stall and (stall[0][1].answered or stall[0][0] <= last_read):
             stall.popleft()
-        return stall[0][0] + self.config.connect_timeout if stall else None
+        at = stall[0][0] + self.config.connect_timeout if stall else None
+        probe = self._probe_out
+        if probe is not None:
+            if probe[1].answered or probe[0] <= last_read:
+                self._probe_out = None
+            else:
+                probe_at = probe[0] + self.config.connect_timeout / PROBE_ANSWER
+                at = probe_at if at is None else min(at, probe_at)
+        return at
 
     def wait(self, call: Call) -> None:
         """Blocks until ``call`` has its outcome, applying its deadline (§4.2–§4.4)."""
@@ -661,6 +677,8 @@ class Session:
             call.state = PARTIAL
         if call.immediate():
             self._stall.append((now, call))
+            if call.kind == "P" and call.ident == self._probe_nonce:
+                self._probe_out = (now, call)
         else:
             self._arm_probe_locked(now)
 
@@ -711,6 +729,7 @@ class Session:
             return None
         self._probe_from = now
         probe = Call("P", b"", self.config.next_id(), now + self.config.transport_timeout, waitable=False)
+        self._probe_nonce = probe.ident
         self._submit_locked(probe)
         if self.failed:
             return None
