@@ -1,6 +1,7 @@
 """A real three-member cluster (three ``latchkey serve`` processes on loopback): redirects to the
 key's leader, a leader killed mid-run, no quorum (``Unavailable``, never a fake ``Timeout``),
-and a holder keeping its lock through a paused leader (hedged extends). The Rust counterparts
+a holder keeping its lock through a paused leader (hedged extends), and a waiter moving to the
+new leader during a leader's pause (probes, then a Resolve). The Rust counterparts
 are tests/cluster_clients.rs and tests/client_redirects.rs (which use fake members); this runs
 the real thing."""
 
@@ -285,3 +286,92 @@ def test_an_aio_holder_keeps_its_lock_while_its_leader_is_paused(cluster: Cluste
             assert not (await client.query(key)).held
 
     asyncio.run(main())
+
+
+def _ask(cluster: Cluster, index: int, frame: bytes, size: int) -> bytes:
+    """One raw request to member ``index`` (no handshake); its answer, or ``b""`` when the
+    member does not answer within 2 s (a paused one)."""
+    host, _, port = cluster.clients[index].rpartition(":")
+    data = b""
+    try:
+        with socket.create_connection((host, int(port)), timeout=2) as sock:
+            sock.sendall(frame)
+            while not data or len(data) < {"M": 28}.get(chr(data[0]), size):
+                chunk = sock.recv(64)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        return b""
+    return data
+
+
+def _waiters_at(cluster: Cluster, index: int, key: str) -> Optional[int]:
+    """The waiters on ``key`` as member ``index`` answers a query itself; ``None`` for an
+    ``M`` or no answer."""
+    data = _ask(cluster, index, b"Q" + struct.pack(">Q", 1) + key.encode() + b"\n", 19)
+    if data[:1] != b"Q" or len(data) < 19:
+        return None
+    return int(struct.unpack_from(">I", data, 14)[0])
+
+
+def test_a_waiter_whose_leader_is_paused_moves_to_the_new_leader_during_the_pause(cluster: Cluster) -> None:
+    """tests/cluster_clients.rs a_waiter_whose_leader_is_paused_moves_to_the_new_leader_during_the_pause:
+    a waiter (``acquire(wait=20)``) queued on its key's leader, which is then paused (SIGSTOP).
+    Its identified session, which reads nothing while the acquire waits, probes the leader with
+    a ping a quarter of the connect timeout after its last read; unanswered, the session closes
+    at the probe + half the connect timeout, and the acquire is resolved (never sent again) at the
+    member that leads the key now: "never seen" there, it queues again. Released there, the
+    holder's lock goes to the waiter while the old leader is still stopped. Before, the waiter
+    waited the pause out."""
+    key = "paused/waiter"
+    holders = latchkey.Client(cluster.clients, sessions=1)
+    waiters = latchkey.Client(cluster.clients, sessions=1)
+    done = threading.Event()
+    outcome: List[object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(waiters.acquire(key, wait=20.0, lease=30.0))
+        except latchkey.Error as error:
+            outcome.append(error)
+        done.set()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    try:
+        holder = holders.acquire(key, wait=5.0, lease=30.0)
+        leader = cluster.leader_of(key)
+        assert leader is not None
+        member = cluster.members[leader]
+        assert member is not None
+        thread.start()
+        until = time.monotonic() + 10
+        while _waiters_at(cluster, leader, key) != 1:
+            assert time.monotonic() < until, "never queued on the leader"
+            time.sleep(0.05)
+        member.signal(signal.SIGSTOP)
+        try:
+            paused = time.monotonic()
+            others = [i for i in range(3) if i != leader]
+            moved_to: Optional[int] = None
+            while moved_to is None:
+                assert time.monotonic() - paused < 12, "not queued again on a new leader"
+                assert not done.is_set(), f"the waiter ended: {outcome}"
+                for index in others:
+                    if _waiters_at(cluster, index, key) == 1:
+                        moved_to = index
+                time.sleep(0.05)
+            print(f"queued again on member {moved_to + 1} {time.monotonic() - paused:.2f} s into the pause")
+            release = b"R" + struct.pack(">Q", holder.token) + key.encode() + b"\n"
+            assert _ask(cluster, moved_to, release, 10)[:1] == b"R", "the holder released there"
+            assert done.wait(3.0), "the waiter is granted while the old leader is stopped"
+            assert time.monotonic() - paused < 15
+        finally:
+            member.signal(signal.SIGCONT)
+        assert len(outcome) == 1 and isinstance(outcome[0], latchkey.Ticket), outcome
+        assert outcome[0].is_valid()
+        assert outcome[0].release() is True
+    finally:
+        holders.close()
+        waiters.close()
+        thread.join(30)

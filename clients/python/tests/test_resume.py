@@ -18,7 +18,7 @@ import pytest
 
 import latchkey
 import latchkey.aio
-from support import HELLO, PATIENCE, FakeConn, FakeServer, Proxy, Server, assert_between, resp
+from support import HELLO, PATIENCE, FakeConn, FakeServer, Proxy, Server, assert_between, moved, resp
 
 LATE = 3.0
 LEASE = 30.0
@@ -508,6 +508,16 @@ def test_no_session_answering_the_resolve_in_time_is_indeterminate() -> None:
     fake.close()
 
 
+def frame_after_probes(conn: FakeConn) -> Any:
+    """The next frame that is not a probe, answering the probes before it: a waiter on an
+    identified session pings its server after a quiet quarter of the connect timeout."""
+    while True:
+        frame = conn.frame()
+        if frame[0] != "P":
+            return frame
+        conn.send(resp("P", frame[1]))
+
+
 def test_a_waiter_resolved_queued_waits_there_and_is_cancelled_there_at_the_deadline() -> None:
     fake = FakeServer()
     client = make_client(fake.addr, transport=2.0)
@@ -515,7 +525,8 @@ def test_a_waiter_resolved_queued_waits_there_and_is_cancelled_there_at_the_dead
     call, owner = cut_after_acquire(fake, client, 1.0)
     conn = next_resolve(fake, owner)
     conn.send(resp("W", owner, 2, 0, 0))
-    assert conn.frame() == ("C", owner, "k"), "its Cancel goes to the session that resolved it"
+    frame = frame_after_probes(conn)
+    assert frame == ("C", owner, "k"), "its Cancel goes to the session that resolved it"
     assert time.monotonic() - start >= 1.0, "never before the deadline"
     conn.send(resp("T", owner))
     result, elapsed = call.join()
@@ -574,6 +585,157 @@ def test_a_background_release_whose_session_fails_goes_to_another() -> None:
     again = fake.accept(identify=True)
     assert again.frame() == ("R", 91, "k"), "the same release, on the next session"
     again.send(resp("R", 91))
+    client.close()
+    fake.close()
+
+
+def test_a_resolve_answered_m_follows_it_to_the_leader_named() -> None:
+    """With a cluster, the Resolve goes to the member that leads the key now (docs/protocol.md
+    §4.1): the member whose session failed answers it ``M``, and the Resolve — not the acquire
+    — goes to the leader it names, which finds the grant."""
+    first, second = FakeServer(), FakeServer()
+    client = latchkey.Client([first.addr, second.addr], sessions=1, connect_timeout=2.0, transport_timeout=2.0)
+    call, owner = cut_after_acquire(first, client, 5.0)
+    asked = next_resolve(first, owner)
+    asked.send(moved(owner, second.addr))
+    leader = next_resolve(second, owner)
+    leader.send(resp("W", owner, 1, 66, 29000))
+    ticket, _ = call.join()
+    assert isinstance(ticket, latchkey.Ticket) and ticket.token == 66
+    assert asked.read_frame(0.3) == "quiet" and leader.read_frame(0.3) == "quiet", "no acquire again"
+    client.close()
+    first.close()
+    second.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes: a waiter on a server gone silent (paused) moves on (the Rust client's
+# pipeline/link.rs "Probes"; make_client's connect timeout of 2 s: a probe after 0.5 s without
+# a read, the session closed 1 s after an unanswered probe).
+
+CONNECT = 2.0
+QUIET = CONNECT / 4
+ANSWER = CONNECT / 2
+
+
+def test_a_waiter_on_a_server_gone_silent_probes_it_and_is_resolved_on_a_new_session() -> None:
+    """An identified session whose server stops answering once the acquire is queued: a ``P``
+    of the session's own after a quarter of the connect timeout without a read (never before);
+    unanswered, the session closes at the probe + half the connect timeout (never before), and the
+    acquire is resolved on a new session — never sent again. The new session, carrying the
+    waiter the Resolve found queued, probes in turn."""
+    fake = FakeServer()
+    client = make_client(fake.addr, transport=2.0)
+    conn = fake.accept_raw()
+    assert conn is not None
+    hello = conn.handshake(identify=True)
+    start = time.monotonic()
+    call = Background(client, 20.0)
+    owner, wait_s, _, _ = conn.acquire()
+    assert wait_s == 20
+    probe = conn.frame()
+    probed = time.monotonic()
+    assert probe[0] == "P" and probe[1] != hello, f"a probe of its own, not {probe}"
+    assert_between(probed - start, QUIET, QUIET + LATE)
+    assert conn.expect_eof(ANSWER + LATE + QUIET) == [], "nothing after the probe"
+    assert_between(time.monotonic() - start, QUIET + ANSWER, QUIET + ANSWER + LATE)
+    resolved = next_resolve(fake, owner)
+    queued = time.monotonic()
+    resolved.send(resp("W", owner, 2, 0, 0))  # queued: it now waits on this session
+    again = resolved.frame()
+    assert again[0] == "P" and again[1] != probe[1], f"the new session probes too, not {again}"
+    assert_between(time.monotonic() - queued, QUIET, QUIET + LATE)
+    resolved.send(resp("P", again[1]))
+    resolved.send(resp("A", owner, 61))
+    ticket, _ = call.join()
+    assert isinstance(ticket, latchkey.Ticket) and ticket.token == 61
+    assert resolved.read_frame(QUIET + 0.5) == "quiet", "no acquire again, no probe without a waiter"
+    client.close()
+    fake.close()
+
+
+def test_a_waiter_whose_server_answers_the_probes_keeps_waiting_and_is_granted() -> None:
+    """A live server answers each probe: every read restarts the quiet time (the next probe
+    comes a quarter of the connect timeout after the pong, never before), a pong later than
+    that but within half the connect timeout closes nothing, and the waiter keeps its place on the
+    same session until its grant."""
+    fake = FakeServer()
+    client = make_client(fake.addr, transport=2.0)
+    conn = fake.accept(identify=True)
+    call = Background(client, 20.0)
+    owner = conn.acquire()[0]
+    nonces = set()
+    answered: Optional[float] = None
+    for index in range(4):
+        probe = conn.frame()
+        assert probe[0] == "P", f"a probe, not {probe}"
+        if answered is not None:
+            assert_between(time.monotonic() - answered, QUIET, QUIET + LATE)
+        nonces.add(probe[1])
+        if index == 1:
+            time.sleep(ANSWER * 0.5)  # a slow pong, within half the connect timeout
+        answered = time.monotonic()
+        conn.send(resp("P", probe[1]))
+    assert len(nonces) == 4, "a nonce per probe"
+    conn.send(resp("A", owner, 62))
+    ticket, _ = call.join()
+    assert isinstance(ticket, latchkey.Ticket) and ticket.token == 62
+    assert conn.read_frame(QUIET + 0.5) == "quiet", "no probe once no waiter is on the wire"
+    client.close()
+    fake.close()
+
+
+@pytest.mark.parametrize("refusal", [9, 1], ids=["X9", "X1"])
+def test_a_session_not_identified_never_probes_and_never_closes_for_silence(refusal: int) -> None:
+    """A server that answers the Identify X 9 (it does not resume calls) or X 1 (it does not
+    know Identify, and closes): no Resolve is possible, so the waiter's session neither probes
+    nor closes while the server is silent, and the waiter is granted there."""
+    fake = FakeServer()
+    client = make_client(fake.addr, transport=2.0)
+    if refusal == 9:
+        conn = fake.accept()
+        call = Background(client, 20.0)
+    else:
+        first = fake.accept_raw()
+        assert first is not None
+        assert first.frame()[0] == "I"
+        call = Background(client, 20.0)
+        first.send(resp("X", 1, 0))
+        first.close()
+        plain = fake.accept_raw()
+        assert plain is not None
+        ping = plain.frame()
+        assert ping[0] == "P", f"the next session does not identify: {ping}"
+        plain.send(resp("P", ping[1]))
+        conn = plain
+    owner = conn.acquire()[0]
+    assert conn.read_frame(QUIET + CONNECT + 1.0) == "quiet", "no probe, and not closed"
+    conn.send(resp("A", owner, 63))
+    ticket, _ = call.join()
+    assert isinstance(ticket, latchkey.Ticket) and ticket.token == 63
+    client.close()
+    fake.close()
+
+
+def test_an_identified_session_without_a_waiter_stalls_and_stays_open() -> None:
+    """An unanswered ping on an identified session with no waiter: the call ends ``NoAnswer``
+    at its transport timeout, the session stalls (past the connect timeout) but neither probes
+    nor closes, and takes calls again once it reads."""
+    fake = FakeServer()
+    client = make_client(fake.addr, transport=1.0)
+    conn = fake.accept(identify=True)
+    with pytest.raises(latchkey.NoAnswer):
+        client.ping()
+    ping = conn.frame()
+    assert ping[0] == "P"
+    assert conn.read_frame(CONNECT + 1.0) == "quiet", "no probe, and not closed"
+    conn.send(resp("P", ping[1]))  # late: read, and the stall ends
+    time.sleep(0.1)
+    call = Background(client, 2.0)
+    owner = conn.acquire()[0]
+    conn.send(resp("A", owner, 64))
+    ticket, _ = call.join()
+    assert isinstance(ticket, latchkey.Ticket) and ticket.token == 64
     client.close()
     fake.close()
 
@@ -725,6 +887,33 @@ def test_aio_a_server_that_does_not_know_identify_is_used_without_it() -> None:
             owner = (await loop.run_in_executor(None, plain.acquire))[0]
             plain.send(resp("A", owner, 77))
             assert (await task).token == 77
+
+    asyncio.run(main())
+    fake.close()
+
+
+def test_aio_a_waiter_on_a_server_gone_silent_is_resolved_on_a_new_session() -> None:
+    """test_a_waiter_on_a_server_gone_silent_probes_it_and_is_resolved_on_a_new_session, as a
+    task (``latchkey.aio`` runs on the same sessions): probed, closed, resolved to its grant."""
+    fake = FakeServer()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        async with aclient(fake.addr, transport=2.0) as client:
+            conn = await loop.run_in_executor(None, fake.accept, True)
+            start = time.monotonic()
+            task = asyncio.ensure_future(client.acquire("k", wait=20.0, lease=LEASE))
+            owner = (await loop.run_in_executor(None, conn.acquire))[0]
+            probe = await loop.run_in_executor(None, conn.frame)
+            assert probe[0] == "P", f"a probe, not {probe}"
+            assert_between(time.monotonic() - start, QUIET, QUIET + LATE)
+            frames = await loop.run_in_executor(None, conn.expect_eof, ANSWER + LATE + QUIET)
+            assert frames == [], "nothing after the probe"
+            assert_between(time.monotonic() - start, QUIET + ANSWER, QUIET + ANSWER + LATE)
+            resolved = await loop.run_in_executor(None, next_resolve, fake, owner)
+            resolved.send(resp("W", owner, 1, 65, 29000))
+            ticket = await task
+            assert ticket.token == 65
 
     asyncio.run(main())
     fake.close()

@@ -7,8 +7,9 @@ other sessions and members (backoff 10 ms doubling, at most 250 ms) until its de
 backoff to the next member; a request that may have been sent without a definite answer is
 never sent again, to any member — except a release or an extend, which names a token and is
 safe to send again (§4.3). An acquire never is: one whose *identified* session failed after it
-may have been sent is *resolved* on another session instead (a Resolve, §4.1 and §5), which
-is not a resend.
+may have been sent is *resolved* on another session instead (a Resolve, §4.1 and §5, routed
+like any request: to the key's leader now, following ``M``), which is not a resend. (A waiting
+acquire's session that finds its server silent fails so: see the probes of ``_session``.)
 
 With several members, a release or an extend (a ticket's, ``lock()``'s keep-alive, a
 background release) not answered within the hedge delay — a quarter of ``connect_timeout``,
@@ -599,10 +600,10 @@ def _end_lock(ticket: Ticket, keeper: Optional[_KeepAlive]) -> Optional[str]:
     return None
 
 
-def _resolved(resolve: Call, session: Session) -> _Result:
+def _resolved(result: _Result) -> _Result:
     """What a Resolve's answer (or, after ``queued``, the acquire's own ``A``, ``T`` or ``B``)
-    means for the acquire."""
-    response = resolve.response
+    means for the acquire; an answer already read so is kept as it is."""
+    response = result.response
     assert response is not None
     op = response.op
     if op == "W":
@@ -618,7 +619,7 @@ def _resolved(resolve: Call, session: Session) -> _Result:
     elif op not in ("A", "T", "B"):
         # An X (not identified after all, or the server's records are full): settles nothing.
         return _Result("indeterminate")
-    return _Result("answer", response, resolve.sent_at, resolve.read_at, session=session)
+    return result._replace(response=response)
 
 
 def _elapsed_text(seconds: float) -> str:
@@ -1260,7 +1261,7 @@ class Client:
                 )
             else:
                 text += f" (tried for {tried})"
-            if skip is None and (abort is None or not abort.cancelled):
+            if skip is None and call.kind != "W" and (abort is None or not abort.cancelled):
                 self.last_unavailable = text
             return _Result("unsent", why=text)
 
@@ -1272,7 +1273,9 @@ class Client:
             return len(refused) >= refusals_all
 
         while True:
-            if abort is not None and abort.cancelled:
+            if abort is not None and abort.cancelled and call.kind != "W":
+                # (A Resolve goes on: it settles what the acquire did; ``Session.abort`` only
+                # moves the acquire's deadline.)
                 return _Result("unsent", serving=True)
             if time.monotonic() >= deadline:
                 return unavailable()
@@ -1318,8 +1321,16 @@ class Client:
                         session=session,
                         retried=possibly_sent,
                     )
-                redirects += 1
                 leader = response.leader
+                if call.resolved:
+                    # An acquire a Resolve found queued, answered M (its leader stepped down):
+                    # never sent again; ``_resolve`` asks the leader named, or the next.
+                    if leader is not None and leader != addr:
+                        members.learn(key, leader)
+                    else:
+                        members.forget(key, addr)
+                    return _Result("indeterminate")
+                redirects += 1
                 named = leader if leader is not None and leader != addr else None
                 if named is not None and named == skip:
                     # The member this hedge leaves alone: as if no leader were known, until
@@ -1350,6 +1361,10 @@ class Client:
                 note(addr, f"unreachable: {session.failure}")
                 return unavailable()
             if outcome == NOT_SENT:
+                if call.resolved:
+                    # (An X 7 with an acquire a Resolve found queued on this session: not sent
+                    # again; ``_resolve`` asks again.)
+                    return _Result("indeterminate")
                 failure = session.failure if session.failed else "silent (answers overdue)"
                 note(addr, f"unreachable: {failure}" if session.failed else failure)
                 if every_member_refused(session, addr):
@@ -1379,35 +1394,26 @@ class Client:
         self, acquire: Call, failed: Session, addr: Address, abort: Optional["_Abort"]
     ) -> _Result:
         """An acquire that may have been sent on ``failed``, an identified session to
-        ``addr``, got no answer there: asks other sessions to that member what became of it
-        (Resolve, docs/protocol.md §5) until its deadline — or, when that passed, for one
-        transport timeout from now, so that a grant made meanwhile is found and released
-        rather than left to its lease. A Resolve is safe to repeat: one whose session fails
-        is tried again on the next. ``indeterminate`` when no session could answer in time."""
+        ``addr``, got no answer there: asks another session what became of it (Resolve,
+        docs/protocol.md §5) — at the member that leads the key now, following ``M`` and
+        moving on from a member that does not answer, as any request (:meth:`_exchange`) —
+        until its deadline, or, when that passed, for one transport timeout from now, so that
+        a grant made meanwhile is found and released rather than left to its lease. A Resolve
+        is safe to repeat: one whose session fails, or that reaches no member, is asked again
+        while time is left. ``indeterminate`` when none could answer in time."""
         deadline = acquire.deadline
         until = max(deadline, time.monotonic() + self.transport_timeout)
-        avoid: Optional[Session] = failed
         backoff = 0.0
         while time.monotonic() < until:
-            pool = self._members.pool(addr)
-            if pool is None:
-                break  # the client was closed
-            session = pool.pick(avoid)
             resolve = Call("W", acquire.key, acquire.ident, until, acquire.lease_s, acquire.wait_zero)
             resolve.wait_deadline = deadline
-            if session is not None and session.submit(resolve):
-                if abort is not None:
-                    abort.attach(session, resolve)
-                session.wait(resolve)
-                if abort is not None:
-                    abort.detach()
-                outcome = resolve.outcome
-                if outcome == ANSWER:
-                    return _resolved(resolve, session)
-                if outcome != NOT_SENT and outcome != INDETERMINATE:
-                    break  # its deadline passed unsent, or the member is unreachable
-            if session is not None:
-                avoid = session
+            result = self._exchange(resolve, abort)
+            if result.kind == "answer":
+                return _resolved(result)
+            if result.kind == "never_seen":
+                # Resolved "queued", then its session failed: resolved again there (by
+                # ``_exchange``), which found it never executed.
+                return result
             left = until - time.monotonic()
             if left > 0:
                 time.sleep(min(backoff, left))

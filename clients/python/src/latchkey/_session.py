@@ -21,6 +21,26 @@ the owner of the acquire it asks about; a ``queued`` answer turns it back into t
 waiting on this session until the acquire's own deadline (then the Cancel of §4.4 goes here).
 A fire-and-forget release whose session fails, sent or not, is handed to the client's
 ``resubmit`` for another session (a release is safe to send again).
+
+Silence (§4.3): a session *stalls* when an answer is overdue — a request the server answers at
+once (anything but an acquire with wait > 0) was handed ``connect_timeout`` ago or more, and
+nothing was read since. A stalled session takes no new call, and its unsent calls go back
+(``NOT_SENT``); a stall never closes it by itself: a slow server is not a dead one.
+
+Probes: a waiting acquire is not answered at once, so a session carrying only waiters would
+never notice a paused server (SIGSTOP, a VM stall: its kernel still accepts bytes), and its
+waiters would wait the pause out although another member may lead their keys within a second.
+So an *identified* session with a waiting acquire possibly on the wire that reads nothing for
+a quarter of ``connect_timeout`` sends a ``P`` of its own (a nonce no caller uses; its pong is
+delivered to nobody), again after each quiet quarter; every read restarts the quiet time, and
+once no waiting acquire is on the wire probing stops (an idle session never wakes). An
+identified session that stalls — the probe counts as a request answered at once, and its
+answer is overdue after half of ``connect_timeout`` — while a waiting acquire is on the wire
+*closes*: its acquires end ``INDETERMINATE`` and the client
+resolves them on another session (never sends them again). The I/O thread keeps that time
+(its poll wakes at the probe's instant and the stall's). An unidentified session never probes
+and never closes for silence: without a Resolve, closing would only end its waiters
+``INDETERMINATE`` early.
 """
 
 from __future__ import annotations
@@ -63,6 +83,18 @@ TLS_HINT = "connect with TLS, trusting its CA (tls=latchkey.TLS(ca=FILE))"
 
 _READ_BYTES = 65536
 
+# An identified session with a waiting acquire on the wire probes after this fraction of
+# ``connect_timeout`` without a read (the module docs): 0.5 s with the default 2 s, and a paused
+# server found 2.5 s after its last answer.
+PROBE_QUIET = 4
+# An unanswered probe stalls the session after this fraction of ``connect_timeout`` (1 s with
+# the default 2 s): a paused server found 1.5 s after its last answer (the Rust client's
+# PROBE_ANSWER).
+PROBE_ANSWER = 2
+# The reason an identified session with a waiter closes for silence (the Rust client's
+# CloseReason::Silent).
+SILENT = "the server stopped answering (a ping went unanswered) while an acquire waited"
+
 
 class Call:
     """One request and, once it ends, its outcome."""
@@ -86,6 +118,7 @@ class Call:
         "parent",
         "wait_deadline",
         "attempts",
+        "resolved",
     )
 
     def __init__(
@@ -121,6 +154,9 @@ class Call:
         self.wait_deadline = deadline
         # A fire-and-forget release: how many sessions it was handed to after the first.
         self.attempts = 0
+        # A Resolve that a "queued" answer turned back into its acquire: never sent again as
+        # an acquire (its retries are Resolves, see ``Client._exchange``).
+        self.resolved = False
 
     def fresh(self) -> "Call":
         """The same request (same id, key and deadline) for another attempt."""
@@ -279,6 +315,13 @@ class Session:
         self._tokens: Dict[int, Deque[Call]] = {}
         self._stall: Deque[Tuple[float, Call]] = deque()
         self._last_read = 0.0
+        # While a waiting acquire may be on the wire of this identified session: the instant
+        # its quiet time counts from (its hand-off, or the last probe; reads count through
+        # ``_last_read``); ``None`` while no probe is armed (see the module docs).
+        self._probe_from: Optional[float] = None
+        # The last probe handed and when: awaited for ``connect_timeout / PROBE_ANSWER``.
+        self._probe_out: Optional[Tuple[float, Call]] = None
+        self._probe_nonce = -1  # the last probe's
         self._want_write = False
         self._sending = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -339,11 +382,25 @@ class Session:
             return self._stalled_locked(time.monotonic())
 
     def _stalled_locked(self, now: float) -> bool:
+        at = self._stall_at_locked()
+        return at is not None and at <= now
+
+    def _stall_at_locked(self) -> Optional[float]:
+        """When the session stalls unless it reads before: ``None`` when no answer is awaited
+        (every request answered at once was answered, or handed before the last read)."""
         stall = self._stall
         last_read = self._last_read
         while stall and (stall[0][1].answered or stall[0][0] <= last_read):
             stall.popleft()
-        return bool(stall) and stall[0][0] + self.config.connect_timeout <= now
+        at = stall[0][0] + self.config.connect_timeout if stall else None
+        probe = self._probe_out
+        if probe is not None:
+            if probe[1].answered or probe[0] <= last_read:
+                self._probe_out = None
+            else:
+                probe_at = probe[0] + self.config.connect_timeout / PROBE_ANSWER
+                at = probe_at if at is None else min(at, probe_at)
+        return at
 
     def wait(self, call: Call) -> None:
         """Blocks until ``call`` has its outcome, applying its deadline (§4.2–§4.4)."""
@@ -620,6 +677,66 @@ class Session:
             call.state = PARTIAL
         if call.immediate():
             self._stall.append((now, call))
+            if call.kind == "P" and call.ident == self._probe_nonce:
+                self._probe_out = (now, call)
+        else:
+            self._arm_probe_locked(now)
+
+    # ------------------------------------------------------------------------------------
+    # Probes (see the module docs)
+
+    def _arm_probe_locked(self, now: float) -> None:
+        """A waiting acquire may be on the wire from ``now``: an identified session starts
+        counting its quiet time, and the I/O thread learns when to wake."""
+        if self.identified and self._probe_from is None:
+            self._probe_from = now
+            self._wake_locked()
+
+    def _waiter_on_the_wire_locked(self) -> bool:
+        """Whether an acquire with wait > 0 may be on the wire (some byte of it handed, no
+        answer yet). O(acquires of the session): at most once per quiet time and at a stall."""
+        for call in self._owners.values():
+            if (
+                call.kind == "A"
+                and not call.wait_zero
+                and call.state in (PARTIAL, SENT, CANCELLING, HANDING)
+            ):
+                return True
+        return False
+
+    def _silence_locked(self, now: float) -> Optional[float]:
+        """The I/O thread, at ``now``: probes when the quiet time is up, and closes the session
+        when an answer is overdue with a waiter on the wire (never before either instant).
+        Returns when to look again; ``None`` while no probe is armed."""
+        if self._probe_from is None or self.failed:
+            return None
+        stall_at = self._stall_at_locked()
+        if stall_at is not None:
+            # An answer is awaited: the stall covers it, no probe meanwhile.
+            if now < stall_at:
+                return stall_at
+            if self._waiter_on_the_wire_locked():
+                self._fail_locked(SILENT)
+                return None
+            # Stalled with no waiter left: nothing to probe for (the next waiter re-arms).
+            self._probe_from = None
+            return None
+        probe_at = max(self._probe_from, self._last_read) + self.config.connect_timeout / PROBE_QUIET
+        if now < probe_at:
+            return probe_at
+        if not self._waiter_on_the_wire_locked():
+            self._probe_from = None
+            return None
+        self._probe_from = now
+        probe = Call("P", b"", self.config.next_id(), now + self.config.transport_timeout, waitable=False)
+        self._probe_nonce = probe.ident
+        self._submit_locked(probe)
+        if self.failed:
+            return None
+        # Handed (it is then awaited: the stall's instant), or still queued behind a frame
+        # the socket would not take yet: look again after another quiet time.
+        stall_at = self._stall_at_locked()
+        return stall_at if stall_at is not None else now + self.config.connect_timeout / PROBE_QUIET
 
     def _send_raw_locked(self) -> None:
         sock = self._sock
@@ -936,8 +1053,13 @@ class Session:
         poller.register(wake_fd, select.POLLIN)
         watching_write = False
         decoder = self._decoder
+        wake_at: Optional[float] = None  # a probe's or a stall's instant (module docs)
         while True:
-            for fd, mask in poller.poll():
+            timeout: Optional[int] = None
+            if wake_at is not None:
+                # Rounded up: a poll that returns early only looks again.
+                timeout = max(1, math.ceil((wake_at - time.monotonic()) * 1000))
+            for fd, mask in poller.poll(timeout):
                 if fd == wake_fd:
                     try:
                         while wake.recv(4096):
@@ -959,6 +1081,13 @@ class Session:
             # Set by callers under the lock, each followed by a wake-up: read without it.
             if self.failed:
                 return
+            if self._probe_from is not None:
+                with self.lock:
+                    wake_at = self._silence_locked(time.monotonic())
+                if self.failed:
+                    return
+            else:
+                wake_at = None
             want = self._want_write
             if want != watching_write:
                 poller.modify(sock_fd, select.POLLIN | (select.POLLOUT if want else 0))
@@ -1039,8 +1168,11 @@ class Session:
                 # Still queued, now on this session: the call is that acquire again, waiting
                 # here for its A, T or B until its own deadline (then its Cancel goes here).
                 call.kind = "A"
+                call.resolved = True
                 call.deadline = call.wait_deadline
                 call.timer = call.wait_deadline
+                if not call.wait_zero:
+                    self._arm_probe_locked(now)
                 if now >= call.deadline:
                     self._on_timer_locked(call, now, flush=False)
                 return

@@ -5,7 +5,8 @@ a call that waits for a lock never blocks the event loop, and many tasks share t
 their pipelining exactly like many threads do): the rules of docs/protocol.md §4 are the
 blocking client's, unchanged, and so are resumable calls (§4.1, §5: ``resume``, on by default;
 an acquire whose session fails after it may have been sent is resolved on another session, and
-releases and extends are sent again), and so is hedging (§4.3: with several members, a release
+releases and extends are sent again; a waiter's session probes a silent server, and closes,
+exactly as a thread's), and so is hedging (§4.3: with several members, a release
 or an extend — ``AsyncTicket``'s, ``lock()``'s keep-alive — not answered within a quarter of
 ``connect_timeout``, 0.1..=0.5 s, also goes to the other members, never back to the silent one,
 and the first answer wins). A task cancelled while its ``acquire`` runs gives the acquire up at
