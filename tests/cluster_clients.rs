@@ -5,7 +5,8 @@
 //!
 //! Every wait is bounded; timing assertions are "never early" and "not too late" with slack.
 
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, Member};
@@ -447,6 +448,59 @@ fn a_holder_keeps_its_lock_while_its_leader_is_paused() {
     let err = stderr(&output);
     assert!(output.status.success(), "exit {:?}: {err}", output.status);
     assert!(!err.contains("lease lost"), "{err}");
+}
+
+/// A holder stopped (SIGTERM) while its leader is paused still releases its lock, at the new
+/// leader, long before its lease ends: the release the paused member does not answer is also
+/// sent to the other members, leaving alone the member it waits on. The member list names the
+/// leader first, so the holder's acquire was answered there without an `M`. Before, the
+/// release's first attempt went to a member in turn and was redirected to the paused leader,
+/// while its hedge left alone the member it had begun at — and so went to the paused leader
+/// too: "release failed (no answer from the server)", and the key stayed held for its lease.
+#[test]
+fn a_holder_stopped_while_its_leader_is_paused_releases_at_the_new_leader() {
+    let cluster = Cluster::start("clients-stall-release", 3, 4, false);
+    let key = "jobs/stall-release";
+    let (leader, _) = cluster.serving(key, &[], SETTLE).expect("a leader");
+    let mut members: Vec<&Member> = vec![&cluster.members[leader]];
+    members.extend((0..3).filter(|&i| i != leader).map(|i| &cluster.members[i]));
+    let addrs = list(&members);
+    // CMD says when it runs: `latchkey lock` forwards signals from then on.
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .env_remove("LATCHKEY_SERVER")
+        .args(["lock", "--server", &addrs, "--lease", "60s", key])
+        .args(["--", "sh", "-c", "echo running; exec sleep 60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("latchkey runs");
+    let mut line = String::new();
+    let stdout = holder.stdout.take().expect("piped");
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("CMD runs");
+    assert_eq!(line, "running\n", "the holder took the lock and runs CMD");
+    cluster.signal(leader, libc::SIGSTOP);
+    let resume = Resume {
+        cluster: &cluster,
+        index: leader,
+    };
+    // SAFETY: kill has no memory effects; the child is not reaped until wait_with_output.
+    unsafe {
+        libc::kill(holder.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let output = holder.wait_with_output().expect("the holder ran");
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(!err.contains("release failed"), "{err}");
+    // Freed at the new leader while the old one is still paused, 60 s lease or not.
+    let freed = wait_until(SETTLE, || {
+        cluster
+            .serving(key, &[leader], SETTLE)
+            .is_some_and(|(_, state)| matches!(state, Response::State { held: false, .. }))
+    });
+    assert!(freed, "released at the new leader: {err}");
+    drop(resume);
 }
 
 /// A waiter whose leader is killed (kill -9) does not end `Indeterminate` (exit 82): its

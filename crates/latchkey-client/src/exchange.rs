@@ -41,6 +41,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
+use parking_lot::Mutex;
 
 use super::call::{Call, Op, Outcome};
 use super::members::Members;
@@ -76,6 +77,18 @@ struct Attempts {
     refused: Vec<SocketAddr>,
 }
 
+/// Where a sequence of attempts starts, and what it leaves alone.
+enum Start {
+    /// At the key's route (an ordinary request).
+    Route,
+    /// At the key's route, recording in the cell the member each attempt is handed to (the
+    /// first branch of a hedged request: its hedge leaves that member alone).
+    Tracked(Arc<Mutex<Option<SocketAddr>>>),
+    /// At the member after this one, never at this one, even when another member names it
+    /// leader (a hedge: the first branch waits there).
+    After(SocketAddr),
+}
+
 /// What to do after one attempt.
 enum Next {
     /// The request ended.
@@ -88,14 +101,15 @@ impl Client {
     /// Hands `op` to sessions until one answers (other than `M`) or may have sent it, or the
     /// deadline passes while it is definitely unsent (see the module docs).
     pub(crate) fn exchange(&self, op: Op, deadline: Instant) -> Exchange {
-        self.exchange_from(op, deadline, None)
+        self.exchange_from(op, deadline, Start::Route)
     }
 
     /// [`exchange`](Self::exchange) of a release or an extend of a cluster's hold, *hedged*:
     /// when the first attempt is not answered within [`Client::hedge_after`] (its member may
     /// be paused: a VM stall, a slow disk, a cut link), the same request also goes to the
     /// other members — which redirect it to the new leader once one is elected — and the
-    /// first answer wins. Both are safe to execute twice (docs/protocol.md §4.3): a second
+    /// first answer wins. The hedge leaves alone the member where the first attempt waits
+    /// *then*, not where it began: a redirect may have taken it to the paused leader. Both are safe to execute twice (docs/protocol.md §4.3): a second
     /// release answers `N`, and an extend executed twice counts its lease from the later
     /// execution, so the ticket's bound, taken from the answer that came, is never late.
     pub(crate) fn exchange_hedged(&self, op: Op, deadline: Instant) -> Exchange {
@@ -104,17 +118,17 @@ impl Client {
         if !hedged {
             return self.exchange(op, deadline);
         }
-        let first_addr = members.route(op.key().map(|key| &**key));
+        let waiting_at = Arc::new(Mutex::new(None));
         let (tx, rx) = crossbeam_channel::bounded::<Exchange>(2);
-        let spawn = |skip: Option<SocketAddr>| {
+        let spawn = |start: Start| {
             let (client, op, tx) = (self.clone(), op.clone(), tx.clone());
             thread::Builder::new()
                 .name("latchkey-hedge".into())
                 .spawn(move || {
-                    let _ = tx.send(client.exchange_from(op, deadline, skip));
+                    let _ = tx.send(client.exchange_from(op, deadline, start));
                 })
         };
-        if spawn(None).is_err() {
+        if spawn(Start::Tracked(Arc::clone(&waiting_at))).is_err() {
             return self.exchange(op, deadline);
         }
         let backstop = deadline + 2 * self.config().transport_timeout;
@@ -128,8 +142,12 @@ impl Client {
             }
             Err(_) => {}
         }
-        log::debug!("a release or extend is unanswered: also sent to the other members");
-        if spawn(Some(first_addr)).is_ok() {
+        // Where the first attempt waits now (it has made one: the hedge waited a while).
+        let silent = waiting_at
+            .lock()
+            .unwrap_or_else(|| members.route(op.key().map(|key| &**key)));
+        log::debug!("a release or extend is unanswered at {silent}: also sent to the others");
+        if spawn(Start::After(silent)).is_ok() {
             outstanding += 1;
         }
         // Bounded: each branch sends one result, by its deadline plus the transport allowance.
@@ -160,9 +178,13 @@ impl Client {
         quarter.clamp(HEDGE_AFTER_MIN, HEDGE_AFTER_MAX)
     }
 
-    /// [`exchange`](Self::exchange), whose first attempt goes to the next member after `skip`
-    /// (a hedge of a request already handed to `skip`) instead of the key's route.
-    fn exchange_from(&self, op: Op, deadline: Instant, skip: Option<SocketAddr>) -> Exchange {
+    /// [`exchange`](Self::exchange), starting as `start` says.
+    fn exchange_from(&self, op: Op, deadline: Instant, start: Start) -> Exchange {
+        let (skip, waiting_at) = match start {
+            Start::Route => (None, None),
+            Start::Tracked(at) => (None, Some(at)),
+            Start::After(skip) => (Some(skip), None),
+        };
         let members = &self.shared.members;
         let key = op.key().cloned();
         let mut attempts = Attempts {
@@ -213,6 +235,9 @@ impl Client {
                     continue;
                 }
             };
+            if let Some(at) = &waiting_at {
+                *at.lock() = Some(addr);
+            }
             let outcome = self.attempt(&session, &op, deadline);
             let indeterminate = matches!(outcome, Some(Ok(Outcome::Indeterminate)));
             if indeterminate && matches!(op, Op::Acquire { .. }) && session.is_identified() {
@@ -331,11 +356,20 @@ impl Attempts {
                 response,
                 sent_at,
                 read_at,
-            } => Next::Done(Exchange::Answer {
-                response,
-                sent_at,
-                read_at,
-            }),
+            } => {
+                // Only the key's leader executes a token's request: its later ones (the
+                // holder's extends and release) go straight there, not to a member in turn.
+                let executed = !matches!(response, Response::Error { .. })
+                    && !matches!(op, Op::Query { .. } | Op::Ping { .. });
+                if executed {
+                    members.confirm(key, addr);
+                }
+                Next::Done(Exchange::Answer {
+                    response,
+                    sent_at,
+                    read_at,
+                })
+            }
             // An earlier attempt may have executed: whatever the later ones did, its fate is
             // unknown.
             Outcome::Expired { .. } | Outcome::Unreachable if self.possibly_sent => {

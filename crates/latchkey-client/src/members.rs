@@ -184,6 +184,19 @@ impl Members {
         debug_assert!(leaders.by_key.len() <= LEADER_CACHE_MAX);
     }
 
+    /// `addr` executed a request on `key` (an answer other than `M` or `X`): it leads the key.
+    /// Nothing to do for a client of one member, or when `addr` is already its route.
+    pub(crate) fn confirm(&self, key: Option<&Arc<str>>, addr: SocketAddr) {
+        if self.single() {
+            return;
+        }
+        let Some(key) = key else { return };
+        if self.leaders.lock().by_key.get(&**key) == Some(&addr) {
+            return;
+        }
+        self.learn(Some(key), addr);
+    }
+
     /// A session to `addr` failed before sending a request on `key`: stop sending that key,
     /// and keys without their own entry, there first.
     pub(crate) fn forget(&self, key: Option<&str>, addr: SocketAddr) {
