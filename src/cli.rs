@@ -9,7 +9,8 @@
 //! with CMD's status. If the lease is lost (the server says the token no longer holds the key,
 //! or the ticket's validity bound passes without a confirmed extend), CMD gets SIGTERM, then
 //! SIGKILL after the grace, and `latchkey lock` exits [`EXIT_LEASE_LOST`]. SIGINT, SIGTERM and
-//! SIGHUP received by `latchkey lock` are forwarded to CMD. CMD never outlives `latchkey lock`:
+//! SIGHUP received by `latchkey lock` are forwarded to CMD (caught from the start: before CMD
+//! runs, one ends `latchkey lock` with 128 + N and CMD never runs). CMD never outlives `latchkey lock`:
 //! however it dies, the kernel kills CMD, and without a controlling terminal CMD's whole
 //! process group (`cli/child.rs`); [`LOCK_HELP`] says what each signal does.
 //!
@@ -88,7 +89,7 @@ pub use cluster::{run_cluster, ClusterCommand, ClusterLeaderArgs, ClusterStatusA
 pub use duration::{format_duration, parse_duration};
 use messages::{acquire_message, allowance_text, request_message, Tried};
 pub use ping::{run_ping, run_ping_command, PingCommand};
-use supervise::{release, supervise};
+use supervise::{release, signal_name, supervise, Caught};
 
 /// Exit code for bad arguments (the code clap uses for its own usage errors).
 pub const EXIT_USAGE: u8 = 2;
@@ -120,8 +121,11 @@ pub const FORBIDDEN_TEXT: &str = "the key is forbidden for this identity (X 8): 
 /// What `latchkey lock --help` says after the flags: what each signal does.
 pub const LOCK_HELP: &str = "\
 Signals:
-  SIGINT, SIGTERM, SIGHUP  forwarded to CMD; the lock is released when CMD exits, and
-                           latchkey lock exits with CMD's status
+  SIGINT, SIGTERM, SIGHUP  while CMD runs: forwarded to CMD; the lock is released when
+                           CMD exits, and latchkey lock exits with CMD's status. Before:
+                           CMD never runs, a lock granted is released, and latchkey lock
+                           exits 128 + N at once (a waiter interrupted in a server's queue
+                           stays there for the client's grace, 10 s, as if cut off)
   SIGKILL, or any other    the kernel kills CMD at once (PR_SET_PDEATHSIG): CMD never runs
   death of latchkey lock   on without the lock. The lock is not released: its lease ends
                            it. Without a controlling terminal (cron, systemd, setsid) CMD
@@ -519,32 +523,62 @@ fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAdd
 
 /// Acquires for `latchkey lock`. When the acquire may take a while, the first failed connect is
 /// said at once (the client keeps retrying until the deadline, docs/protocol.md §4.2), rather than
-/// only when the whole wait has run out.
-fn acquire_with_notice(client: &Client, args: &LockArgs) -> Result<Ticket, AcquireError> {
+/// only when the whole wait has run out. A `caught` signal while the acquire is in flight ends
+/// `latchkey lock` at once with 128 + its number, as the signal itself would have; one caught as
+/// the acquire returns is handed back to `caught`, for the caller.
+fn acquire_with_notice(
+    client: &Client,
+    args: &LockArgs,
+    caught: Option<&Caught>,
+) -> Result<Ticket, AcquireError> {
     let allowance = if args.wait.is_zero() {
         args.connect.transport_timeout
     } else {
         args.wait
     };
-    if allowance < NOTICE_ALLOWANCE_MIN {
-        return client.acquire(&args.key, args.wait, args.lease);
-    }
     let (done_tx, done) = crossbeam_channel::bounded::<()>(0);
+    let acquiring = parking_lot::Mutex::new(true);
     thread::scope(|scope| {
-        scope.spawn(move || {
-            while done.recv_timeout(NOTICE_POLL) == Err(RecvTimeoutError::Timeout) {
-                // Only a session that never connected: nothing was sent, a retry follows (not
-                // after a refusal without --retry-refused: the call ends at once then).
-                let retried = |f: &SessionFailure| args.connect.retry_refused || !f.refused();
-                let failure = client.last_session_failure();
-                if let Some(failure) = failure.filter(|f| !f.connected() && retried(f)) {
-                    let until = allowance_text(args);
-                    eprintln!("latchkey lock: {failure}; retrying until {until} runs out");
-                    return;
+        if let Some(caught) = caught {
+            let (done, acquiring) = (done.clone(), &acquiring);
+            scope.spawn(move || {
+                crossbeam_channel::select! {
+                    recv(caught.receiver()) -> signal => {
+                        let Ok(signal) = signal else { return };
+                        let still = acquiring.lock();
+                        if !*still {
+                            caught.requeue(signal);
+                            return;
+                        }
+                        eprintln!(
+                            "latchkey lock: {}: interrupted by {} while acquiring; nothing ran",
+                            shown_key(&args.key),
+                            signal_name(signal)
+                        );
+                        std::process::exit(128 + signal);
+                    }
+                    recv(done) -> _ => {}
                 }
-            }
-        });
+            });
+        }
+        if allowance >= NOTICE_ALLOWANCE_MIN {
+            let done = done.clone();
+            scope.spawn(move || {
+                while done.recv_timeout(NOTICE_POLL) == Err(RecvTimeoutError::Timeout) {
+                    // Only a session that never connected: nothing was sent, a retry follows (not
+                    // after a refusal without --retry-refused: the call ends at once then).
+                    let retried = |f: &SessionFailure| args.connect.retry_refused || !f.refused();
+                    let failure = client.last_session_failure();
+                    if let Some(failure) = failure.filter(|f| !f.connected() && retried(f)) {
+                        let until = allowance_text(args);
+                        eprintln!("latchkey lock: {failure}; retrying until {until} runs out");
+                        return;
+                    }
+                }
+            });
+        }
         let result = client.acquire(&args.key, args.wait, args.lease);
+        *acquiring.lock() = false;
         drop(done_tx);
         result
     })
@@ -630,6 +664,8 @@ pub(crate) enum LockExit {
     Chosen(u8),
     /// `latchkey lock`'s own exit code (`--failure-exit-code` replaces it).
     Own(u8),
+    /// A signal ended `latchkey lock` before CMD ran: 128 + its number, as if it had killed it.
+    Signalled(i32),
 }
 
 impl LockExit {
@@ -638,6 +674,7 @@ impl LockExit {
         match self {
             LockExit::Command(code) | LockExit::Chosen(code) => code,
             LockExit::Own(code) => failure.unwrap_or(code),
+            LockExit::Signalled(signal) => 128u8.wrapping_add(signal as u8),
         }
     }
 }
@@ -692,8 +729,9 @@ fn lock(args: &LockArgs) -> LockExit {
         Err(code) => return LockExit::Own(code),
     };
     note_lease_rounding(args);
+    let caught = Caught::catch();
     let start = Instant::now();
-    let ticket = match acquire_with_notice(&client, args) {
+    let ticket = match acquire_with_notice(&client, args, caught.as_ref()) {
         Ok(ticket) => ticket,
         Err(error) => {
             if error != AcquireError::Timeout || !args.quiet {
@@ -707,12 +745,21 @@ fn lock(args: &LockArgs) -> LockExit {
             };
         }
     };
+    if let Some(signal) = caught.as_ref().and_then(Caught::pending) {
+        eprintln!(
+            "latchkey lock: {}: {} as the lock was granted: released, nothing ran",
+            shown_key(&args.key),
+            signal_name(signal)
+        );
+        release(ticket);
+        return LockExit::Signalled(signal);
+    }
     let environment = [
         ("LATCHKEY_KEY", args.key.clone()),
         ("LATCHKEY_TOKEN", ticket.token().to_string()),
     ];
     match child::start(&args.command, &environment, !child::has_terminal()) {
-        Ok(started) => supervise(started, ticket, args),
+        Ok(started) => supervise(started, ticket, args, caught),
         Err(error) => {
             let name = args.command[0].to_string_lossy();
             eprintln!("latchkey lock: {name}: {error}");

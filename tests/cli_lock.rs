@@ -319,3 +319,77 @@ fn with_retry_refused_a_command_keeps_trying_until_its_allowance_runs_out() {
         assert!(last.contains("connection refused"), "{words:?}: {stderr}");
     }
 }
+
+/// Sends `signal` to `pid`.
+fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill has no memory effects; the child is not reaped until the test waits for it.
+    unsafe { libc::kill(pid as libc::pid_t, signal) };
+}
+
+/// A signal while `latchkey lock` waits for the key ends it at once with 128 + N, as the signal
+/// would have, saying so; the command never runs. Before, SIGTERM killed it outright (no exit
+/// code, no word).
+#[test]
+fn a_signal_while_waiting_ends_the_lock_at_once_and_runs_nothing() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    let _held = observer
+        .acquire("jobs/waited", Duration::ZERO, Duration::from_secs(60))
+        .unwrap();
+    let dir = scratch("waiting");
+    let waiter = latchkey()
+        .args(["lock", "--server", &addr, "--wait", "60s", "jobs/waited"])
+        .args(["--", "touch", "ran"])
+        .current_dir(&dir)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let queued = common::server::wait_until(PATIENCE, || {
+        observer
+            .query("jobs/waited")
+            .is_ok_and(|state| state.waiters == 1)
+    });
+    assert!(queued, "the waiter queued");
+    signal(waiter.id(), libc::SIGTERM);
+    let output = waiter.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(err.contains("jobs/waited: interrupted by SIGTERM"), "{err}");
+    assert!(!dir.join("ran").exists(), "the command never ran");
+}
+
+/// A signal that reaches `latchkey lock` as its command starts is never lost: it is
+/// forwarded to the command (here at once: CMD says it runs, and the test signals), and the
+/// lock is released when the command exits. Before, signals were caught only some time after
+/// CMD started: one sent at once killed `latchkey lock` outright, its guard killed CMD, and the
+/// key stayed held until its lease ran out (60 s here).
+#[test]
+fn a_signal_as_the_command_starts_is_forwarded_and_the_lock_released() {
+    let server = start_server(|_| {});
+    let addr = server.local_addr().to_string();
+    let observer = client(&[server.local_addr()], 1, Duration::from_secs(2));
+    for round in 0..5 {
+        let mut holder = latchkey()
+            .args(["lock", "--server", &addr, "--lease", "60s", "jobs/started"])
+            .args(["--", "sh", "-c", "echo running; exec sleep 60"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let stdout = holder.stdout.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+        assert_eq!(line, "running\n", "round {round}: CMD runs under the lock");
+        signal(holder.id(), libc::SIGTERM);
+        let output = holder.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(128 + libc::SIGTERM),
+            "round {round}: CMD's status: {err}"
+        );
+        let state = observer.query("jobs/started").unwrap();
+        assert!(!state.held, "round {round}: released: {err}");
+    }
+}

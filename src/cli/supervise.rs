@@ -48,8 +48,86 @@ enum Event {
     Signal(i32),
 }
 
-/// Runs CMD to its end under the lock; returns how `latchkey lock` exits.
-pub(super) fn supervise(started: Started, ticket: Ticket, args: &LockArgs) -> LockExit {
+/// SIGINT, SIGTERM and SIGHUP, caught from `latchkey lock`'s start: none of them ends it
+/// between the grant and CMD's start (which would leave the lock held until its lease ends).
+/// While the acquire is in flight one ends `latchkey lock` ([`super::acquire_with_notice`]);
+/// caught before CMD starts, CMD never runs; then it is forwarded to CMD ([`supervise`]).
+pub(super) struct Caught {
+    signals: Receiver<i32>,
+    /// Gives a signal back to [`Caught::pending`] (one caught as the acquire returned).
+    requeue: Sender<i32>,
+    handle: signal_hook::iterator::Handle,
+}
+
+impl Caught {
+    /// Catches the three signals from now on; `None` (said) if they cannot be caught.
+    pub(super) fn catch() -> Option<Caught> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+            Ok(signals) => signals,
+            Err(error) => {
+                eprintln!("latchkey lock: cannot catch signals: {error}");
+                return None;
+            }
+        };
+        let handle = signals.handle();
+        let (requeue, caught) = crossbeam_channel::unbounded();
+        let tx = requeue.clone();
+        // Ends when the handle is closed (when `Caught` is dropped).
+        thread::spawn(move || {
+            for signal in signals.forever() {
+                if tx.send(signal).is_err() {
+                    return;
+                }
+            }
+        });
+        Some(Caught {
+            signals: caught,
+            requeue,
+            handle,
+        })
+    }
+
+    /// The signals as they are caught.
+    pub(super) fn receiver(&self) -> &Receiver<i32> {
+        &self.signals
+    }
+
+    /// Hands `signal` back, to be seen by the next [`Caught::pending`] or by [`supervise`].
+    pub(super) fn requeue(&self, signal: i32) {
+        let _ = self.requeue.send(signal);
+    }
+
+    /// A signal caught and not handled yet.
+    pub(super) fn pending(&self) -> Option<i32> {
+        self.signals.try_recv().ok()
+    }
+}
+
+/// The name of a signal [`Caught`] catches.
+pub(super) fn signal_name(signal: i32) -> String {
+    match signal {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGHUP => "SIGHUP".into(),
+        other => format!("signal {other}"),
+    }
+}
+
+impl Drop for Caught {
+    fn drop(&mut self) {
+        self.handle.close();
+    }
+}
+
+/// Runs CMD to its end under the lock, forwarding `caught` signals to it; returns how
+/// `latchkey lock` exits.
+pub(super) fn supervise(
+    started: Started,
+    ticket: Ticket,
+    args: &LockArgs,
+    caught: Option<Caught>,
+) -> LockExit {
     let Started {
         mut child,
         target,
@@ -68,12 +146,24 @@ pub(super) fn supervise(started: Started, ticket: Ticket, args: &LockArgs) -> Lo
         let (ticket, lease, events_tx) = (Arc::clone(&ticket), args.lease, events_tx.clone());
         thread::spawn(move || extend_until_stopped(&ticket, lease, &stop, &events_tx))
     };
-    let signals = forward_signals(events_tx);
+    // Ends when `caught` is dropped below (its senders are gone then); a signal caught before
+    // CMD started is forwarded as soon as it runs.
+    let forwarder = caught.as_ref().map(|caught| {
+        let signals = caught.receiver().clone();
+        thread::spawn(move || {
+            for signal in signals {
+                if events_tx.send(Event::Signal(signal)).is_err() {
+                    return;
+                }
+            }
+        })
+    });
     let lost = watch(&events, &ticket, target, args.grace);
     drop(stop_tx);
     let _ = extender.join();
-    if let Some(handle) = signals {
-        handle.close();
+    drop(caught);
+    if let Some(forwarder) = forwarder {
+        let _ = forwarder.join();
     }
     // Before the reap: until then CMD's pid, and so its group's id, cannot be reused.
     if let Some(guard) = guard {
@@ -178,27 +268,6 @@ fn extend_until_stopped(
             }
         }
     }
-}
-
-/// Forwards SIGINT, SIGTERM and SIGHUP to the supervisor; `None` if they cannot be caught.
-fn forward_signals(events: Sender<Event>) -> Option<signal_hook::iterator::Handle> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
-        Ok(signals) => signals,
-        Err(error) => {
-            eprintln!("latchkey lock: cannot forward signals: {error}");
-            return None;
-        }
-    };
-    let handle = signals.handle();
-    thread::spawn(move || {
-        for signal in signals.forever() {
-            if events.send(Event::Signal(signal)).is_err() {
-                return;
-            }
-        }
-    });
-    Some(handle)
 }
 
 /// Blocks until process `pid` has exited, without reaping it: until the supervisor reaps
