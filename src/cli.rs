@@ -10,7 +10,8 @@
 //! or the ticket's validity bound passes without a confirmed extend), CMD gets SIGTERM, then
 //! SIGKILL after the grace, and `latchkey lock` exits [`EXIT_LEASE_LOST`]. SIGINT, SIGTERM and
 //! SIGHUP received by `latchkey lock` are forwarded to CMD (caught from the start: before CMD
-//! runs, one ends `latchkey lock` with 128 + N and CMD never runs). CMD never outlives `latchkey lock`:
+//! runs, one withdraws the acquire, or releases the lock, and ends `latchkey lock` with
+//! 128 + N: CMD never runs). CMD never outlives `latchkey lock`:
 //! however it dies, the kernel kills CMD, and without a controlling terminal CMD's whole
 //! process group (`cli/child.rs`); [`LOCK_HELP`] says what each signal does.
 //!
@@ -123,9 +124,9 @@ pub const LOCK_HELP: &str = "\
 Signals:
   SIGINT, SIGTERM, SIGHUP  while CMD runs: forwarded to CMD; the lock is released when
                            CMD exits, and latchkey lock exits with CMD's status. Before:
-                           CMD never runs, a lock granted is released, and latchkey lock
-                           exits 128 + N at once (a waiter interrupted in a server's queue
-                           stays there for the client's grace, 10 s, as if cut off)
+                           CMD never runs, the waiting acquire is withdrawn (or the lock,
+                           if granted, released), and latchkey lock exits 128 + N (at once
+                           after 2 s without an answer, or on a second signal)
   SIGKILL, or any other    the kernel kills CMD at once (PR_SET_PDEATHSIG): CMD never runs
   death of latchkey lock   on without the lock. The lock is not released: its lease ends
                            it. Without a controlling terminal (cron, systemd, setsid) CMD
@@ -154,6 +155,9 @@ error.";
 
 /// An acquire allowed at least this long says at once that it cannot connect (and retries).
 const NOTICE_ALLOWANCE_MIN: Duration = Duration::from_secs(1);
+/// How long `latchkey lock`, interrupted while it acquires, waits for the acquire to end (its
+/// waiter withdrawn: one round trip to a live server) before it exits anyway.
+const INTERRUPT_PATIENCE: Duration = Duration::from_secs(2);
 /// How often `latchkey lock` looks for a failed connect while its acquire waits.
 const NOTICE_POLL: Duration = Duration::from_millis(50);
 
@@ -523,9 +527,11 @@ fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAdd
 
 /// Acquires for `latchkey lock`. When the acquire may take a while, the first failed connect is
 /// said at once (the client keeps retrying until the deadline, docs/protocol.md §4.2), rather than
-/// only when the whole wait has run out. A `caught` signal while the acquire is in flight ends
-/// `latchkey lock` at once with 128 + its number, as the signal itself would have; one caught as
-/// the acquire returns is handed back to `caught`, for the caller.
+/// only when the whole wait has run out. A `caught` signal while the acquire is in flight
+/// interrupts the client (`Client::interrupt`: a waiter is withdrawn, so it is not left queued
+/// on the server) and is handed back to `caught`, for the caller to see once the acquire
+/// returns; should that take longer than [`INTERRUPT_PATIENCE`], or a second signal come,
+/// `latchkey lock` ends at once with 128 + the signal's number.
 fn acquire_with_notice(
     client: &Client,
     args: &LockArgs,
@@ -542,23 +548,35 @@ fn acquire_with_notice(
         if let Some(caught) = caught {
             let (done, acquiring) = (done.clone(), &acquiring);
             scope.spawn(move || {
-                crossbeam_channel::select! {
-                    recv(caught.receiver()) -> signal => {
-                        let Ok(signal) = signal else { return };
-                        let still = acquiring.lock();
-                        if !*still {
-                            caught.requeue(signal);
-                            return;
-                        }
-                        eprintln!(
-                            "latchkey lock: {}: interrupted by {} while acquiring; nothing ran",
-                            shown_key(&args.key),
-                            signal_name(signal)
-                        );
-                        std::process::exit(128 + signal);
-                    }
-                    recv(done) -> _ => {}
+                let signal = crossbeam_channel::select! {
+                    recv(caught.receiver()) -> signal => match signal {
+                        Ok(signal) => signal,
+                        Err(_) => return,
+                    },
+                    recv(done) -> _ => return,
+                };
+                caught.requeue(signal);
+                if !*acquiring.lock() {
+                    return;
                 }
+                client.interrupt();
+                let again = crossbeam_channel::select! {
+                    recv(caught.receiver()) -> again => again.ok(),
+                    recv(done) -> _ => return,
+                    default(INTERRUPT_PATIENCE) => None,
+                };
+                let still = acquiring.lock();
+                if !*still {
+                    return;
+                }
+                eprintln!(
+                    "latchkey lock: {}: interrupted by {} while acquiring, and the acquire did \
+                     not end within {}: nothing ran",
+                    shown_key(&args.key),
+                    signal_name(again.unwrap_or(signal)),
+                    format_duration(INTERRUPT_PATIENCE)
+                );
+                std::process::exit(128 + again.unwrap_or(signal));
             });
         }
         if allowance >= NOTICE_ALLOWANCE_MIN {
@@ -731,7 +749,19 @@ fn lock(args: &LockArgs) -> LockExit {
     note_lease_rounding(args);
     let caught = Caught::catch();
     let start = Instant::now();
-    let ticket = match acquire_with_notice(&client, args, caught.as_ref()) {
+    let acquired = acquire_with_notice(&client, args, caught.as_ref());
+    if let Some(signal) = caught.as_ref().and_then(Caught::pending) {
+        let (key, name) = (shown_key(&args.key), signal_name(signal));
+        match acquired {
+            Ok(ticket) => {
+                eprintln!("latchkey lock: {key}: {name} as the lock was granted: released, nothing ran");
+                release(ticket);
+            }
+            Err(_) => eprintln!("latchkey lock: {key}: interrupted by {name} while acquiring: withdrawn, nothing ran"),
+        }
+        return LockExit::Signalled(signal);
+    }
+    let ticket = match acquired {
         Ok(ticket) => ticket,
         Err(error) => {
             if error != AcquireError::Timeout || !args.quiet {
@@ -745,15 +775,6 @@ fn lock(args: &LockArgs) -> LockExit {
             };
         }
     };
-    if let Some(signal) = caught.as_ref().and_then(Caught::pending) {
-        eprintln!(
-            "latchkey lock: {}: {} as the lock was granted: released, nothing ran",
-            shown_key(&args.key),
-            signal_name(signal)
-        );
-        release(ticket);
-        return LockExit::Signalled(signal);
-    }
     let environment = [
         ("LATCHKEY_KEY", args.key.clone()),
         ("LATCHKEY_TOKEN", ticket.token().to_string()),

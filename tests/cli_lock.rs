@@ -326,9 +326,9 @@ fn signal(pid: u32, signal: i32) {
     unsafe { libc::kill(pid as libc::pid_t, signal) };
 }
 
-/// A signal while `latchkey lock` waits for the key ends it at once with 128 + N, as the signal
-/// would have, saying so; the command never runs. Before, SIGTERM killed it outright (no exit
-/// code, no word).
+/// A signal while `latchkey lock` waits for the key withdraws its acquire (Cancel) and ends it
+/// with 128 + N, as the signal would have, saying so; the command never runs. Before, SIGTERM
+/// killed it outright (no exit code, no word) and its waiter stayed queued on the server.
 #[test]
 fn a_signal_while_waiting_ends_the_lock_at_once_and_runs_nothing() {
     let server = start_server(|_| {});
@@ -357,6 +357,10 @@ fn a_signal_while_waiting_ends_the_lock_at_once_and_runs_nothing() {
     assert_eq!(output.status.code(), Some(128 + libc::SIGTERM), "{err}");
     assert!(err.contains("jobs/waited: interrupted by SIGTERM"), "{err}");
     assert!(!dir.join("ran").exists(), "the command never ran");
+    // Withdrawn before it exited: not left queued (identified, it would have stayed there for
+    // the client's grace, and been granted to nobody once the holder let go).
+    let state = observer.query("jobs/waited").unwrap();
+    assert_eq!(state.waiters, 0, "{err}");
 }
 
 /// A signal that reaches `latchkey lock` as its command starts is never lost: it is

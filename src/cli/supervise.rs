@@ -50,8 +50,9 @@ enum Event {
 
 /// SIGINT, SIGTERM and SIGHUP, caught from `latchkey lock`'s start: none of them ends it
 /// between the grant and CMD's start (which would leave the lock held until its lease ends).
-/// While the acquire is in flight one ends `latchkey lock` ([`super::acquire_with_notice`]);
-/// caught before CMD starts, CMD never runs; then it is forwarded to CMD ([`supervise`]).
+/// While the acquire is in flight one withdraws it ([`super::acquire_with_notice`]); caught
+/// before CMD starts, CMD never runs (a lock granted is released); then it is forwarded to CMD
+/// ([`supervise`]).
 pub(super) struct Caught {
     signals: Receiver<i32>,
     /// Gives a signal back to [`Caught::pending`] (one caught as the acquire returned).

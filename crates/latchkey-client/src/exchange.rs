@@ -207,6 +207,10 @@ impl Client {
             if Instant::now() >= deadline {
                 return attempts.unavailable(members);
             }
+            // Not sent after `Client::interrupt`: as a wait that ran out.
+            if matches!(op, Op::Acquire { .. }) && self.is_interrupted() {
+                return Exchange::Unsent { serving: true };
+            }
             let pool = match members.pool(addr) {
                 Ok(Some(pool)) => pool,
                 Ok(None) => {

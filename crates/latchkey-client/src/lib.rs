@@ -124,6 +124,7 @@
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -249,6 +250,8 @@ pub struct Client {
 struct Shared {
     config: ClientConfig,
     members: Members,
+    /// Set by [`Client::interrupt`]; shared with every session.
+    interrupted: Arc<AtomicBool>,
 }
 
 /// How one request ended on the sessions it was handed to.
@@ -289,6 +292,7 @@ impl Client {
     /// a TLS file cannot be read or used (the error names the flag and the path), or a session
     /// thread cannot be started.
     pub fn with_config(config: ClientConfig) -> io::Result<Client> {
+        let interrupted = Arc::new(AtomicBool::new(false));
         let tls = config.tls.as_ref().map(ClientTls::connector).transpose()?;
         let session_config = SessionConfig {
             connect_timeout: config.connect_timeout,
@@ -299,12 +303,57 @@ impl Client {
                 client: args::client_id(),
                 grace_s: grace_s(grace),
             }),
-            resumes: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            resumes: Arc::new(AtomicBool::new(true)),
+            interrupted: Arc::clone(&interrupted),
         };
         let members = Members::start(&config.addrs, config.sessions, session_config)?;
         Ok(Client {
-            shared: Arc::new(Shared { config, members }),
+            shared: Arc::new(Shared {
+                config,
+                members,
+                interrupted,
+            }),
         })
+    }
+
+    /// Ends every acquire of this client, waiting or to come, as soon as its server lets it:
+    /// for a program that was told to stop while it waits for a lock (a signal, a shutdown).
+    /// An acquire queued on a server is withdrawn (Cancel) and ends
+    /// [`Timeout`](AcquireError::Timeout) — or, when the grant came first, `Ok` with its
+    /// ticket, which the caller releases (or drops); one not sent yet is not sent. Every
+    /// acquire after this ends `Timeout` without being sent. Releases, extends, queries and
+    /// pings go on as before. Without it, a waiter whose program exits stays queued on the
+    /// server for the client's grace ([`ClientConfig::resume`]), as if its connection had been
+    /// cut, and may be granted meanwhile.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use latchkey_client::{AcquireError, Client};
+    /// # let mut config = latchkey::config::Config::default();
+    /// # config.server.listen = "127.0.0.1:0".parse().unwrap();
+    /// # config.server.cores = 1;
+    /// # let server = latchkey::node::start(config)?;
+    /// # let client = Client::connect(server.local_addr())?;
+    /// let waiter = client.clone();
+    /// let held = client.acquire("k", Duration::ZERO, Duration::from_secs(30))?;
+    /// let wait = std::thread::spawn(move || {
+    ///     waiter.acquire("k", Duration::from_secs(60), Duration::from_secs(30))
+    /// });
+    /// # while client.query("k")?.waiters == 0 { std::thread::sleep(Duration::from_millis(5)); }
+    /// client.interrupt(); // e.g. on SIGTERM
+    /// assert_eq!(wait.join().unwrap().unwrap_err(), AcquireError::Timeout);
+    /// assert_eq!(client.query("k")?.waiters, 0);
+    /// drop(held);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn interrupt(&self) {
+        self.shared.interrupted.store(true, Ordering::Relaxed);
+        self.shared.members.wake_all();
+    }
+
+    /// Whether [`Client::interrupt`] was called.
+    pub fn is_interrupted(&self) -> bool {
+        self.shared.interrupted.load(Ordering::Relaxed)
     }
 
     /// The configuration this client was built with.
@@ -382,7 +431,9 @@ impl Client {
                 owner: args::next_id(),
             };
             let exchange = self.exchange(op, deadline);
-            if matches!(exchange, Exchange::NeverSeen) && Instant::now() < deadline {
+            let interrupted = self.is_interrupted();
+            if matches!(exchange, Exchange::NeverSeen) && Instant::now() < deadline && !interrupted
+            {
                 log::debug!("an acquire of {key} was never seen: sent again, as a new one");
                 continue;
             }

@@ -214,6 +214,13 @@ impl Members {
         }
     }
 
+    /// Wakes every session of every member (to see `SessionConfig::interrupted`).
+    pub(crate) fn wake_all(&self) {
+        for (_, pool) in self.pools.read().iter() {
+            pool.wake_all();
+        }
+    }
+
     /// Hands a fire-and-forget call (a background release) to its key's route.
     pub(crate) fn submit_background(&self, call: Call) {
         let addr = self.route(call.op.key().map(|key| &**key));
@@ -274,6 +281,7 @@ mod tests {
             tls: None,
             identity: None,
             resumes: Default::default(),
+            interrupted: Default::default(),
         };
         Members::start(addrs, 1, config).expect("members")
     }

@@ -103,7 +103,8 @@ enum Stage {
     Partial,
     /// All bytes handed to the socket; waiting for the answer.
     Sent,
-    /// An acquire past its deadline whose Cancel is queued or sent.
+    /// An acquire past its deadline, or withdrawn (`withdraw_acquires`), whose Cancel is
+    /// queued or sent.
     Cancelling,
 }
 
@@ -496,7 +497,10 @@ impl Pipeline {
         let (Op::Acquire { key, .. } | Op::Resolve { key, .. }) = entry.call.op.clone() else {
             unreachable!("owners only maps acquires and resolves")
         };
-        let late = entry.stage == Stage::Cancelling || now >= entry.call.deadline;
+        // A Cancel sent at the deadline makes a grant that crossed it late; one sent by
+        // `withdraw_acquires` before the deadline does not: the caller, still there, gets the
+        // grant and releases it.
+        let late = now >= entry.call.deadline;
         let response = Response::Acquired { owner, token };
         let delivered = !late && Self::answer_keep(&mut entry, response, now);
         if !delivered {
@@ -629,21 +633,7 @@ impl Pipeline {
         match action {
             OnDeadline::Expire => self.expire(handle),
             OnDeadline::Close(reason) => self.close(reason),
-            OnDeadline::Cancel(cancel) => {
-                // Same session, same key, same owner: per-key ordering means exactly one
-                // terminal answer for the owner follows.
-                let until = now + self.transport_timeout;
-                self.entries[handle.slot].stage = Stage::Cancelling;
-                self.arm(handle, until);
-                let call = Call {
-                    op: cancel,
-                    deadline: until,
-                    reply: None,
-                    attempts: 0,
-                };
-                let cancel = self.insert(call);
-                self.queue.push_back(cancel);
-            }
+            OnDeadline::Cancel(cancel) => self.cancel(handle, cancel, now),
             OnDeadline::GiveUpKeep => {
                 reply(
                     self.entries[handle.slot].call.reply.take(),
@@ -655,6 +645,73 @@ impl Pipeline {
                 reply(entry.call.reply, Outcome::Indeterminate);
             }
         }
+    }
+
+    /// Withdraws the waiting acquire `handle` (sent, not answered) with `cancel`: same session,
+    /// same key, same owner, so per-key ordering means exactly one terminal answer for the
+    /// owner follows; it must come within the transport allowance.
+    fn cancel(&mut self, handle: Handle, cancel: Op, now: Instant) {
+        let until = now + self.transport_timeout;
+        self.entries[handle.slot].stage = Stage::Cancelling;
+        self.arm(handle, until);
+        let call = Call {
+            op: cancel,
+            deadline: until,
+            reply: None,
+            attempts: 0,
+        };
+        let cancel = self.insert(call);
+        self.queue.push_back(cancel);
+    }
+
+    /// The client was interrupted (`Client::interrupt`): every acquire that waits or would
+    /// wait ends now, before its deadline — one not sent yet expires unsent, one sent is
+    /// withdrawn with a Cancel (its `T`, or the grant that came first, is its answer). A wait-0
+    /// acquire is answered at once anyway, and one partly written is withdrawn at the next
+    /// call of this (the session's next loop iteration).
+    pub(crate) fn withdraw_acquires(&mut self, now: Instant) {
+        if self.close.is_some() {
+            return;
+        }
+        let waiting = |entry: &Entry| {
+            matches!(
+                entry.call.op,
+                Op::Acquire {
+                    wait_zero: false,
+                    ..
+                }
+            )
+        };
+        let handles: Vec<(Handle, Stage)> = self
+            .entries
+            .iter()
+            .filter(|(_, entry)| waiting(entry))
+            .map(|(slot, entry)| {
+                let handle = Handle {
+                    slot,
+                    seq: entry.seq,
+                };
+                (handle, entry.stage)
+            })
+            .collect();
+        // Bounded by the session's open calls.
+        for (handle, stage) in handles {
+            match stage {
+                Stage::Queued | Stage::Encoded => self.expire(handle),
+                Stage::Sent => {
+                    let Op::Acquire { key, owner, .. } = &self.entries[handle.slot].call.op else {
+                        unreachable!("filtered: an acquire")
+                    };
+                    let cancel = Op::Cancel {
+                        key: key.clone(),
+                        owner: *owner,
+                    };
+                    self.cancel(handle, cancel, now);
+                }
+                Stage::Partial | Stage::Cancelling => {}
+            }
+        }
+        self.check_invariants();
     }
 
     /// Ends an unsent call at its deadline: it was never sent.

@@ -103,6 +103,15 @@ impl Pool {
         Ok(fallback.expect("a pool has at least one slot"))
     }
 
+    /// Wakes every live session of the pool.
+    pub(crate) fn wake_all(&self) {
+        for slot in &self.slots {
+            if let Some(session) = slot.lock().as_ref() {
+                session.wake();
+            }
+        }
+    }
+
     /// Hands a fire-and-forget call (a background release) to some session; dropped if none
     /// takes it (the lease recovers the hold).
     pub(crate) fn submit_background(&self, mut call: Call) {

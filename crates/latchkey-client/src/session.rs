@@ -75,6 +75,9 @@ pub(crate) struct SessionConfig {
     /// Shared by the client's sessions: false once a server answered an Identify `X` 1 (it
     /// does not know resumable calls), after which no session identifies.
     pub resumes: Arc<AtomicBool>,
+    /// Shared by the client's sessions: set by `Client::interrupt`, after which every acquire
+    /// on the session, waiting or new, is withdrawn.
+    pub interrupted: Arc<AtomicBool>,
 }
 
 /// A session's connection: plain TCP or TLS.
@@ -280,6 +283,15 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Wakes the session thread (to see `SessionConfig::interrupted`).
+    pub(crate) fn wake(&self) {
+        if let Err(error) = self.shared.waker.wake() {
+            log::error!("session {}: cannot wake its thread: {error}", self.id);
+        }
+    }
+}
+
 impl Drop for Session {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Release);
@@ -372,6 +384,9 @@ impl Driver {
                 self.read(now);
             }
             self.take_inbox();
+            if self.config.interrupted.load(Ordering::Relaxed) {
+                self.pipeline.withdraw_acquires(now);
+            }
             self.pipeline.handle_deadlines(now);
             self.flush();
             self.publish_stall();

@@ -280,6 +280,79 @@ fn a_grant_after_the_cancel_is_released_and_the_call_is_indeterminate() {
 }
 
 #[test]
+fn withdrawn_acquires_are_cancelled_when_sent_and_expire_when_not() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (sent, sent_rx) = acquire(OWNER, false, t0 + ms(60_000));
+    pipeline.submit(sent);
+    write_all(&mut pipeline, t0);
+    let (unsent, unsent_rx) = acquire(OWNER + 1, false, t0 + ms(60_000));
+    pipeline.submit(unsent);
+    let (immediate, immediate_rx) = acquire(OWNER + 2, true, t0 + ms(5_000));
+    pipeline.submit(immediate);
+    let (ping, ping_rx) = call(Op::Ping { nonce: 9 }, t0 + ms(5_000));
+    pipeline.submit(ping);
+    pipeline.withdraw_acquires(t0 + ms(10));
+    assert_eq!(
+        unsent_rx.try_recv(),
+        Ok(Outcome::Expired { established: true }),
+        "never sent"
+    );
+    assert!(sent_rx.try_recv().is_err(), "its answer decides");
+    let frames = write_all(&mut pipeline, t0 + ms(10));
+    assert_eq!(
+        frames,
+        vec![
+            Sent::Acquire {
+                wait_s: 0,
+                lease_s: 30,
+                owner: OWNER + 2,
+                key: "k".into()
+            },
+            Sent::Ping { nonce: 9 },
+            Sent::Cancel {
+                owner: OWNER,
+                key: "k".into()
+            },
+        ],
+        "a wait-0 acquire and the rest go out as they were"
+    );
+    // Withdrawing again sends no second Cancel.
+    pipeline.withdraw_acquires(t0 + ms(11));
+    assert!(write_all(&mut pipeline, t0 + ms(11)).is_empty());
+    feed(&mut pipeline, Response::Pong { nonce: 9 }, t0 + ms(12));
+    assert_eq!(answered(&ping_rx), Response::Pong { nonce: 9 });
+    feed(
+        &mut pipeline,
+        Response::Timeout { owner: OWNER },
+        t0 + ms(12),
+    );
+    assert_eq!(answered(&sent_rx), Response::Timeout { owner: OWNER });
+    assert!(immediate_rx.try_recv().is_err(), "not answered yet");
+    assert_eq!(pipeline.close_reason(), None, "the session stays open");
+}
+
+#[test]
+fn a_grant_that_crosses_the_withdrawal_before_the_deadline_is_delivered() {
+    let t0 = Instant::now();
+    let mut pipeline = established();
+    let (call, rx) = acquire(OWNER, false, t0 + ms(60_000));
+    pipeline.submit(call);
+    write_all(&mut pipeline, t0);
+    pipeline.withdraw_acquires(t0 + ms(10));
+    write_all(&mut pipeline, t0 + ms(10));
+    let granted = Response::Acquired {
+        owner: OWNER,
+        token: 81,
+    };
+    feed(&mut pipeline, granted, t0 + ms(11));
+    // The caller is still there (its deadline has not passed): it gets the lock and
+    // releases it, rather than the session releasing it behind its back.
+    assert_eq!(answered(&rx), granted);
+    assert!(write_all(&mut pipeline, t0 + ms(11)).is_empty());
+}
+
+#[test]
 fn a_grant_read_at_the_deadline_before_it_was_processed_is_released() {
     let t0 = Instant::now();
     let mut pipeline = established();

@@ -18,6 +18,7 @@ fn config() -> SessionConfig {
         tls: None,
         identity: None,
         resumes: Default::default(),
+        interrupted: Default::default(),
     }
 }
 
