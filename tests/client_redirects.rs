@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::fake_member::{leader_reply, leading, moved, redirect_to, FakeMember, Reply};
 use common::{assert_between, client, dead_addr, Frame};
 use latchkey::cli;
+use latchkey_client::protocol::{Fate, Response};
 use latchkey_client::REDIRECTS_MAX;
 use latchkey_client::{AcquireError, ExtendOutcome, ReleaseOutcome, RequestError};
 
@@ -480,4 +481,48 @@ fn a_release_fails_fast_when_every_member_refuses_even_once_hedged() {
         took < Duration::from_secs(8),
         "took {took:?} of the 20 s deadline"
     );
+}
+
+/// A waiter whose leader goes silent (paused: its port still accepts connections, nothing
+/// answers) asks another member what became of the acquire first: its session closes once its
+/// probe goes unanswered, and the Resolve goes to a member other than the silent one — not to
+/// a new session there that would wait out its handshake (the connect timeout) — even when
+/// the members' turn names the silent one next. Members `[C, A, B]`: C redirects the acquire
+/// to A, so the turn's next member is A. Before, the Resolve went there first.
+#[test]
+fn a_waiter_whose_leader_goes_silent_asks_another_member_first() {
+    let a = FakeMember::start(Arc::new(|_: &Frame| Reply::Silent));
+    let c = FakeMember::start(redirect_to(Some(a.addr())));
+    let b = FakeMember::start(redirect_to(Some(a.addr())));
+    for member in [&c, &a, &b] {
+        member.identify_sessions();
+    }
+    let config = latchkey_client::ClientConfig {
+        addrs: vec![c.addr(), a.addr(), b.addr()],
+        sessions: 1,
+        connect_timeout: Duration::from_secs(2),
+        transport_timeout: TRANSPORT,
+        ..Default::default()
+    };
+    let client = latchkey_client::Client::with_config(config).unwrap();
+    let waiter = thread::spawn(move || client.acquire("k", Duration::from_secs(20), LEASE));
+    wait_received(&a, 1);
+    assert_eq!(acquires(&a).len(), 1, "queued at A: {:?}", a.received());
+    // A is paused from now on; B leads the key and never saw the acquire.
+    a.pause_handshakes();
+    let new_leader = Arc::new(|frame: &Frame| match *frame {
+        Frame::Resolve { owner, .. } => Reply::Answer(Response::Resolved {
+            owner,
+            fate: Fate::NeverSeen,
+            token: 0,
+            lease_ms: 0,
+        }),
+        _ => leader_reply(frame, 91),
+    });
+    b.set_script(new_leader);
+    c.set_script(redirect_to(Some(b.addr())));
+    let ticket = waiter.join().unwrap().expect("granted by the new leader");
+    assert_eq!(ticket.token(), 91);
+    assert_eq!(a.handshakes(), 1, "no new session to the silent member");
+    drop(ticket);
 }

@@ -49,6 +49,8 @@ struct Greeting {
     paused: AtomicBool,
     /// Handshake pings received.
     count: AtomicUsize,
+    /// Answer a session's Identify (docs/protocol.md §5) instead of refusing it with `X` 9.
+    identifies: AtomicBool,
 }
 
 const POLL: Duration = Duration::from_millis(20);
@@ -80,6 +82,12 @@ impl FakeMember {
     /// kernel still accepts connections.
     pub fn pause_handshakes(&self) {
         self.greeting.paused.store(true, Ordering::Relaxed);
+    }
+
+    /// From now on, a session's Identify is answered (with the grace asked for), as by a
+    /// member that resumes calls; its Resolves go to the script like any request.
+    pub fn identify_sessions(&self) {
+        self.greeting.identifies.store(true, Ordering::Relaxed);
     }
 
     /// Handshake pings received so far (answered or not).
@@ -153,7 +161,12 @@ fn serve(mut stream: TcpStream, shared: Shared) {
             };
             buffer.drain(..used);
             let reply = match (greeted, &frame) {
-                // A member of this version does not resume calls (docs/protocol.md §5).
+                (false, &Frame::Identify { nonce, grace_s, .. })
+                    if shared.greeting.identifies.load(Ordering::Relaxed) =>
+                {
+                    Reply::Answer(Response::Identified { nonce, grace_s })
+                }
+                // By default, a member that does not resume calls (docs/protocol.md §5).
                 (false, &Frame::Identify { nonce, .. }) => Reply::Answer(Response::Error {
                     code: ErrorCode::NotIdentified,
                     id: nonce,

@@ -27,7 +27,8 @@
 //!   got no definite answer is never sent again: it ends
 //!   [`Indeterminate`](super::Exchange::Indeterminate) at once — except an acquire on an
 //!   identified session, which is *resolved* on another session (docs/protocol.md §5:
-//!   [`Client::resolve`]), and a release or an extend, which names a token and is safe to send
+//!   [`Client::resolve`]; first at another member than the failed session's, `M` leading back
+//!   to it), and a release or an extend, which names a token and is safe to send
 //!   again (another attempt, as for an unsent one).
 //!
 //! Cost on a single node: the report is built only once an attempt fails; a call answered at
@@ -87,6 +88,11 @@ enum Start {
     /// At the member after this one, never at this one, even when another member names it
     /// leader (a hedge: the first branch waits there).
     After(SocketAddr),
+    /// At the key's route unless that is this member, else at the member after it; an `M`
+    /// naming it is followed (a Resolve after a session to it failed: if it still leads the
+    /// key, the others send the Resolve back to it; if it is paused, no new session waits out
+    /// its handshake there first).
+    Away(SocketAddr),
 }
 
 /// What to do after one attempt.
@@ -180,10 +186,11 @@ impl Client {
 
     /// [`exchange`](Self::exchange), starting as `start` says.
     fn exchange_from(&self, op: Op, deadline: Instant, start: Start) -> Exchange {
-        let (skip, waiting_at) = match start {
-            Start::Route => (None, None),
-            Start::Tracked(at) => (None, Some(at)),
-            Start::After(skip) => (Some(skip), None),
+        let (skip, waiting_at, away) = match start {
+            Start::Route => (None, None, None),
+            Start::Tracked(at) => (None, Some(at), None),
+            Start::After(skip) => (Some(skip), None, None),
+            Start::Away(away) => (None, None, Some(away)),
         };
         let members = &self.shared.members;
         let key = op.key().cloned();
@@ -198,9 +205,13 @@ impl Client {
             refused: Vec::new(),
             skip,
         };
-        let mut addr = match skip {
-            Some(skip) => attempts.next_addr(members, skip),
-            None => members.route(key.as_deref()),
+        let mut addr = match (skip, away) {
+            (Some(skip), _) => attempts.next_addr(members, skip),
+            (None, Some(away)) => match members.route(key.as_deref()) {
+                routed if routed == away => members.next_member_except(Some(away)),
+                routed => routed,
+            },
+            (None, None) => members.route(key.as_deref()),
         };
         // Bounded: every pass either ends, sleeps a backoff, or counts a redirect.
         loop {
@@ -246,7 +257,7 @@ impl Client {
             let indeterminate = matches!(outcome, Some(Ok(Outcome::Indeterminate)));
             if indeterminate && matches!(op, Op::Acquire { .. }) && session.is_identified() {
                 members.forget(key.as_deref(), addr);
-                return self.resolve(&op, deadline, &session);
+                return self.resolve(&op, deadline, &session, addr);
             }
             match attempts.next(
                 outcome,
@@ -268,7 +279,13 @@ impl Client {
     /// passed, a transport allowance from now, to settle a grant it may have made
     /// (`settle_acquire` releases one found late). A Resolve is safe to repeat: one whose
     /// session fails, or that reaches no member, is asked again while time is left.
-    fn resolve(&self, op: &Op, deadline: Instant, failed: &Session) -> Exchange {
+    fn resolve(
+        &self,
+        op: &Op,
+        deadline: Instant,
+        failed: &Session,
+        failed_at: SocketAddr,
+    ) -> Exchange {
         let Op::Acquire {
             key,
             wait_zero,
@@ -293,14 +310,17 @@ impl Client {
         );
         // Bounded by `until`: every pass asks once (the exchange ends by `until`), then backs
         // off.
+        // The first ask goes to another member first (see `Start::Away`), later ones by route.
+        let mut start = Start::Away(failed_at);
         while Instant::now() < until {
-            match self.exchange(resolve.clone(), until) {
+            match self.exchange_from(resolve.clone(), until, start) {
                 Exchange::Answer {
                     response,
                     sent_at,
                     read_at,
                 } => return resolved(response, owner, sent_at, read_at),
                 Exchange::Indeterminate | Exchange::Unsent { .. } | Exchange::NeverSeen => {
+                    start = Start::Route;
                     backoff.sleep(until)
                 }
             }
