@@ -621,6 +621,8 @@ class FakeMember:
         self._received: List[Frame] = []
         self.handshakes = 0
         self.paused = False
+        # Answer a session's Identify (docs/protocol.md §5) instead of refusing it with X 9.
+        self.identifies = False
         self.stopped = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -658,8 +660,11 @@ class FakeMember:
                 buffer += data
                 for frame in parse_requests(buffer):
                     if not greeted and frame[0] == "I":
-                        # A member of this version does not resume calls (§5).
-                        sock.sendall(resp("X", 9, frame[1]))
+                        if self.identifies:
+                            sock.sendall(resp("I", frame[1], frame[2]))
+                        else:
+                            # By default, a member that does not resume calls (§5).
+                            sock.sendall(resp("X", 9, frame[1]))
                         continue
                     if not greeted and frame[0] == "P":
                         greeted = True

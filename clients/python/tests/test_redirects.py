@@ -5,6 +5,7 @@ parts; the command-line cases are the Rust CLI's own)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import List
 
@@ -233,4 +234,46 @@ def test_a_named_leader_that_cannot_be_reached_is_unavailable_and_named() -> Non
         f"k: the key's leader {gone} (named by {follower.addr}) cannot be reached: "
         "unreachable: cannot connect"
     ), text
+    client.close()
+
+
+def test_a_waiter_whose_leader_goes_silent_asks_another_member_first() -> None:
+    """client_redirects.rs a_waiter_whose_leader_goes_silent_asks_another_member_first: the
+    session of a waiter at a paused leader closes once its probe goes unanswered, and the
+    Resolve goes first to a member other than the silent one — not to a new session there that
+    would wait out its handshake (the connect timeout) — even when the route names it (A is
+    listed first: once the key's leader is forgotten, the route is the first member). Before,
+    the Resolve went there first."""
+    a = FakeMember(lambda frame: None)
+    c = FakeMember(redirect_to(a.addr))
+    b = FakeMember(redirect_to(a.addr))
+    for member in (c, a, b):
+        member.identifies = True
+    client = make_client([a.addr, c.addr, b.addr])
+    result: List[object] = []
+    waiter = threading.Thread(target=lambda: result.append(client.acquire("k", wait=20.0, lease=LEASE)))
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while not acquires(a) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert len(acquires(a)) == 1, f"queued at A: {a.received()}"
+    # A is paused from now on; B leads the key and never saw the acquire.
+    a.paused = True
+
+    def new_leader(frame: Frame) -> bytes:
+        if frame[0] == "W":
+            return resp("W", frame[1], 0, 0, 0)  # never seen
+        reply = leader_reply(frame, 91)
+        assert isinstance(reply, bytes)
+        return reply
+
+    b.set_script(new_leader)
+    c.set_script(redirect_to(b.addr))
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    ticket = result[0]
+    assert isinstance(ticket, latchkey.Ticket), ticket
+    assert ticket.token == 91
+    assert a.handshakes == 1, "no new session to the silent member"
+    ticket.release()
     client.close()

@@ -591,14 +591,15 @@ def test_a_background_release_whose_session_fails_goes_to_another() -> None:
 
 def test_a_resolve_answered_m_follows_it_to_the_leader_named() -> None:
     """With a cluster, the Resolve goes to the member that leads the key now (docs/protocol.md
-    §4.1): the member whose session failed answers it ``M``, and the Resolve — not the acquire
-    — goes to the leader it names, which finds the grant."""
+    §4.1), asked first of a member other than the one whose session failed: that member answers
+    it ``M`` naming the first (which still leads the key: only the connection was cut), and the
+    Resolve — not the acquire — goes back to it, which finds the grant."""
     first, second = FakeServer(), FakeServer()
     client = latchkey.Client([first.addr, second.addr], sessions=1, connect_timeout=2.0, transport_timeout=2.0)
     call, owner = cut_after_acquire(first, client, 5.0)
-    asked = next_resolve(first, owner)
-    asked.send(moved(owner, second.addr))
-    leader = next_resolve(second, owner)
+    asked = next_resolve(second, owner)
+    asked.send(moved(owner, first.addr))
+    leader = next_resolve(first, owner)
     leader.send(resp("W", owner, 1, 66, 29000))
     ticket, _ = call.join()
     assert isinstance(ticket, latchkey.Ticket) and ticket.token == 66

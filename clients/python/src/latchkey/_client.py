@@ -1189,7 +1189,11 @@ class Client:
         return hedge.settle(self._exchange(call, hedge.abort_first))
 
     def _exchange(
-        self, call: Call, abort: Optional["_Abort"], skip: Optional[Address] = None
+        self,
+        call: Call,
+        abort: Optional["_Abort"],
+        skip: Optional[Address] = None,
+        away: Optional[Address] = None,
     ) -> _Result:
         """Hands ``call`` to sessions until one answers (other than ``M``) or may have sent
         it, or its deadline passes while it is definitely unsent, or (unless
@@ -1203,7 +1207,12 @@ class Client:
         (:meth:`_exchange_hedged`): its first attempt goes to the member after it in turn
         instead of the key's route, and it never goes there, even when another member names
         it leader (such an ``M`` counts as naming none: back off, then the next member). A
-        hedge leaves ``last_unavailable`` to its caller."""
+        hedge leaves ``last_unavailable`` to its caller.
+
+        ``away``: a Resolve after a session to that member failed: its first attempt goes to
+        the key's route unless that is this member, else to the member after it in turn; an
+        ``M`` naming it is followed (if it still leads the key, the others send the Resolve
+        back; if it is paused, no new session waits out its handshake there first)."""
         members = self._members
         key = call.key if call.kind != "P" else None
         deadline = call.deadline
@@ -1228,6 +1237,8 @@ class Client:
             return following
 
         addr = members.route(key) if skip is None else turn(skip)
+        if away is not None and addr == away:
+            addr = members.next_member_except(away)
 
         def sleep() -> None:
             nonlocal backoff
@@ -1404,10 +1415,13 @@ class Client:
         deadline = acquire.deadline
         until = max(deadline, time.monotonic() + self.transport_timeout)
         backoff = 0.0
+        # The first ask goes to another member first (``away``), later ones by route.
+        away: Optional[Address] = addr
         while time.monotonic() < until:
             resolve = Call("W", acquire.key, acquire.ident, until, acquire.lease_s, acquire.wait_zero)
             resolve.wait_deadline = deadline
-            result = self._exchange(resolve, abort)
+            result = self._exchange(resolve, abort, away=away)
+            away = None
             if result.kind == "answer":
                 return _resolved(result)
             if result.kind == "never_seen":
