@@ -4,6 +4,7 @@ with fake members)."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -183,3 +184,33 @@ def test_a_peer_that_is_not_a_latchkey_server_is_unavailable_at_once() -> None:
     stop.set()
     thread.join(5)
     listener.close()
+
+
+def test_an_interrupted_acquire_withdraws_its_waiter(server: Server, observer: latchkey.Client) -> None:
+    """``KeyboardInterrupt`` while ``acquire`` waits (Ctrl-C at a REPL, in a script): the waiter
+    is withdrawn (Cancel, its answer waited for) before the exception goes on — not left queued,
+    to be granted later to nobody and held until its lease ran out. Before, it stayed queued
+    for its whole wait, and its grant was never released."""
+    assert threading.current_thread() is threading.main_thread(), "SIGINT reaches the main thread"
+    key = "jobs/interrupted"
+    holder = observer.acquire(key, wait=0, lease=30)
+    client = latchkey.Client(server.text, sessions=1, transport_timeout=2.0)
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 5
+        while observer.query(key).waiters == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        client.acquire(key, wait=30, lease=30)
+    interrupter.join()
+    assert observer.query(key).waiters == 0, "withdrawn before the exception went on"
+    holder.release()
+    time.sleep(0.2)
+    assert not observer.query(key).held, "nobody was granted it"
+    client.close()

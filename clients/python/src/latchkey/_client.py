@@ -653,6 +653,11 @@ class _Abort:
         with self._lock:
             self._current = None
 
+    def current(self) -> Optional[Tuple[Session, Call]]:
+        """The call's current attempt and its session, if it is under way."""
+        with self._lock:
+            return self._current
+
     def member(self) -> Optional[Address]:
         """The member the call's current attempt was handed to, if it is under way."""
         with self._lock:
@@ -1003,8 +1008,37 @@ class Client:
         ``lease`` seconds (rounded up to whole seconds, 1..=255). ``wait=0`` is one immediate
         attempt. Raises ``Timeout``, ``Busy``, ``Rejected``, ``Unavailable`` or
         ``Indeterminate`` (§4.1); ``TypeError`` or ``ValueError`` for bad arguments, before
-        anything is sent."""
-        return self._acquire(key, wait, lease, None)
+        anything is sent.
+
+        Interrupted while it waits (``KeyboardInterrupt``, or any exception a signal handler
+        raises), the acquire is withdrawn before the exception goes on: a waiter queued on the
+        server gets its Cancel and its answer is waited for (at most the transport timeout), and
+        a grant that came first is released — rather than left queued, and granted later to
+        nobody (held until its lease ran out)."""
+        abort = _Abort()
+        try:
+            return self._acquire(key, wait, lease, abort)
+        except Exception:
+            raise
+        except BaseException:
+            self._withdraw(abort)
+            raise
+
+    def _withdraw(self, abort: "_Abort") -> None:
+        """Gives up the acquire ``abort`` names, whose caller was interrupted, and waits for it
+        to settle (bounded: a Cancel's answer is due within the transport timeout, else its
+        session closes); a grant that came first is released."""
+        current = abort.current()
+        abort.cancel()
+        if current is None:
+            return
+        session, call = current
+        if call.kind != "A":
+            return
+        session.wait(call)
+        response = call.response
+        if call.outcome == ANSWER and response is not None and response.op == "A":
+            self._release_in_background(call.key, response.token, session)
 
     def _acquire(self, key: str, wait: float, lease: float, abort: Optional["_Abort"]) -> Ticket:
         """``acquire``, given up at once when ``abort`` is cancelled (see :class:`_Abort`)."""
