@@ -16,6 +16,12 @@ For each member in turn (MEMBERS): SIGSTOP for STALL seconds, SIGCONT, 3 s to se
 kill -9, 2 s down, restart, 3 s to settle. Meanwhile a prober measures failover: from each
 fault to the first moment every probe key is served (answers `Q`) by a member that is up.
 
+Before each fault, on a key the member about to fail leads: a `latchkey lock` holder with a
+waiter queued behind it (`latchkey lock --wait 30s`), the holder told to let go (SIGTERM) at the
+fault — so the waiter's grant must come from the new leader — and a holder of the Python client
+(clients/python, from this checkout) extending a 3 s lease every 0.2 s. Per fault: the time from
+the fault to the waiter's grant, and to the first extend confirmed after it (p50, max).
+
 Printed at the end: the callers' exit codes (0 done, 80 timeout, 81 busy, 82 indeterminate,
 83 unavailable, other), holders that lost their lock (exit 85) or ended otherwise, failover
 times (p50, max), and ghost holds — keys still held once every client has exited and released
@@ -61,6 +67,94 @@ def query(port, key, nonce=1, timeout=0.5):
             return bool(held), waiters
     except OSError:
         return None
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients",
+                                "python", "src"))
+
+
+def key_led_by(cluster, member, prefix):
+    """A key whose shard `member` leads now (only the leader answers `Q`), or None."""
+    for n in range(4096):
+        key = f"{prefix}/{n}"
+        if cluster.served(key) == member:
+            return key
+    return None
+
+
+class Watch:
+    """The two measurements around one fault on a key `member` leads (see the module docs)."""
+
+    def __init__(self, cluster, member, client_binary, env, tag):
+        import latchkey  # the Python client of this checkout
+
+        self.ok = False
+        wait_key = key_led_by(cluster, member, f"wait-{tag}")
+        extend_key = key_led_by(cluster, member, f"extend-{tag}")
+        if wait_key is None or extend_key is None:
+            print(f"  ({tag}: no key led by m{member + 1} found; not measured)")
+            return
+        self.holder = subprocess.Popen(
+            [client_binary, "lock", "--lease", "3s", "--wait", "5s", wait_key, "--", "sleep",
+             "600"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port = cluster.clients[member]
+        deadline = time.time() + 10
+        while time.time() < deadline and (query(port, wait_key) or (False, 0))[0] is not True:
+            time.sleep(0.01)
+        self.waiter = subprocess.Popen(
+            [client_binary, "lock", "--wait", "30s", "--lease", "3s", wait_key, "--",
+             sys.executable, "-c", "import time; print(repr(time.time()))"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while time.time() < deadline and (query(port, wait_key) or (False, 0))[1] != 1:
+            time.sleep(0.01)
+        self.client = latchkey.Client(env["LATCHKEY_SERVER"])
+        self.ticket = self.client.acquire(extend_key, wait=5, lease=3)
+        self.extends = []  # (answered at, confirmed)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.extend_loop)
+        self.thread.start()
+        self.ok = time.time() < deadline
+
+    def extend_loop(self):
+        while not self.stop.is_set():
+            try:
+                confirmed = self.ticket.extend(3)
+            except Exception:  # noqa: BLE001 - an unanswered extend is a measurement too
+                confirmed = False
+            self.extends.append((time.time(), confirmed))
+            self.stop.wait(0.2)
+
+    def fault(self):
+        """At the fault: the holder lets go (its release must reach the new leader)."""
+        if self.ok:
+            self.holder.send_signal(signal.SIGTERM)
+
+    def finish(self, fault_at):
+        """(seconds to the waiter's grant, seconds to the first confirmed extend), None for
+        either not seen within 30 s."""
+        if not self.ok:
+            return None, None
+        granted = None
+        try:
+            out, _ = self.waiter.communicate(timeout=30)
+            granted = float(out.strip()) - fault_at if out.strip() else None
+        except (subprocess.TimeoutExpired, ValueError):
+            self.waiter.kill()
+        self.holder.wait()
+        deadline = time.time() + 30
+        first = None
+        while first is None and time.time() < deadline:
+            first = next((at for at, confirmed in list(self.extends)
+                          if confirmed and at > fault_at), None)
+            time.sleep(0.05)
+        self.stop.set()
+        self.thread.join()
+        try:
+            self.ticket.release()
+        except Exception:  # noqa: BLE001 - released or lost: the measurement is taken
+            pass
+        self.client.close()
+        return granted, (first - fault_at if first is not None else None)
 
 
 def disk_sync_p50(directory):
@@ -151,11 +245,10 @@ def main():
             time.sleep(0.05)
         print(f"cluster up: {args.shards} shards, fsync {args.fsync}; "
               f"disk fdatasync p50 {disk_sync_p50(directory):.0f} us", flush=True)
-        run_s = len(order) * (args.stall + 3 + 2 + 3 + 2) + 10
         holders = [
             subprocess.Popen(
                 [client_binary, "lock", "--lease", f"{args.lease}s", "--wait", "10s",
-                 f"holders/{i}", "--", "sleep", str(int(run_s))],
+                 f"holders/{i}", "--", "sleep", "3600"],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for i in range(args.holders)
         ]
@@ -176,6 +269,7 @@ def main():
                         errors.append(done.stderr.strip().splitlines()[-1:])
 
         threads = [threading.Thread(target=caller, args=(n,)) for n in range(args.callers)]
+        calls_from = time.time()
         for thread in threads:
             thread.start()
         time.sleep(2)
@@ -189,27 +283,35 @@ def main():
                 time.sleep(0.005)
             return time.time() - fault_at if not pending else None
 
+        resumed = []  # (kind, member, seconds to the waiter's grant, to the first extend)
         for i in order:
             process = cluster.processes[i]
+            watch = Watch(cluster, i, client_binary, env, f"stop-{i + 1}")
             process.send_signal(signal.SIGSTOP)
             fault_at = time.time()
+            watch.fault()
             took = failover_after(fault_at, i)
             failovers.append(("stop", i + 1, took))
+            resumed.append(("stop", i + 1) + watch.finish(fault_at))
             time.sleep(max(0.0, fault_at + args.stall - time.time()))
             process.send_signal(signal.SIGCONT)
             time.sleep(3)
+            watch = Watch(cluster, i, client_binary, env, f"kill-{i + 1}")
             process.kill()
+            fault_at = time.time()
+            watch.fault()
             process.wait()
             cluster.processes[i] = None
-            fault_at = time.time()
             took = failover_after(fault_at, i)
             failovers.append(("kill", i + 1, took))
+            resumed.append(("kill", i + 1) + watch.finish(fault_at))
             time.sleep(max(0.0, fault_at + 2 - time.time()))
             cluster.launch(i)
             time.sleep(3)
         stop.set()
         for thread in threads:
             thread.join()
+        calls_s = time.time() - calls_from
         holder_codes = {}
         lost = []
         for holder in holders:
@@ -234,7 +336,8 @@ def main():
                         ghosts.append(key)
                     break
         print(f"callers: exit codes {dict(sorted(codes.items()))} "
-              f"(0 done, 80 timeout, 81 busy, 82 indeterminate, 83 unavailable)")
+              f"(0 done, 80 timeout, 81 busy, 82 indeterminate, 83 unavailable); "
+              f"{sum(codes.values()) / calls_s:.0f} calls/s over {calls_s:.0f} s")
         for line in errors[:5]:
             print(f"  e.g. {line}")
         # `latchkey lock` forwards SIGTERM to `sleep` and releases: a holder that kept its
@@ -249,6 +352,18 @@ def main():
         if times:
             print(f"failover p50 {statistics.median(times) * 1000:.0f} ms, "
                   f"max {max(times) * 1000:.0f} ms")
+        def fmt(seconds):
+            return f"{seconds * 1000:.0f} ms" if seconds is not None else "-"
+
+        print("from the fault to the queued waiter's grant / to the first confirmed extend, per "
+              "fault: " + ", ".join(f"{kind} m{m} {fmt(grant)} / {fmt(extend)}"
+                                     for kind, m, grant, extend in resumed))
+        for label, column in (("waiter's grant", 2), ("first confirmed extend", 3)):
+            seen = [row[column] for row in resumed if row[column] is not None]
+            missing = len(resumed) - len(seen)
+            if seen:
+                print(f"{label}: p50 {statistics.median(seen) * 1000:.0f} ms, max "
+                      f"{max(seen) * 1000:.0f} ms" + (f" ({missing} not seen)" if missing else ""))
         print(f"ghost holds (held once every client exited): {len(ghosts)} {ghosts[:8]}")
     finally:
         cluster.stop_all()
