@@ -115,9 +115,10 @@ impl Client {
     /// be paused: a VM stall, a slow disk, a cut link), the same request also goes to the
     /// other members — which redirect it to the new leader once one is elected — and the
     /// first answer wins. The hedge leaves alone the member where the first attempt waits
-    /// *then*, not where it began: a redirect may have taken it to the paused leader. Both are safe to execute twice (docs/protocol.md §4.3): a second
-    /// release answers `N`, and an extend executed twice counts its lease from the later
-    /// execution, so the ticket's bound, taken from the answer that came, is never late.
+    /// *then*, not where it began: a redirect may have taken it to the paused leader. Both are
+    /// safe to execute twice (docs/protocol.md §4.3): a second release answers `N`, and an
+    /// extend executed twice counts its lease from the later execution, so the ticket's bound,
+    /// taken from the answer that came, is never late.
     pub(crate) fn exchange_hedged(&self, op: Op, deadline: Instant) -> Exchange {
         let members = &self.shared.members;
         let hedged = matches!(op, Op::Release { .. } | Op::Extend { .. }) && members.listed() > 1;
@@ -309,8 +310,7 @@ impl Client {
             failed.id()
         );
         // Bounded by `until`: every pass asks once (the exchange ends by `until`), then backs
-        // off.
-        // The first ask goes to another member first (see `Start::Away`), later ones by route.
+        // off. The first ask goes to another member first (`Start::Away`), later ones by route.
         let mut start = Start::Away(failed_at);
         while Instant::now() < until {
             match self.exchange_from(resolve.clone(), until, start) {

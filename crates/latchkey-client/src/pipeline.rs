@@ -682,6 +682,9 @@ impl Pipeline {
                 }
             )
         };
+        if !self.entries.iter().any(|(_, entry)| waiting(entry)) {
+            return;
+        }
         let handles: Vec<(Handle, Stage)> = self
             .entries
             .iter()

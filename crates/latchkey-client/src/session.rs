@@ -262,6 +262,13 @@ impl Session {
         self.shared.stalled.load(Ordering::Acquire)
     }
 
+    /// Wakes the session thread (to see `SessionConfig::interrupted`).
+    pub(crate) fn wake(&self) {
+        if let Err(error) = self.shared.waker.wake() {
+            log::error!("session {}: cannot wake its thread: {error}", self.id);
+        }
+    }
+
     /// Hands a call to the session thread, or gives it back when the session has ended, is
     /// stalled or its inbox is full (the call was not sent).
     #[allow(clippy::result_large_err)]
@@ -280,15 +287,6 @@ impl Session {
             log::error!("session {}: cannot wake its thread: {error}", self.id);
         }
         Ok(())
-    }
-}
-
-impl Session {
-    /// Wakes the session thread (to see `SessionConfig::interrupted`).
-    pub(crate) fn wake(&self) {
-        if let Err(error) = self.shared.waker.wake() {
-            log::error!("session {}: cannot wake its thread: {error}", self.id);
-        }
     }
 }
 
