@@ -754,10 +754,15 @@ fn lock(args: &LockArgs) -> LockExit {
         let (key, name) = (shown_key(&args.key), signal_name(signal));
         match acquired {
             Ok(ticket) => {
-                eprintln!("latchkey lock: {key}: {name} as the lock was granted: released, nothing ran");
+                eprintln!(
+                    "latchkey lock: {key}: {name} as the lock was granted: released, nothing ran"
+                );
                 release(ticket);
             }
-            Err(_) => eprintln!("latchkey lock: {key}: interrupted by {name} while acquiring: withdrawn, nothing ran"),
+            Err(_) => eprintln!(
+                "latchkey lock: {key}: interrupted by {name} while acquiring: withdrawn, \
+                 nothing ran"
+            ),
         }
         return LockExit::Signalled(signal);
     }
