@@ -1033,11 +1033,14 @@ class Client:
         if current is None:
             return
         session, call = current
-        if call.kind != "A":
+        if call.kind not in ("A", "W"):
             return
         session.wait(call)
         response = call.response
-        if call.outcome == ANSWER and response is not None and response.op == "A":
+        if call.outcome != ANSWER or response is None:
+            return
+        # A grant: the acquire's own ``A``, or a Resolve that found it granted.
+        if response.op == "A" or (response.op == "W" and response.fate == FATE_GRANTED):
             self._release_in_background(call.key, response.token, session)
 
     def _acquire(self, key: str, wait: float, lease: float, abort: Optional["_Abort"]) -> Ticket:
