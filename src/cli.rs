@@ -137,7 +137,8 @@ Signals:
   SIGSTOP                  CMD runs on while latchkey lock is stopped and extends nothing;
                            after SIGCONT, a lease that ran out meanwhile counts as lost
   lease lost               CMD gets SIGTERM, then SIGKILL after --grace (its whole group
-                           without a terminal); latchkey lock exits 85
+                           without a terminal); latchkey lock releases the lock (in case
+                           the server still has it) and exits 85
 
 Exit codes:
   CMD's status  CMD ran under the lock (128 + N: CMD was killed by signal N)
@@ -555,19 +556,20 @@ fn acquire_with_notice(
                     },
                     recv(done) -> _ => return,
                 };
-                caught.requeue(signal);
+                // Handed back once this thread is done with it (the caller looks after the
+                // scope has joined this thread): not before, or it would read as a second one.
                 if !*acquiring.lock() {
-                    return;
+                    return caught.requeue(signal);
                 }
                 client.interrupt();
                 let again = crossbeam_channel::select! {
                     recv(caught.receiver()) -> again => again.ok(),
-                    recv(done) -> _ => return,
+                    recv(done) -> _ => return caught.requeue(signal),
                     default(INTERRUPT_PATIENCE) => None,
                 };
                 let still = acquiring.lock();
                 if !*still {
-                    return;
+                    return caught.requeue(again.unwrap_or(signal));
                 }
                 eprintln!(
                     "latchkey lock: {}: interrupted by {} while acquiring, and the acquire did \
