@@ -280,6 +280,42 @@ fn latchkey_lock_keeps_its_lock_through_a_leader_change() {
     assert!(b.received().contains(&release), "B released it");
 }
 
+/// A `latchkey lock` that lost its lease (its leader A went silent, and B, where the extend was
+/// hedged, knew no leader before the bound) still releases the lock, at the member that
+/// answers: an extend may have executed unanswered, and the key would otherwise stay held by
+/// nobody for up to one more lease. Before, the release was left to a background call on A's
+/// silent session, and the process exited: B never saw it.
+#[test]
+fn latchkey_lock_releases_at_another_member_after_losing_its_lease() {
+    // B knows no leader for the key's extends (an election under way), and leads by the time
+    // of the release.
+    let b = FakeMember::start(Arc::new(|frame: &Frame| match frame {
+        Frame::Release { .. } => leader_reply(frame, 0),
+        _ => moved(frame, None),
+    }));
+    let a = FakeMember::start(Arc::new(|frame: &Frame| match frame {
+        Frame::Acquire { .. } => leader_reply(frame, 33),
+        _ => Reply::Silent,
+    }));
+    let list = format!("{},{}", a.addr(), b.addr());
+    let output = latchkey(&[
+        "lock", "--server", &list, "--lease", "1s", "k", "--", "sleep", "30",
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_LEASE_LOST)),
+        "{stderr}"
+    );
+    let release = Frame::Release {
+        token: 33,
+        key: "k".into(),
+    };
+    assert!(b.received().contains(&release), "B released it: {stderr}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Paused members, silent sessions, and the truth about "unavailable".
 

@@ -173,7 +173,7 @@ pub(super) fn supervise(
     let status = child.wait();
     let ticket = Arc::into_inner(ticket).expect("the extender has ended");
     if lost {
-        drop(ticket);
+        release_after_loss(ticket);
         return LockExit::Own(EXIT_LEASE_LOST);
     }
     release(ticket);
@@ -322,6 +322,27 @@ pub(super) fn release(ticket: Ticket) {
         Err(error) => {
             let why = failure(&client, &error, start.elapsed());
             eprintln!("latchkey lock: release failed ({why}); the lease recovers it")
+        }
+    }
+}
+
+/// Releases the lock after its lease was lost, before `latchkey lock` exits 85: usually the
+/// server no longer has it (`N`, said nothing of), but an extend may have executed unanswered,
+/// and the key would stay held by nobody for up to one more lease. Sent like any release
+/// (hedged to the other members of a cluster), and waited for: a background release would die
+/// with the process.
+fn release_after_loss(ticket: Ticket) {
+    let key = shown_key(ticket.key());
+    let client = ticket.client().clone();
+    let start = Instant::now();
+    match ticket.release() {
+        Ok(ReleaseOutcome::Released) => {
+            eprintln!("latchkey lock: {key}: released (the server still had it)")
+        }
+        Ok(ReleaseOutcome::NotHeld) | Err(RequestError::Rejected(_)) => {}
+        Err(error) => {
+            let why = failure(&client, &error, start.elapsed());
+            eprintln!("latchkey lock: {key}: release failed ({why}); its lease ends it")
         }
     }
 }
