@@ -633,7 +633,21 @@ impl Pipeline {
         match action {
             OnDeadline::Expire => self.expire(handle),
             OnDeadline::Close(reason) => self.close(reason),
-            OnDeadline::Cancel(cancel) => self.cancel(handle, cancel, now),
+            OnDeadline::Cancel(cancel) => {
+                // Same session, same key, same owner: per-key ordering means exactly one
+                // terminal answer for the owner follows.
+                let until = now + self.transport_timeout;
+                self.entries[handle.slot].stage = Stage::Cancelling;
+                self.arm(handle, until);
+                let call = Call {
+                    op: cancel,
+                    deadline: until,
+                    reply: None,
+                    attempts: 0,
+                };
+                let cancel = self.insert(call);
+                self.queue.push_back(cancel);
+            }
             OnDeadline::GiveUpKeep => {
                 reply(
                     self.entries[handle.slot].call.reply.take(),
@@ -647,72 +661,41 @@ impl Pipeline {
         }
     }
 
-    /// Withdraws the waiting acquire `handle` (sent, not answered) with `cancel`: same session,
-    /// same key, same owner, so per-key ordering means exactly one terminal answer for the
-    /// owner follows; it must come within the transport allowance.
-    fn cancel(&mut self, handle: Handle, cancel: Op, now: Instant) {
-        let until = now + self.transport_timeout;
-        self.entries[handle.slot].stage = Stage::Cancelling;
-        self.arm(handle, until);
-        let call = Call {
-            op: cancel,
-            deadline: until,
-            reply: None,
-            attempts: 0,
-        };
-        let cancel = self.insert(call);
-        self.queue.push_back(cancel);
-    }
-
     /// The client was interrupted (`Client::interrupt`): every acquire that waits or would
-    /// wait ends now, before its deadline — one not sent yet expires unsent, one sent is
-    /// withdrawn with a Cancel (its `T`, or the grant that came first, is its answer). A wait-0
-    /// acquire is answered at once anyway, and one partly written is withdrawn at the next
-    /// call of this (the session's next loop iteration).
+    /// wait ends now, before its deadline, as its deadline would end it (`handle_deadline`) —
+    /// one not sent yet expires unsent, one sent is withdrawn with a Cancel (its `T`, or the
+    /// grant that came first, is its answer: its deadline has not passed, so the grant is
+    /// delivered). A wait-0 acquire is answered at once anyway, and one partly written is
+    /// withdrawn at the next call of this (the session's next loop iteration).
     pub(crate) fn withdraw_acquires(&mut self, now: Instant) {
         if self.close.is_some() {
             return;
         }
         let waiting = |entry: &Entry| {
-            matches!(
+            let waits = matches!(
                 entry.call.op,
                 Op::Acquire {
                     wait_zero: false,
                     ..
                 }
-            )
+            );
+            waits && matches!(entry.stage, Stage::Queued | Stage::Encoded | Stage::Sent)
         };
         if !self.entries.iter().any(|(_, entry)| waiting(entry)) {
             return;
         }
-        let handles: Vec<(Handle, Stage)> = self
+        let handles: Vec<Handle> = self
             .entries
             .iter()
             .filter(|(_, entry)| waiting(entry))
-            .map(|(slot, entry)| {
-                let handle = Handle {
-                    slot,
-                    seq: entry.seq,
-                };
-                (handle, entry.stage)
+            .map(|(slot, entry)| Handle {
+                slot,
+                seq: entry.seq,
             })
             .collect();
         // Bounded by the session's open calls.
-        for (handle, stage) in handles {
-            match stage {
-                Stage::Queued | Stage::Encoded => self.expire(handle),
-                Stage::Sent => {
-                    let Op::Acquire { key, owner, .. } = &self.entries[handle.slot].call.op else {
-                        unreachable!("filtered: an acquire")
-                    };
-                    let cancel = Op::Cancel {
-                        key: key.clone(),
-                        owner: *owner,
-                    };
-                    self.cancel(handle, cancel, now);
-                }
-                Stage::Partial | Stage::Cancelling => {}
-            }
+        for handle in handles {
+            self.handle_deadline(handle, now);
         }
         self.check_invariants();
     }
