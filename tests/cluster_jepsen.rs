@@ -23,6 +23,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
+use latchkey::rng::Rng;
 use latchkey_client::{AcquireError, Client, ClientConfig};
 
 const KEYS: usize = 2;
@@ -59,19 +60,10 @@ impl Record {
     }
 }
 
-/// splitmix64: the workers' pauses.
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 fn worker(client: Client, seed: u64, stop: Arc<AtomicBool>, record: Arc<Mutex<Record>>) {
-    let mut rng = seed;
+    let mut rng = Rng::new(seed);
     while !stop.load(Ordering::Relaxed) {
-        let index = (next(&mut rng) % KEYS as u64) as usize;
+        let index = rng.below(KEYS as u64) as usize;
         let key = format!("jepsen/{index}");
         let ticket = match client.acquire(&key, WAIT, LEASE) {
             Ok(ticket) => ticket,
@@ -114,7 +106,7 @@ fn worker(client: Client, seed: u64, stop: Arc<AtomicBool>, record: Arc<Mutex<Re
             log.inside = Some((token, valid_until));
             record.violations.extend(broken);
         }
-        thread::sleep(Duration::from_millis(next(&mut rng) % 20));
+        thread::sleep(Duration::from_millis(rng.below(20)));
         {
             let mut record = record.lock().unwrap();
             let log = &mut record.keys[index];
