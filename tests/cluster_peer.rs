@@ -597,6 +597,7 @@ fn hello(shards: u32, from: u64) -> Vec<u8> {
     let identity = IDENTITY;
     let to = 2;
     Hello {
+        version: VERSION,
         shards,
         from,
         to,

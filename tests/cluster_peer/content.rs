@@ -154,6 +154,7 @@ fn a_real_member_drops_invalid_snapshots_and_entries_and_keeps_serving() {
     // The test speaks as member 2 (member 3 never runs).
     let mut raw = TcpStream::connect(ports[1]).expect("member 1's peer port");
     let hello = Hello {
+        version: VERSION,
         shards: 1,
         from: 2,
         to: 1,

@@ -131,6 +131,7 @@ pub(crate) fn accept_as(listener: &TcpListener, node_id: u64) -> TcpStream {
     let mut hello = [0u8; HELLO_BYTES];
     stream.read_exact(&mut hello).expect("its hello");
     let reply = Reply {
+        version: hello[4], // in the hello's version, as a reader of this build
         verdict: Verdict::Accepted,
         shards: SHARDS,
         node_id,
@@ -170,6 +171,7 @@ fn a_silent_peer_is_unreachable_after_the_window_although_its_connections_are_up
 /// A hello from `from` to member `to`.
 fn hello_to(to: u64, from: u64) -> Vec<u8> {
     let hello = Hello {
+        version: VERSION,
         shards: SHARDS,
         from,
         to,

@@ -31,6 +31,28 @@
 //! for shard [`KEEPALIVE_SHARD`] with no message is a keepalive: a dialer with nothing to send
 //! writes one every [`KEEPALIVE_INTERVAL`], so that a reader hears from every live peer.
 //!
+//! # Versions
+//!
+//! The version byte of a hello is the wire version its dialer speaks on that connection; a
+//! build speaks every version from [`VERSION_MIN`] to [`VERSION`]:
+//!
+//! * 2: `to`, the identity, replies.
+//! * 3: the same frames; the shard commands of version 2 (one entry per handoff), which a
+//!   version-2 member cannot apply: members of 2 and 3 refuse each other.
+//! * 4: the same frames; shard commands of version 3 (replicated waiters) may be proposed once
+//!   every member speaks 4.
+//!
+//! A reader accepts a hello of any version it speaks ([`Hello::decode`] reports which) and
+//! replies in the hello's version: a dialer of the previous build, which speaks 3 alone and
+//! checks that a reply's version byte is exactly 3, reads it. A hello of a version it does not
+//! speak is refused with [`Verdict::Version`] in a reply carrying the reader's newest version
+//! ([`VERSION`]); a reader of the previous build does the same with its 3. A dialer that speaks
+//! the version such a refusal carries dials again in it ([`Reply::fallback`]); any other reply
+//! in a version other than its hello's is refused ([`Reply::refusal`]). The frames after the
+//! reply are the same in every version: what a version changes is which shard commands a
+//! leader may propose, decided by the *cluster version* (the lowest version any member
+//! speaks), never by one connection's.
+//!
 //! Deliberately not here: parsing the protobuf (the reader checks its shape with
 //! [`super::wire`] and parses it, so that a bad message closes the connection like any other
 //! bad frame), sockets, and acknowledgements (raft has its own).
@@ -41,10 +63,13 @@ use std::time::Duration;
 
 /// The first four bytes of every peer connection, and of the reply.
 pub const MAGIC: [u8; 4] = *b"LKPR";
-/// The version of this wire format, in every hello and reply (2: `to`, the identity, replies;
-/// 3: the same frames, and the shard commands of version 2, which a version-2 member cannot
-/// apply: members of the two refuse each other rather than form a group that would stop).
-pub const VERSION: u8 = 3;
+/// The newest version of this wire format, this build's (see "Versions" in the module docs):
+/// 4, the same frames as 3; shard commands of version 3 (replicated waiters) may be proposed
+/// once every member speaks 4.
+pub const VERSION: u8 = 4;
+/// The oldest version this build forms a group with: 3, the previous build's only version (2
+/// cannot apply the shard commands of version 2 that 3 brought, so it stays refused).
+pub const VERSION_MIN: u8 = 3;
 /// Bytes in a hello: magic, version, shard count, from, to, identity digest.
 pub const HELLO_BYTES: usize = 4 + 1 + 4 + 8 + 8 + 8;
 /// Bytes in a reply: magic, version, verdict, shard count, node id, identity digest.
@@ -63,14 +88,24 @@ pub const KEEPALIVE: [u8; HEADER_BYTES] = [0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff];
 /// A dialer that wrote nothing for this long writes a keepalive.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(200);
 
+const _: () = assert!(0 < VERSION_MIN && VERSION_MIN <= VERSION);
 const _: () = assert!(FRAME_BYTES_MAX <= u32::MAX as usize);
 const _: () = assert!(FRAME_BYTES_MAX > HEADER_BYTES);
 const _: () = assert!(KEEPALIVE_SHARD as u64 > crate::config::SHARDS_MAX as u64);
 
-/// The hello that opens a peer connection: who is writing, whom it meant to reach, and the
-/// cluster it believes in.
+/// Whether this build speaks wire version `version` ([`VERSION_MIN`]`..=`[`VERSION`]).
+pub fn speaks(version: u8) -> bool {
+    (VERSION_MIN..=VERSION).contains(&version)
+}
+
+/// The hello that opens a peer connection: the version the writer speaks on it, who is
+/// writing, whom it meant to reach, and the cluster it believes in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hello {
+    /// The wire version the writer speaks on this connection: its newest, or an older one the
+    /// reader asked for by refusing the newest ([`Reply::fallback`]). A reader accepts any
+    /// version it [`speaks`].
+    pub version: u8,
     /// The cluster's shard count, which must be the reader's own.
     pub shards: u32,
     /// The writing member's node id, which must be one of the reader's peers.
@@ -100,7 +135,7 @@ pub enum HelloError {
     /// The connection did not begin with [`MAGIC`] (these are the bytes it began with): not a
     /// latchkey peer, so no reply is sent.
     Magic([u8; 4]),
-    /// A version other than [`VERSION`].
+    /// A version this member does not [`speaks`] (answered with this member's newest).
     Version(u8),
     /// A shard count other than the reader's.
     Shards {
@@ -153,7 +188,7 @@ impl fmt::Display for HelloError {
             HelloError::Version(version) => {
                 write!(
                     f,
-                    "peer wire version {version}, this member speaks {VERSION}"
+                    "peer wire version {version}, this member speaks {VERSION_MIN} to {VERSION}"
                 )
             }
             HelloError::Shards { ours, theirs } => {
@@ -187,7 +222,7 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 }
 
 /// Checks magic and version as soon as their bytes are there (so garbage is refused at once):
-/// `Err` with the bytes seen, or whether the version byte has arrived.
+/// `Err` with the bytes seen, or a version this build does not speak.
 fn check_preamble(bytes: &[u8]) -> Result<(), PreambleError> {
     let magic_seen = bytes.len().min(MAGIC.len());
     if bytes[..magic_seen] != MAGIC[..magic_seen] {
@@ -196,7 +231,7 @@ fn check_preamble(bytes: &[u8]) -> Result<(), PreambleError> {
         return Err(PreambleError::Magic(magic));
     }
     match bytes.get(4) {
-        Some(&version) if version != VERSION => Err(PreambleError::Version(version)),
+        Some(&version) if !speaks(version) => Err(PreambleError::Version(version)),
         _ => Ok(()),
     }
 }
@@ -211,7 +246,7 @@ impl Hello {
     pub fn encode(&self) -> [u8; HELLO_BYTES] {
         let mut bytes = [0u8; HELLO_BYTES];
         bytes[..4].copy_from_slice(&MAGIC);
-        bytes[4] = VERSION;
+        bytes[4] = self.version;
         bytes[5..9].copy_from_slice(&self.shards.to_be_bytes());
         bytes[9..17].copy_from_slice(&self.from.to_be_bytes());
         bytes[17..25].copy_from_slice(&self.to.to_be_bytes());
@@ -221,7 +256,8 @@ impl Hello {
 
     /// Reads a hello from the start of `bytes`: `Ok(None)` until [`HELLO_BYTES`] bytes are
     /// there. Magic and version are checked as soon as their bytes arrive, so garbage is
-    /// refused at once; [`Hello::check`] checks the rest.
+    /// refused at once; [`Hello::check`] checks the rest. The hello's version is one this
+    /// build [`speaks`]: the reply must be in it ([`Reply::version`]).
     pub fn decode(bytes: &[u8]) -> Result<Option<Hello>, HelloError> {
         check_preamble(bytes).map_err(|error| match error {
             PreambleError::Magic(magic) => HelloError::Magic(magic),
@@ -231,6 +267,7 @@ impl Hello {
             return Ok(None);
         };
         Ok(Some(Hello {
+            version: bytes[4],
             shards: u32_at(bytes, 5),
             from: u64_at(bytes, 9),
             to: u64_at(bytes, 17),
@@ -292,9 +329,11 @@ impl Verdict {
     }
 }
 
-/// The reply to a hello: the verdict, and who the reader is.
+/// The reply to a hello: its version, the verdict, and who the reader is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reply {
+    /// The hello's version, or, refusing a version ([`Verdict::Version`]), the reader's newest.
+    pub version: u8,
     /// Accepted, or why not.
     pub verdict: Verdict,
     /// The reader's shard count.
@@ -310,7 +349,7 @@ pub struct Reply {
 pub enum ReplyError {
     /// The reply did not begin with [`MAGIC`].
     Magic([u8; 4]),
-    /// The reader speaks another wire version.
+    /// The reply is in a wire version this member does not [`speaks`].
     Version(u8),
     /// A verdict byte this version does not know.
     Verdict(u8),
@@ -328,7 +367,8 @@ impl fmt::Display for ReplyError {
             ReplyError::Version(version) => {
                 write!(
                     f,
-                    "it speaks peer wire version {version}, this member {VERSION}"
+                    "it speaks peer wire version {version}, this member {VERSION_MIN} to \
+                     {VERSION}"
                 )
             }
             ReplyError::Verdict(byte) => write!(f, "a reply with an unknown verdict {byte}"),
@@ -341,7 +381,7 @@ impl Reply {
     pub fn encode(&self) -> [u8; REPLY_BYTES] {
         let mut bytes = [0u8; REPLY_BYTES];
         bytes[..4].copy_from_slice(&MAGIC);
-        bytes[4] = VERSION;
+        bytes[4] = self.version;
         bytes[5] = self.verdict as u8;
         bytes[6..10].copy_from_slice(&self.shards.to_be_bytes());
         bytes[10..18].copy_from_slice(&self.node_id.to_be_bytes());
@@ -350,7 +390,8 @@ impl Reply {
     }
 
     /// Reads a reply from the start of `bytes`: `Ok(None)` until [`REPLY_BYTES`] are there
-    /// (magic and version are checked as soon as they arrive).
+    /// (magic and version are checked as soon as they arrive: a version this build does not
+    /// [`speaks`] is refused; whether it is the hello's is [`Reply::refusal`]'s to say).
     pub fn decode(bytes: &[u8]) -> Result<Option<Reply>, ReplyError> {
         check_preamble(bytes).map_err(|error| match error {
             PreambleError::Magic(magic) => ReplyError::Magic(magic),
@@ -361,6 +402,7 @@ impl Reply {
         };
         let verdict = Verdict::from_byte(bytes[5]).ok_or(ReplyError::Verdict(bytes[5]))?;
         Ok(Some(Reply {
+            version: bytes[4],
             verdict,
             shards: u32_at(bytes, 6),
             node_id: u64_at(bytes, 10),
@@ -368,10 +410,26 @@ impl Reply {
         }))
     }
 
+    /// The version the dialer that sent `hello` should dial again in, at once: when this reply
+    /// refuses the hello's version and names another one this build [`speaks`] (a reader of
+    /// an older build, or, after a fallback, one that was upgraded since). `None` otherwise.
+    pub fn fallback(&self, hello: &Hello) -> Option<u8> {
+        let other = self.version != hello.version && speaks(self.version);
+        (self.verdict == Verdict::Version && other).then_some(self.version)
+    }
+
     /// Why the dialer that sent `hello` may not send envelopes on this connection, in words;
-    /// `None` when the reply accepts it and names the member and cluster it meant to reach.
+    /// `None` when the reply accepts it in the hello's version and names the member and
+    /// cluster it meant to reach. (A refusal with a [`Reply::fallback`] is one too: the
+    /// dialer asks that first.)
     pub fn refusal(&self, hello: &Hello) -> Option<String> {
         let (from, to, reached) = (hello.from, hello.to, self.node_id);
+        if self.version != hello.version && self.verdict != Verdict::Version {
+            return Some(format!(
+                "it replied in peer wire version {} to a hello in version {}",
+                self.version, hello.version
+            ));
+        }
         let why = match self.verdict {
             Verdict::Accepted if reached == to && self.identity == hello.identity => return None,
             Verdict::Accepted | Verdict::WrongMember if reached != to => format!(
@@ -383,7 +441,10 @@ impl Reply {
                  (their members lists or shard counts differ)",
                 self.identity, hello.identity
             ),
-            Verdict::Version => format!("it does not speak peer wire version {VERSION}"),
+            Verdict::Version => format!(
+                "it does not speak peer wire version {} (it speaks {})",
+                hello.version, self.version
+            ),
             Verdict::Shards => format!(
                 "it has {} shards, this member has {}",
                 self.shards, hello.shards

@@ -34,6 +34,7 @@ fn local() -> Local<'static> {
 
 fn hello_from(from: u64) -> Hello {
     Hello {
+        version: VERSION,
         shards: 64,
         from,
         to: 2,
@@ -61,9 +62,9 @@ fn every_hello_refusal_names_the_reason_and_has_a_verdict() {
     assert_eq!(magic, Err(HelloError::Magic(*b"GET ")));
     assert_eq!(magic.unwrap_err().verdict(), None, "no reply to a stranger");
     let mut version = hello_from(1).encode();
-    version[4] = VERSION - 1;
+    version[4] = VERSION_MIN - 1;
     let refused = Hello::decode(&version[..5]).unwrap_err();
-    assert_eq!(refused, HelloError::Version(VERSION - 1));
+    assert_eq!(refused, HelloError::Version(VERSION_MIN - 1));
     assert_eq!(refused.verdict(), Some(Verdict::Version));
     let cases = [
         (
@@ -130,6 +131,7 @@ fn every_hello_refusal_names_the_reason_and_has_a_verdict() {
 /// The reply member 2 sends with `verdict`.
 fn reply(verdict: Verdict) -> Reply {
     Reply {
+        version: VERSION,
         verdict,
         shards: 64,
         node_id: 2,
@@ -192,6 +194,83 @@ fn replies_round_trip_split_anywhere_and_say_why_on_the_dialer_side() {
     let mut verdict = bytes;
     verdict[5] = 77;
     assert_eq!(Reply::decode(&verdict), Err(ReplyError::Verdict(77)));
+}
+
+#[test]
+fn hellos_of_versions_3_and_4_are_accepted_and_say_which_others_are_refused_at_once() {
+    assert_eq!((VERSION_MIN, VERSION), (3, 4), "this build speaks 3 and 4");
+    for version in [3, 4] {
+        let hello = Hello {
+            version,
+            ..hello_from(3)
+        };
+        let bytes = hello.encode();
+        assert_eq!(bytes[4], version, "the hello is in its version");
+        let decoded = Hello::decode(&bytes).expect("spoken").expect("whole");
+        assert_eq!(decoded.version, version, "the caller learns the version");
+        assert_eq!(decoded, hello);
+        assert_eq!(decoded.check(&local()), Ok(()));
+        assert!(speaks(version));
+    }
+    for version in [0, 1, 2, 5, u8::MAX] {
+        let mut bytes = hello_from(3).encode();
+        bytes[4] = version;
+        // Refused as soon as the version byte is there.
+        let refused = Hello::decode(&bytes[..5]).unwrap_err();
+        assert_eq!(refused, HelloError::Version(version));
+        assert_eq!(refused.verdict(), Some(Verdict::Version));
+        let text = refused.to_string();
+        assert!(text.contains("this member speaks 3 to 4"), "{text}");
+        assert!(!speaks(version));
+    }
+}
+
+#[test]
+fn replies_are_in_the_hellos_version_and_a_version_refusal_naming_another_is_a_fallback() {
+    let hello_in = |version: u8| Hello {
+        version,
+        from: 1,
+        ..hello_from(1)
+    };
+    let reply_in = |version: u8, verdict: Verdict| Reply {
+        version,
+        ..reply(verdict)
+    };
+    for version in [3, 4] {
+        let accepted = reply_in(version, Verdict::Accepted);
+        let bytes = accepted.encode();
+        assert_eq!(bytes[4], version, "the reply is in its version");
+        assert_eq!(Reply::decode(&bytes), Ok(Some(accepted)));
+        assert_eq!(accepted.refusal(&hello_in(version)), None, "accepted in {version}");
+        assert_eq!(accepted.fallback(&hello_in(version)), None);
+    }
+    // An accepting reply in another version than the hello's is refused by the dialer.
+    let other = reply_in(3, Verdict::Accepted).refusal(&hello_in(4));
+    let why = other.expect("refused");
+    assert!(why.contains("replied in peer wire version 3 to a hello in version 4"), "{why}");
+    let other = reply_in(4, Verdict::Identity).refusal(&hello_in(3));
+    assert!(other.expect("refused").contains("replied in peer wire version 4"));
+    // A reader of the previous build refuses 4 naming its 3: the dialer falls back to 3. A
+    // reader refusing 3 naming 4 (upgraded, or a build past 3) moves the dialer up again.
+    let old = reply_in(3, Verdict::Version);
+    assert_eq!(old.fallback(&hello_in(4)), Some(3));
+    let why = old.refusal(&hello_in(4)).expect("a refusal all the same");
+    assert!(why.contains("does not speak peer wire version 4 (it speaks 3)"), "{why}");
+    assert_eq!(reply_in(4, Verdict::Version).fallback(&hello_in(3)), Some(4));
+    // Refused in the version it named itself: nothing to fall back to.
+    assert_eq!(reply_in(4, Verdict::Version).fallback(&hello_in(4)), None);
+    assert_eq!(reply_in(3, Verdict::Shards).fallback(&hello_in(4)), None, "not a version");
+    // Replies in versions this build does not speak are refused as they arrive.
+    for version in [0, 2, 5, u8::MAX] {
+        let mut bytes = reply_in(4, Verdict::Version).encode();
+        bytes[4] = version;
+        assert_eq!(Reply::decode(&bytes[..5]), Err(ReplyError::Version(version)));
+        let unspoken = Reply {
+            version,
+            ..reply(Verdict::Version)
+        };
+        assert_eq!(unspoken.fallback(&hello_in(4)), None, "{version} is not spoken");
+    }
 }
 
 #[test]

@@ -12,9 +12,10 @@
 //!
 //! The reply to the hello is the only thing written back: [`frame::REPLY_BYTES`] on a socket
 //! that has never been written, which the kernel takes whole (a short write closes the
-//! connection). A refused hello is answered, then the connection closed. A message whose shape
-//! is refused closes the connection; one whose content is invalid is dropped and counted, and
-//! the connection stays (raft tolerates loss).
+//! connection), in the hello's version (a version this member does not speak is refused in its
+//! newest: [`frame`], "Versions"). A refused hello is answered, then the connection closed. A
+//! message whose shape is refused closes the connection; one whose content is invalid is
+//! dropped and counted, and the connection stays (raft tolerates loss).
 //!
 //! Deliberately not here: deciding what to do with a second connection from the same node (the
 //! thread replaces the older one), and logging closes (the thread does, rate-limited).
@@ -220,8 +221,10 @@ impl Context {
         }
     }
 
-    fn reply(&self, verdict: Verdict) -> [u8; frame::REPLY_BYTES] {
+    /// The reply with `verdict`, in `version`.
+    fn reply(&self, verdict: Verdict, version: u8) -> [u8; frame::REPLY_BYTES] {
         let reply = Reply {
+            version,
             verdict,
             shards: self.shards,
             node_id: self.node_id,
@@ -449,23 +452,24 @@ impl Inbound {
 
     /// Reads and answers the hello once it is whole: the node it names if accepted.
     fn hello(&mut self, context: &Context) -> Result<Option<u64>, Close> {
-        let refuse = |stream: &mut TcpStream, error: frame::HelloError| {
+        let refuse = |stream: &mut TcpStream, error: frame::HelloError, version: u8| {
             if let Some(verdict) = error.verdict() {
                 // Best effort: the dialer learns why; the close follows anyway.
-                let _ = stream.write(&context.reply(verdict));
+                let _ = stream.write(&context.reply(verdict, version));
             }
             Close::Refused(error.to_string())
         };
         let hello = match Hello::decode(&self.buffer[..self.filled]) {
             Ok(None) => return Ok(None),
             Ok(Some(hello)) => hello,
-            Err(error) => return Err(refuse(&mut self.stream, error)),
+            // A version this member does not speak: its newest, for the dialer to fall back to.
+            Err(error) => return Err(refuse(&mut self.stream, error, frame::VERSION)),
         };
         self.claimed = Some(hello.from);
         if let Err(error) = hello.check(&context.local()) {
-            return Err(refuse(&mut self.stream, error));
+            return Err(refuse(&mut self.stream, error, hello.version));
         }
-        let reply = context.reply(Verdict::Accepted);
+        let reply = context.reply(Verdict::Accepted, hello.version);
         match self.stream.write(&reply) {
             Ok(written) if written == reply.len() => {}
             Ok(written) => {

@@ -16,6 +16,21 @@
 //! senders left (the lane's [`LaneState::flush`]): writes stop at `WouldBlock` until the next
 //! writable event. A connected link that wrote nothing for [`frame::KEEPALIVE_INTERVAL`] writes
 //! a keepalive envelope.
+//!
+//! # Versions
+//!
+//! Each connection's hello is in this build's newest version, [`frame::VERSION`], unless the
+//! previous connection was refused with [`frame::Verdict::Version`] naming another version this
+//! build speaks ([`frame::Reply::fallback`]): then it is in that one, and dialed at once, not
+//! after the backoff. So a reader of the previous build, which refuses 4 naming its 3, is
+//! spoken to in 3 from the next connection on; and after any connection ends, the next one
+//! tries [`frame::VERSION`] again, so a peer upgraded meanwhile is spoken to in its newest (one
+//! refused connection per reconnect to a peer that is still old, no more). That is the whole
+//! rule; it also moves up when a peer refuses an older version naming a newer one. A second
+//! such refusal in a row waits for the backoff like any refusal, so a peer that keeps naming
+//! other versions cannot make this member redial in a loop. A change of what the peer speaks
+//! is logged at info once, naming the member and both versions; a fallback is not counted as
+//! a refusal.
 
 use super::frame::{self, Hello, Reply, REPLY_BYTES};
 use super::lane::{Control, Lane, LaneState};
@@ -62,6 +77,8 @@ enum Failure {
     Io(io::Error),
     /// The peer refused the hello (or its reply was not one): why, in words.
     Refused(String),
+    /// The peer refused the hello's version, naming this other one, which this build speaks.
+    Version(u8),
 }
 
 /// The connection to one peer, and its lane: the queue of what it has not sent yet.
@@ -79,10 +96,16 @@ pub(crate) struct Link {
     backoff_max: Duration,
     epoch: Instant,
     refusals_log: Throttle,
+    /// The version the peer was last found to speak (accepted or named in a refusal), for the
+    /// log line when it changes; [`frame::VERSION`] at start.
+    spoken: u8,
+    /// The last connection ended in a fallback (the next refusal of a version waits).
+    fell_back: bool,
 }
 
 impl Link {
-    /// A link to `node_id` at `addr` saying `hello`, with nothing queued, connecting at `now`.
+    /// A link to `node_id` at `addr` saying `hello` (in [`frame::VERSION`]), with nothing
+    /// queued, connecting at `now`.
     pub(crate) fn new(
         (node_id, addr): (u64, SocketAddr),
         token: Token,
@@ -112,6 +135,8 @@ impl Link {
             backoff_max: limits.backoff_max,
             epoch: now,
             refusals_log: Throttle::default(),
+            spoken: frame::VERSION,
+            fell_back: false,
         }
     }
 
@@ -212,9 +237,11 @@ impl Link {
                 if event.is_writable() {
                     self.lane.lock().blocked = false;
                 }
+                let before = connection.accepted;
                 let result = read_reply(connection, &self.hello);
-                if connection.accepted {
+                if connection.accepted && !before {
                     self.lane.lock().accepted = true;
+                    self.on_accepted();
                 }
                 result
             }
@@ -228,6 +255,21 @@ impl Link {
                 }
             }
             Err(failure) => self.fail(registry, now, stats, failure),
+        }
+    }
+
+    /// The peer accepted the hello in its version.
+    fn on_accepted(&mut self) {
+        let version = self.hello.version;
+        self.fell_back = false;
+        if version != self.spoken {
+            log::info!(
+                "peer {} ({}) accepted peer wire version {version} (it spoke {} before)",
+                self.node_id,
+                self.addr,
+                self.spoken
+            );
+            self.spoken = version;
         }
     }
 
@@ -305,6 +347,15 @@ impl Link {
             }
         }
         self.close(registry);
+        PeerStats::add(&stats.disconnects, 1);
+        // The next connection is in the newest version, but after a fallback (module docs).
+        let refused_in = std::mem::replace(&mut self.hello.version, frame::VERSION);
+        let fell_back = std::mem::take(&mut self.fell_back);
+        if let Failure::Version(version) = failure {
+            if !fell_back {
+                return self.fall_back(refused_in, version, now);
+            }
+        }
         let delay = self.backoff.next_delay();
         match failure {
             Failure::Io(error) => {
@@ -316,26 +367,56 @@ impl Link {
                 self.status
                     .set(LinkState::Unreachable, error.to_string(), now);
             }
-            Failure::Refused(reason) => {
-                PeerStats::add(&stats.refused_by_peers, 1);
-                let now_us = now.saturating_duration_since(self.epoch).as_micros() as u64;
-                if let Some(left_out) = self.refusals_log.allow(now_us) {
-                    let more = match left_out {
-                        0 => String::new(),
-                        n => format!("; {n} more refusals since the last such line"),
-                    };
-                    log::warn!(
-                        "peer {} at {} refused this member's connection: {reason} (retrying \
-                         with a backoff{more})",
-                        self.node_id,
-                        self.addr
-                    );
-                }
-                self.status.set(LinkState::Refused, reason, now);
+            Failure::Refused(reason) => self.refused(reason, now, stats),
+            Failure::Version(version) => {
+                // Refused again right after a fallback: the next connection is in the version
+                // named, but after the backoff, as after any refusal.
+                (self.hello.version, self.fell_back) = (version, true);
+                let why = format!(
+                    "it does not speak peer wire version {refused_in} (it speaks {version})"
+                );
+                self.refused(why, now, stats);
             }
         }
-        PeerStats::add(&stats.disconnects, 1);
         self.state = State::Waiting { until: now + delay };
+    }
+
+    /// The peer refused this member's connection for `reason`: counted, logged (rate-limited),
+    /// shown.
+    fn refused(&mut self, reason: String, now: Instant, stats: &PeerStats) {
+        PeerStats::add(&stats.refused_by_peers, 1);
+        let now_us = now.saturating_duration_since(self.epoch).as_micros() as u64;
+        if let Some(left_out) = self.refusals_log.allow(now_us) {
+            let more = match left_out {
+                0 => String::new(),
+                n => format!("; {n} more refusals since the last such line"),
+            };
+            log::warn!(
+                "peer {} at {} refused this member's connection: {reason} (retrying with a \
+                 backoff{more})",
+                self.node_id,
+                self.addr
+            );
+        }
+        self.status.set(LinkState::Refused, reason, now);
+    }
+
+    /// The peer refused version `refused_in`, naming `version`, which this build speaks: the
+    /// next connection is in `version`, at once (logged at info when what the peer speaks
+    /// changed).
+    fn fall_back(&mut self, refused_in: u8, version: u8, now: Instant) {
+        let (id, addr) = (self.node_id, self.addr);
+        if version != self.spoken {
+            log::info!(
+                "peer {id} ({addr}) speaks peer wire version {version}, not {refused_in}: \
+                 dialing it again in {version}"
+            );
+            self.spoken = version;
+        } else {
+            log::debug!("peer {id} ({addr}) refused version {refused_in}: dialing in {version}");
+        }
+        (self.hello.version, self.fell_back) = (version, true);
+        self.state = State::Waiting { until: now };
     }
 }
 
@@ -389,10 +470,15 @@ fn read_reply(connection: &mut Connection, hello: &Hello) -> Result<(), Failure>
                 connection.reply_read += read;
                 match Reply::decode(&connection.reply[..connection.reply_read]) {
                     Ok(None) => {}
-                    Ok(Some(reply)) => match reply.refusal(hello) {
-                        None => connection.accepted = true,
-                        Some(reason) => return Err(Failure::Refused(reason)),
-                    },
+                    Ok(Some(reply)) => {
+                        if let Some(version) = reply.fallback(hello) {
+                            return Err(Failure::Version(version));
+                        }
+                        match reply.refusal(hello) {
+                            None => connection.accepted = true,
+                            Some(reason) => return Err(Failure::Refused(reason)),
+                        }
+                    }
                     Err(error) => return Err(Failure::Refused(error.to_string())),
                 }
             }

@@ -14,7 +14,7 @@
 //! stale event finds it waiting and is ignored), and one per inbound connection carrying its
 //! slab key and a generation, so a reused slot is never confused with its predecessor.
 
-use super::frame::Hello;
+use super::frame::{self, Hello};
 use super::inbound::{Close, Context, Cores, Heard, Inbound, Route};
 use super::lane::Lane;
 use super::link::Link;
@@ -89,6 +89,7 @@ impl Peer {
         let links = (config.peers.iter().enumerate())
             .map(|(index, &peer)| {
                 let hello = Hello {
+                    version: frame::VERSION,
                     shards: config.shards,
                     from: config.node_id,
                     to: peer.0,
