@@ -104,6 +104,17 @@ pub trait Peers {
     fn report(&self) -> Option<PeerReport> {
         None
     }
+    /// The cluster version: the lowest peer wire version any member speaks
+    /// ([`crate::cluster::peer::PeerHandle::cluster_version`]); a shard command of a newer
+    /// version may be proposed only once it is high enough. A way that knows of no older
+    /// member (the simulations, test fakes) runs as a cluster of this build alone.
+    #[allow(
+        dead_code,
+        reason = "asked by the shard commands of version 3 (replicated waiters), to come"
+    )]
+    fn cluster_version(&self) -> u8 {
+        crate::cluster::peer::frame::VERSION
+    }
 }
 
 /// What a cluster partition needs to know besides its member.

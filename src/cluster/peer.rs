@@ -27,6 +27,14 @@
 //! is reachable and whether this member has a quorum are published ([`PeerHandle::report`]) and
 //! logged when they change ([`status`]).
 //!
+//! Members of two builds form a group when their wire versions overlap ([`frame`], "Versions"):
+//! a reader accepts a hello in any version it speaks and replies in it; a link dials in this
+//! build's newest version and, refused by a reader of an older build that names its own
+//! version, dials again in that one at once (`link.rs`). Each peer's *last known version* (the
+//! version it was last heard from in, kept while it is down) and the *cluster version* (the
+//! lowest version any member speaks: [`PeerHandle::cluster_version`], lock-free) are kept in
+//! `versions.rs`, so that a leader proposes only what every member can apply.
+//!
 //! Invariants (checked in debug builds): a queue's bounds ([`PeerLimits`]) hold after every push;
 //! at most one connection per peer each way (a second hello from a node replaces its first
 //! connection); each inbound connection's buffer holds at most one envelope's bytes beyond what
@@ -53,6 +61,7 @@
 //! | `peer/inbound.rs` | one inbound connection: hello answered, envelopes read, dispatch |
 //! | `peer/reader.rs` | a core's inbound connections, read on the core's loop |
 //! | `peer/status.rs` | [`status`]: links, reachability and quorum: published and logged |
+//! | `peer/versions.rs` | each peer's last known wire version, the cluster version. No I/O |
 //! | `peer/thread.rs` | the peer thread's mio loop |
 
 pub mod content;
@@ -64,6 +73,7 @@ mod queue;
 mod reader;
 pub mod status;
 mod thread;
+mod versions;
 pub mod wire;
 
 pub use reader::{CorePoll, CoreReader, SOURCES};
@@ -210,6 +220,7 @@ pub struct PeerHandle {
     stop: Arc<AtomicBool>,
     stats: Arc<PeerStats>,
     board: Arc<parking_lot::Mutex<status::Board>>,
+    versions: Arc<versions::Versions>,
     local_addr: SocketAddr,
 }
 
@@ -274,6 +285,14 @@ impl PeerHandle {
     /// last published them (at most about 100 ms old).
     pub fn report(&self) -> PeerReport {
         self.board.lock().report(Instant::now(), &self.stats)
+    }
+
+    /// The cluster version: the lowest peer wire version any member speaks, as far as this
+    /// member knows ([`frame::VERSION_MIN`] until every peer was heard from, a peer that is
+    /// down counting at its last known version; `versions.rs`). A shard command of a newer
+    /// version is proposed only once this is high enough. Lock-free: a load per peer.
+    pub fn cluster_version(&self) -> u8 {
+        self.versions.cluster_version()
     }
 
     /// The address the peer thread listens on (the port chosen if `listen` had port 0).
@@ -370,6 +389,7 @@ fn spawn_inner(
         stop,
         stats,
         board,
+        versions: peer.versions(),
         local_addr: peer.local_addr()?,
     };
     let readers = (polls.into_iter().flatten().zip(receivers).enumerate())
@@ -378,7 +398,12 @@ fn spawn_inner(
             let context = inbound::Context {
                 snapshots: Some((snapshots_in.clone(), Arc::clone(&handle.waker))),
                 read_bytes_max: inbound::BUFFER_BYTES,
-                ..inbound::Context::new(&config, Arc::clone(&heard), cores, epoch)
+                ..inbound::Context::new(
+                    &config,
+                    (Arc::clone(&heard), Arc::clone(&handle.versions)),
+                    cores,
+                    epoch,
+                )
             };
             let back = (refusals_in.clone(), Arc::clone(&handle.waker));
             CoreReader::new(receiver, poll, context, &handle.stats, back)

@@ -80,6 +80,10 @@ impl Peers for CorePeers {
     fn report(&self) -> Option<PeerReport> {
         Some(self.handle.report())
     }
+
+    fn cluster_version(&self) -> u8 {
+        self.handle.cluster_version()
+    }
 }
 
 /// A member's partition on one core. Dropping it (when its core's loop ends) lets the core's

@@ -50,8 +50,8 @@
 //! the version such a refusal carries dials again in it ([`Reply::fallback`]); any other reply
 //! in a version other than its hello's is refused ([`Reply::refusal`]). The frames after the
 //! reply are the same in every version: what a version changes is which shard commands a
-//! leader may propose, decided by the *cluster version* (the lowest version any member
-//! speaks), never by one connection's.
+//! leader may propose, decided by the *cluster version* (the lowest version any member speaks,
+//! `super::versions`), never by one connection's.
 //!
 //! Deliberately not here: parsing the protobuf (the reader checks its shape with
 //! [`super::wire`] and parses it, so that a bad message closes the connection like any other

@@ -13,7 +13,8 @@
 //! The reply to the hello is the only thing written back: [`frame::REPLY_BYTES`] on a socket
 //! that has never been written, which the kernel takes whole (a short write closes the
 //! connection), in the hello's version (a version this member does not speak is refused in its
-//! newest: [`frame`], "Versions"). A refused hello is answered, then the connection closed. A
+//! newest: [`frame`], "Versions"). An accepted hello's version is noted as the peer's last
+//! known one (`super::versions`). A refused hello is answered, then the connection closed. A
 //! message whose shape is refused closes the connection; one whose content is invalid is
 //! dropped and counted, and the connection stays (raft tolerates loss).
 //!
@@ -21,6 +22,7 @@
 //! thread replaces the older one), and logging closes (the thread does, rate-limited).
 
 use super::frame::{self, Envelope, Hello, Local, Reply, Verdict, HELLO_BYTES, LEN_BYTES};
+use super::versions::Versions;
 use super::{content, wire, CoreInbox, PeerConfig, PeerStats};
 use bytes::Bytes;
 use crate::logging::Throttle;
@@ -166,6 +168,8 @@ pub(crate) struct Context {
     pub(crate) peers: Vec<u64>,
     /// When something last arrived from each peer (same order).
     pub(crate) heard: Arc<Heard>,
+    /// Each peer's last known wire version (same order).
+    pub(crate) versions: Arc<Versions>,
     /// The cores.
     pub(crate) cores: Cores,
     /// The time of this loop iteration.
@@ -196,13 +200,19 @@ impl Context {
     /// The context of the peer thread, which reads whole envelopes at once and checks
     /// snapshots itself; a core that reads connections sets [`Context::snapshots`] and
     /// [`Context::read_bytes_max`] on it. `epoch` starts its clock.
-    pub(crate) fn new(config: &PeerConfig, heard: Arc<Heard>, cores: Cores, epoch: Instant) -> Context {
+    pub(crate) fn new(
+        config: &PeerConfig,
+        (heard, versions): (Arc<Heard>, Arc<Versions>),
+        cores: Cores,
+        epoch: Instant,
+    ) -> Context {
         Context {
             node_id: config.node_id,
             shards: config.shards,
             identity: config.identity,
             peers: config.peers.iter().map(|&(id, _)| id).collect(),
             heard,
+            versions,
             cores,
             now: epoch,
             epoch,
@@ -231,6 +241,13 @@ impl Context {
             identity: self.identity,
         };
         reply.encode()
+    }
+
+    /// Notes that `peer`'s hello in `version` was accepted.
+    fn note_version(&self, peer: u64, version: u8) {
+        if let Some(index) = self.peers.iter().position(|&id| id == peer) {
+            self.versions.note(index, version);
+        }
     }
 
     /// Notes that something arrived from `peer` now.
@@ -478,6 +495,7 @@ impl Inbound {
             }
             Err(error) => return Err(Close::Gone(error)),
         }
+        context.note_version(hello.from, hello.version);
         self.peer = Some(hello.from);
         Ok(Some(hello.from))
     }

@@ -28,14 +28,16 @@
 //! refused connection per reconnect to a peer that is still old, no more). That is the whole
 //! rule; it also moves up when a peer refuses an older version naming a newer one. A second
 //! such refusal in a row waits for the backoff like any refusal, so a peer that keeps naming
-//! other versions cannot make this member redial in a loop. A change of what the peer speaks
-//! is logged at info once, naming the member and both versions; a fallback is not counted as
-//! a refusal.
+//! other versions cannot make this member redial in a loop. The version of an accepting reply
+//! is noted as the peer's last known one (`super::versions`), and a change of what the peer
+//! speaks is logged at info once, naming the member and both versions; a fallback is not
+//! counted as a refusal.
 
 use super::frame::{self, Hello, Reply, REPLY_BYTES};
 use super::lane::{Control, Lane, LaneState};
 use super::queue::{Backoff, Queue};
 use super::status::LinkStatus;
+use super::versions::Versions;
 use super::{PeerLimits, PeerStats};
 use crate::logging::Throttle;
 use crate::partition::cluster_stats::LinkState;
@@ -96,6 +98,8 @@ pub(crate) struct Link {
     backoff_max: Duration,
     epoch: Instant,
     refusals_log: Throttle,
+    /// Every peer's last known version, and this peer's index among them.
+    versions: (Arc<Versions>, usize),
     /// The version the peer was last found to speak (accepted or named in a refusal), for the
     /// log line when it changes; [`frame::VERSION`] at start.
     spoken: u8,
@@ -105,10 +109,10 @@ pub(crate) struct Link {
 
 impl Link {
     /// A link to `node_id` at `addr` saying `hello` (in [`frame::VERSION`]), with nothing
-    /// queued, connecting at `now`.
+    /// queued, connecting at `now`; it notes the peer's version in `versions` at `index`.
     pub(crate) fn new(
         (node_id, addr): (u64, SocketAddr),
-        token: Token,
+        (token, versions): (Token, (Arc<Versions>, usize)),
         hello: Hello,
         limits: &PeerLimits,
         (seed, now): (u64, Instant),
@@ -135,6 +139,7 @@ impl Link {
             backoff_max: limits.backoff_max,
             epoch: now,
             refusals_log: Throttle::default(),
+            versions,
             spoken: frame::VERSION,
             fell_back: false,
         }
@@ -258,9 +263,11 @@ impl Link {
         }
     }
 
-    /// The peer accepted the hello in its version.
+    /// The peer accepted the hello: its version is the peer's last known one.
     fn on_accepted(&mut self) {
         let version = self.hello.version;
+        let (versions, index) = &self.versions;
+        versions.note(*index, version);
         self.fell_back = false;
         if version != self.spoken {
             log::info!(

@@ -20,6 +20,7 @@ use super::lane::Lane;
 use super::link::Link;
 use super::reader::Handover;
 use super::status::{Board, Watch, PUBLISH_EVERY};
+use super::versions::Versions;
 use super::{CoreInbox, PeerConfig, PeerLimits, PeerStats, PEERS_MAX};
 use crate::logging::{Throttle, LOG_PERIOD_US};
 use mio::event::Event;
@@ -86,6 +87,7 @@ impl Peer {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let now = Instant::now();
+        let versions = Arc::new(Versions::new(config.peers.len()));
         let links = (config.peers.iter().enumerate())
             .map(|(index, &peer)| {
                 let hello = Hello {
@@ -97,11 +99,13 @@ impl Peer {
                 };
                 let seed = config.seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                 let token = Token(LINK_BASE + index);
-                Link::new(peer, token, hello, &config.limits, (seed, now))
+                let known = (Arc::clone(&versions), index);
+                Link::new(peer, (token, known), hello, &config.limits, (seed, now))
             })
             .collect();
         let connections_max = config.limits.inbound_connections_max.max(1);
-        let context = Context::new(&config, heard, Cores::new(inbound, route, None), now);
+        let cores = Cores::new(inbound, route, None);
+        let context = Context::new(&config, (heard, versions), cores, now);
         let period = Duration::from_micros(LOG_PERIOD_US);
         let watch = Watch::new(&config.peers, now, period);
         // Published before any core can ask: the members and every peer "connecting".
@@ -137,6 +141,11 @@ impl Peer {
     /// The waker the cores' handles use.
     pub(crate) fn waker(&self) -> Arc<Waker> {
         Arc::clone(&self.waker)
+    }
+
+    /// Each peer's last known wire version, for the handles.
+    pub(crate) fn versions(&self) -> Arc<Versions> {
+        Arc::clone(&self.context.versions)
     }
 
     /// The address listened on.
