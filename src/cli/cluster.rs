@@ -5,9 +5,10 @@
 //! leads (and serves), the range of its shards' terms, the sum of their commit and applied
 //! indices, and its lag (over the shards, the most any member's commit index is ahead of what
 //! this member applied). Under a member's line, each peer it does not reach (refused and why,
-//! down and why, silent), and its quorum when it has none. Then which member leads which
-//! shards, and the shards nobody serves. Exit 0 when every member answered, 83 when some did
-//! not.
+//! down and why, silent), its quorum when it has none, and its cluster version when that is
+//! below its own peer wire version (a rolling upgrade under way), naming the peers last heard
+//! in an older one. Then which member leads which shards, and the shards nobody serves. Exit 0
+//! when every member answered, 83 when some did not.
 //!
 //! `leader KEY`: the key's shard (the fixed hash of docs/cluster-design.md, over the shard
 //! count the members report), the member that serves it (and its client address), and what
@@ -171,6 +172,8 @@ fn rows(seen: &[Seen]) -> Vec<Value> {
                     "leader_changes": cluster["leader_changes"],
                     "proposals": cluster["proposals"],
                     "quorum": cluster["quorum"],
+                    "wire_version": cluster["wire_version"],
+                    "cluster_version": cluster["cluster_version"],
                     "members_reachable": cluster["members_reachable"],
                     "members_total": cluster["member_count"],
                     "shards_without_leader": cluster["shards_without_leader"],
@@ -289,7 +292,8 @@ fn render(rows: &[Value]) -> String {
     text
 }
 
-/// Lines under a member: each peer it does not reach and why, and its quorum if it has none.
+/// Lines under a member: each peer it does not reach and why, its quorum if it has none, and
+/// its cluster version if older than its own wire version.
 fn member_notes(row: &Value) -> String {
     let mut text = String::new();
     for peer in row["peers"].as_array().into_iter().flatten() {
@@ -320,7 +324,33 @@ fn member_notes(row: &Value) -> String {
             "", row["members_reachable"], row["members_total"]
         );
     }
-    text
+    text + &version_note(row)
+}
+
+/// "cluster version 3 (this member speaks peer wire version 4): peer 2 at 3" while a member's
+/// cluster version is below its own wire version; nothing otherwise (or from a member of a
+/// build that does not say).
+fn version_note(row: &Value) -> String {
+    let (Some(own), Some(cluster)) = (
+        row["wire_version"].as_u64(),
+        row["cluster_version"].as_u64(),
+    ) else {
+        return String::new();
+    };
+    if cluster >= own {
+        return String::new();
+    }
+    let older: Vec<String> = (row["peers"].as_array().into_iter().flatten())
+        .filter_map(|peer| {
+            let version = peer["wire_version"].as_u64().filter(|&v| v < own)?;
+            Some(format!("peer {} at {version}", peer["node_id"]))
+        })
+        .collect();
+    format!(
+        "{:<7} cluster version {cluster} (this member speaks peer wire version {own}): {}\n",
+        "",
+        older.join(", ")
+    )
 }
 
 /// What `cluster leader KEY` found.

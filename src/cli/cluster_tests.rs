@@ -110,3 +110,29 @@ fn status_lists_which_member_leads_which_shards() {
     assert_eq!(rows[2]["reachable"], json!(false));
     assert_eq!(rows[0]["shards_led"], json!(2));
 }
+
+#[test]
+fn a_member_whose_cluster_version_is_older_than_its_own_names_the_older_peers() {
+    let row = |cluster_version: u64, peer_version: u64| {
+        json!({
+            "quorum": true,
+            "wire_version": 4,
+            "cluster_version": cluster_version,
+            "peers": [
+                {"node_id": 2, "reachable": true, "wire_version": peer_version},
+                {"node_id": 3, "reachable": true, "wire_version": 4},
+            ],
+        })
+    };
+    assert_eq!(
+        member_notes(&row(3, 3)),
+        "        cluster version 3 (this member speaks peer wire version 4): peer 2 at 3\n"
+    );
+    assert_eq!(
+        member_notes(&row(4, 4)),
+        "",
+        "every member speaks 4: nothing to say"
+    );
+    // A member of a build that does not report versions: nothing either.
+    assert_eq!(member_notes(&json!({"quorum": true, "peers": []})), "");
+}

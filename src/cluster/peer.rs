@@ -33,7 +33,8 @@
 //! version, dials again in that one at once (`link.rs`). Each peer's *last known version* (the
 //! version it was last heard from in, kept while it is down) and the *cluster version* (the
 //! lowest version any member speaks: [`PeerHandle::cluster_version`], lock-free) are kept in
-//! `versions.rs`, so that a leader proposes only what every member can apply.
+//! `versions.rs` and shown in the report, so a leader proposes what every member can apply
+//! and an operator sees which member holds the cluster version down.
 //!
 //! Invariants (checked in debug builds): a queue's bounds ([`PeerLimits`]) hold after every push;
 //! at most one connection per peer each way (a second hello from a node replaces its first
@@ -284,7 +285,9 @@ impl PeerHandle {
     /// Every peer's link and reachability, the quorum, and the counters, as the peer thread
     /// last published them (at most about 100 ms old).
     pub fn report(&self) -> PeerReport {
-        self.board.lock().report(Instant::now(), &self.stats)
+        self.board
+            .lock()
+            .report(Instant::now(), &self.stats, &self.versions)
     }
 
     /// The cluster version: the lowest peer wire version any member speaks, as far as this

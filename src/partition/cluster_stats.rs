@@ -98,6 +98,10 @@ pub struct PeerStatus {
     /// Why this member refused the last connection whose hello named this peer, if it did
     /// and accepted none from it since.
     pub refused_inbound: Option<String>,
+    /// The peer wire version it was last heard from in (its hello accepted, or its reply
+    /// accepting this member's), kept while it is down; the oldest this member speaks until
+    /// it was heard from.
+    pub version: u8,
 }
 
 /// The peer thread's counters at one moment.
@@ -124,6 +128,11 @@ pub struct PeerReport {
     pub reachable: u64,
     /// Whether `reachable` is a majority of `members`.
     pub quorum: bool,
+    /// The newest peer wire version this member speaks (its build's).
+    pub version: u8,
+    /// The cluster version: the lowest peer wire version any member speaks (this member's,
+    /// and each peer's as last known), which decides what shard commands may be proposed.
+    pub cluster_version: u8,
     /// Each peer.
     pub peers: Vec<PeerStatus>,
     /// The counters.

@@ -24,6 +24,8 @@
 //!
 //! Deliberately not here: the sockets (`link.rs`, `inbound.rs`), and what raft makes of it.
 
+use super::frame;
+use super::versions::{cluster_version, Versions};
 use super::PeerStats;
 use crate::partition::cluster_stats::{
     is_majority, LinkState, PeerCounters, PeerReport, PeerStatus,
@@ -81,11 +83,17 @@ pub(crate) struct Board {
 }
 
 impl Board {
-    /// The report at `now`, with the counters of `stats`.
-    pub(crate) fn report(&self, now: Instant, stats: &PeerStats) -> PeerReport {
+    /// The report at `now`, with the counters of `stats` and the peers' last known wire
+    /// versions of `versions` (read now, in the links' order as `seen` is).
+    pub(crate) fn report(
+        &self,
+        now: Instant,
+        stats: &PeerStats,
+        versions: &Versions,
+    ) -> PeerReport {
         let ago = |at: Instant| now.saturating_duration_since(at).as_millis() as u64;
-        let peers: Vec<PeerStatus> = (self.seen.iter())
-            .map(|seen| PeerStatus {
+        let peers: Vec<PeerStatus> = (self.seen.iter().enumerate())
+            .map(|(index, seen)| PeerStatus {
                 node_id: seen.node_id,
                 addr: seen.addr,
                 link: seen.link.state,
@@ -94,6 +102,7 @@ impl Board {
                 reachable: seen.reachable,
                 heard_ms_ago: seen.heard.map(ago),
                 refused_inbound: seen.refused_inbound.clone(),
+                version: versions.of(index),
             })
             .collect();
         let members = self.members.max(1);
@@ -103,6 +112,9 @@ impl Board {
             members,
             reachable,
             quorum: is_majority(reachable, members),
+            version: frame::VERSION,
+            // From the versions shown, so that the report agrees with itself.
+            cluster_version: cluster_version(peers.iter().map(|peer| peer.version)),
             peers,
             counters: PeerCounters {
                 refusals: load(&stats.refusals),
@@ -389,6 +401,7 @@ mod tests {
         let mut watch = Watch::new(&peers, start, Duration::from_secs(10));
         let board = parking_lot::Mutex::new(Board::default());
         let stats = PeerStats::default();
+        let versions = Versions::new(2);
         let connected = status(LinkState::Connected, start);
         let now = start + Duration::from_secs(5);
         let cases = [
@@ -400,7 +413,7 @@ mod tests {
         for (accepted, heard, reachable) in cases {
             let links = [(&connected, accepted), (&connected, false)];
             watch.update(links.into_iter(), &[heard, None], now, &board);
-            let report = board.lock().report(now, &stats);
+            let report = board.lock().report(now, &stats, &versions);
             assert_eq!(report.peers[0].reachable, reachable, "{accepted} {heard:?}");
             assert_eq!(report.reachable, 1 + u64::from(reachable));
             assert_eq!(report.quorum, reachable, "2 of 3 is a majority, 1 is not");

@@ -54,6 +54,11 @@ impl Versions {
         }
     }
 
+    /// Peer `index`'s last known version.
+    pub(crate) fn of(&self, index: usize) -> u8 {
+        (self.known.get(index)).map_or(frame::VERSION_MIN, |known| known.load(Ordering::Relaxed))
+    }
+
     /// The cluster version now ([`cluster_version`] of every peer's last known version).
     pub(crate) fn cluster_version(&self) -> u8 {
         cluster_version(self.known.iter().map(|known| known.load(Ordering::Relaxed)))
@@ -71,11 +76,13 @@ mod tests {
         let versions = Versions::new(2);
         assert_eq!(versions.cluster_version(), VERSION_MIN, "nobody heard from yet");
         versions.note(0, VERSION);
+        assert_eq!((versions.of(0), versions.of(1)), (VERSION, VERSION_MIN));
         assert_eq!(versions.cluster_version(), VERSION_MIN, "peer 1 not heard from");
         versions.note(1, VERSION);
         assert_eq!(versions.cluster_version(), VERSION);
         // A peer heard from later in an older version (rolled back) lowers it again.
         versions.note(0, VERSION_MIN);
         assert_eq!(versions.cluster_version(), VERSION_MIN);
+        assert_eq!(versions.of(9), VERSION_MIN, "no such peer: the oldest");
     }
 }

@@ -144,6 +144,8 @@ mod tests {
                 members: 3,
                 reachable,
                 quorum: reachable >= 2,
+                version: 4,
+                cluster_version: 3,
                 peers: Vec::new(),
                 counters: PeerCounters::default(),
             }),
@@ -165,6 +167,7 @@ mod tests {
             reachable: false,
             heard_ms_ago: None,
             refused_inbound: None,
+            version: 3,
         });
         peers.counters.invalid_dropped = 7;
         let core = CoreStats {
@@ -193,6 +196,8 @@ mod tests {
             "latchkey_cluster_members_reachable 1",
             "latchkey_cluster_quorum 0",
             "latchkey_cluster_peer_reachable{peer=\"2\"} 0",
+            "latchkey_cluster_version 3",
+            "latchkey_cluster_peer_wire_version{peer=\"2\"} 3",
             "latchkey_cluster_peer_invalid_messages_total 7",
         ] {
             assert!(
@@ -210,6 +215,11 @@ mod tests {
         assert_eq!(cluster["peers"][0]["link"], "refused");
         assert_eq!(cluster["peers"][0]["reason"], "cluster identity differs");
         assert_eq!(cluster["peers"][0]["for_seconds"], 1.5);
+        assert_eq!(cluster["peers"][0]["wire_version"], 3);
+        assert_eq!(
+            (cluster["wire_version"].clone(), cluster["cluster_version"].clone()),
+            (4.into(), 3.into())
+        );
         assert_eq!(cluster["peer_counters"]["invalid_messages"], 7);
     }
 

@@ -357,18 +357,24 @@ fn peer_metrics(
         "1 when the members reachable are a majority of the members, else 0",
         u64::from(peers.quorum),
     )?;
-    let help = "1 when this member reaches the peer both ways within 1 s, else 0";
-    let mut metric = encoder.encode_descriptor(
-        "latchkey_cluster_peer_reachable",
-        help,
-        None,
-        MetricType::Gauge,
+    gauge(
+        encoder,
+        "latchkey_cluster_version",
+        "The lowest peer wire version any member speaks, as this member last heard",
+        u64::from(peers.cluster_version),
     )?;
-    for peer in &peers.peers {
-        let labels = [("peer", peer.node_id.to_string())];
-        let mut family = metric.encode_family(&labels)?;
-        family.encode_gauge(&u64::from(peer.reachable))?;
-    }
+    per_peer(
+        encoder,
+        "latchkey_cluster_peer_reachable",
+        "1 when this member reaches the peer both ways within 1 s, else 0",
+        (peers, |peer| u64::from(peer.reachable)),
+    )?;
+    per_peer(
+        encoder,
+        "latchkey_cluster_peer_wire_version",
+        "The peer wire version this member last heard the peer speak",
+        (peers, |peer| u64::from(peer.version)),
+    )?;
     let counters = &peers.counters;
     counter(
         encoder,
@@ -388,6 +394,22 @@ fn peer_metrics(
         "Peer messages dropped because their entries or snapshot do not decode",
         counters.invalid_dropped,
     )
+}
+
+/// A gauge with one sample per peer (label `peer`, its node id): `value` of each.
+fn per_peer(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    (peers, value): (&PeerReport, fn(&PeerStatus) -> u64),
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for peer in &peers.peers {
+        let labels = [("peer", peer.node_id.to_string())];
+        let mut family = metric.encode_family(&labels)?;
+        family.encode_gauge(&value(peer))?;
+    }
+    Ok(())
 }
 
 fn counter(
@@ -488,6 +510,8 @@ fn cluster_json(cluster: &ClusterStats) -> Value {
         "member_count": peers.map(|peers| peers.members),
         "members_reachable": peers.map(|peers| peers.reachable),
         "quorum": peers.map(|peers| peers.quorum),
+        "wire_version": peers.map(|peers| peers.version),
+        "cluster_version": peers.map(|peers| peers.cluster_version),
         "peers": peers.map_or(Vec::new(), |peers| peers.peers.iter().map(peer_json).collect()),
         "peer_counters": peers.map(|peers| {
             let counters = &peers.counters;
@@ -511,7 +535,8 @@ fn cluster_json(cluster: &ClusterStats) -> Value {
 }
 
 /// One peer as `/stats` shows it: its link (`connected`, `refused`, `unreachable`,
-/// `connecting`), why, for how long, whether it is reachable, when it was last heard from.
+/// `connecting`), why, for how long, whether it is reachable, when it was last heard from, and
+/// the peer wire version it was last heard in.
 fn peer_json(peer: &PeerStatus) -> Value {
     json!({
         "node_id": peer.node_id,
@@ -522,6 +547,7 @@ fn peer_json(peer: &PeerStatus) -> Value {
         "reachable": peer.reachable,
         "heard_seconds_ago": peer.heard_ms_ago.map(|ms| ms as f64 / 1e3),
         "refused_inbound": peer.refused_inbound,
+        "wire_version": peer.version,
     })
 }
 
