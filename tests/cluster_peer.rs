@@ -1,7 +1,8 @@
 //! The peer transport over loopback TCP: delivery to the right core exactly once, reconnection
 //! after a restart, hellos of misconfigured members refused on both sides and retried, who is
 //! reachable, hostile connections and messages refused or dropped without harm to the others
-//! (and without harm to a real member), bounded queues.
+//! (and without harm to a real member), bounded queues, members of the previous build's wire
+//! version and the cluster version.
 //!
 //! Every wait is bounded by a generous deadline; nothing asserts on speed.
 
@@ -9,6 +10,8 @@
 mod content;
 #[path = "cluster_peer/reach.rs"]
 mod reach;
+#[path = "cluster_peer/version.rs"]
+mod version;
 
 use crossbeam_channel::Receiver;
 use latchkey::cluster::peer::frame::{Hello, REPLY_BYTES, VERSION};
