@@ -7,7 +7,9 @@
 //! Members sometimes catch up from another member's snapshot instead of its log.
 //!
 //! Releases and expiries sometimes carry a waiter (`then`) that the same entry grants the key
-//! to (a handoff).
+//! to (a handoff). Waiters are queued (`Enqueue`) and withdrawn (`Withdraw`) as a leader does,
+//! and a grant takes its owner out of the key's queue; the queues are in the digests and the
+//! snapshots that members compare.
 //!
 //! Checked after every apply: outcomes and digests agree across members at each index; no
 //! member's deadline for a hold is earlier than the client's (propose time + lease of the last
@@ -16,7 +18,7 @@
 //!
 //! Replay one seed with `MACHINE_SIM_SEED=<n> cargo test --test machine_sim`.
 
-use latchkey::cluster::machine::{Applied, Command, Grant, ShardMachine};
+use latchkey::cluster::machine::{Applied, Command, Grant, Queued, ShardMachine};
 use latchkey::rng::Rng;
 use std::collections::HashMap;
 
@@ -138,7 +140,8 @@ impl Sim {
         self.now_ms += self.rng.below(40);
         match self.rng.below(100) {
             0..=39 => self.apply_some(),
-            40..=59 => self.propose_acquire(),
+            40..=53 => self.propose_acquire(),
+            54..=59 => self.propose_enqueue_or_withdraw(),
             60..=69 => self.propose_release_or_extend(),
             70..=84 => self.propose_expiries(),
             85..=92 => self.propose_checkpoint(),
@@ -160,6 +163,26 @@ impl Sim {
             owner,
             lease_ms,
         }));
+    }
+
+    /// A waiter queued (owners as acquires' and handoffs' are, so grants take some out) or
+    /// withdrawn.
+    fn propose_enqueue_or_withdraw(&mut self) {
+        let key = key_of(self.rng.below(KEYS));
+        let owner = self.rng.below(4);
+        let command = if self.rng.below(3) != 0 {
+            let waiter = Queued {
+                owner,
+                client: u128::from(self.rng.below(3)) << 64,
+                grace_s: self.rng.below(61) as u8,
+                lease_ms: 20 + self.rng.below(2_000) as u32,
+                wait_ms: self.rng.below(255_001) as u32,
+            };
+            Command::Enqueue { key, waiter }
+        } else {
+            Command::Withdraw { key, owner }
+        };
+        self.propose(Some(command));
     }
 
     /// With the token the leader knows (possibly stale), or a wrong one.
@@ -396,6 +419,9 @@ fn outcome_name(applied: Applied) -> &'static str {
         Applied::Checkpointed { capped: usize::MAX } => "empty",
         Applied::Checkpointed { capped: 0 } => "checkpoint_no_cap",
         Applied::Checkpointed { .. } => "checkpoint_capped",
+        Applied::Queued => "queued",
+        Applied::Withdrawn => "withdrawn",
+        Applied::NotQueued => "not_queued",
         _ => "other",
     }
 }
@@ -433,6 +459,9 @@ fn run(seed: u64) {
         "expired",
         "handed_off",
         "not_holder",
+        "queued",
+        "withdrawn",
+        "not_queued",
     ] {
         assert!(
             sim.outcomes.contains_key(kind),

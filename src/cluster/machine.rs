@@ -42,6 +42,8 @@
 //!
 //! At most `holds_max` holds; every hold is in the token index exactly once; every token is
 //! `floor + i * shards + shard` with `1 <= i <= applied`, and `i <= renewed_at <= applied`.
+//! No empty queue is kept, and the waiter count is the sum of the queues' lengths, at most
+//! [`WAITERS_MAX`].
 //!
 //! # Deadlines
 //!
@@ -61,17 +63,30 @@
 //! map node only when it changes one the image still shares. The image encodes (elsewhere:
 //! `crate::cluster::compactor`) to exactly the bytes `snapshot` gave at the freeze.
 //!
-//! Deliberately not here: waiters and their queues (they live on the leader, outside the
-//! replicated state), raft itself, and any clock.
+//! # Queued acquires
+//!
+//! A leader queues acquires itself (`crate::cluster::shard`'s queues: sessions, wait timers,
+//! places) and, once every member reads them, mirrors each queue here with
+//! [`Command::Enqueue`] and [`Command::Withdraw`], so that a new leader queues its
+//! predecessor's waiters again, in their order, and answers their clients' Resolves. A grant
+//! (an `Acquire` or a `then`) takes its owner's first queued acquire of the key out of the
+//! queue. Nothing here has a clock: a new leader restarts each wait in full, and withdraws
+//! what ends. At most [`WAITERS_MAX`] per shard.
+//!
+//! Deliberately not here: what a waiter waits for (the leader's queues), raft itself, and any
+//! clock.
 
 mod codec;
 #[cfg(test)]
 mod handoff_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod waiting_tests;
 
 pub use codec::{
-    CheckpointHold, Command, DecodeError, Grant, SnapshotHold, SnapshotImage, CHECKPOINT_HOLDS_MAX,
+    CheckpointHold, Command, DecodeError, Grant, Queued, SnapshotHold, SnapshotImage,
+    SnapshotWaiter, CHECKPOINT_HOLDS_MAX, WAITERS_MAX,
 };
 
 use crate::config::HOLDS_MAX;
@@ -144,6 +159,14 @@ pub enum Applied {
         /// The floor (set by this Barrier or an earlier one).
         floor: u64,
     },
+    /// Enqueue: the waiter is at the back of its key's queue.
+    Queued,
+    /// Enqueue: the shard keeps [`WAITERS_MAX`] waiters already (no change).
+    QueueFull,
+    /// Withdraw: the owner's first waiter of the key left the queue.
+    Withdrawn,
+    /// Withdraw: the owner has no waiter in the key's queue (granted, or withdrawn before).
+    NotQueued,
     /// Checkpoint: how many deadlines were lowered.
     Checkpointed {
         /// Holds whose deadline this checkpoint lowered on this member (local, like the
@@ -168,7 +191,15 @@ pub struct ShardMachine {
     holds: Holds,
     /// token → key, in token order (grant order).
     keys: imbl::OrdMap<u64, Key>,
+    /// Key → its queued acquires, first in line first (no empty queue).
+    waiting: Waiting,
+    /// Queued acquires in all queues.
+    waiters: usize,
 }
+
+/// Key → queue: persistent, as [`Holds`].
+type Waiting =
+    imbl::GenericHashMap<Key, imbl::Vector<Queued>, MapHasher, imbl::shared_ptr::DefaultSharedPtr>;
 
 /// Key → hold: a persistent hash map with the maps' hasher ([`MapHasher`]).
 type Holds = imbl::GenericHashMap<Key, Hold, MapHasher, imbl::shared_ptr::DefaultSharedPtr>;
@@ -186,6 +217,7 @@ pub struct Frozen {
     now_ms: u64,
     holds: Holds,
     keys: imbl::OrdMap<u64, Key>,
+    waiting: Waiting,
 }
 
 /// A held key, shared by both maps and by frozen images. Copying a persistent map's node (the
@@ -206,8 +238,9 @@ impl Frozen {
         self.applied
     }
 
-    /// The state as versioned bytes ([`SnapshotImage`]): shard, shards, floor, applied, and
-    /// each hold in token order with its time remaining from the freeze's `now_ms`.
+    /// The state as versioned bytes ([`SnapshotImage`]): shard, shards, floor, applied, each
+    /// hold in token order with its time remaining from the freeze's `now_ms`, and each key's
+    /// queued acquires in queue order.
     pub fn encode(&self) -> Vec<u8> {
         let holds = self
             .keys
@@ -224,12 +257,19 @@ impl Frozen {
                 }
             })
             .collect();
+        let waiters = waiting_in_order(&self.waiting)
+            .map(|(key, waiter)| SnapshotWaiter {
+                key: key.to_vec(),
+                waiter: *waiter,
+            })
+            .collect();
         let image = SnapshotImage {
             shard: self.shard,
             shards: self.shards,
             floor: self.floor,
             applied: self.applied,
             holds,
+            waiters,
         };
         image.encode()
     }
@@ -254,6 +294,8 @@ impl ShardMachine {
             applied: 0,
             holds: Holds::default(),
             keys: imbl::OrdMap::new(),
+            waiting: Waiting::default(),
+            waiters: 0,
         };
         machine.check_invariants();
         machine
@@ -290,6 +332,8 @@ impl ShardMachine {
                 self.hand_off(key, expired, then, now_ms)
             }
             Command::Checkpoint { as_of, holds } => self.cap(*as_of, holds, now_ms),
+            Command::Enqueue { key, waiter } => self.enqueue(key, *waiter),
+            Command::Withdraw { key, owner } => self.withdraw(key, *owner),
         };
         self.after_mutation();
         applied
@@ -338,6 +382,17 @@ impl ShardMachine {
     /// Every hold with its key, in token order.
     pub fn holds(&self) -> impl Iterator<Item = (&[u8], &Hold)> + '_ {
         self.keys.values().map(|key| (&key[..], &self.holds[key]))
+    }
+
+    /// Every key's queued acquires, first in line first, keys in byte order (the order a new
+    /// leader queues them again in does not matter across keys; it is fixed for tests).
+    pub fn waiting(&self) -> impl Iterator<Item = (&[u8], &Queued)> + '_ {
+        waiting_in_order(&self.waiting)
+    }
+
+    /// The number of queued acquires.
+    pub fn waiters(&self) -> usize {
+        self.waiters
     }
 
     /// The number of holds.
@@ -428,6 +483,7 @@ impl ShardMachine {
             now_ms,
             holds: self.holds.clone(),
             keys: self.keys.clone(),
+            waiting: self.waiting.clone(),
         }
     }
 
@@ -470,12 +526,16 @@ impl ShardMachine {
             }
             machine.insert(Key::from(held.key), hold);
         }
+        for queued in image.waiters {
+            machine.push_waiter(&queued.key, queued.waiter);
+        }
         machine.check_invariants();
         Ok(machine)
     }
 
     /// A deterministic hash of everything members must agree on: shard, floor, applied index,
-    /// and each hold's key, token, owner, lease and renewal index (not its local deadline).
+    /// each hold's key, token, owner, lease and renewal index (not its local deadline), and
+    /// the queues.
     #[cfg(any(test, feature = "testing"))]
     pub fn digest(&self) -> u64 {
         let mut state = crate::hash::Fnv::new();
@@ -493,6 +553,16 @@ impl ShardMachine {
             state.u64(hold.owner);
             state.u64(u64::from(hold.lease_ms));
             state.u64(hold.renewed_at);
+        }
+        for (key, waiter) in self.waiting() {
+            state.u64(key.len() as u64);
+            state.bytes(key);
+            state.u64(waiter.owner);
+            state.u64((waiter.client >> 64) as u64);
+            state.u64(waiter.client as u64);
+            state.u64(u64::from(waiter.grace_s));
+            state.u64(u64::from(waiter.lease_ms));
+            state.u64(u64::from(waiter.wait_ms));
         }
         state.finish()
     }
@@ -512,6 +582,18 @@ impl ShardMachine {
             }
             assert_eq!(self.keys.get(&hold.token), Some(key));
         }
+        self.check_waiting();
+    }
+
+    /// The queues' part of [`Self::check_invariants`]. O(waiters).
+    fn check_waiting(&self) {
+        assert!(self.waiters <= WAITERS_MAX);
+        let mut counted = 0;
+        for queue in self.waiting.values() {
+            assert!(!queue.is_empty(), "an empty queue is kept");
+            counted += queue.len();
+        }
+        assert_eq!(counted, self.waiters);
     }
 }
 
@@ -552,7 +634,50 @@ impl ShardMachine {
             renewed_at: self.applied,
         };
         self.insert(Key::from(key), hold);
+        self.take_waiter(key, owner);
         Applied::Granted { token, deadline_ms }
+    }
+
+    fn enqueue(&mut self, key: &[u8], waiter: Queued) -> Applied {
+        if self.waiters >= WAITERS_MAX {
+            return Applied::QueueFull;
+        }
+        self.push_waiter(key, waiter);
+        Applied::Queued
+    }
+
+    fn withdraw(&mut self, key: &[u8], owner: u64) -> Applied {
+        if self.take_waiter(key, owner) {
+            Applied::Withdrawn
+        } else {
+            Applied::NotQueued
+        }
+    }
+
+    fn push_waiter(&mut self, key: &[u8], waiter: Queued) {
+        match self.waiting.get_mut(key) {
+            Some(queue) => queue.push_back(waiter),
+            None => {
+                self.waiting.insert(Key::from(key), imbl::Vector::unit(waiter));
+            }
+        }
+        self.waiters += 1;
+    }
+
+    /// Takes `owner`'s first queued acquire of `key` out of its queue, if it has one.
+    fn take_waiter(&mut self, key: &[u8], owner: u64) -> bool {
+        let Some(queue) = self.waiting.get_mut(key) else {
+            return false;
+        };
+        let Some(at) = queue.iter().position(|waiter| waiter.owner == owner) else {
+            return false;
+        };
+        queue.remove(at);
+        if queue.is_empty() {
+            self.waiting.remove(key);
+        }
+        self.waiters -= 1;
+        true
     }
 
     fn release(&mut self, key: &[u8], token: u64) -> Applied {
@@ -677,13 +802,21 @@ impl ShardMachine {
 
     fn after_mutation(&self) {
         if cfg!(debug_assertions) {
-            if self.holds.len() <= FULL_CHECK_HOLDS_MAX {
+            if self.holds.len() + self.waiters <= FULL_CHECK_HOLDS_MAX {
                 self.check_invariants();
             } else {
                 assert_eq!(self.holds.len(), self.keys.len());
             }
         }
     }
+}
+
+/// Every key's queued acquires in `waiting`, first in line first, keys in byte order.
+fn waiting_in_order(waiting: &Waiting) -> impl Iterator<Item = (&[u8], &Queued)> + '_ {
+    let mut keys: Vec<&Key> = waiting.keys().collect();
+    keys.sort_unstable();
+    keys.into_iter()
+        .flat_map(move |key| waiting[key].iter().map(move |waiter| (&key[..], waiter)))
 }
 
 /// `floor + index * shards + shard`, or `None` on overflow.

@@ -7,15 +7,25 @@
 //!
 //! Commands are a replicated format: an entry written by an earlier build must still decode,
 //! and mean the same, on every later one (a member replays its own log, and receives entries
-//! that earlier leaders wrote). This build writes version 2 and reads 1 and 2:
+//! that earlier leaders wrote). This build reads versions 1 to 3 and writes each form in the
+//! oldest version that has it ([`Command::version`]):
 //! * version 1: the forms of the first cluster build;
 //! * version 2: the same forms, except that `Release` and `Expire` carry a `then` after their
 //!   fixed fields — a flag byte (0: none; 1: a [`Grant`], `owner:u64 lease_ms:u32`, follows).
 //!   A version-1 `Release` or `Expire` decodes with `then: None`, which is what it did.
+//! * version 3: the forms of version 2, and two more, `Enqueue` and `Withdraw` (replicated
+//!   waiters). The forms of version 2 are still written as version 2, so that a log without
+//!   waiters stays readable by the previous build: a leader proposes the new forms only once
+//!   every member of its cluster speaks the peer wire version that says it reads them.
 //!
-//! A member of an earlier build refuses a version-2 entry (unknown version) rather than guess
-//! at it: members never disagree on what an entry does, and the peer wire version keeps
-//! members of the two builds from forming a group at all (docs/cluster.md, upgrades).
+//! A member of an earlier build refuses an entry of a later version (unknown version) rather
+//! than guess at it, and stops: members never disagree on what an entry does
+//! (docs/cluster.md, upgrades).
+//!
+//! # Versions of a snapshot
+//!
+//! Version 1: shard, shards, floor, applied, holds. Version 2: the same, then the queued
+//! acquires. A snapshot without waiters is written as version 1, for the same reason.
 //!
 //! Invariants: decoding accepts any bytes and returns an error value for anything that is not
 //! exactly one well-formed form (trailing bytes are an error); it never panics and never
@@ -28,13 +38,18 @@
 use latchkey_client::protocol::KEY_BYTES_MAX;
 use std::fmt;
 
-/// The first byte of every [`Command`] this build encodes (it decodes
-/// [`COMMAND_VERSION_MIN`]`..=COMMAND_VERSION`).
-pub const COMMAND_VERSION: u8 = 2;
+/// The newest command version this build decodes (it decodes
+/// [`COMMAND_VERSION_MIN`]`..=COMMAND_VERSION`, and writes each form as [`Command::version`]).
+pub const COMMAND_VERSION: u8 = 3;
 /// The oldest command version this build decodes.
 pub const COMMAND_VERSION_MIN: u8 = 1;
-/// The first byte of every encoded snapshot.
-pub const SNAPSHOT_VERSION: u8 = 1;
+/// The command version that added `Enqueue` and `Withdraw`.
+pub const WAITERS_COMMAND_VERSION: u8 = 3;
+/// The newest snapshot version (it carries queued acquires; one without is written as 1).
+pub const SNAPSHOT_VERSION: u8 = 2;
+/// The most queued acquires one shard's replicated state keeps: an `Enqueue` past it changes
+/// nothing (the leader's own limits keep far below it).
+pub const WAITERS_MAX: usize = super::HOLDS_MAX;
 /// The most holds one [`Command::Checkpoint`] may carry (its encoding stays under ~4.2 MB even
 /// with 1024-byte keys, and one apply stays short). A leader with more holds checkpoints them
 /// over several commands (see [`super::ShardMachine::checkpoint`]).
@@ -48,11 +63,17 @@ const TAG_RELEASE: u8 = 3;
 const TAG_EXTEND: u8 = 4;
 const TAG_EXPIRE: u8 = 5;
 const TAG_CHECKPOINT: u8 = 6;
+const TAG_ENQUEUE: u8 = 7;
+const TAG_WITHDRAW: u8 = 8;
 
 /// The smallest encoded checkpoint hold: token, remaining, key length, one key byte.
 const CHECKPOINT_HOLD_BYTES_MIN: usize = 8 + 4 + 2 + 1;
 /// The smallest encoded snapshot hold: token, owner, lease, renewed_at, remaining, key.
 const SNAPSHOT_HOLD_BYTES_MIN: usize = 8 + 8 + 4 + 8 + 8 + 2 + 1;
+/// The smallest encoded snapshot waiter: a [`Queued`], key length, one key byte.
+const SNAPSHOT_WAITER_BYTES_MIN: usize = QUEUED_BYTES + 2 + 1;
+/// Bytes of an encoded [`Queued`]: owner, client, grace, lease, wait.
+const QUEUED_BYTES: usize = 8 + 16 + 1 + 4 + 4;
 
 /// One command of a shard's replicated log, applied by every member in log order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +133,39 @@ pub enum Command {
         /// At most [`CHECKPOINT_HOLDS_MAX`] holds.
         holds: Vec<CheckpointHold>,
     },
+    /// Queue `waiter` at the back of `key`'s queue (the leader queued it; it is granted by a
+    /// later `Acquire` or `then` naming its owner, which takes it out of the queue).
+    Enqueue {
+        /// The key.
+        key: Vec<u8>,
+        /// The queued acquire.
+        waiter: Queued,
+    },
+    /// Take `owner`'s first queued acquire out of `key`'s queue (it timed out, was cancelled,
+    /// refused or left with its session).
+    Withdraw {
+        /// The key.
+        key: Vec<u8>,
+        /// The waiter's owner id.
+        owner: u64,
+    },
+}
+
+/// A queued acquire as the replicated state keeps it: what a new leader needs to queue it
+/// again in its place and to answer its client's Resolve (docs/protocol.md §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    /// Its owner id (protocol §2.1).
+    pub owner: u64,
+    /// The client id its session identified with (0: none; such a waiter cannot be resolved,
+    /// and a new leader does not queue it again).
+    pub client: u128,
+    /// That client's grace, in seconds (how long a new leader keeps it for a Resolve).
+    pub grace_s: u8,
+    /// The lease it asks for, in milliseconds.
+    pub lease_ms: u32,
+    /// Its wait, in milliseconds (a new leader restarts it in full).
+    pub wait_ms: u32,
 }
 
 /// The waiter a [`Command::Release`] or [`Command::Expire`] hands its key to.
@@ -151,6 +205,15 @@ pub struct SnapshotHold {
     pub remaining_ms: u64,
 }
 
+/// One queued acquire in a snapshot image (in queue order within its key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotWaiter {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The queued acquire.
+    pub waiter: Queued,
+}
+
 /// A shard's state as bytes: see `ShardMachine::snapshot`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotImage {
@@ -164,6 +227,8 @@ pub struct SnapshotImage {
     pub applied: u64,
     /// The holds, at most [`HOLDS_MAX`](super::HOLDS_MAX).
     pub holds: Vec<SnapshotHold>,
+    /// The queued acquires, at most [`WAITERS_MAX`], each key's in queue order.
+    pub waiters: Vec<SnapshotWaiter>,
 }
 
 /// Why bytes are not a command or a snapshot (or a snapshot does not fit its shard).
@@ -179,7 +244,7 @@ pub enum DecodeError {
     Flag(u8),
     /// A key length outside `1..=KEY_BYTES_MAX`.
     KeyLength(usize),
-    /// More holds than the form allows.
+    /// More holds (or waiters) than the form allows.
     TooManyHolds(usize),
     /// Bytes left over after a complete form.
     Trailing(usize),
@@ -208,7 +273,7 @@ impl Command {
     /// Appends the encoding to `out`. Panics if a key is not `1..=KEY_BYTES_MAX` bytes or a
     /// checkpoint has more than [`CHECKPOINT_HOLDS_MAX`] holds: the proposer checks those.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        out.push(COMMAND_VERSION);
+        out.push(self.version());
         match self {
             Self::Barrier { floor } => {
                 out.push(TAG_BARRIER);
@@ -253,6 +318,24 @@ impl Command {
                 put_key(out, key);
             }
             Self::Checkpoint { as_of, holds } => encode_checkpoint(out, *as_of, holds),
+            Self::Enqueue { key, waiter } => {
+                out.push(TAG_ENQUEUE);
+                put_queued(out, waiter);
+                put_key(out, key);
+            }
+            Self::Withdraw { key, owner } => {
+                out.push(TAG_WITHDRAW);
+                out.extend_from_slice(&owner.to_be_bytes());
+                put_key(out, key);
+            }
+        }
+    }
+
+    /// The version this form is written in: the oldest that has it (see the module docs).
+    pub fn version(&self) -> u8 {
+        match self {
+            Self::Enqueue { .. } | Self::Withdraw { .. } => WAITERS_COMMAND_VERSION,
+            _ => 2,
         }
     }
 
@@ -263,7 +346,9 @@ impl Command {
             Self::Acquire { key, .. }
             | Self::Release { key, .. }
             | Self::Extend { key, .. }
-            | Self::Expire { key, .. } => Some(key),
+            | Self::Expire { key, .. }
+            | Self::Enqueue { key, .. }
+            | Self::Withdraw { key, .. } => Some(key),
             Self::Barrier { .. } | Self::Checkpoint { .. } => None,
         }
     }
@@ -327,6 +412,20 @@ impl Command {
                 }
             }
             TAG_CHECKPOINT => decode_checkpoint(&mut reader)?,
+            TAG_ENQUEUE if version >= WAITERS_COMMAND_VERSION => {
+                let waiter = reader.queued()?;
+                Command::Enqueue {
+                    key: reader.key()?,
+                    waiter,
+                }
+            }
+            TAG_WITHDRAW if version >= WAITERS_COMMAND_VERSION => {
+                let owner = reader.u64()?;
+                Command::Withdraw {
+                    key: reader.key()?,
+                    owner,
+                }
+            }
             tag => return Err(DecodeError::Tag(tag)),
         };
         reader.finish()?;
@@ -368,12 +467,15 @@ fn decode_checkpoint(reader: &mut Reader<'_>) -> Result<Command, DecodeError> {
 }
 
 impl SnapshotImage {
-    /// The encoding: version, shard, shards, floor flag and value, applied, count, holds.
-    /// Panics on a key of the wrong length or more than [`HOLDS_MAX`](super::HOLDS_MAX) holds.
+    /// The encoding: version, shard, shards, floor flag and value, applied, count, holds, and
+    /// (version 2, only if there are waiters) count, waiters. Panics on a key of the wrong
+    /// length, more than [`HOLDS_MAX`](super::HOLDS_MAX) holds or [`WAITERS_MAX`] waiters.
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.holds.len() <= SNAPSHOT_HOLDS_MAX, "snapshot too large");
+        assert!(self.waiters.len() <= WAITERS_MAX, "snapshot too large");
         let mut out = Vec::with_capacity(32 + self.holds.len() * 48);
-        out.push(SNAPSHOT_VERSION);
+        let version = if self.waiters.is_empty() { 1 } else { 2 };
+        out.push(version);
         out.extend_from_slice(&self.shard.to_be_bytes());
         out.extend_from_slice(&self.shards.to_be_bytes());
         out.push(u8::from(self.floor.is_some()));
@@ -389,6 +491,14 @@ impl SnapshotImage {
             out.extend_from_slice(&hold.remaining_ms.to_be_bytes());
             put_key(&mut out, &hold.key);
         }
+        if version >= 2 {
+            // The assert above keeps the count within u32.
+            out.extend_from_slice(&(self.waiters.len() as u32).to_be_bytes());
+            for queued in &self.waiters {
+                put_queued(&mut out, &queued.waiter);
+                put_key(&mut out, &queued.key);
+            }
+        }
         out
     }
 
@@ -397,7 +507,7 @@ impl SnapshotImage {
     pub fn decode(bytes: &[u8]) -> Result<SnapshotImage, DecodeError> {
         let mut reader = Reader::new(bytes);
         let version = reader.u8()?;
-        if version != SNAPSHOT_VERSION {
+        if !(1..=SNAPSHOT_VERSION).contains(&version) {
             return Err(DecodeError::Version(version));
         }
         let (shard, shards) = (reader.u32()?, reader.u32()?);
@@ -426,6 +536,20 @@ impl SnapshotImage {
                 remaining_ms,
             });
         }
+        let mut waiters = Vec::new();
+        if version >= 2 {
+            let count = usize::try_from(reader.u32()?).unwrap_or(usize::MAX);
+            if count > WAITERS_MAX {
+                return Err(DecodeError::TooManyHolds(count));
+            }
+            reader.can_hold(count, SNAPSHOT_WAITER_BYTES_MIN)?;
+            waiters.reserve_exact(count);
+            for _ in 0..count {
+                let waiter = reader.queued()?;
+                let key = reader.key()?;
+                waiters.push(SnapshotWaiter { key, waiter });
+            }
+        }
         reader.finish()?;
         Ok(SnapshotImage {
             shard,
@@ -433,6 +557,7 @@ impl SnapshotImage {
             floor,
             applied,
             holds,
+            waiters,
         })
     }
 }
@@ -446,6 +571,14 @@ fn put_then(out: &mut Vec<u8>, then: &Option<Grant>) {
             out.extend_from_slice(&grant.lease_ms.to_be_bytes());
         }
     }
+}
+
+fn put_queued(out: &mut Vec<u8>, queued: &Queued) {
+    out.extend_from_slice(&queued.owner.to_be_bytes());
+    out.extend_from_slice(&queued.client.to_be_bytes());
+    out.push(queued.grace_s);
+    out.extend_from_slice(&queued.lease_ms.to_be_bytes());
+    out.extend_from_slice(&queued.wait_ms.to_be_bytes());
 }
 
 fn put_key(out: &mut Vec<u8>, key: &[u8]) {
@@ -462,6 +595,7 @@ fn put_key(out: &mut Vec<u8>, key: &[u8]) {
 const _: () = assert!(KEY_BYTES_MAX <= u16::MAX as usize);
 const _: () = assert!(CHECKPOINT_HOLDS_MAX <= u16::MAX as usize);
 const _: () = assert!(SNAPSHOT_HOLDS_MAX <= u32::MAX as usize);
+const _: () = assert!(WAITERS_MAX <= u32::MAX as usize);
 
 /// A cursor over untrusted bytes: every read checks the length first.
 struct Reader<'a> {
@@ -508,6 +642,22 @@ impl<'a> Reader<'a> {
         let key = rest.get(..length).ok_or(DecodeError::Truncated)?;
         self.at += length;
         Ok(key.to_vec())
+    }
+
+    fn u128(&mut self) -> Result<u128, DecodeError> {
+        Ok(u128::from_be_bytes(self.take()?))
+    }
+
+    fn queued(&mut self) -> Result<Queued, DecodeError> {
+        let (owner, client, grace_s) = (self.u64()?, self.u128()?, self.u8()?);
+        let (lease_ms, wait_ms) = (self.u32()?, self.u32()?);
+        Ok(Queued {
+            owner,
+            client,
+            grace_s,
+            lease_ms,
+            wait_ms,
+        })
     }
 
     /// A `then` if the version has one (`present`): a flag byte, and a [`Grant`] after a 1.

@@ -425,6 +425,7 @@ fn golden_snapshot(machine: &ShardMachine, now_ms: u64) -> Vec<u8> {
         floor: machine.floor(),
         applied: machine.applied(),
         holds,
+        waiters: Vec::new(),
     }
     .encode()
 }
@@ -523,7 +524,7 @@ fn every_command_round_trips_and_bad_bytes_are_errors() {
         assert_eq!(Command::decode(&longer), Err(DecodeError::Trailing(1)));
     }
     assert_eq!(Command::decode(&[0, 1]), Err(DecodeError::Version(0)));
-    assert_eq!(Command::decode(&[3, 1]), Err(DecodeError::Version(3)));
+    assert_eq!(Command::decode(&[4, 1]), Err(DecodeError::Version(4)));
     assert_eq!(Command::decode(&[1, 99]), Err(DecodeError::Tag(99)));
     let empty_key = [1, 3, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];
     assert_eq!(Command::decode(&empty_key), Err(DecodeError::KeyLength(0)));
@@ -544,6 +545,18 @@ fn key_strategy() -> impl Strategy<Value = Vec<u8>> {
 fn then_strategy() -> impl Strategy<Value = Option<Grant>> {
     prop::option::of(
         (any::<u64>(), any::<u32>()).prop_map(|(owner, lease_ms)| Grant { owner, lease_ms }),
+    )
+}
+
+fn queued_strategy() -> impl Strategy<Value = Queued> {
+    (any::<u64>(), any::<u128>(), any::<u8>(), any::<u32>(), any::<u32>()).prop_map(
+        |(owner, client, grace_s, lease_ms, wait_ms)| Queued {
+            owner,
+            client,
+            grace_s,
+            lease_ms,
+            wait_ms,
+        },
     )
 }
 
@@ -584,6 +597,9 @@ fn command_strategy() -> impl Strategy<Value = Command> {
         ),
         (any::<u64>(), prop::collection::vec(hold, 0..20))
             .prop_map(|(as_of, holds)| Command::Checkpoint { as_of, holds }),
+        (key_strategy(), queued_strategy())
+            .prop_map(|(key, waiter)| Command::Enqueue { key, waiter }),
+        (key_strategy(), any::<u64>()).prop_map(|(key, owner)| Command::Withdraw { key, owner }),
     ]
 }
 
