@@ -149,6 +149,11 @@ pub trait Partition {
     /// `client`'s grace ended without a session: its detached waiters leave, its grants that
     /// never reached it are released, and what the partition remembered of it is dropped.
     fn handle_client_gone(&mut self, _now_us: u64, _client: ClientRef) {}
+    /// A session identified as `client`, whose client id is `id` and grace `grace_s` (told to
+    /// every partition before any request of that session reaches it): a cluster member keeps
+    /// it to mirror the client's waiters in the replicated state and to find the waiters a
+    /// predecessor queued for it. A single node needs none of it.
+    fn handle_client_known(&mut self, _client: ClientRef, _id: u128, _grace_s: u8) {}
     /// Whether the partition has nothing left to do for a shutdown (a cluster member hands its
     /// leaderships over first, and answers its waiters once they moved): the core stops only
     /// once it is.

@@ -505,9 +505,9 @@ fn a_holder_stopped_while_its_leader_is_paused_releases_at_the_new_leader() {
 
 /// A waiter whose leader is killed (kill -9) does not end `Indeterminate` (exit 82): its
 /// session identified, so the client asks the new leader what became of the acquire
-/// (docs/protocol.md §5). The new leader never knew it (waiters are leader-local): "never
-/// seen", recorded so that it will never be executed, and the client queues a new acquire
-/// there within the same wait; it is granted when the holder lets go.
+/// (docs/protocol.md §5): "queued" there (the old leader mirrored the waiter in the replicated
+/// state, and the new one adopted it), attached to the client's new session; it is granted
+/// when the holder lets go.
 #[test]
 fn a_waiter_whose_leader_is_killed_is_resolved_and_queued_again() {
     let mut cluster = Cluster::start("clients-killed", 3, 4, false);
@@ -558,11 +558,88 @@ fn a_waiter_whose_leader_is_killed_is_resolved_and_queued_again() {
     assert!(output.status.success(), "{}", stderr(&output));
 }
 
+/// Two waiters whose leader is killed keep their order: the new leader adopted both in their
+/// places, and each client's Resolve attaches its own. Before waiters were replicated, each
+/// heard "never seen" and queued again at the back, in whatever order their Resolves came.
+#[test]
+fn waiters_whose_leader_is_killed_keep_their_places_in_the_queue() {
+    let mut cluster = Cluster::start("clients-killed-order", 3, 4, false);
+    let key = "jobs/killed-order";
+    // Leaders mirror their queues once every member is known to read the mirror entries.
+    let at_four = |member: &Member| {
+        let metrics = common::cluster::http_get(member.client, "/metrics");
+        let version = metrics
+            .and_then(|(_, body)| common::cluster::metric(&body, "latchkey_cluster_version"));
+        version == Some(4.0)
+    };
+    assert!(
+        wait_until(SETTLE, || cluster.members.iter().all(at_four)),
+        "every member at cluster version 4"
+    );
+    let owner = fresh_id();
+    let acquire = move || Request::Acquire {
+        wait_s: 0,
+        lease_s: 60,
+        owner,
+        key: key.as_bytes(),
+    };
+    let (leader, token) = match cluster.call(key, &[], SETTLE, acquire) {
+        (leader, Response::Acquired { token, .. }) => (leader, token),
+        (_, other) => panic!("acquire of {key} answered {other:?}"),
+    };
+    let members: Vec<&Member> = cluster.members.iter().collect();
+    let addrs = list(&members);
+    let order = cluster.file("order");
+    let waiting_on = |client, waiters| {
+        let state = common::cluster::query(client, key, fresh_id());
+        matches!(state, Some(Response::State { waiters: w, .. }) if w == waiters)
+    };
+    let on_leader = cluster.members[leader].client;
+    let mut spawned = Vec::new();
+    for (nth, name) in ["first", "second"].into_iter().enumerate() {
+        let (addrs, order) = (addrs.clone(), order.clone());
+        spawned.push(std::thread::spawn(move || {
+            let line = format!("echo {name} >> {}", order.display());
+            latchkey(&[
+                "lock", "--server", &addrs, "--wait", "30s", "--lease", "30s", key, "--", "sh",
+                "-c", &line,
+            ])
+        }));
+        assert!(
+            wait_until(SETTLE, || waiting_on(on_leader, nth as u32 + 1)),
+            "the {name} waiter queued on the leader"
+        );
+    }
+    // The leader's mirror entries commit within milliseconds (no fsync); wait well past that.
+    std::thread::sleep(Duration::from_millis(1_000));
+    cluster.kill(leader);
+    let (new_leader, _) = cluster
+        .serving(key, &[leader], SETTLE)
+        .expect("a new leader");
+    let on_new = cluster.members[new_leader].client;
+    assert!(
+        wait_until(SETTLE, || waiting_on(on_new, 2)),
+        "both waiters on the new leader"
+    );
+    let release = move || Request::Release {
+        token,
+        key: key.as_bytes(),
+    };
+    let (_, released) = cluster.call(key, &[leader], SETTLE, release);
+    assert_eq!(released, Response::Released { token });
+    for waiter in spawned {
+        let output = waiter.join().expect("the waiter ran");
+        assert!(output.status.success(), "{}", stderr(&output));
+    }
+    let ran = std::fs::read_to_string(&order).expect("the commands wrote");
+    assert_eq!(ran, "first\nsecond\n", "granted in the order they queued");
+}
+
 /// A waiter whose leader is paused (SIGSTOP: a stalled VM, a stuck disk) moves to the new
 /// leader during the pause: its identified session, which reads nothing while the acquire
 /// waits, probes the leader with a ping; unanswered, the session closes and the client
-/// resolves the acquire on the member that leads the key now ("never seen" there: it queues
-/// again). It is granted there when the holder lets go, while the old leader is still stopped.
+/// resolves the acquire on the member that leads the key now ("queued" there: the waiter was
+/// replicated, and the new leader adopted it). It is granted there when the holder lets go, while the old leader is still stopped.
 /// Before, the waiter waited the pause out.
 #[test]
 fn a_waiter_whose_leader_is_paused_moves_to_the_new_leader_during_the_pause() {

@@ -217,7 +217,8 @@ pub struct Frozen {
     now_ms: u64,
     holds: Holds,
     keys: imbl::OrdMap<u64, Key>,
-    waiting: Waiting,
+    /// Boxed to keep an image small to move (one allocation per freeze).
+    waiting: Box<Waiting>,
 }
 
 /// A held key, shared by both maps and by frozen images. Copying a persistent map's node (the
@@ -483,7 +484,7 @@ impl ShardMachine {
             now_ms,
             holds: self.holds.clone(),
             keys: self.keys.clone(),
-            waiting: self.waiting.clone(),
+            waiting: Box::new(self.waiting.clone()),
         }
     }
 

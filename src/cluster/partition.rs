@@ -106,16 +106,19 @@ pub trait Peers {
     }
     /// The cluster version: the lowest peer wire version any member speaks
     /// ([`crate::cluster::peer::PeerHandle::cluster_version`]); a shard command of a newer
-    /// version may be proposed only once it is high enough. A way that knows of no older
-    /// member (the simulations, test fakes) runs as a cluster of this build alone.
-    #[allow(
-        dead_code,
-        reason = "asked by the shard commands of version 3 (replicated waiters), to come"
-    )]
+    /// version may be proposed only once it is high enough ([`WAITERS_PEER_VERSION`]). A way
+    /// that knows of no older member (the simulations, test fakes) runs as a cluster of this
+    /// build alone.
     fn cluster_version(&self) -> u8 {
         crate::cluster::peer::frame::VERSION
     }
 }
+
+/// The cluster version from which leaders mirror their queues in the replicated state
+/// (`Command::Enqueue` and `Command::Withdraw`, which a member of an earlier build cannot
+/// decode): see `mirror.rs`.
+pub const WAITERS_PEER_VERSION: u8 = 4;
+const _: () = assert!(WAITERS_PEER_VERSION <= crate::cluster::peer::frame::VERSION);
 
 /// What a cluster partition needs to know besides its member.
 #[derive(Clone, Debug)]
@@ -197,6 +200,13 @@ enum PendingKind {
     Orphan {
         token: u64,
     },
+    /// An `Enqueue` or `Withdraw` mirroring this leader's queues (no answer: `mirror.rs`).
+    Mirror,
+    /// The `Extend` that renews a grant to an adopted waiter whose acquire, sent again by its
+    /// client, it answers (`A` once applied: `mirror.rs`).
+    Regrant {
+        owner: u64,
+    },
 }
 
 /// A query waiting for its read index.
@@ -247,6 +257,19 @@ pub struct ClusterPartition<D: LogWriter, P: Peers> {
     clients: ClientStates,
     /// The client each identified session that sent an acquire here speaks for.
     session_clients: HashMap<SessionId, ClientRef>,
+    /// Each identified client's id and grace, as its sessions identified (`mirror.rs`).
+    client_ids: HashMap<ClientRef, (u128, u8)>,
+    /// Grants applied to adopted waiters that no session took yet: token → shard and the end of
+    /// the client's grace, when the grant is released if no Resolve took it (`mirror.rs`).
+    adopted_grants: HashMap<u64, mirror::AdoptedGrant>,
+    /// Adopted acquires that ended unattached (their wait or their client's grace ran out, a
+    /// grant to one was released unresolved), by client id and owner, until when they are
+    /// remembered: the same acquire sent again then gets `T`, not a second execution
+    /// (`mirror.rs`).
+    adopted_ended: HashMap<(u128, u64), u64>,
+    /// Waiters to mirror once they have waited [`mirror::MIRROR_AFTER_US`], in the order they
+    /// queued (`mirror.rs`).
+    to_mirror: std::collections::VecDeque<mirror::ToMirror>,
     stats: TableStats,
     cluster_stats: ClusterStats,
     now_us: u64,
@@ -310,6 +333,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             places,
             clients: ClientStates::default(),
             session_clients: HashMap::default(),
+            client_ids: HashMap::default(),
+            adopted_grants: HashMap::default(),
+            to_mirror: std::collections::VecDeque::new(),
+            adopted_ended: HashMap::default(),
             stats: TableStats::default(),
             cluster_stats: ClusterStats {
                 node_id,
@@ -518,6 +545,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
             Op::Query { nonce } => self.query(shard, session, key, nonce),
             Op::Resolve { owner } => self.resolve(shard, (session, client), key, owner),
         }
+        self.propose_withdrawals();
     }
 
     fn handle_timers(&mut self, now_us: u64) {
@@ -529,6 +557,9 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         for local in 0..self.shards.len() {
             self.leader_duties(local);
         }
+        self.release_unresolved_grants();
+        self.propose_due_mirrors();
+        self.propose_withdrawals();
         self.balance();
         self.drain();
         self.end_handover();
@@ -549,7 +580,9 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         let waits = waits.map(|tick| tick.saturating_mul(self.settings.tick_us));
         let leases = self.lease_timers.next_deadline();
         let leases = leases.map(|tick| tick.saturating_mul(self.settings.tick_us));
-        [Some(self.next_tick_us), waits, leases, self.handover_until_us]
+        let adopted = self.adopted_grants.values().map(mirror::AdoptedGrant::until_us).min();
+        let mirrors = self.to_mirror.front().map(mirror::ToMirror::due_us);
+        [Some(self.next_tick_us), waits, leases, self.handover_until_us, adopted, mirrors]
             .into_iter()
             .flatten()
             .min()
@@ -592,6 +625,12 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
     fn handle_client_gone(&mut self, now_us: u64, client: ClientRef) {
         self.now_us = self.now_us.max(now_us);
         self.client_gone(client);
+        self.client_ids.remove(&client);
+        self.propose_withdrawals();
+    }
+
+    fn handle_client_known(&mut self, client: ClientRef, id: u128, grace_s: u8) {
+        self.client_ids.insert(client, (id, grace_s));
     }
 
     fn resumes_calls(&self) -> bool {
@@ -601,6 +640,7 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
     fn handle_shutdown(&mut self) {
         self.shutting_down = true;
         self.hand_over_leaderships();
+        self.propose_withdrawals();
     }
 
     fn is_quiescent(&self) -> bool {
@@ -703,6 +743,8 @@ mod duties;
 mod raft_io;
 #[path = "partition/leadership_log.rs"]
 mod leadership_log;
+#[path = "partition/mirror.rs"]
+mod mirror;
 pub(crate) use leadership_log::shard_list;
 #[path = "partition/requests.rs"]
 mod requests;

@@ -9,7 +9,7 @@
 
 mod queues;
 
-pub(crate) use queues::{Head, Waiter};
+pub(crate) use queues::{Head, Waiter, ADOPTED};
 
 use super::machine::{Grant, ShardMachine};
 use super::member::{Committed, Proposed};
@@ -462,12 +462,45 @@ impl Shard {
         &mut self,
         key: &[u8],
         owner: u64,
-        client: ClientRef,
+        client: (ClientRef, u128),
         to: (SessionId, &mut Places),
-    ) -> bool {
+    ) -> Option<Option<(u64, u64)>> {
         let attached = self.queues.attach(key, owner, client, to);
         self.check_invariants();
         attached
+    }
+
+    /// See [`Queues::attach_adopted`].
+    pub fn attach_adopted(
+        &mut self,
+        key: &[u8],
+        owner: u64,
+        client: (ClientRef, u128),
+        to: (SessionId, &mut Places),
+    ) -> Option<(u64, u64)> {
+        let attached = self.queues.attach_adopted(key, owner, client, to);
+        self.check_invariants();
+        attached
+    }
+
+    /// See [`Queues::has_owner`].
+    pub fn has_owner(&self, key: &[u8], owner: u64) -> bool {
+        self.queues.has_owner(key, owner)
+    }
+
+    /// See [`Queues::set_mirrored`].
+    pub fn set_mirrored(&mut self, key: &[u8], seq: u64) {
+        self.queues.set_mirrored(key, seq);
+    }
+
+    /// See [`Queues::take_withdrawn`].
+    pub fn take_withdrawn(&mut self) -> Vec<(Vec<u8>, u64)> {
+        self.queues.take_withdrawn()
+    }
+
+    /// See [`Queues::pop_granted_head`].
+    pub fn pop_granted_head(&mut self, key: &[u8], places: &mut Places) -> Option<Waiter> {
+        self.queues.pop_granted_head(key, places)
     }
 
     /// See [`Queues::close_session`].

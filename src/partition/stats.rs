@@ -102,6 +102,8 @@ pub struct TableStats {
     /// Answers to identified clients (`T`, `B`) forgotten before their retention ended, for
     /// room (a Resolve of one then says "never seen").
     pub fates_dropped: u64,
+    /// Queued acquires a new leader took over from the replicated state (cluster members).
+    pub adopted: u64,
     /// From a queued acquire's arrival to its answer (`A`, `T` or `B`), in microseconds.
     pub acquire_wait: Histogram,
     /// From a grant to its release or expiry, in microseconds.
@@ -123,6 +125,7 @@ impl Default for TableStats {
             resolves: [0; 5],
             grace_releases: 0,
             fates_dropped: 0,
+            adopted: 0,
             acquire_wait: Histogram::new(WAIT_BOUNDS_US),
             lock_hold: Histogram::new(HOLD_BOUNDS_US),
         }
@@ -151,6 +154,7 @@ impl TableStats {
         }
         self.grace_releases += other.grace_releases;
         self.fates_dropped += other.fates_dropped;
+        self.adopted += other.adopted;
         self.acquire_wait.merge(&other.acquire_wait);
         self.lock_hold.merge(&other.lock_hold);
     }

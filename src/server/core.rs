@@ -720,6 +720,10 @@ impl<N: Net, P: Partition> Core<N, P> {
                 self.table.release_granted(self.now_us, grant, token, client);
             }
             Msg::ClientGone { client } => self.table.handle_client_gone(self.now_us, client),
+            Msg::ClientKnown(known) => {
+                let (client, id, grace_s) = *known;
+                self.table.handle_client_known(client, id, grace_s);
+            }
             Msg::Admin(msg) => self.handle_admin_msg(*msg),
         }
         self.route_answers();

@@ -37,8 +37,15 @@ impl<N: Net, P: Partition> Core<N, P> {
         } else {
             let identities = session.socket().identities();
             match self.links.shared.clients.identify(client, grace_s, &identities) {
-                Ok((client, grace_s)) => {
-                    session.set_client(client);
+                Ok((client_ref, grace_s)) => {
+                    session.set_client(client_ref);
+                    self.table.handle_client_known(client_ref, client, grace_s);
+                    // Before any request of this session reaches another core's partition:
+                    // the same channels carry both, in order.
+                    for outbox in self.links.outboxes.iter_mut().flatten() {
+                        let known = Box::new((client_ref, client, grace_s));
+                        outbox.push(Msg::ClientKnown(known));
+                    }
                     Response::Identified { nonce, grace_s }
                 }
                 Err(Refused::Forbidden) => refused(ErrorCode::Forbidden),

@@ -160,6 +160,9 @@ pub enum Msg {
         /// The client.
         client: ClientRef,
     },
+    /// A session identified: the client, its client id and its grace, for the partitions
+    /// (`Partition::handle_client_known`; rare, boxed to keep the common messages small).
+    ClientKnown(Box<(ClientRef, u128, u8)>),
     /// A message of an admin HTTP request (rare; boxed to keep the common ones small).
     Admin(Box<super::admin::AdminMsg>),
 }

@@ -109,6 +109,8 @@ pub struct FaultCounts {
     pub restores: u64,
     /// Compaction snapshots that came back after a restore had passed them (dropped).
     pub compactions_dropped: u64,
+    /// Queued acquires new leaders adopted from the replicated queues (counted as restores).
+    pub adopted: u64,
 }
 
 /// Applied entries between two compactions in the simulation.
@@ -255,6 +257,11 @@ impl World {
             };
             let settings = settings(node.id, core);
             let mut partition = ClusterPartition::new(settings, member, peers);
+            // Every session identifies, as a server tells each core before the session's
+            // requests: client `i` has the id `i + 1` (mirrored waiters carry it).
+            for client in 0..super::sim::CLIENTS {
+                partition.handle_client_known(ClientRef(client as u32), client as u128 + 1, 30);
+            }
             // Compactions come back up to COMPACTION_LATE_MAX iterations late, out of order:
             // after more entries were applied, or a received snapshot was restored.
             let compactor_seed = seed ^ (core as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -286,6 +293,7 @@ impl World {
         for (core, partition) in std::mem::take(&mut node.partitions).into_iter().enumerate() {
             self.counts.restores += restores_of(&partition);
             self.counts.compactions_dropped += compactions_dropped_of(&partition);
+            self.counts.adopted += partition.stats().adopted;
             node.images.push(partition.member().writer().crashed());
             self.wire.borrow_mut().inboxes.remove(&(id, core));
         }

@@ -97,7 +97,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             PendingKind::Expire { .. }
             | PendingKind::Barrier
             | PendingKind::Checkpoint
-            | PendingKind::Orphan { .. } => {
+            | PendingKind::Orphan { .. }
+            | PendingKind::Mirror
+            | PendingKind::Regrant { .. } => {
                 self.lost(shard, pending);
             }
         }
@@ -173,6 +175,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             self.applied(entry.shard, entry.term, command.as_ref(), applied, pending);
             self.maybe_compact(local);
         }
+        self.propose_withdrawals();
     }
 
     /// What an applied entry means for the requests waiting on it, and for the queues.
@@ -212,6 +215,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
             (Command::Extend { token, .. }, outcome) if ours => {
                 let session = pending.as_ref().map_or(0, |p| p.session);
+                if let Some(PendingKind::Regrant { owner }) = pending.as_ref().map(|p| &p.kind) {
+                    return self.regranted(shard, session, (*owner, *token), outcome);
+                }
                 let response = match outcome {
                     Applied::Extended { .. } => {
                         self.stats.extended += 1;
@@ -322,6 +328,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 let response = self.moved(shard, token);
                 self.answer(pending.session, response, false);
             }
+            PendingKind::Regrant { owner } => {
+                let response = self.moved(shard, owner);
+                self.answer(pending.session, response, true);
+            }
             PendingKind::Expire { token } => {
                 // Its timer fired: armed again, for a hold still served here.
                 self.shards[local].expiry_settled(token);
@@ -332,7 +342,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                     self.arm_lease(local, token, deadline_ms);
                 }
             }
-            PendingKind::Barrier | PendingKind::Checkpoint | PendingKind::Orphan { .. } => {}
+            PendingKind::Barrier
+            | PendingKind::Checkpoint
+            | PendingKind::Orphan { .. }
+            | PendingKind::Mirror => {}
         }
     }
 
@@ -358,6 +371,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         let (now_ms, checkpoint_at_us) = (self.apply_ms(), self.now_us + CHECKPOINT_EVERY_US);
         if self.shards[local].serve(term, now_ms, PROMOTE_GRACE_MS, checkpoint_at_us) {
             self.arm_all_leases(local);
+            self.adopt_waiters(shard);
             self.leadership_log.serving(shard, term);
         }
     }

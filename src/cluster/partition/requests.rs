@@ -65,6 +65,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
         self.check_places();
         let local = self.local(shard);
+        if wait_s > 0 && self.attach_adopted(shard, (session, client), key, owner) {
+            return;
+        }
         let state = &self.shards[local];
         let free = state.queue_len(key) == 0 && state.machine().holder(key).is_none();
         // The rules are the single node's ([`rules::admit`]), decided from the applied state
@@ -94,12 +97,13 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             Admit::Busy(reason) => return self.busy(session, owner, ends_pending, reason),
         };
         let deadline_us = self.now_us + u64::from(wait_s) * 1_000_000;
+        let lease_ms = u32::from(lease_s) * 1000;
         let seq = self.seq();
         let waiter = Waiter {
             session,
             client,
             owner,
-            lease_ms: u32::from(lease_s) * 1000,
+            lease_ms,
             proposed_us: 0,
             deadline_us,
             ends_pending,
@@ -108,8 +112,16 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             handoff: false,
             abandoned: false,
             counted,
+            mirrored: false,
+            origin: 0,
+            wait_end_us: deadline_us,
         };
         self.shards[local].enqueue(key, waiter);
+        if counted {
+            // One that had to queue is mirrored in the replicated state if it still waits a
+            // little later (mirror.rs).
+            self.mirror_later(shard, key, (seq, client), (owner, lease_ms, wait_s));
+        }
         if wait_s > 0 {
             self.arm_wait(shard, key, seq, deadline_us);
         }
@@ -117,6 +129,58 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             self.propose_head(shard, key);
         }
         self.shards[local].check_invariants();
+    }
+
+    /// An acquire with a wait, sent again by the client of an adopted waiter of `key` with
+    /// the same owner (its old leader answered `M`): the waiter is attached to `session` in its
+    /// place, its wait restarted in full at the adoption (mirror.rs). False if there is none.
+    fn attach_adopted(
+        &mut self,
+        shard: u32,
+        (session, client): (SessionId, ClientRef),
+        key: &[u8],
+        owner: u64,
+    ) -> bool {
+        let id = self.client_id(client);
+        if id == 0 {
+            return false;
+        }
+        if self.adopted_ended(id, owner) {
+            // Adopted here and ended unattached: that acquire timed out (its grant, if it had
+            // one, was released); sent again, it is not executed a second time.
+            self.stats.timed_out += 1;
+            self.answer(session, Response::Timeout { owner }, true);
+            return true;
+        }
+        let local = self.local(shard);
+        // Granted already — to the adopted waiter, or by an entry an earlier leader proposed
+        // and this one applied — and answered by no session here: this is the same acquire,
+        // so the same grant answers it (executed once), after an `Extend` of its lease, which
+        // the client counts from this request's send (the grant came before).
+        let hold = self.shards[local].machine().holder(key);
+        let hold = hold.filter(|hold| hold.owner == owner);
+        let hold = hold.map(|hold| (hold.token, hold.lease_ms));
+        let answered = |token: &u64| self.shards[local].granted(*token).is_some();
+        if let Some((token, lease_ms)) = hold.filter(|(token, _)| !answered(token)) {
+            self.adopted_grant_delivered(token);
+            let command = Command::Extend {
+                key: key.to_vec(),
+                token,
+                lease_ms,
+            };
+            if !self.propose(shard, &command, session, PendingKind::Regrant { owner }) {
+                let response = self.moved(shard, owner);
+                self.answer(session, response, true);
+            }
+            return true;
+        }
+        let to = (session, &mut self.places);
+        let Some((seq, deadline_us)) = self.shards[local].attach_adopted(key, owner, (client, id), to)
+        else {
+            return false;
+        };
+        self.arm_wait(shard, key, seq, deadline_us);
+        true
     }
 
     /// Proposes the `Acquire` of the head of `key`'s queue if it waits and the key is free in
@@ -280,13 +344,18 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// lease is granted normally.)
     pub(super) fn answer_grant(&mut self, shard: u32, key: &[u8], token: u64) {
         let local = self.local(shard);
-        let Some(head) = self.shards[local].pop_head(key, &mut self.places) else {
+        let Some(head) = self.shards[local].pop_granted_head(key, &mut self.places) else {
             return;
         };
         let lease_over_us = head.proposed_us + u64::from(head.lease_ms) * 1000;
         if is_detached(head.session) && !head.abandoned && self.now_us < lease_over_us {
             // Its client has no session: the grant waits for a Resolve, or its grace.
             self.stats.acquired += 1;
+            if head.origin != 0 {
+                let until_us = head.deadline_us.max(self.now_us);
+                let adopted = (head.origin, head.owner);
+                return self.keep_adopted_grant((shard, token), adopted, until_us);
+            }
             return self.keep_undelivered(head.client, shard, token);
         }
         if head.abandoned || self.now_us >= lease_over_us {

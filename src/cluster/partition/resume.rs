@@ -1,4 +1,4 @@
-//! Resumable calls on a cluster member (docs/protocol.md §5), leader-local: a Resolve is
+//! Resumable calls on a cluster member (docs/protocol.md §5): a Resolve is
 //! answered by the member that leads the key now, from what it knows.
 //!
 //! * **Granted**: the key's hold, in the replicated state, is the owner's (every member that
@@ -7,8 +7,9 @@
 //!   hold a lock being released). Holds carry the owner, not the client id: an owner is a
 //!   random 64-bit id, and a client asks only about its own.
 //! * **Queued**: one of this leader's waiters is the owner's, of the same client (its waiter
-//!   remembers it): it is attached to the session that asks, in its place — a waiter whose
-//!   session closed is kept for that (below), and so is a queue head whose grant is in the log.
+//!   remembers it, or, adopted, its client id): it is attached to the session that asks, in its
+//!   place — a waiter whose session closed is kept for that (below), and so is a queue head
+//!   whose grant is in the log.
 //! * **Timed out, busy**: this leader answered it so (kept 60 s, bounded per client).
 //! * **Never seen**: anything else — recorded, so that the acquire, should its bytes still
 //!   reach this member, is refused `B` (busy reason `resolved`). A Resolve is answered only by
@@ -21,15 +22,15 @@
 //! `B` is remembered), and a grant that reaches no session of it (its head was detached, or its
 //! `A` could not be written) is kept; when the client's grace ends with no session (the
 //! server's registry says so), its detached waiters leave and its undelivered grants are
-//! released. All of it is this leader's: a waiter's place does not survive a change of leader
-//! (the new leader never knew it: waiters are leader-local, a queued acquire is not a
-//! replicated fact until its grant commits), so its client is told "never seen" there and
-//! queues a new acquire, at the back; and an undelivered grant whose leader dies is recovered
-//! by its lease, not at the end of the grace.
+//! released. A waiter's place survives a change of leader when the old leader mirrored it in
+//! the replicated state (`mirror.rs`): the new leader adopted it, and a Resolve of its client
+//! attaches it (*queued*); a grant the new leader made to it is *granted* from the hold. The
+//! `T` and `B` this leader answered are its own: a new leader says "never seen" for them.
 
 use super::{ClusterPartition, PendingKind, Peers};
 use crate::cluster::writer::LogWriter;
 use super::requests::End;
+use crate::cluster::shard::ADOPTED;
 use crate::partition::{is_detached, ClientRef, Fate, SessionId, DETACHED, NOBODY};
 use latchkey_client::protocol::{ErrorCode, Response};
 
@@ -81,11 +82,16 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             let lease_ms = u32::try_from(left_ms).unwrap_or(u32::MAX);
             self.shards[local].record_grant(token, session, self.now_us);
             self.clients.delivered(client, token);
+            self.adopted_grant_delivered(token);
             return resolved(Fate::Granted, token, lease_ms);
         }
+        let id = self.client_id(client);
         let to = (session, &mut self.places);
-        if self.shards[local].attach(key, owner, client, to) {
+        if let Some(adopted) = self.shards[local].attach(key, owner, (client, id), to) {
             self.session_clients.entry(session).or_insert(client);
+            if let Some((seq, deadline_us)) = adopted {
+                self.arm_wait(shard, key, seq, deadline_us);
+            }
             return resolved(Fate::Queued, 0, 0);
         }
         if let Some(fate) = self.clients.answer_of(client, owner, self.now_us) {
@@ -161,6 +167,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// Keeps a `T` or `B` answer to an identified client's acquire for its Resolves (one of a
     /// detached waiter's too).
     pub(super) fn remember_answer(&mut self, session: SessionId, response: &Response) {
+        if session == ADOPTED {
+            return; // an adopted waiter nobody took: its client asks about it by its place
+        }
         let client = match is_detached(session) {
             true => ClientRef((session - DETACHED) as u32),
             false => match self.session_clients.get(&session) {

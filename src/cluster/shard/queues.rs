@@ -2,9 +2,15 @@
 //! their sessions' `max_pending_per_session`, and an index of each session's keys, so that
 //! closing a session visits only the keys it queued on.
 //!
-//! Waiters are leader-local on purpose: a queued acquire is not a replicated fact until its
-//! grant commits. A waiter of an identified client outlives its session, detached, for its
-//! client's grace ([`Queues::detach_session`], [`Queues::attach`]; docs/protocol.md §5). The head of a key's queue is *proposed* — an entry that grants it is in the
+//! The queues are the leader's: its sessions, wait timers and places. Once every member reads
+//! them, a waiter of an identified client that had to queue is also *mirrored* in the
+//! replicated state (its `Enqueue` proposed): every way out of a queue other than a grant
+//! (which takes it out of the replicated queue itself) records its owner for the partition to
+//! propose a `Withdraw` ([`Queues::take_withdrawn`]). A new leader *adopts* the replicated
+//! queues ([`Waiter::origin`]): each waiter in its place, unattached until its client resolves
+//! it or sends its acquire again ([`Queues::attach`], [`Queues::attach_adopted`]). A waiter of
+//! an identified client outlives its session, detached, for its client's grace
+//! ([`Queues::detach_session`], [`Queues::attach`]; docs/protocol.md §5). The head of a key's queue is *proposed* — an entry that grants it is in the
 //! log and not yet applied: an `Acquire` of the key, free in the applied state, or the `then`
 //! of a release or expiry of the key's holder (a handoff, one entry) — or it waits: for the
 //! holder's release or expiry, which will carry it, or for a release or expiry already in the
@@ -26,8 +32,14 @@
 //! waiters in that key's queue.
 
 use crate::hash::Map as HashMap;
-use crate::partition::{ClientRef, Places, SessionId};
+use crate::partition::{ClientRef, Places, SessionId, DETACHED};
 use std::collections::VecDeque;
+
+/// The session of adopted waiters no session took yet ([`Waiter::origin`]): a detached id no
+/// client's is (a [`ClientRef`]'s generation never reaches `0xFFFF`), so nobody reads its
+/// answers and no client's records are kept under it.
+pub(crate) const ADOPTED: SessionId = DETACHED + 0xFFFF_FFFE;
+const _: () = assert!(ADOPTED < crate::partition::NOBODY);
 
 /// An acquire queued on the leader.
 #[derive(Clone, Debug)]
@@ -62,6 +74,16 @@ pub(crate) struct Waiter {
     pub abandoned: bool,
     /// It holds one of its session's places (see [`Places`]).
     pub counted: bool,
+    /// Its `Enqueue` is in the log (proposed here, or adopted): leaving its queue other than by
+    /// a grant records a `Withdraw` ([`Queues::take_withdrawn`]).
+    pub mirrored: bool,
+    /// Adopted from the replicated state when this member began to serve the shard, and not
+    /// attached to a session since: the client id of its acquire (0 for any other waiter).
+    pub origin: u128,
+    /// For an adopted waiter: when its wait ends once attached (its wait restarted in full at
+    /// the adoption); unattached, it leaves at `deadline_us`, the sooner of that and the end
+    /// of its client's grace.
+    pub wait_end_us: u64,
 }
 
 impl Waiter {
@@ -113,6 +135,9 @@ pub(crate) struct Queues {
     proposed: usize,
     /// Each session's waiters per key (no zero counts, no empty maps).
     by_session: HashMap<SessionId, HashMap<Vec<u8>, u32>>,
+    /// Mirrored waiters that left other than by a grant, as `(key, owner)`, for their
+    /// `Withdraw`s (taken by the partition after each step; at most one per waiter that left).
+    withdrawn: Vec<(Vec<u8>, u64)>,
 }
 
 impl Queues {
@@ -201,6 +226,15 @@ impl Queues {
         Some(head)
     }
 
+    /// Removes and returns the head of `key`'s queue, whose grant was applied: the grant took it
+    /// out of the replicated queue too, so no `Withdraw` is recorded.
+    pub fn pop_granted_head(&mut self, key: &[u8], places: &mut Places) -> Option<Waiter> {
+        if let Some(head) = self.by_key.get_mut(key).and_then(VecDeque::front_mut) {
+            head.mirrored = false;
+        }
+        self.pop_head(key, places)
+    }
+
     /// Marks the head of `key`'s queue proposed at `now_us`: by an `Acquire`, or (`handoff`)
     /// as the `then` of a release or expiry. The head must not be proposed already. It gives
     /// its place back to `places` now: on a single node it would hold the key already (granted
@@ -232,7 +266,9 @@ impl Queues {
         head.proposed = false;
         head.handoff = false;
         head.proposed_us = 0;
-        if head.ends_pending && !head.abandoned && places.try_take(head.session) {
+        // An adopted waiter no session took holds no session's place.
+        let adopted = head.origin != 0;
+        if head.ends_pending && !head.abandoned && !adopted && places.try_take(head.session) {
             head.counted = true;
         }
         true
@@ -252,35 +288,77 @@ impl Queues {
         }
     }
 
-    /// Moves the waiter of `key`'s queue with `owner` sent by `client` (identified) to
-    /// `session` (a Resolve attaches it there, docs/protocol.md §5), its place with it; false if
-    /// there is none. A proposed head abandoned when its session closed is taken back: its
-    /// grant, should it commit, is answered on `session`.
+    /// Moves the waiter of `key`'s queue with `owner` sent by `client` (identified, client id
+    /// `id`, 0 if unknown here) to `session` (a Resolve attaches it there, docs/protocol.md
+    /// §5), its place with it; `None` if there is none. A proposed head abandoned when its
+    /// session closed is taken back: its grant, should it commit, is answered on `session`.
+    /// An adopted waiter of that client id is attached too: then its `seq` and its new wait
+    /// deadline come back, for the caller to arm (its wait restarted in full at the adoption).
     pub fn attach(
         &mut self,
         key: &[u8],
         owner: u64,
-        client: ClientRef,
+        (client, id): (ClientRef, u128),
         (session, places): (SessionId, &mut Places),
-    ) -> bool {
+    ) -> Option<Option<(u64, u64)>> {
         if !client.is_some() {
-            return false;
+            return None;
         }
-        let Some(queue) = self.by_key.get_mut(key) else {
-            return false;
-        };
-        let Some(waiter) = queue
+        let queue = self.by_key.get_mut(key)?;
+        let adopted = |w: &Waiter| id != 0 && w.origin == id;
+        let waiter = queue
             .iter_mut()
-            .find(|w| w.owner == owner && w.client == client)
-        else {
-            return false;
-        };
+            .find(|w| w.owner == owner && (w.client == client || adopted(w)))?;
         // Only a session's close abandons a waiter and leaves its client (see `abandon`).
         waiter.abandoned = false;
+        waiter.client = client;
+        let rearm = (waiter.origin != 0).then(|| {
+            waiter.origin = 0;
+            waiter.deadline_us = waiter.wait_end_us;
+            (waiter.seq, waiter.deadline_us)
+        });
         let from = std::mem::replace(&mut waiter.session, session);
         let counted = waiter.counted;
         self.moved(key, (from, session), counted, places);
-        true
+        Some(rearm)
+    }
+
+    /// [`Queues::attach`] for an acquire sent again (after an `M`) by the client its adopted
+    /// waiter came from: only an adopted waiter is taken (any other acquire with the same
+    /// owner queues as a new one, as on a single node).
+    pub fn attach_adopted(
+        &mut self,
+        key: &[u8],
+        owner: u64,
+        (client, id): (ClientRef, u128),
+        to: (SessionId, &mut Places),
+    ) -> Option<(u64, u64)> {
+        let queue = self.by_key.get(key)?;
+        let found = queue.iter().any(|w| w.owner == owner && id != 0 && w.origin == id);
+        if !found {
+            return None;
+        }
+        self.attach(key, owner, (client, id), to).flatten()
+    }
+
+    /// Whether `key`'s queue has a waiter of `owner`.
+    pub fn has_owner(&self, key: &[u8], owner: u64) -> bool {
+        let queue = self.by_key.get(key);
+        queue.is_some_and(|queue| queue.iter().any(|w| w.owner == owner))
+    }
+
+    /// Marks the waiter `seq` of `key`'s queue mirrored (its `Enqueue` was just proposed).
+    pub fn set_mirrored(&mut self, key: &[u8], seq: u64) {
+        let queue = self.by_key.get_mut(key);
+        if let Some(waiter) = queue.and_then(|queue| queue.iter_mut().find(|w| w.seq == seq)) {
+            waiter.mirrored = true;
+        }
+    }
+
+    /// The `(key, owner)` of each mirrored waiter that left other than by a grant since the
+    /// last call: their `Withdraw`s are due.
+    pub fn take_withdrawn(&mut self) -> Vec<(Vec<u8>, u64)> {
+        std::mem::take(&mut self.withdrawn)
     }
 
     /// `session`, of an identified client, closed: its waiters stay in their places under
@@ -420,6 +498,9 @@ impl Queues {
     /// A waiter left `key`'s queue: the counts, the session index and its place.
     fn left(&mut self, key: &[u8], waiter: &mut Waiter, places: &mut Places) {
         self.waiters -= 1;
+        if std::mem::replace(&mut waiter.mirrored, false) {
+            self.withdrawn.push((key.to_vec(), waiter.owner));
+        }
         self.proposed -= usize::from(waiter.proposed && !waiter.handoff);
         waiter.give_place_back(places);
         let keys = self.by_session.get_mut(&waiter.session);
@@ -452,6 +533,9 @@ impl Queues {
                 assert!(waiter.proposed || !waiter.handoff, "a handoff that is not proposed");
                 let both = waiter.counted && waiter.abandoned;
                 assert!(!both, "an abandoned waiter holds a place");
+                let adopted = waiter.origin != 0;
+                assert!(!adopted || waiter.mirrored, "an adopted waiter is mirrored");
+                assert!(!adopted || !waiter.counted, "an adopted waiter holds a place");
                 *indexed.entry((waiter.session, key.as_slice())).or_default() += 1;
             }
         }

@@ -126,6 +126,12 @@ impl Snapshot {
         )?;
         counter(
             encoder,
+            "latchkey_adopted_waiters",
+            "Queued acquires taken over from the replicated state by a new leader",
+            table.adopted,
+        )?;
+        counter(
+            encoder,
             "latchkey_client_answers_dropped",
             "T and B answers to identified clients forgotten early for room",
             table.fates_dropped,
@@ -613,6 +619,7 @@ pub fn stats_json(stats: &ServerStats) -> String {
             },
             "grace_releases": table.grace_releases,
             "client_answers_dropped": table.fates_dropped,
+            "adopted_waiters": table.adopted,
         },
         "acquire_wait_seconds": histogram_json(&table.acquire_wait),
         "lock_hold_seconds": histogram_json(&table.lock_hold),

@@ -1,0 +1,214 @@
+//! Tests of `mirror.rs` on a one-member cluster (its own majority) that restarts from its log:
+//! the restarted member is a new leader, which adopts the queues its predecessor mirrored.
+
+use crate::cluster::mem_durable::MemDurable;
+use crate::cluster::mem_writer::MemWriter;
+use crate::cluster::member::{Envelope, Member};
+use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
+use crate::partition::{ClientRef, Fate, Op, Partition, SessionId};
+use latchkey_client::protocol::Response;
+use raft::eraftpb::Message;
+
+/// No other member; `version` is the cluster version it reports.
+struct Alone {
+    version: u8,
+}
+
+impl Peers for Alone {
+    fn send(&mut self, _batch: Vec<Envelope>) {}
+
+    fn try_recv(&mut self) -> Option<(u32, Message)> {
+        None
+    }
+
+    fn cluster_version(&self) -> u8 {
+        self.version
+    }
+}
+
+type Subject = ClusterPartition<MemWriter, Alone>;
+
+const ALICE: ClientRef = ClientRef(7);
+const BOB: ClientRef = ClientRef(8);
+const KEY: &[u8] = b"mirrored";
+
+/// A one-member partition on `durable`'s log (empty, or what a crash left), its clients
+/// identified (`(client, id, grace_s)`), run until it serves.
+fn start(durable: MemDurable, version: u8, clients: &[(ClientRef, u128, u8)], now_us: &mut u64) -> Subject {
+    let recovered = durable.recovered();
+    let writer = MemWriter::immediate(durable);
+    let member = Member::new(1, &[1], &[0], writer, recovered, 5).expect("a member");
+    let settings = PartitionSettings {
+        node_id: 1,
+        shards: 1,
+        core: 0,
+        cores: 1,
+        clients: vec![(1, "127.0.0.1:7420".parse().expect("an address"))],
+        max_waiters_per_key: 16,
+        max_keys_per_shard: 1000,
+        max_pending_per_session: 16,
+        compact_every: 1000,
+        tick_us: 1_000,
+    };
+    let mut partition = ClusterPartition::new(settings, member, Alone { version });
+    for &(client, id, grace_s) in clients {
+        partition.handle_client_known(client, id, grace_s);
+    }
+    run(&mut partition, now_us, 100);
+    assert!(partition.serving(0), "the one member serves");
+    partition
+}
+
+/// The same member after a crash: a new partition on what its log kept.
+fn restart(partition: Subject, clients: &[(ClientRef, u128, u8)], now_us: &mut u64) -> Subject {
+    let durable = partition.member().writer().durable().clone();
+    drop(partition);
+    start(durable, super::WAITERS_PEER_VERSION, clients, now_us)
+}
+
+const CLIENTS: [(ClientRef, u128, u8); 2] = [(ALICE, 0xA11CE, 10), (BOB, 0xB0B, 2)];
+
+/// Runs the timers every 10 ms for `steps` steps; returns the answers given meanwhile.
+fn run(partition: &mut Subject, now_us: &mut u64, steps: u64) -> Vec<(SessionId, Response)> {
+    let mut answers = Vec::new();
+    for _ in 0..steps {
+        *now_us += 10_000;
+        partition.handle_timers(*now_us);
+        let taken = partition.take_answers().into_iter();
+        answers.extend(taken.map(|answer| (answer.session, answer.response)));
+    }
+    answers
+}
+
+/// Sends `op` on `session` of `client`; returns the answers given at once.
+fn send(partition: &mut Subject, now_us: u64, (session, client): (SessionId, ClientRef), op: Op) -> Vec<Response> {
+    partition.handle(now_us, session, client, op, KEY);
+    partition.take_answers().into_iter().map(|a| a.response).collect()
+}
+
+fn acquire(owner: u64, wait_s: u8) -> Op {
+    Op::Acquire {
+        wait_s,
+        lease_s: 30,
+        owner,
+    }
+}
+
+fn queued_owners(partition: &Subject) -> Vec<u64> {
+    let machine = partition.machine(0).expect("the shard");
+    machine.waiting().map(|(_, waiter)| waiter.owner).collect()
+}
+
+fn holder(partition: &Subject) -> Option<(u64, u64)> {
+    let machine = partition.machine(0).expect("the shard");
+    machine.holder(KEY).map(|hold| (hold.owner, hold.token))
+}
+
+/// Alice holds KEY (owner 1); Bob (owner 2), then Alice (owner 3) queue behind her, and the
+/// leader mirrors both.
+fn held_with_two_waiters(now_us: &mut u64) -> (Subject, u64) {
+    let mut partition = start(MemDurable::new(), super::WAITERS_PEER_VERSION, &CLIENTS, now_us);
+    assert!(send(&mut partition, *now_us, (1, ALICE), acquire(1, 5)).is_empty());
+    let answers = run(&mut partition, now_us, 5);
+    let token = match answers.as_slice() {
+        [(1, Response::Acquired { owner: 1, token })] => *token,
+        other => panic!("{other:?}"),
+    };
+    assert!(send(&mut partition, *now_us, (2, BOB), acquire(2, 20)).is_empty());
+    assert!(send(&mut partition, *now_us, (3, ALICE), acquire(3, 20)).is_empty());
+    assert!(run(&mut partition, now_us, 5).is_empty());
+    assert_eq!(queued_owners(&partition), [2, 3], "both mirrored, in order");
+    (partition, token)
+}
+
+#[test]
+fn a_new_leader_keeps_each_waiter_in_its_place_for_a_resolve_or_the_same_acquire_sent_again() {
+    let mut now_us = 0;
+    let (partition, token) = held_with_two_waiters(&mut now_us);
+    let mut partition = restart(partition, &CLIENTS, &mut now_us);
+    assert_eq!(partition.stats().adopted, 2);
+    assert_eq!(holder(&partition), Some((1, token)), "the hold is replicated state");
+    // Bob asks what became of his acquire: queued, on the session that asks.
+    let asked = send(&mut partition, now_us, (10, BOB), Op::Resolve { owner: 2 });
+    assert!(
+        matches!(asked.as_slice(), [Response::Resolved { owner: 2, fate: Fate::Queued, .. }]),
+        "{asked:?}"
+    );
+    // Alice's acquire was answered `M` (say) and she sends it again: attached, not queued anew.
+    assert!(send(&mut partition, now_us, (11, ALICE), acquire(3, 20)).is_empty());
+    assert_eq!(queued_owners(&partition), [2, 3], "no second Enqueue");
+    // The holder releases: Bob first, then Alice, each on the session that took it over.
+    let released = send(&mut partition, now_us, (12, ALICE), Op::Release { token });
+    assert!(released.is_empty());
+    let answers = run(&mut partition, &mut now_us, 5);
+    let bob = answers.iter().find_map(|(session, response)| match response {
+        Response::Acquired { owner: 2, token } => Some((*session, *token)),
+        _ => None,
+    });
+    let (session, bob_token) = bob.unwrap_or_else(|| panic!("Bob is granted: {answers:?}"));
+    assert_eq!(session, 10);
+    assert!(bob_token > token);
+    assert_eq!(queued_owners(&partition), [3], "the grant took Bob out of the replicated queue");
+    assert!(send(&mut partition, now_us, (10, BOB), Op::Release { token: bob_token }).is_empty());
+    let answers = run(&mut partition, &mut now_us, 5);
+    let alice = answers
+        .iter()
+        .any(|(session, response)| *session == 11 && matches!(response, Response::Acquired { owner: 3, .. }));
+    assert!(alice, "Alice is granted on her new session: {answers:?}");
+    assert!(queued_owners(&partition).is_empty());
+}
+
+#[test]
+fn an_adopted_waiter_nobody_takes_leaves_at_its_grace_end_and_its_grant_is_released_then() {
+    let mut now_us = 0;
+    let (partition, token) = held_with_two_waiters(&mut now_us);
+    // The new leader adopts at its promotion, after this.
+    let adopted_after_us = now_us;
+    let mut partition = restart(partition, &CLIENTS, &mut now_us);
+    // The holder releases at once: Bob (grace 2 s) is granted, and nobody takes the grant.
+    assert!(send(&mut partition, now_us, (12, ALICE), Op::Release { token }).is_empty());
+    run(&mut partition, &mut now_us, 5);
+    let (owner, bob_token) = holder(&partition).expect("handed to Bob");
+    assert_eq!(owner, 2);
+    // Kept until Bob's grace ends (never early), then released: Alice's waiter is next.
+    while now_us < adopted_after_us + 1_990_000 {
+        run(&mut partition, &mut now_us, 10);
+        assert_eq!(holder(&partition).map(|h| h.1), Some(bob_token), "kept for a Resolve");
+    }
+    run(&mut partition, &mut now_us, 130);
+    assert_ne!(holder(&partition).map(|h| h.1), Some(bob_token), "released at its grace end");
+    assert_eq!(partition.stats().grace_releases, 1);
+    assert_eq!(holder(&partition).map(|h| h.0), Some(3), "Alice's adopted waiter next");
+    // Alice (grace 10 s) never comes back: her grant goes too, within her grace.
+    run(&mut partition, &mut now_us, 1_100);
+    assert_eq!(holder(&partition), None);
+    assert!(queued_owners(&partition).is_empty());
+}
+
+#[test]
+fn a_waiter_of_a_session_that_did_not_identify_or_of_an_older_cluster_is_not_mirrored() {
+    let mut now_us = 0;
+    let mut partition = start(MemDurable::new(), super::WAITERS_PEER_VERSION, &CLIENTS, &mut now_us);
+    assert!(send(&mut partition, now_us, (1, ALICE), acquire(1, 5)).is_empty());
+    run(&mut partition, &mut now_us, 5);
+    // Not identified: leader-local only.
+    assert!(send(&mut partition, now_us, (2, ClientRef::NONE), acquire(2, 20)).is_empty());
+    run(&mut partition, &mut now_us, 5);
+    assert!(queued_owners(&partition).is_empty());
+    // A cluster with a member of the previous build: nothing is mirrored.
+    let mut now_us = 0;
+    let mut old = start(MemDurable::new(), super::WAITERS_PEER_VERSION - 1, &CLIENTS, &mut now_us);
+    assert!(send(&mut old, now_us, (1, ALICE), acquire(1, 5)).is_empty());
+    run(&mut old, &mut now_us, 5);
+    assert!(send(&mut old, now_us, (2, BOB), acquire(2, 20)).is_empty());
+    run(&mut old, &mut now_us, 5);
+    assert!(queued_owners(&old).is_empty());
+    // A waiter that leaves (its Cancel) is withdrawn from the replicated queue.
+    assert!(send(&mut partition, now_us, (3, BOB), acquire(3, 20)).is_empty());
+    run(&mut partition, &mut now_us, 5);
+    assert_eq!(queued_owners(&partition), [3]);
+    let cancelled = send(&mut partition, now_us, (3, BOB), Op::Cancel { owner: 3 });
+    assert!(matches!(cancelled.as_slice(), [Response::Timeout { owner: 3 }]), "{cancelled:?}");
+    run(&mut partition, &mut now_us, 5);
+    assert!(queued_owners(&partition).is_empty(), "withdrawn");
+}
