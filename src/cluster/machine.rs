@@ -70,8 +70,10 @@
 //! [`Command::Enqueue`] and [`Command::Withdraw`], so that a new leader queues its
 //! predecessor's waiters again, in their order, and answers their clients' Resolves. A grant
 //! (an `Acquire` or a `then`) takes its owner's first queued acquire of the key out of the
-//! queue. Nothing here has a clock: a new leader restarts each wait in full, and withdraws
-//! what ends. At most [`WAITERS_MAX`] per shard.
+//! queue. Each waiter carries this member's deadline for its wait (`QueuedWait::deadline_ms`,
+//! local like the holds' deadlines: the apply time of its `Enqueue` plus its wait, never before
+//! the client's own deadline), which a new leader keeps; the leader withdraws what ends. At
+//! most [`WAITERS_MAX`] per shard.
 //!
 //! Deliberately not here: what a waiter waits for (the leader's queues), raft itself, and any
 //! clock.
@@ -198,8 +200,22 @@ pub struct ShardMachine {
 }
 
 /// Key → queue: persistent, as [`Holds`].
-type Waiting =
-    imbl::GenericHashMap<Key, imbl::Vector<Queued>, MapHasher, imbl::shared_ptr::DefaultSharedPtr>;
+type Waiting = imbl::GenericHashMap<
+    Key,
+    imbl::Vector<QueuedWait>,
+    MapHasher,
+    imbl::shared_ptr::DefaultSharedPtr,
+>;
+
+/// A queued acquire in the machine: what its `Enqueue` replicated, and this member's deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuedWait {
+    /// The replicated fields.
+    pub queued: Queued,
+    /// This member's deadline for its wait, in its local monotonic milliseconds: the apply time
+    /// of its `Enqueue` (after the client sent the acquire) plus its wait.
+    pub deadline_ms: u64,
+}
 
 /// Key → hold: a persistent hash map with the maps' hasher ([`MapHasher`]).
 type Holds = imbl::GenericHashMap<Key, Hold, MapHasher, imbl::shared_ptr::DefaultSharedPtr>;
@@ -259,9 +275,10 @@ impl Frozen {
             })
             .collect();
         let waiters = waiting_in_order(&self.waiting)
-            .map(|(key, waiter)| SnapshotWaiter {
+            .map(|(key, waiting)| SnapshotWaiter {
                 key: key.to_vec(),
-                waiter: *waiter,
+                waiter: waiting.queued,
+                remaining_ms: waiting.deadline_ms.saturating_sub(self.now_ms),
             })
             .collect();
         let image = SnapshotImage {
@@ -333,7 +350,7 @@ impl ShardMachine {
                 self.hand_off(key, expired, then, now_ms)
             }
             Command::Checkpoint { as_of, holds } => self.cap(*as_of, holds, now_ms),
-            Command::Enqueue { key, waiter } => self.enqueue(key, *waiter),
+            Command::Enqueue { key, waiter } => self.enqueue(key, *waiter, now_ms),
             Command::Withdraw { key, owner } => self.withdraw(key, *owner),
         };
         self.after_mutation();
@@ -387,7 +404,7 @@ impl ShardMachine {
 
     /// Every key's queued acquires, first in line first, keys in byte order (the order a new
     /// leader queues them again in does not matter across keys; it is fixed for tests).
-    pub fn waiting(&self) -> impl Iterator<Item = (&[u8], &Queued)> + '_ {
+    pub fn waiting(&self) -> impl Iterator<Item = (&[u8], &QueuedWait)> + '_ {
         waiting_in_order(&self.waiting)
     }
 
@@ -528,7 +545,12 @@ impl ShardMachine {
             machine.insert(Key::from(held.key), hold);
         }
         for queued in image.waiters {
-            machine.push_waiter(&queued.key, queued.waiter);
+            let deadline_ms = now_ms.saturating_add(queued.remaining_ms);
+            let waiting = QueuedWait {
+                queued: queued.waiter,
+                deadline_ms,
+            };
+            machine.push_waiter(&queued.key, waiting);
         }
         machine.check_invariants();
         Ok(machine)
@@ -555,7 +577,8 @@ impl ShardMachine {
             state.u64(u64::from(hold.lease_ms));
             state.u64(hold.renewed_at);
         }
-        for (key, waiter) in self.waiting() {
+        for (key, waiting) in self.waiting() {
+            let waiter = &waiting.queued;
             state.u64(key.len() as u64);
             state.bytes(key);
             state.u64(waiter.owner);
@@ -639,11 +662,12 @@ impl ShardMachine {
         Applied::Granted { token, deadline_ms }
     }
 
-    fn enqueue(&mut self, key: &[u8], waiter: Queued) -> Applied {
+    fn enqueue(&mut self, key: &[u8], queued: Queued, now_ms: u64) -> Applied {
         if self.waiters >= WAITERS_MAX {
             return Applied::QueueFull;
         }
-        self.push_waiter(key, waiter);
+        let deadline_ms = now_ms.saturating_add(u64::from(queued.wait_ms));
+        self.push_waiter(key, QueuedWait { queued, deadline_ms });
         Applied::Queued
     }
 
@@ -655,7 +679,7 @@ impl ShardMachine {
         }
     }
 
-    fn push_waiter(&mut self, key: &[u8], waiter: Queued) {
+    fn push_waiter(&mut self, key: &[u8], waiter: QueuedWait) {
         match self.waiting.get_mut(key) {
             Some(queue) => queue.push_back(waiter),
             None => {
@@ -670,7 +694,7 @@ impl ShardMachine {
         let Some(queue) = self.waiting.get_mut(key) else {
             return false;
         };
-        let Some(at) = queue.iter().position(|waiter| waiter.owner == owner) else {
+        let Some(at) = queue.iter().position(|waiter| waiter.queued.owner == owner) else {
             return false;
         };
         queue.remove(at);
@@ -813,7 +837,7 @@ impl ShardMachine {
 }
 
 /// Every key's queued acquires in `waiting`, first in line first, keys in byte order.
-fn waiting_in_order(waiting: &Waiting) -> impl Iterator<Item = (&[u8], &Queued)> + '_ {
+fn waiting_in_order(waiting: &Waiting) -> impl Iterator<Item = (&[u8], &QueuedWait)> + '_ {
     let mut keys: Vec<&Key> = waiting.keys().collect();
     keys.sort_unstable();
     keys.into_iter()

@@ -25,7 +25,7 @@
 //! # Versions of a snapshot
 //!
 //! Version 1: shard, shards, floor, applied, holds. Version 2: the same, then the queued
-//! acquires. A snapshot without waiters is written as version 1, for the same reason.
+//! acquires, each with the time left of its wait. A snapshot without waiters is written as version 1, for the same reason.
 //!
 //! Invariants: decoding accepts any bytes and returns an error value for anything that is not
 //! exactly one well-formed form (trailing bytes are an error); it never panics and never
@@ -70,8 +70,9 @@ const TAG_WITHDRAW: u8 = 8;
 const CHECKPOINT_HOLD_BYTES_MIN: usize = 8 + 4 + 2 + 1;
 /// The smallest encoded snapshot hold: token, owner, lease, renewed_at, remaining, key.
 const SNAPSHOT_HOLD_BYTES_MIN: usize = 8 + 8 + 4 + 8 + 8 + 2 + 1;
-/// The smallest encoded snapshot waiter: a [`Queued`], key length, one key byte.
-const SNAPSHOT_WAITER_BYTES_MIN: usize = QUEUED_BYTES + 2 + 1;
+/// The smallest encoded snapshot waiter: a [`Queued`], time remaining, key length, one key
+/// byte.
+const SNAPSHOT_WAITER_BYTES_MIN: usize = QUEUED_BYTES + 8 + 2 + 1;
 /// Bytes of an encoded [`Queued`]: owner, client, grace, lease, wait.
 const QUEUED_BYTES: usize = 8 + 16 + 1 + 4 + 4;
 
@@ -212,6 +213,8 @@ pub struct SnapshotWaiter {
     pub key: Vec<u8>,
     /// The queued acquire.
     pub waiter: Queued,
+    /// The snapshotting member's deadline for its wait minus its clock, in milliseconds.
+    pub remaining_ms: u64,
 }
 
 /// A shard's state as bytes: see `ShardMachine::snapshot`.
@@ -496,6 +499,7 @@ impl SnapshotImage {
             out.extend_from_slice(&(self.waiters.len() as u32).to_be_bytes());
             for queued in &self.waiters {
                 put_queued(&mut out, &queued.waiter);
+                out.extend_from_slice(&queued.remaining_ms.to_be_bytes());
                 put_key(&mut out, &queued.key);
             }
         }
@@ -545,9 +549,13 @@ impl SnapshotImage {
             reader.can_hold(count, SNAPSHOT_WAITER_BYTES_MIN)?;
             waiters.reserve_exact(count);
             for _ in 0..count {
-                let waiter = reader.queued()?;
+                let (waiter, remaining_ms) = (reader.queued()?, reader.u64()?);
                 let key = reader.key()?;
-                waiters.push(SnapshotWaiter { key, waiter });
+                waiters.push(SnapshotWaiter {
+                    key,
+                    waiter,
+                    remaining_ms,
+                });
             }
         }
         reader.finish()?;

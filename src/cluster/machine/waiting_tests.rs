@@ -53,7 +53,7 @@ fn held() -> (ShardMachine, u64) {
 
 fn queue(machine: &ShardMachine, text: &str) -> Vec<u64> {
     let waiting = machine.waiting().filter(|(k, _)| *k == text.as_bytes());
-    waiting.map(|(_, waiter)| waiter.owner).collect()
+    waiting.map(|(_, waiter)| waiter.queued.owner).collect()
 }
 
 #[test]
@@ -117,22 +117,24 @@ fn waiters_queue_in_order_and_leave_by_withdraw_or_by_their_grant() {
 fn queues_are_in_the_digest_and_survive_a_snapshot() {
     let (mut machine, _) = held();
     let before = machine.digest();
-    machine.apply(3, &enqueue("k", 10), 0);
-    machine.apply(4, &enqueue("k", 11), 0);
-    machine.apply(5, &enqueue("a", 12), 0);
+    // Each wait's deadline is this member's: its apply time plus the wait (5 s).
+    machine.apply(3, &enqueue("k", 10), 100);
+    machine.apply(4, &enqueue("k", 11), 200);
+    machine.apply(5, &enqueue("a", 12), 300);
     assert_ne!(machine.digest(), before, "the queues are replicated state");
-    let bytes = machine.snapshot(0);
+    let bytes = machine.snapshot(1_000);
     assert_eq!(bytes[0], 2, "a snapshot with waiters is version 2");
+    // Restored on a member whose clock reads 50: the time left, counted from there.
     let restored = ShardMachine::restore(0, 1, &bytes, 50).expect("restore");
     assert_eq!(restored.digest(), machine.digest());
-    let restored: Vec<(Vec<u8>, Queued)> = restored
+    let restored: Vec<(Vec<u8>, Queued, u64)> = restored
         .waiting()
-        .map(|(k, waiter)| (k.to_vec(), *waiter))
+        .map(|(k, waiting)| (k.to_vec(), waiting.queued, waiting.deadline_ms))
         .collect();
     let expected = vec![
-        (key("a"), waiter(12)),
-        (key("k"), waiter(10)),
-        (key("k"), waiter(11)),
+        (key("a"), waiter(12), 50 + 5_300 - 1_000),
+        (key("k"), waiter(10), 50 + 5_100 - 1_000),
+        (key("k"), waiter(11), 50 + 5_200 - 1_000),
     ];
     assert_eq!(restored, expected);
     // Without waiters the snapshot is version 1, as the previous build wrote and reads it.
@@ -202,8 +204,9 @@ fn a_snapshot_claiming_more_waiters_than_its_bytes_is_refused_before_allocating(
     let (mut machine, _) = held();
     machine.apply(3, &enqueue("k", 10), 0);
     let bytes = machine.snapshot(0);
-    // The waiter count is the 4 bytes before the one waiter's 33 bytes and 3 of key.
-    let at = bytes.len() - (8 + 16 + 1 + 4 + 4) - 3 - 4;
+    // The waiter count is the 4 bytes before the one waiter's 33 bytes, 8 of time left and 3
+    // of key.
+    let at = bytes.len() - (8 + 16 + 1 + 4 + 4) - 8 - 3 - 4;
     assert_eq!(bytes[at..at + 4], 1u32.to_be_bytes());
     let mut lying = bytes.clone();
     lying[at..at + 4].copy_from_slice(&1000u32.to_be_bytes());

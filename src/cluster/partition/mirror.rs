@@ -17,9 +17,10 @@
 //! * **Adopt.** A member that begins to serve a shard (its barrier applied: it has applied
 //!   every committed entry) queues the replicated waiters again, each in its place, detached
 //!   (nobody reads their answers) and *adopted* ([`crate::cluster::shard::Waiter::origin`]):
-//!   each wait restarts in full from the adoption (never early; at most one wait late, and the
-//!   client's own Cancel at its deadline bounds it). Unattached, an adopted waiter leaves at
-//!   the end of its client's grace if that comes first. A Resolve of its client attaches it to
+//!   each wait ends at this member's deadline for it, the apply time of its `Enqueue` plus its
+//!   wait (never before the client's own deadline, as a lease's), and one already over is
+//!   withdrawn at once. Unattached, an adopted waiter leaves at the end of its client's grace
+//!   if that comes first. A Resolve of its client attaches it to
 //!   the session that asks (`queued`), and so does the same acquire sent again after an `M`
 //!   (its old leader stepped down: the client asks the new one). A grant to an adopted waiter
 //!   no session took yet is kept until its wait or grace would have ended, for a Resolve to
@@ -186,17 +187,30 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         if machine.waiters() == 0 {
             return;
         }
-        let replicated: Vec<(Vec<u8>, Queued)> = machine
+        let replicated: Vec<(Vec<u8>, Queued, u64)> = machine
             .waiting()
-            .map(|(key, queued)| (key.to_vec(), *queued))
+            .map(|(key, waiting)| (key.to_vec(), waiting.queued, waiting.deadline_ms))
             .collect();
         let mut keys: Vec<Vec<u8>> = Vec::new();
-        for (key, queued) in replicated {
+        for (key, queued, deadline_ms) in replicated {
             // Its own waiters this member kept (proposed heads) are queued already.
             if queued.client == 0 || self.shards[local].has_owner(&key, queued.owner) {
                 continue;
             }
-            let wait_end_us = self.now_us + u64::from(queued.wait_ms) * 1000;
+            // This member's deadline for the wait (from its apply of the `Enqueue`, after the
+            // client sent the acquire): never before the client's own.
+            let wait_end_us = deadline_ms.saturating_mul(1000);
+            if wait_end_us <= self.now_us {
+                // Over already: its client gave up. Withdrawn, and the same acquire sent again
+                // gets `T`.
+                self.adopted_acquire_ended(queued.client, queued.owner);
+                let command = Command::Withdraw {
+                    key,
+                    owner: queued.owner,
+                };
+                self.propose(shard, &command, NOBODY, PendingKind::Mirror);
+                continue;
+            }
             let grace_end_us = self.now_us + u64::from(queued.grace_s) * 1_000_000;
             let deadline_us = wait_end_us.min(grace_end_us);
             let seq = self.seq();

@@ -96,7 +96,7 @@ fn acquire(owner: u64, wait_s: u8) -> Op {
 
 fn queued_owners(partition: &Subject) -> Vec<u64> {
     let machine = partition.machine(0).expect("the shard");
-    machine.waiting().map(|(_, waiter)| waiter.owner).collect()
+    machine.waiting().map(|(_, waiter)| waiter.queued.owner).collect()
 }
 
 fn holder(partition: &Subject) -> Option<(u64, u64)> {

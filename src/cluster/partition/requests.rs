@@ -133,7 +133,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
 
     /// An acquire with a wait, sent again by the client of an adopted waiter of `key` with
     /// the same owner (its old leader answered `M`): the waiter is attached to `session` in its
-    /// place, its wait restarted in full at the adoption (mirror.rs). False if there is none.
+    /// place, its wait ending at this member's deadline for it (mirror.rs). False if there is
+    /// none.
     fn attach_adopted(
         &mut self,
         shard: u32,

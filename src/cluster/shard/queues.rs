@@ -80,8 +80,8 @@ pub(crate) struct Waiter {
     /// Adopted from the replicated state when this member began to serve the shard, and not
     /// attached to a session since: the client id of its acquire (0 for any other waiter).
     pub origin: u128,
-    /// For an adopted waiter: when its wait ends once attached (its wait restarted in full at
-    /// the adoption); unattached, it leaves at `deadline_us`, the sooner of that and the end
+    /// For an adopted waiter: when its wait ends once attached (this member's deadline for it,
+    /// from its apply of the waiter's `Enqueue`); unattached, it leaves at `deadline_us`, the sooner of that and the end
     /// of its client's grace.
     pub wait_end_us: u64,
 }
@@ -293,7 +293,7 @@ impl Queues {
     /// §5), its place with it; `None` if there is none. A proposed head abandoned when its
     /// session closed is taken back: its grant, should it commit, is answered on `session`.
     /// An adopted waiter of that client id is attached too: then its `seq` and its new wait
-    /// deadline come back, for the caller to arm (its wait restarted in full at the adoption).
+    /// deadline come back, for the caller to arm (this member's deadline for its wait).
     pub fn attach(
         &mut self,
         key: &[u8],
