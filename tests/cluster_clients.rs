@@ -639,8 +639,8 @@ fn waiters_whose_leader_is_killed_keep_their_places_in_the_queue() {
 /// leader during the pause: its identified session, which reads nothing while the acquire
 /// waits, probes the leader with a ping; unanswered, the session closes and the client
 /// resolves the acquire on the member that leads the key now ("queued" there: the waiter was
-/// replicated, and the new leader adopted it). It is granted there when the holder lets go, while the old leader is still stopped.
-/// Before, the waiter waited the pause out.
+/// replicated, and the new leader adopted it). It is granted there when the holder lets go,
+/// while the old leader is still stopped. Before, the waiter waited the pause out.
 #[test]
 fn a_waiter_whose_leader_is_paused_moves_to_the_new_leader_during_the_pause() {
     let cluster = Cluster::start("clients-paused-waiter", 3, 4, false);

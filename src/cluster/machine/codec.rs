@@ -25,7 +25,8 @@
 //! # Versions of a snapshot
 //!
 //! Version 1: shard, shards, floor, applied, holds. Version 2: the same, then the queued
-//! acquires, each with the time left of its wait. A snapshot without waiters is written as version 1, for the same reason.
+//! acquires, each with the time left of its wait. A snapshot without waiters is written as
+//! version 1, for the same reason.
 //!
 //! Invariants: decoding accepts any bytes and returns an error value for anything that is not
 //! exactly one well-formed form (trailing bytes are an error); it never panics and never

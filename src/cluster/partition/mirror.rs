@@ -7,9 +7,10 @@
 //!   `Enqueue`), and a waiter granted within that time — most of them, where a key changes
 //!   hands often — costs no entry (measured: mirroring every waiter at once cost 19 % of the
 //!   handoffs per second of one key among 8 clients; `benches/handoff_ab.sh`). A waiter that
-//!   queued within that time before its leader died is not kept in its place. A grant (`Acquire` or `then`) takes it out of the
-//!   replicated queue; any other way out of the leader's queue (`T`, Cancel, `B`, its
-//!   client's grace) proposes a `Withdraw` ([`ClusterPartition::propose_withdrawals`]). Every
+//!   queued within that time before its leader died is not kept in its place. A grant
+//!   (`Acquire` or `then`) takes it out of the replicated queue; any other way out of the
+//!   leader's queue (`T`, Cancel, `B`, its client's grace) proposes a `Withdraw`
+//!   ([`ClusterPartition::propose_withdrawals`]). Every
 //!   entry that grants a waiter comes after its `Enqueue` in the log, so a grant never names a
 //!   waiter the replicated queue lacks. Only once every member reads the two commands (the
 //!   cluster version, `Peers::cluster_version`): a member of the previous build stops on an

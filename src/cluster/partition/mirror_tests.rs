@@ -34,7 +34,12 @@ const KEY: &[u8] = b"mirrored";
 
 /// A one-member partition on `durable`'s log (empty, or what a crash left), its clients
 /// identified (`(client, id, grace_s)`), run until it serves.
-fn start(durable: MemDurable, version: u8, clients: &[(ClientRef, u128, u8)], now_us: &mut u64) -> Subject {
+fn start(
+    durable: MemDurable,
+    version: u8,
+    clients: &[(ClientRef, u128, u8)],
+    now_us: &mut u64,
+) -> Subject {
     let recovered = durable.recovered();
     let writer = MemWriter::immediate(durable);
     let member = Member::new(1, &[1], &[0], writer, recovered, 5).expect("a member");
@@ -81,7 +86,12 @@ fn run(partition: &mut Subject, now_us: &mut u64, steps: u64) -> Vec<(SessionId,
 }
 
 /// Sends `op` on `session` of `client`; returns the answers given at once.
-fn send(partition: &mut Subject, now_us: u64, (session, client): (SessionId, ClientRef), op: Op) -> Vec<Response> {
+fn send(
+    partition: &mut Subject,
+    now_us: u64,
+    (session, client): (SessionId, ClientRef),
+    op: Op,
+) -> Vec<Response> {
     partition.handle(now_us, session, client, op, KEY);
     partition.take_answers().into_iter().map(|a| a.response).collect()
 }
@@ -153,7 +163,9 @@ fn a_new_leader_keeps_each_waiter_in_its_place_for_a_resolve_or_the_same_acquire
     let answers = run(&mut partition, &mut now_us, 5);
     let alice = answers
         .iter()
-        .any(|(session, response)| *session == 11 && matches!(response, Response::Acquired { owner: 3, .. }));
+        .any(|(session, response)| {
+            *session == 11 && matches!(response, Response::Acquired { owner: 3, .. })
+        });
     assert!(alice, "Alice is granted on her new session: {answers:?}");
     assert!(queued_owners(&partition).is_empty());
 }
@@ -188,7 +200,8 @@ fn an_adopted_waiter_nobody_takes_leaves_at_its_grace_end_and_its_grant_is_relea
 #[test]
 fn a_waiter_of_a_session_that_did_not_identify_or_of_an_older_cluster_is_not_mirrored() {
     let mut now_us = 0;
-    let mut partition = start(MemDurable::new(), super::WAITERS_PEER_VERSION, &CLIENTS, &mut now_us);
+    let version = super::WAITERS_PEER_VERSION;
+    let mut partition = start(MemDurable::new(), version, &CLIENTS, &mut now_us);
     assert!(send(&mut partition, now_us, (1, ALICE), acquire(1, 5)).is_empty());
     run(&mut partition, &mut now_us, 5);
     // Not identified: leader-local only.

@@ -176,8 +176,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             return true;
         }
         let to = (session, &mut self.places);
-        let Some((seq, deadline_us)) = self.shards[local].attach_adopted(key, owner, (client, id), to)
-        else {
+        let attached = self.shards[local].attach_adopted(key, owner, (client, id), to);
+        let Some((seq, deadline_us)) = attached else {
             return false;
         };
         self.arm_wait(shard, key, seq, deadline_us);

@@ -10,8 +10,10 @@
 //! queues ([`Waiter::origin`]): each waiter in its place, unattached until its client resolves
 //! it or sends its acquire again ([`Queues::attach`], [`Queues::attach_adopted`]). A waiter of
 //! an identified client outlives its session, detached, for its client's grace
-//! ([`Queues::detach_session`], [`Queues::attach`]; docs/protocol.md §5). The head of a key's queue is *proposed* — an entry that grants it is in the
-//! log and not yet applied: an `Acquire` of the key, free in the applied state, or the `then`
+//! ([`Queues::detach_session`], [`Queues::attach`]; docs/protocol.md §5).
+//!
+//! The head of a key's queue is *proposed* — an entry that grants it is in the log and not yet
+//! applied: an `Acquire` of the key, free in the applied state, or the `then`
 //! of a release or expiry of the key's holder (a handoff, one entry) — or it waits: for the
 //! holder's release or expiry, which will carry it, or for a release or expiry already in the
 //! log (proposed before it arrived) to free the key.
@@ -81,8 +83,8 @@ pub(crate) struct Waiter {
     /// attached to a session since: the client id of its acquire (0 for any other waiter).
     pub origin: u128,
     /// For an adopted waiter: when its wait ends once attached (this member's deadline for it,
-    /// from its apply of the waiter's `Enqueue`); unattached, it leaves at `deadline_us`, the sooner of that and the end
-    /// of its client's grace.
+    /// from its apply of the waiter's `Enqueue`); unattached, it leaves at `deadline_us`, the
+    /// sooner of that and the end of its client's grace.
     pub wait_end_us: u64,
 }
 
