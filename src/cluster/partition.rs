@@ -150,6 +150,25 @@ pub struct PartitionSettings {
     pub tick_us: u64,
 }
 
+#[cfg(test)]
+impl PartitionSettings {
+    /// A one-member cluster of one shard on one core, with small limits (the unit tests').
+    fn one_member() -> PartitionSettings {
+        PartitionSettings {
+            node_id: 1,
+            shards: 1,
+            core: 0,
+            cores: 1,
+            clients: vec![(1, "127.0.0.1:7420".parse().expect("an address"))],
+            max_waiters_per_key: 16,
+            max_keys_per_shard: 1000,
+            max_pending_per_session: 16,
+            compact_every: 1000,
+            tick_us: 1_000,
+        }
+    }
+}
+
 /// The shard of `key` among `shards`: the same on every member, whatever its core count.
 pub fn shard_of(key: &[u8], shards: u32) -> u32 {
     partition_of(key, shards as usize) as u32

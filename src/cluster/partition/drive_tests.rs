@@ -30,18 +30,7 @@ fn partition(
 ) -> ClusterPartition<MemWriter, Alone> {
     let writer = MemWriter::immediate(durable);
     let member = Member::new(1, &[1], &[0], writer, recovered, 5).expect("a member");
-    let settings = PartitionSettings {
-        node_id: 1,
-        shards: 1,
-        core: 0,
-        cores: 1,
-        clients: vec![(1, "127.0.0.1:7420".parse().expect("an address"))],
-        max_waiters_per_key: 16,
-        max_keys_per_shard: 1000,
-        max_pending_per_session: 16,
-        compact_every: 1000,
-        tick_us: 1_000,
-    };
+    let settings = PartitionSettings::one_member();
     ClusterPartition::new(settings, member, Alone)
 }
 

@@ -43,18 +43,7 @@ fn start(
     let recovered = durable.recovered();
     let writer = MemWriter::immediate(durable);
     let member = Member::new(1, &[1], &[0], writer, recovered, 5).expect("a member");
-    let settings = PartitionSettings {
-        node_id: 1,
-        shards: 1,
-        core: 0,
-        cores: 1,
-        clients: vec![(1, "127.0.0.1:7420".parse().expect("an address"))],
-        max_waiters_per_key: 16,
-        max_keys_per_shard: 1000,
-        max_pending_per_session: 16,
-        compact_every: 1000,
-        tick_us: 1_000,
-    };
+    let settings = PartitionSettings::one_member();
     let mut partition = ClusterPartition::new(settings, member, Alone { version });
     for &(client, id, grace_s) in clients {
         partition.handle_client_known(client, id, grace_s);
