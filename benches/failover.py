@@ -219,6 +219,97 @@ class Cluster:
                 process.wait()
 
 
+PROBE_KEYS = [f"probe/{n}" for n in range(64)]
+
+
+def wait_served(cluster):
+    """Waits (30 s at most) until every probe key is served: each shard has a leader."""
+    deadline = time.time() + 30
+    while time.time() < deadline and any(cluster.served(k) is None for k in PROBE_KEYS):
+        time.sleep(0.05)
+
+
+class Traffic:
+    """The lock traffic of the module docs on `cluster`, with the `latchkey lock` of `client`:
+    `holders` processes extending a `lease`-second lease, `callers` threads looping on 4 keys.
+    Also used by benches/rolling_upgrade.py."""
+
+    def __init__(self, cluster, client, env, holders, callers, lease):
+        self.cluster, self.holder_count = cluster, holders
+        self.holders = [
+            subprocess.Popen(
+                [client, "lock", "--lease", f"{lease}s", "--wait", "10s",
+                 f"holders/{i}", "--", "sleep", "3600"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for i in range(holders)
+        ]
+        self.stop = threading.Event()
+        self.codes, self.codes_lock, self.errors = {}, threading.Lock(), []
+
+        def caller(n):
+            key = f"calls/{n % 4}"
+            while not self.stop.is_set():
+                done = subprocess.run(
+                    [client, "lock", "--wait", "8s", "--lease", f"{lease}s", key, "--", "true"],
+                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                with self.codes_lock:
+                    self.codes[done.returncode] = self.codes.get(done.returncode, 0) + 1
+                    if done.returncode not in (0, 80):
+                        self.errors.append(done.stderr.strip().splitlines()[-1:])
+
+        self.threads = [threading.Thread(target=caller, args=(n,)) for n in range(callers)]
+        self.calls_from = time.time()
+        for thread in self.threads:
+            thread.start()
+
+    def finish(self):
+        """Stops the callers, lets the holders go (SIGTERM), prints the callers' and holders'
+        exit codes, and looks for ghost holds (printed by `report_ghosts`)."""
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+        calls_s = time.time() - self.calls_from
+        holder_codes = {}
+        lost = []
+        for holder in self.holders:
+            holder.send_signal(signal.SIGTERM)
+        for holder in self.holders:
+            try:
+                code = holder.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                holder.kill()
+                code = "killed"
+            holder_codes[code] = holder_codes.get(code, 0) + 1
+            if code not in (143, 0):
+                lines = int(os.environ.get("FAILOVER_LOST_LINES", "2"))
+                lost.append(holder.stderr.read().strip().splitlines()[-lines:])
+        time.sleep(1)
+        keys = ([f"holders/{i}" for i in range(self.holder_count)]
+                + [f"calls/{k}" for k in range(4)])
+        self.ghosts = []
+        for key in keys:
+            for port in self.cluster.clients:
+                state = query(port, key)
+                if state is not None:
+                    if state[0]:
+                        self.ghosts.append(key)
+                    break
+        print(f"callers: exit codes {dict(sorted(self.codes.items()))} "
+              f"(0 done, 80 timeout, 81 busy, 82 indeterminate, 83 unavailable); "
+              f"{sum(self.codes.values()) / calls_s:.0f} calls/s over {calls_s:.0f} s")
+        for line in self.errors[:5]:
+            print(f"  e.g. {line}")
+        # `latchkey lock` forwards SIGTERM to `sleep` and releases: a holder that kept its
+        # lock to the end exits 143 (its command's status); 85 is a lost lease.
+        print(f"holders: exit codes {holder_codes} (143: kept the lock to the end; 85: lost it)")
+        for line in lost[:5]:
+            print(f"  e.g. {line}")
+
+    def report_ghosts(self):
+        print(f"ghost holds (held once every client exited): {len(self.ghosts)} "
+              f"{self.ghosts[:8]}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("binary")
@@ -238,46 +329,17 @@ def main():
     client_binary = args.client_binary or args.binary
     env = dict(os.environ, LATCHKEY_SERVER=cluster.servers())
     env.pop("RUST_LOG", None)
-    probe_keys = [f"probe/{n}" for n in range(64)]
     try:
-        deadline = time.time() + 30
-        while time.time() < deadline and any(cluster.served(k) is None for k in probe_keys):
-            time.sleep(0.05)
+        wait_served(cluster)
         print(f"cluster up: {args.shards} shards, fsync {args.fsync}; "
               f"disk fdatasync p50 {disk_sync_p50(directory):.0f} us", flush=True)
-        holders = [
-            subprocess.Popen(
-                [client_binary, "lock", "--lease", f"{args.lease}s", "--wait", "10s",
-                 f"holders/{i}", "--", "sleep", "3600"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for i in range(args.holders)
-        ]
-        stop = threading.Event()
-        codes, codes_lock = {}, threading.Lock()
-        errors = []
-
-        def caller(n):
-            key = f"calls/{n % 4}"
-            while not stop.is_set():
-                done = subprocess.run(
-                    [client_binary, "lock", "--wait", "8s", "--lease", f"{args.lease}s", key,
-                     "--", "true"],
-                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                with codes_lock:
-                    codes[done.returncode] = codes.get(done.returncode, 0) + 1
-                    if done.returncode not in (0, 80):
-                        errors.append(done.stderr.strip().splitlines()[-1:])
-
-        threads = [threading.Thread(target=caller, args=(n,)) for n in range(args.callers)]
-        calls_from = time.time()
-        for thread in threads:
-            thread.start()
+        traffic = Traffic(cluster, client_binary, env, args.holders, args.callers, args.lease)
         time.sleep(2)
         failovers = []
 
         def failover_after(fault_at, down):
             """Seconds until every probe key is served by a member other than `down`."""
-            pending = list(probe_keys)
+            pending = list(PROBE_KEYS)
             while pending and time.time() < fault_at + 30:
                 pending = [k for k in pending if cluster.served(k, skip=(down,)) is None]
                 time.sleep(0.005)
@@ -308,43 +370,7 @@ def main():
             time.sleep(max(0.0, fault_at + 2 - time.time()))
             cluster.launch(i)
             time.sleep(3)
-        stop.set()
-        for thread in threads:
-            thread.join()
-        calls_s = time.time() - calls_from
-        holder_codes = {}
-        lost = []
-        for holder in holders:
-            holder.send_signal(signal.SIGTERM)
-        for holder in holders:
-            try:
-                code = holder.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                holder.kill()
-                code = "killed"
-            holder_codes[code] = holder_codes.get(code, 0) + 1
-            if code not in (143, 0):
-                lost.append(holder.stderr.read().strip().splitlines()[-int(os.environ.get("FAILOVER_LOST_LINES", "2")):])
-        time.sleep(1)
-        keys = [f"holders/{i}" for i in range(args.holders)] + [f"calls/{k}" for k in range(4)]
-        ghosts = []
-        for key in keys:
-            for i, port in enumerate(cluster.clients):
-                state = query(port, key)
-                if state is not None:
-                    if state[0]:
-                        ghosts.append(key)
-                    break
-        print(f"callers: exit codes {dict(sorted(codes.items()))} "
-              f"(0 done, 80 timeout, 81 busy, 82 indeterminate, 83 unavailable); "
-              f"{sum(codes.values()) / calls_s:.0f} calls/s over {calls_s:.0f} s")
-        for line in errors[:5]:
-            print(f"  e.g. {line}")
-        # `latchkey lock` forwards SIGTERM to `sleep` and releases: a holder that kept its
-        # lock to the end exits 143 (its command's status); 85 is a lost lease.
-        print(f"holders: exit codes {holder_codes} (143: kept the lock to the end; 85: lost it)")
-        for line in lost[:5]:
-            print(f"  e.g. {line}")
+        traffic.finish()
         times = [took for _, _, took in failovers if took is not None]
         print("failover (every probe key served by a member that is up), per fault: "
               + ", ".join(f"{kind} m{m} {took * 1000:.0f} ms" if took else f"{kind} m{m} -"
@@ -364,7 +390,7 @@ def main():
             if seen:
                 print(f"{label}: p50 {statistics.median(seen) * 1000:.0f} ms, max "
                       f"{max(seen) * 1000:.0f} ms" + (f" ({missing} not seen)" if missing else ""))
-        print(f"ghost holds (held once every client exited): {len(ghosts)} {ghosts[:8]}")
+        traffic.report_ghosts()
     finally:
         cluster.stop_all()
         shutil.rmtree(directory, ignore_errors=True)

@@ -27,12 +27,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from failover import Cluster, disk_sync_p50, query  # noqa: E402
+from failover import Cluster, Traffic, disk_sync_p50, wait_served  # noqa: E402
 
 
 class Mixed(Cluster):
@@ -72,7 +71,6 @@ def main():
     client = args.client_binary or args.old
     env = dict(os.environ, LATCHKEY_SERVER=cluster.servers())
     env.pop("RUST_LOG", None)
-    probe_keys = [f"probe/{n}" for n in range(64)]
     names = {args.old: "old", args.new: "new"}
 
     def report(step):
@@ -82,37 +80,10 @@ def main():
         print(f"{step}: {builds}", flush=True)
 
     try:
-        deadline = time.time() + 30
-        while time.time() < deadline and any(cluster.served(k) is None for k in probe_keys):
-            time.sleep(0.05)
+        wait_served(cluster)
         print(f"cluster up: {args.shards} shards, fsync on; disk fdatasync p50 "
               f"{disk_sync_p50(directory):.0f} us", flush=True)
-        holders = [
-            subprocess.Popen(
-                [client, "lock", "--lease", f"{args.lease}s", "--wait", "10s",
-                 f"holders/{i}", "--", "sleep", "3600"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for i in range(args.holders)
-        ]
-        stop = threading.Event()
-        codes, codes_lock, errors = {}, threading.Lock(), []
-
-        def caller(n):
-            key = f"calls/{n % 4}"
-            while not stop.is_set():
-                done = subprocess.run(
-                    [client, "lock", "--wait", "8s", "--lease", f"{args.lease}s", key, "--",
-                     "true"],
-                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                with codes_lock:
-                    codes[done.returncode] = codes.get(done.returncode, 0) + 1
-                    if done.returncode not in (0, 80):
-                        errors.append(done.stderr.strip().splitlines()[-1:])
-
-        threads = [threading.Thread(target=caller, args=(n,)) for n in range(args.callers)]
-        calls_from = time.time()
-        for thread in threads:
-            thread.start()
+        traffic = Traffic(cluster, client, env, args.holders, args.callers, args.lease)
         time.sleep(2)
         report("before")
         for i in range(3):
@@ -131,41 +102,8 @@ def main():
             report(f"m{i + 1} upgraded")
         time.sleep(2)
         report("after")
-        stop.set()
-        for thread in threads:
-            thread.join()
-        calls_s = time.time() - calls_from
-        holder_codes, lost = {}, []
-        for holder in holders:
-            holder.send_signal(signal.SIGTERM)
-        for holder in holders:
-            try:
-                code = holder.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                holder.kill()
-                code = "killed"
-            holder_codes[code] = holder_codes.get(code, 0) + 1
-            if code not in (143, 0):
-                lost.append(holder.stderr.read().strip().splitlines()[-2:])
-        time.sleep(1)
-        keys = [f"holders/{i}" for i in range(args.holders)] + [f"calls/{k}" for k in range(4)]
-        ghosts = []
-        for key in keys:
-            for port in cluster.clients:
-                state = query(port, key)
-                if state is not None:
-                    if state[0]:
-                        ghosts.append(key)
-                    break
-        print(f"callers: exit codes {dict(sorted(codes.items()))} "
-              f"(0 done, 80 timeout, 81 busy, 82 indeterminate, 83 unavailable); "
-              f"{sum(codes.values()) / calls_s:.0f} calls/s over {calls_s:.0f} s")
-        for line in errors[:5]:
-            print(f"  e.g. {line}")
-        print(f"holders: exit codes {holder_codes} (143: kept the lock to the end; 85: lost it)")
-        for line in lost[:5]:
-            print(f"  e.g. {line}")
-        print(f"ghost holds (held once every client exited): {len(ghosts)} {ghosts[:8]}")
+        traffic.finish()
+        traffic.report_ghosts()
     finally:
         cluster.stop_all()
         shutil.rmtree(directory, ignore_errors=True)
