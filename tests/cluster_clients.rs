@@ -35,8 +35,9 @@ fn list(members: &[&Member]) -> String {
     addrs.join(",")
 }
 
-/// Holds `key` on whichever member leads it (wait 0, lease 60 s); that member's index.
-fn hold(cluster: &Cluster, key: &'static str) -> usize {
+/// Holds `key` on whichever member leads it (wait 0, lease 60 s): that member's index and the
+/// token.
+fn hold(cluster: &Cluster, key: &'static str) -> (usize, u64) {
     let owner = fresh_id();
     let acquire = move || Request::Acquire {
         wait_s: 0,
@@ -45,7 +46,7 @@ fn hold(cluster: &Cluster, key: &'static str) -> usize {
         key: key.as_bytes(),
     };
     match cluster.call(key, &[], SETTLE, acquire) {
-        (leader, Response::Acquired { .. }) => leader,
+        (leader, Response::Acquired { token, .. }) => (leader, token),
         (_, other) => panic!("acquire of {key} answered {other:?}"),
     }
 }
@@ -66,7 +67,7 @@ impl Drop for Resume<'_> {
 fn a_paused_member_listed_first_does_not_hide_a_held_lock() {
     let cluster = Cluster::start("clients-paused", 3, 4, false);
     let key = "jobs/paused";
-    let leader = hold(&cluster, key);
+    let (leader, _) = hold(&cluster, key);
     // A member that does not lead the key, stopped: the kernel still completes connects to it.
     let paused = (leader + 1) % 3;
     let others: Vec<usize> = (0..3).filter(|&i| i != paused).collect();
@@ -142,7 +143,7 @@ fn knows_no_leader(cluster: &Cluster, index: usize, key: &str) -> bool {
 fn without_a_quorum_lock_and_query_say_no_leader_and_exit_83() {
     let mut cluster = Cluster::start("clients-quorum", 3, 4, false);
     let key = "jobs/quorum";
-    let leader = hold(&cluster, key);
+    let (leader, _) = hold(&cluster, key);
     let survivor = (leader + 1) % 3;
     for index in (0..3).filter(|&i| i != survivor) {
         cluster.kill(index);
@@ -360,17 +361,7 @@ fn a_holder_that_loses_the_quorum_says_why_it_cannot_extend() {
 fn a_waiter_on_a_member_that_is_stopped_moves_to_the_new_leader_and_is_granted() {
     let mut cluster = Cluster::start("clients-handover", 3, 4, false);
     let key = "jobs/handover";
-    let owner = fresh_id();
-    let acquire = move || Request::Acquire {
-        wait_s: 0,
-        lease_s: 60,
-        owner,
-        key: key.as_bytes(),
-    };
-    let (leader, token) = match cluster.call(key, &[], SETTLE, acquire) {
-        (leader, Response::Acquired { token, .. }) => (leader, token),
-        (_, other) => panic!("acquire of {key} answered {other:?}"),
-    };
+    let (leader, token) = hold(&cluster, key);
     let members: Vec<&Member> = cluster.members.iter().collect();
     let addrs = list(&members);
     let waiter = std::thread::spawn(move || {
@@ -512,17 +503,7 @@ fn a_holder_stopped_while_its_leader_is_paused_releases_at_the_new_leader() {
 fn a_waiter_whose_leader_is_killed_is_resolved_and_queued_again() {
     let mut cluster = Cluster::start("clients-killed", 3, 4, false);
     let key = "jobs/killed";
-    let owner = fresh_id();
-    let acquire = move || Request::Acquire {
-        wait_s: 0,
-        lease_s: 60,
-        owner,
-        key: key.as_bytes(),
-    };
-    let (leader, token) = match cluster.call(key, &[], SETTLE, acquire) {
-        (leader, Response::Acquired { token, .. }) => (leader, token),
-        (_, other) => panic!("acquire of {key} answered {other:?}"),
-    };
+    let (leader, token) = hold(&cluster, key);
     let members: Vec<&Member> = cluster.members.iter().collect();
     let addrs = list(&members);
     let waiter = std::thread::spawn(move || {
@@ -576,17 +557,7 @@ fn waiters_whose_leader_is_killed_keep_their_places_in_the_queue() {
         wait_until(SETTLE, || cluster.members.iter().all(at_four)),
         "every member at cluster version 4"
     );
-    let owner = fresh_id();
-    let acquire = move || Request::Acquire {
-        wait_s: 0,
-        lease_s: 60,
-        owner,
-        key: key.as_bytes(),
-    };
-    let (leader, token) = match cluster.call(key, &[], SETTLE, acquire) {
-        (leader, Response::Acquired { token, .. }) => (leader, token),
-        (_, other) => panic!("acquire of {key} answered {other:?}"),
-    };
+    let (leader, token) = hold(&cluster, key);
     let members: Vec<&Member> = cluster.members.iter().collect();
     let addrs = list(&members);
     let order = cluster.file("order");
@@ -645,17 +616,7 @@ fn waiters_whose_leader_is_killed_keep_their_places_in_the_queue() {
 fn a_waiter_whose_leader_is_paused_moves_to_the_new_leader_during_the_pause() {
     let cluster = Cluster::start("clients-paused-waiter", 3, 4, false);
     let key = "jobs/paused-waiter";
-    let owner = fresh_id();
-    let acquire = move || Request::Acquire {
-        wait_s: 0,
-        lease_s: 60,
-        owner,
-        key: key.as_bytes(),
-    };
-    let (leader, token) = match cluster.call(key, &[], SETTLE, acquire) {
-        (leader, Response::Acquired { token, .. }) => (leader, token),
-        (_, other) => panic!("acquire of {key} answered {other:?}"),
-    };
+    let (leader, token) = hold(&cluster, key);
     let members: Vec<&Member> = cluster.members.iter().collect();
     let addrs = list(&members);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
