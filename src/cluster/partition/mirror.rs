@@ -284,15 +284,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             self.stats.timed_out += 1;
             return self.answer(session, Response::Timeout { owner }, true);
         }
-        self.stats.acquired += 1;
-        let local = self.local(shard);
-        self.shards[local].record_grant(token, session, self.now_us);
-        self.answers.push(crate::partition::Answer {
-            session,
-            response: Response::Acquired { owner, token },
-            ends_pending: true,
-            grant: crate::partition::GrantRef(shard),
-        });
+        self.answer_acquired(shard, (session, true), owner, token);
     }
 
     /// Remembers that the adopted acquire of `owner` from client `id` ended unattached, for

@@ -369,15 +369,27 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
             return;
         }
+        let to = (head.session, head.ends_pending);
+        self.answer_acquired(shard, to, head.owner, token);
+    }
+
+    /// `A` of `owner`'s acquire with `token` to `session` (`ends_pending`: see
+    /// [`crate::partition::Answer`]), counted and recorded as this member's grant; the answer
+    /// names the shard, so that a grant it does not deliver comes back here to be released.
+    pub(super) fn answer_acquired(
+        &mut self,
+        shard: u32,
+        (session, ends_pending): (SessionId, bool),
+        owner: u64,
+        token: u64,
+    ) {
         self.stats.acquired += 1;
-        self.shards[local].record_grant(token, head.session, self.now_us);
+        let local = self.local(shard);
+        self.shards[local].record_grant(token, session, self.now_us);
         self.answers.push(crate::partition::Answer {
-            session: head.session,
-            response: Response::Acquired {
-                owner: head.owner,
-                token,
-            },
-            ends_pending: head.ends_pending,
+            session,
+            response: Response::Acquired { owner, token },
+            ends_pending,
             grant: GrantRef(shard),
         });
     }
