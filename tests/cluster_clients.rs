@@ -546,16 +546,17 @@ fn a_waiter_whose_leader_is_killed_is_resolved_and_queued_again() {
 fn waiters_whose_leader_is_killed_keep_their_places_in_the_queue() {
     let mut cluster = Cluster::start("clients-killed-order", 3, 4, false);
     let key = "jobs/killed-order";
-    // Leaders mirror their queues once every member is known to read the mirror entries.
-    let at_four = |member: &Member| {
+    // Leaders mirror their queues once every member is known to read the mirror entries (this
+    // build's newest version, 5, reads them and the replicated fates).
+    let at_newest = |member: &Member| {
         let metrics = common::cluster::http_get(member.client, "/metrics");
         let version = metrics
             .and_then(|(_, body)| common::cluster::metric(&body, "latchkey_cluster_version"));
-        version == Some(4.0)
+        version == Some(5.0)
     };
     assert!(
-        wait_until(SETTLE, || cluster.members.iter().all(at_four)),
-        "every member at cluster version 4"
+        wait_until(SETTLE, || cluster.members.iter().all(at_newest)),
+        "every member at cluster version 5"
     );
     let (leader, token) = hold(&cluster, key);
     let members: Vec<&Member> = cluster.members.iter().collect();

@@ -18,7 +18,7 @@
 //!
 //! Replay one seed with `MACHINE_SIM_SEED=<n> cargo test --test machine_sim`.
 
-use latchkey::cluster::machine::{Applied, Command, Grant, Queued, ShardMachine};
+use latchkey::cluster::machine::{Answered, Applied, Command, Grant, Queued, ShardMachine};
 use latchkey::rng::Rng;
 use std::collections::HashMap;
 
@@ -180,7 +180,16 @@ impl Sim {
             };
             Command::Enqueue { key, waiter }
         } else {
-            Command::Withdraw { key, owner }
+            let answered = match self.rng.below(3) {
+                0 => None,
+                1 => Some(Answered::TimedOut),
+                _ => Some(Answered::Busy),
+            };
+            Command::Withdraw {
+                key,
+                owner,
+                answered,
+            }
         };
         self.propose(Some(command));
     }

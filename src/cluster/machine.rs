@@ -43,7 +43,8 @@
 //! At most `holds_max` holds; every hold is in the token index exactly once; every token is
 //! `floor + i * shards + shard` with `1 <= i <= applied`, and `i <= renewed_at <= applied`.
 //! No empty queue is kept, and the waiter count is the sum of the queues' lengths, at most
-//! [`WAITERS_MAX`].
+//! [`WAITERS_MAX`]. At most [`ENDED_MAX`] ended acquires, each under one client and owner and
+//! one index at most `applied`, listed once in each of the two maps.
 //!
 //! # Deadlines
 //!
@@ -75,6 +76,15 @@
 //! the client's own deadline), which a new leader keeps; the leader withdraws what ends. At
 //! most [`WAITERS_MAX`] per shard.
 //!
+//! # Ended acquires
+//!
+//! A `Withdraw` that says how its acquire was answered ([`Answered`]: `T` or `B`) leaves a
+//! record of it under its client id and owner ([`ShardMachine::ended`]), so that any member
+//! that leads the shard later answers the client's Resolve with that fate, as the leader that
+//! answered it would. The last [`ENDED_MAX`] are kept, oldest forgotten first (by log index:
+//! the same on every member); a forgotten one's Resolve says "never seen", as true for the
+//! caller (nothing of it stands). In the digest, frozen images and snapshots.
+//!
 //! Deliberately not here: what a waiter waits for (the leader's queues), raft itself, and any
 //! clock.
 
@@ -87,8 +97,8 @@ mod tests;
 mod waiting_tests;
 
 pub use codec::{
-    CheckpointHold, Command, DecodeError, Grant, Queued, SnapshotHold, SnapshotImage,
-    SnapshotWaiter, CHECKPOINT_HOLDS_MAX, WAITERS_MAX,
+    Answered, CheckpointHold, Command, DecodeError, Grant, Queued, SnapshotEnded, SnapshotHold,
+    SnapshotImage, SnapshotWaiter, CHECKPOINT_HOLDS_MAX, ENDED_MAX, WAITERS_MAX,
 };
 
 use crate::config::HOLDS_MAX;
@@ -197,7 +207,16 @@ pub struct ShardMachine {
     waiting: Waiting,
     /// Queued acquires in all queues.
     waiters: usize,
+    /// Acquires that ended without a grant, by the index of their `Withdraw` (oldest first).
+    ended: EndedOrder,
+    /// The same, by client id and owner → that index.
+    ended_at: EndedAt,
 }
+
+/// Index of a `Withdraw` → the ended acquire it recorded: persistent, as [`Holds`].
+type EndedOrder = imbl::OrdMap<u64, (u128, u64, Answered)>;
+/// (client id, owner) → the index of the `Withdraw` that recorded it ([`EndedOrder`]).
+type EndedAt = imbl::GenericHashMap<(u128, u64), u64, MapHasher, imbl::shared_ptr::DefaultSharedPtr>;
 
 /// Key → queue: persistent, as [`Holds`].
 type Waiting = imbl::GenericHashMap<
@@ -234,7 +253,7 @@ pub struct Frozen {
     holds: Holds,
     keys: imbl::OrdMap<u64, Key>,
     /// Boxed to keep an image small to move (one allocation per freeze).
-    waiting: Box<Waiting>,
+    waiting: Box<(Waiting, EndedOrder)>,
 }
 
 /// A held key, shared by both maps and by frozen images. Copying a persistent map's node (the
@@ -274,11 +293,20 @@ impl Frozen {
                 }
             })
             .collect();
-        let waiters = waiting_in_order(&self.waiting)
+        let (waiting, ended) = &*self.waiting;
+        let waiters = waiting_in_order(waiting)
             .map(|(key, waiting)| SnapshotWaiter {
                 key: key.to_vec(),
                 waiter: waiting.queued,
                 remaining_ms: waiting.deadline_ms.saturating_sub(self.now_ms),
+            })
+            .collect();
+        let ended = (ended.iter())
+            .map(|(&index, &(client, owner, answered))| SnapshotEnded {
+                client,
+                owner,
+                answered,
+                index,
             })
             .collect();
         let image = SnapshotImage {
@@ -288,6 +316,7 @@ impl Frozen {
             applied: self.applied,
             holds,
             waiters,
+            ended,
         };
         image.encode()
     }
@@ -314,6 +343,8 @@ impl ShardMachine {
             keys: imbl::OrdMap::new(),
             waiting: Waiting::default(),
             waiters: 0,
+            ended: EndedOrder::new(),
+            ended_at: EndedAt::default(),
         };
         machine.check_invariants();
         machine
@@ -351,7 +382,11 @@ impl ShardMachine {
             }
             Command::Checkpoint { as_of, holds } => self.cap(*as_of, holds, now_ms),
             Command::Enqueue { key, waiter } => self.enqueue(key, *waiter, now_ms),
-            Command::Withdraw { key, owner } => self.withdraw(key, *owner),
+            Command::Withdraw {
+                key,
+                owner,
+                answered,
+            } => self.withdraw(key, *owner, *answered),
         };
         self.after_mutation();
         applied
@@ -411,6 +446,13 @@ impl ShardMachine {
     /// The number of queued acquires.
     pub fn waiters(&self) -> usize {
         self.waiters
+    }
+
+    /// How the queued acquire of `owner` from client `client` was answered, if a `Withdraw`
+    /// said so and it is among the last [`ENDED_MAX`] (see the module docs).
+    pub fn ended(&self, client: u128, owner: u64) -> Option<Answered> {
+        let index = self.ended_at.get(&(client, owner))?;
+        self.ended.get(index).map(|&(_, _, answered)| answered)
     }
 
     /// The number of holds.
@@ -501,7 +543,7 @@ impl ShardMachine {
             now_ms,
             holds: self.holds.clone(),
             keys: self.keys.clone(),
-            waiting: Box::new(self.waiting.clone()),
+            waiting: Box::new((self.waiting.clone(), self.ended.clone())),
         }
     }
 
@@ -552,6 +594,19 @@ impl ShardMachine {
             };
             machine.push_waiter(&queued.key, waiting);
         }
+        let mut after = 0;
+        for ended in image.ended {
+            if ended.index <= after || ended.index > machine.applied || ended.client == 0 {
+                return Err(DecodeError::Inconsistent("ended acquires' indices or client"));
+            }
+            after = ended.index;
+            let who = (ended.client, ended.owner);
+            if machine.ended_at.insert(who, ended.index).is_some() {
+                return Err(DecodeError::Inconsistent("an ended acquire listed twice"));
+            }
+            let record = (ended.client, ended.owner, ended.answered);
+            machine.ended.insert(ended.index, record);
+        }
         machine.check_invariants();
         Ok(machine)
     }
@@ -588,6 +643,13 @@ impl ShardMachine {
             state.u64(u64::from(waiter.lease_ms));
             state.u64(u64::from(waiter.wait_ms));
         }
+        for (&index, &(client, owner, answered)) in &self.ended {
+            state.u64(index);
+            state.u64((client >> 64) as u64);
+            state.u64(client as u64);
+            state.u64(owner);
+            state.u64(u64::from(answered == Answered::Busy));
+        }
         state.finish()
     }
 
@@ -618,6 +680,12 @@ impl ShardMachine {
             counted += queue.len();
         }
         assert_eq!(counted, self.waiters);
+        assert!(self.ended.len() <= ENDED_MAX);
+        assert_eq!(self.ended.len(), self.ended_at.len());
+        for (&index, &(client, owner, _)) in &self.ended {
+            assert!(index <= self.applied && client != 0, "ended at {index}");
+            assert_eq!(self.ended_at.get(&(client, owner)), Some(&index));
+        }
     }
 }
 
@@ -671,11 +739,28 @@ impl ShardMachine {
         Applied::Queued
     }
 
-    fn withdraw(&mut self, key: &[u8], owner: u64) -> Applied {
-        if self.take_waiter(key, owner) {
-            Applied::Withdrawn
-        } else {
-            Applied::NotQueued
+    fn withdraw(&mut self, key: &[u8], owner: u64, answered: Option<Answered>) -> Applied {
+        let Some(waiter) = self.take_waiter(key, owner) else {
+            return Applied::NotQueued;
+        };
+        if let (Some(answered), client @ 1..) = (answered, waiter.client) {
+            self.record_ended(client, owner, answered);
+        }
+        Applied::Withdrawn
+    }
+
+    /// Remembers that the acquire of `owner` from `client` ended `answered`, at this index;
+    /// the oldest record goes past [`ENDED_MAX`].
+    fn record_ended(&mut self, client: u128, owner: u64, answered: Answered) {
+        if let Some(before) = self.ended_at.insert((client, owner), self.applied) {
+            self.ended.remove(&before);
+        }
+        self.ended.insert(self.applied, (client, owner, answered));
+        if self.ended.len() > ENDED_MAX {
+            if let Some(&(index, (client, owner, _))) = self.ended.get_min() {
+                self.ended.remove(&index);
+                self.ended_at.remove(&(client, owner));
+            }
         }
     }
 
@@ -690,19 +775,15 @@ impl ShardMachine {
     }
 
     /// Takes `owner`'s first queued acquire of `key` out of its queue, if it has one.
-    fn take_waiter(&mut self, key: &[u8], owner: u64) -> bool {
-        let Some(queue) = self.waiting.get_mut(key) else {
-            return false;
-        };
-        let Some(at) = queue.iter().position(|waiter| waiter.queued.owner == owner) else {
-            return false;
-        };
-        queue.remove(at);
+    fn take_waiter(&mut self, key: &[u8], owner: u64) -> Option<Queued> {
+        let queue = self.waiting.get_mut(key)?;
+        let at = queue.iter().position(|waiter| waiter.queued.owner == owner)?;
+        let taken = queue.remove(at).queued;
         if queue.is_empty() {
             self.waiting.remove(key);
         }
         self.waiters -= 1;
-        true
+        Some(taken)
     }
 
     fn release(&mut self, key: &[u8], token: u64) -> Applied {
@@ -827,7 +908,7 @@ impl ShardMachine {
 
     fn after_mutation(&self) {
         if cfg!(debug_assertions) {
-            if self.holds.len() + self.waiters <= FULL_CHECK_HOLDS_MAX {
+            if self.holds.len() + self.waiters + self.ended.len() <= FULL_CHECK_HOLDS_MAX {
                 self.check_invariants();
             } else {
                 assert_eq!(self.holds.len(), self.keys.len());

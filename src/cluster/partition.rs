@@ -119,6 +119,10 @@ pub trait Peers {
 /// decode): see `mirror.rs`.
 pub const WAITERS_PEER_VERSION: u8 = 4;
 const _: () = assert!(WAITERS_PEER_VERSION <= crate::cluster::peer::frame::VERSION);
+/// The cluster version from which a leader's `Command::Withdraw` says how the acquire was
+/// answered, so that every member remembers its fate for a Resolve (`mirror.rs`).
+pub const ANSWERED_PEER_VERSION: u8 = 5;
+const _: () = assert!(ANSWERED_PEER_VERSION <= crate::cluster::peer::frame::VERSION);
 
 /// What a cluster partition needs to know besides its member.
 #[derive(Clone, Debug)]
@@ -281,11 +285,6 @@ pub struct ClusterPartition<D: LogWriter, P: Peers> {
     /// Grants applied to adopted waiters that no session took yet: token → shard and the end of
     /// the client's grace, when the grant is released if no Resolve took it (`mirror.rs`).
     adopted_grants: HashMap<u64, mirror::AdoptedGrant>,
-    /// Adopted acquires that ended unattached (their wait or their client's grace ran out, a
-    /// grant to one was released unresolved), by client id and owner, until when they are
-    /// remembered: the same acquire sent again then gets `T`, not a second execution
-    /// (`mirror.rs`).
-    adopted_ended: HashMap<(u128, u64), u64>,
     /// Waiters to mirror once they have waited [`mirror::MIRROR_AFTER_US`], in the order they
     /// queued (`mirror.rs`).
     to_mirror: std::collections::VecDeque<mirror::ToMirror>,
@@ -355,7 +354,6 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             client_ids: HashMap::default(),
             adopted_grants: HashMap::default(),
             to_mirror: std::collections::VecDeque::new(),
-            adopted_ended: HashMap::default(),
             stats: TableStats::default(),
             cluster_stats: ClusterStats {
                 node_id,

@@ -9,7 +9,7 @@
 
 mod queues;
 
-pub(crate) use queues::{Head, Waiter, ADOPTED};
+pub(crate) use queues::{Head, Waiter, Withdrawn, ADOPTED};
 
 use super::machine::{Grant, ShardMachine};
 use super::member::{Committed, Proposed};
@@ -494,7 +494,7 @@ impl Shard {
     }
 
     /// See [`Queues::take_withdrawn`].
-    pub fn take_withdrawn(&mut self) -> Vec<(Vec<u8>, u64)> {
+    pub fn take_withdrawn(&mut self) -> Vec<Withdrawn> {
         self.queues.take_withdrawn()
     }
 

@@ -1,7 +1,8 @@
-//! Members of two builds form a group: a member of this build dials a reader of the previous
-//! build (which speaks peer wire version 3 alone) in 3 after its refusal, and in 4 again once
-//! it was upgraded; a dialer of the previous build is answered in 3; every member knows the
-//! cluster version, 3 until every member was heard from in 4.
+//! Members of several builds form a group: a member of this build dials a reader of an earlier
+//! build (one that speaks peer wire version 3 alone, or 3 and 4) in its newest after its
+//! refusal, and in this build's newest again once it was upgraded; a dialer of the earliest is
+//! answered in 3; every member knows the cluster version, the lowest any member was last heard
+//! in (3 until every member was heard from).
 
 use super::*;
 use latchkey::cluster::peer::frame::{HELLO_BYTES, VERSION_MIN};
@@ -15,12 +16,12 @@ fn version_of(member: &Member, peer: u64) -> u8 {
     found.expect("a peer of the member").version
 }
 
-/// A reply as a member of the previous build writes it: its own version, 3, whatever the
-/// hello's; `verdict` 0 accepts, 1 refuses the version.
-fn old_reply(verdict: u8, node_id: u64) -> [u8; REPLY_BYTES] {
+/// A reply as a member of an earlier build writes it, in `version`; `verdict` 0 accepts, 1
+/// refuses the version.
+fn old_reply(verdict: u8, node_id: u64, version: u8) -> [u8; REPLY_BYTES] {
     let mut bytes = [0u8; REPLY_BYTES];
     bytes[..4].copy_from_slice(b"LKPR");
-    bytes[4] = 3;
+    bytes[4] = version;
     bytes[5] = verdict;
     bytes[6..10].copy_from_slice(&SHARDS.to_be_bytes());
     bytes[10..18].copy_from_slice(&node_id.to_be_bytes());
@@ -28,10 +29,11 @@ fn old_reply(verdict: u8, node_id: u64) -> [u8; REPLY_BYTES] {
     bytes
 }
 
-/// A reader of the previous build playing member `node_id` on a thread: it accepts a hello of
-/// version 3 alone, refusing any other with a version reply carrying 3, then closing; it
-/// keeps the version of every hello it read and the numbers (`commit`) of the messages
-/// delivered to it.
+/// A reader of an earlier build playing member `node_id` on a thread: it accepts a hello of
+/// version 3 to its `newest` (3: the build before peer versions were negotiated; 4: the build
+/// before replicated fates), replying in the hello's version, and refuses any other with a
+/// version reply carrying its newest, then closing; it keeps the version of every hello it read
+/// and the numbers (`commit`) of the messages delivered to it.
 struct OldReader {
     hellos: Arc<Mutex<Vec<u8>>>,
     numbers: Receiver<u64>,
@@ -40,7 +42,7 @@ struct OldReader {
 }
 
 impl OldReader {
-    fn start(listener: TcpListener, node_id: u64) -> OldReader {
+    fn start(listener: TcpListener, node_id: u64, newest: u8) -> OldReader {
         let hellos = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (sender, numbers) = crossbeam_channel::unbounded();
@@ -55,7 +57,7 @@ impl OldReader {
                         continue;
                     }
                 };
-                serve_old(stream, node_id, (&seen, &sender), &stopping);
+                serve_old(stream, (node_id, newest), (&seen, &sender), &stopping);
             }
         });
         OldReader {
@@ -99,11 +101,11 @@ impl Drop for OldReader {
 }
 
 /// One connection to the old reader: its hello read whole (as the old build reads what has
-/// arrived), refused unless in version 3, then envelopes read until the dialer closes it or
-/// the reader stops.
+/// arrived), refused unless in version 3 to `newest`, then envelopes read until the dialer
+/// closes it or the reader stops.
 fn serve_old(
     mut stream: TcpStream,
-    node_id: u64,
+    (node_id, newest): (u64, u8),
     (hellos, numbers): (&Mutex<Vec<u8>>, &crossbeam_channel::Sender<u64>),
     stop: &AtomicBool,
 ) {
@@ -117,11 +119,11 @@ fn serve_old(
     }
     assert_eq!(&hello[..4], b"LKPR", "a latchkey hello");
     hellos.lock().expect("not poisoned").push(hello[4]);
-    if hello[4] != 3 {
-        let _ = stream.write_all(&old_reply(1, node_id));
+    if !(3..=newest).contains(&hello[4]) {
+        let _ = stream.write_all(&old_reply(1, node_id, newest));
         return; // closed
     }
-    stream.write_all(&old_reply(0, node_id)).expect("reply");
+    stream.write_all(&old_reply(0, node_id, hello[4])).expect("reply");
     let (mut buffer, mut chunk) = (Vec::new(), vec![0u8; 1 << 16]);
     while !stop.load(Ordering::Relaxed) {
         match stream.read(&mut chunk) {
@@ -148,10 +150,10 @@ fn serve_old(
 
 /// A rolling upgrade of member 2, then a roll back, as member 1 (this build) sees it.
 #[test]
-fn a_member_falls_back_to_version_3_for_a_reader_of_the_previous_build_and_back_up_to_4() {
+fn a_member_falls_back_to_version_3_for_a_reader_that_speaks_3_alone_and_back_up_after() {
     let all = addresses(2);
     let listener = TcpListener::bind(all[1]).expect("member 2's address");
-    let mut old = OldReader::start(listener, 2);
+    let mut old = OldReader::start(listener, 2, 3);
     let one = start(1, &all, PeerLimits::default());
     send_numbered(&one, 1, 2, 0..50);
     assert_eq!(
@@ -160,7 +162,7 @@ fn a_member_falls_back_to_version_3_for_a_reader_of_the_previous_build_and_back_
         "every message, in version 3"
     );
     let hellos = old.hellos();
-    assert_eq!(hellos[..2], [VERSION, 3], "4 first, refused, then 3");
+    assert_eq!(hellos[..2], [VERSION, 3], "the newest first, refused, then 3");
     wait_for("member 1 to report member 2 connected", || {
         let report = one.handle.report();
         report.peers[0].link == LinkState::Connected
@@ -174,7 +176,7 @@ fn a_member_falls_back_to_version_3_for_a_reader_of_the_previous_build_and_back_
         "a fallback is no refusal"
     );
 
-    // Member 2 is upgraded: member 1 reconnects in 4, and the cluster version is 4.
+    // Member 2 is upgraded: member 1 reconnects in the newest, the cluster version with it.
     let disconnects = load(&one.stats().disconnects);
     old.stop();
     // What is written to a connection as it closes is lost (raft sends again): send after.
@@ -182,25 +184,25 @@ fn a_member_falls_back_to_version_3_for_a_reader_of_the_previous_build_and_back_
         load(&one.stats().disconnects) > disconnects
     });
     let mut two = start(2, &all, PeerLimits::default());
-    wait_for("member 1 to hear member 2 in 4", || {
+    wait_for("member 1 to hear member 2 in the newest", || {
         version_of(&one, 2) == VERSION && one.handle.cluster_version() == VERSION
     });
-    wait_for("member 1's link accepted in 4", || {
+    wait_for("member 1's link accepted in the newest", || {
         one.handle.report().peers[0].link == LinkState::Connected
     });
     send_numbered(&one, 1, 2, 50..60);
     assert_eq!(two.receive(10).0.len(), 10);
     assert_eq!(one.handle.report().cluster_version, VERSION);
 
-    // Rolled back to the previous build (not supported once the cluster version was 4, but
-    // the transport follows): member 1 falls back to 3 again and says so.
+    // Rolled back to the earlier build (not supported once the cluster version rose, but the
+    // transport follows): member 1 falls back to 3 again and says so.
     let disconnects = load(&one.stats().disconnects);
     two.stop();
     wait_for("member 1 to see the close", || {
         load(&one.stats().disconnects) > disconnects
     });
     let listener = TcpListener::bind(all[1]).expect("member 2's address again");
-    let old = OldReader::start(listener, 2);
+    let old = OldReader::start(listener, 2, 3);
     send_numbered(&one, 1, 2, 60..70);
     assert_eq!(old.receive(10), (60..70).collect(), "in version 3 again");
     wait_for("member 1 to hear member 2 in 3", || {
@@ -208,10 +210,29 @@ fn a_member_falls_back_to_version_3_for_a_reader_of_the_previous_build_and_back_
     });
 }
 
-/// Three members of this build: the cluster version is 3 until each has heard from every
-/// other in 4, then 4, and it stays 4 while a member is down.
+/// A reader of the build before this one speaks 3 and 4: it refuses this build's 5 naming its
+/// 4, and is spoken to in 4; the cluster version is 4 (replicated waiters, no replicated fates).
 #[test]
-fn the_cluster_version_is_4_once_every_member_of_this_build_was_heard_from() {
+fn a_member_speaks_4_to_a_reader_of_the_build_before_and_the_cluster_version_is_4() {
+    assert_eq!(VERSION, 5, "this build's newest");
+    let all = addresses(2);
+    let listener = TcpListener::bind(all[1]).expect("member 2's address");
+    let old = OldReader::start(listener, 2, 4);
+    let one = start(1, &all, PeerLimits::default());
+    send_numbered(&one, 1, 2, 0..20);
+    assert_eq!(old.receive(20), (0..20).collect(), "every message, in version 4");
+    assert_eq!(old.hellos()[..2], [5, 4], "5 first, refused, then 4");
+    wait_for("member 1 to hear member 2 in 4", || {
+        version_of(&one, 2) == 4 && one.handle.cluster_version() == 4
+    });
+    assert_eq!(one.handle.report().cluster_version, 4);
+    assert_eq!(load(&one.stats().refused_by_peers), 0, "a fallback is no refusal");
+}
+
+/// Three members of this build: the cluster version is 3 until each has heard from every
+/// other in this build's newest, then that, and it stays so while a member is down.
+#[test]
+fn the_cluster_version_is_the_newest_once_every_member_of_this_build_was_heard_from() {
     let all = addresses(3);
     let one = start(1, &all, PeerLimits::default());
     assert_eq!(
@@ -220,7 +241,7 @@ fn the_cluster_version_is_4_once_every_member_of_this_build_was_heard_from() {
         "nobody heard from"
     );
     let two = start(2, &all, PeerLimits::default());
-    wait_for("members 1 and 2 to hear each other in 4", || {
+    wait_for("members 1 and 2 to hear each other in the newest", || {
         version_of(&one, 2) == VERSION && version_of(&two, 1) == VERSION
     });
     for member in [&one, &two] {
@@ -233,7 +254,7 @@ fn the_cluster_version_is_4_once_every_member_of_this_build_was_heard_from() {
     }
     let mut three = start(3, &all, PeerLimits::default());
     let members = [&one, &two, &three];
-    wait_for("every member's cluster version to be 4", || {
+    wait_for("every member's cluster version to be the newest", || {
         members.iter().all(|member| {
             let report = member.handle.report();
             member.handle.cluster_version() == VERSION
@@ -279,16 +300,16 @@ fn a_version_3_dialer_is_answered_in_3_and_others_as_they_speak() {
     let all = addresses(3); // member 3 is played by raw connections
     let _one = start(1, &all, PeerLimits::default());
     let mut two = start(2, &all, PeerLimits::default());
-    wait_for("member 2 to hear member 1 in 4", || {
+    wait_for("member 2 to hear member 1 in the newest", || {
         version_of(&two, 1) == VERSION
     });
 
-    // In 4 first: the peer is known at 4, and so is the cluster.
-    let (mut newer, reply) = say_hello(all[1], &hello_in(4));
-    assert_eq!((reply[4], reply[5]), (4, 0), "accepted in 4");
+    // In the newest first: the peer is known at it, and so is the cluster.
+    let (mut newer, reply) = say_hello(all[1], &hello_in(VERSION));
+    assert_eq!((reply[4], reply[5]), (VERSION, 0), "accepted in the newest");
     newer.write_all(&from_three(0..5)).expect("write");
     assert_eq!(two.receive(5).0.len(), 5);
-    wait_for("member 2 to know member 3 at 4", || {
+    wait_for("member 2 to know member 3 at the newest", || {
         version_of(&two, 3) == VERSION && two.handle.cluster_version() == VERSION
     });
 
@@ -322,12 +343,12 @@ fn a_version_3_dialer_is_answered_in_3_and_others_as_they_speak() {
         "refused for the identity, in 3"
     );
     assert!(closed_by_server(&mut refused));
-    for version in [2, 5] {
+    for version in [2, VERSION + 1] {
         let (mut refused, reply) = say_hello(all[1], &hello_in(version));
         assert_eq!(
             (reply[4], reply[5]),
             (VERSION, 1),
-            "version {version} refused in 4"
+            "version {version} refused in the newest"
         );
         assert!(closed_by_server(&mut refused));
     }

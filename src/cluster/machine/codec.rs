@@ -17,6 +17,10 @@
 //!   waiters). The forms of version 2 are still written as version 2, so that a log without
 //!   waiters stays readable by the previous build: a leader proposes the new forms only once
 //!   every member of its cluster speaks the peer wire version that says it reads them.
+//! * version 4: the forms of version 3, except that a `Withdraw` carries how its acquire was
+//!   answered ([`Answered`]: a byte after the owner, 1 timed out, 2 busy), which every member
+//!   then remembers for the client's Resolves. A `Withdraw` without it is still written as
+//!   version 3, for the same reason.
 //!
 //! A member of an earlier build refuses an entry of a later version (unknown version) rather
 //! than guess at it, and stops: members never disagree on what an entry does
@@ -25,8 +29,10 @@
 //! # Versions of a snapshot
 //!
 //! Version 1: shard, shards, floor, applied, holds. Version 2: the same, then the queued
-//! acquires, each with the time left of its wait. A snapshot without waiters is written as
-//! version 1, for the same reason.
+//! acquires, each with the time left of its wait. Version 3: the same, then the acquires that
+//! ended without a grant ([`SnapshotEnded`], oldest first). Each snapshot is written in the
+//! oldest version that holds its contents (without ended acquires, 2; without waiters either,
+//! 1), for the same reason.
 //!
 //! Invariants: decoding accepts any bytes and returns an error value for anything that is not
 //! exactly one well-formed form (trailing bytes are an error); it never panics and never
@@ -41,16 +47,24 @@ use std::fmt;
 
 /// The newest command version this build decodes (it decodes
 /// [`COMMAND_VERSION_MIN`]`..=COMMAND_VERSION`, and writes each form as [`Command::version`]).
-pub const COMMAND_VERSION: u8 = 3;
+pub const COMMAND_VERSION: u8 = 4;
 /// The oldest command version this build decodes.
 pub const COMMAND_VERSION_MIN: u8 = 1;
 /// The command version that added `Enqueue` and `Withdraw`.
 pub const WAITERS_COMMAND_VERSION: u8 = 3;
-/// The newest snapshot version (it carries queued acquires; one without is written as 1).
-pub const SNAPSHOT_VERSION: u8 = 2;
+/// The command version whose `Withdraw` carries how its acquire was answered.
+pub const ANSWERED_COMMAND_VERSION: u8 = 4;
+/// The newest snapshot version (it carries queued and ended acquires; see the module docs).
+pub const SNAPSHOT_VERSION: u8 = 3;
 /// The most queued acquires one shard's replicated state keeps: an `Enqueue` past it changes
 /// nothing (the leader's own limits keep far below it).
 pub const WAITERS_MAX: usize = super::HOLDS_MAX;
+/// The most ended acquires one shard's replicated state remembers (a `Withdraw` past it forgets
+/// the oldest first): at 33 bytes each in a snapshot, 135 KB per shard. A client asks about an
+/// acquire within its grace (at most 60 s) of its answer, so this covers 68 answered
+/// withdrawals per second and shard; past that, an older one's Resolve says "never seen",
+/// which is as true for the caller (nothing of it stands).
+pub const ENDED_MAX: usize = 4096;
 /// The most holds one [`Command::Checkpoint`] may carry (its encoding stays under ~4.2 MB even
 /// with 1024-byte keys, and one apply stays short). A leader with more holds checkpoints them
 /// over several commands (see [`super::ShardMachine::checkpoint`]).
@@ -76,6 +90,8 @@ const SNAPSHOT_HOLD_BYTES_MIN: usize = 8 + 8 + 4 + 8 + 8 + 2 + 1;
 const SNAPSHOT_WAITER_BYTES_MIN: usize = QUEUED_BYTES + 8 + 2 + 1;
 /// Bytes of an encoded [`Queued`]: owner, client, grace, lease, wait.
 const QUEUED_BYTES: usize = 8 + 16 + 1 + 4 + 4;
+/// Bytes of an encoded [`SnapshotEnded`]: client, owner, answered, index.
+const SNAPSHOT_ENDED_BYTES: usize = 16 + 8 + 1 + 8;
 
 /// One command of a shard's replicated log, applied by every member in log order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -150,7 +166,36 @@ pub enum Command {
         key: Vec<u8>,
         /// The waiter's owner id.
         owner: u64,
+        /// How the leader answered it (version 4; `None`: not said, version 3): remembered
+        /// with its client id for a Resolve ([`super::ShardMachine::ended`]).
+        answered: Option<Answered>,
     },
+}
+
+/// How a queued acquire that left its queue without a grant was answered (a Resolve's fate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Answered {
+    /// `T`: its wait ran out, it was cancelled, or its client's grace ended.
+    TimedOut,
+    /// `B`: refused (the shard's key limit, or its leader stopping with no other member up).
+    Busy,
+}
+
+impl Answered {
+    fn byte(self) -> u8 {
+        match self {
+            Answered::TimedOut => 1,
+            Answered::Busy => 2,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Result<Answered, DecodeError> {
+        match byte {
+            1 => Ok(Answered::TimedOut),
+            2 => Ok(Answered::Busy),
+            other => Err(DecodeError::Flag(other)),
+        }
+    }
 }
 
 /// A queued acquire as the replicated state keeps it: what a new leader needs to queue it
@@ -218,6 +263,19 @@ pub struct SnapshotWaiter {
     pub remaining_ms: u64,
 }
 
+/// One acquire that ended without a grant in a snapshot image (oldest first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotEnded {
+    /// Its client id (never 0).
+    pub client: u128,
+    /// Its owner id.
+    pub owner: u64,
+    /// How it was answered.
+    pub answered: Answered,
+    /// The log index of its `Withdraw`.
+    pub index: u64,
+}
+
 /// A shard's state as bytes: see `ShardMachine::snapshot`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotImage {
@@ -233,6 +291,8 @@ pub struct SnapshotImage {
     pub holds: Vec<SnapshotHold>,
     /// The queued acquires, at most [`WAITERS_MAX`], each key's in queue order.
     pub waiters: Vec<SnapshotWaiter>,
+    /// The acquires that ended without a grant, at most [`ENDED_MAX`], oldest first.
+    pub ended: Vec<SnapshotEnded>,
 }
 
 /// Why bytes are not a command or a snapshot (or a snapshot does not fit its shard).
@@ -244,7 +304,7 @@ pub enum DecodeError {
     Version(u8),
     /// An unknown command tag.
     Tag(u8),
-    /// A flag byte that is neither 0 nor 1.
+    /// A flag byte that is neither 0 nor 1, or an [`Answered`] byte that is neither 1 nor 2.
     Flag(u8),
     /// A key length outside `1..=KEY_BYTES_MAX`.
     KeyLength(usize),
@@ -262,7 +322,7 @@ impl fmt::Display for DecodeError {
             Self::Truncated => write!(f, "truncated"),
             Self::Version(v) => write!(f, "unknown version {v}"),
             Self::Tag(t) => write!(f, "unknown command tag {t}"),
-            Self::Flag(b) => write!(f, "flag byte {b} (0 or 1 expected)"),
+            Self::Flag(b) => write!(f, "flag byte {b} out of range"),
             Self::KeyLength(n) => write!(f, "key length {n} outside 1..={KEY_BYTES_MAX}"),
             Self::TooManyHolds(n) => write!(f, "{n} holds is too many"),
             Self::Trailing(n) => write!(f, "{n} trailing bytes"),
@@ -327,9 +387,16 @@ impl Command {
                 put_queued(out, waiter);
                 put_key(out, key);
             }
-            Self::Withdraw { key, owner } => {
+            Self::Withdraw {
+                key,
+                owner,
+                answered,
+            } => {
                 out.push(TAG_WITHDRAW);
                 out.extend_from_slice(&owner.to_be_bytes());
+                if let Some(answered) = answered {
+                    out.push(answered.byte());
+                }
                 put_key(out, key);
             }
         }
@@ -338,6 +405,9 @@ impl Command {
     /// The version this form is written in: the oldest that has it (see the module docs).
     pub fn version(&self) -> u8 {
         match self {
+            Self::Withdraw {
+                answered: Some(_), ..
+            } => ANSWERED_COMMAND_VERSION,
             Self::Enqueue { .. } | Self::Withdraw { .. } => WAITERS_COMMAND_VERSION,
             _ => 2,
         }
@@ -425,9 +495,14 @@ impl Command {
             }
             TAG_WITHDRAW if version >= WAITERS_COMMAND_VERSION => {
                 let owner = reader.u64()?;
+                let answered = match version >= ANSWERED_COMMAND_VERSION {
+                    true => Some(Answered::from_byte(reader.u8()?)?),
+                    false => None,
+                };
                 Command::Withdraw {
                     key: reader.key()?,
                     owner,
+                    answered,
                 }
             }
             tag => return Err(DecodeError::Tag(tag)),
@@ -471,14 +546,21 @@ fn decode_checkpoint(reader: &mut Reader<'_>) -> Result<Command, DecodeError> {
 }
 
 impl SnapshotImage {
-    /// The encoding: version, shard, shards, floor flag and value, applied, count, holds, and
-    /// (version 2, only if there are waiters) count, waiters. Panics on a key of the wrong
-    /// length, more than [`HOLDS_MAX`](super::HOLDS_MAX) holds or [`WAITERS_MAX`] waiters.
+    /// The encoding: version, shard, shards, floor flag and value, applied, count, holds, then
+    /// (version 2, only if there are waiters or ended acquires) count, waiters, then (version 3,
+    /// only if there are ended acquires) count, ended acquires. Panics on a key of the wrong
+    /// length, more than [`HOLDS_MAX`](super::HOLDS_MAX) holds, [`WAITERS_MAX`] waiters or
+    /// [`ENDED_MAX`] ended acquires.
     pub fn encode(&self) -> Vec<u8> {
         assert!(self.holds.len() <= SNAPSHOT_HOLDS_MAX, "snapshot too large");
         assert!(self.waiters.len() <= WAITERS_MAX, "snapshot too large");
+        assert!(self.ended.len() <= ENDED_MAX, "snapshot too large");
         let mut out = Vec::with_capacity(32 + self.holds.len() * 48);
-        let version = if self.waiters.is_empty() { 1 } else { 2 };
+        let version = match (self.waiters.is_empty(), self.ended.is_empty()) {
+            (_, false) => 3,
+            (false, true) => 2,
+            (true, true) => 1,
+        };
         out.push(version);
         out.extend_from_slice(&self.shard.to_be_bytes());
         out.extend_from_slice(&self.shards.to_be_bytes());
@@ -502,6 +584,16 @@ impl SnapshotImage {
                 put_queued(&mut out, &queued.waiter);
                 out.extend_from_slice(&queued.remaining_ms.to_be_bytes());
                 put_key(&mut out, &queued.key);
+            }
+        }
+        if version >= 3 {
+            // The assert above keeps the count within u32.
+            out.extend_from_slice(&(self.ended.len() as u32).to_be_bytes());
+            for ended in &self.ended {
+                out.extend_from_slice(&ended.client.to_be_bytes());
+                out.extend_from_slice(&ended.owner.to_be_bytes());
+                out.push(ended.answered.byte());
+                out.extend_from_slice(&ended.index.to_be_bytes());
             }
         }
         out
@@ -559,6 +651,26 @@ impl SnapshotImage {
                 });
             }
         }
+        let mut ended = Vec::new();
+        if version >= 3 {
+            let count = usize::try_from(reader.u32()?).unwrap_or(usize::MAX);
+            if count > ENDED_MAX {
+                return Err(DecodeError::TooManyHolds(count));
+            }
+            reader.can_hold(count, SNAPSHOT_ENDED_BYTES)?;
+            ended.reserve_exact(count);
+            for _ in 0..count {
+                let (client, owner) = (reader.u128()?, reader.u64()?);
+                let answered = Answered::from_byte(reader.u8()?)?;
+                let index = reader.u64()?;
+                ended.push(SnapshotEnded {
+                    client,
+                    owner,
+                    answered,
+                    index,
+                });
+            }
+        }
         reader.finish()?;
         Ok(SnapshotImage {
             shard,
@@ -567,6 +679,7 @@ impl SnapshotImage {
             applied,
             holds,
             waiters,
+            ended,
         })
     }
 }
@@ -605,6 +718,7 @@ const _: () = assert!(KEY_BYTES_MAX <= u16::MAX as usize);
 const _: () = assert!(CHECKPOINT_HOLDS_MAX <= u16::MAX as usize);
 const _: () = assert!(SNAPSHOT_HOLDS_MAX <= u32::MAX as usize);
 const _: () = assert!(WAITERS_MAX <= u32::MAX as usize);
+const _: () = assert!(ENDED_MAX <= u32::MAX as usize);
 
 /// A cursor over untrusted bytes: every read checks the length first.
 struct Reader<'a> {

@@ -426,6 +426,7 @@ fn golden_snapshot(machine: &ShardMachine, now_ms: u64) -> Vec<u8> {
         applied: machine.applied(),
         holds,
         waiters: Vec::new(),
+        ended: Vec::new(),
     }
     .encode()
 }
@@ -524,7 +525,7 @@ fn every_command_round_trips_and_bad_bytes_are_errors() {
         assert_eq!(Command::decode(&longer), Err(DecodeError::Trailing(1)));
     }
     assert_eq!(Command::decode(&[0, 1]), Err(DecodeError::Version(0)));
-    assert_eq!(Command::decode(&[4, 1]), Err(DecodeError::Version(4)));
+    assert_eq!(Command::decode(&[5, 1]), Err(DecodeError::Version(5)));
     assert_eq!(Command::decode(&[1, 99]), Err(DecodeError::Tag(99)));
     let empty_key = [1, 3, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];
     assert_eq!(Command::decode(&empty_key), Err(DecodeError::KeyLength(0)));
@@ -540,6 +541,10 @@ fn every_command_round_trips_and_bad_bytes_are_errors() {
 
 fn key_strategy() -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(any::<u8>(), 1..40)
+}
+
+fn answered_strategy() -> impl Strategy<Value = Option<Answered>> {
+    prop::option::of(prop_oneof![Just(Answered::TimedOut), Just(Answered::Busy)])
 }
 
 fn then_strategy() -> impl Strategy<Value = Option<Grant>> {
@@ -599,7 +604,13 @@ fn command_strategy() -> impl Strategy<Value = Command> {
             .prop_map(|(as_of, holds)| Command::Checkpoint { as_of, holds }),
         (key_strategy(), queued_strategy())
             .prop_map(|(key, waiter)| Command::Enqueue { key, waiter }),
-        (key_strategy(), any::<u64>()).prop_map(|(key, owner)| Command::Withdraw { key, owner }),
+        (key_strategy(), any::<u64>(), answered_strategy()).prop_map(|(key, owner, answered)| {
+            Command::Withdraw {
+                key,
+                owner,
+                answered,
+            }
+        }),
     ]
 }
 

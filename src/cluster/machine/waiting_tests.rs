@@ -1,6 +1,7 @@
 //! Unit tests of the replicated queues: `Enqueue`, `Withdraw`, a grant taking its waiter out,
 //! their bytes (version 3, refused in earlier versions), and snapshots that carry queues
-//! (version 2, written only when there are waiters).
+//! (version 2, written only when there are waiters); and of the ended acquires a `Withdraw`
+//! that says how it was answered records (version 4; snapshots of version 3).
 
 use super::*;
 
@@ -32,6 +33,15 @@ fn withdraw(text: &str, owner: u64) -> Command {
     Command::Withdraw {
         key: key(text),
         owner,
+        answered: None,
+    }
+}
+
+fn withdraw_answered(text: &str, owner: u64, answered: Answered) -> Command {
+    Command::Withdraw {
+        key: key(text),
+        owner,
+        answered: Some(answered),
     }
 }
 
@@ -219,4 +229,150 @@ fn a_snapshot_claiming_more_waiters_than_its_bytes_is_refused_before_allocating(
         ShardMachine::restore(0, 1, &lying, 0).map(|_| ()),
         Err(DecodeError::TooManyHolds(u32::MAX as usize))
     );
+}
+
+#[test]
+fn a_withdraw_that_says_how_its_acquire_was_answered_leaves_a_record_for_resolves() {
+    let (mut machine, token) = held();
+    for (index, owner) in [(3, 10), (4, 11), (5, 12), (6, 13)] {
+        machine.apply(index, &enqueue("k", owner), 0);
+    }
+    let client = |owner| waiter(owner).client;
+    let answered = |text, owner, answered| withdraw_answered(text, owner, answered);
+    assert_eq!(machine.apply(7, &answered("k", 10, Answered::TimedOut), 0), Applied::Withdrawn);
+    assert_eq!(machine.apply(8, &answered("k", 11, Answered::Busy), 0), Applied::Withdrawn);
+    // Not said (version 3), not queued, or granted: nothing is recorded.
+    assert_eq!(machine.apply(9, &withdraw("k", 12), 0), Applied::Withdrawn);
+    let missing = answered("k", 99, Answered::TimedOut);
+    assert_eq!(machine.apply(10, &missing, 0), Applied::NotQueued);
+    let release = Command::Release {
+        key: key("k"),
+        token,
+        then: Some(Grant {
+            owner: 13,
+            lease_ms: 1_013,
+        }),
+    };
+    assert!(matches!(machine.apply(11, &release, 0), Applied::HandedOff { .. }));
+    assert_eq!(machine.ended(client(10), 10), Some(Answered::TimedOut));
+    assert_eq!(machine.ended(client(11), 11), Some(Answered::Busy));
+    for owner in [12, 13, 99] {
+        assert_eq!(machine.ended(client(owner), owner), None, "owner {owner}");
+    }
+    // Under its own client only.
+    assert_eq!(machine.ended(client(11), 10), None);
+    // Replicated state: in the digest, in snapshots (version 3) and frozen images.
+    let bytes = machine.snapshot(0);
+    assert_eq!(bytes[0], 3, "a snapshot with ended acquires is version 3");
+    let restored = ShardMachine::restore(0, 1, &bytes, 0).expect("restore");
+    assert_eq!(restored.digest(), machine.digest());
+    assert_eq!(restored.ended(client(11), 11), Some(Answered::Busy));
+    let frozen = machine.freeze(0);
+    machine.apply(12, &enqueue("k", 14), 0);
+    machine.apply(13, &answered("k", 14, Answered::TimedOut), 0);
+    assert_eq!(frozen.encode(), bytes);
+    let mut unsaid = held().0;
+    for index in 3..=6 {
+        unsaid.apply(index, &enqueue("k", index + 7), 0);
+    }
+    for (index, owner) in [(7, 10), (8, 11), (9, 12)] {
+        unsaid.apply(index, &withdraw("k", owner), 0);
+    }
+    unsaid.skip(10);
+    unsaid.apply(11, &release, 0);
+    let at_11 = ShardMachine::restore(0, 1, &bytes, 0).expect("restore");
+    assert_ne!(unsaid.digest(), at_11.digest(), "the records are in the digest");
+}
+
+#[test]
+fn the_last_ended_max_ended_acquires_are_kept_the_oldest_forgotten_first() {
+    let (mut machine, _) = held();
+    let mut index = 2;
+    let extra = 5;
+    for owner in 0..(ENDED_MAX + extra) as u64 {
+        index += 1;
+        machine.apply(index, &enqueue("k", owner), 0);
+        index += 1;
+        machine.apply(index, &withdraw_answered("k", owner, Answered::TimedOut), 0);
+    }
+    machine.check_invariants();
+    let ended = |machine: &ShardMachine, owner: u64| machine.ended(waiter(owner).client, owner);
+    for owner in 0..extra as u64 {
+        assert_eq!(ended(&machine, owner), None, "owner {owner} is forgotten");
+    }
+    for owner in [extra as u64, (ENDED_MAX + extra - 1) as u64] {
+        assert_eq!(ended(&machine, owner), Some(Answered::TimedOut), "owner {owner}");
+    }
+    // The same owner ended again moves to the back (one record per client and owner).
+    index += 1;
+    machine.apply(index, &enqueue("k", extra as u64), 0);
+    index += 1;
+    let again = withdraw_answered("k", extra as u64, Answered::Busy);
+    machine.apply(index, &again, 0);
+    index += 1;
+    machine.apply(index, &enqueue("k", 1), 0);
+    index += 1;
+    machine.apply(index, &withdraw_answered("k", 1, Answered::TimedOut), 0);
+    assert_eq!(ended(&machine, extra as u64), Some(Answered::Busy));
+    assert_eq!(ended(&machine, 1), Some(Answered::TimedOut));
+    assert_eq!(ended(&machine, extra as u64 + 1), None, "the oldest went");
+    machine.check_invariants();
+    let restored = ShardMachine::restore(0, 1, &machine.snapshot(0), 0).expect("restore");
+    assert_eq!(restored.digest(), machine.digest());
+}
+
+#[test]
+fn a_withdraw_that_says_how_it_was_answered_is_version_four_pinned() {
+    let command = withdraw_answered("k", 9, Answered::Busy);
+    let mut bytes = vec![4, 8];
+    bytes.extend_from_slice(&9u64.to_be_bytes());
+    bytes.push(2);
+    bytes.extend_from_slice(&[0, 1, b'k']);
+    assert_eq!(command.encode(), bytes);
+    assert_eq!(Command::decode(&bytes), Ok(command));
+    for end in 0..bytes.len() {
+        assert_eq!(Command::decode(&bytes[..end]), Err(DecodeError::Truncated));
+    }
+    for byte in [0, 3, 255] {
+        let mut wrong = bytes.clone();
+        wrong[10] = byte;
+        assert_eq!(Command::decode(&wrong), Err(DecodeError::Flag(byte)));
+    }
+    // Read as version 3, the byte is part of the key's length: not a command.
+    bytes[0] = 3;
+    assert!(Command::decode(&bytes).is_err());
+    // Version 5 is unknown.
+    bytes[0] = 5;
+    assert_eq!(Command::decode(&bytes), Err(DecodeError::Version(5)));
+    // Without it, still version 3.
+    assert_eq!(withdraw("k", 9).encode()[0], 3);
+}
+
+#[test]
+fn a_snapshot_whose_ended_acquires_are_out_of_order_or_listed_twice_is_refused() {
+    let (mut machine, _) = held();
+    for (index, owner) in [(3, 10), (4, 11)] {
+        machine.apply(index, &enqueue("k", owner), 0);
+    }
+    machine.apply(5, &withdraw_answered("k", 10, Answered::TimedOut), 0);
+    machine.apply(6, &withdraw_answered("k", 11, Answered::TimedOut), 0);
+    let image = SnapshotImage::decode(&machine.snapshot(0)).expect("decode");
+    assert_eq!(image.ended.len(), 2);
+    let refused = |image: &SnapshotImage| {
+        let restored = ShardMachine::restore(0, 1, &image.encode(), 0);
+        assert!(matches!(restored, Err(DecodeError::Inconsistent(_))), "{restored:?}");
+    };
+    let mut twice = image.clone();
+    twice.ended[0].owner = 11;
+    twice.ended[0].client = twice.ended[1].client;
+    refused(&twice);
+    let mut swapped = image.clone();
+    swapped.ended.swap(0, 1);
+    refused(&swapped);
+    let mut ahead = image.clone();
+    ahead.ended[1].index = 7;
+    refused(&ahead);
+    let mut nobody = image;
+    nobody.ended[0].client = 0;
+    refused(&nobody);
 }

@@ -15,6 +15,11 @@
 //!   waiter the replicated queue lacks. Only once every member reads the two commands (the
 //!   cluster version, `Peers::cluster_version`): a member of the previous build stops on an
 //!   entry it cannot decode.
+//! * **Fates.** From cluster version [`ANSWERED_PEER_VERSION`], a `Withdraw` says how the
+//!   leader answered the waiter (`B` if it did, else `T`: its wait ran out, it was cancelled,
+//!   or its client's grace ended), and every member remembers it under the client id and owner
+//!   (`ShardMachine::ended`): a later leader answers the client's Resolve *timed out* or *busy*
+//!   as this one would have (resume.rs).
 //! * **Adopt.** A member that begins to serve a shard (its barrier applied: it has applied
 //!   every committed entry) queues the replicated waiters again, each in its place, detached
 //!   (nobody reads their answers) and *adopted* ([`crate::cluster::shard::Waiter::origin`]):
@@ -25,14 +30,17 @@
 //!   the session that asks (`queued`), and so does the same acquire sent again after an `M`
 //!   (its old leader stepped down: the client asks the new one). A grant to an adopted waiter
 //!   no session took yet is kept until its wait or grace would have ended, for a Resolve to
-//!   find (`granted`), then released: no ghost hold outlives the client's grace.
+//!   find (`granted`), then released: no ghost hold outlives the client's grace. An adopted
+//!   acquire whose wait or grant ended is not executed again by a Resolve; the same acquire
+//!   sent again after that is a new attempt (docs/protocol.md §5: it returns no earlier token,
+//!   and nothing of the earlier one stands).
 //!
 //! What is not mirrored stays leader-local as before: a waiter of a session that did not
 //! identify (nobody could ask about it), one that found its key free (its `Acquire` is the
 //! fact), and any while some member runs the previous build.
 
-use super::{ClusterPartition, PendingKind, Peers, WAITERS_PEER_VERSION};
-use crate::cluster::machine::{Command, Queued};
+use super::{ClusterPartition, PendingKind, Peers, ANSWERED_PEER_VERSION, WAITERS_PEER_VERSION};
+use crate::cluster::machine::{Answered, Command, Queued};
 use crate::cluster::shard::{Waiter, ADOPTED};
 use crate::cluster::writer::LogWriter;
 use crate::partition::{ClientRef, NOBODY};
@@ -40,18 +48,10 @@ use crate::partition::{ClientRef, NOBODY};
 /// How long a waiter waits before it is mirrored: one of the leader's ticks.
 pub(super) const MIRROR_AFTER_US: u64 = 10_000;
 
-/// How long an adopted acquire that ended unattached is remembered (the longest grace: a
-/// client sends it again, after an `M`, within its own wait, which ended before).
-const ADOPTED_ENDED_US: u64 = 60_000_000;
-/// The most such acquires remembered (beyond, the oldest are dropped first once expired).
-const ADOPTED_ENDED_MAX: usize = 65_536;
-
 /// A grant to an adopted waiter that no session took yet.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct AdoptedGrant {
     shard: u32,
-    id: u128,
-    owner: u64,
     /// When it is released if no Resolve took it.
     until_us: u64,
 }
@@ -164,8 +164,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     }
 
     /// Proposes the `Withdraw` of every mirrored waiter that left a queue other than by a
-    /// grant since the last call, on the shards this member serves. One that no longer leads
-    /// leaves them to the next leader, which adopts those waiters and withdraws them in turn.
+    /// grant since the last call, on the shards this member serves, saying how it was answered
+    /// (`B` if this leader answered it so, else `T`). One that no longer leads leaves them to
+    /// the next leader, which adopts those waiters and withdraws them in turn.
     pub(super) fn propose_withdrawals(&mut self) {
         for local in 0..self.shards.len() {
             let withdrawn = self.shards[local].take_withdrawn();
@@ -173,11 +174,31 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 continue;
             }
             let shard = self.shards[local].machine().shard();
-            for (key, owner) in withdrawn {
-                let command = Command::Withdraw { key, owner };
-                self.propose(shard, &command, NOBODY, PendingKind::Mirror);
+            for left in withdrawn {
+                let answered = match self.answered_busy(left.session, left.owner) {
+                    true => Answered::Busy,
+                    false => Answered::TimedOut,
+                };
+                self.propose_withdraw(shard, left.key, left.owner, answered);
             }
         }
+    }
+
+    /// Proposes the `Withdraw` of `owner`'s waiter of `key`, `answered` if the cluster reads
+    /// it.
+    fn propose_withdraw(&mut self, shard: u32, key: Vec<u8>, owner: u64, answered: Answered) {
+        let answered = Some(answered).filter(|_| self.answered_readable());
+        let command = Command::Withdraw {
+            key,
+            owner,
+            answered,
+        };
+        self.propose(shard, &command, NOBODY, PendingKind::Mirror);
+    }
+
+    /// Whether every member reads a `Withdraw` that says how its acquire was answered.
+    fn answered_readable(&self) -> bool {
+        self.peers.cluster_version() >= ANSWERED_PEER_VERSION
     }
 
     /// This member began to serve `shard`: it adopts the replicated queues (see the module
@@ -202,14 +223,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             // client sent the acquire): never before the client's own.
             let wait_end_us = deadline_ms.saturating_mul(1000);
             if wait_end_us <= self.now_us {
-                // Over already: its client gave up. Withdrawn, and the same acquire sent again
-                // gets `T`.
-                self.adopted_acquire_ended(queued.client, queued.owner);
-                let command = Command::Withdraw {
-                    key,
-                    owner: queued.owner,
-                };
-                self.propose(shard, &command, NOBODY, PendingKind::Mirror);
+                // Over already: its client gave up. Withdrawn, timed out.
+                self.propose_withdraw(shard, key, queued.owner, Answered::TimedOut);
                 continue;
             }
             let grace_end_us = self.now_us + u64::from(queued.grace_s) * 1_000_000;
@@ -245,20 +260,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.shards[local].check_invariants();
     }
 
-    /// The grant of `token` on `shard` went to the adopted waiter of `owner` from client `id`,
-    /// which no session took: kept for a Resolve until `until_us`, then released.
-    pub(super) fn keep_adopted_grant(
-        &mut self,
-        (shard, token): (u32, u64),
-        (id, owner): (u128, u64),
-        until_us: u64,
-    ) {
-        let grant = AdoptedGrant {
-            shard,
-            id,
-            owner,
-            until_us,
-        };
+    /// The grant of `token` on `shard` went to an adopted waiter that no session took: kept
+    /// for a Resolve (or the same acquire sent again) until `until_us`, then released.
+    pub(super) fn keep_adopted_grant(&mut self, (shard, token): (u32, u64), until_us: u64) {
+        let grant = AdoptedGrant { shard, until_us };
         self.adopted_grants.insert(token, grant);
     }
 
@@ -287,46 +292,18 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.answer_acquired(shard, (session, true), owner, token);
     }
 
-    /// Remembers that the adopted acquire of `owner` from client `id` ended unattached, for
-    /// [`ADOPTED_ENDED_US`]: the same acquire sent again gets `T`.
-    pub(super) fn adopted_acquire_ended(&mut self, id: u128, owner: u64) {
-        let now_us = self.now_us;
-        if self.adopted_ended.len() >= ADOPTED_ENDED_MAX {
-            self.adopted_ended.retain(|_, until_us| *until_us > now_us);
-        }
-        if self.adopted_ended.len() < ADOPTED_ENDED_MAX {
-            self.adopted_ended.insert((id, owner), now_us + ADOPTED_ENDED_US);
-        }
-    }
-
-    /// Whether the adopted acquire of `owner` from client `id` ended unattached here lately —
-    /// or was granted and its hold is gone already (its lease ran out before anyone asked).
-    pub(super) fn adopted_ended(&self, id: u128, owner: u64) -> bool {
-        let until = self.adopted_ended.get(&(id, owner));
-        if until.is_some_and(|&until_us| until_us > self.now_us) {
-            return true;
-        }
-        // Few: grants to adopted waiters nobody asked about yet.
-        self.adopted_grants.iter().any(|(&token, grant)| {
-            let shard = self.shard(grant.shard);
-            let gone = shard.is_some_and(|s| s.machine().key_of(token).is_none());
-            grant.id == id && grant.owner == owner && gone
-        })
-    }
-
     /// Releases the grants to adopted waiters whose time for a Resolve ended.
     pub(super) fn release_unresolved_grants(&mut self) {
         if self.adopted_grants.is_empty() {
             return;
         }
         let now_us = self.now_us;
-        let due: Vec<(u64, u32, u128, u64)> = (self.adopted_grants.iter())
+        let due: Vec<(u64, u32)> = (self.adopted_grants.iter())
             .filter(|(_, grant)| grant.until_us <= now_us)
-            .map(|(&token, grant)| (token, grant.shard, grant.id, grant.owner))
+            .map(|(&token, grant)| (token, grant.shard))
             .collect();
-        for (token, shard, id, owner) in due {
+        for (token, shard) in due {
             self.adopted_grants.remove(&token);
-            self.adopted_acquire_ended(id, owner);
             if self.shard(shard).is_some_and(|s| s.machine().key_of(token).is_some()) {
                 self.stats.grace_releases += 1;
                 self.release_undelivered(shard, token);

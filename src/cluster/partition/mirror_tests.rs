@@ -53,11 +53,11 @@ fn start(
     partition
 }
 
-/// The same member after a crash: a new partition on what its log kept.
-fn restart(partition: Subject, clients: &[(ClientRef, u128, u8)], now_us: &mut u64) -> Subject {
+/// The same member after a crash: a new partition on what its log kept, at cluster `version`.
+fn restart(partition: Subject, version: u8, now_us: &mut u64) -> Subject {
     let durable = partition.member().writer().durable().clone();
     drop(partition);
-    start(durable, super::WAITERS_PEER_VERSION, clients, now_us)
+    start(durable, version, &CLIENTS, now_us)
 }
 
 const CLIENTS: [(ClientRef, u128, u8); 2] = [(ALICE, 0xA11CE, 10), (BOB, 0xB0B, 2)];
@@ -124,7 +124,7 @@ fn held_with_two_waiters(now_us: &mut u64) -> (Subject, u64) {
 fn a_new_leader_keeps_each_waiter_in_its_place_for_a_resolve_or_the_same_acquire_sent_again() {
     let mut now_us = 0;
     let (partition, token) = held_with_two_waiters(&mut now_us);
-    let mut partition = restart(partition, &CLIENTS, &mut now_us);
+    let mut partition = restart(partition, super::WAITERS_PEER_VERSION, &mut now_us);
     assert_eq!(partition.stats().adopted, 2);
     assert_eq!(holder(&partition), Some((1, token)), "the hold is replicated state");
     // Bob asks what became of his acquire: queued, on the session that asks.
@@ -165,7 +165,7 @@ fn an_adopted_waiter_nobody_takes_leaves_at_its_grace_end_and_its_grant_is_relea
     let (partition, token) = held_with_two_waiters(&mut now_us);
     // The new leader adopts at its promotion, after this.
     let adopted_after_us = now_us;
-    let mut partition = restart(partition, &CLIENTS, &mut now_us);
+    let mut partition = restart(partition, super::WAITERS_PEER_VERSION, &mut now_us);
     // The holder releases at once: Bob (grace 2 s) is granted, and nobody takes the grant.
     assert!(send(&mut partition, now_us, (12, ALICE), Op::Release { token }).is_empty());
     run(&mut partition, &mut now_us, 5);
@@ -213,4 +213,46 @@ fn a_waiter_of_a_session_that_did_not_identify_or_of_an_older_cluster_is_not_mir
     assert!(matches!(cancelled.as_slice(), [Response::Timeout { owner: 3 }]), "{cancelled:?}");
     run(&mut partition, &mut now_us, 5);
     assert!(queued_owners(&partition).is_empty(), "withdrawn");
+}
+
+#[test]
+fn a_new_leader_answers_a_resolve_of_a_waiter_its_predecessor_answered_t_as_timed_out() {
+    for version in [super::ANSWERED_PEER_VERSION, super::WAITERS_PEER_VERSION] {
+        let mut now_us = 0;
+        let mut partition = start(MemDurable::new(), version, &CLIENTS, &mut now_us);
+        assert!(send(&mut partition, now_us, (1, ALICE), acquire(1, 5)).is_empty());
+        run(&mut partition, &mut now_us, 5);
+        // Bob's wait (1 s) runs out, and Alice cancels hers: both mirrored, both answered `T`.
+        assert!(send(&mut partition, now_us, (2, BOB), acquire(2, 1)).is_empty());
+        assert!(send(&mut partition, now_us, (3, ALICE), acquire(3, 20)).is_empty());
+        run(&mut partition, &mut now_us, 5);
+        assert_eq!(queued_owners(&partition), [2, 3], "both mirrored");
+        let cancelled = send(&mut partition, now_us, (3, ALICE), Op::Cancel { owner: 3 });
+        assert!(matches!(cancelled.as_slice(), [Response::Timeout { owner: 3 }]));
+        let answers = run(&mut partition, &mut now_us, 110);
+        assert!(
+            answers.contains(&(2, Response::Timeout { owner: 2 })),
+            "Bob's wait ran out: {answers:?}"
+        );
+        assert!(queued_owners(&partition).is_empty(), "both withdrawn");
+        // The leader dies before either client read its `T`; the next one is asked.
+        let mut partition = restart(partition, version, &mut now_us);
+        let fate = |partition: &mut Subject, now_us, (session, client), owner| {
+            match send(partition, now_us, (session, client), Op::Resolve { owner }).as_slice() {
+                [Response::Resolved { fate, .. }] => *fate,
+                other => panic!("{other:?}"),
+            }
+        };
+        let (bob, alice) = (fate(&mut partition, now_us, (10, BOB), 2), {
+            fate(&mut partition, now_us, (11, ALICE), 3)
+        });
+        if version >= super::ANSWERED_PEER_VERSION {
+            assert_eq!((bob, alice), (Fate::TimedOut, Fate::TimedOut), "replicated fates");
+        } else {
+            // An older cluster: the fates were the dead leader's alone.
+            assert_eq!((bob, alice), (Fate::NeverSeen, Fate::NeverSeen));
+        }
+        // Nobody else's: Alice asking about Bob's acquire hears nothing of it.
+        assert_eq!(fate(&mut partition, now_us, (11, ALICE), 2), Fate::NeverSeen);
+    }
 }

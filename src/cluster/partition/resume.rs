@@ -10,7 +10,9 @@
 //!   remembers it, or, adopted, its client id): it is attached to the session that asks, in its
 //!   place — a waiter whose session closed is kept for that (below), and so is a queue head
 //!   whose grant is in the log.
-//! * **Timed out, busy**: this leader answered it so (kept 60 s, bounded per client).
+//! * **Timed out, busy**: this leader answered it so (kept 60 s, bounded per client); or a
+//!   `Withdraw` in the replicated state says a leader did (mirror.rs: a waiter that was
+//!   mirrored, answered by this member's predecessor; the last `ENDED_MAX` per shard).
 //! * **Never seen**: anything else — recorded, so that the acquire, should its bytes still
 //!   reach this member, is refused `B` (busy reason `resolved`). A Resolve is answered only by
 //!   a member that serves the key (its barrier applied: every entry committed before its term is
@@ -24,12 +26,16 @@
 //! server's registry says so), its detached waiters leave and its undelivered grants are
 //! released. A waiter's place survives a change of leader when the old leader mirrored it in
 //! the replicated state (`mirror.rs`): the new leader adopted it, and a Resolve of its client
-//! attaches it (*queued*); a grant the new leader made to it is *granted* from the hold. The
-//! `T` and `B` this leader answered are its own: a new leader says "never seen" for them.
+//! attaches it (*queued*); a grant the new leader made to it is *granted* from the hold; its
+//! `T` or `B`, *timed out* or *busy* from the replicated record. The `T` and `B` of an acquire
+//! that was never mirrored (it never had to queue, or was answered within its first 10 ms)
+//! are this leader's own: a new leader says "never seen" for them — as true for the caller,
+//! since nothing of such an acquire stands.
 
 use super::{ClusterPartition, PendingKind, Peers};
 use crate::cluster::writer::LogWriter;
 use super::requests::End;
+use crate::cluster::machine::Answered;
 use crate::cluster::shard::ADOPTED;
 use crate::partition::{is_detached, ClientRef, Fate, SessionId, DETACHED, NOBODY};
 use latchkey_client::protocol::{ErrorCode, Response};
@@ -96,6 +102,12 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
         if let Some(fate) = self.clients.answer_of(client, owner, self.now_us) {
             return resolved(fate, 0, 0);
+        }
+        let ended = (id != 0).then(|| self.shards[local].machine().ended(id, owner));
+        match ended.flatten() {
+            Some(Answered::TimedOut) => return resolved(Fate::TimedOut, 0, 0),
+            Some(Answered::Busy) => return resolved(Fate::Busy, 0, 0),
+            None => {}
         }
         match self.clients.forget(client, owner, self.now_us) {
             Ok(()) => resolved(Fate::NeverSeen, 0, 0),
@@ -167,15 +179,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// Keeps a `T` or `B` answer to an identified client's acquire for its Resolves (one of a
     /// detached waiter's too).
     pub(super) fn remember_answer(&mut self, session: SessionId, response: &Response) {
-        if session == ADOPTED {
-            return; // an adopted waiter nobody took: its client asks about it by its place
-        }
-        let client = match is_detached(session) {
-            true => ClientRef((session - DETACHED) as u32),
-            false => match self.session_clients.get(&session) {
-                Some(&client) => client,
-                None => return,
-            },
+        let Some(client) = self.client_of(session) else {
+            return;
         };
         let fate = match response {
             Response::Timeout { .. } => Fate::TimedOut,
@@ -184,6 +189,27 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         let owner = response.correlation_id();
         if self.clients.answered(client, owner, fate, self.now_us) {
             self.stats.fates_dropped += 1;
+        }
+    }
+
+    /// Whether this member answered `owner`'s acquire `B` on `session` (kept as a Resolve
+    /// would find it).
+    pub(super) fn answered_busy(&self, session: SessionId, owner: u64) -> bool {
+        let client = self.client_of(session);
+        let fate = client.and_then(|client| self.clients.answer_of(client, owner, self.now_us));
+        fate == Some(Fate::Busy)
+    }
+
+    /// The identified client of `session` (a detached one's too), whose answers are kept for
+    /// its Resolves; `None` for a session that did not identify, and for adopted waiters nobody
+    /// took (their client asks about them by their place).
+    fn client_of(&self, session: SessionId) -> Option<ClientRef> {
+        if session == ADOPTED {
+            return None;
+        }
+        match is_detached(session) {
+            true => Some(ClientRef((session - DETACHED) as u32)),
+            false => self.session_clients.get(&session).copied(),
         }
     }
 }

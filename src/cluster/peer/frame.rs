@@ -41,12 +41,15 @@
 //!   version-2 member cannot apply: members of 2 and 3 refuse each other.
 //! * 4: the same frames; shard commands of version 3 (replicated waiters) may be proposed once
 //!   every member speaks 4.
+//! * 5: the same frames; shard commands of version 4 (a `Withdraw` that says how its acquire
+//!   was answered) may be proposed once every member speaks 5.
 //!
 //! A reader accepts a hello of any version it speaks ([`Hello::decode`] reports which) and
-//! replies in the hello's version: a dialer of the previous build, which speaks 3 alone and
-//! checks that a reply's version byte is exactly 3, reads it. A hello of a version it does not
-//! speak is refused with [`Verdict::Version`] in a reply carrying the reader's newest version
-//! ([`VERSION`]); a reader of the previous build does the same with its 3. A dialer that speaks
+//! replies in the hello's version: a dialer of an earlier build (one that speaks 3 alone and
+//! checks that a reply's version byte is exactly 3, or one that speaks 3 and 4) reads it. A
+//! hello of a version it does not speak is refused with [`Verdict::Version`] in a reply
+//! carrying the reader's newest version ([`VERSION`]); a reader of an earlier build does the
+//! same with its newest (3 or 4). A dialer that speaks
 //! the version such a refusal carries dials again in it ([`Reply::fallback`]); any other reply
 //! in a version other than its hello's is refused ([`Reply::refusal`]). The frames after the
 //! reply are the same in every version: what a version changes is which shard commands a
@@ -64,9 +67,9 @@ use std::time::Duration;
 /// The first four bytes of every peer connection, and of the reply.
 pub const MAGIC: [u8; 4] = *b"LKPR";
 /// The newest version of this wire format, this build's (see "Versions" in the module docs):
-/// 4, the same frames as 3; shard commands of version 3 (replicated waiters) may be proposed
-/// once every member speaks 4.
-pub const VERSION: u8 = 4;
+/// 5, the same frames as 3 and 4; shard commands of version 4 (replicated fates) may be
+/// proposed once every member speaks 5.
+pub const VERSION: u8 = 5;
 /// The oldest version this build forms a group with: 3, the previous build's only version (2
 /// cannot apply the shard commands of version 2 that 3 brought, so it stays refused).
 pub const VERSION_MIN: u8 = 3;

@@ -197,9 +197,9 @@ fn replies_round_trip_split_anywhere_and_say_why_on_the_dialer_side() {
 }
 
 #[test]
-fn hellos_of_versions_3_and_4_are_accepted_and_say_which_others_are_refused_at_once() {
-    assert_eq!((VERSION_MIN, VERSION), (3, 4), "this build speaks 3 and 4");
-    for version in [3, 4] {
+fn hellos_of_versions_3_to_5_are_accepted_and_say_which_others_are_refused_at_once() {
+    assert_eq!((VERSION_MIN, VERSION), (3, 5), "this build speaks 3 to 5");
+    for version in [3, 4, 5] {
         let hello = Hello {
             version,
             ..hello_from(3)
@@ -212,7 +212,7 @@ fn hellos_of_versions_3_and_4_are_accepted_and_say_which_others_are_refused_at_o
         assert_eq!(decoded.check(&local()), Ok(()));
         assert!(speaks(version));
     }
-    for version in [0, 1, 2, 5, u8::MAX] {
+    for version in [0, 1, 2, 6, u8::MAX] {
         let mut bytes = hello_from(3).encode();
         bytes[4] = version;
         // Refused as soon as the version byte is there.
@@ -220,7 +220,7 @@ fn hellos_of_versions_3_and_4_are_accepted_and_say_which_others_are_refused_at_o
         assert_eq!(refused, HelloError::Version(version));
         assert_eq!(refused.verdict(), Some(Verdict::Version));
         let text = refused.to_string();
-        assert!(text.contains("this member speaks 3 to 4"), "{text}");
+        assert!(text.contains("this member speaks 3 to 5"), "{text}");
         assert!(!speaks(version));
     }
 }
@@ -236,7 +236,7 @@ fn replies_are_in_the_hellos_version_and_a_version_refusal_naming_another_is_a_f
         version,
         ..reply(verdict)
     };
-    for version in [3, 4] {
+    for version in [3, 4, 5] {
         let accepted = reply_in(version, Verdict::Accepted);
         let bytes = accepted.encode();
         assert_eq!(bytes[4], version, "the reply is in its version");
@@ -257,11 +257,13 @@ fn replies_are_in_the_hellos_version_and_a_version_refusal_naming_another_is_a_f
     let why = old.refusal(&hello_in(4)).expect("a refusal all the same");
     assert!(why.contains("does not speak peer wire version 4 (it speaks 3)"), "{why}");
     assert_eq!(reply_in(4, Verdict::Version).fallback(&hello_in(3)), Some(4));
+    // A reader of the build before this one speaks 3 and 4: it refuses 5 naming its 4.
+    assert_eq!(reply_in(4, Verdict::Version).fallback(&hello_in(5)), Some(4));
     // Refused in the version it named itself: nothing to fall back to.
     assert_eq!(reply_in(4, Verdict::Version).fallback(&hello_in(4)), None);
     assert_eq!(reply_in(3, Verdict::Shards).fallback(&hello_in(4)), None, "not a version");
     // Replies in versions this build does not speak are refused as they arrive.
-    for version in [0, 2, 5, u8::MAX] {
+    for version in [0, 2, 6, u8::MAX] {
         let mut bytes = reply_in(4, Verdict::Version).encode();
         bytes[4] = version;
         assert_eq!(Reply::decode(&bytes[..5]), Err(ReplyError::Version(version)));

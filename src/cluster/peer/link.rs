@@ -22,8 +22,8 @@
 //! Each connection's hello is in this build's newest version, [`frame::VERSION`], unless the
 //! previous connection was refused with [`frame::Verdict::Version`] naming another version this
 //! build speaks ([`frame::Reply::fallback`]): then it is in that one, and dialed at once, not
-//! after the backoff. So a reader of the previous build, which refuses 4 naming its 3, is
-//! spoken to in 3 from the next connection on; and after any connection ends, the next one
+//! after the backoff. So a reader of an earlier build, which refuses 5 naming its 4 (or its 3),
+//! is spoken to in that from the next connection on; and after any connection ends, the next one
 //! tries [`frame::VERSION`] again, so a peer upgraded meanwhile is spoken to in its newest (one
 //! refused connection per reconnect to a peer that is still old, no more). That is the whole
 //! rule; it also moves up when a peer refuses an older version naming a newer one. A second

@@ -108,6 +108,17 @@ impl Waiter {
     }
 }
 
+/// A mirrored waiter that left its queue other than by a grant: its `Withdraw` is due.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Withdrawn {
+    /// Its key.
+    pub key: Vec<u8>,
+    /// Its owner.
+    pub owner: u64,
+    /// The session it was answered on, if it was (the partition looks up how).
+    pub session: SessionId,
+}
+
 /// What a queue head is, for the entry that may grant it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Head {
@@ -137,9 +148,8 @@ pub(crate) struct Queues {
     proposed: usize,
     /// Each session's waiters per key (no zero counts, no empty maps).
     by_session: HashMap<SessionId, HashMap<Vec<u8>, u32>>,
-    /// Mirrored waiters that left other than by a grant, as `(key, owner)`, for their
-    /// `Withdraw`s (taken by the partition after each step; at most one per waiter that left).
-    withdrawn: Vec<(Vec<u8>, u64)>,
+    /// Mirrored waiters that left other than by a grant, for their `Withdraw`s (taken by the partition after each step; at most one per waiter that left).
+    withdrawn: Vec<Withdrawn>,
 }
 
 impl Queues {
@@ -357,9 +367,9 @@ impl Queues {
         }
     }
 
-    /// The `(key, owner)` of each mirrored waiter that left other than by a grant since the
-    /// last call: their `Withdraw`s are due.
-    pub fn take_withdrawn(&mut self) -> Vec<(Vec<u8>, u64)> {
+    /// Each mirrored waiter that left other than by a grant since the last call: their
+    /// `Withdraw`s are due.
+    pub fn take_withdrawn(&mut self) -> Vec<Withdrawn> {
         std::mem::take(&mut self.withdrawn)
     }
 
@@ -501,7 +511,11 @@ impl Queues {
     fn left(&mut self, key: &[u8], waiter: &mut Waiter, places: &mut Places) {
         self.waiters -= 1;
         if std::mem::replace(&mut waiter.mirrored, false) {
-            self.withdrawn.push((key.to_vec(), waiter.owner));
+            self.withdrawn.push(Withdrawn {
+                key: key.to_vec(),
+                owner: waiter.owner,
+                session: waiter.session,
+            });
         }
         self.proposed -= usize::from(waiter.proposed && !waiter.handoff);
         waiter.give_place_back(places);
