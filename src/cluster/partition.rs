@@ -285,6 +285,11 @@ pub struct ClusterPartition<D: LogWriter, P: Peers> {
     /// Grants applied to adopted waiters that no session took yet: token → shard and the end of
     /// the client's grace, when the grant is released if no Resolve took it (`mirror.rs`).
     adopted_grants: HashMap<u64, mirror::AdoptedGrant>,
+    /// Adopted acquires that ended unattached (their wait or their client's grace ran out, a
+    /// grant to one was released unresolved or expired), by client id and owner, until when
+    /// they are remembered: the same acquire sent again then gets `T`, not a second execution
+    /// (`mirror.rs`).
+    adopted_ended: HashMap<(u128, u64), u64>,
     /// Waiters to mirror once they have waited [`mirror::MIRROR_AFTER_US`], in the order they
     /// queued (`mirror.rs`).
     to_mirror: std::collections::VecDeque<mirror::ToMirror>,
@@ -354,6 +359,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             client_ids: HashMap::default(),
             adopted_grants: HashMap::default(),
             to_mirror: std::collections::VecDeque::new(),
+            adopted_ended: HashMap::default(),
             stats: TableStats::default(),
             cluster_stats: ClusterStats {
                 node_id,

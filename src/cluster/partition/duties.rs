@@ -101,7 +101,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             return; // its wait moved later (an adopted waiter attached): a later timer is armed
         }
         let (session, owner, ends) = (waiter.session, waiter.owner, waiter.ends_pending);
-        let proposed = waiter.proposed;
+        let (proposed, origin) = (waiter.proposed, waiter.origin);
         if !proposed && self.expire_before_wait(shard, &key, seq, deadline_us) {
             return;
         }
@@ -111,6 +111,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
         } else {
             self.shards[local].remove_where(&key, &mut self.places, |w| w.seq == seq);
+        }
+        if origin != 0 {
+            self.adopted_acquire_ended(origin, owner);
         }
         self.stats.timed_out += 1;
         self.answer(session, Response::Timeout { owner }, ends);

@@ -30,10 +30,7 @@
 //!   the session that asks (`queued`), and so does the same acquire sent again after an `M`
 //!   (its old leader stepped down: the client asks the new one). A grant to an adopted waiter
 //!   no session took yet is kept until its wait or grace would have ended, for a Resolve to
-//!   find (`granted`), then released: no ghost hold outlives the client's grace. An adopted
-//!   acquire whose wait or grant ended is not executed again by a Resolve; the same acquire
-//!   sent again after that is a new attempt (docs/protocol.md §5: it returns no earlier token,
-//!   and nothing of the earlier one stands).
+//!   find (`granted`), then released: no ghost hold outlives the client's grace.
 //!
 //! What is not mirrored stays leader-local as before: a waiter of a session that did not
 //! identify (nobody could ask about it), one that found its key free (its `Acquire` is the
@@ -48,10 +45,18 @@ use crate::partition::{ClientRef, NOBODY};
 /// How long a waiter waits before it is mirrored: one of the leader's ticks.
 pub(super) const MIRROR_AFTER_US: u64 = 10_000;
 
+/// How long an adopted acquire that ended unattached is remembered (the longest grace: a
+/// client sends it again, after an `M`, within its own wait, which ended before).
+const ADOPTED_ENDED_US: u64 = 60_000_000;
+/// The most such acquires remembered (beyond, the oldest are dropped first once expired).
+const ADOPTED_ENDED_MAX: usize = 65_536;
+
 /// A grant to an adopted waiter that no session took yet.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct AdoptedGrant {
     shard: u32,
+    id: u128,
+    owner: u64,
     /// When it is released if no Resolve took it.
     until_us: u64,
 }
@@ -184,21 +189,16 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
     }
 
-    /// Proposes the `Withdraw` of `owner`'s waiter of `key`, `answered` if the cluster reads
-    /// it.
+    /// Proposes the `Withdraw` of `owner`'s waiter of `key`, saying it was `answered` if every
+    /// member reads that.
     fn propose_withdraw(&mut self, shard: u32, key: Vec<u8>, owner: u64, answered: Answered) {
-        let answered = Some(answered).filter(|_| self.answered_readable());
+        let readable = self.peers.cluster_version() >= ANSWERED_PEER_VERSION;
         let command = Command::Withdraw {
             key,
             owner,
-            answered,
+            answered: Some(answered).filter(|_| readable),
         };
         self.propose(shard, &command, NOBODY, PendingKind::Mirror);
-    }
-
-    /// Whether every member reads a `Withdraw` that says how its acquire was answered.
-    fn answered_readable(&self) -> bool {
-        self.peers.cluster_version() >= ANSWERED_PEER_VERSION
     }
 
     /// This member began to serve `shard`: it adopts the replicated queues (see the module
@@ -223,7 +223,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             // client sent the acquire): never before the client's own.
             let wait_end_us = deadline_ms.saturating_mul(1000);
             if wait_end_us <= self.now_us {
-                // Over already: its client gave up. Withdrawn, timed out.
+                // Over already: its client gave up. Withdrawn, timed out, and the same acquire
+                // sent again gets `T`.
+                self.adopted_acquire_ended(queued.client, queued.owner);
                 self.propose_withdraw(shard, key, queued.owner, Answered::TimedOut);
                 continue;
             }
@@ -260,10 +262,20 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.shards[local].check_invariants();
     }
 
-    /// The grant of `token` on `shard` went to an adopted waiter that no session took: kept
-    /// for a Resolve (or the same acquire sent again) until `until_us`, then released.
-    pub(super) fn keep_adopted_grant(&mut self, (shard, token): (u32, u64), until_us: u64) {
-        let grant = AdoptedGrant { shard, until_us };
+    /// The grant of `token` on `shard` went to the adopted waiter of `owner` from client `id`,
+    /// which no session took: kept for a Resolve until `until_us`, then released.
+    pub(super) fn keep_adopted_grant(
+        &mut self,
+        (shard, token): (u32, u64),
+        (id, owner): (u128, u64),
+        until_us: u64,
+    ) {
+        let grant = AdoptedGrant {
+            shard,
+            id,
+            owner,
+            until_us,
+        };
         self.adopted_grants.insert(token, grant);
     }
 
@@ -292,18 +304,46 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.answer_acquired(shard, (session, true), owner, token);
     }
 
+    /// Remembers that the adopted acquire of `owner` from client `id` ended unattached, for
+    /// [`ADOPTED_ENDED_US`]: the same acquire sent again gets `T`.
+    pub(super) fn adopted_acquire_ended(&mut self, id: u128, owner: u64) {
+        let now_us = self.now_us;
+        if self.adopted_ended.len() >= ADOPTED_ENDED_MAX {
+            self.adopted_ended.retain(|_, until_us| *until_us > now_us);
+        }
+        if self.adopted_ended.len() < ADOPTED_ENDED_MAX {
+            self.adopted_ended.insert((id, owner), now_us + ADOPTED_ENDED_US);
+        }
+    }
+
+    /// Whether the adopted acquire of `owner` from client `id` ended unattached here lately —
+    /// or was granted and its hold is gone already (its lease ran out before anyone asked).
+    pub(super) fn adopted_ended(&self, id: u128, owner: u64) -> bool {
+        let until = self.adopted_ended.get(&(id, owner));
+        if until.is_some_and(|&until_us| until_us > self.now_us) {
+            return true;
+        }
+        // Few: grants to adopted waiters nobody asked about yet.
+        self.adopted_grants.iter().any(|(&token, grant)| {
+            let shard = self.shard(grant.shard);
+            let gone = shard.is_some_and(|s| s.machine().key_of(token).is_none());
+            grant.id == id && grant.owner == owner && gone
+        })
+    }
+
     /// Releases the grants to adopted waiters whose time for a Resolve ended.
     pub(super) fn release_unresolved_grants(&mut self) {
         if self.adopted_grants.is_empty() {
             return;
         }
         let now_us = self.now_us;
-        let due: Vec<(u64, u32)> = (self.adopted_grants.iter())
+        let due: Vec<(u64, u32, u128, u64)> = (self.adopted_grants.iter())
             .filter(|(_, grant)| grant.until_us <= now_us)
-            .map(|(&token, grant)| (token, grant.shard))
+            .map(|(&token, grant)| (token, grant.shard, grant.id, grant.owner))
             .collect();
-        for (token, shard) in due {
+        for (token, shard, id, owner) in due {
             self.adopted_grants.remove(&token);
+            self.adopted_acquire_ended(id, owner);
             if self.shard(shard).is_some_and(|s| s.machine().key_of(token).is_some()) {
                 self.stats.grace_releases += 1;
                 self.release_undelivered(shard, token);

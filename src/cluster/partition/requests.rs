@@ -146,6 +146,13 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         if id == 0 {
             return false;
         }
+        if self.adopted_ended(id, owner) {
+            // Adopted here and ended unattached: that acquire timed out (its grant, if it had
+            // one, was released); sent again, it is not executed a second time.
+            self.stats.timed_out += 1;
+            self.answer(session, Response::Timeout { owner }, true);
+            return true;
+        }
         let local = self.local(shard);
         // Granted already — to the adopted waiter, or by an entry an earlier leader proposed
         // and this one applied — and answered by no session here: this is the same acquire,
@@ -347,7 +354,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             self.stats.acquired += 1;
             if head.origin != 0 {
                 let until_us = head.deadline_us.max(self.now_us);
-                return self.keep_adopted_grant((shard, token), until_us);
+                let adopted = (head.origin, head.owner);
+                return self.keep_adopted_grant((shard, token), adopted, until_us);
             }
             return self.keep_undelivered(head.client, shard, token);
         }
