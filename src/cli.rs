@@ -108,6 +108,10 @@ pub const EXIT_UNAVAILABLE: u8 = 83;
 pub const EXIT_REJECTED: u8 = 84;
 /// Exit code when the lease was lost while CMD ran (CMD was signalled).
 pub const EXIT_LEASE_LOST: u8 = 85;
+/// Exit code of `latchkey cluster status` when every member answered but the cluster is not
+/// whole: a member refuses another or is refused, has no quorum, lags, is not a member of the
+/// cluster the others form, or two answer as the same member.
+pub const EXIT_UNHEALTHY: u8 = 86;
 /// Exit code when CMD exists but could not be executed.
 pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// Exit code when CMD was not found.

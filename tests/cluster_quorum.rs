@@ -97,6 +97,25 @@ fn a_member_whose_members_list_differs_is_refused_and_every_side_logs_it() {
             .any(|line| line.contains(&format!("peer 3 at {peer} refused: {identity}"))),
         "{table}"
     );
+    // It is a problem, and the exit code says so (86: every listed member answered).
+    assert_eq!(output.status.code(), Some(86), "{table}");
+    assert!(table.contains("\nPROBLEMS\n"), "{table}");
+    // Asked with every member listed, member 3 is named as not a member of the others'
+    // cluster (its members list differs), whatever it says of its own peers.
+    let all: Vec<String> = cluster
+        .members
+        .iter()
+        .map(|m| m.client.to_string())
+        .collect();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .args(["cluster", "status", "--server", &all.join(",")])
+        .output()
+        .expect("run latchkey cluster status");
+    let table = String::from_utf8_lossy(&output.stdout);
+    let three = &all[2];
+    let line = format!("member 3 at {three}: its members list or shard count differs");
+    assert!(table.contains(&line), "{table}");
+    assert_eq!(output.status.code(), Some(86), "{table}");
     // Member 3 has no quorum: its /health says so.
     wait_until("member 3's health to say no quorum", || {
         http_get(cluster.members[2].client, "/health")

@@ -7,8 +7,10 @@
 //! this member applied). Under a member's line, each peer it does not reach (refused and why,
 //! down and why, silent), its quorum when it has none, and its cluster version when that is
 //! below its own peer wire version (a rolling upgrade under way), naming the peers last heard
-//! in an older one. Then which member leads which shards, and the shards nobody serves. Exit 0
-//! when every member answered, 83 when some did not.
+//! in an older one. Then which member leads which shards, the shards nobody serves, and the
+//! *problems* ([`problems`]). Exit 0 when every member answered and there is no problem, 83
+//! when a listed member did not answer or a known one is reached by no member, else 86 when
+//! there is a problem.
 //!
 //! `leader KEY`: the key's shard (the fixed hash of docs/cluster-design.md, over the shard
 //! count the members report), the member that serves it (and its client address), and what
@@ -21,7 +23,9 @@
 use super::admin::connector;
 use super::admin::gather::gather;
 use super::admin::merge::MemberAnswer;
-use super::{parse_server_items, shown_key, ConnectArgs, OutputArgs, EXIT_UNAVAILABLE};
+use super::{
+    parse_server_items, shown_key, ConnectArgs, OutputArgs, EXIT_UNAVAILABLE, EXIT_UNHEALTHY,
+};
 use crate::cluster::partition::{shard_list, shard_of};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -30,8 +34,10 @@ use std::process::ExitCode;
 /// `latchkey cluster ...`.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum ClusterCommand {
-    /// Members, reachable or not, shards led, terms, commit and applied indices, lag, and
-    /// which member leads which shards.
+    /// Members, reachable or not, shards led, terms, commit and applied indices, lag, which
+    /// member leads which shards, and the problems. Exit 0: whole; 83: a member did not answer
+    /// or is reached by none; 86: a member refuses or is refused, is of another members list or
+    /// none, has no quorum, or lags more than --max-lag.
     Status(ClusterStatusArgs),
     /// Which member leads KEY's shard, and what every member believes.
     Leader(ClusterLeaderArgs),
@@ -46,6 +52,10 @@ pub struct ClusterStatusArgs {
     /// Text or JSON.
     #[command(flatten)]
     pub output: OutputArgs,
+    /// A member whose applied index is more than this many entries behind the highest commit
+    /// index of a shard (as any member of its cluster reports it) is a problem (exit 86).
+    #[arg(long, value_name = "ENTRIES", default_value_t = 1000)]
+    pub max_lag: u64,
 }
 
 /// Arguments of `latchkey cluster leader`.
@@ -87,12 +97,15 @@ fn seen(command: &str, connect: &ConnectArgs) -> Result<Vec<Seen>, ExitCode> {
     Ok(answers.into_iter().flatten().map(seen_of).collect())
 }
 
+/// Why a listed server that answered has no `cluster` object.
+const NOT_A_MEMBER: &str = "not a cluster member (no [cluster] in its configuration)";
+
 fn seen_of(answer: MemberAnswer) -> Seen {
     let cluster = answer.result.and_then(|stats| {
         stats
             .get("cluster")
             .cloned()
-            .ok_or_else(|| "not a cluster member (no [cluster] in its configuration)".to_string())
+            .ok_or_else(|| NOT_A_MEMBER.to_string())
     });
     Seen {
         item: answer.item,
@@ -107,24 +120,181 @@ fn run_status(args: &ClusterStatusArgs) -> ExitCode {
     };
     let rows = rows(&seen);
     let leaders = shard_leaders(&seen);
+    let found = problems(&rows, args.max_lag);
     if args.output.json {
-        println!("{}", json!({ "members": rows, "shards": leaders }));
+        let listed: Vec<&String> = found.iter().map(|(_, text)| text).collect();
+        println!(
+            "{}",
+            json!({ "members": rows, "shards": leaders, "problems": listed })
+        );
     } else {
         print!("{}", render(&rows));
         print!("{}", render_leaders(&leaders, &seen));
+        print!("{}", render_problems(&found));
     }
-    if rows.iter().all(|row| row["reachable"] == json!(true)) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_UNAVAILABLE)
+    match found.iter().map(|(kind, _)| *kind).max() {
+        None => ExitCode::SUCCESS,
+        Some(Problem::Unhealthy) => ExitCode::from(EXIT_UNHEALTHY),
+        Some(Problem::Unavailable) => ExitCode::from(EXIT_UNAVAILABLE),
     }
 }
 
-/// One JSON object per member, with its lag against the highest commit index any member
-/// reported for each shard.
+/// What a problem makes the exit code: unavailable (83) wins over unhealthy (86), since what
+/// could not be asked may hide more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Problem {
+    /// Every member answered, and something is wrong: exit 86.
+    Unhealthy,
+    /// A listed member did not answer, or a known one is reached by no member: exit 83.
+    Unavailable,
+}
+
+/// Everything that makes the cluster less than whole, each in words, from the rows of
+/// [`rows`]: a listed server that does not answer (83) or is not a cluster member; a member
+/// whose members list or shard count differs from the others' (it never joined them: the
+/// largest group that agrees is the cluster); two answering as the same member; a peer link
+/// refused either way; a member without quorum; a member more than `max_lag` entries behind;
+/// a member of the cluster's list that no answering member reaches (83).
+fn problems(rows: &[Value], max_lag: u64) -> Vec<(Problem, String)> {
+    let mut found = Vec::new();
+    let answered: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["reachable"] == json!(true))
+        .collect();
+    for row in rows.iter().filter(|r| r["reachable"] != json!(true)) {
+        let address = row["address"].as_str().unwrap_or("?");
+        let error = row["error"].as_str().unwrap_or("unreachable");
+        let kind = match error == NOT_A_MEMBER {
+            true => Problem::Unhealthy,
+            false => Problem::Unavailable,
+        };
+        found.push((kind, format!("{address}: {error}")));
+    }
+    let views: Vec<Option<(Value, Value)>> =
+        answered.iter().map(|row| configuration(row)).collect();
+    let cluster = most_shared(&views);
+    let silent: Vec<&str> = (rows.iter())
+        .filter(|row| row["reachable"] != json!(true))
+        .filter_map(|row| row["address"].as_str())
+        .collect();
+    let who = |row: &Value| {
+        let address = row["address"].as_str().unwrap_or("?");
+        format!("member {} at {address}", row["node_id"])
+    };
+    let mut ids: BTreeMap<u64, &str> = BTreeMap::new();
+    for row in &answered {
+        if configuration(row) != cluster {
+            let text = "its members list or shard count differs from the other members': it is \
+                        not a member of their cluster";
+            found.push((Problem::Unhealthy, format!("{}: {text}", who(row))));
+            continue;
+        }
+        let (id, address) = (
+            row["node_id"].as_u64().unwrap_or(0),
+            row["address"].as_str(),
+        );
+        if let Some(first) = ids.insert(id, address.unwrap_or("?")) {
+            let text = format!(
+                "{first} and {} both answer as member {id}",
+                address.unwrap_or("?")
+            );
+            found.push((Problem::Unhealthy, text));
+        }
+        for peer in row["peers"].as_array().into_iter().flatten() {
+            if peer["link"] == json!("refused") {
+                let reason = peer["reason"].as_str().unwrap_or_default();
+                let text = format!("{}: peer {} refused: {reason}", who(row), peer["node_id"]);
+                found.push((Problem::Unhealthy, text));
+            }
+        }
+        if row["quorum"] == json!(false) {
+            let text = format!(
+                "{}: no quorum ({} of {} members reachable)",
+                who(row),
+                row["members_reachable"],
+                row["members_total"]
+            );
+            found.push((Problem::Unhealthy, text));
+        }
+        if let Some(lag) = row["lag"].as_u64().filter(|&lag| lag > max_lag) {
+            let text = format!("{}: {lag} entries behind (--max-lag {max_lag})", who(row));
+            found.push((Problem::Unhealthy, text));
+        }
+    }
+    // A member of the cluster's list that no answering member of it reaches, and that did not
+    // answer itself: down, or cut off (one that a member refused is up, and named above).
+    let members = (cluster.as_ref()).and_then(|(members, _)| members.as_array().cloned());
+    for member in members.into_iter().flatten() {
+        let Some(id) = member["id"].as_u64() else {
+            continue;
+        };
+        let client = member["client"].as_str().unwrap_or("?");
+        if ids.contains_key(&id) || silent.contains(&client) {
+            continue; // it answered, or its own row says it did not
+        }
+        let in_cluster = answered.iter().filter(|row| configuration(row) == cluster);
+        let peer_views: Vec<&Value> = in_cluster
+            .flat_map(|row| row["peers"].as_array().into_iter().flatten())
+            .filter(|peer| peer["node_id"].as_u64() == Some(id))
+            .collect();
+        let lost = |p: &&Value| p["reachable"] != json!(true) && p["link"] != json!("refused");
+        if !peer_views.is_empty() && peer_views.iter().all(lost) {
+            let text = format!("member {id} at {client}: reached by no member that answered");
+            found.push((Problem::Unavailable, text));
+        }
+    }
+    found
+}
+
+/// A row's view of the cluster its member belongs to: its members list and its shard count.
+fn configuration(row: &Value) -> Option<(Value, Value)> {
+    Some((row["members"].clone(), row["shards"].clone()))
+}
+
+/// The same from a member's own `cluster` object (`None` for one that did not answer).
+fn member_configuration(member: &Seen) -> Option<(Value, Value)> {
+    let cluster = member.cluster.as_ref().ok()?;
+    let count = cluster["shards"].as_array().map_or(0, Vec::len);
+    Some((cluster["members"].clone(), json!(count)))
+}
+
+/// The configuration most members that answered share (the first of those in order on a tie):
+/// the cluster's. `None` when nobody answered.
+fn most_shared(views: &[Option<(Value, Value)>]) -> Option<(Value, Value)> {
+    let count = |view: &Option<(Value, Value)>| views.iter().filter(|o| *o == view).count();
+    let answered = views.iter().filter(|view| view.is_some());
+    let most = answered.clone().map(count).max()?;
+    answered
+        .clone()
+        .find(|view| count(view) == most)
+        .cloned()
+        .flatten()
+}
+
+/// `PROBLEMS`, one line each (nothing when there is none).
+fn render_problems(found: &[(Problem, String)]) -> String {
+    if found.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from("\nPROBLEMS\n");
+    for (_, problem) in found {
+        text += &format!("  {problem}\n");
+    }
+    text
+}
+
+/// One JSON object per member, with its lag against the highest commit index any member of
+/// the cluster (the members that share the most common members list and shard count: one that
+/// never joined them has indices of its own) reported for each shard.
 fn rows(seen: &[Seen]) -> Vec<Value> {
+    let views: Vec<Option<(Value, Value)>> = seen.iter().map(member_configuration).collect();
+    let cluster = most_shared(&views);
     let mut highest: HashMap<u64, u64> = HashMap::new();
-    for member in seen {
+    let in_cluster = seen
+        .iter()
+        .zip(&views)
+        .filter(|(_, view)| **view == cluster);
+    for (member, _) in in_cluster {
         for shard in shards(member) {
             let commit = shard["commit"].as_u64().unwrap_or(0);
             let entry = highest
@@ -179,6 +349,7 @@ fn rows(seen: &[Seen]) -> Vec<Value> {
                     "shards_without_leader": cluster["shards_without_leader"],
                     "peers": cluster["peers"],
                     "shard_states": cluster["shards"],
+                    "members": cluster["members"],
                 })
             }
         })

@@ -136,3 +136,147 @@ fn a_member_whose_cluster_version_is_older_than_its_own_names_the_older_peers() 
     // A member of a build that does not report versions: nothing either.
     assert_eq!(member_notes(&json!({"quorum": true, "peers": []})), "");
 }
+
+/// Member `node` of a whole cluster of three: it reaches both others, has quorum, and every
+/// shard's commit and applied index is `applied`.
+fn whole(node: u64, applied: u64) -> Seen {
+    let mut seen = member(node, Some(1), &[]);
+    if let Ok(cluster) = &mut seen.cluster {
+        let peers: Vec<Value> = (1..=3u64)
+            .filter(|&peer| peer != node)
+            .map(|peer| {
+                json!({"node_id": peer, "link": "connected", "reachable": true,
+                       "address": format!("127.0.0.1:{}", 7429 + peer)})
+            })
+            .collect();
+        cluster["peers"] = json!(peers);
+        cluster["quorum"] = json!(true);
+        for shard in cluster["shards"].as_array_mut().into_iter().flatten() {
+            shard["commit"] = json!(applied);
+            shard["applied"] = json!(applied);
+        }
+    }
+    seen
+}
+
+fn problems_of(seen: &[Seen], max_lag: u64) -> Vec<(Problem, String)> {
+    problems(&rows(seen), max_lag)
+}
+
+#[test]
+fn a_whole_cluster_has_no_problem() {
+    let seen = [whole(1, 50), whole(2, 50), whole(3, 40)];
+    assert_eq!(problems_of(&seen, 1000), []);
+    assert_eq!(render_problems(&[]), "");
+}
+
+#[test]
+fn a_refused_peer_a_lost_quorum_a_lag_and_a_twin_are_problems_86() {
+    let mut seen = [whole(1, 5000), whole(2, 5000), whole(3, 100)];
+    if let Ok(cluster) = &mut seen[0].cluster {
+        cluster["peers"][0]["link"] = json!("refused");
+        cluster["peers"][0]["reason"] = json!("cluster identity differs");
+        cluster["quorum"] = json!(false);
+        cluster["members_reachable"] = json!(1);
+        cluster["member_count"] = json!(3);
+    }
+    let found = problems_of(&seen, 1000);
+    let texts: Vec<&str> = found.iter().map(|(_, text)| text.as_str()).collect();
+    assert_eq!(
+        texts,
+        [
+            "member 1 at 127.0.0.1:7420: peer 2 refused: cluster identity differs",
+            "member 1 at 127.0.0.1:7420: no quorum (1 of 3 members reachable)",
+            "member 3 at 127.0.0.1:7422: 4900 entries behind (--max-lag 1000)",
+        ]
+    );
+    assert!(found.iter().all(|(kind, _)| *kind == Problem::Unhealthy));
+    assert_eq!(problems_of(&seen[1..], 5000), [], "within --max-lag");
+    // Two addresses answering as one member.
+    let twin = Seen {
+        item: "127.0.0.1:9999".into(),
+        ..whole(2, 1)
+    };
+    let found = problems_of(&[whole(1, 1), whole(2, 1), twin], 1000);
+    assert_eq!(
+        found,
+        [(
+            Problem::Unhealthy,
+            "127.0.0.1:7421 and 127.0.0.1:9999 both answer as member 2".to_string()
+        )]
+    );
+    let text = render_problems(&found);
+    assert!(
+        text.starts_with("\nPROBLEMS\n  127.0.0.1:7421 and"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_member_of_another_members_list_or_no_cluster_is_a_problem_and_its_indices_are_its_own() {
+    // Member 3 was started with another members list: it never joined, and its log, far
+    // ahead, is of another cluster (it counts in nobody's lag).
+    let mut stranger = whole(3, 90_000);
+    if let Ok(cluster) = &mut stranger.cluster {
+        cluster["members"][0]["client"] = json!("127.0.0.1:1");
+    }
+    let standalone = Seen {
+        item: "127.0.0.1:7425".into(),
+        cluster: Err(NOT_A_MEMBER.to_string()),
+    };
+    let seen = [whole(1, 50), whole(2, 50), stranger, standalone];
+    let found = problems_of(&seen, 1000);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert_eq!(found[0].0, Problem::Unhealthy);
+    assert!(
+        found[0]
+            .1
+            .starts_with("127.0.0.1:7425: not a cluster member"),
+        "{found:?}"
+    );
+    assert_eq!(found[1].0, Problem::Unhealthy);
+    assert!(
+        found[1]
+            .1
+            .starts_with("member 3 at 127.0.0.1:7422: its members list or shard count"),
+        "{found:?}"
+    );
+    assert_eq!(
+        rows(&seen)[0]["lag"],
+        json!(0),
+        "the stranger's indices are not the cluster's"
+    );
+}
+
+#[test]
+fn a_listed_member_that_does_not_answer_or_a_known_one_nobody_reaches_is_unavailable_83() {
+    let seen = [whole(1, 5), whole(2, 5), down(7422)];
+    let found = problems_of(&seen, 1000);
+    assert_eq!(found.len(), 1, "its own row says it, once: {found:?}");
+    assert_eq!(found[0].0, Problem::Unavailable);
+    // Member 3 not listed, and neither member reaches it.
+    let mut seen = [whole(1, 5), whole(2, 5)];
+    for member in &mut seen {
+        if let Ok(cluster) = &mut member.cluster {
+            for peer in cluster["peers"].as_array_mut().into_iter().flatten() {
+                if peer["node_id"] == json!(3) {
+                    peer["reachable"] = json!(false);
+                    peer["link"] = json!("unreachable");
+                }
+            }
+        }
+    }
+    let found = problems_of(&seen, 1000);
+    assert_eq!(
+        found,
+        [(
+            Problem::Unavailable,
+            "member 3 at 127.0.0.1:7422: reached by no member that answered".to_string()
+        )]
+    );
+    // Reached by one of them: not a problem of its own (it was not asked).
+    if let Ok(cluster) = &mut seen[0].cluster {
+        cluster["peers"][1]["reachable"] = json!(true);
+    }
+    assert_eq!(problems_of(&seen, 1000), []);
+}
