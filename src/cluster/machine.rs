@@ -216,7 +216,9 @@ pub struct ShardMachine {
 /// Index of a `Withdraw` → the ended acquire it recorded: persistent, as [`Holds`].
 type EndedOrder = imbl::OrdMap<u64, (u128, u64, Answered)>;
 /// (client id, owner) → the index of the `Withdraw` that recorded it ([`EndedOrder`]).
-type EndedAt = imbl::GenericHashMap<(u128, u64), u64, MapHasher, imbl::shared_ptr::DefaultSharedPtr>;
+type EndedAt = imbl::GenericHashMap<(u128, u64), u64, MapHasher, SharedPtr>;
+/// The persistent maps' pointer kind.
+type SharedPtr = imbl::shared_ptr::DefaultSharedPtr;
 
 /// Key → queue: persistent, as [`Holds`].
 type Waiting = imbl::GenericHashMap<

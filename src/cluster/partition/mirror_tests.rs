@@ -243,9 +243,8 @@ fn a_new_leader_answers_a_resolve_of_a_waiter_its_predecessor_answered_t_as_time
                 other => panic!("{other:?}"),
             }
         };
-        let (bob, alice) = (fate(&mut partition, now_us, (10, BOB), 2), {
-            fate(&mut partition, now_us, (11, ALICE), 3)
-        });
+        let bob = fate(&mut partition, now_us, (10, BOB), 2);
+        let alice = fate(&mut partition, now_us, (11, ALICE), 3);
         if version >= super::ANSWERED_PEER_VERSION {
             assert_eq!((bob, alice), (Fate::TimedOut, Fate::TimedOut), "replicated fates");
         } else {

@@ -148,7 +148,8 @@ pub(crate) struct Queues {
     proposed: usize,
     /// Each session's waiters per key (no zero counts, no empty maps).
     by_session: HashMap<SessionId, HashMap<Vec<u8>, u32>>,
-    /// Mirrored waiters that left other than by a grant, for their `Withdraw`s (taken by the partition after each step; at most one per waiter that left).
+    /// Mirrored waiters that left other than by a grant, for their `Withdraw`s (taken by the
+    /// partition after each step; at most one per waiter that left).
     withdrawn: Vec<Withdrawn>,
 }
 
