@@ -21,7 +21,9 @@
 //!   member's machines are sampled after each of its iterations: a grant holds its key for at
 //!   least an iteration on the member that applies it first, as its end — a release, the
 //!   leader's expiry or its release of an undelivered grant — is proposed only after);
-//! * an acquire executed after a Resolve answered "never seen" for it (docs/protocol.md §5).
+//! * an acquire executed after a Resolve answered "never seen" for it (docs/protocol.md §5);
+//! * a Resolve answered "timed out" or "busy" for an acquire answered `A` (a fate a leader
+//!   answered, or one a new leader read from the replicated record of a withdrawn waiter).
 //!
 //! Bounds: one entry per grant and per acquire of a run (a run is a few seconds).
 
@@ -193,6 +195,15 @@ impl Checker {
                     );
                 }
             }
+        }
+    }
+
+    /// A Resolve from member `member` answered "timed out" or "busy" for `owner` at `now_us`.
+    pub fn resolved_ended(&mut self, now_us: u64, member: u64, owner: u64) {
+        if self.granted_owners.contains(&owner) {
+            let what =
+                format!("member {member} answered timed out or busy for {owner:#x}, answered A");
+            self.fail(now_us, what);
         }
     }
 

@@ -146,7 +146,7 @@ impl Sim {
                 });
                 client.next_us = now + client.rng.between(1_000, 100_000);
             }
-            Fate::TimedOut | Fate::Busy => {}
+            Fate::TimedOut | Fate::Busy => self.checker.resolved_ended(now, member, owner),
             Fate::NeverSeen => self.checker.never_seen(now, member, owner),
         }
     }
