@@ -74,6 +74,7 @@ mod queue;
 mod reader;
 pub mod status;
 mod thread;
+pub mod tls;
 mod versions;
 pub mod wire;
 
@@ -146,6 +147,9 @@ pub struct PeerConfig {
     pub seed: u64,
     /// Bounds and timings.
     pub limits: PeerLimits,
+    /// `[cluster.tls]`, read and checked ([`tls::PeerTls::load`]): every connection is TLS
+    /// both ways; `None`: plaintext.
+    pub tls: Option<tls::PeerTls>,
 }
 
 /// One core's inbox as the peer thread sees it: the channel it delivers `(shard, message)` on
@@ -194,6 +198,11 @@ pub struct PeerStats {
     pub refusals: AtomicU64,
     /// Connections of this member that a peer refused (its reply said why).
     pub refused_by_peers: AtomicU64,
+    /// Inbound connections refused for TLS (counted in `refusals` too): a plaintext dialer to
+    /// a member with `[cluster.tls]`, a TLS one to a member without, a handshake that failed
+    /// (a certificate not signed by a CA in `ca_file`), a certificate not naming the member
+    /// its hello claims.
+    pub tls_refusals: AtomicU64,
     /// Messages received but dropped because what they carry for the shards does not decode
     /// ([`content`]).
     pub drops_invalid: AtomicU64,

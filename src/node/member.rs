@@ -12,6 +12,7 @@ use crate::cluster::compactor::SnapWorker;
 use crate::cluster::data_dir::{DataDir, Expected};
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
+use crate::cluster::peer::tls::PeerTls;
 use crate::cluster::peer::{
     self, CorePoll, CoreReader, Outgoing, PeerConfig, PeerHandle, PeerLimits,
 };
@@ -187,6 +188,9 @@ fn start(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
         ^ cluster.node_id;
+    let tls = (cluster.tls.as_ref())
+        .map(|files| PeerTls::load(files, cluster.node_id))
+        .transpose()?;
     let peer_config = PeerConfig {
         node_id: cluster.node_id,
         listen: this.peer,
@@ -195,6 +199,7 @@ fn start(
         identity: cluster.identity().digest,
         seed,
         limits: PeerLimits::default(),
+        tls,
     };
     let inbound = channels
         .iter()
