@@ -123,7 +123,9 @@ fn serve_old(
         let _ = stream.write_all(&old_reply(1, node_id, newest));
         return; // closed
     }
-    stream.write_all(&old_reply(0, node_id, hello[4])).expect("reply");
+    stream
+        .write_all(&old_reply(0, node_id, hello[4]))
+        .expect("reply");
     let (mut buffer, mut chunk) = (Vec::new(), vec![0u8; 1 << 16]);
     while !stop.load(Ordering::Relaxed) {
         match stream.read(&mut chunk) {
@@ -162,7 +164,11 @@ fn a_member_falls_back_to_version_3_for_a_reader_that_speaks_3_alone_and_back_up
         "every message, in version 3"
     );
     let hellos = old.hellos();
-    assert_eq!(hellos[..2], [VERSION, 3], "the newest first, refused, then 3");
+    assert_eq!(
+        hellos[..2],
+        [VERSION, 3],
+        "the newest first, refused, then 3"
+    );
     wait_for("member 1 to report member 2 connected", || {
         let report = one.handle.report();
         report.peers[0].link == LinkState::Connected
@@ -220,13 +226,21 @@ fn a_member_speaks_4_to_a_reader_of_the_build_before_and_the_cluster_version_is_
     let old = OldReader::start(listener, 2, 4);
     let one = start(1, &all, PeerLimits::default());
     send_numbered(&one, 1, 2, 0..20);
-    assert_eq!(old.receive(20), (0..20).collect(), "every message, in version 4");
+    assert_eq!(
+        old.receive(20),
+        (0..20).collect(),
+        "every message, in version 4"
+    );
     assert_eq!(old.hellos()[..2], [5, 4], "5 first, refused, then 4");
     wait_for("member 1 to hear member 2 in 4", || {
         version_of(&one, 2) == 4 && one.handle.cluster_version() == 4
     });
     assert_eq!(one.handle.report().cluster_version, 4);
-    assert_eq!(load(&one.stats().refused_by_peers), 0, "a fallback is no refusal");
+    assert_eq!(
+        load(&one.stats().refused_by_peers),
+        0,
+        "a fallback is no refusal"
+    );
 }
 
 /// Three members of this build: the cluster version is 3 until each has heard from every
