@@ -198,10 +198,11 @@ pub struct PeerStats {
     pub refusals: AtomicU64,
     /// Connections of this member that a peer refused (its reply said why).
     pub refused_by_peers: AtomicU64,
-    /// Inbound connections refused for TLS (counted in `refusals` too): a plaintext dialer to
-    /// a member with `[cluster.tls]`, a TLS one to a member without, a handshake that failed
-    /// (a certificate not signed by a CA in `ca_file`), a certificate not naming the member
-    /// its hello claims.
+    /// Connections refused for TLS: inbound ones (counted in `refusals` too) of a plaintext
+    /// dialer to a member with `[cluster.tls]`, of a TLS one to a member without, whose
+    /// handshake failed (a certificate not signed by a CA in `ca_file`) or whose certificate
+    /// does not name the member its hello claims; and this member's own connections whose
+    /// peer's certificate it refused.
     pub tls_refusals: AtomicU64,
     /// Messages received but dropped because what they carry for the shards does not decode
     /// ([`content`]).

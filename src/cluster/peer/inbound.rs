@@ -31,7 +31,7 @@
 //! thread replaces the older one), and logging closes (the thread does, rate-limited).
 
 use super::frame::{self, Envelope, Hello, Local, Reply, Verdict, HELLO_BYTES, LEN_BYTES};
-use super::tls::{check_member, is_tls_error, PeerStream};
+use super::tls::{check_member, tls_failure, PeerStream, TlsFailure};
 use super::versions::Versions;
 use super::{content, wire, CoreInbox, PeerConfig, PeerStats};
 use bytes::Bytes;
@@ -452,19 +452,29 @@ impl Inbound {
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(true),
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Err(error) if is_tls_error(&error) && self.peeked == Some(true) => {
-                    let reason = "a plaintext peer connection: this member has [cluster.tls], \
-                                  the dialer has not (every member must have it, or none)";
-                    return Err(Inbound::tls_refused(stats, reason.to_string()));
-                }
-                Err(error) if is_tls_error(&error) => {
-                    let reason = format!(
-                        "{error} (is the dialer's certificate signed by a CA in \
-                         cluster.tls.ca_file?)"
-                    );
-                    return Err(Inbound::tls_refused(stats, reason));
-                }
-                Err(error) => return Err(Close::Gone(error)),
+                Err(error) => match tls_failure(&error) {
+                    None => return Err(Close::Gone(error)),
+                    Some(_) if self.peeked == Some(true) => {
+                        let reason = "a plaintext peer connection: this member has \
+                                      [cluster.tls], the dialer has not (every member must have \
+                                      it, or none)";
+                        return Err(Inbound::tls_refused(stats, reason.to_string()));
+                    }
+                    Some(TlsFailure::ByPeer) => {
+                        let reason = format!(
+                            "the dialer refused this member's certificate: {error} (is it \
+                             signed by a CA in the dialer's cluster.tls.ca_file?)"
+                        );
+                        return Err(Inbound::tls_refused(stats, reason));
+                    }
+                    Some(TlsFailure::ByThisMember) => {
+                        let reason = format!(
+                            "{error} (is the dialer's certificate signed by a CA in \
+                             cluster.tls.ca_file?)"
+                        );
+                        return Err(Inbound::tls_refused(stats, reason));
+                    }
+                },
             }
         }
         Ok(false)

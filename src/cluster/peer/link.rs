@@ -42,7 +42,7 @@ use super::frame::{self, Hello, Reply, REPLY_BYTES};
 use super::lane::{Control, Lane, LaneState};
 use super::queue::{Backoff, Queue};
 use super::status::LinkStatus;
-use super::tls::{is_tls_error, PeerStream, PeerTls};
+use super::tls::{tls_failure, PeerStream, PeerTls, TlsFailure};
 use super::versions::Versions;
 use super::{PeerLimits, PeerStats};
 use crate::logging::Throttle;
@@ -87,6 +87,8 @@ enum Failure {
     Refused(String),
     /// The peer refused the hello's version, naming this other one, which this build speaks.
     Version(u8),
+    /// This member refused the peer's TLS certificate (or its bytes were not TLS): why.
+    Untrusted(String),
 }
 
 /// The connection to one peer, and its lane: the queue of what it has not sent yet.
@@ -399,6 +401,7 @@ impl Link {
                     .set(LinkState::Unreachable, error.to_string(), now);
             }
             Failure::Refused(reason) => self.refused(reason, now, stats),
+            Failure::Untrusted(why) => self.untrusted(why, now, stats),
             Failure::Version(version) => {
                 // Refused again right after a fallback: the next connection is in the version
                 // named, but after the backoff, as after any refusal.
@@ -429,6 +432,23 @@ impl Link {
                 self.addr
             );
         }
+        self.status.set(LinkState::Refused, reason, now);
+    }
+
+    /// This member refused the peer's TLS certificate for `why`: counted as a TLS refusal,
+    /// logged (rate-limited, with the link's refusals), shown.
+    fn untrusted(&mut self, why: String, now: Instant, stats: &PeerStats) {
+        PeerStats::add(&stats.tls_refusals, 1);
+        let now_us = now.saturating_duration_since(self.epoch).as_micros() as u64;
+        if let Some(left_out) = self.refusals_log.allow(now_us) {
+            log::warn!(
+                "peer {} at {}: this member refused its TLS certificate: {why} (retrying with \
+                 a backoff; {left_out} more refusals since the last such line)",
+                self.node_id,
+                self.addr
+            );
+        }
+        let reason = format!("this member refused its TLS certificate: {why}");
         self.status.set(LinkState::Refused, reason, now);
     }
 
@@ -512,12 +532,24 @@ fn read_reply(connection: &mut Connection, hello: &Hello, lane: &mut LaneState) 
             }
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(error) if is_tls_error(&error) => {
-                let hint = "; every member must have [cluster.tls], with certificates signed by \
-                            a CA in the others' cluster.tls.ca_file, or none must";
-                return Err(Failure::Refused(format!("{error}{hint}")));
-            }
-            Err(error) => return Err(Failure::Io(error)),
+            Err(error) => match tls_failure(&error) {
+                None => return Err(Failure::Io(error)),
+                Some(TlsFailure::ByPeer) => {
+                    let why = format!(
+                        "{error}: it refused this member's certificate (is it signed by a CA in \
+                         the peer's cluster.tls.ca_file?)"
+                    );
+                    return Err(Failure::Refused(why));
+                }
+                Some(TlsFailure::ByThisMember) => {
+                    let why = format!(
+                        "{error} (is its certificate signed by a CA in this member's \
+                         cluster.tls.ca_file, naming the member dialed? every member must have \
+                         [cluster.tls], or none)"
+                    );
+                    return Err(Failure::Untrusted(why));
+                }
+            },
         }
     }
     Ok(())

@@ -23,7 +23,9 @@
 
 use crate::config::PeerTlsConfig;
 use crate::server::tls::certificate_dns_names;
-use latchkey_client::tls::{file_error, load_certs, load_key, provider, root_store, TlsStream};
+use latchkey_client::tls::{
+    file_error, load_certs, load_key, provider, root_store, TlsError, TlsStream,
+};
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use rustls::client::danger::ServerCertVerifier;
@@ -216,10 +218,24 @@ impl PeerStream {
     }
 }
 
-/// Whether `error` is a TLS failure (a refused certificate, an alert, garbage), not a socket's.
-pub(crate) fn is_tls_error(error: &io::Error) -> bool {
-    let inner = error.get_ref();
-    inner.is_some_and(|inner| inner.is::<latchkey_client::tls::TlsError>())
+/// Who ended a connection with a TLS failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TlsFailure {
+    /// The other side, with an alert: it refused this member's certificate (or handshake).
+    ByPeer,
+    /// This member: the other side's certificate failed its checks, or its bytes are not TLS.
+    ByThisMember,
+}
+
+/// Whether `error` is a TLS failure (a refused certificate, an alert, garbage), and whose;
+/// `None`: a socket's error.
+pub(crate) fn tls_failure(error: &io::Error) -> Option<TlsFailure> {
+    let inner = error.get_ref()?;
+    let TlsError(error) = inner.downcast_ref::<TlsError>()?;
+    Some(match error {
+        rustls::Error::AlertReceived(_) => TlsFailure::ByPeer,
+        _ => TlsFailure::ByThisMember,
+    })
 }
 
 impl Read for PeerStream {

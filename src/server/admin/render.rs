@@ -397,9 +397,8 @@ fn peer_metrics(
     counter(
         encoder,
         "latchkey_cluster_peer_connections_refused_tls",
-        "Connections to this member's peer port refused for TLS (plaintext against \
-         [cluster.tls] or TLS without it, a certificate not signed by its CA or not naming the \
-         member the hello claims); counted in the refused connections too",
+        "Peer connections this member refused for TLS (plaintext against [cluster.tls] or TLS \
+         without it, a certificate not signed by its CA or not naming the member it should)",
         counters.tls_refusals,
     )?;
     counter(
