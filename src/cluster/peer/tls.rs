@@ -301,3 +301,35 @@ impl mio::event::Source for PeerStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A self-signed certificate with common name `cn` and DNS SANs `names` (DER).
+    fn certificate(cn: &str, names: &[&str]) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let names = names.iter().map(|name| name.to_string()).collect::<Vec<_>>();
+        let mut params = rcgen::CertificateParams::new(names).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_member_is_named_by_a_dns_san_alone() {
+        let two = certificate("anything", &["peer.example", "member-2"]);
+        assert_eq!(check_member(Some(&two), 2), Ok(()));
+        let refused = check_member(Some(&two), 3).unwrap_err();
+        assert!(refused.contains("does not name member 3 (DNS SAN member-3)"), "{refused}");
+        assert!(refused.contains("peer.example, member-2"), "{refused}");
+        // A common name is not a member name (nor is a prefix, or another number's).
+        let common_name = certificate("member-2", &[]);
+        assert!(check_member(Some(&common_name), 2).unwrap_err().contains("no DNS name"));
+        let near = certificate("x", &["member-21", "member-2.example"]);
+        assert!(check_member(Some(&near), 2).is_err());
+        assert!(check_member(None, 2).unwrap_err().contains("no certificate"));
+        assert!(check_member(Some(b"not a certificate"), 2).is_err());
+    }
+}
