@@ -430,6 +430,26 @@ impl Inbound {
         Close::Refused(reason)
     }
 
+    /// How a read's `error` closes the connection: gone (the socket's), or refused for TLS,
+    /// saying why (a plaintext dialer, this member's certificate refused by the dialer, or the
+    /// dialer's by this member).
+    fn failed(&self, error: io::Error, stats: &PeerStats) -> Close {
+        let reason = match tls_failure(&error) {
+            None => return Close::Gone(error),
+            Some(_) if self.peeked == Some(true) => "a plaintext peer connection: this member \
+                has [cluster.tls], the dialer has not (every member must have it, or none)"
+                .to_string(),
+            Some(TlsFailure::ByPeer) => format!(
+                "the dialer refused this member's certificate: {error} (is it signed by a CA in \
+                 the dialer's cluster.tls.ca_file?)"
+            ),
+            Some(TlsFailure::ByThisMember) => format!(
+                "{error} (is the dialer's certificate signed by a CA in cluster.tls.ca_file?)"
+            ),
+        };
+        Inbound::tls_refused(stats, reason)
+    }
+
     /// Reads and delivers until `WouldBlock` (`Ok(true)`) or [`READS_PER_PASS`] reads
     /// (`Ok(false)`: call again).
     pub(crate) fn read_pass(
@@ -452,29 +472,7 @@ impl Inbound {
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(true),
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Err(error) => match tls_failure(&error) {
-                    None => return Err(Close::Gone(error)),
-                    Some(_) if self.peeked == Some(true) => {
-                        let reason = "a plaintext peer connection: this member has \
-                                      [cluster.tls], the dialer has not (every member must have \
-                                      it, or none)";
-                        return Err(Inbound::tls_refused(stats, reason.to_string()));
-                    }
-                    Some(TlsFailure::ByPeer) => {
-                        let reason = format!(
-                            "the dialer refused this member's certificate: {error} (is it \
-                             signed by a CA in the dialer's cluster.tls.ca_file?)"
-                        );
-                        return Err(Inbound::tls_refused(stats, reason));
-                    }
-                    Some(TlsFailure::ByThisMember) => {
-                        let reason = format!(
-                            "{error} (is the dialer's certificate signed by a CA in \
-                             cluster.tls.ca_file?)"
-                        );
-                        return Err(Inbound::tls_refused(stats, reason));
-                    }
-                },
+                Err(error) => return Err(self.failed(error, stats)),
             }
         }
         Ok(false)
