@@ -56,6 +56,23 @@ fn wait_for_log(cluster: &Cluster, index: usize, what: &str) {
     }
 }
 
+/// Waits until member `index` reaches every other member both ways (its `/metrics` say so).
+fn wait_reachable(cluster: &Cluster, index: usize) {
+    let deadline = Instant::now() + PATIENCE;
+    let others: Vec<u64> = (1..=3).filter(|&id| id != index as u64 + 1).collect();
+    while !others.iter().all(|peer| {
+        let series = format!("latchkey_cluster_peer_reachable{{peer=\"{peer}\"}}");
+        sample(cluster, index, &series) == 1.0
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "member {} never reached the others",
+            index + 1
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A member's `/metrics` sample `series`, 0 if absent.
 fn sample(cluster: &Cluster, index: usize, series: &str) -> f64 {
     let (_, body) = http_get(cluster.members[index].client, "/metrics").expect("/metrics");
@@ -97,6 +114,8 @@ fn three_members_with_peer_tls_replicate_a_hold_through_a_rolling_rotation_to_an
             cluster.stop(index);
             set_tls(&cluster, index, &tls_section(pki, id, id, &bundle));
             cluster.launch(index);
+            // It reaches both others (TLS both ways) before the next one stops.
+            wait_reachable(&cluster, index);
             assert!(held(&cluster, key), "held after member {id} restarted");
         }
     }
