@@ -1,8 +1,8 @@
 //! Peer TLS (`[cluster.tls]`): members with certificates from one CA deliver as plaintext
 //! members do; a plaintext dialer, a certificate of another CA, and a certificate naming another
 //! member than the hello claims are refused and counted; a member with TLS and one without
-//! refuse each other, each saying that the members disagree; a member's own files are checked
-//! at start.
+//! refuse each other, each saying that the members disagree; a handshake that goes silent is
+//! closed at the hello's deadline; a member's own files are checked at start.
 
 use super::*;
 use common::pki::{presenting_config, Pki};
@@ -311,4 +311,42 @@ fn a_members_own_files_are_checked_at_start_each_error_naming_its_key() {
     };
     let error = refused(&missing, 2);
     assert!(error.starts_with("cluster.tls.ca_file "), "{error}");
+}
+
+/// A dialer that starts a handshake and goes silent is closed at the hello's deadline, which
+/// bounds the handshake too: it cannot hold one of the member's connection slots.
+#[test]
+fn a_silent_handshake_is_closed_at_the_hello_deadline() {
+    let pki = Pki::new("peer-silent");
+    let all = addresses(2);
+    let tls = Some(member_tls(&pki, 1, pki.ca_file()));
+    let peers = vec![(1, all[0]), (2, all[1])];
+    let config = PeerConfig {
+        node_id: 1,
+        listen: all[0],
+        peers,
+        shards: SHARDS,
+        identity: IDENTITY,
+        seed: 0x5eed,
+        limits: PeerLimits {
+            hello_timeout: Duration::from_millis(300),
+            ..PeerLimits::default()
+        },
+        tls,
+    };
+    let one = spawn_member(config, Reads::OnThePeerThread);
+    let mut stream = TcpStream::connect(all[0]).expect("connect");
+    stream.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    // The first bytes of a ClientHello record, and nothing more.
+    stream
+        .write_all(&[0x16, 0x03, 0x01, 0x00, 0xf4, 0x01])
+        .expect("write");
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    assert!(started.elapsed() < PATIENCE, "closed, not left open");
+    wait_for("the late handshake to be refused", || {
+        load(&one.stats().refusals) == 1
+    });
+    assert_eq!(load(&one.stats().accepts), 0);
 }
