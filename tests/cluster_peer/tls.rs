@@ -350,3 +350,41 @@ fn a_silent_handshake_is_closed_at_the_hello_deadline() {
     });
     assert_eq!(load(&one.stats().accepts), 0);
 }
+
+/// A dialer checks that the member it reached is the one it dialed: a peer address of member 2
+/// that leads to member 3 is refused by the certificate's name, before any hello.
+#[test]
+fn a_peer_address_that_leads_to_another_member_is_refused_by_its_certificate() {
+    let pki = Pki::new("peer-dialed");
+    let all = addresses(3);
+    let config = |node_id: u64, peers: Vec<(u64, SocketAddr)>| PeerConfig {
+        node_id,
+        listen: all[node_id as usize - 1],
+        peers,
+        shards: SHARDS,
+        identity: IDENTITY,
+        seed: 0x5eed + node_id,
+        limits: PeerLimits::default(),
+        tls: Some(member_tls(&pki, node_id, pki.ca_file())),
+    };
+    // Member 1 believes member 2 listens on member 3's address; member 2 never runs.
+    let one = spawn_member(
+        config(1, vec![(2, all[2]), (3, all[2])]),
+        Reads::OnThePeerThread,
+    );
+    let three = spawn_member(
+        config(3, vec![(1, all[0]), (2, all[1])]),
+        Reads::OnThePeerThread,
+    );
+    wait_for("member 1 to refuse what answers as member 2", || {
+        view(&one, 2).link == LinkState::Refused && view(&one, 3).link == LinkState::Connected
+    });
+    let status = view(&one, 2);
+    assert!(
+        status.reason.contains("refused its TLS certificate"),
+        "{status:?}"
+    );
+    assert!(status.reason.contains("not valid for name \"member-2\""), "{status:?}");
+    assert!(load(&one.stats().tls_refusals) >= 1);
+    drop(three);
+}
