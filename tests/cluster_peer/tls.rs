@@ -384,7 +384,10 @@ fn a_peer_address_that_leads_to_another_member_is_refused_by_its_certificate() {
         status.reason.contains("refused its TLS certificate"),
         "{status:?}"
     );
-    assert!(status.reason.contains("not valid for name \"member-2\""), "{status:?}");
+    assert!(
+        status.reason.contains("not valid for name \"member-2\""),
+        "{status:?}"
+    );
     assert!(load(&one.stats().tls_refusals) >= 1);
     drop(three);
 }
