@@ -109,20 +109,27 @@ impl PeerThread {
 }
 
 /// A cluster member as the server's [`Backend`]: its data directory (locked and checked by
-/// [`MemberBackend::open`] before the server binds anything) and its configuration.
+/// [`MemberBackend::open`] before the server binds anything), its configuration, and its peer
+/// TLS (`[cluster.tls]`, its files read and checked by the same).
 pub struct MemberBackend {
     cluster: ClusterConfig,
     data_dir: DataDir,
+    tls: Option<PeerTls>,
 }
 
 impl MemberBackend {
-    /// Checks what cluster mode asks of `config`, locks the member's data directory and checks
-    /// its record: the first thing a member does.
+    /// Reads and checks the `[cluster.tls]` files (a bad one stops the member before its data
+    /// directory is touched), checks what cluster mode asks of `config`, locks the member's
+    /// data directory and checks its record: the first things a member does.
     pub fn open(config: &Config, cluster: &ClusterConfig) -> io::Result<MemberBackend> {
+        let tls = (cluster.tls.as_ref())
+            .map(|files| PeerTls::load(files, cluster.node_id))
+            .transpose()?;
         let data_dir = open_data_dir(config, cluster)?;
         Ok(MemberBackend {
             cluster: cluster.clone(),
             data_dir,
+            tls,
         })
     }
 }
@@ -149,7 +156,7 @@ impl Backend for MemberBackend {
         cores: (&[Arc<Waker>], Vec<Registry>),
         queues: Option<Arc<dyn QueueCounts>>,
     ) -> io::Result<Started<MemberPartition>> {
-        let (partitions, peers) = start(config, &self.cluster, cores, queues)?;
+        let (partitions, peers) = start(config, (&self.cluster, self.tls), cores, queues)?;
         let beside = MemberBeside {
             peers,
             _data_dir: self.data_dir,
@@ -173,7 +180,7 @@ fn open_data_dir(config: &Config, cluster: &ClusterConfig) -> io::Result<DataDir
 /// data directory must be open ([`open_data_dir`]).
 fn start(
     config: &Config,
-    cluster: &ClusterConfig,
+    (cluster, tls): (&ClusterConfig, Option<PeerTls>),
     (wakers, registries): (&[Arc<Waker>], Vec<Registry>),
     queues: Option<Arc<dyn QueueCounts>>,
 ) -> io::Result<(Vec<MemberPartition>, PeerThread)> {
@@ -188,9 +195,6 @@ fn start(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
         ^ cluster.node_id;
-    let tls = (cluster.tls.as_ref())
-        .map(|files| PeerTls::load(files, cluster.node_id))
-        .transpose()?;
     let peer_config = PeerConfig {
         node_id: cluster.node_id,
         listen: this.peer,
