@@ -167,6 +167,8 @@ fn a_member_whose_certificate_names_another_member_does_not_start() {
         stderr.contains("member-2") && stderr.contains("member-3"),
         "{stderr}"
     );
+    // Stopped before its data directory was made (a fixed file starts it afresh).
+    assert!(!cluster.members[1].data.exists());
 }
 
 #[test]
