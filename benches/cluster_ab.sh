@@ -3,6 +3,11 @@
 #
 #   benches/cluster_ab.sh ROUNDS BINARY...
 #
+# A BINARY written PATH+tls is PATH with peer TLS: every member gets `[cluster.tls]`, with
+# certificates made once per run by openssl (`peer_pki`), so that
+# `benches/cluster_ab.sh 5 target/release/latchkey target/release/latchkey+tls` measures what
+# peer TLS costs, interleaved.
+#
 # Each round, for fsync on then off, for each binary in turn: start a fresh three-member
 # cluster (one core each, one shard unless SHARDS says, on loopback, data in a fresh
 # directory), find the leader, measure pipeline-1 latency (`bench --workload uncontended
@@ -39,10 +44,10 @@ pipeline=${PIPELINE:-16}
 connections=${CONNECTIONS:-50}
 fsyncs=${FSYNCS:-true false}
 
-start_cluster() { # binary fsync -> sets pids, ports
+start_cluster() { # binary fsync [pki_dir] -> sets pids, ports
     rm -rf "$dir"/run-*
     pids=()
-    start_three "$1" run "$shards" "$2"
+    start_three "$1" run "$shards" "$2" "${3:-}"
     ports=("${members_ports[@]}")
     local i
     for i in 0 1 2; do
@@ -51,10 +56,16 @@ start_cluster() { # binary fsync -> sets pids, ports
 }
 
 idle_note
+for argument in "$@"; do
+    case $argument in *+tls) peer_pki "$dir/pki"; break ;; esac
+done
 for round in $(seq "$rounds"); do
     for fsync in $fsyncs; do
-        for binary in "$@"; do
-            start_cluster "$binary" "$fsync"
+        for argument in "$@"; do
+            binary=${argument%+tls}
+            pki=""
+            [ "$binary" = "$argument" ] || pki="$dir/pki"
+            start_cluster "$binary" "$fsync" "$pki"
             load=${LOAD_BINARY:-$binary}
             target=$(cluster_target "$shards" "${ports[@]}")
             routing=()
@@ -69,7 +80,7 @@ for round in $(seq "$rounds"); do
                 --warmup 0s "${routing[@]}" --json)
             ticks=()
             for i in "${!pids[@]}"; do ticks+=("$(($(cpu_ticks "${pids[$i]}") - before[i]))"); done
-            python3 - "$round" "$fsync" "$binary" "$p1" "$p16" "$hz" "$pipeline" "${ticks[@]}" <<'PY'
+            python3 - "$round" "$fsync" "$argument" "$p1" "$p16" "$hz" "$pipeline" "${ticks[@]}" <<'PY'
 import json, sys
 round_, fsync, binary, p1, p16, hz, pipeline = sys.argv[1:8]
 ticks = [int(t) for t in sys.argv[8:]]

@@ -111,11 +111,34 @@ PY
 }
 
 
+# Makes a CA and the peer certificates of members 1 to 3 (`member-N.crt`, `member-N.key`, naming
+# member-N, for both TLS uses) in PKI_DIR, with openssl, as docs/cluster.md's "Peer TLS" does.
+peer_pki() { # pki_dir
+    local pki=$1 n
+    mkdir -p "$pki"
+    openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+        -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 30 -subj "/CN=latchkey bench CA" \
+        -addext "basicConstraints=critical,CA:TRUE" \
+        -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+    for n in 1 2 3; do
+        openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+            -keyout "$pki/member-$n.key" -out "$pki/member-$n.csr" \
+            -subj "/CN=latchkey member $n" 2>/dev/null
+        printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature" \
+            "subjectAltName=DNS:member-$n" "extendedKeyUsage=serverAuth,clientAuth" \
+            >"$pki/member-$n.ext"
+        openssl x509 -req -in "$pki/member-$n.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
+            -CAcreateserial -days 30 -extfile "$pki/member-$n.ext" \
+            -out "$pki/member-$n.crt" 2>/dev/null
+    done
+}
+
 # Starts three members of BINARY, one core each, with SHARDS shards and fsync FSYNC, on fresh
-# loopback ports; their configs, data and logs are under "$dir/TAG-*". Sets `members_ports`
-# (their client ports, members 1, 2, 3) and `members_pids`, and appends the pids to `pids`.
-start_three() { # binary tag shards fsync
-    local binary=$1 tag=$2 shards=$3 fsync=$4 members="" i peer_ports=()
+# loopback ports; their configs, data and logs are under "$dir/TAG-*". With PKI_DIR (made by
+# `peer_pki`), every member has `[cluster.tls]`. Sets `members_ports` (their client ports,
+# members 1, 2, 3) and `members_pids`, and appends the pids to `pids`.
+start_three() { # binary tag shards fsync [pki_dir]
+    local binary=$1 tag=$2 shards=$3 fsync=$4 pki=${5:-} members="" i peer_ports=() tls
     members_ports=()
     members_pids=()
     for i in 1 2 3; do members_ports+=("$(free_port)"); peer_ports+=("$(free_port)"); done
@@ -123,6 +146,11 @@ start_three() { # binary tag shards fsync
         members+="  { id = $((i + 1)), client = \"127.0.0.1:${members_ports[$i]}\", peer = \"127.0.0.1:${peer_ports[$i]}\" },"$'\n'
     done
     for i in 1 2 3; do
+        tls=""
+        [ -z "$pki" ] || tls="[cluster.tls]
+cert_file = \"$pki/member-$i.crt\"
+key_file = \"$pki/member-$i.key\"
+ca_file = \"$pki/ca.crt\""
         cat >"$dir/$tag-$i.toml" <<TOML
 [server]
 cores = 1
@@ -133,6 +161,7 @@ shards = $shards
 fsync = $fsync
 members = [
 $members]
+$tls
 TOML
         "$binary" serve --config "$dir/$tag-$i.toml" >"$dir/$tag-$i.log" 2>&1 &
         members_pids+=($!)

@@ -312,6 +312,7 @@ fn start_member(dir: &Path) -> ServerHandle {
         }],
         shards: 1,
         fsync: true,
+        tls: None,
     });
     start_pinned(config)
 }

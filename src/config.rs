@@ -99,7 +99,7 @@ const SECTIONS: [(&str, &[&str]); 8] = [
     ("auth", &["rule"]),
     (
         "cluster",
-        &["node_id", "data_dir", "members", "shards", "fsync"],
+        &["node_id", "data_dir", "members", "shards", "fsync", "tls"],
     ),
 ];
 
@@ -462,6 +462,9 @@ impl Config {
                 self.cluster_mut().shards = setting.u32_in(1, cluster::SHARDS_MAX)?;
             }
             ("cluster", "fsync") => self.cluster_mut().fsync = setting.boolean()?,
+            ("cluster", "tls") => {
+                self.cluster_mut().tls = Some(tls::read_peer_tls(setting.value, setting.line)?);
+            }
             _ => return Err(setting.unknown()),
         }
         Ok(())
@@ -799,7 +802,7 @@ pub use cluster::{
     ClusterConfig, ClusterIdentity, MemberConfig, HOLDS_MAX, MEMBERS_MAX, SHARDS_DEFAULT,
     SHARDS_MAX,
 };
-pub use tls::TlsConfig;
+pub use tls::{PeerTlsConfig, TlsConfig};
 
 #[cfg(test)]
 mod tests;

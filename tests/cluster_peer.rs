@@ -10,6 +10,8 @@
 mod content;
 #[path = "cluster_peer/reach.rs"]
 mod reach;
+#[path = "cluster_peer/tls.rs"]
+mod tls;
 #[path = "cluster_peer/version.rs"]
 mod version;
 
@@ -117,7 +119,14 @@ fn start_as(
         identity,
         seed: 0x5eed + node_id,
         limits,
+        tls: None,
     };
+    spawn_member(config, reads)
+}
+
+/// A member of `config`, its connections read as `reads` says.
+fn spawn_member(config: PeerConfig, reads: Reads) -> Member {
+    let _ = env_logger::builder().is_test(true).try_init();
     let mut inbound = Vec::new();
     let mut cores = Vec::new();
     for _ in 0..CORES {

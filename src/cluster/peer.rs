@@ -49,7 +49,15 @@
 //! named, and one for strangers, counting those left out). A well-formed message whose entries
 //! or snapshot do not decode for the shard machine is dropped and counted ([`content`]). No
 //! input from the peer port panics. Deliberately not here: fault injection (tests put a proxy
-//! in front), TLS and authentication between members, and acknowledgements (raft has its own).
+//! in front), and acknowledgements (raft has its own).
+//!
+//! With `[cluster.tls]` ([`tls`]) every connection is mutual TLS under the hello (the frames and
+//! versions do not change): each member presents a certificate naming it (`member-N`), a dialer
+//! checks the reader's for the member it dialed, a reader checks the dialer's for the member its
+//! hello claims. The dialer's rustls session lives in its lane with the socket, so the threads
+//! that send and the peer thread (handshake, reply) use it under one lock; a handshake and its
+//! hello must finish within [`PeerLimits::hello_timeout`]. A member with it and one without
+//! refuse each other, each saying so; TLS refusals are counted in `tls_refusals`.
 //!
 //! | file | responsibility |
 //! |---|---|
@@ -63,6 +71,7 @@
 //! | `peer/reader.rs` | a core's inbound connections, read on the core's loop |
 //! | `peer/status.rs` | [`status`]: links, reachability and quorum: published and logged |
 //! | `peer/versions.rs` | each peer's last known wire version, the cluster version. No I/O |
+//! | `peer/tls.rs` | [`tls`]: `[cluster.tls]`'s configurations, the `member-N` rule, the stream |
 //! | `peer/thread.rs` | the peer thread's mio loop |
 
 pub mod content;
@@ -74,6 +83,7 @@ mod queue;
 mod reader;
 pub mod status;
 mod thread;
+pub mod tls;
 mod versions;
 pub mod wire;
 
@@ -103,8 +113,9 @@ pub struct PeerLimits {
     pub queue_bytes_max: usize,
     /// Inbound connections at once, at most (default 64); more are closed at accept.
     pub inbound_connections_max: usize,
-    /// An inbound connection must complete its hello within this, and a peer must reply to
-    /// this member's hello within it (default 5 s).
+    /// An inbound connection must complete its hello (and its TLS handshake before it) within
+    /// this, and a peer must reply to this member's hello (and finish the handshake) within it
+    /// (default 5 s).
     pub hello_timeout: Duration,
     /// An outbound connect must complete within this (default 2 s).
     pub connect_timeout: Duration,
@@ -146,6 +157,9 @@ pub struct PeerConfig {
     pub seed: u64,
     /// Bounds and timings.
     pub limits: PeerLimits,
+    /// `[cluster.tls]`, read and checked ([`tls::PeerTls::load`]): every connection is TLS
+    /// both ways; `None`: plaintext.
+    pub tls: Option<tls::PeerTls>,
 }
 
 /// One core's inbox as the peer thread sees it: the channel it delivers `(shard, message)` on
@@ -194,6 +208,12 @@ pub struct PeerStats {
     pub refusals: AtomicU64,
     /// Connections of this member that a peer refused (its reply said why).
     pub refused_by_peers: AtomicU64,
+    /// Connections refused for TLS: inbound ones (counted in `refusals` too) of a plaintext
+    /// dialer to a member with `[cluster.tls]`, of a TLS one to a member without, whose
+    /// handshake failed (a certificate not signed by a CA in `ca_file`) or whose certificate
+    /// does not name the member its hello claims; and this member's own connections whose
+    /// peer's certificate it refused.
+    pub tls_refusals: AtomicU64,
     /// Messages received but dropped because what they carry for the shards does not decode
     /// ([`content`]).
     pub drops_invalid: AtomicU64,

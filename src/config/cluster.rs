@@ -75,6 +75,10 @@ pub struct ClusterConfig {
     /// `true`). `false` keeps the cluster's locks only in the members' memory (and page cache):
     /// faster, and a lock is lost only when a majority of members dies at once.
     pub fsync: bool,
+    /// `[cluster.tls]`: with it every peer connection is TLS both ways, each member's id bound
+    /// to its certificate; `None` (no section, the default): the peer port is plaintext. Every
+    /// member must agree (a member refuses a peer that does not: see `cluster::peer::tls`).
+    pub tls: Option<super::PeerTlsConfig>,
 }
 
 /// One entry of `cluster.members`.
@@ -111,6 +115,7 @@ impl Default for ClusterConfig {
             members: Vec::new(),
             shards: SHARDS_DEFAULT,
             fsync: true,
+            tls: None,
         }
     }
 }
@@ -141,17 +146,22 @@ impl ClusterConfig {
     }
 
     /// The member's role for the startup line: `cluster member 2 of 3, 64 shards, peers on
-    /// 127.0.0.1:7521, fsync on`.
+    /// 127.0.0.1:7521, fsync on` (and `, peer TLS on` with `[cluster.tls]`).
     pub fn role(&self) -> String {
         let peer = self
             .this_member()
             .map_or("none".to_string(), |member| member.peer.to_string());
         format!(
-            "cluster member {} of {}, {} shards, peers on {peer}, fsync {}",
+            "cluster member {} of {}, {} shards, peers on {peer}, fsync {}{}",
             self.node_id,
             self.members.len(),
             self.shards,
-            if self.fsync { "on" } else { "off" }
+            if self.fsync { "on" } else { "off" },
+            if self.tls.is_some() {
+                ", peer TLS on"
+            } else {
+                ""
+            }
         )
     }
 

@@ -107,8 +107,20 @@ fn example_file_is_the_defaults() {
             // Off by default: documented commented out.
             let keys: &[&str] = match section {
                 "auth" => &["identity", "prefixes"],
+                // `tls` is the section [cluster.tls], documented with its own keys.
+                "cluster" => &keys[..keys.len() - 1],
                 _ => keys,
             };
+            if section == "cluster" {
+                assert_eq!(keys.len() + 1, SECTIONS[7].1.len());
+                let at = EXAMPLE
+                    .find("\n# [cluster.tls]\n")
+                    .expect("[cluster.tls] documented");
+                for key in tls::PEER_TLS_KEYS {
+                    let line = format!("\n# {key} = ");
+                    assert!(EXAMPLE[at..].contains(&line), "cluster.tls.{key} missing");
+                }
+            }
             for key in keys {
                 assert!(
                     EXAMPLE.contains(&format!("\n# {key} = ")),

@@ -12,6 +12,7 @@ use crate::cluster::compactor::SnapWorker;
 use crate::cluster::data_dir::{DataDir, Expected};
 use crate::cluster::member::{Envelope, Member};
 use crate::cluster::partition::{shards_of_core, ClusterPartition, PartitionSettings, Peers};
+use crate::cluster::peer::tls::PeerTls;
 use crate::cluster::peer::{
     self, CorePoll, CoreReader, Outgoing, PeerConfig, PeerHandle, PeerLimits,
 };
@@ -108,20 +109,27 @@ impl PeerThread {
 }
 
 /// A cluster member as the server's [`Backend`]: its data directory (locked and checked by
-/// [`MemberBackend::open`] before the server binds anything) and its configuration.
+/// [`MemberBackend::open`] before the server binds anything), its configuration, and its peer
+/// TLS (`[cluster.tls]`, its files read and checked by the same).
 pub struct MemberBackend {
     cluster: ClusterConfig,
     data_dir: DataDir,
+    tls: Option<PeerTls>,
 }
 
 impl MemberBackend {
-    /// Checks what cluster mode asks of `config`, locks the member's data directory and checks
-    /// its record: the first thing a member does.
+    /// Reads and checks the `[cluster.tls]` files (a bad one stops the member before its data
+    /// directory is touched), checks what cluster mode asks of `config`, locks the member's
+    /// data directory and checks its record: the first things a member does.
     pub fn open(config: &Config, cluster: &ClusterConfig) -> io::Result<MemberBackend> {
+        let tls = (cluster.tls.as_ref())
+            .map(|files| PeerTls::load(files, cluster.node_id))
+            .transpose()?;
         let data_dir = open_data_dir(config, cluster)?;
         Ok(MemberBackend {
             cluster: cluster.clone(),
             data_dir,
+            tls,
         })
     }
 }
@@ -148,7 +156,7 @@ impl Backend for MemberBackend {
         cores: (&[Arc<Waker>], Vec<Registry>),
         queues: Option<Arc<dyn QueueCounts>>,
     ) -> io::Result<Started<MemberPartition>> {
-        let (partitions, peers) = start(config, &self.cluster, cores, queues)?;
+        let (partitions, peers) = start(config, (&self.cluster, self.tls), cores, queues)?;
         let beside = MemberBeside {
             peers,
             _data_dir: self.data_dir,
@@ -172,7 +180,7 @@ fn open_data_dir(config: &Config, cluster: &ClusterConfig) -> io::Result<DataDir
 /// data directory must be open ([`open_data_dir`]).
 fn start(
     config: &Config,
-    cluster: &ClusterConfig,
+    (cluster, tls): (&ClusterConfig, Option<PeerTls>),
     (wakers, registries): (&[Arc<Waker>], Vec<Registry>),
     queues: Option<Arc<dyn QueueCounts>>,
 ) -> io::Result<(Vec<MemberPartition>, PeerThread)> {
@@ -195,6 +203,7 @@ fn start(
         identity: cluster.identity().digest,
         seed,
         limits: PeerLimits::default(),
+        tls,
     };
     let inbound = channels
         .iter()

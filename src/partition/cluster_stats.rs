@@ -111,6 +111,11 @@ pub struct PeerCounters {
     pub refusals: u64,
     /// Connections of this member that a peer refused.
     pub refused_by_peers: u64,
+    /// Connections refused for TLS: inbound ones (in `refusals` too) of a plaintext or TLS
+    /// dialer the member's `[cluster.tls]` disagrees with, with a certificate not signed by its
+    /// CA or not naming the member the hello claims; and its own whose peer's certificate it
+    /// refused.
+    pub tls_refusals: u64,
     /// Messages dropped because what they carry for the shards does not decode.
     pub invalid_dropped: u64,
     /// Messages received from peers.

@@ -63,19 +63,34 @@ pub fn certificate_identities(cert: &[u8]) -> Vec<String> {
         .subject()
         .iter_common_name()
         .filter_map(|name| name.as_str().ok());
+    common_names
+        .chain(dns_names(&cert))
+        .take(IDENTITIES_MAX)
+        .map(str::to_string)
+        .collect()
+}
+
+/// A certificate's DNS subject alternative names alone, in certificate order (what a peer
+/// certificate's member name is read from: `cluster::peer::tls`); none for a malformed one. At
+/// most [`IDENTITIES_MAX`].
+pub fn certificate_dns_names(cert: &[u8]) -> Vec<String> {
+    let Ok((_, cert)) = X509Certificate::from_der(cert) else {
+        return Vec::new();
+    };
+    (dns_names(&cert).take(IDENTITIES_MAX))
+        .map(str::to_string)
+        .collect()
+}
+
+fn dns_names<'a>(cert: &'a X509Certificate<'_>) -> impl Iterator<Item = &'a str> {
     let alternative_names = cert.subject_alternative_name().ok().flatten();
-    let dns_names = alternative_names
-        .iter()
+    alternative_names
+        .into_iter()
         .flat_map(|extension| extension.value.general_names.iter())
         .filter_map(|name| match name {
             GeneralName::DNSName(name) => Some(*name),
             _ => None,
-        });
-    common_names
-        .chain(dns_names)
-        .take(IDENTITIES_MAX)
-        .map(str::to_string)
-        .collect()
+        })
 }
 
 /// Identities read from one certificate at most.

@@ -44,6 +44,7 @@ fn cluster(node_id: u64, members: u64, shards: u32) -> ClusterConfig {
             .collect(),
         shards,
         fsync: true,
+        tls: None,
     }
 }
 

@@ -170,7 +170,19 @@ pub enum HelloError {
     },
 }
 
+/// Whether a connection's first bytes are a TLS record's (a handshake, an alert...): a content
+/// type 20 to 23, then major version 3. A member with `[cluster.tls]` sends them where one
+/// without expects [`MAGIC`], and the other way round.
+pub fn looks_like_tls(first: &[u8; 4]) -> bool {
+    matches!(first, [0x14..=0x17, 0x03, ..])
+}
+
 impl HelloError {
+    /// Whether the dialer began with a TLS record: it has `[cluster.tls]`, the reader has not.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, HelloError::Magic(first) if looks_like_tls(first))
+    }
+
     /// The verdict to reply with, if any (none to a stranger that is not a latchkey peer).
     pub fn verdict(&self) -> Option<Verdict> {
         match self {
@@ -187,6 +199,11 @@ impl HelloError {
 impl fmt::Display for HelloError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
+            HelloError::Magic(bytes) if looks_like_tls(&bytes) => write!(
+                f,
+                "a TLS handshake: the dialer has [cluster.tls], this member has not (every \
+                 member must have it, or none)"
+            ),
             HelloError::Magic(bytes) => write!(f, "bad magic {bytes:02x?} (not a latchkey peer)"),
             HelloError::Version(version) => {
                 write!(
@@ -361,6 +378,11 @@ pub enum ReplyError {
 impl fmt::Display for ReplyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            ReplyError::Magic(bytes) if looks_like_tls(bytes) => write!(
+                f,
+                "a TLS record instead of a reply: it has [cluster.tls], this member has not \
+                 (every member must have it, or none)"
+            ),
             ReplyError::Magic(bytes) => {
                 write!(
                     f,

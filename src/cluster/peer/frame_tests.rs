@@ -415,3 +415,19 @@ fn valid_envelopes_with_arbitrary_message_bytes_never_panic() {
         })
         .expect("never panics");
 }
+
+/// The first bytes of a TLS record where a hello or a reply was expected say that the members
+/// disagree about `[cluster.tls]`; other bytes are "not a latchkey peer" as before.
+#[test]
+fn a_tls_record_instead_of_a_hello_or_a_reply_says_so() {
+    let client_hello = [0x16, 0x03, 0x01, 0x00, 0xf4];
+    let error = Hello::decode(&client_hello).unwrap_err();
+    assert!(error.is_tls());
+    assert!(error.to_string().contains("the dialer has [cluster.tls]"), "{error}");
+    let alert = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32];
+    let error = Reply::decode(&alert).unwrap_err().to_string();
+    assert!(error.contains("it has [cluster.tls], this member has not"), "{error}");
+    let garbage = Hello::decode(b"GET / HTTP/1.1").unwrap_err();
+    assert!(!garbage.is_tls());
+    assert!(garbage.to_string().contains("not a latchkey peer"), "{garbage}");
+}

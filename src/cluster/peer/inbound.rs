@@ -18,17 +18,26 @@
 //! message whose shape is refused closes the connection; one whose content is invalid is
 //! dropped and counted, and the connection stays (raft tolerates loss).
 //!
+//! With `[cluster.tls]` the connection is TLS ([`PeerStream::Tls`]): the handshake happens in
+//! the reads before the hello (bounded by the hello's deadline), an accepted hello's dialer must
+//! be named by its certificate ([`super::tls::check_member`]; refused without a reply
+//! otherwise), and a TLS failure closes the connection as a refusal. A plaintext latchkey hello
+//! to a TLS member (its first bytes, peeked before rustls reads them, are [`frame::MAGIC`]) and
+//! a TLS handshake to a plaintext member ([`frame::HelloError::Magic`] with a TLS record's
+//! bytes) are refusals that say the members disagree about `[cluster.tls]`. Every such refusal
+//! is counted in `tls_refusals` besides `refusals`.
+//!
 //! Deliberately not here: deciding what to do with a second connection from the same node (the
 //! thread replaces the older one), and logging closes (the thread does, rate-limited).
 
 use super::frame::{self, Envelope, Hello, Local, Reply, Verdict, HELLO_BYTES, LEN_BYTES};
+use super::tls::{check_member, tls_failure, PeerStream, TlsFailure};
 use super::versions::Versions;
 use super::{content, wire, CoreInbox, PeerConfig, PeerStats};
 use bytes::Bytes;
 use crate::logging::Throttle;
 use crossbeam_channel::{Sender, TrySendError};
 use mio::Waker;
-use mio::net::TcpStream;
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 use std::collections::VecDeque;
@@ -336,7 +345,10 @@ impl Context {
 
 /// One accepted connection.
 pub(crate) struct Inbound {
-    stream: TcpStream,
+    stream: PeerStream,
+    /// On TLS, before the first read: the first bytes were peeked, and whether they were a
+    /// plaintext hello's ([`frame::MAGIC`]).
+    peeked: Option<bool>,
     addr: SocketAddr,
     generation: usize,
     buffer: Vec<u8>,
@@ -350,7 +362,7 @@ pub(crate) struct Inbound {
 impl Inbound {
     /// A connection accepted from `addr`, which must say hello by `hello_deadline`.
     pub(crate) fn new(
-        stream: TcpStream,
+        stream: PeerStream,
         addr: SocketAddr,
         generation: usize,
         hello_deadline: Instant,
@@ -358,6 +370,7 @@ impl Inbound {
         let buffer = vec![0; BUFFER_BYTES];
         Inbound {
             stream,
+            peeked: None,
             addr,
             generation,
             buffer,
@@ -393,9 +406,48 @@ impl Inbound {
         self.peer.is_none().then_some(self.hello_deadline)
     }
 
-    /// The socket, to deregister.
-    pub(crate) fn stream(&mut self) -> &mut TcpStream {
+    /// The socket, to register and deregister.
+    pub(crate) fn stream(&mut self) -> &mut PeerStream {
         &mut self.stream
+    }
+
+    /// On TLS, before rustls reads anything: whether the dialer's first bytes are a plaintext
+    /// hello's (peeked, so rustls still reads them and answers with its alert).
+    fn peek_plaintext(&mut self) {
+        if self.peeked.is_some() || !self.stream.is_tls() {
+            return;
+        }
+        let mut first = [0u8; frame::MAGIC.len()];
+        match self.stream.tcp().peek(&mut first) {
+            Ok(0) | Err(_) => {} // nothing yet (or an error the read will see)
+            Ok(seen) => self.peeked = Some(first[..seen] == frame::MAGIC[..seen]),
+        }
+    }
+
+    /// Closes the connection for a TLS reason: counted besides the refusal.
+    fn tls_refused(stats: &PeerStats, reason: String) -> Close {
+        PeerStats::add(&stats.tls_refusals, 1);
+        Close::Refused(reason)
+    }
+
+    /// How a read's `error` closes the connection: gone (the socket's), or refused for TLS,
+    /// saying why (a plaintext dialer, this member's certificate refused by the dialer, or the
+    /// dialer's by this member).
+    fn failed(&self, error: io::Error, stats: &PeerStats) -> Close {
+        let reason = match tls_failure(&error) {
+            None => return Close::Gone(error),
+            Some(_) if self.peeked == Some(true) => "a plaintext peer connection: this member \
+                has [cluster.tls], the dialer has not (every member must have it, or none)"
+                .to_string(),
+            Some(TlsFailure::ByPeer) => format!(
+                "the dialer refused this member's certificate: {error} (is it signed by a CA in \
+                 the dialer's cluster.tls.ca_file?)"
+            ),
+            Some(TlsFailure::ByThisMember) => format!(
+                "{error} (is the dialer's certificate signed by a CA in cluster.tls.ca_file?)"
+            ),
+        };
+        Inbound::tls_refused(stats, reason)
     }
 
     /// Reads and delivers until `WouldBlock` (`Ok(true)`) or [`READS_PER_PASS`] reads
@@ -406,6 +458,7 @@ impl Inbound {
         stats: &PeerStats,
     ) -> Result<bool, Close> {
         for _ in 0..READS_PER_PASS {
+            self.peek_plaintext();
             debug_assert!(self.filled < self.buffer.len(), "no room to read");
             let end = (self.buffer.len()).min(self.filled.saturating_add(context.read_bytes_max));
             match self.stream.read(&mut self.buffer[self.filled..end]) {
@@ -419,7 +472,7 @@ impl Inbound {
                 }
                 Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(true),
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-                Err(error) => return Err(Close::Gone(error)),
+                Err(error) => return Err(self.failed(error, stats)),
             }
         }
         Ok(false)
@@ -430,7 +483,7 @@ impl Inbound {
         let mut at = 0;
         let from = match self.peer {
             Some(from) => from,
-            None => match self.hello(context)? {
+            None => match self.hello(context, stats)? {
                 Some(from) => {
                     at = HELLO_BYTES;
                     from
@@ -468,11 +521,14 @@ impl Inbound {
     }
 
     /// Reads and answers the hello once it is whole: the node it names if accepted.
-    fn hello(&mut self, context: &Context) -> Result<Option<u64>, Close> {
-        let refuse = |stream: &mut TcpStream, error: frame::HelloError, version: u8| {
+    fn hello(&mut self, context: &Context, stats: &PeerStats) -> Result<Option<u64>, Close> {
+        let refuse = |stream: &mut PeerStream, error: frame::HelloError, version: u8| {
             if let Some(verdict) = error.verdict() {
                 // Best effort: the dialer learns why; the close follows anyway.
                 let _ = stream.write(&context.reply(verdict, version));
+            }
+            if error.is_tls() {
+                return Inbound::tls_refused(stats, error.to_string());
             }
             Close::Refused(error.to_string())
         };
@@ -486,9 +542,16 @@ impl Inbound {
         if let Err(error) = hello.check(&context.local()) {
             return Err(refuse(&mut self.stream, error, hello.version));
         }
+        if self.stream.is_tls() {
+            // No reply: the dialer's certificate is not the member it says it is.
+            check_member(self.stream.peer_certificate(), hello.from).map_err(|why| {
+                Inbound::tls_refused(stats, format!("node {} claimed by a dialer: {why}", hello.from))
+            })?;
+        }
         let reply = context.reply(Verdict::Accepted, hello.version);
         match self.stream.write(&reply) {
-            Ok(written) if written == reply.len() => {}
+            // On TLS, rustls must have written it whole too (nothing else is ever written).
+            Ok(written) if written == reply.len() && !self.stream.wants_write() => {}
             Ok(written) => {
                 let what = format!("the reply to the hello: {written} of {} bytes", reply.len());
                 return Err(Close::Gone(io::Error::new(io::ErrorKind::WriteZero, what)));

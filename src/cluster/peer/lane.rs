@@ -12,7 +12,11 @@
 //!
 //! Every byte reaches the socket under the lane's lock, control bytes (hello, keepalive) before
 //! envelopes, through [`LaneState::flush`]: so envelopes are never interleaved, whichever
-//! thread writes. A sender never waits for the socket: a write that would block leaves the
+//! thread writes. With `[cluster.tls]` the lane owns the connection's rustls session with its
+//! socket handle ([`PeerStream::Tls`]): the senders' writes and the peer thread's reads (the
+//! handshake, the reply) all take the lane's lock, so the session is never used by two threads
+//! at once; an envelope counts as sent once rustls took it, and the records rustls holds when
+//! the socket is full are written like queued bytes (a flush, on the next writable event). A sender never waits for the socket: a write that would block leaves the
 //! rest queued (the peer thread's writable event finishes it); one that fails leaves the error
 //! for the peer thread, which fails the link, and wakes it.
 //!
@@ -22,11 +26,11 @@
 
 use super::frame::{HELLO_BYTES, KEEPALIVE};
 use super::queue::{Queue, Refused};
+use super::tls::PeerStream;
 use super::PeerStats;
 use parking_lot::{Mutex, MutexGuard};
 use raft::eraftpb::Message;
-use std::io::{self, IoSlice, Write};
-use std::net::TcpStream;
+use std::io::{self, IoSlice, Read, Write};
 use std::time::Instant;
 
 /// Writes per flush of one lane, at most (each may carry many envelopes).
@@ -77,8 +81,9 @@ pub(crate) struct LaneState {
     /// The hello or a keepalive, written before any envelope.
     pub(crate) control: Control,
     /// A handle of the connection's socket (the peer thread's own is registered with its
-    /// poll): present from the connect's completion until the link fails or closes.
-    stream: Option<TcpStream>,
+    /// poll), and its TLS session if any: present from the connect's completion until the
+    /// link fails or closes. Every read and write of the connection goes through it.
+    stream: Option<PeerStream>,
     /// The peer accepted the hello: envelopes may be written.
     pub(crate) accepted: bool,
     /// A write would block: only the peer thread's writable event writes again.
@@ -133,13 +138,36 @@ impl LaneState {
     /// Whether a flush now would write (connected, not blocked, not failed, something to
     /// write).
     pub(crate) fn wants_flush(&self) -> bool {
-        let writable = self.stream.is_some() && !self.blocked && self.failed.is_none();
+        let Some(stream) = &self.stream else {
+            return false;
+        };
+        let writable = !self.blocked && self.failed.is_none();
         let envelopes = self.accepted && !self.queue.unsent().is_empty();
-        writable && (envelopes || !self.control.unwritten().is_empty())
+        let control = !self.control.unwritten().is_empty();
+        writable && (envelopes || control || stream.wants_write())
     }
 
-    /// A new connection's socket, whose first bytes are `hello`.
-    pub(crate) fn connect(&mut self, stream: TcpStream, hello: &[u8], now: Instant) {
+    /// Whether the connection's TLS handshake is under way.
+    pub(crate) fn handshaking(&self) -> bool {
+        self.stream.as_ref().is_some_and(PeerStream::handshaking)
+    }
+
+    /// Reads from the connection (the peer thread: the handshake, the reply, then only the
+    /// end); `NotConnected` without one.
+    pub(crate) fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        match self.stream.as_mut() {
+            Some(stream) => stream.read(buffer),
+            None => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+
+    /// Whether the connection is TLS.
+    pub(crate) fn is_tls(&self) -> bool {
+        self.stream.as_ref().is_some_and(PeerStream::is_tls)
+    }
+
+    /// A new connection's socket (and TLS session), whose first bytes are `hello`.
+    pub(crate) fn connect(&mut self, stream: PeerStream, hello: &[u8], now: Instant) {
         self.stream = Some(stream);
         self.control = Control::of(hello);
         (self.accepted, self.blocked, self.failed) = (false, false, None);
@@ -170,7 +198,7 @@ impl LaneState {
         if self.blocked || self.failed.is_some() {
             return Ok(());
         }
-        let Some(mut stream) = self.stream.as_ref() else {
+        let Some(stream) = self.stream.as_mut() else {
             return Ok(());
         };
         for _ in 0..WRITES_PER_FLUSH {
@@ -180,7 +208,14 @@ impl LaneState {
                 false => &[],
             };
             if control.is_empty() && unsent.is_empty() {
-                return Ok(());
+                // What rustls holds still goes out (a no-op on plain TCP).
+                return match stream.flush() {
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                        self.blocked = true;
+                        Ok(())
+                    }
+                    other => other,
+                };
             }
             let result = if control.is_empty() {
                 stream.write(unsent)

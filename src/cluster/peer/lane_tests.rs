@@ -22,6 +22,11 @@ fn pair() -> (TcpStream, TcpStream) {
     (ours, theirs)
 }
 
+/// The lane's end as the lane holds it (no TLS).
+fn plain(ours: TcpStream) -> PeerStream {
+    PeerStream::Plain(mio::net::TcpStream::from_std(ours))
+}
+
 fn message(number: u64, padding: usize) -> Message {
     let mut message = Message::default();
     message.set_commit(number);
@@ -37,7 +42,7 @@ fn accepted_lane() -> (Lane, TcpStream, Instant, PeerStats) {
     let lane = Lane::new(2, Queue::new(100_000, 256 << 20), now);
     {
         let mut state = lane.lock();
-        state.connect(ours, b"", now);
+        state.connect(plain(ours), b"", now);
         state.accepted = true;
     }
     (lane, theirs, now, PeerStats::default())
@@ -71,7 +76,7 @@ fn the_hello_goes_first_and_alone_until_accepted_then_the_envelopes_in_order() {
     let mut state = lane.lock();
     state.push(2, 3, &message(1, 10), &stats); // queued before any connection
     assert!(!state.wants_flush(), "no socket yet");
-    state.connect(ours, b"HELLO", now);
+    state.connect(plain(ours), b"HELLO", now);
     assert!(state.wants_flush());
     state.flush(now, &stats).expect("flush");
     assert!(!state.wants_flush(), "nothing but the hello may go before acceptance");

@@ -10,7 +10,12 @@
 //! wholly written goes on the next connection.
 //!
 //! Only the reply to the hello is read ([`frame::REPLY_BYTES`], never more than it); any later
-//! byte is a protocol error and closes the connection. A refusal is logged (rate-limited per
+//! byte is a protocol error and closes the connection. With `[cluster.tls]` the connection is
+//! TLS (`super::tls`): the hello is written into the session as soon as the connect completes
+//! and leaves once the handshake is done; the handshake and the reply are read through the
+//! lane (which owns the session) and must both be done within the reply timeout. A TLS failure
+//! (the reader's certificate refused, or this member's by the reader: its alert) is a refusal,
+//! logged with rustls's reason and a hint that every member must have `[cluster.tls]` or none. A refusal is logged (rate-limited per
 //! link) with the reason the peer gave, and retried with the backoff: a peer restarted with a
 //! fixed configuration is reconnected without a restart here. The peer thread writes what the
 //! senders left (the lane's [`LaneState::flush`]): writes stop at `WouldBlock` until the next
@@ -37,6 +42,7 @@ use super::frame::{self, Hello, Reply, REPLY_BYTES};
 use super::lane::{Control, Lane, LaneState};
 use super::queue::{Backoff, Queue};
 use super::status::LinkStatus;
+use super::tls::{tls_failure, PeerStream, PeerTls, TlsFailure};
 use super::versions::Versions;
 use super::{PeerLimits, PeerStats};
 use crate::logging::Throttle;
@@ -44,7 +50,7 @@ use crate::partition::cluster_stats::LinkState;
 use mio::event::Event;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
-use std::io::{self, Read};
+use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -81,6 +87,8 @@ enum Failure {
     Refused(String),
     /// The peer refused the hello's version, naming this other one, which this build speaks.
     Version(u8),
+    /// This member refused the peer's TLS certificate (or its bytes were not TLS): why.
+    Untrusted(String),
 }
 
 /// The connection to one peer, and its lane: the queue of what it has not sent yet.
@@ -105,15 +113,18 @@ pub(crate) struct Link {
     spoken: u8,
     /// The last connection ended in a fallback (the next refusal of a version waits).
     fell_back: bool,
+    /// `[cluster.tls]`: every connection is TLS.
+    tls: Option<PeerTls>,
 }
 
 impl Link {
     /// A link to `node_id` at `addr` saying `hello` (in [`frame::VERSION`]), with nothing
-    /// queued, connecting at `now`; it notes the peer's version in `versions` at `index`.
+    /// queued, connecting at `now` (over TLS with `tls`); it notes the peer's version in
+    /// `versions` at `index`.
     pub(crate) fn new(
         (node_id, addr): (u64, SocketAddr),
         (token, versions): (Token, (Arc<Versions>, usize)),
-        hello: Hello,
+        (hello, tls): (Hello, Option<PeerTls>),
         limits: &PeerLimits,
         (seed, now): (u64, Instant),
     ) -> Link {
@@ -142,6 +153,7 @@ impl Link {
             versions,
             spoken: frame::VERSION,
             fell_back: false,
+            tls,
         }
     }
 
@@ -192,7 +204,10 @@ impl Link {
             State::Connected(connection)
                 if !connection.accepted && connection.reply_deadline <= now =>
             {
-                let what = format!("no reply to the hello within {:?}", self.reply_timeout);
+                let what = match self.lane.lock().handshaking() {
+                    true => format!("no TLS handshake within {:?}", self.reply_timeout),
+                    false => format!("no reply to the hello within {:?}", self.reply_timeout),
+                };
                 let error = io::Error::new(io::ErrorKind::TimedOut, what);
                 self.fail(registry, now, stats, Failure::Io(error));
             }
@@ -239,13 +254,16 @@ impl Link {
                 Err(error) => Err(Failure::Io(error)),
             },
             State::Connected(connection) => {
+                let mut lane = self.lane.lock();
                 if event.is_writable() {
-                    self.lane.lock().blocked = false;
+                    lane.blocked = false;
                 }
                 let before = connection.accepted;
-                let result = read_reply(connection, &self.hello);
-                if connection.accepted && !before {
-                    self.lane.lock().accepted = true;
+                let result = read_reply(connection, &self.hello, &mut lane);
+                let accepted = connection.accepted && !before;
+                lane.accepted |= accepted;
+                drop(lane);
+                if accepted {
                     self.on_accepted();
                 }
                 result
@@ -290,9 +308,17 @@ impl Link {
         if let Err(error) = stream.set_nodelay(true) {
             log::warn!("peer {}: TCP_NODELAY not set: {error}", self.node_id);
         }
-        // The lane's handle to the same socket, for the threads that send.
-        let handle = match stream.as_fd().try_clone_to_owned() {
-            Ok(fd) => std::net::TcpStream::from(fd),
+        // The lane's handle to the same socket (and its TLS session), for the threads that
+        // send and for reading.
+        let handle = stream.as_fd().try_clone_to_owned().and_then(|fd| {
+            let tcp = TcpStream::from_std(std::net::TcpStream::from(fd));
+            match &self.tls {
+                None => Ok(PeerStream::Plain(tcp)),
+                Some(tls) => Ok(PeerStream::Tls(Box::new(tls.dial(tcp, self.node_id)?))),
+            }
+        });
+        let handle = match handle {
+            Ok(handle) => handle,
             Err(error) => {
                 let _ = registry.deregister(&mut stream);
                 return self.fail(registry, now, stats, Failure::Io(error));
@@ -375,6 +401,7 @@ impl Link {
                     .set(LinkState::Unreachable, error.to_string(), now);
             }
             Failure::Refused(reason) => self.refused(reason, now, stats),
+            Failure::Untrusted(why) => self.untrusted(why, now, stats),
             Failure::Version(version) => {
                 // Refused again right after a fallback: the next connection is in the version
                 // named, but after the backoff, as after any refusal.
@@ -405,6 +432,23 @@ impl Link {
                 self.addr
             );
         }
+        self.status.set(LinkState::Refused, reason, now);
+    }
+
+    /// This member refused the peer's TLS certificate for `why`: counted as a TLS refusal,
+    /// logged (rate-limited, with the link's refusals), shown.
+    fn untrusted(&mut self, why: String, now: Instant, stats: &PeerStats) {
+        PeerStats::add(&stats.tls_refusals, 1);
+        let now_us = now.saturating_duration_since(self.epoch).as_micros() as u64;
+        if let Some(left_out) = self.refusals_log.allow(now_us) {
+            log::warn!(
+                "peer {} at {}: this member refused its TLS certificate: {why} (retrying with \
+                 a backoff; {left_out} more refusals since the last such line)",
+                self.node_id,
+                self.addr
+            );
+        }
+        let reason = format!("this member refused its TLS certificate: {why}");
         self.status.set(LinkState::Refused, reason, now);
     }
 
@@ -445,27 +489,24 @@ fn connect_outcome(stream: &TcpStream) -> io::Result<bool> {
     }
 }
 
-/// Reads what the peer sent: its reply to the hello (never more than it), then nothing — a
-/// close or any byte after the reply is an error.
-fn read_reply(connection: &mut Connection, hello: &Hello) -> Result<(), Failure> {
+/// Reads what the peer sent through the lane (which owns the socket handle and any TLS
+/// session): its reply to the hello (never more than it), then nothing — a close or any byte
+/// after the reply is an error.
+fn read_reply(connection: &mut Connection, hello: &Hello, lane: &mut LaneState) -> Result<(), Failure> {
     let mut scratch = [0u8; 64];
+    let tls = lane.is_tls();
     // Bounded: every pass but an interrupted one returns or reads a byte of the reply.
     for _ in 0..REPLY_BYTES + 16 {
         let into = match connection.accepted {
             true => &mut scratch[..],
             false => &mut connection.reply[connection.reply_read..],
         };
-        match connection.stream.read(into) {
+        match lane.read(into) {
             Ok(0) if connection.accepted => {
                 let error = io::Error::new(io::ErrorKind::UnexpectedEof, "closed by peer");
                 return Err(Failure::Io(error));
             }
-            Ok(0) => {
-                let what = "closed by peer before it replied to the hello (not a latchkey \
-                            peer of this version?)";
-                let error = io::Error::new(io::ErrorKind::UnexpectedEof, what);
-                return Err(Failure::Io(error));
-            }
+            Ok(0) => return Err(closed_before_reply(tls)),
             Ok(read) if connection.accepted => {
                 let what = format!("peer wrote {read} bytes after its reply");
                 return Err(Failure::Io(io::Error::new(
@@ -491,8 +532,39 @@ fn read_reply(connection: &mut Connection, hello: &Hello) -> Result<(), Failure>
             }
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
-            Err(error) => return Err(Failure::Io(error)),
+            Err(error) => match tls_failure(&error) {
+                None => return Err(Failure::Io(error)),
+                Some(TlsFailure::ByPeer) => {
+                    let why = format!(
+                        "{error}: it refused this member's certificate (is it signed by a CA in \
+                         the peer's cluster.tls.ca_file?)"
+                    );
+                    return Err(Failure::Refused(why));
+                }
+                Some(TlsFailure::ByThisMember) => {
+                    let why = format!(
+                        "{error} (is its certificate signed by a CA in this member's \
+                         cluster.tls.ca_file, naming the member dialed? every member must have \
+                         [cluster.tls], or none)"
+                    );
+                    return Err(Failure::Untrusted(why));
+                }
+            },
         }
     }
     Ok(())
+}
+
+/// The peer closed the connection before its reply: on TLS, it refused the handshake or this
+/// member's certificate, or does not speak TLS.
+fn closed_before_reply(tls: bool) -> Failure {
+    if tls {
+        let what = "closed by peer before it replied to the hello: has it [cluster.tls] (every \
+                    member must, or none), and does its cluster.tls.ca_file trust this member's \
+                    certificate, which must name this member?";
+        return Failure::Refused(what.to_string());
+    }
+    let what = "closed by peer before it replied to the hello (not a latchkey peer of this \
+                version, or one with [cluster.tls]? every member must have it, or none)";
+    Failure::Io(io::Error::new(io::ErrorKind::UnexpectedEof, what))
 }

@@ -119,6 +119,7 @@ impl Board {
             counters: PeerCounters {
                 refusals: load(&stats.refusals),
                 refused_by_peers: load(&stats.refused_by_peers),
+                tls_refusals: load(&stats.tls_refusals),
                 invalid_dropped: load(&stats.drops_invalid),
                 messages_received: load(&stats.messages_received),
                 messages_sent: load(&stats.messages_sent),

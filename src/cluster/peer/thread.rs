@@ -20,6 +20,7 @@ use super::lane::Lane;
 use super::link::Link;
 use super::reader::Handover;
 use super::status::{Board, Watch, PUBLISH_EVERY};
+use super::tls::{PeerStream, PeerTls};
 use super::versions::Versions;
 use super::{CoreInbox, PeerConfig, PeerLimits, PeerStats, PEERS_MAX};
 use crate::logging::{Throttle, LOG_PERIOD_US};
@@ -69,6 +70,8 @@ pub(crate) struct Peer {
     handover: Option<Handover>,
     /// The heard-from times as last read, for the watch.
     heard: Vec<Option<Instant>>,
+    /// `[cluster.tls]`: every accepted connection is TLS.
+    tls: Option<PeerTls>,
 }
 
 impl Peer {
@@ -100,7 +103,8 @@ impl Peer {
                 let seed = config.seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                 let token = Token(LINK_BASE + index);
                 let known = (Arc::clone(&versions), index);
-                Link::new(peer, (token, known), hello, &config.limits, (seed, now))
+                let tls = config.tls.clone();
+                Link::new(peer, (token, known), (hello, tls), &config.limits, (seed, now))
             })
             .collect();
         let connections_max = config.limits.inbound_connections_max.max(1);
@@ -130,6 +134,7 @@ impl Peer {
             board: Arc::clone(board),
             handover,
             heard: Vec::with_capacity(config.peers.len()),
+            tls: config.tls,
         })
     }
 
@@ -353,6 +358,17 @@ impl Peer {
             log::warn!("peer connection from {addr} dropped: cannot register: {error}");
             return;
         }
+        let stream = match &self.tls {
+            None => PeerStream::Plain(stream),
+            Some(tls) => match tls.accept(stream) {
+                Ok(tls) => PeerStream::Tls(Box::new(tls)),
+                Err(error) => {
+                    log::warn!("peer connection from {addr} dropped: no TLS session: {error}");
+                    return;
+                }
+            },
+        };
+        // The deadline bounds the TLS handshake too: a silent dialer cannot hold a slot.
         let deadline = now + self.limits.hello_timeout;
         entry.insert(Inbound::new(stream, addr, self.generation, deadline));
         self.generation = (self.generation + 1) % self.generations;

@@ -142,3 +142,48 @@ fn the_summary_says_which_member_of_which_cluster() {
         "{summary}"
     );
 }
+
+#[test]
+fn peer_tls_names_its_three_files_and_refuses_anything_else_naming_the_key() {
+    let tls = "[cluster.tls]\ncert_file = \"m.crt\"\nkey_file = \"m.key\"\nca_file = \"ca.crt\"\n";
+    let config = member("", tls).expect("[cluster.tls]");
+    let files = config
+        .cluster
+        .as_ref()
+        .and_then(|c| c.tls.clone())
+        .expect("tls");
+    assert_eq!(files.cert_file.to_str(), Some("m.crt"));
+    assert_eq!(files.key_file.to_str(), Some("m.key"));
+    assert_eq!(files.ca_file.to_str(), Some("ca.crt"));
+    assert!(
+        config.summary().ends_with(", fsync on, peer TLS on"),
+        "{}",
+        config.summary()
+    );
+    assert_eq!(member("", "").unwrap().cluster.unwrap().tls, None);
+    let without_ca = tls.replace("ca_file = \"ca.crt\"\n", "");
+    assert_refused(
+        member("", &without_ca),
+        "cluster.tls.ca_file",
+        "required with [cluster.tls]",
+    );
+    let empty = tls.replace("\"m.key\"", "\"\"");
+    assert_refused(
+        member("", &empty),
+        "cluster.tls.key_file",
+        "expected a file path",
+    );
+    let number = tls.replace("\"m.crt\"", "7");
+    assert_refused(
+        member("", &number),
+        "cluster.tls.cert_file",
+        "expected a string",
+    );
+    let unknown = format!("{tls}client_ca_file = \"ca.crt\"\n");
+    assert_refused(
+        member("", &unknown),
+        "cluster.tls.client_ca_file",
+        "unknown key",
+    );
+    assert_refused(member("", "tls = 1\n"), "cluster.tls", "expected a section");
+}

@@ -396,6 +396,13 @@ fn peer_metrics(
     )?;
     counter(
         encoder,
+        "latchkey_cluster_peer_connections_refused_tls",
+        "Peer connections this member refused for TLS (plaintext against [cluster.tls] or TLS \
+         without it, a certificate not signed by its CA or not naming the member it should)",
+        counters.tls_refusals,
+    )?;
+    counter(
+        encoder,
         "latchkey_cluster_peer_invalid_messages",
         "Peer messages dropped because their entries or snapshot do not decode",
         counters.invalid_dropped,
@@ -524,6 +531,7 @@ fn cluster_json(cluster: &ClusterStats) -> Value {
             json!({
                 "refusals": counters.refusals,
                 "refused_by_peers": counters.refused_by_peers,
+                "tls_refusals": counters.tls_refusals,
                 "invalid_messages": counters.invalid_dropped,
                 "messages_sent": counters.messages_sent,
                 "messages_received": counters.messages_received,
