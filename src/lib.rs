@@ -18,19 +18,6 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// git repository (set by `build.rs`).
 pub const COMMIT: &str = env!("LATCHKEY_COMMIT");
 
-/// Declares internal modules: crate-private, or public with the `testing` feature, which this
-/// repository's own tests, benches and simulations turn on to reach them (see `Cargo.toml`).
-macro_rules! internal_modules {
-    ($($name:ident),* $(,)?) => {
-        $(
-            #[cfg(feature = "testing")]
-            pub mod $name;
-            #[cfg(not(feature = "testing"))]
-            pub(crate) mod $name;
-        )*
-    };
-}
-
 // The public API: what `src/main.rs` runs, and what a program that embeds a server needs.
 pub mod bench;
 pub mod cli;
@@ -38,4 +25,42 @@ pub mod config;
 pub mod logging;
 pub mod node;
 
-internal_modules!(auth, cluster, hash, lock_table, metrics, partition, rng, server, tokens);
+// Internal modules: crate-private, or public with the `testing` feature, which this
+// repository's own tests, benches and simulations turn on to reach them (see `Cargo.toml`).
+// Written out (not by a macro) so that `cargo fmt` reaches them.
+#[cfg(feature = "testing")]
+pub mod auth;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod auth;
+#[cfg(feature = "testing")]
+pub mod cluster;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod cluster;
+#[cfg(feature = "testing")]
+pub mod hash;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod hash;
+#[cfg(feature = "testing")]
+pub mod lock_table;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod lock_table;
+#[cfg(feature = "testing")]
+pub mod metrics;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod metrics;
+#[cfg(feature = "testing")]
+pub mod partition;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod partition;
+#[cfg(feature = "testing")]
+pub mod rng;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod rng;
+#[cfg(feature = "testing")]
+pub mod server;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod server;
+#[cfg(feature = "testing")]
+pub mod tokens;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod tokens;

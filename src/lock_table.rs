@@ -30,12 +30,12 @@
 //! Sessions, sockets and cross-core routing (the reactor owns those; a session is an opaque
 //! [`SessionId`] here), and token persistence ([`crate::tokens`]).
 
+use crate::partition::clients::ClientStates;
 use crate::partition::rules::{self, AcquireView, Admit};
 use crate::partition::{
     is_detached, Answer, BusyReason, ClientRef, Fate, GrantRef, HeldKey, Op, Places, QueueCounts,
     SessionId, TableStats,
 };
-use crate::partition::clients::ClientStates;
 use crate::tokens::TokenRange;
 use hashbrown::DefaultHashBuilder;
 use index::SegmentedTable;
@@ -912,7 +912,11 @@ impl LockTable {
     fn unlink_session(&mut self, waiter: u32) {
         let (session, prev, next) = {
             let unlinked = &self.waiters[waiter];
-            (unlinked.session, unlinked.session_prev, unlinked.session_next)
+            (
+                unlinked.session,
+                unlinked.session_prev,
+                unlinked.session_next,
+            )
         };
         if next != NIL {
             self.waiters[next].session_prev = prev;

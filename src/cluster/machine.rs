@@ -599,7 +599,9 @@ impl ShardMachine {
         let mut after = 0;
         for ended in image.ended {
             if ended.index <= after || ended.index > machine.applied || ended.client == 0 {
-                return Err(DecodeError::Inconsistent("ended acquires' indices or client"));
+                return Err(DecodeError::Inconsistent(
+                    "ended acquires' indices or client",
+                ));
             }
             after = ended.index;
             let who = (ended.client, ended.owner);
@@ -737,7 +739,13 @@ impl ShardMachine {
             return Applied::QueueFull;
         }
         let deadline_ms = now_ms.saturating_add(u64::from(queued.wait_ms));
-        self.push_waiter(key, QueuedWait { queued, deadline_ms });
+        self.push_waiter(
+            key,
+            QueuedWait {
+                queued,
+                deadline_ms,
+            },
+        );
         Applied::Queued
     }
 
@@ -770,7 +778,8 @@ impl ShardMachine {
         match self.waiting.get_mut(key) {
             Some(queue) => queue.push_back(waiter),
             None => {
-                self.waiting.insert(Key::from(key), imbl::Vector::unit(waiter));
+                self.waiting
+                    .insert(Key::from(key), imbl::Vector::unit(waiter));
             }
         }
         self.waiters += 1;
@@ -779,7 +788,9 @@ impl ShardMachine {
     /// Takes `owner`'s first queued acquire of `key` out of its queue, if it has one.
     fn take_waiter(&mut self, key: &[u8], owner: u64) -> Option<Queued> {
         let queue = self.waiting.get_mut(key)?;
-        let at = queue.iter().position(|waiter| waiter.queued.owner == owner)?;
+        let at = queue
+            .iter()
+            .position(|waiter| waiter.queued.owner == owner)?;
         let taken = queue.remove(at).queued;
         if queue.is_empty() {
             self.waiting.remove(key);

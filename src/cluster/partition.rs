@@ -20,9 +20,10 @@ use super::machine::Command;
 use super::member::{Envelope, Member};
 use super::shard::Shard;
 use super::writer::LogWriter;
+use crate::hash::Map as HashMap;
 use crate::metrics::Histogram;
-use crate::partition::cluster_stats::{ClusterStats, PeerReport, ShardStatus, LATENCY_BOUNDS_US};
 use crate::partition::clients::ClientStates;
+use crate::partition::cluster_stats::{ClusterStats, PeerReport, ShardStatus, LATENCY_BOUNDS_US};
 use crate::partition::partition_of;
 use crate::partition::GrantRef;
 use crate::partition::Partition;
@@ -31,13 +32,12 @@ use crate::partition::{
     Answer, ClientRef, HeldKey, Op, Places, QueueCounts, SessionId, TableStats,
 };
 use crate::tokens::TokenKeeper;
-use latchkey_client::protocol::{Leader, Response};
 use duties::{LeaseTimer, WaitTimer};
+use latchkey_client::protocol::{Leader, Response};
 use latchkey_wheel::Wheel;
 use leadership_log::LeadershipLog;
 use raft::eraftpb::Message;
 use requests::End;
-use crate::hash::Map as HashMap;
 use slab::Slab;
 use std::net::SocketAddr;
 
@@ -603,12 +603,23 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
         let waits = waits.map(|tick| tick.saturating_mul(self.settings.tick_us));
         let leases = self.lease_timers.next_deadline();
         let leases = leases.map(|tick| tick.saturating_mul(self.settings.tick_us));
-        let adopted = self.adopted_grants.values().map(mirror::AdoptedGrant::until_us).min();
+        let adopted = self
+            .adopted_grants
+            .values()
+            .map(mirror::AdoptedGrant::until_us)
+            .min();
         let mirrors = self.to_mirror.front().map(mirror::ToMirror::due_us);
-        [Some(self.next_tick_us), waits, leases, self.handover_until_us, adopted, mirrors]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            Some(self.next_tick_us),
+            waits,
+            leases,
+            self.handover_until_us,
+            adopted,
+            mirrors,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn take_answers(&mut self) -> Vec<Answer> {
@@ -762,12 +773,12 @@ fn op_id(op: &Op) -> u64 {
 mod apply;
 #[path = "partition/duties.rs"]
 mod duties;
-#[path = "partition/raft_io.rs"]
-mod raft_io;
 #[path = "partition/leadership_log.rs"]
 mod leadership_log;
 #[path = "partition/mirror.rs"]
 mod mirror;
+#[path = "partition/raft_io.rs"]
+mod raft_io;
 pub(crate) use leadership_log::shard_list;
 #[path = "partition/requests.rs"]
 mod requests;

@@ -271,9 +271,17 @@ impl PeerHandle {
         // Lanes one at a time, in their order: a sender never holds two lanes' locks.
         for lane in self.lanes.iter() {
             let mut state = None;
-            for outgoing in batch.iter().filter(|outgoing| outgoing.to == lane.node_id()) {
+            for outgoing in batch
+                .iter()
+                .filter(|outgoing| outgoing.to == lane.node_id())
+            {
                 let state = state.get_or_insert_with(|| lane.lock());
-                state.push(lane.node_id(), outgoing.shard, &outgoing.message, &self.stats);
+                state.push(
+                    lane.node_id(),
+                    outgoing.shard,
+                    &outgoing.message,
+                    &self.stats,
+                );
                 queued += 1;
             }
             let Some(mut state) = state else {
@@ -285,7 +293,10 @@ impl PeerHandle {
             wake |= state.wants_flush() || state.failed.is_some();
         }
         if queued < batch.len() {
-            log::debug!("peer: {} messages for unknown members", batch.len() - queued);
+            log::debug!(
+                "peer: {} messages for unknown members",
+                batch.len() - queued
+            );
             PeerStats::add(&self.stats.drops_queue, (batch.len() - queued) as u64);
         }
         if wake {

@@ -486,7 +486,10 @@ fn preallocate(file: &File, bytes: u64) -> io::Result<()> {
     #[cfg(not(target_os = "linux"))]
     {
         let _ = (file, bytes);
-        Err(io::Error::new(io::ErrorKind::Unsupported, "fallocate is Linux only"))
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "fallocate is Linux only",
+        ))
     }
 }
 

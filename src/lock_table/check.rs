@@ -85,11 +85,19 @@ impl LockTable {
                 (prev, cursor) = (cursor, waiter.session_next);
             }
             assert_eq!(cursor, NIL, "session list longer than its count");
-            assert_eq!(self.places.held_by(session), list.count, "session {session}'s places");
+            assert_eq!(
+                self.places.held_by(session),
+                list.count,
+                "session {session}'s places"
+            );
             listed += list.count as usize;
         }
         assert_eq!(listed, self.waiters.len());
-        assert_eq!(self.places.held(), self.waiters.len(), "every waiter holds a place");
+        assert_eq!(
+            self.places.held(),
+            self.waiters.len(),
+            "every waiter holds a place"
+        );
         if self.shutting_down {
             assert!(self.waiters.is_empty(), "waiters queued during shutdown");
         }

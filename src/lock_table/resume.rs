@@ -138,7 +138,11 @@ impl LockTable {
         if !client.is_some() {
             return self.release_granted(now_us, entry, token);
         }
-        let Some(held) = self.entries.get_mut(entry).filter(|held| held.token == token) else {
+        let Some(held) = self
+            .entries
+            .get_mut(entry)
+            .filter(|held| held.token == token)
+        else {
             return false;
         };
         held.holder = client.detached();

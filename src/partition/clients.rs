@@ -160,7 +160,10 @@ impl ClientStates {
     /// Clients with records here.
     #[cfg(any(test, feature = "testing"))]
     pub fn len(&self) -> usize {
-        self.by_client.values().filter(|state| !state.is_empty()).count()
+        self.by_client
+            .values()
+            .filter(|state| !state.is_empty())
+            .count()
     }
 }
 
@@ -182,7 +185,10 @@ mod tests {
         for owner in 0..FATES_PER_CLIENT_MAX as u64 {
             states.answered(C, 100 + owner, Fate::Busy, 2_000);
         }
-        assert!(states.answered(C, 9, Fate::Busy, 2_000), "the oldest dropped for room");
+        assert!(
+            states.answered(C, 9, Fate::Busy, 2_000),
+            "the oldest dropped for room"
+        );
         assert_eq!(states.answer_of(C, 100, 2_000), None);
         assert_eq!(states.answer_of(C, 9, 2_000), Some(Fate::Busy));
     }

@@ -118,9 +118,11 @@ mod tests {
 
     impl QueueCounts for OneCount {
         fn try_add(&self, _session: SessionId, max: u32) -> bool {
-            let taken = self.0.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < max).then_some(n + 1)
-            });
+            let taken = self
+                .0
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n < max).then_some(n + 1)
+                });
             taken.is_ok()
         }
 
@@ -135,10 +137,16 @@ mod tests {
         assert!(places.try_take(1) && places.try_take(1));
         assert!(!places.try_take(1), "a third place past the limit");
         assert!(places.try_take(2));
-        assert_eq!((places.held_by(1), places.held_by(2), places.held()), (2, 1, 3));
+        assert_eq!(
+            (places.held_by(1), places.held_by(2), places.held()),
+            (2, 1, 3)
+        );
         places.give_back(1);
         places.give_back(2);
-        assert_eq!((places.held_by(1), places.held_by(2), places.held()), (1, 0, 1));
+        assert_eq!(
+            (places.held_by(1), places.held_by(2), places.held()),
+            (1, 0, 1)
+        );
         assert_eq!(places.iter().collect::<Vec<_>>(), vec![(1, 1)]);
     }
 

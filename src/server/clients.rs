@@ -65,7 +65,9 @@ impl Inner {
     fn id_of(&self, client: ClientRef) -> Option<u128> {
         let slot = (client.0 & ((1 << SLOT_BITS) - 1)) as usize;
         let (id, generation) = *self.slots.get(slot)?;
-        (generation == client.0 >> SLOT_BITS).then_some(id).flatten()
+        (generation == client.0 >> SLOT_BITS)
+            .then_some(id)
+            .flatten()
     }
 }
 
@@ -180,9 +182,7 @@ impl ClientRegistry {
     /// Clients with a record now, and Identifies refused for room so far.
     pub fn counts(&self) -> (usize, u64) {
         let clients = self.inner.lock().by_id.len();
-        let refused = self
-            .refused_full
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let refused = self.refused_full.load(std::sync::atomic::Ordering::Relaxed);
         (clients, refused)
     }
 }
@@ -211,7 +211,11 @@ mod tests {
         let (b, _) = registry.identify(8, 1, &[]).expect("room");
         assert_ne!(b, a);
         assert_eq!(b.0 & 0xffff, a.0 & 0xffff);
-        assert_eq!(registry.session_closed(a, 13_000_000), None, "the old ref names nobody");
+        assert_eq!(
+            registry.session_closed(a, 13_000_000),
+            None,
+            "the old ref names nobody"
+        );
     }
 
     #[test]

@@ -42,12 +42,12 @@ use crate::auth::AuthRules;
 use crate::lock_table::LockTable;
 use crate::partition::GrantRef;
 use crate::partition::Partition;
-use crate::partition::{ClientRef, Fate};
 use crate::partition::NOBODY;
 use crate::partition::{Answer, Op, SessionId};
+use crate::partition::{ClientRef, Fate};
 use crate::tokens::TokenKeeper;
 use crossbeam_channel::Receiver;
-use latchkey_client::protocol::{parse_request, ErrorCode, FrameError, Response, Request};
+use latchkey_client::protocol::{parse_request, ErrorCode, FrameError, Request, Response};
 use slab::Slab;
 use std::sync::Arc;
 use std::time::Duration;
@@ -496,7 +496,14 @@ impl<N: Net, P: Partition> Core<N, P> {
         let client = session.client();
         if matches!(request, Request::Resolve { .. }) && !client.is_some() {
             let (code, id) = (ErrorCode::NotIdentified, request.correlation_id());
-            return self.answer_refused(slot, FrameError { code, id, consumed: used });
+            return self.answer_refused(
+                slot,
+                FrameError {
+                    code,
+                    id,
+                    consumed: used,
+                },
+            );
         }
         let Some((op, key)) = Op::of(&request) else {
             // Ping: answered here, unordered with keyed answers (docs/protocol.md §3).
@@ -609,7 +616,12 @@ impl<N: Net, P: Partition> Core<N, P> {
     /// Writes an answer from `partition` to a local session. `Err` with the client the session
     /// spoke for when the session cannot take it (gone or dead): then a grant in it must be
     /// released by the caller (or kept for that client).
-    fn deliver(&mut self, answer: &Answer, partition: usize, remote: bool) -> Result<(), ClientRef> {
+    fn deliver(
+        &mut self,
+        answer: &Answer,
+        partition: usize,
+        remote: bool,
+    ) -> Result<(), ClientRef> {
         let slot = slot_of(answer.session);
         let Some(session) = self.sessions.get_mut(slot) else {
             return Err(ClientRef::NONE);
@@ -656,7 +668,8 @@ impl<N: Net, P: Partition> Core<N, P> {
     ) {
         log::debug!("token {token}: its grant never reached its session");
         if partition == self.settings.index {
-            self.table.release_granted(self.now_us, grant, token, client);
+            self.table
+                .release_granted(self.now_us, grant, token, client);
             return;
         }
         match self.links.outboxes[partition].as_mut() {
@@ -717,7 +730,8 @@ impl<N: Net, P: Partition> Core<N, P> {
                 token,
                 client,
             } => {
-                self.table.release_granted(self.now_us, grant, token, client);
+                self.table
+                    .release_granted(self.now_us, grant, token, client);
             }
             Msg::ClientGone { client } => self.table.handle_client_gone(self.now_us, client),
             Msg::ClientKnown(known) => {

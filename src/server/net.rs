@@ -11,8 +11,8 @@
 //! it with `flush` on the next writable event. The defaults (no such output, no handshake) are
 //! constants, so the plain TCP path compiles to what it was.
 
-use mio::net::TcpStream;
 use crate::partition::PARTITION_SOURCES;
+use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use std::io::{self, Read, Write};
 use std::marker::PhantomData;

@@ -13,10 +13,10 @@
 //! client go (`Msg::ClientGone`, sent after the session's own close on every channel, so each
 //! partition detaches before it drops).
 
+use super::clients::Refused;
 use super::core::{Core, Step};
 use super::net::{Net, Stream};
 use super::route::Msg;
-use super::clients::Refused;
 use crate::partition::{ClientRef, Partition};
 use latchkey_client::protocol::{ErrorCode, Response, GRACE_S_MAX};
 use std::cmp::Reverse;
@@ -36,7 +36,12 @@ impl<N: Net, P: Partition> Core<N, P> {
             refused(ErrorCode::NotIdentified)
         } else {
             let identities = session.socket().identities();
-            match self.links.shared.clients.identify(client, grace_s, &identities) {
+            match self
+                .links
+                .shared
+                .clients
+                .identify(client, grace_s, &identities)
+            {
                 Ok((client_ref, grace_s)) => {
                     session.set_client(client_ref);
                     self.table.handle_client_known(client_ref, client, grace_s);

@@ -145,7 +145,6 @@ impl TokenKeeper {
             self.requested = Some(mark);
         }
     }
-
 }
 
 fn run(

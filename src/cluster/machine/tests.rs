@@ -554,15 +554,20 @@ fn then_strategy() -> impl Strategy<Value = Option<Grant>> {
 }
 
 fn queued_strategy() -> impl Strategy<Value = Queued> {
-    (any::<u64>(), any::<u128>(), any::<u8>(), any::<u32>(), any::<u32>()).prop_map(
-        |(owner, client, grace_s, lease_ms, wait_ms)| Queued {
+    (
+        any::<u64>(),
+        any::<u128>(),
+        any::<u8>(),
+        any::<u32>(),
+        any::<u32>(),
+    )
+        .prop_map(|(owner, client, grace_s, lease_ms, wait_ms)| Queued {
             owner,
             client,
             grace_s,
             lease_ms,
             wait_ms,
-        },
-    )
+        })
 }
 
 fn command_strategy() -> impl Strategy<Value = Command> {

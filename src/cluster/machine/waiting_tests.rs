@@ -70,7 +70,10 @@ fn queue(machine: &ShardMachine, text: &str) -> Vec<u64> {
 fn waiters_queue_in_order_and_leave_by_withdraw_or_by_their_grant() {
     let (mut machine, token) = held();
     for (index, owner) in [(3, 10), (4, 11), (5, 12)] {
-        assert_eq!(machine.apply(index, &enqueue("k", owner), 0), Applied::Queued);
+        assert_eq!(
+            machine.apply(index, &enqueue("k", owner), 0),
+            Applied::Queued
+        );
     }
     assert_eq!(machine.apply(6, &enqueue("other", 20), 0), Applied::Queued);
     assert_eq!(queue(&machine, "k"), [10, 11, 12]);
@@ -78,7 +81,10 @@ fn waiters_queue_in_order_and_leave_by_withdraw_or_by_their_grant() {
     // A Withdraw takes the owner's waiter out, wherever it is; a second finds nothing.
     assert_eq!(machine.apply(7, &withdraw("k", 11), 0), Applied::Withdrawn);
     assert_eq!(machine.apply(8, &withdraw("k", 11), 0), Applied::NotQueued);
-    assert_eq!(machine.apply(9, &withdraw("nokey", 10), 0), Applied::NotQueued);
+    assert_eq!(
+        machine.apply(9, &withdraw("nokey", 10), 0),
+        Applied::NotQueued
+    );
     assert_eq!(queue(&machine, "k"), [10, 12]);
     // A handoff to the head takes it out of the queue with the grant.
     let release = Command::Release {
@@ -239,8 +245,14 @@ fn a_withdraw_that_says_how_its_acquire_was_answered_leaves_a_record_for_resolve
     }
     let client = |owner| waiter(owner).client;
     let answered = |text, owner, answered| withdraw_answered(text, owner, answered);
-    assert_eq!(machine.apply(7, &answered("k", 10, Answered::TimedOut), 0), Applied::Withdrawn);
-    assert_eq!(machine.apply(8, &answered("k", 11, Answered::Busy), 0), Applied::Withdrawn);
+    assert_eq!(
+        machine.apply(7, &answered("k", 10, Answered::TimedOut), 0),
+        Applied::Withdrawn
+    );
+    assert_eq!(
+        machine.apply(8, &answered("k", 11, Answered::Busy), 0),
+        Applied::Withdrawn
+    );
     // Not said (version 3), not queued, or granted: nothing is recorded.
     assert_eq!(machine.apply(9, &withdraw("k", 12), 0), Applied::Withdrawn);
     let missing = answered("k", 99, Answered::TimedOut);
@@ -253,7 +265,10 @@ fn a_withdraw_that_says_how_its_acquire_was_answered_leaves_a_record_for_resolve
             lease_ms: 1_013,
         }),
     };
-    assert!(matches!(machine.apply(11, &release, 0), Applied::HandedOff { .. }));
+    assert!(matches!(
+        machine.apply(11, &release, 0),
+        Applied::HandedOff { .. }
+    ));
     assert_eq!(machine.ended(client(10), 10), Some(Answered::TimedOut));
     assert_eq!(machine.ended(client(11), 11), Some(Answered::Busy));
     for owner in [12, 13, 99] {
@@ -281,7 +296,11 @@ fn a_withdraw_that_says_how_its_acquire_was_answered_leaves_a_record_for_resolve
     unsaid.skip(10);
     unsaid.apply(11, &release, 0);
     let at_11 = ShardMachine::restore(0, 1, &bytes, 0).expect("restore");
-    assert_ne!(unsaid.digest(), at_11.digest(), "the records are in the digest");
+    assert_ne!(
+        unsaid.digest(),
+        at_11.digest(),
+        "the records are in the digest"
+    );
 }
 
 #[test]
@@ -301,7 +320,11 @@ fn the_last_ended_max_ended_acquires_are_kept_the_oldest_forgotten_first() {
         assert_eq!(ended(&machine, owner), None, "owner {owner} is forgotten");
     }
     for owner in [extra as u64, (ENDED_MAX + extra - 1) as u64] {
-        assert_eq!(ended(&machine, owner), Some(Answered::TimedOut), "owner {owner}");
+        assert_eq!(
+            ended(&machine, owner),
+            Some(Answered::TimedOut),
+            "owner {owner}"
+        );
     }
     // The same owner ended again moves to the back (one record per client and owner).
     index += 1;
@@ -360,7 +383,10 @@ fn a_snapshot_whose_ended_acquires_are_out_of_order_or_listed_twice_is_refused()
     assert_eq!(image.ended.len(), 2);
     let refused = |image: &SnapshotImage| {
         let restored = ShardMachine::restore(0, 1, &image.encode(), 0);
-        assert!(matches!(restored, Err(DecodeError::Inconsistent(_))), "{restored:?}");
+        assert!(
+            matches!(restored, Err(DecodeError::Inconsistent(_))),
+            "{restored:?}"
+        );
     };
     let mut twice = image.clone();
     twice.ended[0].owner = 11;

@@ -260,7 +260,9 @@ fn committed(shard: u32, handed: &mut u64, entries: Vec<Entry>, out: &mut Vec<Co
 
 fn envelopes(shard: u32, messages: Vec<Message>, out: &mut Vec<Envelope>) {
     for message in messages {
-        split_append(message, &mut |message| out.push(Envelope { shard, message }));
+        split_append(message, &mut |message| {
+            out.push(Envelope { shard, message })
+        });
     }
 }
 

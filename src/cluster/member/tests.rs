@@ -261,13 +261,26 @@ fn an_append_over_the_message_size_is_cut_into_appends_that_follow_each_other() 
     let (mut index, mut log_term) = (whole.index, whole.log_term);
     let mut entries = Vec::new();
     for part in &parts {
-        assert_eq!((part.index, part.log_term), (index, log_term), "follows the last part");
         assert_eq!(
-            (part.to, part.from, part.term, part.commit, part.get_msg_type()),
+            (part.index, part.log_term),
+            (index, log_term),
+            "follows the last part"
+        );
+        assert_eq!(
+            (
+                part.to,
+                part.from,
+                part.term,
+                part.commit,
+                part.get_msg_type()
+            ),
             (2, 1, 3, 9, MessageType::MsgAppend)
         );
         let bytes = drain::entry_bytes(part.get_entries());
-        assert!(!part.get_entries().is_empty() && bytes <= limit, "{bytes} bytes");
+        assert!(
+            !part.get_entries().is_empty() && bytes <= limit,
+            "{bytes} bytes"
+        );
         let last = part.get_entries().last().expect("entries");
         (index, log_term) = (last.index, last.term);
         entries.extend_from_slice(part.get_entries());
@@ -275,7 +288,13 @@ fn an_append_over_the_message_size_is_cut_into_appends_that_follow_each_other() 
     assert_eq!(entries, whole.get_entries(), "every entry once, in order");
     // One entry larger than the limit goes alone; so does anything not an append.
     let parts = split(append_of(3, limit));
-    assert_eq!(parts.iter().map(|p| p.get_entries().len()).collect::<Vec<_>>(), [1, 1, 1]);
+    assert_eq!(
+        parts
+            .iter()
+            .map(|p| p.get_entries().len())
+            .collect::<Vec<_>>(),
+        [1, 1, 1]
+    );
     let mut heartbeat = append_of(0, 0);
     heartbeat.set_msg_type(MessageType::MsgHeartbeat);
     assert_eq!(split(heartbeat.clone()), vec![heartbeat]);
@@ -311,7 +330,10 @@ fn a_follower_catching_up_gets_appends_no_larger_than_the_message_size() {
         largest <= MESSAGE_BYTES_MAX as usize,
         "an append of {largest} bytes of entries"
     );
-    assert!(largest >= 2 * (400 << 10), "appends carried several entries: {largest}");
+    assert!(
+        largest >= 2 * (400 << 10),
+        "appends carried several entries: {largest}"
+    );
 }
 
 #[test]

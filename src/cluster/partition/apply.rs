@@ -9,6 +9,7 @@
 //! Deliberately not here: stepping raft, the drain and the writer (`raft_io.rs`); the queue
 //! rules themselves ([`crate::partition::rules`], decided in `requests.rs`).
 
+use super::raft_io::stop_member;
 use super::{ClusterPartition, Peers, Pending, PendingKind, CHECKPOINT_EVERY_US, PROMOTE_GRACE_MS};
 use crate::cluster::machine::{Applied, Command, ShardMachine};
 use crate::cluster::member::{Committed, EntryKind, LeaderChanged, ReadReady};
@@ -17,7 +18,6 @@ use crate::cluster::writer::LogWriter;
 use crate::partition::BusyReason;
 use crate::partition::NOBODY;
 use latchkey_client::protocol::Response;
-use super::raft_io::stop_member;
 use std::time::SystemTime;
 
 impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {

@@ -220,14 +220,22 @@ fn a_compaction_that_comes_back_after_a_later_snapshot_is_dropped_and_the_next_o
             lease_s: 60,
             owner,
         };
-        partition.handle(*now_us, 1, ClientRef::NONE, op, format!("key-{owner}").as_bytes());
+        partition.handle(
+            *now_us,
+            1,
+            ClientRef::NONE,
+            op,
+            format!("key-{owner}").as_bytes(),
+        );
         run(partition, now_us, 1);
     };
     for _ in 0..10 {
         acquire(&mut partition, &mut now_us);
     }
     // One image is frozen and held (one in flight per shard: no second one).
-    let frozen_at = partition.shards[0].compacting().expect("an image in flight");
+    let frozen_at = partition.shards[0]
+        .compacting()
+        .expect("an image in flight");
     assert_eq!(held.0.lock().0.len(), 1);
     // Meanwhile the shard's log gets a snapshot past it (as a received snapshot would).
     let applied = partition.machine(0).expect("shard 0").applied();
@@ -310,7 +318,13 @@ fn entries_after_a_snapshot_decoded_off_the_loop_wait_for_it_then_apply_in_order
             lease_s: 60,
             owner: i + 1,
         };
-        first.handle(now_us, 1, ClientRef::NONE, op, format!("key-{i}").as_bytes());
+        first.handle(
+            now_us,
+            1,
+            ClientRef::NONE,
+            op,
+            format!("key-{i}").as_bytes(),
+        );
         run(&mut first, &mut now_us, 1);
     }
     run(&mut first, &mut now_us, 5);

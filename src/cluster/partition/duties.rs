@@ -21,9 +21,9 @@ use super::{
 };
 use crate::cluster::machine::{Applied, Command};
 use crate::cluster::shard::{Role, Shard};
-use crate::partition::BusyReason;
 use crate::cluster::writer::LogWriter;
 use crate::partition::rules;
+use crate::partition::BusyReason;
 use crate::partition::{SessionId, NOBODY};
 use latchkey_client::protocol::Response;
 
@@ -180,7 +180,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         if !state.serving() || !is_head {
             return false;
         }
-        let lease = state.machine().holder(key).map(|h| (h.token, h.deadline_ms));
+        let lease = state
+            .machine()
+            .holder(key)
+            .map(|h| (h.token, h.deadline_ms));
         match lease {
             Some((token, lease_end_ms))
                 if !rules::wait_ends_first(wait_end_us, lease_end_ms.saturating_mul(1000)) =>
@@ -205,7 +208,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             epoch: self.shards[local].lease_epoch(),
             token,
         };
-        let tick = deadline_ms.saturating_mul(1000).div_ceil(self.settings.tick_us);
+        let tick = deadline_ms
+            .saturating_mul(1000)
+            .div_ceil(self.settings.tick_us);
         let handle = self.lease_timers.insert(tick, timer);
         if let Some(replaced) = self.shards[local].set_lease_timer(token, handle) {
             self.lease_timers.cancel(replaced);
@@ -306,7 +311,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         if deadline_ms > self.now_ms() {
             return self.arm_lease(local, timer.token, deadline_ms);
         }
-        if !self.propose_expiry(shard_id, &key, timer.token) && !self.shards[local].expiring(timer.token) {
+        if !self.propose_expiry(shard_id, &key, timer.token)
+            && !self.shards[local].expiring(timer.token)
+        {
             // Not proposed now and none in the log: again at the next tick.
             let next_ms = (self.now_us + self.settings.tick_us).div_ceil(1000);
             self.arm_lease(local, timer.token, next_ms);

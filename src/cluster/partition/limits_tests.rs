@@ -94,7 +94,8 @@ impl Bench {
     }
 
     fn send(&mut self, session: SessionId, op: Op, key: &[u8]) {
-        self.partition.handle(self.now_us, session, ClientRef::NONE, op, key);
+        self.partition
+            .handle(self.now_us, session, ClientRef::NONE, op, key);
         self.collect();
     }
 
@@ -228,7 +229,9 @@ fn max_pending_per_session_counts_only_acquires_that_queue_and_they_give_their_p
     }
     assert_eq!(bench.answer(7), Response::Timeout { owner: 7 });
     assert_eq!(bench.places(), 3);
-    bench.partition.handle_session_closed(waiter, ClientRef::NONE);
+    bench
+        .partition
+        .handle_session_closed(waiter, ClientRef::NONE);
     assert_eq!(bench.places(), 1);
     bench.partition.check_places();
 }
@@ -302,7 +305,9 @@ fn max_pending_per_session_holds_across_partitions_that_share_counts() {
     cores[1].acquire(waiter, &keys[3], 30, 5);
     assert_eq!(counts.queued(waiter), 2);
     for bench in &mut cores {
-        bench.partition.handle_session_closed(waiter, ClientRef::NONE);
+        bench
+            .partition
+            .handle_session_closed(waiter, ClientRef::NONE);
     }
     assert_eq!(counts.queued(waiter), 0);
 }
@@ -521,7 +526,11 @@ fn lease_timers_follow_grants_extends_and_releases_and_never_fire_early() {
         panic!("the key is granted");
     };
     let granted_us = bench.now_us;
-    assert_eq!(bench.partition.shards[0].lease_timers(), 1, "armed at the grant");
+    assert_eq!(
+        bench.partition.shards[0].lease_timers(),
+        1,
+        "armed at the grant"
+    );
     // Half a second in, a 2 s extend: the timer moves with the deadline.
     run_until(&mut bench, granted_us + 500_000);
     let extend = Op::Extend { lease_s: 2, token };

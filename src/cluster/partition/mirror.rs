@@ -36,7 +36,7 @@
 //! identify (nobody could ask about it), one that found its key free (its `Acquire` is the
 //! fact), and any while some member runs the previous build.
 
-use super::{ClusterPartition, PendingKind, Peers, ANSWERED_PEER_VERSION, WAITERS_PEER_VERSION};
+use super::{ClusterPartition, Peers, PendingKind, ANSWERED_PEER_VERSION, WAITERS_PEER_VERSION};
 use crate::cluster::machine::{Answered, Command, Queued};
 use crate::cluster::shard::{Waiter, ADOPTED};
 use crate::cluster::writer::LogWriter;
@@ -116,7 +116,11 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// Proposes the `Enqueue` of each waiter due to be mirrored that still waits (queued, not
     /// proposed), in the order they queued, on the shards this member serves.
     pub(super) fn propose_due_mirrors(&mut self) {
-        while self.to_mirror.front().is_some_and(|m| m.due_us <= self.now_us) {
+        while self
+            .to_mirror
+            .front()
+            .is_some_and(|m| m.due_us <= self.now_us)
+        {
             let Some(due) = self.to_mirror.pop_front() else {
                 break;
             };
@@ -312,7 +316,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             self.adopted_ended.retain(|_, until_us| *until_us > now_us);
         }
         if self.adopted_ended.len() < ADOPTED_ENDED_MAX {
-            self.adopted_ended.insert((id, owner), now_us + ADOPTED_ENDED_US);
+            self.adopted_ended
+                .insert((id, owner), now_us + ADOPTED_ENDED_US);
         }
     }
 
@@ -344,7 +349,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         for (token, shard, id, owner) in due {
             self.adopted_grants.remove(&token);
             self.adopted_acquire_ended(id, owner);
-            if self.shard(shard).is_some_and(|s| s.machine().key_of(token).is_some()) {
+            if self
+                .shard(shard)
+                .is_some_and(|s| s.machine().key_of(token).is_some())
+            {
                 self.stats.grace_releases += 1;
                 self.release_undelivered(shard, token);
             }

@@ -82,7 +82,11 @@ fn send(
     op: Op,
 ) -> Vec<Response> {
     partition.handle(now_us, session, client, op, KEY);
-    partition.take_answers().into_iter().map(|a| a.response).collect()
+    partition
+        .take_answers()
+        .into_iter()
+        .map(|a| a.response)
+        .collect()
 }
 
 fn acquire(owner: u64, wait_s: u8) -> Op {
@@ -95,7 +99,10 @@ fn acquire(owner: u64, wait_s: u8) -> Op {
 
 fn queued_owners(partition: &Subject) -> Vec<u64> {
     let machine = partition.machine(0).expect("the shard");
-    machine.waiting().map(|(_, waiter)| waiter.queued.owner).collect()
+    machine
+        .waiting()
+        .map(|(_, waiter)| waiter.queued.owner)
+        .collect()
 }
 
 fn holder(partition: &Subject) -> Option<(u64, u64)> {
@@ -106,7 +113,12 @@ fn holder(partition: &Subject) -> Option<(u64, u64)> {
 /// Alice holds KEY (owner 1); Bob (owner 2), then Alice (owner 3) queue behind her, and the
 /// leader mirrors both.
 fn held_with_two_waiters(now_us: &mut u64) -> (Subject, u64) {
-    let mut partition = start(MemDurable::new(), super::WAITERS_PEER_VERSION, &CLIENTS, now_us);
+    let mut partition = start(
+        MemDurable::new(),
+        super::WAITERS_PEER_VERSION,
+        &CLIENTS,
+        now_us,
+    );
     assert!(send(&mut partition, *now_us, (1, ALICE), acquire(1, 5)).is_empty());
     let answers = run(&mut partition, now_us, 5);
     let token = match answers.as_slice() {
@@ -126,11 +138,22 @@ fn a_new_leader_keeps_each_waiter_in_its_place_for_a_resolve_or_the_same_acquire
     let (partition, token) = held_with_two_waiters(&mut now_us);
     let mut partition = restart(partition, super::WAITERS_PEER_VERSION, &mut now_us);
     assert_eq!(partition.stats().adopted, 2);
-    assert_eq!(holder(&partition), Some((1, token)), "the hold is replicated state");
+    assert_eq!(
+        holder(&partition),
+        Some((1, token)),
+        "the hold is replicated state"
+    );
     // Bob asks what became of his acquire: queued, on the session that asks.
     let asked = send(&mut partition, now_us, (10, BOB), Op::Resolve { owner: 2 });
     assert!(
-        matches!(asked.as_slice(), [Response::Resolved { owner: 2, fate: Fate::Queued, .. }]),
+        matches!(
+            asked.as_slice(),
+            [Response::Resolved {
+                owner: 2,
+                fate: Fate::Queued,
+                ..
+            }]
+        ),
         "{asked:?}"
     );
     // Alice's acquire was answered `M` (say) and she sends it again: attached, not queued anew.
@@ -140,21 +163,31 @@ fn a_new_leader_keeps_each_waiter_in_its_place_for_a_resolve_or_the_same_acquire
     let released = send(&mut partition, now_us, (12, ALICE), Op::Release { token });
     assert!(released.is_empty());
     let answers = run(&mut partition, &mut now_us, 5);
-    let bob = answers.iter().find_map(|(session, response)| match response {
-        Response::Acquired { owner: 2, token } => Some((*session, *token)),
-        _ => None,
-    });
+    let bob = answers
+        .iter()
+        .find_map(|(session, response)| match response {
+            Response::Acquired { owner: 2, token } => Some((*session, *token)),
+            _ => None,
+        });
     let (session, bob_token) = bob.unwrap_or_else(|| panic!("Bob is granted: {answers:?}"));
     assert_eq!(session, 10);
     assert!(bob_token > token);
-    assert_eq!(queued_owners(&partition), [3], "the grant took Bob out of the replicated queue");
-    assert!(send(&mut partition, now_us, (10, BOB), Op::Release { token: bob_token }).is_empty());
+    assert_eq!(
+        queued_owners(&partition),
+        [3],
+        "the grant took Bob out of the replicated queue"
+    );
+    assert!(send(
+        &mut partition,
+        now_us,
+        (10, BOB),
+        Op::Release { token: bob_token }
+    )
+    .is_empty());
     let answers = run(&mut partition, &mut now_us, 5);
-    let alice = answers
-        .iter()
-        .any(|(session, response)| {
-            *session == 11 && matches!(response, Response::Acquired { owner: 3, .. })
-        });
+    let alice = answers.iter().any(|(session, response)| {
+        *session == 11 && matches!(response, Response::Acquired { owner: 3, .. })
+    });
     assert!(alice, "Alice is granted on her new session: {answers:?}");
     assert!(queued_owners(&partition).is_empty());
 }
@@ -174,12 +207,24 @@ fn an_adopted_waiter_nobody_takes_leaves_at_its_grace_end_and_its_grant_is_relea
     // Kept until Bob's grace ends (never early), then released: Alice's waiter is next.
     while now_us < adopted_after_us + 1_990_000 {
         run(&mut partition, &mut now_us, 10);
-        assert_eq!(holder(&partition).map(|h| h.1), Some(bob_token), "kept for a Resolve");
+        assert_eq!(
+            holder(&partition).map(|h| h.1),
+            Some(bob_token),
+            "kept for a Resolve"
+        );
     }
     run(&mut partition, &mut now_us, 130);
-    assert_ne!(holder(&partition).map(|h| h.1), Some(bob_token), "released at its grace end");
+    assert_ne!(
+        holder(&partition).map(|h| h.1),
+        Some(bob_token),
+        "released at its grace end"
+    );
     assert_eq!(partition.stats().grace_releases, 1);
-    assert_eq!(holder(&partition).map(|h| h.0), Some(3), "Alice's adopted waiter next");
+    assert_eq!(
+        holder(&partition).map(|h| h.0),
+        Some(3),
+        "Alice's adopted waiter next"
+    );
     // Alice (grace 10 s) never comes back: her grant goes too, within her grace.
     run(&mut partition, &mut now_us, 1_100);
     assert_eq!(holder(&partition), None);
@@ -199,7 +244,12 @@ fn a_waiter_of_a_session_that_did_not_identify_or_of_an_older_cluster_is_not_mir
     assert!(queued_owners(&partition).is_empty());
     // A cluster with a member of the previous build: nothing is mirrored.
     let mut now_us = 0;
-    let mut old = start(MemDurable::new(), super::WAITERS_PEER_VERSION - 1, &CLIENTS, &mut now_us);
+    let mut old = start(
+        MemDurable::new(),
+        super::WAITERS_PEER_VERSION - 1,
+        &CLIENTS,
+        &mut now_us,
+    );
     assert!(send(&mut old, now_us, (1, ALICE), acquire(1, 5)).is_empty());
     run(&mut old, &mut now_us, 5);
     assert!(send(&mut old, now_us, (2, BOB), acquire(2, 20)).is_empty());
@@ -210,7 +260,10 @@ fn a_waiter_of_a_session_that_did_not_identify_or_of_an_older_cluster_is_not_mir
     run(&mut partition, &mut now_us, 5);
     assert_eq!(queued_owners(&partition), [3]);
     let cancelled = send(&mut partition, now_us, (3, BOB), Op::Cancel { owner: 3 });
-    assert!(matches!(cancelled.as_slice(), [Response::Timeout { owner: 3 }]), "{cancelled:?}");
+    assert!(
+        matches!(cancelled.as_slice(), [Response::Timeout { owner: 3 }]),
+        "{cancelled:?}"
+    );
     run(&mut partition, &mut now_us, 5);
     assert!(queued_owners(&partition).is_empty(), "withdrawn");
 }
@@ -228,7 +281,10 @@ fn a_new_leader_answers_a_resolve_of_a_waiter_its_predecessor_answered_t_as_time
         run(&mut partition, &mut now_us, 5);
         assert_eq!(queued_owners(&partition), [2, 3], "both mirrored");
         let cancelled = send(&mut partition, now_us, (3, ALICE), Op::Cancel { owner: 3 });
-        assert!(matches!(cancelled.as_slice(), [Response::Timeout { owner: 3 }]));
+        assert!(matches!(
+            cancelled.as_slice(),
+            [Response::Timeout { owner: 3 }]
+        ));
         let answers = run(&mut partition, &mut now_us, 110);
         assert!(
             answers.contains(&(2, Response::Timeout { owner: 2 })),
@@ -237,21 +293,33 @@ fn a_new_leader_answers_a_resolve_of_a_waiter_its_predecessor_answered_t_as_time
         assert!(queued_owners(&partition).is_empty(), "both withdrawn");
         // The leader dies before either client read its `T`; the next one is asked.
         let mut partition = restart(partition, version, &mut now_us);
-        let fate = |partition: &mut Subject, now_us, (session, client), owner| {
-            match send(partition, now_us, (session, client), Op::Resolve { owner }).as_slice() {
-                [Response::Resolved { fate, .. }] => *fate,
-                other => panic!("{other:?}"),
-            }
+        let fate = |partition: &mut Subject, now_us, (session, client), owner| match send(
+            partition,
+            now_us,
+            (session, client),
+            Op::Resolve { owner },
+        )
+        .as_slice()
+        {
+            [Response::Resolved { fate, .. }] => *fate,
+            other => panic!("{other:?}"),
         };
         let bob = fate(&mut partition, now_us, (10, BOB), 2);
         let alice = fate(&mut partition, now_us, (11, ALICE), 3);
         if version >= super::ANSWERED_PEER_VERSION {
-            assert_eq!((bob, alice), (Fate::TimedOut, Fate::TimedOut), "replicated fates");
+            assert_eq!(
+                (bob, alice),
+                (Fate::TimedOut, Fate::TimedOut),
+                "replicated fates"
+            );
         } else {
             // An older cluster: the fates were the dead leader's alone.
             assert_eq!((bob, alice), (Fate::NeverSeen, Fate::NeverSeen));
         }
         // Nobody else's: Alice asking about Bob's acquire hears nothing of it.
-        assert_eq!(fate(&mut partition, now_us, (11, ALICE), 2), Fate::NeverSeen);
+        assert_eq!(
+            fate(&mut partition, now_us, (11, ALICE), 2),
+            Fate::NeverSeen
+        );
     }
 }

@@ -28,9 +28,9 @@ use super::{ClusterPartition, Peers, PendingKind, PendingRead};
 use crate::cluster::machine::{Command, Grant};
 use crate::cluster::shard::Waiter;
 use crate::cluster::writer::LogWriter;
+use crate::partition::rules::{self, AcquireView, Admit};
 use crate::partition::GrantRef;
 use crate::partition::{is_detached, NOBODY};
-use crate::partition::rules::{self, AcquireView, Admit};
 use crate::partition::{BusyReason, ClientRef, SessionId};
 use latchkey_client::protocol::Response;
 

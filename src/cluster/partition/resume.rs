@@ -32,11 +32,11 @@
 //! are this leader's own: a new leader says "never seen" for them — as true for the caller,
 //! since nothing of such an acquire stands.
 
-use super::{ClusterPartition, PendingKind, Peers};
-use crate::cluster::writer::LogWriter;
 use super::requests::End;
+use super::{ClusterPartition, Peers, PendingKind};
 use crate::cluster::machine::Answered;
 use crate::cluster::shard::ADOPTED;
+use crate::cluster::writer::LogWriter;
 use crate::partition::{is_detached, ClientRef, Fate, SessionId, DETACHED, NOBODY};
 use latchkey_client::protocol::{ErrorCode, Response};
 
@@ -83,7 +83,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         let hold = self.shards[local].machine().holder(key);
         let hold = hold.filter(|hold| hold.owner == owner);
         if let Some(hold) = hold.filter(|hold| !self.releasing_undelivered(hold.token)) {
-            let left_ms = hold.deadline_ms.saturating_sub(now_ms).min(hold.lease_ms.into());
+            let left_ms = hold
+                .deadline_ms
+                .saturating_sub(now_ms)
+                .min(hold.lease_ms.into());
             let token = hold.token;
             let lease_ms = u32::try_from(left_ms).unwrap_or(u32::MAX);
             self.shards[local].record_grant(token, session, self.now_us);
@@ -133,7 +136,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             shard.close_session(detached, &mut self.places);
         }
         for (shard, token) in self.clients.remove(client) {
-            if self.shard(shard).is_some_and(|s| s.machine().key_of(token).is_some()) {
+            if self
+                .shard(shard)
+                .is_some_and(|s| s.machine().key_of(token).is_some())
+            {
                 self.stats.grace_releases += 1;
                 self.release_undelivered(shard, token);
             }

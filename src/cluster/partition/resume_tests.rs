@@ -95,7 +95,10 @@ fn an_acquire_whose_session_closed_with_its_grant_in_the_log_is_attached_not_for
     assert_eq!(granted.len(), 1, "{answers:?}");
     assert_eq!(granted[0].0, 2, "answered on the session that resolved it");
     // Held by it, and not released behind its back.
-    let hold = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| (h.owner, h.token));
+    let hold = partition
+        .machine(0)
+        .and_then(|m| m.holder(KEY))
+        .map(|h| (h.owner, h.token));
     let (owner, token) = hold.expect("held");
     assert_eq!(owner, 1);
     // Asked again: granted, with its token.
@@ -117,12 +120,18 @@ fn a_grant_that_reached_no_session_is_kept_for_a_resolve_then_released_when_the_
     // Nobody asked yet: the grant applies, and is kept for the client (no answer goes out).
     let answers = run(&mut partition, &mut now_us, 20);
     assert!(answers.is_empty(), "{answers:?}");
-    let holder = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| h.owner);
+    let holder = partition
+        .machine(0)
+        .and_then(|m| m.holder(KEY))
+        .map(|h| h.owner);
     assert_eq!(holder, Some(1), "kept for its client's grace");
     // The client's grace ends with no session: released, and never seen after.
     partition.handle_client_gone(now_us, CLIENT);
     run(&mut partition, &mut now_us, 20);
-    let holder = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| h.owner);
+    let holder = partition
+        .machine(0)
+        .and_then(|m| m.holder(KEY))
+        .map(|h| h.owner);
     assert_eq!(holder, None, "released at the end of the grace");
     assert_eq!(partition.stats().grace_releases, 1);
     assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::NeverSeen);
@@ -131,7 +140,9 @@ fn a_grant_that_reached_no_session_is_kept_for_a_resolve_then_released_when_the_
     // (`run` takes what `handle` answered too.)
     let answers = run(&mut partition, &mut now_us, 5);
     assert!(
-        answers.iter().all(|(_, r)| !matches!(r, Response::Acquired { .. })),
+        answers
+            .iter()
+            .all(|(_, r)| !matches!(r, Response::Acquired { .. })),
         "{answers:?}"
     );
 }
@@ -142,7 +153,10 @@ fn a_grant_kept_for_its_client_is_granted_to_the_session_that_resolves_it() {
     partition.handle(now_us, 1, CLIENT, acquire(1, 5), KEY);
     partition.handle_session_closed(1, CLIENT);
     run(&mut partition, &mut now_us, 20);
-    let token = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| h.token);
+    let token = partition
+        .machine(0)
+        .and_then(|m| m.holder(KEY))
+        .map(|h| h.token);
     match resolve(&mut partition, now_us, 2, 1) {
         Response::Resolved {
             fate: Fate::Granted,
@@ -158,7 +172,10 @@ fn a_grant_kept_for_its_client_is_granted_to_the_session_that_resolves_it() {
     // Delivered now: the end of the grace no longer releases it.
     partition.handle_client_gone(now_us, CLIENT);
     run(&mut partition, &mut now_us, 20);
-    let holder = partition.machine(0).and_then(|m| m.holder(KEY)).map(|h| h.token);
+    let holder = partition
+        .machine(0)
+        .and_then(|m| m.holder(KEY))
+        .map(|h| h.token);
     assert_eq!(holder, token, "still held by the session that resolved it");
 }
 
@@ -190,7 +207,11 @@ fn a_waiter_whose_session_closed_keeps_its_place_for_a_resolve() {
             _ => None,
         })
         .collect();
-    assert_eq!(granted, vec![(2, 1)], "the first in line, on the session that resolved it");
+    assert_eq!(
+        granted,
+        vec![(2, 1)],
+        "the first in line, on the session that resolved it"
+    );
 }
 
 #[test]
@@ -226,10 +247,16 @@ fn a_proposed_acquire_answered_timeout_is_not_attached_and_resolves_as_timed_out
     // Held by another; the client's waiter queues behind it with a 1 s wait.
     partition.handle(now_us, 10, ClientRef::NONE, acquire(100, 0), KEY);
     let answers = run(&mut partition, &mut now_us, 5);
-    assert!(matches!(answers[..], [(10, Response::Acquired { .. })]), "{answers:?}");
+    assert!(
+        matches!(answers[..], [(10, Response::Acquired { .. })]),
+        "{answers:?}"
+    );
     partition.handle(now_us, 1, CLIENT, acquire(1, 1), KEY);
     let answers = run(&mut partition, &mut now_us, 120);
-    assert!(matches!(answers[..], [(1, Response::Timeout { owner: 1 })]), "{answers:?}");
+    assert!(
+        matches!(answers[..], [(1, Response::Timeout { owner: 1 })]),
+        "{answers:?}"
+    );
     partition.handle_session_closed(1, CLIENT);
     assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::TimedOut);
 }

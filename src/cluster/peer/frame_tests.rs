@@ -241,37 +241,66 @@ fn replies_are_in_the_hellos_version_and_a_version_refusal_naming_another_is_a_f
         let bytes = accepted.encode();
         assert_eq!(bytes[4], version, "the reply is in its version");
         assert_eq!(Reply::decode(&bytes), Ok(Some(accepted)));
-        assert_eq!(accepted.refusal(&hello_in(version)), None, "accepted in {version}");
+        assert_eq!(
+            accepted.refusal(&hello_in(version)),
+            None,
+            "accepted in {version}"
+        );
         assert_eq!(accepted.fallback(&hello_in(version)), None);
     }
     // An accepting reply in another version than the hello's is refused by the dialer.
     let other = reply_in(3, Verdict::Accepted).refusal(&hello_in(4));
     let why = other.expect("refused");
-    assert!(why.contains("replied in peer wire version 3 to a hello in version 4"), "{why}");
+    assert!(
+        why.contains("replied in peer wire version 3 to a hello in version 4"),
+        "{why}"
+    );
     let other = reply_in(4, Verdict::Identity).refusal(&hello_in(3));
-    assert!(other.expect("refused").contains("replied in peer wire version 4"));
+    assert!(other
+        .expect("refused")
+        .contains("replied in peer wire version 4"));
     // A reader of the previous build refuses 4 naming its 3: the dialer falls back to 3. A
     // reader refusing 3 naming 4 (upgraded, or a build past 3) moves the dialer up again.
     let old = reply_in(3, Verdict::Version);
     assert_eq!(old.fallback(&hello_in(4)), Some(3));
     let why = old.refusal(&hello_in(4)).expect("a refusal all the same");
-    assert!(why.contains("does not speak peer wire version 4 (it speaks 3)"), "{why}");
-    assert_eq!(reply_in(4, Verdict::Version).fallback(&hello_in(3)), Some(4));
+    assert!(
+        why.contains("does not speak peer wire version 4 (it speaks 3)"),
+        "{why}"
+    );
+    assert_eq!(
+        reply_in(4, Verdict::Version).fallback(&hello_in(3)),
+        Some(4)
+    );
     // A reader of the build before this one speaks 3 and 4: it refuses 5 naming its 4.
-    assert_eq!(reply_in(4, Verdict::Version).fallback(&hello_in(5)), Some(4));
+    assert_eq!(
+        reply_in(4, Verdict::Version).fallback(&hello_in(5)),
+        Some(4)
+    );
     // Refused in the version it named itself: nothing to fall back to.
     assert_eq!(reply_in(4, Verdict::Version).fallback(&hello_in(4)), None);
-    assert_eq!(reply_in(3, Verdict::Shards).fallback(&hello_in(4)), None, "not a version");
+    assert_eq!(
+        reply_in(3, Verdict::Shards).fallback(&hello_in(4)),
+        None,
+        "not a version"
+    );
     // Replies in versions this build does not speak are refused as they arrive.
     for version in [0, 2, 6, u8::MAX] {
         let mut bytes = reply_in(4, Verdict::Version).encode();
         bytes[4] = version;
-        assert_eq!(Reply::decode(&bytes[..5]), Err(ReplyError::Version(version)));
+        assert_eq!(
+            Reply::decode(&bytes[..5]),
+            Err(ReplyError::Version(version))
+        );
         let unspoken = Reply {
             version,
             ..reply(Verdict::Version)
         };
-        assert_eq!(unspoken.fallback(&hello_in(4)), None, "{version} is not spoken");
+        assert_eq!(
+            unspoken.fallback(&hello_in(4)),
+            None,
+            "{version} is not spoken"
+        );
     }
 }
 
@@ -423,11 +452,20 @@ fn a_tls_record_instead_of_a_hello_or_a_reply_says_so() {
     let client_hello = [0x16, 0x03, 0x01, 0x00, 0xf4];
     let error = Hello::decode(&client_hello).unwrap_err();
     assert!(error.is_tls());
-    assert!(error.to_string().contains("the dialer has [cluster.tls]"), "{error}");
+    assert!(
+        error.to_string().contains("the dialer has [cluster.tls]"),
+        "{error}"
+    );
     let alert = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32];
     let error = Reply::decode(&alert).unwrap_err().to_string();
-    assert!(error.contains("it has [cluster.tls], this member has not"), "{error}");
+    assert!(
+        error.contains("it has [cluster.tls], this member has not"),
+        "{error}"
+    );
     let garbage = Hello::decode(b"GET / HTTP/1.1").unwrap_err();
     assert!(!garbage.is_tls());
-    assert!(garbage.to_string().contains("not a latchkey peer"), "{garbage}");
+    assert!(
+        garbage.to_string().contains("not a latchkey peer"),
+        "{garbage}"
+    );
 }

@@ -34,8 +34,8 @@ use super::frame::{self, Envelope, Hello, Local, Reply, Verdict, HELLO_BYTES, LE
 use super::tls::{check_member, tls_failure, PeerStream, TlsFailure};
 use super::versions::Versions;
 use super::{content, wire, CoreInbox, PeerConfig, PeerStats};
-use bytes::Bytes;
 use crate::logging::Throttle;
+use bytes::Bytes;
 use crossbeam_channel::{Sender, TrySendError};
 use mio::Waker;
 use protobuf::Message as _;
@@ -158,10 +158,14 @@ impl Heard {
     /// Each peer's last time, in the links' order, into `into`.
     pub(crate) fn read(&self, into: &mut Vec<Option<Instant>>) {
         into.clear();
-        into.extend(self.at_us.iter().map(|at| match at.load(Ordering::Relaxed) {
-            0 => None,
-            us => Some(self.epoch + Duration::from_micros(us - 1)),
-        }));
+        into.extend(
+            self.at_us
+                .iter()
+                .map(|at| match at.load(Ordering::Relaxed) {
+                    0 => None,
+                    us => Some(self.epoch + Duration::from_micros(us - 1)),
+                }),
+        );
     }
 }
 
@@ -545,7 +549,10 @@ impl Inbound {
         if self.stream.is_tls() {
             // No reply: the dialer's certificate is not the member it says it is.
             check_member(self.stream.peer_certificate(), hello.from).map_err(|why| {
-                Inbound::tls_refused(stats, format!("node {} claimed by a dialer: {why}", hello.from))
+                Inbound::tls_refused(
+                    stats,
+                    format!("node {} claimed by a dialer: {why}", hello.from),
+                )
             })?;
         }
         let reply = context.reply(Verdict::Accepted, hello.version);

@@ -250,7 +250,10 @@ impl LaneState {
         }
         self.queue.check_invariants();
         if self.stream.is_none() {
-            assert!(self.control.unwritten().is_empty(), "control bytes, no socket");
+            assert!(
+                self.control.unwritten().is_empty(),
+                "control bytes, no socket"
+            );
             assert!(!self.accepted && !self.blocked && self.failed.is_none());
         }
         if !self.accepted {

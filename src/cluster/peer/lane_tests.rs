@@ -79,7 +79,10 @@ fn the_hello_goes_first_and_alone_until_accepted_then_the_envelopes_in_order() {
     state.connect(plain(ours), b"HELLO", now);
     assert!(state.wants_flush());
     state.flush(now, &stats).expect("flush");
-    assert!(!state.wants_flush(), "nothing but the hello may go before acceptance");
+    assert!(
+        !state.wants_flush(),
+        "nothing but the hello may go before acceptance"
+    );
     let mut hello = [0u8; 5];
     theirs.read_exact(&mut hello).expect("the hello");
     assert_eq!(&hello, b"HELLO");
@@ -91,7 +94,12 @@ fn the_hello_goes_first_and_alone_until_accepted_then_the_envelopes_in_order() {
     assert_eq!(state.queue.messages(), 0);
     let got = read_envelopes(&mut theirs, &mut Vec::new(), 2);
     assert_eq!(got, vec![(3, 1), (4, 2)]);
-    assert_eq!(stats.messages_sent.load(std::sync::atomic::Ordering::Relaxed), 2);
+    assert_eq!(
+        stats
+            .messages_sent
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
 }
 
 #[test]
@@ -107,12 +115,18 @@ fn a_full_socket_leaves_the_rest_queued_and_blocked_and_nothing_is_cut_or_reorde
         state.flush(now, &stats).expect("flush");
     }
     assert!(state.queue.messages() > 0, "what did not fit waits");
-    assert!(!state.wants_flush(), "a blocked lane waits for the writable event");
+    assert!(
+        !state.wants_flush(),
+        "a blocked lane waits for the writable event"
+    );
     state.push(2, (pushed % 7) as u32, &message(pushed, 4000), &stats);
     pushed += 1;
     state.flush(now, &stats).expect("flush");
     let waiting = state.queue.messages();
-    assert!(waiting > 0 && state.blocked, "still blocked, nothing written");
+    assert!(
+        waiting > 0 && state.blocked,
+        "still blocked, nothing written"
+    );
 
     // The peer reads everything; each writable event lets the lane write more.
     let (sent, mut buffer) = (pushed as usize, Vec::new());

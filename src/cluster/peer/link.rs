@@ -492,7 +492,11 @@ fn connect_outcome(stream: &TcpStream) -> io::Result<bool> {
 /// Reads what the peer sent through the lane (which owns the socket handle and any TLS
 /// session): its reply to the hello (never more than it), then nothing — a close or any byte
 /// after the reply is an error.
-fn read_reply(connection: &mut Connection, hello: &Hello, lane: &mut LaneState) -> Result<(), Failure> {
+fn read_reply(
+    connection: &mut Connection,
+    hello: &Hello,
+    lane: &mut LaneState,
+) -> Result<(), Failure> {
     let mut scratch = [0u8; 64];
     let tls = lane.is_tls();
     // Bounded: every pass but an interrupted one returns or reads a byte of the reply.

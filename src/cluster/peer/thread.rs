@@ -104,7 +104,13 @@ impl Peer {
                 let token = Token(LINK_BASE + index);
                 let known = (Arc::clone(&versions), index);
                 let tls = config.tls.clone();
-                Link::new(peer, (token, known), (hello, tls), &config.limits, (seed, now))
+                Link::new(
+                    peer,
+                    (token, known),
+                    (hello, tls),
+                    &config.limits,
+                    (seed, now),
+                )
             })
             .collect();
         let connections_max = config.limits.inbound_connections_max.max(1);
@@ -140,7 +146,10 @@ impl Peer {
 
     /// The links' lanes, in the links' order, for the senders' handles.
     pub(crate) fn lanes(&self) -> Arc<[Arc<Lane>]> {
-        self.links.iter().map(|link| Arc::clone(link.lane())).collect()
+        self.links
+            .iter()
+            .map(|link| Arc::clone(link.lane()))
+            .collect()
     }
 
     /// The waker the cores' handles use.

@@ -52,7 +52,10 @@ pub fn check_member(cert: Option<&[u8]>, node_id: u64) -> Result<(), String> {
     };
     let expected = member_name(node_id);
     let names = certificate_dns_names(cert);
-    if names.iter().any(|name| name.eq_ignore_ascii_case(&expected)) {
+    if names
+        .iter()
+        .any(|name| name.eq_ignore_ascii_case(&expected))
+    {
         return Ok(());
     }
     let named = match names.is_empty() {
@@ -98,9 +101,8 @@ impl PeerTls {
         let key = load_key(KEY_KEY, &files.key_file)?;
         let roots = root_store(CA_KEY, &files.ca_file)?;
         let provider = provider();
-        let ca_error = |cause: rustls::server::VerifierBuilderError| {
-            file_error(CA_KEY, &files.ca_file, cause)
-        };
+        let ca_error =
+            |cause: rustls::server::VerifierBuilderError| file_error(CA_KEY, &files.ca_file, cause);
         let client_verifier =
             WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
                 .build()
@@ -140,7 +142,8 @@ impl PeerTls {
     /// connecting): its handshake checks that the reader's certificate names `to`.
     pub(crate) fn dial(&self, tcp: TcpStream, to: u64) -> io::Result<TlsStream> {
         let name = ServerName::try_from(member_name(to)).map_err(io::Error::other)?;
-        let tls = ClientConnection::new(Arc::clone(&self.client), name).map_err(io::Error::other)?;
+        let tls =
+            ClientConnection::new(Arc::clone(&self.client), name).map_err(io::Error::other)?;
         Ok(TlsStream::client(tcp, tls))
     }
 
@@ -275,7 +278,12 @@ impl Write for PeerStream {
 }
 
 impl mio::event::Source for PeerStream {
-    fn register(&mut self, registry: &Registry, token: Token, interest: Interest) -> io::Result<()> {
+    fn register(
+        &mut self,
+        registry: &Registry,
+        token: Token,
+        interest: Interest,
+    ) -> io::Result<()> {
         match self {
             PeerStream::Plain(tcp) => tcp.register(registry, token, interest),
             PeerStream::Tls(tls) => tls.register(registry, token, interest),
@@ -309,7 +317,10 @@ mod tests {
     /// A self-signed certificate with common name `cn` and DNS SANs `names` (DER).
     fn certificate(cn: &str, names: &[&str]) -> Vec<u8> {
         let key = rcgen::KeyPair::generate().unwrap();
-        let names = names.iter().map(|name| name.to_string()).collect::<Vec<_>>();
+        let names = names
+            .iter()
+            .map(|name| name.to_string())
+            .collect::<Vec<_>>();
         let mut params = rcgen::CertificateParams::new(names).unwrap();
         params
             .distinguished_name
@@ -322,14 +333,21 @@ mod tests {
         let two = certificate("anything", &["peer.example", "member-2"]);
         assert_eq!(check_member(Some(&two), 2), Ok(()));
         let refused = check_member(Some(&two), 3).unwrap_err();
-        assert!(refused.contains("does not name member 3 (DNS SAN member-3)"), "{refused}");
+        assert!(
+            refused.contains("does not name member 3 (DNS SAN member-3)"),
+            "{refused}"
+        );
         assert!(refused.contains("peer.example, member-2"), "{refused}");
         // A common name is not a member name (nor is a prefix, or another number's).
         let common_name = certificate("member-2", &[]);
-        assert!(check_member(Some(&common_name), 2).unwrap_err().contains("no DNS name"));
+        assert!(check_member(Some(&common_name), 2)
+            .unwrap_err()
+            .contains("no DNS name"));
         let near = certificate("x", &["member-21", "member-2.example"]);
         assert!(check_member(Some(&near), 2).is_err());
-        assert!(check_member(None, 2).unwrap_err().contains("no certificate"));
+        assert!(check_member(None, 2)
+            .unwrap_err()
+            .contains("no certificate"));
         assert!(check_member(Some(b"not a certificate"), 2).is_err());
     }
 }

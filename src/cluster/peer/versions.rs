@@ -72,12 +72,24 @@ mod tests {
 
     #[test]
     fn the_cluster_version_is_the_oldest_until_every_peer_was_heard_in_a_newer_one() {
-        assert_eq!(cluster_version([]), VERSION, "a member alone speaks its newest");
+        assert_eq!(
+            cluster_version([]),
+            VERSION,
+            "a member alone speaks its newest"
+        );
         let versions = Versions::new(2);
-        assert_eq!(versions.cluster_version(), VERSION_MIN, "nobody heard from yet");
+        assert_eq!(
+            versions.cluster_version(),
+            VERSION_MIN,
+            "nobody heard from yet"
+        );
         versions.note(0, VERSION);
         assert_eq!((versions.of(0), versions.of(1)), (VERSION, VERSION_MIN));
-        assert_eq!(versions.cluster_version(), VERSION_MIN, "peer 1 not heard from");
+        assert_eq!(
+            versions.cluster_version(),
+            VERSION_MIN,
+            "peer 1 not heard from"
+        );
         versions.note(1, VERSION);
         assert_eq!(versions.cluster_version(), VERSION);
         // A peer heard from later in an older version (rolled back) lowers it again.

@@ -219,7 +219,10 @@ impl Queues {
 
     /// The waiter `seq` of `key`'s queue.
     pub fn waiter(&self, key: &[u8], seq: u64) -> Option<&Waiter> {
-        self.by_key.get(key)?.iter().find(|waiter| waiter.seq == seq)
+        self.by_key
+            .get(key)?
+            .iter()
+            .find(|waiter| waiter.seq == seq)
     }
 
     /// Whether the head of `key`'s queue is abandoned or its wait ended by `now_us`.
@@ -347,7 +350,9 @@ impl Queues {
         to: (SessionId, &mut Places),
     ) -> Option<(u64, u64)> {
         let queue = self.by_key.get(key)?;
-        let found = queue.iter().any(|w| w.owner == owner && id != 0 && w.origin == id);
+        let found = queue
+            .iter()
+            .any(|w| w.owner == owner && id != 0 && w.origin == id);
         if !found {
             return None;
         }
@@ -384,7 +389,10 @@ impl Queues {
         };
         let keys: Vec<Vec<u8>> = keys.keys().cloned().collect();
         for key in keys {
-            let queue = self.by_key.get_mut(&key).expect("an indexed key has a queue");
+            let queue = self
+                .by_key
+                .get_mut(&key)
+                .expect("an indexed key has a queue");
             let mut moved = Vec::new();
             for waiter in queue.iter_mut().filter(|w| w.session == session) {
                 waiter.session = detached;
@@ -409,7 +417,10 @@ impl Queues {
             places.give_back(from);
             places.take_forced(to);
         }
-        let keys = self.by_session.get_mut(&from).expect("a waiter's session is indexed");
+        let keys = self
+            .by_session
+            .get_mut(&from)
+            .expect("a waiter's session is indexed");
         let count = keys.get_mut(key).expect("a waiter's key is indexed");
         *count -= 1;
         if *count == 0 {
@@ -418,7 +429,12 @@ impl Queues {
                 self.by_session.remove(&from);
             }
         }
-        *self.by_session.entry(to).or_default().entry(key.to_vec()).or_default() += 1;
+        *self
+            .by_session
+            .entry(to)
+            .or_default()
+            .entry(key.to_vec())
+            .or_default() += 1;
     }
 
     /// Removes the waiters `remove` picks from `key`'s queue, returning them, their places
@@ -546,13 +562,22 @@ impl Queues {
         for (key, queue) in &self.by_key {
             assert!(!queue.is_empty(), "an empty queue is kept");
             for (position, waiter) in queue.iter().enumerate() {
-                assert!(position == 0 || !waiter.proposed, "only a head may be proposed");
-                assert!(waiter.proposed || !waiter.handoff, "a handoff that is not proposed");
+                assert!(
+                    position == 0 || !waiter.proposed,
+                    "only a head may be proposed"
+                );
+                assert!(
+                    waiter.proposed || !waiter.handoff,
+                    "a handoff that is not proposed"
+                );
                 let both = waiter.counted && waiter.abandoned;
                 assert!(!both, "an abandoned waiter holds a place");
                 let adopted = waiter.origin != 0;
                 assert!(!adopted || waiter.mirrored, "an adopted waiter is mirrored");
-                assert!(!adopted || !waiter.counted, "an adopted waiter holds a place");
+                assert!(
+                    !adopted || !waiter.counted,
+                    "an adopted waiter holds a place"
+                );
                 *indexed.entry((waiter.session, key.as_slice())).or_default() += 1;
             }
         }
@@ -562,7 +587,11 @@ impl Queues {
             assert!(!keys.is_empty(), "an empty session entry is kept");
             for (key, count) in keys {
                 let queued = indexed.get(&(*session, key.as_slice())).copied();
-                assert_eq!(queued, Some(*count), "session {session:#x}'s waiters on a key");
+                assert_eq!(
+                    queued,
+                    Some(*count),
+                    "session {session:#x}'s waiters on a key"
+                );
             }
         }
     }

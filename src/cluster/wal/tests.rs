@@ -330,7 +330,11 @@ fn a_segment_is_preallocated_a_step_ahead_of_its_records() {
     let (wal, recovered) = reopen(&dir.0, options(SEGMENT_BYTES_DEFAULT));
     assert_eq!(recovered[&0].entries.len(), 160);
     assert_eq!(wal.file_bytes, records);
-    assert_eq!(fs::metadata(&path).expect("meta").len(), records, "cut at open");
+    assert_eq!(
+        fs::metadata(&path).expect("meta").len(),
+        records,
+        "cut at open"
+    );
 }
 
 #[test]

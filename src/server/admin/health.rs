@@ -217,7 +217,10 @@ mod tests {
         assert_eq!(cluster["peers"][0]["for_seconds"], 1.5);
         assert_eq!(cluster["peers"][0]["wire_version"], 3);
         assert_eq!(
-            (cluster["wire_version"].clone(), cluster["cluster_version"].clone()),
+            (
+                cluster["wire_version"].clone(),
+                cluster["cluster_version"].clone()
+            ),
             (4.into(), 3.into())
         );
         assert_eq!(cluster["peer_counters"]["invalid_messages"], 7);
@@ -271,10 +274,20 @@ mod tests {
     fn figures_of_several_cores_merge_into_the_members_and_decide_alike() {
         let cores = [member(32, 12, 1), member(32, 0, 1)];
         let merged = HealthFigures::of(&cores[0]).merge(HealthFigures::of(&cores[1]));
-        assert_eq!(merged, HealthFigures { shards: 64, leaderless: 12, quorum: Some((1, 3, false)) });
+        assert_eq!(
+            merged,
+            HealthFigures {
+                shards: 64,
+                leaderless: 12,
+                quorum: Some((1, 3, false))
+            }
+        );
         let both = "no quorum: 1 of 3 members reachable; 12 of 64 shards without a leader";
         assert_eq!(decide_figures(false, Some(merged)), health(503, both));
         assert_eq!(decide_figures(false, None), health(200, "serving"));
-        assert_eq!(decide_figures(true, Some(merged)), health(503, "shutting down"));
+        assert_eq!(
+            decide_figures(true, Some(merged)),
+            health(503, "shutting down")
+        );
     }
 }

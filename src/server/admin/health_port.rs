@@ -241,7 +241,11 @@ mod tests {
         let member = HealthBoard::new(2, true);
         assert_eq!(member.health(false).body, "starting\n");
         member.publish(0, figures(32, 0, true));
-        assert_eq!(member.health(false).body, "starting\n", "core 1 has not yet");
+        assert_eq!(
+            member.health(false).body,
+            "starting\n",
+            "core 1 has not yet"
+        );
         member.publish(1, figures(32, 0, true));
         assert_eq!(member.health(false).status, 200);
         member.publish(1, figures(32, 4, false));

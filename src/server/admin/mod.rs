@@ -293,8 +293,8 @@ impl<N: Net, P: Partition> Core<N, P> {
             return;
         }
         // A request refused before it had a job (too many at once) is still unread.
-        let head_only = job_head_only
-            .unwrap_or_else(|| http::is_head_only(session.unparsed(&self.buffers)));
+        let head_only =
+            job_head_only.unwrap_or_else(|| http::is_head_only(session.unparsed(&self.buffers)));
         let answer = match head_only {
             true => http::without_body(answer),
             false => answer,
