@@ -16,9 +16,10 @@
 //! socket handle ([`PeerStream::Tls`]): the senders' writes and the peer thread's reads (the
 //! handshake, the reply) all take the lane's lock, so the session is never used by two threads
 //! at once; an envelope counts as sent once rustls took it, and the records rustls holds when
-//! the socket is full are written like queued bytes (a flush, on the next writable event). A sender never waits for the socket: a write that would block leaves the
-//! rest queued (the peer thread's writable event finishes it); one that fails leaves the error
-//! for the peer thread, which fails the link, and wakes it.
+//! the socket is full are written like queued bytes (a flush, on the next writable event). A
+//! sender never waits for the socket: a write that would block leaves the rest queued (the peer
+//! thread's writable event finishes it); one that fails leaves the error for the peer thread,
+//! which fails the link, and wakes it.
 //!
 //! Invariants (checked after every change in debug builds): envelopes are written only to an
 //! accepted connection and after its control bytes; a lane without a connection has no control

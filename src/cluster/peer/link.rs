@@ -15,9 +15,10 @@
 //! and leaves once the handshake is done; the handshake and the reply are read through the
 //! lane (which owns the session) and must both be done within the reply timeout. A TLS failure
 //! (the reader's certificate refused, or this member's by the reader: its alert) is a refusal,
-//! logged with rustls's reason and a hint that every member must have `[cluster.tls]` or none. A refusal is logged (rate-limited per
-//! link) with the reason the peer gave, and retried with the backoff: a peer restarted with a
-//! fixed configuration is reconnected without a restart here. The peer thread writes what the
+//! logged with rustls's reason and a hint that every member must have `[cluster.tls]` or none.
+//! A refusal is logged (rate-limited per link) with the reason the peer gave, and retried with
+//! the backoff: a peer restarted with a fixed configuration is reconnected without a restart
+//! here. The peer thread writes what the
 //! senders left (the lane's [`LaneState::flush`]): writes stop at `WouldBlock` until the next
 //! writable event. A connected link that wrote nothing for [`frame::KEEPALIVE_INTERVAL`] writes
 //! a keepalive envelope.
