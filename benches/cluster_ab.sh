@@ -51,7 +51,7 @@ start_cluster() { # binary fsync [pki_dir] -> sets pids, ports
     ports=("${members_ports[@]}")
     local i
     for i in 0 1 2; do
-        wait_port "${ports[$i]}" || { tail -5 "$dir"/run-*.log >&2; exit 1; }
+        wait_port "${ports[$i]}" || { tail -n 5 "$dir"/run-*.log >&2; exit 1; }
     done
 }
 
