@@ -234,8 +234,7 @@ fn cluster_locks_simulation() {
     let mut takeovers = Vec::new();
     let mut answers = std::collections::BTreeMap::new();
     let (mut resolves, mut cuts) = ([0u64; 5], 0);
-    for &seed in &seeds {
-        let result = panic::catch_unwind(AssertUnwindSafe(|| run_seed(seed, run_ms * 1000)));
+    for (seed, result) in run_seeds(&seeds, run_ms) {
         let outcome = match result {
             Ok(outcome) => outcome,
             Err(_) => {
@@ -291,6 +290,40 @@ fn cluster_locks_simulation() {
         seeds.len() < 20 || counts.adopted > 0,
         "no waiter was adopted"
     );
+}
+
+/// Runs `seeds` on as many threads as the machine has CPUs (each seed is a world of its own,
+/// deterministic whatever thread runs it); their outcomes in `seeds`' order, a panic as `Err`.
+fn run_seeds(seeds: &[u64], run_ms: u64) -> Vec<(u64, std::thread::Result<Outcome>)> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<(usize, u64, std::thread::Result<Outcome>)> =
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads.min(seeds.len()).max(1))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(&seed) = seeds.get(at) else {
+                                return done;
+                            };
+                            let run = AssertUnwindSafe(|| run_seed(seed, run_ms * 1000));
+                            done.push((at, seed, panic::catch_unwind(run)));
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|worker| worker.join().expect("a seed's panic is caught"))
+                .collect()
+        });
+    results.sort_by_key(|(at, _, _)| *at);
+    results
+        .into_iter()
+        .map(|(_, seed, result)| (seed, result))
+        .collect()
 }
 
 fn replay(seed: u64, run_ms: u64) -> String {
