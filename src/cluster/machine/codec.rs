@@ -614,11 +614,7 @@ impl SnapshotImage {
             _ => return Err(DecodeError::Inconsistent("floor flag")),
         };
         let applied = reader.u64()?;
-        let count = usize::try_from(reader.u32()?).unwrap_or(usize::MAX);
-        if count > SNAPSHOT_HOLDS_MAX {
-            return Err(DecodeError::TooManyHolds(count));
-        }
-        reader.can_hold(count, SNAPSHOT_HOLD_BYTES_MIN)?;
+        let count = reader.count(SNAPSHOT_HOLDS_MAX, SNAPSHOT_HOLD_BYTES_MIN)?;
         let mut holds = Vec::with_capacity(count);
         for _ in 0..count {
             let (token, owner, lease_ms) = (reader.u64()?, reader.u64()?, reader.u32()?);
@@ -635,11 +631,7 @@ impl SnapshotImage {
         }
         let mut waiters = Vec::new();
         if version >= 2 {
-            let count = usize::try_from(reader.u32()?).unwrap_or(usize::MAX);
-            if count > WAITERS_MAX {
-                return Err(DecodeError::TooManyHolds(count));
-            }
-            reader.can_hold(count, SNAPSHOT_WAITER_BYTES_MIN)?;
+            let count = reader.count(WAITERS_MAX, SNAPSHOT_WAITER_BYTES_MIN)?;
             waiters.reserve_exact(count);
             for _ in 0..count {
                 let (waiter, remaining_ms) = (reader.queued()?, reader.u64()?);
@@ -653,11 +645,7 @@ impl SnapshotImage {
         }
         let mut ended = Vec::new();
         if version >= 3 {
-            let count = usize::try_from(reader.u32()?).unwrap_or(usize::MAX);
-            if count > ENDED_MAX {
-                return Err(DecodeError::TooManyHolds(count));
-            }
-            reader.can_hold(count, SNAPSHOT_ENDED_BYTES)?;
+            let count = reader.count(ENDED_MAX, SNAPSHOT_ENDED_BYTES)?;
             ended.reserve_exact(count);
             for _ in 0..count {
                 let (client, owner) = (reader.u128()?, reader.u64()?);
@@ -796,6 +784,18 @@ impl<'a> Reader<'a> {
             }
             flag => Err(DecodeError::Flag(flag)),
         }
+    }
+
+    /// A snapshot list's `u32` count of records: refused above `max` (`TooManyHolds`), or when
+    /// the remaining bytes cannot hold that many records of `record_bytes_min` (before anything
+    /// is allocated for them).
+    fn count(&mut self, max: usize, record_bytes_min: usize) -> Result<usize, DecodeError> {
+        let count = usize::try_from(self.u32()?).unwrap_or(usize::MAX);
+        if count > max {
+            return Err(DecodeError::TooManyHolds(count));
+        }
+        self.can_hold(count, record_bytes_min)?;
+        Ok(count)
     }
 
     /// Refuses a count of records that the remaining bytes cannot hold, before allocating.
