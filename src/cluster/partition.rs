@@ -769,6 +769,9 @@ fn op_id(op: &Op) -> u64 {
     }
 }
 
+#[cfg(test)]
+#[path = "partition/alone.rs"]
+mod alone;
 #[path = "partition/apply.rs"]
 mod apply;
 #[path = "partition/duties.rs"]

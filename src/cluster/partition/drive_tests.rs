@@ -6,23 +6,13 @@ use crate::cluster::compactor::{Compactor, MemCompactor, RestoreJob, Restored};
 use crate::cluster::machine::{Frozen, ShardMachine};
 use crate::cluster::mem_durable::{MemDurable, SyncMode};
 use crate::cluster::mem_writer::MemWriter;
-use crate::cluster::member::{Envelope, Member};
-use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
+use crate::cluster::member::Member;
+use crate::cluster::partition::alone::{run, Alone};
+use crate::cluster::partition::{ClusterPartition, PartitionSettings};
 use crate::cluster::Recovered;
 use crate::partition::{ClientRef, Op, Partition};
 use latchkey_client::protocol::Response;
-use raft::eraftpb::{Entry, HardState, Message};
-
-/// No other member: a one-member cluster is its own majority.
-struct Alone;
-
-impl Peers for Alone {
-    fn send(&mut self, _batch: Vec<Envelope>) {}
-
-    fn try_recv(&mut self) -> Option<(u32, Message)> {
-        None
-    }
-}
+use raft::eraftpb::{Entry, HardState};
 
 fn partition(
     durable: MemDurable,
@@ -31,7 +21,7 @@ fn partition(
     let writer = MemWriter::immediate(durable);
     let member = Member::new(1, &[1], &[0], writer, recovered, 5).expect("a member");
     let settings = PartitionSettings::one_member();
-    ClusterPartition::new(settings, member, Alone)
+    ClusterPartition::new(settings, member, Alone::default())
 }
 
 /// Runs the partition's timers every 10 ms of its clock until it panics (or 5 s pass);
@@ -103,14 +93,6 @@ fn a_compactor_that_failed_stops_the_member() {
     );
 }
 
-/// Runs the partition's timers every 10 ms of its clock from `*now_us` for `steps` steps.
-fn run(partition: &mut ClusterPartition<MemWriter, Alone>, now_us: &mut u64, steps: u64) {
-    for _ in 0..steps {
-        *now_us += 10_000;
-        partition.handle_timers(*now_us);
-    }
-}
-
 #[test]
 fn compactions_that_come_back_late_record_the_state_at_their_own_index() {
     let mut partition = partition(MemDurable::new(), Vec::new());
@@ -128,18 +110,15 @@ fn compactions_that_come_back_late_record_the_state_at_their_own_index() {
             owner: i + 1,
         };
         partition.handle(now_us, 1, ClientRef::NONE, op, key.as_bytes());
-        run(&mut partition, &mut now_us, 1);
-        let answers = partition.take_answers();
+        let answers = run(&mut partition, &mut now_us, 1);
         granted += answers
             .iter()
-            .filter(|a| matches!(a.response, Response::Acquired { .. }))
+            .filter(|(_, response)| matches!(response, Response::Acquired { .. }))
             .count();
     }
-    run(&mut partition, &mut now_us, 20);
-    granted += partition
-        .take_answers()
+    granted += run(&mut partition, &mut now_us, 20)
         .iter()
-        .filter(|a| matches!(a.response, Response::Acquired { .. }))
+        .filter(|(_, response)| matches!(response, Response::Acquired { .. }))
         .count();
     assert_eq!(granted, 200);
     let (recorded, dropped) = partition.compactions();

@@ -3,28 +3,11 @@
 
 use crate::cluster::mem_durable::MemDurable;
 use crate::cluster::mem_writer::MemWriter;
-use crate::cluster::member::{Envelope, Member};
-use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
+use crate::cluster::member::Member;
+use crate::cluster::partition::alone::{run, Alone};
+use crate::cluster::partition::{ClusterPartition, PartitionSettings};
 use crate::partition::{ClientRef, Fate, Op, Partition, SessionId};
 use latchkey_client::protocol::Response;
-use raft::eraftpb::Message;
-
-/// No other member; `version` is the cluster version it reports.
-struct Alone {
-    version: u8,
-}
-
-impl Peers for Alone {
-    fn send(&mut self, _batch: Vec<Envelope>) {}
-
-    fn try_recv(&mut self) -> Option<(u32, Message)> {
-        None
-    }
-
-    fn cluster_version(&self) -> u8 {
-        self.version
-    }
-}
 
 type Subject = ClusterPartition<MemWriter, Alone>;
 
@@ -61,18 +44,6 @@ fn restart(partition: Subject, version: u8, now_us: &mut u64) -> Subject {
 }
 
 const CLIENTS: [(ClientRef, u128, u8); 2] = [(ALICE, 0xA11CE, 10), (BOB, 0xB0B, 2)];
-
-/// Runs the timers every 10 ms for `steps` steps; returns the answers given meanwhile.
-fn run(partition: &mut Subject, now_us: &mut u64, steps: u64) -> Vec<(SessionId, Response)> {
-    let mut answers = Vec::new();
-    for _ in 0..steps {
-        *now_us += 10_000;
-        partition.handle_timers(*now_us);
-        let taken = partition.take_answers().into_iter();
-        answers.extend(taken.map(|answer| (answer.session, answer.response)));
-    }
-    answers
-}
 
 /// Sends `op` on `session` of `client`; returns the answers given at once.
 fn send(

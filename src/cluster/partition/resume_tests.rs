@@ -2,49 +2,22 @@
 
 use crate::cluster::mem_durable::MemDurable;
 use crate::cluster::mem_writer::MemWriter;
-use crate::cluster::member::{Envelope, Member};
-use crate::cluster::partition::{ClusterPartition, PartitionSettings, Peers};
+use crate::cluster::member::Member;
+use crate::cluster::partition::alone::{run, Alone};
+use crate::cluster::partition::{ClusterPartition, PartitionSettings};
 use crate::partition::{ClientRef, Fate, Op, Partition, SessionId};
 use latchkey_client::protocol::Response;
-use raft::eraftpb::Message;
-
-/// No other member.
-struct Alone;
-
-impl Peers for Alone {
-    fn send(&mut self, _batch: Vec<Envelope>) {}
-
-    fn try_recv(&mut self) -> Option<(u32, Message)> {
-        None
-    }
-}
 
 /// A serving one-member partition, and its clock.
 fn serving() -> (ClusterPartition<MemWriter, Alone>, u64) {
     let writer = MemWriter::immediate(MemDurable::new());
     let member = Member::new(1, &[1], &[0], writer, Vec::new(), 5).expect("a member");
     let settings = PartitionSettings::one_member();
-    let mut partition = ClusterPartition::new(settings, member, Alone);
+    let mut partition = ClusterPartition::new(settings, member, Alone::default());
     let mut now_us = 0;
     run(&mut partition, &mut now_us, 100);
     assert!(partition.serving(0), "the one member serves");
     (partition, now_us)
-}
-
-/// Runs the timers every 10 ms for `steps` steps; returns the answers given meanwhile.
-fn run(
-    partition: &mut ClusterPartition<MemWriter, Alone>,
-    now_us: &mut u64,
-    steps: u64,
-) -> Vec<(SessionId, Response)> {
-    let mut answers = Vec::new();
-    for _ in 0..steps {
-        *now_us += 10_000;
-        partition.handle_timers(*now_us);
-        let taken = partition.take_answers().into_iter();
-        answers.extend(taken.map(|answer| (answer.session, answer.response)));
-    }
-    answers
 }
 
 const CLIENT: ClientRef = ClientRef(7);
