@@ -604,6 +604,36 @@ fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
     }
 }
 
+/// Limits whose backoff tops out at 200 ms, so that retries come quickly.
+fn quick_limits() -> PeerLimits {
+    PeerLimits {
+        backoff_max: Duration::from_millis(200),
+        ..PeerLimits::default()
+    }
+}
+
+/// Member `member`'s view of peer `peer`.
+fn view(member: &Member, peer: u64) -> latchkey::partition::cluster_stats::PeerStatus {
+    let report = member.handle.report();
+    let found = report
+        .peers
+        .into_iter()
+        .find(|status| status.node_id == peer);
+    found.expect("a peer of the member")
+}
+
+/// A hello from `from` to member `to`.
+fn hello_to(to: u64, from: u64) -> Vec<u8> {
+    let hello = Hello {
+        version: VERSION,
+        shards: SHARDS,
+        from,
+        to,
+        identity: IDENTITY,
+    };
+    hello.encode().to_vec()
+}
+
 /// A hello from `from` to member 2.
 fn hello(shards: u32, from: u64) -> Vec<u8> {
     let identity = IDENTITY;

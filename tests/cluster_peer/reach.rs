@@ -3,24 +3,6 @@
 
 use super::*;
 
-/// Limits whose backoff tops out at 200 ms, so that retries come quickly.
-fn quick_limits() -> PeerLimits {
-    PeerLimits {
-        backoff_max: Duration::from_millis(200),
-        ..PeerLimits::default()
-    }
-}
-
-/// Member `member`'s view of peer `peer`.
-fn view(member: &Member, peer: u64) -> latchkey::partition::cluster_stats::PeerStatus {
-    let report = member.handle.report();
-    let found = report
-        .peers
-        .into_iter()
-        .find(|status| status.node_id == peer);
-    found.expect("a peer of the member")
-}
-
 #[test]
 fn members_of_another_cluster_identity_refuse_each_other_on_both_sides_until_fixed() {
     let all = addresses(2);
@@ -166,16 +148,4 @@ fn a_silent_peer_is_unreachable_after_the_window_although_its_connections_are_up
         .write_all(&peer::frame::KEEPALIVE)
         .expect("keepalive");
     wait_for("member 2 reachable again", || view(&one, 2).reachable);
-}
-
-/// A hello from `from` to member `to`.
-fn hello_to(to: u64, from: u64) -> Vec<u8> {
-    let hello = Hello {
-        version: VERSION,
-        shards: SHARDS,
-        from,
-        to,
-        identity: IDENTITY,
-    };
-    hello.encode().to_vec()
 }

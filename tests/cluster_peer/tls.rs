@@ -27,6 +27,13 @@ fn member_tls(pki: &Pki, node_id: u64, ca_file: PathBuf) -> PeerTls {
     PeerTls::load(&files, node_id).expect("the member's files")
 }
 
+/// Member `node_id` of the members at `all` with its certificate from `pki`, trusting `pki`'s
+/// CA, read on the peer thread.
+fn start_signed(pki: &Pki, node_id: u64, all: &[SocketAddr]) -> Member {
+    let tls = member_tls(pki, node_id, pki.ca_file());
+    start_tls(node_id, all, Some(tls), Reads::OnThePeerThread)
+}
+
 /// Member `node_id` of the members at `all`, with `tls` (or none), read as `reads` says.
 fn start_tls(node_id: u64, all: &[SocketAddr], tls: Option<PeerTls>, reads: Reads) -> Member {
     let peers = (all.iter().enumerate())
@@ -39,23 +46,10 @@ fn start_tls(node_id: u64, all: &[SocketAddr], tls: Option<PeerTls>, reads: Read
         shards: SHARDS,
         identity: IDENTITY,
         seed: 0x5eed + node_id,
-        limits: PeerLimits {
-            backoff_max: Duration::from_millis(200),
-            ..PeerLimits::default()
-        },
+        limits: quick_limits(),
         tls,
     };
     spawn_member(config, reads)
-}
-
-/// Member `member`'s view of peer `peer`.
-fn view(member: &Member, peer: u64) -> latchkey::partition::cluster_stats::PeerStatus {
-    let report = member.handle.report();
-    let found = report
-        .peers
-        .into_iter()
-        .find(|status| status.node_id == peer);
-    found.expect("a peer of the member")
 }
 
 #[test]
@@ -118,12 +112,7 @@ fn three_members_with_tls_deliver_every_message_once_read_on_the_thread_or_the_c
 fn a_member_with_tls_and_one_without_refuse_each_other_saying_so() {
     let pki = Pki::new("peer-mixed");
     let all = addresses(2);
-    let one = start_tls(
-        1,
-        &all,
-        Some(member_tls(&pki, 1, pki.ca_file())),
-        Reads::OnThePeerThread,
-    );
+    let one = start_signed(&pki, 1, &all);
     let mut two = start_tls(2, &all, None, Reads::OnThePeerThread);
     send_numbered(&one, 1, 2, 0..5);
     send_numbered(&two, 2, 1, 0..5);
@@ -156,22 +145,10 @@ fn a_member_with_tls_and_one_without_refuse_each_other_saying_so() {
 fn a_plaintext_dialer_is_refused_and_counted() {
     let pki = Pki::new("peer-plain");
     let all = addresses(2);
-    let one = start_tls(
-        1,
-        &all,
-        Some(member_tls(&pki, 1, pki.ca_file())),
-        Reads::OnThePeerThread,
-    );
+    let one = start_signed(&pki, 1, &all);
     let mut stream = TcpStream::connect(all[0]).expect("connect");
     stream.set_read_timeout(Some(PATIENCE)).expect("timeout");
-    let hello = Hello {
-        version: VERSION,
-        shards: SHARDS,
-        from: 2,
-        to: 1,
-        identity: IDENTITY,
-    };
-    stream.write_all(&hello.encode()).expect("write the hello");
+    stream.write_all(&hello_to(1, 2)).expect("write the hello");
     // No reply: rustls's alert (a TLS record, not the peer magic), then the close.
     let mut answer = Vec::new();
     let _ = stream.read_to_end(&mut answer);
@@ -187,12 +164,7 @@ fn a_certificate_signed_by_another_ca_is_refused_both_ways() {
     let pki = Pki::new("peer-ca");
     let rogue = Pki::new("peer-rogue");
     let all = addresses(2);
-    let one = start_tls(
-        1,
-        &all,
-        Some(member_tls(&pki, 1, pki.ca_file())),
-        Reads::OnThePeerThread,
-    );
+    let one = start_signed(&pki, 1, &all);
     // Member 2's certificate is the other CA's (which its own ca_file trusts, so it starts).
     let both = std::fs::read_to_string(pki.ca_file()).unwrap()
         + &std::fs::read_to_string(rogue.ca_file()).unwrap();
@@ -229,12 +201,7 @@ fn a_certificate_signed_by_another_ca_is_refused_both_ways() {
 fn a_certificate_naming_another_member_than_the_hello_claims_is_refused() {
     let pki = Pki::new("peer-name");
     let all = addresses(2);
-    let mut one = start_tls(
-        1,
-        &all,
-        Some(member_tls(&pki, 1, pki.ca_file())),
-        Reads::OnThePeerThread,
-    );
+    let mut one = start_signed(&pki, 1, &all);
     // A dialer with a good certificate of member 3's, saying hello as member 2.
     let three = member_files(&pki, 3);
     let config = presenting_config(&pki.ca_file(), &three);
@@ -243,15 +210,8 @@ fn a_certificate_naming_another_member_than_the_hello_claims_is_refused() {
     let name = "member-1".try_into().expect("a name");
     let connection = rustls::ClientConnection::new(config, name).expect("a session");
     let mut stream = rustls::StreamOwned::new(connection, tcp);
-    let hello = Hello {
-        version: VERSION,
-        shards: SHARDS,
-        from: 2,
-        to: 1,
-        identity: IDENTITY,
-    };
     stream
-        .write_all(&hello.encode())
+        .write_all(&hello_to(1, 2))
         .expect("the handshake and the hello");
     let mut reply = [0u8; REPLY_BYTES];
     let read = stream.read(&mut reply);
