@@ -170,9 +170,7 @@ fn problems(rows: &[Value], max_lag: u64) -> Vec<(Problem, String)> {
         };
         found.push((kind, format!("{address}: {error}")));
     }
-    let views: Vec<Option<(Value, Value)>> =
-        answered.iter().map(|row| configuration(row)).collect();
-    let cluster = most_shared(&views);
+    let in_cluster = |row: &&&Value| row["in_cluster"] == json!(true);
     let silent: Vec<&str> = (rows.iter())
         .filter(|row| row["reachable"] != json!(true))
         .filter_map(|row| row["address"].as_str())
@@ -183,7 +181,7 @@ fn problems(rows: &[Value], max_lag: u64) -> Vec<(Problem, String)> {
     };
     let mut ids: BTreeMap<u64, &str> = BTreeMap::new();
     for row in &answered {
-        if configuration(row) != cluster {
+        if !in_cluster(&row) {
             let text = "its members list or shard count differs from the other members': it is \
                         not a member of their cluster";
             found.push((Problem::Unhealthy, format!("{}: {text}", who(row))));
@@ -223,7 +221,8 @@ fn problems(rows: &[Value], max_lag: u64) -> Vec<(Problem, String)> {
     }
     // A member of the cluster's list that no answering member of it reaches, and that did not
     // answer itself: down, or cut off (one that a member refused is up, and named above).
-    let members = (cluster.as_ref()).and_then(|(members, _)| members.as_array().cloned());
+    let cluster = answered.iter().find(in_cluster);
+    let members = cluster.and_then(|row| row["members"].as_array());
     for member in members.into_iter().flatten() {
         let Some(id) = member["id"].as_u64() else {
             continue;
@@ -232,8 +231,7 @@ fn problems(rows: &[Value], max_lag: u64) -> Vec<(Problem, String)> {
         if ids.contains_key(&id) || silent.contains(&client) {
             continue; // it answered, or its own row says it did not
         }
-        let in_cluster = answered.iter().filter(|row| configuration(row) == cluster);
-        let peer_views: Vec<&Value> = in_cluster
+        let peer_views: Vec<&Value> = (answered.iter().filter(in_cluster))
             .flat_map(|row| row["peers"].as_array().into_iter().flatten())
             .filter(|peer| peer["node_id"].as_u64() == Some(id))
             .collect();
@@ -246,12 +244,8 @@ fn problems(rows: &[Value], max_lag: u64) -> Vec<(Problem, String)> {
     found
 }
 
-/// A row's view of the cluster its member belongs to: its members list and its shard count.
-fn configuration(row: &Value) -> Option<(Value, Value)> {
-    Some((row["members"].clone(), row["shards"].clone()))
-}
-
-/// The same from a member's own `cluster` object (`None` for one that did not answer).
+/// A member's view of the cluster it belongs to, from its own `cluster` object: its members
+/// list and its shard count (`None` for one that did not answer).
 fn member_configuration(member: &Seen) -> Option<(Value, Value)> {
     let cluster = member.cluster.as_ref().ok()?;
     let count = cluster["shards"].as_array().map_or(0, Vec::len);
@@ -285,15 +279,13 @@ fn render_problems(found: &[(Problem, String)]) -> String {
 
 /// One JSON object per member, with its lag against the highest commit index any member of
 /// the cluster (the members that share the most common members list and shard count: one that
-/// never joined them has indices of its own) reported for each shard.
+/// never joined them has indices of its own) reported for each shard, and whether it is one of
+/// them (`in_cluster`).
 fn rows(seen: &[Seen]) -> Vec<Value> {
     let views: Vec<Option<(Value, Value)>> = seen.iter().map(member_configuration).collect();
-    let cluster = most_shared(&views);
+    let shared = most_shared(&views);
     let mut highest: HashMap<u64, u64> = HashMap::new();
-    let in_cluster = seen
-        .iter()
-        .zip(&views)
-        .filter(|(_, view)| **view == cluster);
+    let in_cluster = seen.iter().zip(&views).filter(|(_, view)| **view == shared);
     for (member, _) in in_cluster {
         for shard in shards(member) {
             let commit = shard["commit"].as_u64().unwrap_or(0);
@@ -304,7 +296,8 @@ fn rows(seen: &[Seen]) -> Vec<Value> {
         }
     }
     seen.iter()
-        .map(|member| match &member.cluster {
+        .zip(&views)
+        .map(|(member, view)| match &member.cluster {
             Err(error) => json!({
                 "address": member.item,
                 "reachable": false,
@@ -350,6 +343,7 @@ fn rows(seen: &[Seen]) -> Vec<Value> {
                     "peers": cluster["peers"],
                     "shard_states": cluster["shards"],
                     "members": cluster["members"],
+                    "in_cluster": *view == shared,
                 })
             }
         })
