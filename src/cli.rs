@@ -512,8 +512,11 @@ fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAdd
     let mut distinct = addrs.clone();
     distinct.sort_unstable();
     distinct.dedup();
+    // One item of the list (a name that may resolve to several addresses) is one server.
+    let items = parse_server_items(&connect.server).map_or(0, |items| items.len());
     let config = ClientConfig {
         addrs: addrs.clone(),
+        one_server: items == 1,
         sessions: 1,
         connect_timeout: connect_timeout(connect.transport_timeout, distinct.len()),
         transport_timeout: connect.transport_timeout,
@@ -528,6 +531,29 @@ fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAdd
             Err(EXIT_UNAVAILABLE)
         }
     }
+}
+
+/// How long a command waits, after its call, for the cards of a list's addresses that have not
+/// answered yet (a paused member never does: this is what it costs a command).
+const LIST_CHECK_GRACE: Duration = Duration::from_millis(100);
+
+/// Refuses a server list that mixes clusters (`Client::refused_members`, as far as the
+/// members' cards have been answered by now or within [`LIST_CHECK_GRACE`]): the error names
+/// each address refused and why, with [`EXIT_USAGE`]. The client never sent anything to those
+/// addresses; a command that got an answer from the others still fails: the list is wrong.
+fn refuse_mixed_list(command: &str, client: &Client) -> Result<(), u8> {
+    let refused = client.refused_members(LIST_CHECK_GRACE);
+    if refused.is_empty() {
+        return Ok(());
+    }
+    for (addr, why) in &refused {
+        eprintln!("latchkey {command}: {addr} is not a member of the others' cluster: {why}");
+    }
+    eprintln!(
+        "latchkey {command}: a list of servers must name the members of one cluster (or one \
+         server): remove the addresses above"
+    );
+    Err(EXIT_USAGE)
 }
 
 /// Acquires for `latchkey lock`. When the acquire may take a while, the first failed connect is
@@ -626,7 +652,11 @@ pub fn run_query_command(command: QueryCommand) -> ExitCode {
         Err(code) => return ExitCode::from(code),
     };
     let start = Instant::now();
-    match client.query(&args.key) {
+    let queried = client.query(&args.key);
+    if let Err(code) = refuse_mixed_list("query", &client) {
+        return ExitCode::from(code);
+    }
+    match queried {
         Ok(state) => {
             println!("{}", query_text(&args.key, &state, command.output));
             ExitCode::SUCCESS
@@ -771,6 +801,12 @@ fn lock(args: &LockArgs) -> LockExit {
             ),
         }
         return LockExit::Signalled(signal);
+    }
+    if let Err(code) = refuse_mixed_list("lock", &client) {
+        if let Ok(ticket) = acquired {
+            release(ticket);
+        }
+        return LockExit::Own(code);
     }
     let ticket = match acquired {
         Ok(ticket) => ticket,

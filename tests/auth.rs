@@ -221,6 +221,15 @@ fn admin_requests_need_a_named_identity_and_keys_lists_only_permitted_keys() {
     // Health says nothing about keys: any client that passed the handshake may ask.
     let (status, body) = get(addr, &pki, &mallory, "/health");
     assert_eq!((status, body.as_str()), (200, "serving\n"));
+    // Nor does the card (which cluster the server is in), which clients ask for every address
+    // of a list before they use it.
+    let (status, body) = get(addr, &pki, &mallory, "/cluster");
+    assert_eq!(status, 200, "{body}");
+    let card = latchkey_client::card::Card::parse(&body).expect("a card");
+    assert!(
+        matches!(card, latchkey_client::card::Card::Standalone { .. }),
+        "{card:?}"
+    );
     drop(holder);
     server.shutdown();
     server.join().unwrap();

@@ -10,9 +10,12 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::fake_member::{leader_reply, leading, moved, redirect_to, FakeMember, Reply};
+use common::fake_member::{
+    leader_reply, leading, moved, redirect_to, FakeMember, Reply, FAKE_CLUSTER,
+};
 use common::{assert_between, client, dead_addr, Frame};
 use latchkey::cli;
+use latchkey_client::card::Card;
 use latchkey_client::protocol::{Fate, Response};
 use latchkey_client::REDIRECTS_MAX;
 use latchkey_client::{AcquireError, ExtendOutcome, ReleaseOutcome, RequestError};
@@ -192,6 +195,113 @@ fn a_single_address_sees_one_request_per_call() {
     }
     wait_received(&only, 3);
     assert_eq!(only.received().len(), 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lists that mix clusters: each address is asked for its card, and only one cluster's members
+// are sent to (crates/latchkey-client/src/check.rs).
+
+fn other_cluster(member: &FakeMember) -> Option<Card> {
+    Some(Card::Member {
+        cluster: FAKE_CLUSTER + 1,
+        member: 1,
+        shards: 1,
+        clients: vec![(1, member.addr())],
+    })
+}
+
+#[test]
+fn a_list_that_mixes_clusters_sends_only_to_the_first_clusters_members() {
+    let member = FakeMember::start(leading(3));
+    let stranger = FakeMember::start(leading(9));
+    stranger.set_card(other_cluster(&stranger));
+    let standalone = FakeMember::start(leading(9));
+    standalone.set_card(Some(Card::Standalone { instance: 5 }));
+    let old = FakeMember::start(leading(9));
+    old.set_card(None);
+    let addrs = [
+        standalone.addr(),
+        member.addr(),
+        stranger.addr(),
+        old.addr(),
+    ];
+    let client = client(&addrs, 1, TRANSPORT);
+    for n in 0..8 {
+        let ticket = client.acquire(&format!("k{n}"), Duration::from_secs(2), LEASE);
+        assert_eq!(
+            ticket.unwrap().token(),
+            3,
+            "only the cluster's member grants"
+        );
+    }
+    let refused = client.refused_members(Duration::from_secs(5));
+    let named: Vec<_> = refused.iter().map(|(addr, _)| *addr).collect();
+    assert_eq!(
+        named,
+        [standalone.addr(), stranger.addr(), old.addr()],
+        "{refused:?}"
+    );
+    assert!(refused[0].1.contains("a standalone server"), "{refused:?}");
+    assert!(
+        refused[1].1.contains("not cluster fa4ec1057e200001"),
+        "{refused:?}"
+    );
+    assert!(refused[2].1.contains("HTTP 404"), "{refused:?}");
+    for other in [&standalone, &stranger, &old] {
+        assert_eq!(other.received(), [], "never sent to");
+        assert_eq!(other.cards_asked(), 1);
+    }
+}
+
+#[test]
+fn a_list_of_only_foreign_servers_is_unavailable_and_says_why() {
+    let standalone = FakeMember::start(leading(9));
+    standalone.set_card(Some(Card::Standalone { instance: 5 }));
+    let another = FakeMember::start(leading(9));
+    another.set_card(Some(Card::Standalone { instance: 6 }));
+    let client = client(&[standalone.addr(), another.addr()], 1, TRANSPORT);
+    let result = client.acquire("k", Duration::from_millis(300), LEASE);
+    assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
+    let text = client.last_unavailable().expect("a report").to_string();
+    assert!(text.contains("another standalone server"), "{text}");
+    assert_eq!(standalone.received(), []);
+    assert_eq!(another.received(), []);
+}
+
+#[test]
+fn one_standalone_server_at_every_address_is_used() {
+    let standalone = FakeMember::start(leading(4));
+    standalone.set_card(Some(Card::Standalone { instance: 5 }));
+    let alias = FakeMember::start(leading(4));
+    alias.set_card(Some(Card::Standalone { instance: 5 }));
+    let client = client(&[standalone.addr(), alias.addr()], 1, TRANSPORT);
+    let ticket = client.acquire("k", Duration::from_secs(2), LEASE).unwrap();
+    assert_eq!(ticket.token(), 4);
+    assert_eq!(client.refused_members(Duration::from_secs(5)), []);
+}
+
+#[test]
+fn the_cli_refuses_a_list_that_mixes_a_standalone_server_with_members() {
+    let member = FakeMember::start(leading(4));
+    let standalone = FakeMember::start(leading(4));
+    standalone.set_card(Some(Card::Standalone { instance: 5 }));
+    let list = format!("{},{}", standalone.addr(), member.addr());
+    let output = latchkey(&["query", "--server", &list, "k"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(i32::from(cli::EXIT_USAGE)),
+        "{output:?}"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let named = format!(
+        "latchkey query: {} is not a member of the others' cluster: it is a \
+                         standalone server",
+        standalone.addr()
+    );
+    assert!(stderr.contains(&named), "{stderr}");
+    assert_eq!(standalone.received(), [], "never sent to");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 
 use common::cluster::Cluster;
 use common::server::fresh_id;
+use latchkey_client::card::{self, Card};
 use latchkey_client::protocol::{Request, Response};
 use std::time::{Duration, Instant};
 
@@ -358,6 +359,46 @@ fn cluster_status_shows_every_member_its_shards_and_an_unreachable_one() {
     let named = format!("{}: not a cluster member", standalone.local_addr());
     assert!(table.contains(&named), "{table}");
     assert_eq!(output.status.code(), Some(86), "{table}");
+    // Their cards (GET /cluster) say what each is, and a lock command given that list refuses
+    // it, naming the standalone node, and takes nothing from it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let card = card::fetch(cluster.members[1].client, None, deadline).expect("a member's card");
+    let Card::Member {
+        member, clients, ..
+    } = &card
+    else {
+        panic!("not a member's card: {card:?}");
+    };
+    assert_eq!((*member, clients.len()), (2, 3), "{card:?}");
+    let first = card::fetch(cluster.members[0].client, None, deadline).unwrap();
+    assert_eq!(first.owner(), card.owner(), "one cluster");
+    let alone = card::fetch(standalone.local_addr(), None, deadline).unwrap();
+    assert!(matches!(alone, Card::Standalone { .. }), "{alone:?}");
+    servers.rotate_right(1);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .args([
+            "lock",
+            "--server",
+            &servers.join(","),
+            "--lease",
+            "20s",
+            "jobs/mixed",
+        ])
+        .args(["--", "true"])
+        .output()
+        .expect("run latchkey lock");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let named = format!(
+        "{} is not a member of the others' cluster",
+        standalone.local_addr()
+    );
+    assert!(stderr.contains(&named), "{stderr}");
+    let direct = latchkey_client::Client::connect(standalone.local_addr()).unwrap();
+    assert!(
+        !direct.query("jobs/mixed").unwrap().held,
+        "nothing taken from the standalone"
+    );
     drop(standalone);
     cluster.kill(2);
     let (code, table) = cluster_status(&cluster, false);

@@ -363,6 +363,51 @@ fn admin_requests_are_served_over_tls() {
     server.join().unwrap();
 }
 
+/// A client given two TLS servers asks each for its card over TLS: two standalone servers are
+/// not one cluster, so neither is used.
+#[test]
+fn a_client_asks_for_cards_over_tls_and_refuses_two_standalone_servers() {
+    let pki = Pki::new("cards");
+    let (one, two) = (
+        start_with(pki.server_config(false)),
+        start_with(pki.server_config(false)),
+    );
+    let files = common::pki::client_files(&pki.ca_file(), None);
+    let tls = latchkey_client::ClientTls {
+        files,
+        server_name: None,
+    };
+    let card = latchkey_client::card::fetch(
+        one.local_addr(),
+        Some(&tls.connector().unwrap()),
+        Instant::now() + Duration::from_secs(5),
+    );
+    assert!(
+        matches!(card, Ok(latchkey_client::card::Card::Standalone { .. })),
+        "{card:?}"
+    );
+    let config = latchkey_client::ClientConfig {
+        addrs: vec![one.local_addr(), two.local_addr()],
+        sessions: 1,
+        tls: Some(tls),
+        ..latchkey_client::ClientConfig::default()
+    };
+    let client = latchkey_client::Client::with_config(config).unwrap();
+    let refused = client.refused_members(Duration::from_secs(5));
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].1.contains("another standalone server"),
+        "{refused:?}"
+    );
+    let result = client.acquire("k", Duration::from_millis(200), Duration::from_secs(5));
+    assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
+    drop(client);
+    for server in [one, two] {
+        server.shutdown();
+        server.join().unwrap();
+    }
+}
+
 #[test]
 fn every_command_says_the_same_words_to_a_plaintext_user_of_a_tls_port() {
     let pki = Pki::new("plain-cli");

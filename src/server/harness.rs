@@ -218,6 +218,7 @@ impl<P: Partition> Harness<P> {
             limits: crate::config::Config::default().limits,
             clients: super::clients::ClientRegistry::new(super::clients::SERVER_CLIENTS_MAX),
             health: None,
+            card: super::admin::render::card_text(None),
         });
         let channels: Vec<_> = (0..cores)
             .map(|_| crossbeam_channel::bounded::<Msg>(CHANNEL_DEPTH))

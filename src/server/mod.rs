@@ -84,6 +84,8 @@ pub struct Shared {
     pub(crate) clients: clients::ClientRegistry,
     /// What the cores published for the health port, when `server.health_listen` has one.
     pub(crate) health: Option<admin::health_port::HealthBoard>,
+    /// The server's card, as `GET /cluster` answers it (see [`admin::render::card_text`]).
+    pub(crate) card: String,
 }
 
 /// Upper bounds of the loop-iteration histogram's buckets, in microseconds; one more bucket
@@ -570,6 +572,7 @@ fn plan(config: &Config, notify: Option<Arc<Waker>>) -> io::Result<Plan> {
         clients: clients::ClientRegistry::new(clients::SERVER_CLIENTS_MAX),
         health: (config.server.health_listen)
             .map(|_| admin::health_port::HealthBoard::new(cores, config.cluster.is_some())),
+        card: admin::render::card_text(config.cluster.as_ref()),
     });
     let table_config = TableConfig {
         max_keys: (limits.max_keys / cores).max(1),

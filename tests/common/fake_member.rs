@@ -5,6 +5,10 @@
 //! paused process ([`FakeMember::pause_handshakes`]), ignores it; either way it is counted
 //! ([`FakeMember::handshakes`]) and not recorded with the requests.
 //!
+//! A connection that opens with `GET ` is an admin request: `GET /cluster` is answered with
+//! the member's card (by default a member of [`FAKE_CLUSTER`]; see [`FakeMember::set_card`]),
+//! unless the member plays a paused process; anything else is answered 404.
+//!
 //! Bounds: each connection's buffer holds at most 64 KiB; every blocking read and accept
 //! polls a stop flag every 20 ms, so dropping a member stops its threads promptly.
 
@@ -15,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
+use latchkey_client::card::Card;
 use latchkey_client::protocol::{parse_request, ErrorCode, Leader, Response, KEY_BYTES_MAX};
 
 use super::Frame;
@@ -51,7 +56,14 @@ struct Greeting {
     count: AtomicUsize,
     /// Answer a session's Identify (docs/protocol.md §5) instead of refusing it with `X` 9.
     identifies: AtomicBool,
+    /// What `GET /cluster` answers: a card, or `None` for 404 (a server without cards).
+    card: Mutex<Option<Card>>,
+    /// `GET /cluster` requests received.
+    cards_asked: AtomicUsize,
 }
+
+/// The cluster fake members say they belong to unless told otherwise.
+pub const FAKE_CLUSTER: u64 = 0xfa4e_c105_7e20_0001;
 
 const POLL: Duration = Duration::from_millis(20);
 const BUFFER_MAX: usize = 64 * 1024;
@@ -61,13 +73,20 @@ impl FakeMember {
     pub fn start(script: Script) -> FakeMember {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
         let member = FakeMember {
-            addr: listener.local_addr().expect("addr"),
+            addr,
             received: Arc::default(),
             script: Arc::new(Mutex::new(script)),
             stop: Arc::default(),
             greeting: Arc::default(),
         };
+        member.set_card(Some(Card::Member {
+            cluster: FAKE_CLUSTER,
+            member: u64::from(addr.port()),
+            shards: 1,
+            clients: vec![(u64::from(addr.port()), addr)],
+        }));
         let shared = Shared {
             received: Arc::clone(&member.received),
             script: Arc::clone(&member.script),
@@ -88,6 +107,16 @@ impl FakeMember {
     /// member that resumes calls; its Resolves go to the script like any request.
     pub fn identify_sessions(&self) {
         self.greeting.identifies.store(true, Ordering::Relaxed);
+    }
+
+    /// From now on, `GET /cluster` answers `card`, or 404 for `None`.
+    pub fn set_card(&self, card: Option<Card>) {
+        *self.greeting.card.lock().unwrap() = card;
+    }
+
+    /// `GET /cluster` requests received so far (answered or not).
+    pub fn cards_asked(&self) -> usize {
+        self.greeting.cards_asked.load(Ordering::Relaxed)
     }
 
     /// Handshake pings received so far (answered or not).
@@ -139,6 +168,33 @@ fn accept_loop(listener: TcpListener, shared: Shared) {
     }
 }
 
+/// Answers the admin request in `head` (whole), then closes; silent while paused.
+fn answer_admin(mut stream: TcpStream, head: &[u8], shared: &Shared) {
+    let greeting = &shared.greeting;
+    let card = head.starts_with(b"GET /cluster ");
+    if card {
+        greeting.cards_asked.fetch_add(1, Ordering::Relaxed);
+    }
+    if greeting.paused.load(Ordering::Relaxed) {
+        while !shared.stop.load(Ordering::Relaxed) {
+            thread::sleep(POLL);
+        }
+        return;
+    }
+    let answer = match greeting.card.lock().unwrap().as_ref().filter(|_| card) {
+        Some(card) => {
+            let body = card.render();
+            let length = body.len();
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n{body}"
+            )
+        }
+        None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into(),
+    };
+    let _ = stream.write_all(answer.as_bytes());
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
 fn serve(mut stream: TcpStream, shared: Shared) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(POLL));
@@ -152,6 +208,12 @@ fn serve(mut stream: TcpStream, shared: Shared) {
             Ok(n) => buffer.extend_from_slice(&chunk[..n]),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
             Err(_) => return,
+        }
+        if !greeted && buffer.starts_with(b"GET ") {
+            if buffer.windows(4).any(|w| w == b"\r\n\r\n") {
+                return answer_admin(stream, &buffer, &shared);
+            }
+            continue;
         }
         loop {
             let (frame, used) = match parse_request(&buffer, KEY_BYTES_MAX) {

@@ -98,7 +98,7 @@ impl Drop for Pki {
 }
 
 /// The client's TLS files: the CA to trust and, if any, the certificate and key to present.
-fn client_files(ca: &Path, cert: Option<(&Path, &Path)>) -> ClientFiles {
+pub fn client_files(ca: &Path, cert: Option<(&Path, &Path)>) -> ClientFiles {
     ClientFiles {
         ca_file: ca.to_path_buf(),
         cert_and_key: cert.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),

@@ -223,6 +223,12 @@ impl Client {
             if matches!(op, Op::Acquire { .. }) && self.is_interrupted() {
                 return Exchange::Unsent { serving: true };
             }
+            if let Err(why) = members.usable(addr, deadline) {
+                attempts.note(members, addr, MemberState::Unreachable { cause: why });
+                attempts.backoff.sleep(deadline);
+                addr = attempts.next_addr(members, addr);
+                continue;
+            }
             let pool = match members.pool(addr) {
                 Ok(Some(pool)) => pool,
                 Ok(None) => {

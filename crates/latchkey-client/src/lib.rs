@@ -131,10 +131,12 @@ use std::time::{Duration, Instant};
 use crate::protocol::Response;
 
 pub mod args;
+pub mod card;
 pub mod protocol;
 pub mod tls;
 
 mod call;
+mod check;
 mod error;
 mod exchange;
 mod members;
@@ -168,6 +170,11 @@ pub struct ClientConfig {
     /// duplicates ignored). Each gets its own sessions; the first connects when the client
     /// is built, the others on first use. Leaders learned from `M` count against the bound.
     pub addrs: Vec<SocketAddr>,
+    /// Whether `addrs` are one server's (one name that resolved to several addresses, as
+    /// [`Client::connect`] takes it). Otherwise, with more than one address, each is asked for
+    /// its card (`GET /cluster`) and a call sends only to addresses that are members of one
+    /// cluster ([`Client::refused_members`] names the others). Default `false`.
+    pub one_server: bool,
     /// Sessions (connections) to pipeline calls over, per member address. Default 2.
     pub sessions: usize,
     /// How long a session may take to be established: the TCP connect, the TLS handshake
@@ -217,6 +224,7 @@ impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
             addrs: vec![DEFAULT_ADDR.parse().expect("a valid socket address")],
+            one_server: false,
             sessions: 2,
             connect_timeout: Duration::from_secs(2),
             transport_timeout: Duration::from_secs(5),
@@ -275,7 +283,8 @@ pub(crate) enum Exchange {
 }
 
 impl Client {
-    /// A client of the server at `addr` with the default configuration.
+    /// A client of the server at `addr` with the default configuration. The addresses `addr`
+    /// resolves to are taken as one server's ([`ClientConfig::one_server`]).
     ///
     /// Sessions connect in the background: a server that cannot be reached shows up as
     /// [`AcquireError::Unavailable`] (or [`RequestError::Unavailable`]) from the calls.
@@ -283,6 +292,7 @@ impl Client {
         let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
         Client::with_config(ClientConfig {
             addrs,
+            one_server: true,
             ..ClientConfig::default()
         })
     }
@@ -306,7 +316,12 @@ impl Client {
             resumes: Arc::new(AtomicBool::new(true)),
             interrupted: Arc::clone(&interrupted),
         };
-        let members = Members::start(&config.addrs, config.sessions, session_config)?;
+        let members = Members::start(
+            &config.addrs,
+            !config.one_server,
+            config.sessions,
+            session_config,
+        )?;
         Ok(Client {
             shared: Arc::new(Shared {
                 config,
@@ -314,6 +329,16 @@ impl Client {
                 interrupted,
             }),
         })
+    }
+
+    /// For a client given several addresses: the addresses it will never send to because they
+    /// are not members of one cluster with the others (a standalone server, another cluster's
+    /// member, or not a latchkey server that gives its card), and why, once every address
+    /// has been asked for its card or `wait` has passed. Empty for one address, and when all
+    /// are members of one cluster (or could not be asked yet). A program that was given a
+    /// list should refuse to go on when this is not empty: the list is wrong.
+    pub fn refused_members(&self, wait: Duration) -> Vec<(SocketAddr, String)> {
+        self.shared.members.refused(wait)
     }
 
     /// Ends every acquire of this client, waiting or to come, as soon as its server lets it:

@@ -13,6 +13,10 @@
 //! Single node: with one configured address and no `M` ever received, routing is one relaxed
 //! atomic load and the first pool; the cache is never touched.
 //!
+//! Several addresses: each is asked for its card (`GET /cluster`, `card.rs`) when the client
+//! is built, one thread per address, and a call uses an address only once `check.rs` accepted
+//! it (a call that finds it still being asked waits for the answer, within its deadline).
+//!
 //! Invariants: a pool's address appears once; the cache names only addresses some `M` named.
 //! Deliberately not here: what a call does with an `M` (see `exchange.rs`).
 
@@ -21,10 +25,13 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::call::Call;
+use super::card;
+use super::check::{Check, Verdict};
 use super::error::SessionFailure;
 use super::pool::Pool;
 use super::report::UnavailableReport;
@@ -53,6 +60,38 @@ pub(crate) struct Members {
     failures: FailureLog,
     /// What the members did for the latest call that ended unavailable.
     unavailable: Mutex<Option<UnavailableReport>>,
+    /// With more than one configured address: which addresses are members of one cluster.
+    check: Option<Arc<Asker>>,
+}
+
+/// The check of a client's addresses, and the threads that ask for their cards.
+struct Asker {
+    check: Mutex<Check>,
+    /// Signalled when an ask ends.
+    answered: Condvar,
+    tls: Option<crate::tls::Connector>,
+    /// How long one ask may take.
+    timeout: Duration,
+}
+
+impl Asker {
+    /// Starts asking `addr` for its card (the caller holds `check`).
+    fn ask(self: &Arc<Self>, check: &mut Check, addr: SocketAddr) {
+        check.asking(addr);
+        let asker = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("latchkey-card".to_string())
+            .spawn(move || {
+                let deadline = Instant::now() + asker.timeout;
+                let answer = card::fetch(addr, asker.tls.as_ref(), deadline);
+                asker.check.lock().answered(addr, answer);
+                asker.answered.notify_all();
+            });
+        if let Err(error) = spawned {
+            let cause = format!("cannot start a thread to ask it: {error}");
+            check.answered(addr, Err(card::FetchError::Unreachable(cause)));
+        }
+    }
 }
 
 /// The leader cache.
@@ -66,9 +105,11 @@ struct Leaders {
 
 impl Members {
     /// Pools for `addrs` (deduplicated; 1..=[`MEMBERS_MAX`] of them), `sessions` each; the
-    /// first address's sessions start connecting now.
+    /// first address's sessions start connecting now. With `check` and more than one address,
+    /// each is asked for its card now (see `check.rs`).
     pub(crate) fn start(
         addrs: &[SocketAddr],
+        check: bool,
         sessions: usize,
         session_config: SessionConfig,
     ) -> io::Result<Members> {
@@ -92,6 +133,20 @@ impl Members {
             let (ids, failures) = (Arc::clone(&session_ids), Arc::clone(&failures));
             Pool::start(addr, sessions, session_config.clone(), ids, failures, eager)
         };
+        let check = (check && configured.len() > 1).then(|| {
+            let asker = Arc::new(Asker {
+                check: Mutex::new(Check::new(&configured)),
+                answered: Condvar::new(),
+                tls: session_config.tls.clone(),
+                timeout: session_config.connect_timeout,
+            });
+            let mut check = asker.check.lock();
+            for &addr in &configured {
+                asker.ask(&mut check, addr);
+            }
+            drop(check);
+            asker
+        });
         let first = new_pool(first_addr, true)?;
         let mut pools = vec![(first_addr, Arc::clone(&first))];
         for &addr in &configured[1..] {
@@ -109,7 +164,49 @@ impl Members {
             session_ids,
             failures,
             unavailable: Mutex::new(None),
+            check,
         })
+    }
+
+    /// Whether a call may send to `addr`: always with one configured address; else once
+    /// `addr` was accepted (see `check.rs`), asking it (again) or waiting for its answer
+    /// until `deadline`. The error says why not.
+    pub(crate) fn usable(&self, addr: SocketAddr, deadline: Instant) -> Result<(), String> {
+        let Some(asker) = &self.check else {
+            return Ok(());
+        };
+        let mut check = asker.check.lock();
+        let mut asked = false;
+        loop {
+            match check.verdict(addr) {
+                Verdict::Accepted => return Ok(()),
+                Verdict::Refused(why) => return Err(format!("not used: {why}")),
+                Verdict::Waiting(why) => return Err(why.to_string()),
+                Verdict::Unknown(why) if asked => return Err(why.to_string()),
+                Verdict::Unknown(_) => {
+                    asked = true;
+                    asker.ask(&mut check, addr);
+                }
+                Verdict::Asking => {
+                    if asker.answered.wait_until(&mut check, deadline).timed_out() {
+                        return Err("its card (GET /cluster) was not answered in time".into());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The addresses refused as not members of this client's cluster, and why, once every
+    /// address being asked has answered or `wait` has passed; empty for one address.
+    pub(crate) fn refused(&self, wait: Duration) -> Vec<(SocketAddr, String)> {
+        let Some(asker) = &self.check else {
+            return Vec::new();
+        };
+        let deadline = Instant::now() + wait;
+        let mut check = asker.check.lock();
+        while !check.settled() && !asker.answered.wait_until(&mut check, deadline).timed_out() {}
+        let refused = check.refused().into_iter();
+        refused.map(|(addr, why)| (addr, why.to_string())).collect()
     }
 
     /// Whether this client has one member and never saw an `M`: routing skips the cache.
@@ -222,12 +319,27 @@ impl Members {
     }
 
     /// Hands a fire-and-forget call (a background release) to its key's route.
+    /// Dropped when its route is an address not accepted (yet): the lease recovers the hold.
     pub(crate) fn submit_background(&self, call: Call) {
         let addr = self.route(call.op.key().map(|key| &**key));
+        if !self.accepted(addr) {
+            log::debug!("background {:?} dropped: {addr} is not accepted", call.op);
+            return;
+        }
         match self.pool(addr) {
             Ok(Some(pool)) => pool.submit_background(call),
-            _ => self.first.submit_background(call),
+            _ if self.accepted(self.configured[0]) => self.first.submit_background(call),
+            _ => log::debug!("background {:?} dropped: no accepted member", call.op),
         }
+    }
+
+    /// Whether `addr` may be sent to now, without asking or waiting (see [`Members::usable`]).
+    fn accepted(&self, addr: SocketAddr) -> bool {
+        let Some(asker) = &self.check else {
+            return true;
+        };
+        let verdict = asker.check.lock().verdict(addr);
+        verdict == Verdict::Accepted
     }
 
     /// Why the latest session that failed did, if one did.
@@ -283,7 +395,7 @@ mod tests {
             resumes: Default::default(),
             interrupted: Default::default(),
         };
-        Members::start(addrs, 1, config).expect("members")
+        Members::start(addrs, true, 1, config).expect("members")
     }
 
     fn addr(port: u16) -> SocketAddr {
@@ -337,6 +449,6 @@ mod tests {
         );
         let too_many: Vec<SocketAddr> = (1..=17).map(addr).collect();
         let config = members.session_config.clone();
-        assert!(Members::start(&too_many, 1, config).is_err());
+        assert!(Members::start(&too_many, true, 1, config).is_err());
     }
 }

@@ -23,6 +23,9 @@ pub enum Route {
     },
     /// `GET /health`: 200 while serving, 503 while shutting down.
     Health,
+    /// `GET /cluster`: the server's card (`latchkey_client::card`): which cluster it is a
+    /// member of, or that it is standalone. Needs no identity, like `/health`.
+    Cluster,
 }
 
 /// What the bytes read so far are.
@@ -151,10 +154,11 @@ fn route_of(line: &[u8]) -> Result<Route, Refusal> {
         b"/metrics" => Ok(Route::Metrics),
         b"/stats" => Ok(Route::Stats),
         b"/health" => Ok(Route::Health),
+        b"/cluster" => Ok(Route::Cluster),
         b"/keys" => keys_route(query),
         _ => Err(Refusal {
             status: 404,
-            reason: "no such page: try /metrics, /stats, /keys or /health",
+            reason: "no such page: try /metrics, /stats, /keys, /health or /cluster",
         }),
     }
 }
@@ -342,6 +346,7 @@ mod tests {
         assert_eq!(get("/metrics"), Ok(Route::Metrics));
         assert_eq!(get("/stats"), Ok(Route::Stats));
         assert_eq!(get("/health"), Ok(Route::Health));
+        assert_eq!(get("/cluster"), Ok(Route::Cluster));
         let keys = |prefix: &[u8], limit| {
             Ok(Route::Keys {
                 prefix: prefix.to_vec(),

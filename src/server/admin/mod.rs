@@ -252,13 +252,13 @@ impl<N: Net, P: Partition> Core<N, P> {
     }
 
     /// With authorization rules, what the admin session in `slot` may see: every request but
-    /// `/health` needs an identity some rule names (403 otherwise), and `/keys` lists only the
-    /// keys its grant permits. `None`: no rules, or `/health`.
+    /// `/health` and `/cluster` needs an identity some rule names (403 otherwise), and `/keys`
+    /// lists only the keys its grant permits. `None`: no rules, `/health` or `/cluster`.
     fn admin_grant(&mut self, slot: usize, route: &Route) -> Result<Option<Arc<Grant>>, Refusal> {
         let Some(rules) = &self.links.auth else {
             return Ok(None);
         };
-        if *route == Route::Health {
+        if matches!(route, Route::Health | Route::Cluster) {
             return Ok(None);
         }
         let grant = self.sessions[slot].grant(rules);
@@ -314,6 +314,11 @@ impl<N: Net, P: Partition> Core<N, P> {
                 return self.answer_health(id, &health);
             }
             Route::Health => self.gather_stats(id, Report::Health, &others),
+            Route::Cluster => {
+                let text = "text/plain; charset=utf-8";
+                let answer = http::response(200, text, self.links.shared.card.as_bytes());
+                return self.answer_admin(id, answer);
+            }
             Route::Metrics => self.gather_stats(id, Report::Metrics, &others),
             Route::Stats => self.gather_stats(id, Report::Stats, &others),
             Route::Keys { prefix, limit } => {

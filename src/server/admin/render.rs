@@ -5,6 +5,7 @@ use crate::metrics::Histogram;
 use crate::partition::cluster_stats::{PeerReport, PeerStatus};
 use crate::partition::ClusterStats;
 use crate::partition::{BusyReason, HeldKey, TableStats};
+use latchkey_client::card::Card;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use serde_json::{json, Value};
@@ -489,6 +490,37 @@ fn histogram(
 
 fn seconds(micros: u64) -> f64 {
     micros as f64 / 1e6
+}
+
+/// The server's card (`GET /cluster`, `latchkey_client::card`): the cluster's identity, this
+/// member and every member's client address; or, without `[cluster]`, a number drawn now that
+/// tells this server run from any other.
+pub fn card_text(cluster: Option<&crate::config::ClusterConfig>) -> String {
+    let card = match cluster {
+        None => Card::Standalone {
+            instance: instance_number(),
+        },
+        Some(cluster) => Card::Member {
+            cluster: cluster.identity().digest,
+            member: cluster.node_id,
+            shards: cluster.shards,
+            clients: cluster.members.iter().map(|m| (m.id, m.client)).collect(),
+        },
+    };
+    card.render()
+}
+
+/// A number that differs from one server run to the next (not a secret).
+fn instance_number() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(
+        std::time::SystemTime::UNIX_EPOCH
+            .elapsed()
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
 }
 
 /// A member's shards and replication figures, for `/stats` (`latchkey cluster status`).
