@@ -133,3 +133,30 @@ fn a_run_that_completed_no_cycle_fails() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("no cycle completed"), "{stderr}");
 }
+
+#[test]
+fn a_target_of_servers_that_are_not_one_cluster_is_refused() {
+    let start = || {
+        let mut config = Config::default();
+        config.server.listen = "127.0.0.1:0".parse().unwrap();
+        config.server.cores = 1;
+        latchkey::node::start(config).expect("server starts")
+    };
+    let (one, two) = (start(), start());
+    let output = bench_binary(&format!(
+        "latchkey://{},{}",
+        one.local_addr(),
+        two.local_addr()
+    ));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_ne!(output.status.code(), Some(0), "{stderr}");
+    let named = format!(
+        "not members of one cluster: {} is a standalone",
+        one.local_addr()
+    );
+    assert!(stderr.contains(&named), "{stderr}");
+    for server in [one, two] {
+        server.shutdown();
+        server.join().unwrap();
+    }
+}

@@ -26,6 +26,8 @@ use super::worker::{Worker, WorkerOutcome, WorkerSpec};
 use super::workload::{HandoffClock, HoldKeys, KeySource, Plan, LATENESS_SAMPLES_MAX};
 use super::{BenchConfig, Dialect, Workload};
 use crate::rng::Rng;
+use latchkey_client::card::{self, Owner};
+use latchkey_client::tls::Connector;
 
 /// How long connecting (and the Redis script load) may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -57,6 +59,8 @@ pub enum BenchError {
     Thread(String),
     /// `--server-pid` was given but its RSS cannot be read.
     Rss(String),
+    /// The target lists servers that are not members of one cluster.
+    Mixed(String),
 }
 
 impl fmt::Display for BenchError {
@@ -70,6 +74,10 @@ impl fmt::Display for BenchError {
             BenchError::Poll(error) => write!(f, "poll: {error}"),
             BenchError::Thread(text) => write!(f, "load thread: {text}"),
             BenchError::Rss(text) => write!(f, "server RSS: {text}"),
+            BenchError::Mixed(text) => write!(
+                f,
+                "the target's servers are not members of one cluster: {text}"
+            ),
         }
     }
 }
@@ -140,6 +148,35 @@ fn resolve_members(target: &super::Target) -> Result<Vec<SocketAddr>, BenchError
         }
     }
     Ok(members)
+}
+
+/// Refuses a target of several latchkey servers that are not members of one cluster, by their
+/// cards (`GET /cluster`, as the client checks a list): a standalone server, another cluster's
+/// member or a server without a card is named. A member that cannot be asked is left to the
+/// load to find.
+fn one_cluster(members: &[SocketAddr], tls: Option<&Connector>) -> Result<(), BenchError> {
+    let mut first: Option<(SocketAddr, Owner)> = None;
+    for &member in members {
+        let card = match card::fetch(member, tls, Instant::now() + CONNECT_TIMEOUT) {
+            Ok(card) => card,
+            Err(card::FetchError::Unreachable(_)) => continue,
+            Err(error) => return Err(BenchError::Mixed(format!("{member} {error}"))),
+        };
+        let owner = card.owner();
+        match (first, owner) {
+            (_, Owner::Standalone(_)) => {
+                let text = format!("{member} is {owner}");
+                return Err(BenchError::Mixed(text));
+            }
+            (Some((by, fixed)), owner) if owner != fixed => {
+                let text = format!("{member} is {owner}, not {fixed} like {by}");
+                return Err(BenchError::Mixed(text));
+            }
+            (Some(_), _) => {}
+            (None, owner) => first = Some((member, owner)),
+        }
+    }
+    Ok(())
 }
 
 /// Loads the release script into Redis and returns its SHA-1.
@@ -331,6 +368,9 @@ fn spawn(
 /// Runs the benchmark `config` describes and returns what it measured.
 pub fn execute(config: &BenchConfig) -> Result<Report, BenchError> {
     let members = resolve_members(&config.target)?;
+    if config.target.dialect == Dialect::Latchkey && members.len() > 1 {
+        one_cluster(&members, config.tls.as_ref())?;
+    }
     let sha = match config.target.dialect {
         Dialect::Redis => load_script(members[0])?,
         Dialect::Latchkey => [0; SHA_BYTES],
