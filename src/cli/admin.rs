@@ -99,7 +99,7 @@ pub struct KeysArgs {
 /// Why an admin request failed: the exit code and what to say.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Failure {
-    exit_code: u8,
+    pub(super) exit_code: u8,
     pub(super) message: String,
 }
 

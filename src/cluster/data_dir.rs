@@ -273,16 +273,36 @@ impl DataDir {
     /// Writes the record atomically: a temporary file, synced, renamed over, the directory
     /// synced (a crash leaves the old state or the whole record, never a torn one).
     fn write_record(&self, expected: &Expected) -> io::Result<()> {
-        let temporary = self.path.join(format!("{RECORD_FILE}.tmp"));
-        let write = || -> io::Result<()> {
-            let mut file = File::create(&temporary)?;
-            file.write_all(expected.record().as_bytes())?;
-            file.sync_all()?;
-            std::fs::rename(&temporary, self.path.join(RECORD_FILE))?;
-            sync_dir(&self.path)
-        };
-        write().map_err(|e| self.named(e))
+        let path = self.path.join(RECORD_FILE);
+        write_atomically(&path, expected.record().as_bytes()).map_err(|e| self.named(e))
     }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it (`NAME.tmp`), synced,
+/// renamed over `path`, the directory synced. A crash leaves the old file or the whole new one,
+/// never a torn one; a failure removes the temporary file.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let Some(name) = path.file_name() else {
+        let message = format!("{} is not a file name", path.display());
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+    };
+    let temporary = dir.join(format!("{}.tmp", name.to_string_lossy()));
+    let write = || -> io::Result<()> {
+        let mut file = File::create(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)?;
+        sync_dir(dir)
+    };
+    let written = write();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
 }
 
 /// Takes the directory's lock and writes who holds it; refuses, naming the holder, when another

@@ -23,6 +23,12 @@ pub enum Route {
     },
     /// `GET /health`: 200 while serving, 503 while shutting down.
     Health,
+    /// `GET /cluster/backup?shard=N`: a copy of shard N's locks, from the member that serves
+    /// it (`crate::cluster::backup`).
+    ClusterBackup {
+        /// The shard.
+        shard: u32,
+    },
 }
 
 /// What the bytes read so far are.
@@ -152,9 +158,10 @@ fn route_of(line: &[u8]) -> Result<Route, Refusal> {
         b"/stats" => Ok(Route::Stats),
         b"/health" => Ok(Route::Health),
         b"/keys" => keys_route(query),
+        b"/cluster/backup" => backup_route(query),
         _ => Err(Refusal {
             status: 404,
-            reason: "no such page: try /metrics, /stats, /keys or /health",
+            reason: "no such page: try /metrics, /stats, /keys, /health or /cluster/backup",
         }),
     }
 }
@@ -191,6 +198,18 @@ fn keys_route(query: &[u8]) -> Result<Route, Refusal> {
     Ok(Route::Keys { prefix, limit })
 }
 
+fn backup_route(query: &[u8]) -> Result<Route, Refusal> {
+    const BAD_SHARD: Refusal = Refusal {
+        status: 400,
+        reason: "shard must be given, a number (/cluster/backup?shard=N)",
+    };
+    let shard = (query.split(|&b| b == b'&'))
+        .find_map(|pair| pair.strip_prefix(b"shard="))
+        .and_then(|value| std::str::from_utf8(value).ok()?.parse().ok())
+        .ok_or(BAD_SHARD)?;
+    Ok(Route::ClusterBackup { shard })
+}
+
 /// Decodes `%XX` escapes and `+` (a space in a query); `None` on a malformed escape.
 fn percent_decode(text: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(text.len());
@@ -225,8 +244,10 @@ fn reason_phrase(status: u16) -> &'static str {
         403 => "Forbidden",
         404 => "Not Found",
         408 => "Request Timeout",
+        421 => "Misdirected Request",
         431 => "Request Header Fields Too Large",
         503 => "Service Unavailable",
+        507 => "Insufficient Storage",
         _ => "",
     }
 }
@@ -278,15 +299,17 @@ mod tests {
             complete(b"GET /keys?limit=0 HTTP/1.1\r\n\r\n").unwrap_err(),
         ];
         let mut sent: Vec<u16> = refusals.iter().map(|refusal| refusal.status).collect();
-        sent.extend([200, 503]);
+        sent.extend([200, 503, 421, 507]);
         let standard = [
             (200, "OK"),
             (400, "Bad Request"),
             (403, "Forbidden"),
             (404, "Not Found"),
             (408, "Request Timeout"),
+            (421, "Misdirected Request"),
             (431, "Request Header Fields Too Large"),
             (503, "Service Unavailable"),
+            (507, "Insufficient Storage"),
         ];
         for status in sent {
             let (_, phrase) = standard
@@ -355,6 +378,10 @@ mod tests {
         assert_eq!(get("/keys?limit=10001").unwrap_err().status, 400);
         assert_eq!(get("/keys?prefix=%zz").unwrap_err().status, 400);
         assert_eq!(get("/nope").unwrap_err().status, 404);
+        let backup = get("/cluster/backup?shard=12");
+        assert_eq!(backup, Ok(Route::ClusterBackup { shard: 12 }));
+        assert_eq!(get("/cluster/backup").unwrap_err().status, 400);
+        assert_eq!(get("/cluster/backup?shard=-1").unwrap_err().status, 400);
         assert_eq!(complete(b"GET /metrics\n\n").unwrap_err().status, 400);
         assert_eq!(complete(b"GET /metrics HTTP/1.0\n\n"), Ok(Route::Metrics));
     }
