@@ -115,6 +115,24 @@ impl DataDir {
         Ok(data_dir)
     }
 
+    /// Whether `path` holds a member's data already: a record, an earlier version's layout
+    /// file, or a write-ahead log. A directory that does not exist holds none.
+    pub fn holds_data(path: &Path) -> io::Result<bool> {
+        let entries = match std::fs::read_dir(path) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(named(path, e)),
+        };
+        for entry in entries {
+            let name = entry.map_err(|e| named(path, e))?.file_name();
+            let name = name.to_string_lossy();
+            if name == RECORD_FILE || name == LAYOUT_FILE || name.starts_with("core-") {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// The directory.
     #[cfg(test)]
     pub fn path(&self) -> &Path {

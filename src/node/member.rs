@@ -8,6 +8,7 @@
 //! count differs from what the directory holds, is refused naming the key. A core count that
 //! differed would look for the shards' logs in the wrong directories.
 
+use crate::cluster::backup::{BackupFile, InitialState, FILE_BYTES_MAX};
 use crate::cluster::compactor::SnapWorker;
 use crate::cluster::data_dir::{DataDir, Expected};
 use crate::cluster::member::{Envelope, Member};
@@ -18,6 +19,7 @@ use crate::cluster::peer::{
 };
 use crate::cluster::wal::Wal;
 use crate::cluster::writer::Writer;
+use crate::cluster::{Durable, Recovered};
 use crate::config::{ClusterConfig, Config};
 use crate::partition::cluster_stats::PeerReport;
 use crate::partition::QueueCounts;
@@ -25,8 +27,9 @@ use crate::partition::PARTITION_SOURCES;
 use crate::server::{Backend, Beside, Started, PARTITION_TOKEN_BASE};
 use crossbeam_channel::Receiver;
 use mio::{Registry, Waker};
-use raft::eraftpb::Message;
-use std::io;
+use raft::eraftpb::{ConfState, HardState, Message, Snapshot};
+use std::io::{self, Read};
+use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -115,6 +118,8 @@ pub struct MemberBackend {
     cluster: ClusterConfig,
     data_dir: DataDir,
     tls: Option<PeerTls>,
+    /// At a first start with `cluster.restore_from`: every shard's initial state.
+    restore: Option<Vec<InitialState>>,
 }
 
 impl MemberBackend {
@@ -125,11 +130,13 @@ impl MemberBackend {
         let tls = (cluster.tls.as_ref())
             .map(|files| PeerTls::load(files, cluster.node_id))
             .transpose()?;
+        let restore = read_restore(cluster)?;
         let data_dir = open_data_dir(config, cluster)?;
         Ok(MemberBackend {
             cluster: cluster.clone(),
             data_dir,
             tls,
+            restore,
         })
     }
 }
@@ -156,7 +163,8 @@ impl Backend for MemberBackend {
         cores: (&[Arc<Waker>], Vec<Registry>),
         queues: Option<Arc<dyn QueueCounts>>,
     ) -> io::Result<Started<MemberPartition>> {
-        let (partitions, peers) = start(config, (&self.cluster, self.tls), cores, queues)?;
+        let member = (&self.cluster, self.tls, self.restore.as_deref());
+        let (partitions, peers) = start(config, member, cores, queues)?;
         let beside = MemberBeside {
             peers,
             _data_dir: self.data_dir,
@@ -176,11 +184,96 @@ fn open_data_dir(config: &Config, cluster: &ClusterConfig) -> io::Result<DataDir
     DataDir::open(&cluster.data_dir, &expected)
 }
 
+/// With `cluster.restore_from` and a data directory that holds no data yet (its first start),
+/// every shard's initial state from the backup file; `None` otherwise (logged once when the key
+/// is ignored). A file that cannot be read, is not a whole backup, or is of another shard count
+/// is refused naming the key, before the data directory is created.
+fn read_restore(cluster: &ClusterConfig) -> io::Result<Option<Vec<InitialState>>> {
+    let Some(path) = &cluster.restore_from else {
+        return Ok(None);
+    };
+    if DataDir::holds_data(&cluster.data_dir)? {
+        log::info!(
+            "cluster.restore_from {} ignored: cluster.data_dir {} holds this member's data \
+             already (the key counts at a member's first start only)",
+            path.display(),
+            cluster.data_dir.display()
+        );
+        return Ok(None);
+    }
+    let refused = |why: String| {
+        let message = format!("cluster.restore_from {}: {why}", path.display());
+        io::Error::new(io::ErrorKind::InvalidData, message)
+    };
+    let bytes = read_bounded(path).map_err(|e| refused(e.to_string()))?;
+    let file = BackupFile::decode(&bytes).map_err(|e| refused(e.to_string()))?;
+    let states = (file.initial_states(cluster.shards)).map_err(|e| refused(e.to_string()))?;
+    log::info!(
+        "cluster.restore_from {}: first start from a backup of {} shards, {} locks",
+        path.display(),
+        states.len(),
+        file.locks()
+    );
+    Ok(Some(states))
+}
+
+/// The bytes of `path`, refused past [`FILE_BYTES_MAX`].
+fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(FILE_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > FILE_BYTES_MAX {
+        let message = format!("larger than a backup may be ({FILE_BYTES_MAX} bytes)");
+        return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+    }
+    Ok(bytes)
+}
+
+/// Records each of `states` hosted here as its shard's snapshot and hard state (commit at the
+/// snapshot) in a fresh core's log, synced, and returns them as recovered: the same initial
+/// state on every member. A shard the log already holds is left alone.
+fn seed_from_backup(
+    wal: &mut Wal,
+    states: &[InitialState],
+    (shards, voters): (&[u32], &[u64]),
+    mut recovered: Vec<(u32, Recovered)>,
+) -> io::Result<Vec<(u32, Recovered)>> {
+    for state in states {
+        let held = recovered.iter().any(|(shard, _)| *shard == state.shard);
+        if !shards.contains(&state.shard) || held {
+            continue;
+        }
+        let mut snapshot = Snapshot::default();
+        snapshot.set_data(state.data.clone().into());
+        let metadata = snapshot.mut_metadata();
+        metadata.index = state.index;
+        metadata.term = state.term;
+        metadata.set_conf_state(ConfState::from((voters.to_vec(), vec![])));
+        let hard_state = HardState {
+            term: state.term,
+            vote: 0,
+            commit: state.index,
+            ..Default::default()
+        };
+        wal.apply_snapshot(state.shard, &snapshot)?;
+        wal.set_hard_state(state.shard, &hard_state)?;
+        let group = Recovered {
+            hard_state,
+            snapshot: Some(snapshot),
+            entries: Vec::new(),
+        };
+        recovered.push((state.shard, group));
+    }
+    wal.sync()?;
+    Ok(recovered)
+}
+
 /// Opens every core's log, builds its groups and partition, and starts the peer thread. The
 /// data directory must be open ([`open_data_dir`]).
 fn start(
     config: &Config,
-    (cluster, tls): (&ClusterConfig, Option<PeerTls>),
+    (cluster, tls, restore): (&ClusterConfig, Option<PeerTls>, Option<&[InitialState]>),
     (wakers, registries): (&[Arc<Waker>], Vec<Registry>),
     queues: Option<Arc<dyn QueueCounts>>,
 ) -> io::Result<(Vec<MemberPartition>, PeerThread)> {
@@ -231,7 +324,8 @@ fn start(
             inbound: receiver,
             reader,
         };
-        match core_partition(config, cluster, (core, waker), seed, handle, peers) {
+        let member = (cluster, restore);
+        match core_partition(config, member, (core, waker), seed, handle, peers) {
             Ok(mut partition) => {
                 // With more than one core a session's acquires may queue on several.
                 if let Some(queues) = &queues {
@@ -250,7 +344,7 @@ fn start(
 
 fn core_partition(
     config: &Config,
-    cluster: &ClusterConfig,
+    (cluster, restore): (&ClusterConfig, Option<&[InitialState]>),
     (core, waker): (usize, Arc<mio::Waker>),
     seed: u64,
     handle: &PeerHandle,
@@ -258,9 +352,17 @@ fn core_partition(
 ) -> io::Result<MemberPartition> {
     let cores = config.server.cores;
     let dir = cluster.data_dir.join(format!("core-{core}"));
-    let (wal, recovered) = Wal::open(&dir, cluster.fsync).map_err(|e| {
-        io::Error::new(e.kind(), format!("cluster.data_dir {}: {e}", dir.display()))
-    })?;
+    let named =
+        |e: io::Error| io::Error::new(e.kind(), format!("cluster.data_dir {}: {e}", dir.display()));
+    let (mut wal, recovered) = Wal::open(&dir, cluster.fsync).map_err(named)?;
+    let shards = shards_of_core(core, cores, cluster.shards);
+    let voters = cluster.voters();
+    let recovered = match restore {
+        Some(states) => {
+            seed_from_backup(&mut wal, states, (&shards, &voters), recovered).map_err(named)?
+        }
+        None => recovered,
+    };
     // The compactor wakes the core once per snapshot it encoded (and when it failed).
     let snap_waker = Arc::clone(&waker);
     let snap_wake = move || {
@@ -278,8 +380,6 @@ fn core_partition(
     let writer_peers = handle.clone();
     let send = move |batch| send_envelopes(&writer_peers, batch);
     let writer = Writer::spawn(format!("latchkey-wal-{core}"), wal, wake, send)?;
-    let shards = shards_of_core(core, cores, cluster.shards);
-    let voters = cluster.voters();
     let member = Member::new(cluster.node_id, &voters, &shards, writer, recovered, seed)
         .map_err(|e| io::Error::other(format!("cluster core {core}: {e}")))?;
     let settings = PartitionSettings {

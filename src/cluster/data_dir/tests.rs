@@ -45,6 +45,7 @@ fn cluster(node_id: u64, members: u64, shards: u32) -> ClusterConfig {
         shards,
         fsync: true,
         tls: None,
+        restore_from: None,
     }
 }
 
