@@ -126,7 +126,7 @@ impl DataDir {
         for entry in entries {
             let name = entry.map_err(|e| named(path, e))?.file_name();
             let name = name.to_string_lossy();
-            if name == RECORD_FILE || name == LAYOUT_FILE || name.starts_with("core-") {
+            if name == RECORD_FILE || name == LAYOUT_FILE || is_log(&name) {
                 return Ok(true);
             }
         }
@@ -281,7 +281,7 @@ impl DataDir {
         for entry in entries {
             let name = entry.map_err(|e| self.named(e))?.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with("core-") {
+            if is_log(&name) {
                 return Ok(Some(name.into_owned()));
             }
         }
@@ -321,6 +321,11 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
         let _ = std::fs::remove_file(&temporary);
     }
     written
+}
+
+/// Whether a data directory's entry `name` is a core's write-ahead log directory (`core-N`).
+fn is_log(name: &str) -> bool {
+    name.starts_with("core-")
 }
 
 /// Takes the directory's lock and writes who holds it; refuses, naming the holder, when another
