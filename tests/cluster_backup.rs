@@ -200,7 +200,7 @@ fn empty_backup(shards: u32) -> Vec<u8> {
             ShardBackup::decode(&bytes).expect("decodes")
         })
         .collect();
-    BackupFile { shards: copies }.encode()
+    BackupFile { shards: copies }.encode().expect("encodes")
 }
 
 fn refused_start(cluster: &Cluster, file: &Path, words: &str) {

@@ -119,7 +119,10 @@ pub fn run_backup(args: &ClusterBackupArgs) -> ExitCode {
     let file = BackupFile {
         shards: copies.into_values().collect(),
     };
-    if let Err(error) = write_atomically(&args.file, &file.encode()) {
+    let written = (file.encode())
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| write_atomically(&args.file, &bytes).map_err(|e| e.to_string()));
+    if let Err(error) = written {
         eprintln!(
             "latchkey {COMMAND}: cannot write {}: {error}; no file written",
             args.file.display()

@@ -40,8 +40,8 @@ use std::fmt;
 pub const MAGIC: &[u8; 8] = b"LKBACKUP";
 /// The file format this build writes and reads.
 pub const FORMAT_VERSION: u8 = 1;
-/// The most holds one shard's copy carries: the leader encodes it on its core's loop (about
-/// 10 ms per 100,000 holds), so a shard holding more is refused rather than stall its core.
+/// The most holds one shard's copy carries: the leader encodes it on its core's loop (O(holds),
+/// like `/keys`' merge), so a shard holding more is refused rather than stall its core long.
 pub const BACKUP_HOLDS_MAX: usize = 100_000;
 /// The most bytes of one shard's copy (the answer must fit the admin client's 16 MiB).
 pub const SHARD_BACKUP_BYTES_MAX: usize = 15 << 20;
@@ -320,8 +320,9 @@ pub struct InitialState {
 }
 
 impl BackupFile {
-    /// The file's bytes.
-    pub fn encode(&self) -> Vec<u8> {
+    /// The file's bytes, or [`BackupError::TooLarge`] past [`FILE_BYTES_MAX`] (a file no
+    /// member would read).
+    pub fn encode(&self) -> Result<Vec<u8>, BackupError> {
         let mut out = Vec::new();
         out.extend_from_slice(MAGIC);
         out.push(FORMAT_VERSION);
@@ -334,7 +335,10 @@ impl BackupFile {
         }
         let crc = crc32c(&out);
         out.extend_from_slice(&crc.to_be_bytes());
-        out
+        match out.len() as u64 {
+            bytes if bytes > FILE_BYTES_MAX => Err(BackupError::TooLarge(bytes)),
+            _ => Ok(out),
+        }
     }
 
     /// Decodes and checks a whole file (see the module docs).

@@ -53,7 +53,7 @@ fn two_shards() -> BackupFile {
 #[test]
 fn a_file_round_trips_with_its_holds_and_their_lease_left() {
     let file = two_shards();
-    let bytes = file.encode();
+    let bytes = file.encode().expect("encodes");
     assert!(bytes.starts_with(MAGIC));
     let decoded = BackupFile::decode(&bytes).expect("decodes");
     assert_eq!(decoded, file);
@@ -71,7 +71,7 @@ fn a_file_round_trips_with_its_holds_and_their_lease_left() {
 
 #[test]
 fn a_truncated_file_is_refused_at_every_length() {
-    let bytes = two_shards().encode();
+    let bytes = two_shards().encode().expect("encodes");
     for cut in 0..bytes.len() {
         let error = BackupFile::decode(&bytes[..cut]).expect_err("truncated");
         let expected = match cut < MAGIC.len() {
@@ -84,7 +84,7 @@ fn a_truncated_file_is_refused_at_every_length() {
 
 #[test]
 fn a_flipped_bit_is_refused() {
-    let bytes = two_shards().encode();
+    let bytes = two_shards().encode().expect("encodes");
     for at in MAGIC.len() + 1..bytes.len() {
         let mut corrupt = bytes.clone();
         corrupt[at] ^= 0x10;
@@ -98,7 +98,7 @@ fn a_flipped_bit_is_refused() {
 
 #[test]
 fn an_unknown_version_is_refused_by_name() {
-    let mut bytes = two_shards().encode();
+    let mut bytes = two_shards().encode().expect("encodes");
     bytes[MAGIC.len()] = FORMAT_VERSION + 1;
     let error = BackupFile::decode(&bytes).expect_err("version");
     assert_eq!(error, BackupError::Version(FORMAT_VERSION + 1));
@@ -112,7 +112,7 @@ fn an_unknown_version_is_refused_by_name() {
 fn a_well_framed_file_with_a_shard_missing_is_refused() {
     let mut file = two_shards();
     file.shards.pop();
-    let mut bytes = file.encode();
+    let mut bytes = file.encode().expect("encodes");
     // Claim two shards, checksum included: the records say otherwise.
     bytes[MAGIC.len() + 4] = 2;
     let end = bytes.len() - 4;
