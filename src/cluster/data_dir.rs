@@ -102,6 +102,17 @@ impl DataDir {
     /// record against `expected`. Every error names `cluster.data_dir` and the path; a
     /// disagreement names the key that disagrees.
     pub fn open(path: &Path, expected: &Expected) -> io::Result<DataDir> {
+        DataDir::open_seeding(path, expected, &mut |_| Ok(()))
+    }
+
+    /// As [`DataDir::open`]; at a fresh directory's first start, `seed` writes into the locked
+    /// directory before the record is (a start from a backup seeds the logs): a start stopped
+    /// in between leaves logs without a record, which the next start refuses.
+    pub fn open_seeding(
+        path: &Path,
+        expected: &Expected,
+        seed: &mut dyn FnMut(&Path) -> io::Result<()>,
+    ) -> io::Result<DataDir> {
         std::fs::create_dir_all(path).map_err(|e| named(path, e))?;
         let lock = lock(path, expected.node_id)?;
         let data_dir = DataDir {
@@ -110,7 +121,7 @@ impl DataDir {
         };
         match data_dir.read_record()? {
             Some(record) => data_dir.check(&record, expected)?,
-            None => data_dir.first_start(expected)?,
+            None => data_dir.first_start(expected, seed)?,
         }
         Ok(data_dir)
     }
@@ -198,7 +209,11 @@ impl DataDir {
 
     /// No record yet: an earlier version's directory (its layout checked, then upgraded), a
     /// fresh one, or logs of unknown origin (refused).
-    fn first_start(&self, expected: &Expected) -> io::Result<()> {
+    fn first_start(
+        &self,
+        expected: &Expected,
+        seed: &mut dyn FnMut(&Path) -> io::Result<()>,
+    ) -> io::Result<()> {
         let layout_path = self.path.join(LAYOUT_FILE);
         let layout = match read_bounded(&layout_path) {
             Ok(text) => Some(text),
@@ -230,6 +245,7 @@ impl DataDir {
                     );
                     return Err(io::Error::new(io::ErrorKind::InvalidData, message));
                 }
+                seed(&self.path)?;
                 self.write_record(expected)?;
                 log::info!(
                     "cluster.data_dir {}: first start: recorded member {} of `{}` with {} cores",

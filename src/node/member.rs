@@ -118,8 +118,6 @@ pub struct MemberBackend {
     cluster: ClusterConfig,
     data_dir: DataDir,
     tls: Option<PeerTls>,
-    /// At a first start with `cluster.restore_from`: every shard's initial state.
-    restore: Option<Vec<InitialState>>,
 }
 
 impl MemberBackend {
@@ -131,12 +129,11 @@ impl MemberBackend {
             .map(|files| PeerTls::load(files, cluster.node_id))
             .transpose()?;
         let restore = read_restore(cluster)?;
-        let data_dir = open_data_dir(config, cluster)?;
+        let data_dir = open_data_dir(config, cluster, restore.as_deref())?;
         Ok(MemberBackend {
             cluster: cluster.clone(),
             data_dir,
             tls,
-            restore,
         })
     }
 }
@@ -163,8 +160,7 @@ impl Backend for MemberBackend {
         cores: (&[Arc<Waker>], Vec<Registry>),
         queues: Option<Arc<dyn QueueCounts>>,
     ) -> io::Result<Started<MemberPartition>> {
-        let member = (&self.cluster, self.tls, self.restore.as_deref());
-        let (partitions, peers) = start(config, member, cores, queues)?;
+        let (partitions, peers) = start(config, (&self.cluster, self.tls), cores, queues)?;
         let beside = MemberBeside {
             peers,
             _data_dir: self.data_dir,
@@ -175,13 +171,39 @@ impl Backend for MemberBackend {
 
 /// Checks what cluster mode asks of `config` (again, for a configuration built in code), then
 /// locks the member's data directory and checks its record: the first thing a member does, and
-/// what it holds until it exits.
-fn open_data_dir(config: &Config, cluster: &ClusterConfig) -> io::Result<DataDir> {
+/// what it holds until it exits. At its first start from a backup (`restore`), every core's log
+/// is seeded with its shards' initial states before the record is written: a start interrupted
+/// meanwhile finds logs without a record and is refused, never silently empty.
+fn open_data_dir(
+    config: &Config,
+    cluster: &ClusterConfig,
+    restore: Option<&[InitialState]>,
+) -> io::Result<DataDir> {
     config
         .check_cluster_mode()
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    let expected = Expected::of(cluster, config.server.cores);
-    DataDir::open(&cluster.data_dir, &expected)
+    let cores = config.server.cores;
+    let expected = Expected::of(cluster, cores);
+    let Some(states) = restore else {
+        return DataDir::open(&cluster.data_dir, &expected);
+    };
+    let voters = cluster.voters();
+    let mut seed = |dir: &Path| {
+        for core in 0..cores {
+            let (mut wal, recovered) = open_log(dir, core, cluster.fsync)?;
+            let shards = shards_of_core(core, cores, cluster.shards);
+            seed_from_backup(&mut wal, states, (&shards, &voters), &recovered)?;
+        }
+        Ok(())
+    };
+    DataDir::open_seeding(&cluster.data_dir, &expected, &mut seed)
+}
+
+/// Core `core`'s write-ahead log in `data_dir`, and what it recovered.
+fn open_log(data_dir: &Path, core: usize, fsync: bool) -> io::Result<(Wal, Vec<(u32, Recovered)>)> {
+    let dir = data_dir.join(format!("core-{core}"));
+    Wal::open(&dir, fsync)
+        .map_err(|e| io::Error::new(e.kind(), format!("cluster.data_dir {}: {e}", dir.display())))
 }
 
 /// With `cluster.restore_from` and a data directory that holds no data yet (its first start),
@@ -230,15 +252,15 @@ fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Records each of `states` hosted here as its shard's snapshot and hard state (commit at the
-/// snapshot) in a fresh core's log, synced, and returns them as recovered: the same initial
-/// state on every member. A shard the log already holds is left alone.
+/// Records each of `states` of `shards` (a core's) as its shard's snapshot and hard state
+/// (commit at the snapshot) in that core's fresh log, synced: the same initial state on every
+/// member, which the core recovers when it opens the log. A shard the log holds is left alone.
 fn seed_from_backup(
     wal: &mut Wal,
     states: &[InitialState],
     (shards, voters): (&[u32], &[u64]),
-    mut recovered: Vec<(u32, Recovered)>,
-) -> io::Result<Vec<(u32, Recovered)>> {
+    recovered: &[(u32, Recovered)],
+) -> io::Result<()> {
     for state in states {
         let held = recovered.iter().any(|(shard, _)| *shard == state.shard);
         if !shards.contains(&state.shard) || held {
@@ -258,22 +280,15 @@ fn seed_from_backup(
         };
         wal.apply_snapshot(state.shard, &snapshot)?;
         wal.set_hard_state(state.shard, &hard_state)?;
-        let group = Recovered {
-            hard_state,
-            snapshot: Some(snapshot),
-            entries: Vec::new(),
-        };
-        recovered.push((state.shard, group));
     }
-    wal.sync()?;
-    Ok(recovered)
+    wal.sync()
 }
 
 /// Opens every core's log, builds its groups and partition, and starts the peer thread. The
 /// data directory must be open ([`open_data_dir`]).
 fn start(
     config: &Config,
-    (cluster, tls, restore): (&ClusterConfig, Option<PeerTls>, Option<&[InitialState]>),
+    (cluster, tls): (&ClusterConfig, Option<PeerTls>),
     (wakers, registries): (&[Arc<Waker>], Vec<Registry>),
     queues: Option<Arc<dyn QueueCounts>>,
 ) -> io::Result<(Vec<MemberPartition>, PeerThread)> {
@@ -324,8 +339,7 @@ fn start(
             inbound: receiver,
             reader,
         };
-        let member = (cluster, restore);
-        match core_partition(config, member, (core, waker), seed, handle, peers) {
+        match core_partition(config, cluster, (core, waker), seed, handle, peers) {
             Ok(mut partition) => {
                 // With more than one core a session's acquires may queue on several.
                 if let Some(queues) = &queues {
@@ -344,25 +358,16 @@ fn start(
 
 fn core_partition(
     config: &Config,
-    (cluster, restore): (&ClusterConfig, Option<&[InitialState]>),
+    cluster: &ClusterConfig,
     (core, waker): (usize, Arc<mio::Waker>),
     seed: u64,
     handle: &PeerHandle,
     peers: CorePeers,
 ) -> io::Result<MemberPartition> {
     let cores = config.server.cores;
-    let dir = cluster.data_dir.join(format!("core-{core}"));
-    let named =
-        |e: io::Error| io::Error::new(e.kind(), format!("cluster.data_dir {}: {e}", dir.display()));
-    let (mut wal, recovered) = Wal::open(&dir, cluster.fsync).map_err(named)?;
+    let (wal, recovered) = open_log(&cluster.data_dir, core, cluster.fsync)?;
     let shards = shards_of_core(core, cores, cluster.shards);
     let voters = cluster.voters();
-    let recovered = match restore {
-        Some(states) => {
-            seed_from_backup(&mut wal, states, (&shards, &voters), recovered).map_err(named)?
-        }
-        None => recovered,
-    };
     // The compactor wakes the core once per snapshot it encoded (and when it failed).
     let snap_waker = Arc::clone(&waker);
     let snap_wake = move || {
