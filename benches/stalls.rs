@@ -313,6 +313,7 @@ fn start_member(dir: &Path) -> ServerHandle {
         shards: 1,
         fsync: true,
         tls: None,
+        restore_from: None,
     });
     start_pinned(config)
 }

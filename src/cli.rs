@@ -76,6 +76,7 @@ use latchkey_client::{
 mod admin;
 mod child;
 mod cluster;
+mod cluster_backup;
 mod duration;
 mod messages;
 mod ping;
@@ -87,6 +88,7 @@ pub use servers::{parse_server_items, parse_servers, ServerListError};
 pub use admin::{run_keys, run_stats, KeysArgs, StatsArgs};
 pub use child::{enable_lock_guard, run_lock_guard, GuardArgs};
 pub use cluster::{run_cluster, ClusterCommand, ClusterLeaderArgs, ClusterStatusArgs};
+pub use cluster_backup::ClusterBackupArgs;
 pub use duration::{format_duration, parse_duration};
 use messages::{acquire_message, allowance_text, request_message, Tried};
 pub use ping::{run_ping, run_ping_command, PingCommand};

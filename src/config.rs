@@ -99,7 +99,15 @@ const SECTIONS: [(&str, &[&str]); 8] = [
     ("auth", &["rule"]),
     (
         "cluster",
-        &["node_id", "data_dir", "members", "shards", "fsync", "tls"],
+        &[
+            "node_id",
+            "data_dir",
+            "members",
+            "shards",
+            "fsync",
+            "restore_from",
+            "tls",
+        ],
     ),
 ];
 
@@ -462,6 +470,9 @@ impl Config {
                 self.cluster_mut().shards = setting.u32_in(1, cluster::SHARDS_MAX)?;
             }
             ("cluster", "fsync") => self.cluster_mut().fsync = setting.boolean()?,
+            ("cluster", "restore_from") => {
+                self.cluster_mut().restore_from = Some(setting.file()?);
+            }
             ("cluster", "tls") => {
                 self.cluster_mut().tls = Some(tls::read_peer_tls(setting.value, setting.line)?);
             }

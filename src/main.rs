@@ -107,7 +107,8 @@ Exit codes:
   70  could not start (address in use, cannot listen, TLS files unreadable or invalid,
       tokens.state_dir unusable; a cluster member's peer address that cannot be bound, its
       data_dir in use by another process, written for another node_id, cluster or core count,
-      or holding a log that cannot be read) or a core failed while serving (a cluster member
+      or holding a log that cannot be read; a cluster.restore_from file unreadable, damaged or
+      of another shard count) or a core failed while serving (a cluster member
       stops itself when its log cannot be written or synced)
   78  the configuration was refused (the message names the key)";
 

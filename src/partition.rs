@@ -179,6 +179,11 @@ pub trait Partition {
     fn cluster_stats(&self) -> Option<ClusterStats> {
         None
     }
+    /// A copy of `shard`'s locks for `latchkey cluster backup` (`crate::cluster::backup`):
+    /// given only by the member that serves the shard, on the core that hosts it.
+    fn backup_shard(&self, _shard: u32) -> Result<Vec<u8>, crate::cluster::backup::BackupRefusal> {
+        Err(crate::cluster::backup::BackupRefusal::NotCluster)
+    }
     /// Scans at most `slots` entries from `cursor` for held keys starting with `prefix` (see
     /// [`crate::lock_table::LockTable::scan_held`]); `None` when the scan reached the end.
     fn scan_held(

@@ -52,6 +52,8 @@ use render::{render_keys, render_stats};
 
 /// The largest answer body read (10,000 keys of 1 KiB are about 11 MiB of `/keys`).
 const BODY_BYTES_MAX: usize = 16 << 20;
+// A shard's copy for `latchkey cluster backup` fits an answer.
+const _: () = assert!(crate::cluster::backup::SHARD_BACKUP_BYTES_MAX < BODY_BYTES_MAX);
 /// The largest answer head read before its body.
 const HEAD_BYTES_MAX: usize = 64 << 10;
 /// Bytes read from the socket at a time.
@@ -99,7 +101,7 @@ pub struct KeysArgs {
 /// Why an admin request failed: the exit code and what to say.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Failure {
-    exit_code: u8,
+    pub(super) exit_code: u8,
     pub(super) message: String,
 }
 

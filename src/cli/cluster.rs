@@ -1,5 +1,6 @@
 //! `latchkey cluster status` and `latchkey cluster leader KEY`: the cluster as its members
-//! see it, from every member's `GET /stats`, asked all at once.
+//! see it, from every member's `GET /stats`, asked all at once (`latchkey cluster backup FILE`
+//! is in `cluster_backup.rs`).
 //!
 //! `status`: for each `--server` item, reachable or why not, the member's id, the shards it
 //! leads (and serves), the range of its shards' terms, the sum of their commit and applied
@@ -41,6 +42,10 @@ pub enum ClusterCommand {
     Status(ClusterStatusArgs),
     /// Which member leads KEY's shard, and what every member believes.
     Leader(ClusterLeaderArgs),
+    /// Writes every shard's locks and token floor, each from its leader, to FILE (atomically):
+    /// what a new cluster can start from (`[cluster] restore_from`). Exit 0: every shard
+    /// captured; 83: some shard not (named, FILE left as it was); 1: FILE cannot be written.
+    Backup(super::ClusterBackupArgs),
 }
 
 /// Arguments of `latchkey cluster status`.
@@ -73,9 +78,11 @@ pub struct ClusterLeaderArgs {
 }
 
 /// One member as seen from its `/stats`: its `cluster` object, or why there is none.
-struct Seen {
-    item: String,
-    cluster: Result<Value, String>,
+pub(super) struct Seen {
+    /// The `--server` item.
+    pub(super) item: String,
+    /// Its `cluster` object, or why there is none.
+    pub(super) cluster: Result<Value, String>,
 }
 
 /// Runs `latchkey cluster ...`.
@@ -83,12 +90,13 @@ pub fn run_cluster(command: ClusterCommand) -> ExitCode {
     match command {
         ClusterCommand::Status(args) => run_status(&args),
         ClusterCommand::Leader(args) => run_leader(&args),
+        ClusterCommand::Backup(args) => super::cluster_backup::run_backup(&args),
     }
 }
 
 /// Every member's `cluster` object (or why not), or the exit code after saying why nobody was
 /// asked.
-fn seen(command: &str, connect: &ConnectArgs) -> Result<Vec<Seen>, ExitCode> {
+pub(super) fn seen(command: &str, connect: &ConnectArgs) -> Result<Vec<Seen>, ExitCode> {
     let items = parse_server_items(&connect.server)
         .map_err(|failure| super::fail_servers(command, &failure))?;
     let tls = connector(command, connect)?;
@@ -360,7 +368,7 @@ fn shards(member: &Seen) -> Vec<Value> {
 /// Per shard, the member that serves it (the highest term if two claim it, as in the middle
 /// of a leadership change), with its term; `leader` null when no member that answered serves
 /// it.
-fn shard_leaders(seen: &[Seen]) -> Vec<Value> {
+pub(super) fn shard_leaders(seen: &[Seen]) -> Vec<Value> {
     let mut serving: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     let mut known: BTreeMap<u64, ()> = BTreeMap::new();
     for member in seen {

@@ -102,6 +102,17 @@ impl DataDir {
     /// record against `expected`. Every error names `cluster.data_dir` and the path; a
     /// disagreement names the key that disagrees.
     pub fn open(path: &Path, expected: &Expected) -> io::Result<DataDir> {
+        DataDir::open_seeding(path, expected, &mut |_| Ok(()))
+    }
+
+    /// As [`DataDir::open`]; at a fresh directory's first start, `seed` writes into the locked
+    /// directory before the record is (a start from a backup seeds the logs): a start stopped
+    /// in between leaves logs without a record, which the next start refuses.
+    pub fn open_seeding(
+        path: &Path,
+        expected: &Expected,
+        seed: &mut dyn FnMut(&Path) -> io::Result<()>,
+    ) -> io::Result<DataDir> {
         std::fs::create_dir_all(path).map_err(|e| named(path, e))?;
         let lock = lock(path, expected.node_id)?;
         let data_dir = DataDir {
@@ -110,9 +121,27 @@ impl DataDir {
         };
         match data_dir.read_record()? {
             Some(record) => data_dir.check(&record, expected)?,
-            None => data_dir.first_start(expected)?,
+            None => data_dir.first_start(expected, seed)?,
         }
         Ok(data_dir)
+    }
+
+    /// Whether `path` holds a member's data already: a record, an earlier version's layout
+    /// file, or a write-ahead log. A directory that does not exist holds none.
+    pub fn holds_data(path: &Path) -> io::Result<bool> {
+        let entries = match std::fs::read_dir(path) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(named(path, e)),
+        };
+        for entry in entries {
+            let name = entry.map_err(|e| named(path, e))?.file_name();
+            let name = name.to_string_lossy();
+            if name == RECORD_FILE || name == LAYOUT_FILE || is_log(&name) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The directory.
@@ -180,7 +209,11 @@ impl DataDir {
 
     /// No record yet: an earlier version's directory (its layout checked, then upgraded), a
     /// fresh one, or logs of unknown origin (refused).
-    fn first_start(&self, expected: &Expected) -> io::Result<()> {
+    fn first_start(
+        &self,
+        expected: &Expected,
+        seed: &mut dyn FnMut(&Path) -> io::Result<()>,
+    ) -> io::Result<()> {
         let layout_path = self.path.join(LAYOUT_FILE);
         let layout = match read_bounded(&layout_path) {
             Ok(text) => Some(text),
@@ -212,6 +245,7 @@ impl DataDir {
                     );
                     return Err(io::Error::new(io::ErrorKind::InvalidData, message));
                 }
+                seed(&self.path)?;
                 self.write_record(expected)?;
                 log::info!(
                     "cluster.data_dir {}: first start: recorded member {} of `{}` with {} cores",
@@ -263,7 +297,7 @@ impl DataDir {
         for entry in entries {
             let name = entry.map_err(|e| self.named(e))?.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with("core-") {
+            if is_log(&name) {
                 return Ok(Some(name.into_owned()));
             }
         }
@@ -273,16 +307,41 @@ impl DataDir {
     /// Writes the record atomically: a temporary file, synced, renamed over, the directory
     /// synced (a crash leaves the old state or the whole record, never a torn one).
     fn write_record(&self, expected: &Expected) -> io::Result<()> {
-        let temporary = self.path.join(format!("{RECORD_FILE}.tmp"));
-        let write = || -> io::Result<()> {
-            let mut file = File::create(&temporary)?;
-            file.write_all(expected.record().as_bytes())?;
-            file.sync_all()?;
-            std::fs::rename(&temporary, self.path.join(RECORD_FILE))?;
-            sync_dir(&self.path)
-        };
-        write().map_err(|e| self.named(e))
+        let path = self.path.join(RECORD_FILE);
+        write_atomically(&path, expected.record().as_bytes()).map_err(|e| self.named(e))
     }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it (`NAME.tmp`), synced,
+/// renamed over `path`, the directory synced. A crash leaves the old file or the whole new one,
+/// never a torn one; a failure removes the temporary file.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let Some(name) = path.file_name() else {
+        let message = format!("{} is not a file name", path.display());
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+    };
+    let temporary = dir.join(format!("{}.tmp", name.to_string_lossy()));
+    let write = || -> io::Result<()> {
+        let mut file = File::create(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)?;
+        sync_dir(dir)
+    };
+    let written = write();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
+/// Whether a data directory's entry `name` is a core's write-ahead log directory (`core-N`).
+fn is_log(name: &str) -> bool {
+    name.starts_with("core-")
 }
 
 /// Takes the directory's lock and writes who holds it; refuses, naming the holder, when another

@@ -549,6 +549,31 @@ impl ShardMachine {
         }
     }
 
+    /// The holds alone as a [`SnapshotImage`], each with its lease left at `now_ms`, for a
+    /// backup (`crate::cluster::backup`): no queued or ended acquires, whose sessions and
+    /// client ids belong to this cluster. O(holds).
+    pub fn backup_image(&self, now_ms: u64) -> SnapshotImage {
+        let holds = (self.holds())
+            .map(|(key, hold)| SnapshotHold {
+                key: key.to_vec(),
+                token: hold.token,
+                owner: hold.owner,
+                lease_ms: hold.lease_ms,
+                renewed_at: hold.renewed_at,
+                remaining_ms: hold.deadline_ms.saturating_sub(now_ms),
+            })
+            .collect();
+        SnapshotImage {
+            shard: self.shard,
+            shards: self.shards,
+            floor: self.floor,
+            applied: self.applied,
+            holds,
+            waiters: Vec::new(),
+            ended: Vec::new(),
+        }
+    }
+
     /// Rebuilds shard `shard` of `shards` from `snapshot` bytes at this
     /// member's time `now_ms`: each deadline is `now_ms + remaining`. Any bytes that are not a
     /// consistent snapshot of that shard are an error.

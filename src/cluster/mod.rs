@@ -10,6 +10,7 @@
 //! thread: the cores' mio loops tick, step and drain the groups, hand their writes to the
 //! writer, and send their messages to the peers.
 
+pub mod backup;
 pub mod balance;
 pub mod compactor;
 pub mod data_dir;

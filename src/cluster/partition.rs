@@ -13,6 +13,7 @@
 //! I/O-free work: step the peers' messages, tick every 10 ms, time out waiters, expire leases
 //! and checkpoint them (leader), then the group-commit drain: one WAL sync for every group.
 
+use super::backup::{BackupRefusal, ShardBackup};
 use super::compactor::Compactor;
 #[cfg(any(test, feature = "testing"))]
 use super::compactor::MemCompactor;
@@ -722,6 +723,24 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
             .sync_latency()
             .unwrap_or(stats.sync_latency);
         Some(stats)
+    }
+
+    fn backup_shard(&self, shard: u32) -> Result<Vec<u8>, BackupRefusal> {
+        let shards = self.settings.shards;
+        let Some(state) = self.shard(shard) else {
+            return Err(BackupRefusal::NoShard { shard, shards });
+        };
+        if !state.serving() {
+            let leader = (self.member.leader(shard))
+                .filter(|&leader| leader != self.settings.node_id)
+                .and_then(|leader| {
+                    let found = self.settings.clients.iter().find(|(id, _)| *id == leader);
+                    found.map(|(id, addr)| (*id, addr.to_string()))
+                });
+            return Err(BackupRefusal::NotLeader { shard, leader });
+        }
+        let term = self.member.term(shard);
+        ShardBackup::encode_of(state.machine(), shards, term, self.now_ms())
     }
 
     fn scan_held(

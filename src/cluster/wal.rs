@@ -64,7 +64,7 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use record::RECORD_BYTES_MAX;
+pub use record::{crc32c, RECORD_BYTES_MAX};
 
 /// Microseconds every [`Durable::sync`] of every log in the process waits after its
 /// `fdatasync`: a hook for benchmarks that play a slow disk (`benches/stalls.rs`), 0 (off)

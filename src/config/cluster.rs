@@ -15,6 +15,7 @@
 //! ]
 //! # shards = 64     # the same on every member
 //! # fsync = true    # false: replicated in memory only
+//! # restore_from = "backup.lkb"   # first start only: the locks of `latchkey cluster backup`
 //! ```
 //!
 //! Without the section the server is a single node. With it, `node_id`, `data_dir` and
@@ -79,6 +80,10 @@ pub struct ClusterConfig {
     /// to its certificate; `None` (no section, the default): the peer port is plaintext. Every
     /// member must agree (a member refuses a peer that does not: see `cluster::peer::tls`).
     pub tls: Option<super::PeerTlsConfig>,
+    /// `restore_from`: a file of `latchkey cluster backup` that this member starts from at its
+    /// first start (an empty `data_dir`); ignored once the `data_dir` holds its data. Every
+    /// member of the new cluster is given the same file (`cluster::backup`).
+    pub restore_from: Option<PathBuf>,
 }
 
 /// One entry of `cluster.members`.
@@ -116,6 +121,7 @@ impl Default for ClusterConfig {
             shards: SHARDS_DEFAULT,
             fsync: true,
             tls: None,
+            restore_from: None,
         }
     }
 }

@@ -511,6 +511,15 @@ fn cluster_section() {
     let tuned = parsed(&format!("{CLUSTER}shards = 8\nfsync = false\n"));
     let tuned = tuned.cluster.expect("[cluster]");
     assert_eq!((tuned.shards, tuned.fsync), (8, false));
+    assert_eq!(cluster.restore_from, None);
+    let restoring = parsed(&format!("{CLUSTER}restore_from = \"backup.lkb\"\n"));
+    let restoring = restoring.cluster.expect("[cluster]").restore_from;
+    assert_eq!(restoring, Some(PathBuf::from("backup.lkb")));
+    assert_refused(
+        &format!("{CLUSTER}restore_from = \"\"\n"),
+        "cluster.restore_from",
+        "expected a file path",
+    );
     // The command line's --listen must agree too.
     let overridden = config.clone().with_overrides(None, Some(1)).expect("cores");
     assert_eq!(overridden.server.listen, config.server.listen);

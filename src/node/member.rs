@@ -8,6 +8,7 @@
 //! count differs from what the directory holds, is refused naming the key. A core count that
 //! differed would look for the shards' logs in the wrong directories.
 
+use crate::cluster::backup::{BackupFile, InitialState, FILE_BYTES_MAX};
 use crate::cluster::compactor::SnapWorker;
 use crate::cluster::data_dir::{DataDir, Expected};
 use crate::cluster::member::{Envelope, Member};
@@ -18,6 +19,7 @@ use crate::cluster::peer::{
 };
 use crate::cluster::wal::Wal;
 use crate::cluster::writer::Writer;
+use crate::cluster::{Durable, Recovered};
 use crate::config::{ClusterConfig, Config};
 use crate::partition::cluster_stats::PeerReport;
 use crate::partition::QueueCounts;
@@ -25,8 +27,9 @@ use crate::partition::PARTITION_SOURCES;
 use crate::server::{Backend, Beside, Started, PARTITION_TOKEN_BASE};
 use crossbeam_channel::Receiver;
 use mio::{Registry, Waker};
-use raft::eraftpb::Message;
-use std::io;
+use raft::eraftpb::{ConfState, HardState, Message, Snapshot};
+use std::io::{self, Read};
+use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -125,7 +128,8 @@ impl MemberBackend {
         let tls = (cluster.tls.as_ref())
             .map(|files| PeerTls::load(files, cluster.node_id))
             .transpose()?;
-        let data_dir = open_data_dir(config, cluster)?;
+        let restore = read_restore(cluster)?;
+        let data_dir = open_data_dir(config, cluster, restore.as_deref())?;
         Ok(MemberBackend {
             cluster: cluster.clone(),
             data_dir,
@@ -167,13 +171,117 @@ impl Backend for MemberBackend {
 
 /// Checks what cluster mode asks of `config` (again, for a configuration built in code), then
 /// locks the member's data directory and checks its record: the first thing a member does, and
-/// what it holds until it exits.
-fn open_data_dir(config: &Config, cluster: &ClusterConfig) -> io::Result<DataDir> {
+/// what it holds until it exits. At its first start from a backup (`restore`), every core's log
+/// is seeded with its shards' initial states before the record is written: a start interrupted
+/// meanwhile finds logs without a record and is refused, never silently empty.
+fn open_data_dir(
+    config: &Config,
+    cluster: &ClusterConfig,
+    restore: Option<&[InitialState]>,
+) -> io::Result<DataDir> {
     config
         .check_cluster_mode()
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    let expected = Expected::of(cluster, config.server.cores);
-    DataDir::open(&cluster.data_dir, &expected)
+    let cores = config.server.cores;
+    let expected = Expected::of(cluster, cores);
+    let Some(states) = restore else {
+        return DataDir::open(&cluster.data_dir, &expected);
+    };
+    let voters = cluster.voters();
+    let mut seed = |dir: &Path| {
+        for core in 0..cores {
+            let (mut wal, recovered) = open_log(dir, core, cluster.fsync)?;
+            let shards = shards_of_core(core, cores, cluster.shards);
+            seed_from_backup(&mut wal, states, (&shards, &voters), &recovered)?;
+        }
+        Ok(())
+    };
+    DataDir::open_seeding(&cluster.data_dir, &expected, &mut seed)
+}
+
+/// Core `core`'s write-ahead log in `data_dir`, and what it recovered.
+fn open_log(data_dir: &Path, core: usize, fsync: bool) -> io::Result<(Wal, Vec<(u32, Recovered)>)> {
+    let dir = data_dir.join(format!("core-{core}"));
+    Wal::open(&dir, fsync)
+        .map_err(|e| io::Error::new(e.kind(), format!("cluster.data_dir {}: {e}", dir.display())))
+}
+
+/// With `cluster.restore_from` and a data directory that holds no data yet (its first start),
+/// every shard's initial state from the backup file; `None` otherwise (logged once when the key
+/// is ignored). A file that cannot be read, is not a whole backup, or is of another shard count
+/// is refused naming the key, before the data directory is created.
+fn read_restore(cluster: &ClusterConfig) -> io::Result<Option<Vec<InitialState>>> {
+    let Some(path) = &cluster.restore_from else {
+        return Ok(None);
+    };
+    if DataDir::holds_data(&cluster.data_dir)? {
+        log::info!(
+            "cluster.restore_from {} ignored: cluster.data_dir {} holds this member's data \
+             already (the key counts at a member's first start only)",
+            path.display(),
+            cluster.data_dir.display()
+        );
+        return Ok(None);
+    }
+    let refused = |why: String| {
+        let message = format!("cluster.restore_from {}: {why}", path.display());
+        io::Error::new(io::ErrorKind::InvalidData, message)
+    };
+    let bytes = read_bounded(path).map_err(|e| refused(e.to_string()))?;
+    let file = BackupFile::decode(&bytes).map_err(|e| refused(e.to_string()))?;
+    let states = (file.initial_states(cluster.shards)).map_err(|e| refused(e.to_string()))?;
+    log::info!(
+        "cluster.restore_from {}: first start from a backup of {} shards, {} locks",
+        path.display(),
+        states.len(),
+        file.locks()
+    );
+    Ok(Some(states))
+}
+
+/// The bytes of `path`, refused past [`FILE_BYTES_MAX`].
+fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(FILE_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > FILE_BYTES_MAX {
+        let message = format!("larger than a backup may be ({FILE_BYTES_MAX} bytes)");
+        return Err(io::Error::new(io::ErrorKind::InvalidData, message));
+    }
+    Ok(bytes)
+}
+
+/// Records each of `states` of `shards` (a core's) as its shard's snapshot and hard state
+/// (commit at the snapshot) in that core's fresh log, synced: the same initial state on every
+/// member, which the core recovers when it opens the log. A shard the log holds is left alone.
+fn seed_from_backup(
+    wal: &mut Wal,
+    states: &[InitialState],
+    (shards, voters): (&[u32], &[u64]),
+    recovered: &[(u32, Recovered)],
+) -> io::Result<()> {
+    for state in states {
+        let held = recovered.iter().any(|(shard, _)| *shard == state.shard);
+        if !shards.contains(&state.shard) || held {
+            continue;
+        }
+        let mut snapshot = Snapshot::default();
+        snapshot.set_data(state.data.clone().into());
+        let metadata = snapshot.mut_metadata();
+        metadata.index = state.index;
+        metadata.term = state.term;
+        metadata.set_conf_state(ConfState::from((voters.to_vec(), vec![])));
+        let hard_state = HardState {
+            term: state.term,
+            vote: 0,
+            commit: state.index,
+            ..Default::default()
+        };
+        wal.apply_snapshot(state.shard, &snapshot)?;
+        wal.set_hard_state(state.shard, &hard_state)?;
+    }
+    wal.sync()
 }
 
 /// Opens every core's log, builds its groups and partition, and starts the peer thread. The
@@ -257,10 +365,9 @@ fn core_partition(
     peers: CorePeers,
 ) -> io::Result<MemberPartition> {
     let cores = config.server.cores;
-    let dir = cluster.data_dir.join(format!("core-{core}"));
-    let (wal, recovered) = Wal::open(&dir, cluster.fsync).map_err(|e| {
-        io::Error::new(e.kind(), format!("cluster.data_dir {}: {e}", dir.display()))
-    })?;
+    let (wal, recovered) = open_log(&cluster.data_dir, core, cluster.fsync)?;
+    let shards = shards_of_core(core, cores, cluster.shards);
+    let voters = cluster.voters();
     // The compactor wakes the core once per snapshot it encoded (and when it failed).
     let snap_waker = Arc::clone(&waker);
     let snap_wake = move || {
@@ -278,8 +385,6 @@ fn core_partition(
     let writer_peers = handle.clone();
     let send = move |batch| send_envelopes(&writer_peers, batch);
     let writer = Writer::spawn(format!("latchkey-wal-{core}"), wal, wake, send)?;
-    let shards = shards_of_core(core, cores, cluster.shards);
-    let voters = cluster.voters();
     let member = Member::new(cluster.node_id, &voters, &shards, writer, recovered, seed)
         .map_err(|e| io::Error::other(format!("cluster core {core}: {e}")))?;
     let settings = PartitionSettings {

@@ -143,6 +143,7 @@ fn a_real_member_drops_invalid_snapshots_and_entries_and_keeps_serving() {
         shards: 1,
         fsync: false,
         tls: None,
+        restore_from: None,
     };
     let identity = cluster.identity().digest;
     let mut config = Config::default();

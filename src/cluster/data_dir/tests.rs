@@ -45,6 +45,7 @@ fn cluster(node_id: u64, members: u64, shards: u32) -> ClusterConfig {
         shards,
         fsync: true,
         tls: None,
+        restore_from: None,
     }
 }
 
@@ -230,4 +231,36 @@ fn a_holders_line_is_repeated_bounded_and_escaped() {
         "evil\\rforged\\u{1b}[2J"
     );
     assert_eq!(holder_text(b"one\ntwo"), "one");
+}
+
+/// A start from a backup seeds the fresh directory before its record is written: a seed that
+/// fails leaves no record, the logs it wrote make the next start a refusal, and a directory that
+/// holds data is never seeded again.
+#[test]
+fn a_fresh_directory_is_seeded_before_its_record_and_only_then() {
+    let temp = TempDir::new("seeded");
+    let wanted = expected(1, 3, 4, 1);
+    assert!(!DataDir::holds_data(&temp.data()).expect("looks"));
+    let mut failing = |dir: &Path| {
+        std::fs::create_dir_all(dir.join("core-0"))?;
+        Err(io::Error::other("seeding failed (injected)"))
+    };
+    let error = DataDir::open_seeding(&temp.data(), &wanted, &mut failing).expect_err("fails");
+    assert!(error.to_string().contains("injected"), "{error}");
+    assert!(!temp.data().join(RECORD_FILE).exists());
+    assert!(DataDir::holds_data(&temp.data()).expect("looks"));
+    let refused = DataDir::open(&temp.data(), &wanted).expect_err("logs without a record");
+    assert!(refused.to_string().contains("no member.toml"), "{refused}");
+
+    let temp = TempDir::new("seeded-once");
+    let mut seeds = 0;
+    let mut seed = |dir: &Path| {
+        assert!(!dir.join(RECORD_FILE).exists(), "seeded before the record");
+        seeds += 1;
+        Ok(())
+    };
+    drop(DataDir::open_seeding(&temp.data(), &wanted, &mut seed).expect("opens"));
+    drop(DataDir::open_seeding(&temp.data(), &wanted, &mut seed).expect("opens again"));
+    assert_eq!(seeds, 1);
+    assert!(DataDir::holds_data(&temp.data()).expect("looks"));
 }

@@ -360,3 +360,100 @@ fn a_server_compacts_more_often_the_more_shards_share_a_members_log_budget() {
     assert_eq!(compact_every(64), COMPACT_EVERY_MIN);
     assert_eq!(compact_every(crate::config::SHARDS_MAX), COMPACT_EVERY_MIN);
 }
+
+/// `GET /cluster/backup`'s source: refused (421, no leader known) before the member serves the
+/// shard, and unknown shards are refused (404); once it serves, the copy holds the grants, and
+/// a member started from it (the seeded snapshot of `cluster.restore_from`) holds them too and
+/// grants a token above them.
+#[test]
+fn the_serving_member_gives_a_shard_copy_that_a_new_member_starts_from() {
+    use crate::cluster::backup::{BackupFile, BackupRefusal, ShardBackup};
+    use crate::cluster::Durable;
+    use raft::eraftpb::Snapshot;
+    let mut leader = partition(MemDurable::new(), Vec::new());
+    let refused = leader.backup_shard(0).expect_err("not serving yet");
+    assert_eq!(
+        refused,
+        BackupRefusal::NotLeader {
+            shard: 0,
+            leader: None
+        }
+    );
+    assert_eq!(refused.status(), 421);
+    let unknown = leader.backup_shard(3).expect_err("no shard 3");
+    assert_eq!(unknown.status(), 404);
+    let mut now_us = 0;
+    run(&mut leader, &mut now_us, 100);
+    assert!(leader.serving(0), "the one member serves");
+    let mut tokens = Vec::new();
+    for owner in 1..=3u64 {
+        let op = Op::Acquire {
+            wait_s: 0,
+            lease_s: 60,
+            owner,
+        };
+        leader.handle(
+            now_us,
+            1,
+            ClientRef::NONE,
+            op,
+            format!("k{owner}").as_bytes(),
+        );
+        for (_, answer) in run(&mut leader, &mut now_us, 10) {
+            if let Response::Acquired { token, .. } = answer {
+                tokens.push(token);
+            }
+        }
+    }
+    assert_eq!(tokens.len(), 3);
+    let copy = leader.backup_shard(0).expect("the serving member's copy");
+    let file = BackupFile {
+        shards: vec![ShardBackup::decode(&copy).expect("decodes")],
+    };
+    assert_eq!(file.locks(), 3);
+    let state = file.initial_states(1).expect("a state").remove(0);
+    let mut snapshot = Snapshot::default();
+    snapshot.set_data(state.data.into());
+    snapshot.mut_metadata().index = state.index;
+    snapshot.mut_metadata().term = state.term;
+    let voters = raft::eraftpb::ConfState::from((vec![1], vec![]));
+    snapshot.mut_metadata().set_conf_state(voters);
+    let seeded = Recovered {
+        hard_state: HardState {
+            term: state.term,
+            commit: state.index,
+            ..Default::default()
+        },
+        snapshot: Some(snapshot),
+        entries: Vec::new(),
+    };
+    // What `cluster.restore_from` records in a fresh log before the member starts.
+    let mut durable = MemDurable::new();
+    let snapshot = seeded.snapshot.clone().expect("a snapshot");
+    durable.apply_snapshot(0, &snapshot).expect("recorded");
+    durable
+        .set_hard_state(0, &seeded.hard_state)
+        .expect("recorded");
+    durable.sync().expect("synced");
+    let mut restored = partition(durable, vec![(0, seeded)]);
+    let mut now_us = 0;
+    run(&mut restored, &mut now_us, 100);
+    assert!(restored.serving(0), "the new member serves");
+    let machine = restored.machine(0).expect("shard 0");
+    machine.check_invariants();
+    assert_eq!(machine.len(), 3);
+    let op = Op::Acquire {
+        wait_s: 0,
+        lease_s: 60,
+        owner: 9,
+    };
+    restored.handle(now_us, 1, ClientRef::NONE, op, b"new");
+    let answers = run(&mut restored, &mut now_us, 10);
+    let Some((_, Response::Acquired { token, .. })) = answers.first() else {
+        panic!("{answers:?}");
+    };
+    assert!(
+        tokens.iter().all(|old| token > old),
+        "{token} after {tokens:?}"
+    );
+}

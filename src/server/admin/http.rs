@@ -26,6 +26,12 @@ pub enum Route {
     /// `GET /cluster`: the server's card (`latchkey_client::card`): which cluster it is a
     /// member of, or that it is standalone. Needs no identity, like `/health`.
     Cluster,
+    /// `GET /cluster/backup?shard=N`: a copy of shard N's locks, from the member that serves
+    /// it (`crate::cluster::backup`).
+    ClusterBackup {
+        /// The shard.
+        shard: u32,
+    },
 }
 
 /// What the bytes read so far are.
@@ -156,9 +162,11 @@ fn route_of(line: &[u8]) -> Result<Route, Refusal> {
         b"/health" => Ok(Route::Health),
         b"/cluster" => Ok(Route::Cluster),
         b"/keys" => keys_route(query),
+        b"/cluster/backup" => backup_route(query),
         _ => Err(Refusal {
             status: 404,
-            reason: "no such page: try /metrics, /stats, /keys, /health or /cluster",
+            reason: "no such page: try /metrics, /stats, /keys, /health, /cluster or \
+                     /cluster/backup",
         }),
     }
 }
@@ -195,6 +203,18 @@ fn keys_route(query: &[u8]) -> Result<Route, Refusal> {
     Ok(Route::Keys { prefix, limit })
 }
 
+fn backup_route(query: &[u8]) -> Result<Route, Refusal> {
+    const BAD_SHARD: Refusal = Refusal {
+        status: 400,
+        reason: "shard must be given, a number (/cluster/backup?shard=N)",
+    };
+    let shard = (query.split(|&b| b == b'&'))
+        .find_map(|pair| pair.strip_prefix(b"shard="))
+        .and_then(|value| std::str::from_utf8(value).ok()?.parse().ok())
+        .ok_or(BAD_SHARD)?;
+    Ok(Route::ClusterBackup { shard })
+}
+
 /// Decodes `%XX` escapes and `+` (a space in a query); `None` on a malformed escape.
 fn percent_decode(text: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(text.len());
@@ -229,8 +249,10 @@ fn reason_phrase(status: u16) -> &'static str {
         403 => "Forbidden",
         404 => "Not Found",
         408 => "Request Timeout",
+        421 => "Misdirected Request",
         431 => "Request Header Fields Too Large",
         503 => "Service Unavailable",
+        507 => "Insufficient Storage",
         _ => "",
     }
 }
@@ -282,15 +304,17 @@ mod tests {
             complete(b"GET /keys?limit=0 HTTP/1.1\r\n\r\n").unwrap_err(),
         ];
         let mut sent: Vec<u16> = refusals.iter().map(|refusal| refusal.status).collect();
-        sent.extend([200, 503]);
+        sent.extend([200, 503, 421, 507]);
         let standard = [
             (200, "OK"),
             (400, "Bad Request"),
             (403, "Forbidden"),
             (404, "Not Found"),
             (408, "Request Timeout"),
+            (421, "Misdirected Request"),
             (431, "Request Header Fields Too Large"),
             (503, "Service Unavailable"),
+            (507, "Insufficient Storage"),
         ];
         for status in sent {
             let (_, phrase) = standard
@@ -360,6 +384,10 @@ mod tests {
         assert_eq!(get("/keys?limit=10001").unwrap_err().status, 400);
         assert_eq!(get("/keys?prefix=%zz").unwrap_err().status, 400);
         assert_eq!(get("/nope").unwrap_err().status, 404);
+        let backup = get("/cluster/backup?shard=12");
+        assert_eq!(backup, Ok(Route::ClusterBackup { shard: 12 }));
+        assert_eq!(get("/cluster/backup").unwrap_err().status, 400);
+        assert_eq!(get("/cluster/backup?shard=-1").unwrap_err().status, 400);
         assert_eq!(complete(b"GET /metrics\n\n").unwrap_err().status, 400);
         assert_eq!(complete(b"GET /metrics HTTP/1.0\n\n"), Ok(Route::Metrics));
     }

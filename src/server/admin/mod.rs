@@ -1,5 +1,8 @@
-//! Admin HTTP on the lock port: `GET /metrics`, `/stats`, `/keys` and `/health` (and `HEAD` of
-//! each: the same answer without its body).
+//! Admin HTTP on the lock port: `GET /metrics`, `/stats`, `/keys`, `/health` and
+//! `/cluster/backup?shard=N` (and `HEAD` of each: the same answer without its body).
+//!
+//! `/cluster/backup` is answered by the core that hosts the shard (`shard % cores`): the serving
+//! core asks it ([`AdminMsg::BackupRequest`]) and writes its whole answer as it comes.
 //!
 //! `/health` of a single node is answered at once (`200 serving`, `503` while shutting down);
 //! a cluster member's gathers every core's figures like `/stats`, and is `503` without a
@@ -105,6 +108,20 @@ pub enum AdminMsg {
         /// Each open session with its address.
         peers: Vec<(SessionId, SocketAddr)>,
     },
+    /// Send a copy of this shard, which your partition hosts.
+    BackupRequest {
+        /// The asking admin session.
+        session: SessionId,
+        /// The shard.
+        shard: u32,
+    },
+    /// The whole answer to a `/cluster/backup` request.
+    Backup {
+        /// The asking admin session.
+        session: SessionId,
+        /// The HTTP answer: the copy, or the refusal.
+        answer: Vec<u8>,
+    },
 }
 
 /// What a gathering of every core's figures answers.
@@ -139,6 +156,8 @@ enum JobState {
         keys: Vec<HeldKey>,
         awaited: usize,
     },
+    /// Waiting for the core that hosts a shard to send its copy (answered as it arrives).
+    Backup,
     /// Waiting for the holders' addresses.
     Peers {
         keys: Vec<HeldKey>,
@@ -321,6 +340,14 @@ impl<N: Net, P: Partition> Core<N, P> {
             }
             Route::Metrics => self.gather_stats(id, Report::Metrics, &others),
             Route::Stats => self.gather_stats(id, Report::Stats, &others),
+            Route::ClusterBackup { shard } => {
+                let core = shard as usize % cores;
+                if core == self.settings.index {
+                    return self.answer_admin(id, self.backup_answer(shard));
+                }
+                self.send_admin(core, AdminMsg::BackupRequest { session: id, shard });
+                JobState::Backup
+            }
             Route::Keys { prefix, limit } => {
                 for &core in &others {
                     let request = AdminMsg::KeysRequest {
@@ -344,6 +371,22 @@ impl<N: Net, P: Partition> Core<N, P> {
             job.deadline_us = self.now_us + GATHER_DEADLINE_US;
         }
         self.finish_admin(id);
+    }
+
+    /// The answer to `/cluster/backup?shard=N` from this core's partition: the copy, or why
+    /// not (`crate::cluster::backup::BackupRefusal`).
+    fn backup_answer(&self, shard: u32) -> Vec<u8> {
+        match self.table.backup_shard(shard) {
+            Ok(copy) => http::response(200, "application/octet-stream", &copy),
+            Err(refusal) => {
+                let body = format!("{refusal}\n");
+                http::response(
+                    refusal.status(),
+                    "text/plain; charset=utf-8",
+                    body.as_bytes(),
+                )
+            }
+        }
     }
 
     /// Asks the `others` cores for their figures, for `report`.
@@ -429,6 +472,15 @@ impl<N: Net, P: Partition> Core<N, P> {
                 core,
                 stats,
             } => self.gathered_stats(session, core, *stats),
+            AdminMsg::BackupRequest { session, shard } => {
+                let answer = self.backup_answer(shard);
+                self.send_admin(core_of(session), AdminMsg::Backup { session, answer });
+            }
+            AdminMsg::Backup { session, answer } => {
+                if let Some(JobState::Backup) = self.job_state(session) {
+                    self.answer_admin(session, answer);
+                }
+            }
             AdminMsg::Keys { session, keys } => self.gathered_keys(session, keys),
             AdminMsg::Peers { session, peers } => self.gathered_peers(session, peers),
         }
@@ -475,7 +527,7 @@ impl<N: Net, P: Partition> Core<N, P> {
             return;
         };
         let done = match &self.admin_jobs[position].state {
-            JobState::Reading => false,
+            JobState::Reading | JobState::Backup => false,
             JobState::Stats { awaited, .. }
             | JobState::Keys { awaited, .. }
             | JobState::Peers { awaited, .. } => *awaited == 0,
@@ -485,7 +537,7 @@ impl<N: Net, P: Partition> Core<N, P> {
         }
         let state = std::mem::replace(&mut self.admin_jobs[position].state, JobState::Reading);
         match state {
-            JobState::Reading => {}
+            JobState::Reading | JobState::Backup => {}
             JobState::Stats { report, cores, .. } => {
                 // Every core answered once `awaited` is 0; should one be missing, say so.
                 let Some(cores) = cores.into_iter().collect::<Option<Vec<CoreStats>>>() else {
