@@ -541,19 +541,20 @@ const LIST_CHECK_GRACE: Duration = Duration::from_millis(100);
 
 /// Refuses a server list that mixes clusters (`Client::refused_members`, as far as the
 /// members' cards have been answered by now or within [`LIST_CHECK_GRACE`]): the error names
-/// each address refused and why, with [`EXIT_USAGE`]. The client never sent anything to those
-/// addresses; a command that got an answer from the others still fails: the list is wrong.
+/// each address refused and what it is, with [`EXIT_USAGE`]. The client sends nothing to a
+/// refused list; an address a redirect named is refused alone, and a command that got its
+/// answer from the others still fails then: a member hands out a wrong address.
 fn refuse_mixed_list(command: &str, client: &Client) -> Result<(), u8> {
     let refused = client.refused_members(LIST_CHECK_GRACE);
     if refused.is_empty() {
         return Ok(());
     }
     for (addr, why) in &refused {
-        eprintln!("latchkey {command}: {addr} is not a member of the others' cluster: {why}");
+        eprintln!("latchkey {command}: {addr}: {why}");
     }
     eprintln!(
-        "latchkey {command}: a list of servers must name the members of one cluster (or one \
-         server): remove the addresses above"
+        "latchkey {command}: nothing was sent: a list of servers must name the members of one \
+         cluster (or one server), as their cards (GET /cluster) say"
     );
     Err(EXIT_USAGE)
 }

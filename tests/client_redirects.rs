@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::fake_member::{
-    leader_reply, leading, moved, redirect_to, FakeMember, Reply, FAKE_CLUSTER,
+    leader_reply, leading, moved, one_cluster, redirect_to, FakeMember, Reply, FAKE_CLUSTER,
 };
 use common::{assert_between, client, dead_addr, Frame};
 use latchkey::cli;
@@ -211,7 +211,7 @@ fn other_cluster(member: &FakeMember) -> Option<Card> {
 }
 
 #[test]
-fn a_list_that_mixes_clusters_sends_only_to_the_first_clusters_members() {
+fn a_list_that_mixes_clusters_is_refused_whole_and_nothing_is_sent() {
     let member = FakeMember::start(leading(3));
     let stranger = FakeMember::start(leading(9));
     stranger.set_card(other_cluster(&stranger));
@@ -219,42 +219,52 @@ fn a_list_that_mixes_clusters_sends_only_to_the_first_clusters_members() {
     standalone.set_card(Some(Card::Standalone { instance: 5 }));
     let old = FakeMember::start(leading(9));
     old.set_card(None);
-    let addrs = [
-        standalone.addr(),
-        member.addr(),
-        stranger.addr(),
-        old.addr(),
-    ];
-    let client = client(&addrs, 1, TRANSPORT);
-    for n in 0..8 {
-        let ticket = client.acquire(&format!("k{n}"), Duration::from_secs(2), LEASE);
-        assert_eq!(
-            ticket.unwrap().token(),
-            3,
-            "only the cluster's member grants"
-        );
+    let all = [&member, &stranger, &standalone, &old];
+    // Whichever pair answers first, the list is refused once they differ.
+    for pair in [
+        [&member, &stranger],
+        [&stranger, &member],
+        [&member, &standalone],
+        [&member, &old],
+    ] {
+        let addrs = [pair[0].addr(), pair[1].addr()];
+        let client = client(&addrs, 1, TRANSPORT);
+        let result = client.acquire("k", Duration::from_millis(500), LEASE);
+        assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
+        let text = client.last_unavailable().expect("a report").to_string();
+        assert!(text.contains("not the members of one cluster"), "{text}");
+        let refused = client.refused_members(Duration::from_secs(5));
+        let named: Vec<_> = refused.iter().map(|(addr, _)| *addr).collect();
+        assert_eq!(named, addrs, "{refused:?}");
     }
+    let client = client(&all.map(|member| member.addr()), 1, TRANSPORT);
     let refused = client.refused_members(Duration::from_secs(5));
-    let named: Vec<_> = refused.iter().map(|(addr, _)| *addr).collect();
-    assert_eq!(
-        named,
-        [standalone.addr(), stranger.addr(), old.addr()],
-        "{refused:?}"
-    );
-    assert!(refused[0].1.contains("a standalone server"), "{refused:?}");
+    let says = |addr, what: &str| {
+        refused
+            .iter()
+            .any(|(a, why)| *a == addr && why.contains(what))
+    };
     assert!(
-        refused[1].1.contains("not cluster fa4ec1057e200001"),
+        says(member.addr(), "it is cluster fa4ec1057e200001"),
         "{refused:?}"
     );
-    assert!(refused[2].1.contains("HTTP 404"), "{refused:?}");
-    for other in [&standalone, &stranger, &old] {
+    assert!(
+        says(stranger.addr(), "it is cluster fa4ec1057e200002"),
+        "{refused:?}"
+    );
+    assert!(
+        says(standalone.addr(), "a standalone server"),
+        "{refused:?}"
+    );
+    assert!(says(old.addr(), "HTTP 404"), "{refused:?}");
+    assert!(client.query("k").is_err());
+    for other in all {
         assert_eq!(other.received(), [], "never sent to");
-        assert_eq!(other.cards_asked(), 1);
     }
 }
 
 #[test]
-fn a_list_of_only_foreign_servers_is_unavailable_and_says_why() {
+fn a_list_of_two_standalone_servers_is_unavailable_and_says_why() {
     let standalone = FakeMember::start(leading(9));
     standalone.set_card(Some(Card::Standalone { instance: 5 }));
     let another = FakeMember::start(leading(9));
@@ -263,9 +273,36 @@ fn a_list_of_only_foreign_servers_is_unavailable_and_says_why() {
     let result = client.acquire("k", Duration::from_millis(300), LEASE);
     assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
     let text = client.last_unavailable().expect("a report").to_string();
-    assert!(text.contains("another standalone server"), "{text}");
+    assert!(
+        text.contains("standalone server (run 0000000000000006)"),
+        "{text}"
+    );
     assert_eq!(standalone.received(), []);
     assert_eq!(another.received(), []);
+}
+
+#[test]
+fn a_member_where_nothing_listens_or_that_never_answers_its_card_holds_nothing_back() {
+    let leader = FakeMember::start(leading(8));
+    let silent = FakeMember::start(leading(9));
+    silent.pause_handshakes();
+    one_cluster(&[&leader, &silent]);
+    let listed = client(&[silent.addr(), dead_addr(), leader.addr()], 1, TRANSPORT);
+    let ticket = listed.acquire("k", Duration::from_secs(3), LEASE).unwrap();
+    assert_eq!(ticket.token(), 8);
+    assert_eq!(listed.refused_members(Duration::ZERO), []);
+    // Nothing listens anywhere: the call ends at once, as without cards.
+    let client = client(&[dead_addr(), dead_addr()], 1, TRANSPORT);
+    let start = Instant::now();
+    let result = client.acquire("k", Duration::from_secs(20), LEASE);
+    assert_eq!(result.unwrap_err(), AcquireError::Unavailable);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    let text = client.last_unavailable().unwrap().to_string();
+    assert!(text.contains("connection refused"), "{text}");
 }
 
 #[test]
@@ -285,7 +322,7 @@ fn the_cli_refuses_a_list_that_mixes_a_standalone_server_with_members() {
     let member = FakeMember::start(leading(4));
     let standalone = FakeMember::start(leading(4));
     standalone.set_card(Some(Card::Standalone { instance: 5 }));
-    let list = format!("{},{}", standalone.addr(), member.addr());
+    let list = format!("{},{}", member.addr(), standalone.addr());
     let output = latchkey(&["query", "--server", &list, "k"])
         .output()
         .unwrap();
@@ -296,12 +333,13 @@ fn the_cli_refuses_a_list_that_mixes_a_standalone_server_with_members() {
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
     let named = format!(
-        "latchkey query: {} is not a member of the others' cluster: it is a \
-                         standalone server",
+        "latchkey query: {}: it is a standalone server",
         standalone.addr()
     );
     assert!(stderr.contains(&named), "{stderr}");
+    assert!(stderr.contains("nothing was sent"), "{stderr}");
     assert_eq!(standalone.received(), [], "never sent to");
+    assert_eq!(member.received(), [], "never sent to");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -454,6 +492,7 @@ fn a_paused_member_gets_only_the_handshake_ping_and_the_next_one_serves() {
         }
         _ => leader_reply(frame, 2),
     }));
+    one_cluster(&[&paused, &leader]);
     let connect = Duration::from_millis(400);
     // The first member's session starts connecting when the client is built.
     let start = Instant::now();

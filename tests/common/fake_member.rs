@@ -146,6 +146,23 @@ impl Drop for FakeMember {
     }
 }
 
+/// Makes `members` one cluster's as their cards say: each card lists every one of them (so a
+/// member whose card is never answered, a paused one, is vouched for by the others').
+pub fn one_cluster(members: &[&FakeMember]) {
+    let clients: Vec<(u64, SocketAddr)> = members
+        .iter()
+        .map(|member| (u64::from(member.addr.port()), member.addr))
+        .collect();
+    for member in members {
+        member.set_card(Some(Card::Member {
+            cluster: FAKE_CLUSTER,
+            member: u64::from(member.addr.port()),
+            shards: 1,
+            clients: clients.clone(),
+        }));
+    }
+}
+
 /// What every connection of a member shares.
 #[derive(Clone)]
 struct Shared {

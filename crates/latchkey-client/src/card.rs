@@ -202,6 +202,8 @@ fn set<T>(slot: &mut Option<T>, value: T, name: &str) -> Result<(), String> {
 /// Why [`fetch`] has no card.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FetchError {
+    /// Nothing listens at the address: the connection was refused.
+    Refused(String),
     /// The server could not be reached, or did not answer before the deadline: try later.
     Unreachable(String),
     /// The server answered, but not with a card: not latchkey, or a build before cards.
@@ -211,7 +213,9 @@ pub enum FetchError {
 impl std::fmt::Display for FetchError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            FetchError::Unreachable(cause) => write!(f, "could not be asked: {cause}"),
+            FetchError::Refused(cause) | FetchError::Unreachable(cause) => {
+                write!(f, "could not be asked: {cause}")
+            }
             FetchError::NotACard(cause) => write!(
                 f,
                 "answered GET /cluster without a card ({cause}): not a latchkey server, or one \
@@ -229,6 +233,9 @@ pub fn fetch(
 ) -> Result<Card, FetchError> {
     let answer = get(addr, tls, deadline).map_err(|error| {
         let cause = error.to_string();
+        if error.kind() == io::ErrorKind::ConnectionRefused {
+            return FetchError::Refused(cause);
+        }
         let late = matches!(
             error.kind(),
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut

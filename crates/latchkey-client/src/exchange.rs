@@ -223,8 +223,12 @@ impl Client {
             if matches!(op, Op::Acquire { .. }) && self.is_interrupted() {
                 return Exchange::Unsent { serving: true };
             }
-            if let Err(why) = members.usable(addr, deadline) {
-                attempts.note(members, addr, MemberState::Unreachable { cause: why });
+            if let Err(unusable) = members.usable(addr, deadline) {
+                let cause = unusable.cause;
+                attempts.note(members, addr, MemberState::Unreachable { cause });
+                if unusable.refused && attempts.refused_everywhere(addr, members) {
+                    return attempts.unavailable(members);
+                }
                 attempts.backoff.sleep(deadline);
                 addr = attempts.next_addr(members, addr);
                 continue;
@@ -422,10 +426,11 @@ impl Attempts {
             Outcome::NotSent => {
                 let state = Self::failed_state(session, addr, members);
                 self.note(members, addr, state);
-                if self.every_member_refused(session, addr, members) {
-                    if let Some(report) = self.report.as_mut() {
-                        report.refused_everywhere();
-                    }
+                let refused = session.is_failed()
+                    && members
+                        .failure_of(addr)
+                        .is_some_and(|failure| failure.refused());
+                if refused && self.refused_everywhere(addr, members) {
                     return Next::Done(self.unavailable(members));
                 }
                 self.avoid = Some(session.id());
@@ -469,24 +474,13 @@ impl Attempts {
         MemberState::Unreachable { cause }
     }
 
-    /// Whether `session` to `addr` failed because its connection was refused and, with that,
-    /// every listed member this call may try refused one during it: then, unless refused
+    /// `addr` refused a connection (its session's, or its card's ask): whether, with that,
+    /// every listed member this call may try refused one during it. Then, unless refused
     /// connections are retried, the call ends at once (nothing listens anywhere; a server down
-    /// or restarting). A hedge never tries the member it skips (its first attempt's, which
-    /// reports its own refusal): it counts the others.
-    fn every_member_refused(
-        &mut self,
-        session: &Session,
-        addr: SocketAddr,
-        members: &Members,
-    ) -> bool {
-        if self.retry_refused || !session.is_failed() {
-            return false;
-        }
-        if !members
-            .failure_of(addr)
-            .is_some_and(|failure| failure.refused())
-        {
+    /// or restarting), and the report says so. A hedge never tries the member it skips (its
+    /// first attempt's, which reports its own refusal): it counts the others.
+    fn refused_everywhere(&mut self, addr: SocketAddr, members: &Members) -> bool {
+        if self.retry_refused {
             return false;
         }
         if !self.refused.contains(&addr) {
@@ -494,7 +488,13 @@ impl Attempts {
         }
         let skipped = self.skip.is_some_and(|skip| members.is_listed(skip));
         let tried = members.listed() - usize::from(skipped);
-        self.refused.len() >= tried.max(1)
+        let everywhere = self.refused.len() >= tried.max(1);
+        if everywhere {
+            if let Some(report) = self.report.as_mut() {
+                report.refused_everywhere();
+            }
+        }
+        everywhere
     }
 
     /// `addr` answered `M` naming `leader` (or none): where the request goes next.

@@ -331,12 +331,13 @@ impl Client {
         })
     }
 
-    /// For a client given several addresses: the addresses it will never send to because they
-    /// are not members of one cluster with the others (a standalone server, another cluster's
-    /// member, or not a latchkey server that gives its card), and why, once every address
-    /// has been asked for its card or `wait` has passed. Empty for one address, and when all
-    /// are members of one cluster (or could not be asked yet). A program that was given a
-    /// list should refuse to go on when this is not empty: the list is wrong.
+    /// For a client given several addresses: the addresses it will never send to, and what
+    /// each is, once every listed address has been asked for its card or `wait` has passed.
+    /// When the listed servers are not the members of one cluster (two clusters, a member and
+    /// a standalone server, a server without a card), that is every listed address: the client
+    /// sends nothing to any of them. Also a leader an `M` named that is not the cluster's.
+    /// Empty for one address, and when the list is one cluster's (or is not decided yet). A
+    /// program that was given a list should refuse to go on when this is not empty.
     pub fn refused_members(&self, wait: Duration) -> Vec<(SocketAddr, String)> {
         self.shared.members.refused(wait)
     }

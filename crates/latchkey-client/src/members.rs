@@ -15,7 +15,7 @@
 //!
 //! Several addresses: each is asked for its card (`GET /cluster`, `card.rs`) when the client
 //! is built, one thread per address, and a call uses an address only once `check.rs` accepted
-//! it (a call that finds it still being asked waits for the answer, within its deadline).
+//! the list and it (a call that finds answers still due waits for them, within its deadline).
 //!
 //! Invariants: a pool's address appears once; the cache names only addresses some `M` named.
 //! Deliberately not here: what a call does with an `M` (see `exchange.rs`).
@@ -62,6 +62,15 @@ pub(crate) struct Members {
     unavailable: Mutex<Option<UnavailableReport>>,
     /// With more than one configured address: which addresses are members of one cluster.
     check: Option<Arc<Asker>>,
+}
+
+/// Why a call may not send to an address (see [`Members::usable`]).
+#[derive(Debug)]
+pub(crate) struct Unusable {
+    /// In words.
+    pub cause: String,
+    /// Nothing listens there (its connection was refused).
+    pub refused: bool,
 }
 
 /// The check of a client's addresses, and the threads that ask for their cards.
@@ -169,9 +178,9 @@ impl Members {
     }
 
     /// Whether a call may send to `addr`: always with one configured address; else once
-    /// `addr` was accepted (see `check.rs`), asking it (again) or waiting for its answer
-    /// until `deadline`. The error says why not.
-    pub(crate) fn usable(&self, addr: SocketAddr, deadline: Instant) -> Result<(), String> {
+    /// `check.rs` accepts it, asking what it needs (again) and waiting for the answers until
+    /// `deadline`. The error says why not.
+    pub(crate) fn usable(&self, addr: SocketAddr, deadline: Instant) -> Result<(), Unusable> {
         let Some(asker) = &self.check else {
             return Ok(());
         };
@@ -180,17 +189,33 @@ impl Members {
         loop {
             match check.verdict(addr) {
                 Verdict::Accepted => return Ok(()),
-                Verdict::Refused(why) => return Err(format!("not used: {why}")),
-                Verdict::Waiting(why) => return Err(why.to_string()),
-                Verdict::Unknown(why) if asked => return Err(why.to_string()),
-                Verdict::Unknown(_) => {
-                    asked = true;
-                    asker.ask(&mut check, addr);
+                Verdict::Refused(why) => {
+                    let cause = format!("not used: {why}");
+                    return Err(Unusable {
+                        cause,
+                        refused: false,
+                    });
                 }
-                Verdict::Asking => {
-                    if asker.answered.wait_until(&mut check, deadline).timed_out() {
-                        return Err("its card (GET /cluster) was not answered in time".into());
+                Verdict::Unsettled { ask, .. } if !asked && !ask.is_empty() => {
+                    asked = true;
+                    for addr in ask {
+                        asker.ask(&mut check, addr);
                     }
+                }
+                Verdict::Unsettled {
+                    waiting: true, why, ..
+                } => {
+                    if asker.answered.wait_until(&mut check, deadline).timed_out() {
+                        let cause = why.to_string();
+                        return Err(Unusable {
+                            cause,
+                            refused: false,
+                        });
+                    }
+                }
+                Verdict::Unsettled { why, refused, .. } => {
+                    let cause = why.to_string();
+                    return Err(Unusable { cause, refused });
                 }
             }
         }
@@ -339,7 +364,7 @@ impl Members {
             return true;
         };
         let verdict = asker.check.lock().verdict(addr);
-        verdict == Verdict::Accepted
+        matches!(verdict, Verdict::Accepted)
     }
 
     /// Why the latest session that failed did, if one did.
