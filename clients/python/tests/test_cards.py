@@ -300,3 +300,26 @@ def test_two_real_standalone_servers_in_one_list_are_refused_and_one_alone_works
     finally:
         one.stop()
         two.stop()
+
+
+def test_a_list_where_nothing_listens_is_unavailable_at_once_unless_refusals_are_retried() -> None:
+    """An ask whose connection is refused counts as a session's refused connect: a list where
+    nothing listens anywhere ends at once (not at the deadline), saying so; with
+    ``retry_refused=True`` the call keeps asking until its deadline."""
+    dead = [dead_addr(), dead_addr()]
+    client = make_client(dead)
+    start = time.monotonic()
+    with pytest.raises(latchkey.Unavailable) as raised:
+        client.acquire("k", wait=30.0, lease=LEASE)
+    assert time.monotonic() - start < 15.0, "at once, not at the deadline"
+    text = str(raised.value)
+    assert "nothing listens there" in text, text
+    assert f"{dead[0]}: unreachable: cannot connect" in text, text
+    client.close()
+    client = latchkey.Client(dead, sessions=1, transport_timeout=TRANSPORT, retry_refused=True)
+    start = time.monotonic()
+    with pytest.raises(latchkey.Unavailable) as raised:
+        client.acquire("k", wait=0.5, lease=LEASE)
+    assert_between(time.monotonic() - start, 0.5, 0.5 + 3.0)
+    assert "nothing listens there" not in str(raised.value)
+    client.close()

@@ -260,6 +260,8 @@ class FetchError(NamedTuple):
 
     unreachable: bool
     cause: str
+    # Unreachable because the connection was refused: nothing listens there.
+    refused: bool = False
 
     def __str__(self) -> str:
         if self.unreachable:
@@ -298,7 +300,12 @@ class _Late(Exception):
 
 
 class _Failed(Exception):
-    """The answer could not be had: the message says why."""
+    """The answer could not be had: the message says why; ``refused``: the connection was
+    refused (nothing listens there)."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 def fetch(
@@ -316,7 +323,7 @@ def fetch(
     except _Late:
         return FetchError(True, "no answer to GET /cluster in time")
     except _Failed as error:
-        return FetchError(True, str(error))
+        return FetchError(True, str(error), error.refused)
     try:
         return card_of_answer(answer)
     except CardError as error:
@@ -340,6 +347,8 @@ def _get(
         sock = socket.create_connection(addr, timeout=left)
     except socket.timeout:
         raise _Failed(f"{CANNOT_CONNECT} timed out") from None
+    except ConnectionRefusedError as error:
+        raise _Failed(f"{CANNOT_CONNECT} {error.strerror or error}", refused=True) from None
     except OSError as error:
         raise _Failed(f"{CANNOT_CONNECT} {error.strerror or error}") from None
     stream: socket.socket = sock

@@ -43,6 +43,8 @@ class Verdict(NamedTuple):
 
     kind: str
     why: str = ""
+    # ``UNKNOWN`` because the last ask's connection was refused (nothing listens there).
+    refused: bool = False
 
 
 _ACCEPTED = Verdict(ACCEPTED)
@@ -96,7 +98,7 @@ class Check:
         """What the ask of ``addr`` found; returns the new verdict."""
         if isinstance(answer, FetchError):
             if answer.unreachable:
-                verdict = Verdict(UNKNOWN, answer.cause)
+                verdict = Verdict(UNKNOWN, answer.cause, answer.refused)
             else:
                 verdict = self._refuse(addr, str(answer))
         else:

@@ -286,6 +286,15 @@ class _Pool:
             self._sessions = [None] * len(self._sessions)
 
 
+class _Unusable(NamedTuple):
+    """Why a call may not send to an address (:meth:`_Members.usable`): what to report for
+    it; ``refused``: its card was just asked for and the connection refused (nothing listens
+    there, as a session's refused connect)."""
+
+    why: str
+    refused: bool = False
+
+
 class _Asker:
     """The check of a client's addresses (``_check``), and the threads that ask for their cards
     (``_card.fetch``), each within the connect timeout, over TLS when the client uses it."""
@@ -344,7 +353,7 @@ class _Members:
                     asker.ask(addr)
             self._asker = asker
 
-    def usable(self, addr: Address, deadline: float) -> Optional[str]:
+    def usable(self, addr: Address, deadline: float) -> Optional["_Unusable"]:
         """Whether a call may send to ``addr``: always with one listed address; else once
         ``addr`` was accepted (see ``_check``), asking it (again) or waiting for its answer
         until ``deadline``. ``None``: usable; else what to report for it (why not)."""
@@ -359,19 +368,19 @@ class _Members:
                 if kind == ACCEPTED:
                     return None
                 if kind == REFUSED:
-                    return f"not used: {verdict.why}"
+                    return _Unusable(f"not used: {verdict.why}")
                 if kind == WAITING:
-                    return verdict.why
+                    return _Unusable(verdict.why)
                 if kind == UNKNOWN:
                     if asked:
                         # Worded as a session that cannot connect is (``unreachable: ...``).
-                        return f"unreachable: {verdict.why}"
+                        return _Unusable(f"unreachable: {verdict.why}", verdict.refused)
                     asked = True
                     asker.ask(addr)
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return "its card (GET /cluster) was not answered in time"
+                    return _Unusable("its card (GET /cluster) was not answered in time")
                 asker.answered.wait(left)
 
     def accepted(self, addr: Address) -> bool:
@@ -1454,11 +1463,17 @@ class Client:
                 return _Result("unsent", serving=True)
             if time.monotonic() >= deadline:
                 return unavailable()
-            why = members.usable(addr, deadline)
-            if why is not None:
+            unusable = members.usable(addr, deadline)
+            if unusable is not None:
                 # Not accepted (yet) as a member of this client's cluster (``_check``): noted
-                # as an unreachable member is, and the next one after a backoff.
-                note(addr, why)
+                # as an unreachable member is, and the next one after a backoff. An ask whose
+                # connection was refused counts as a session's refused connect.
+                note(addr, unusable.why)
+                if unusable.refused and not self.retry_refused:
+                    if addr not in refused:
+                        refused.append(addr)
+                    if len(refused) >= refusals_all:
+                        return unavailable(all_refused=True)
                 addr = leave(addr)
                 continue
             pool = members.pool(addr)
