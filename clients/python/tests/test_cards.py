@@ -51,7 +51,7 @@ def test_a_list_that_mixes_clusters_sends_only_to_the_first_clusters_members(
     stranger = FakeMember(leading(9))
     stranger.card = other_cluster(stranger)
     # The first member card to come fixes the cluster: the member's, here.
-    stranger.card_delay = 0.3
+    stranger.card_delay = 1.0
     standalone = FakeMember(leading(9))
     standalone.card = standalone_card(5)
     old = FakeMember(leading(9))

@@ -17,6 +17,12 @@ within 0.1..=0.5 s — is *hedged* (§4.3): the same request also goes to the ot
 never back to the one that has not answered (even when another member names it leader: that
 ``M`` counts as naming none until a new leader is elected and named), and the first answer
 wins. A client of one member never hedges.
+
+A client given several addresses sends only to those found to be members of one cluster: each
+is asked for its card (``GET /cluster``, ``_card``) when the client is built, and ``_check``
+decides (another cluster's member, a standalone server, or a server without a card is never
+sent to; see :meth:`Client.refused_members`). A call that meets an address not accepted (yet)
+notes why, as for an unreachable member, and moves on to the next after a backoff.
 """
 
 from __future__ import annotations
@@ -353,7 +359,7 @@ class _Members:
                     asker.ask(addr)
             self._asker = asker
 
-    def usable(self, addr: Address, deadline: float) -> Optional["_Unusable"]:
+    def usable(self, addr: Address, deadline: float) -> Optional[_Unusable]:
         """Whether a call may send to ``addr``: always with one listed address; else once
         ``addr`` was accepted (see ``_check``), asking it (again) or waiting for its answer
         until ``deadline``. ``None``: usable; else what to report for it (why not)."""
