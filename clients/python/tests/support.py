@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
+from latchkey._card import Member, Standalone
+
 REPO = Path(__file__).resolve().parents[3]
 PATIENCE = 10.0
 
@@ -545,14 +547,25 @@ class FakeServer:
             self.listener.bind((host, int(port)))
         self.listener.listen(64)
         self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        # What ``GET /cluster`` answers (a client given several addresses asks each): a member
+        # of FAKE_CLUSTER by default; ``None``: 404.
+        self.card: Optional[str] = member_card(self.addr)
+        self.cards_asked = 0
 
     def accept_raw(self, within: float = PATIENCE) -> Optional[FakeConn]:
-        self.listener.settimeout(within)
-        try:
-            sock, _ = self.listener.accept()
-        except socket.timeout:
-            return None
-        return FakeConn(sock)
+        """The next connection within ``within`` that is not an admin request (``GET``: those
+        are answered, on a thread of their own, as they come)."""
+        until = time.monotonic() + within
+        while True:
+            self.listener.settimeout(max(0.001, until - time.monotonic()))
+            try:
+                sock, _ = self.listener.accept()
+            except socket.timeout:
+                return None
+            if not _is_admin(sock, until):
+                return FakeConn(sock)
+            self.cards_asked += 1
+            threading.Thread(target=_answer_admin, args=(sock, lambda: self.card), daemon=True).start()
 
     def accept(self, identify: bool = False) -> FakeConn:
         conn = self.accept_raw()
@@ -568,6 +581,68 @@ class FakeServer:
 
     def close(self) -> None:
         self.listener.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Cards (GET /cluster on the lock port: crates/latchkey-client/src/card.rs)
+
+# The cluster fake members say they belong to unless told otherwise (as fake_member.rs).
+FAKE_CLUSTER = 0xFA4EC1057E200001
+
+
+def _host_port(addr: str) -> Tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return (host.strip("[]"), int(port))
+
+
+def member_card(addr: str, cluster: int = FAKE_CLUSTER, clients: Optional[List[str]] = None) -> str:
+    """The card of a member of ``cluster`` at ``addr`` whose configuration lists ``clients``
+    (default: only ``addr``)."""
+    listed = clients if clients is not None else [addr]
+    port = _host_port(addr)[1]
+    return Member(cluster, port, 1, tuple((i + 1, _host_port(a)) for i, a in enumerate(listed))).render()
+
+
+def standalone_card(instance: int) -> str:
+    return Standalone(instance).render()
+
+
+def _is_admin(sock: socket.socket, until: float) -> bool:
+    """Whether the connection opens with ``GET `` (peeked: nothing is consumed)."""
+    while True:
+        sock.settimeout(max(0.001, until - time.monotonic()))
+        try:
+            head = sock.recv(4, socket.MSG_PEEK)
+        except (socket.timeout, OSError):
+            return False
+        if len(head) >= 4 or not head or not b"GET ".startswith(head):
+            return head.startswith(b"GET ")
+        time.sleep(0.001)
+
+
+def _answer_admin(sock: socket.socket, card: Callable[[], Optional[str]], head: bytes = b"") -> None:
+    """Reads an admin request's head, answers ``GET /cluster`` with the card (``None``: 404;
+    any other page: 404), then closes."""
+    buffer = bytearray(head)
+    try:
+        sock.settimeout(PATIENCE)
+        while b"\r\n\r\n" not in buffer:
+            data = sock.recv(4096)
+            if not data:
+                return
+            buffer += data
+        text = card() if buffer.startswith(b"GET /cluster ") else None
+        if text is None:
+            answer = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        else:
+            body = text.encode()
+            answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+        sock.sendall(answer)
+        _shut(sock)
+    except OSError:
+        pass
+    finally:
+        sock.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -623,6 +698,11 @@ class FakeMember:
         self.paused = False
         # Answer a session's Identify (docs/protocol.md §5) instead of refusing it with X 9.
         self.identifies = False
+        # What ``GET /cluster`` answers (unless paused: then nothing); ``None``: 404.
+        self.card: Optional[str] = member_card(self.addr)
+        self.cards_asked = 0
+        # How long a card's answer is held back (seconds).
+        self.card_delay = 0.0
         self.stopped = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -658,6 +738,20 @@ class FakeMember:
                 if not data:
                     return
                 buffer += data
+                if not greeted and b"GET ".startswith(bytes(buffer[:4])):
+                    if len(buffer) < 4:
+                        continue
+                    # An admin request (a client asking for the card): answered, then closed.
+                    with self.lock:
+                        self.cards_asked += 1
+                        paused = self.paused
+                    while paused and not self.stopped:
+                        time.sleep(0.02)
+                    if paused:
+                        return
+                    time.sleep(self.card_delay)
+                    _answer_admin(sock, lambda: self.card, bytes(buffer))
+                    return
                 for frame in parse_requests(buffer):
                     if not greeted and frame[0] == "I":
                         if self.identifies:

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from typing import Dict, Iterator
 
 import pytest
@@ -148,3 +149,42 @@ def test_a_tls_file_that_cannot_be_read_is_named() -> None:
     with pytest.raises(FileNotFoundError) as raised:
         latchkey.Client("127.0.0.1:7420", tls=latchkey.TLS(cert="/nonexistent/c.crt", key="/nonexistent/c.key"))
     assert "/nonexistent/c.crt" in str(raised.value), raised.value
+
+
+def test_a_client_asks_for_cards_over_tls_and_refuses_two_standalone_servers(
+    pki: Dict[str, str], tls_server: Server
+) -> None:
+    """tls.rs a_client_asks_for_cards_over_tls_and_refuses_two_standalone_servers: each
+    address's card (GET /cluster) is asked over TLS with the client's context and server name
+    (it needs no identity); two standalone servers are not one cluster, so neither is used."""
+    from latchkey._card import Standalone, fetch
+
+    config = f'[tls]\ncert_file = "{pki["server"]}.crt"\nkey_file = "{pki["server"]}.key"\n'
+    other = Server(config=config)
+    try:
+        # (``tls_server`` asks every client for a certificate.)
+        tls = latchkey.TLS(ca=pki["ca"] + ".crt", cert=pki["billing"] + ".crt", key=pki["billing"] + ".key")
+        card = fetch(tls_server.addr, tls.context(), None, time.monotonic() + 5)
+        assert isinstance(card, Standalone), card
+        client = latchkey.Client(
+            [tls_server.text, other.text], sessions=1, connect_timeout=2.0, transport_timeout=1.0, tls=tls
+        )
+        refused = client.refused_members(5.0)
+        assert len(refused) == 1 and "another standalone server" in refused[0][1], refused
+        with pytest.raises(latchkey.Unavailable):
+            client.acquire("k", wait=0.2, lease=5.0)
+        client.close()
+        # The ask checks the server name as a session does.
+        wrong = latchkey.TLS(
+            ca=pki["ca"] + ".crt", cert=pki["billing"] + ".crt", key=pki["billing"] + ".key", server_name="elsewhere.example"
+        )
+        client = latchkey.Client(
+            [tls_server.text, other.text], sessions=1, connect_timeout=2.0, transport_timeout=1.0, tls=wrong
+        )
+        with pytest.raises(latchkey.Unavailable) as raised:
+            client.ping()
+        assert "unreachable: TLS handshake failed" in str(raised.value), raised.value
+        assert client.refused_members(5.0) == [], "could not be asked: not refused"
+        client.close()
+    finally:
+        other.stop()

@@ -17,6 +17,12 @@ within 0.1..=0.5 s — is *hedged* (§4.3): the same request also goes to the ot
 never back to the one that has not answered (even when another member names it leader: that
 ``M`` counts as naming none until a new leader is elected and named), and the first answer
 wins. A client of one member never hedges.
+
+A client given several addresses sends only to those found to be members of one cluster: each
+is asked for its card (``GET /cluster``, ``_card``) when the client is built, and ``_check``
+decides (another cluster's member, a standalone server, or a server without a card is never
+sent to; see :meth:`Client.refused_members`). A call that meets an address not accepted (yet)
+notes why, as for an unreachable member, and moves on to the next after a backoff.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from typing import (
     Union,
 )
 
+from ._card import FetchError, addr_text, fetch
+from ._check import ACCEPTED, REFUSED, UNKNOWN, WAITING, Check
 from ._codec import (
     FATE_BUSY,
     FATE_GRANTED,
@@ -284,8 +292,54 @@ class _Pool:
             self._sessions = [None] * len(self._sessions)
 
 
+class _Unusable(NamedTuple):
+    """Why a call may not send to an address (:meth:`_Members.usable`): what to report for
+    it; ``refused``: its card was just asked for and the connection refused (nothing listens
+    there, as a session's refused connect)."""
+
+    why: str
+    refused: bool = False
+
+
+class _Asker:
+    """The check of a client's addresses (``_check``), and the threads that ask for their cards
+    (``_card.fetch``), each within the connect timeout, over TLS when the client uses it."""
+
+    def __init__(self, listed: List[Address], config: SessionConfig) -> None:
+        self.check = Check(listed)
+        # Guards ``check``; notified when an ask ends.
+        self.answered = threading.Condition()
+        self._config = config
+
+    def ask(self, addr: Address) -> None:
+        """Starts asking ``addr`` for its card, on a daemon thread (the caller holds
+        ``answered``)."""
+        self.check.asking(addr)
+        thread = threading.Thread(
+            target=self._run, args=(addr,), name="latchkey-card", daemon=True
+        )
+        try:
+            thread.start()
+        except RuntimeError as error:
+            cause = f"cannot start a thread to ask it: {error}"
+            self.check.answered(addr, FetchError(True, cause))
+
+    def _run(self, addr: Address) -> None:
+        config = self._config
+        deadline = time.monotonic() + config.connect_timeout
+        answer = fetch(addr, config.ssl_context, config.server_name, deadline)
+        with self.answered:
+            self.check.answered(addr, answer)
+            self.answered.notify_all()
+
+
 class _Members:
-    """The listed members, the pools, and the leader cache."""
+    """The listed members, the pools, and the leader cache.
+
+    Several listed addresses: each is asked for its card (``GET /cluster``, ``_card``) when
+    the client is built, one thread per address, and a call uses an address only once
+    ``_check`` accepted it (a call that finds it still being asked waits for the answer,
+    within its deadline). One address is never asked."""
 
     def __init__(self, addrs: List[Address], sessions: int, config: SessionConfig) -> None:
         self.listed = addrs
@@ -297,6 +351,67 @@ class _Members:
         self._current = 0
         self._lock = threading.Lock()
         self.closed = False
+        self._asker: Optional[_Asker] = None
+        if len(addrs) > 1:
+            asker = _Asker(addrs, config)
+            with asker.answered:
+                for addr in addrs:
+                    asker.ask(addr)
+            self._asker = asker
+
+    def usable(self, addr: Address, deadline: float) -> Optional[_Unusable]:
+        """Whether a call may send to ``addr``: always with one listed address; else once
+        ``addr`` was accepted (see ``_check``), asking it (again) or waiting for its answer
+        until ``deadline``. ``None``: usable; else what to report for it (why not)."""
+        asker = self._asker
+        if asker is None:
+            return None
+        asked = False
+        with asker.answered:
+            while True:
+                verdict = asker.check.verdict(addr)
+                kind = verdict.kind
+                if kind == ACCEPTED:
+                    return None
+                if kind == REFUSED:
+                    return _Unusable(f"not used: {verdict.why}")
+                if kind == WAITING:
+                    return _Unusable(verdict.why)
+                if kind == UNKNOWN:
+                    if asked:
+                        # Worded as a session that cannot connect is (``unreachable: ...``).
+                        return _Unusable(f"unreachable: {verdict.why}", verdict.refused)
+                    asked = True
+                    asker.ask(addr)
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return _Unusable("its card (GET /cluster) was not answered in time")
+                asker.answered.wait(left)
+
+    def accepted(self, addr: Address) -> bool:
+        """Whether ``addr`` may be sent to now, without asking or waiting (see
+        :meth:`usable`)."""
+        asker = self._asker
+        if asker is None:
+            return True
+        with asker.answered:
+            return asker.check.verdict(addr).kind == ACCEPTED
+
+    def refused(self, wait: float) -> List[Tuple[str, str]]:
+        """The addresses refused as not members of this client's cluster, and why, once every
+        address being asked has answered or ``wait`` has passed; empty for one address."""
+        asker = self._asker
+        if asker is None:
+            return []
+        deadline = time.monotonic() + wait
+        with asker.answered:
+            while not asker.check.settled():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                asker.answered.wait(left)
+            return [(addr_text(addr), why) for addr, why in asker.check.refused()]
 
     def pool(self, addr: Address) -> Optional[_Pool]:
         with self._lock:
@@ -925,6 +1040,17 @@ class Client:
     member refused the connection (nothing listens there); ``retry_refused=True`` keeps trying
     until the call's deadline instead (a server restarting).
 
+    A list of several addresses must be members of one cluster: each is asked for its card
+    (``GET /cluster`` on the lock port, within ``connect_timeout``) when the client is built,
+    and a call sends only to the addresses found to be members of the cluster the first member
+    card names (it waits for an address's answer within its own deadline). A standalone
+    server, another cluster's member, or a server that gives no card is never sent to, and is
+    logged (``logging``, ``latchkey`` logger, error level) and named by
+    :meth:`refused_members`; a standalone server is used only when every listed address
+    answered as that same server. Calls that find no accepted member end ``Unavailable``,
+    saying why for each. One address (a ``host:port``, whatever its name resolves to) is
+    never asked.
+
     ``resume`` (seconds, default 10; ``None``: off) makes every session identify as this
     client (a random 128-bit id, docs/protocol.md §5) with that grace (rounded up to whole
     seconds, at most 60): an acquire whose session fails or stalls after it may have been sent
@@ -1131,6 +1257,19 @@ class Client:
         self._small("P", b"", self._ids())
         return time.monotonic() - start
 
+    def refused_members(self, wait: float) -> List[Tuple[str, str]]:
+        """For a client given several addresses: the addresses it will never send to because
+        they are not members of one cluster with the others (a standalone server, another
+        cluster's member, or not a latchkey server that gives its card), and why, as
+        ``("host:port", why)`` in the order listed, once every address has been asked for its
+        card or ``wait`` seconds have passed. Empty for one address, and when all are members
+        of one cluster (or could not be asked yet). A program that was given a list should
+        refuse to go on when this is not empty: the list is wrong."""
+        wait = _check_seconds("wait", wait)
+        if wait < 0:
+            raise ValueError("wait must not be negative")
+        return self._members.refused(wait)
+
     def close(self) -> None:
         """Closes every session; calls in flight end ``Indeterminate``/``NoAnswer`` or
         ``Unavailable``."""
@@ -1182,7 +1321,8 @@ class Client:
             taken = session.addr
         else:
             addr = self._members.route(key)
-            pool = self._members.pool(addr)
+            # Never to an address not accepted (yet): the lease recovers the hold.
+            pool = self._members.pool(addr) if self._members.accepted(addr) else None
             if pool is not None:
                 other = pool.pick(None)
                 if other is not None and other.submit_background(call):
@@ -1200,7 +1340,9 @@ class Client:
             return
         again = call.fresh()
         again.attempts = attempts
-        pool = self._members.pool(self._members.route(call.key))
+        addr = self._members.route(call.key)
+        # Never to an address not accepted (yet): the lease recovers the hold.
+        pool = self._members.pool(addr) if self._members.accepted(addr) else None
         if pool is None:
             return
         session = pool.pick(None)
@@ -1327,6 +1469,19 @@ class Client:
                 return _Result("unsent", serving=True)
             if time.monotonic() >= deadline:
                 return unavailable()
+            unusable = members.usable(addr, deadline)
+            if unusable is not None:
+                # Not accepted (yet) as a member of this client's cluster (``_check``): noted
+                # as an unreachable member is, and the next one after a backoff. An ask whose
+                # connection was refused counts as a session's refused connect.
+                note(addr, unusable.why)
+                if unusable.refused and not self.retry_refused:
+                    if addr not in refused:
+                        refused.append(addr)
+                    if len(refused) >= refusals_all:
+                        return unavailable(all_refused=True)
+                addr = leave(addr)
+                continue
             pool = members.pool(addr)
             if pool is None:
                 if members.closed:

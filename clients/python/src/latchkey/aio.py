@@ -21,7 +21,7 @@ import concurrent.futures
 import functools
 import threading
 from types import TracebackType
-from typing import AsyncIterator, Callable, Optional, Sequence, Type, TypeVar, Union
+from typing import AsyncIterator, Callable, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from contextlib import asynccontextmanager
 
@@ -164,6 +164,10 @@ class Client:
 
     async def ping(self) -> float:
         return await self._run(self.sync.ping)
+
+    async def refused_members(self, wait: float) -> List[Tuple[str, str]]:
+        """As :meth:`latchkey.Client.refused_members`."""
+        return await self._run(self.sync.refused_members, wait)
 
     async def close(self) -> None:
         self.sync.close()
