@@ -216,6 +216,14 @@ impl Check {
         )
     }
 
+    /// Bit `i` set for each configured address (at most 32) accepted now.
+    pub(crate) fn accepted_mask(&self) -> u32 {
+        let accepted = |addr: &SocketAddr| self.verdict(*addr) == Verdict::Accepted;
+        let bits = self.configured.iter().take(32).enumerate();
+        bits.filter(|(_, addr)| accepted(addr))
+            .fold(0, |mask, (i, _)| mask | 1 << i)
+    }
+
     /// Whether every configured address has an answer other than [`Answer::Asking`].
     pub(crate) fn settled(&self) -> bool {
         let asking = |addr: &SocketAddr| self.answers.get(addr) == Some(&Answer::Asking);
@@ -400,7 +408,10 @@ mod tests {
         for port in [1, 2, 3] {
             assert_eq!(check.verdict(addr(port)), Verdict::Accepted);
         }
+        assert_eq!(check.accepted_mask(), 0b111);
         assert!(check.refused().is_empty());
+        check.answered(addr(2), standalone(9));
+        assert_eq!(check.accepted_mask(), 0, "a refused list has nothing accepted");
     }
 
     #[test]

@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -81,6 +81,9 @@ struct Asker {
     tls: Option<crate::tls::Connector>,
     /// How long one ask may take.
     timeout: Duration,
+    /// Bit `i` set: the `i`-th configured address is accepted now ([`Check::accepted_mask`]),
+    /// so that a call to it takes no lock.
+    accepted: AtomicU32,
 }
 
 impl Asker {
@@ -93,12 +96,19 @@ impl Asker {
             .spawn(move || {
                 let deadline = Instant::now() + asker.timeout;
                 let answer = card::fetch(addr, asker.tls.as_ref(), deadline);
-                asker.check.lock().answered(addr, answer);
+                let mut check = asker.check.lock();
+                check.answered(addr, answer);
+                asker
+                    .accepted
+                    .store(check.accepted_mask(), Ordering::Release);
+                drop(check);
                 asker.answered.notify_all();
             });
         if let Err(error) = spawned {
             let cause = format!("cannot start a thread to ask it: {error}");
             check.answered(addr, Err(card::FetchError::Unreachable(cause)));
+            self.accepted
+                .store(check.accepted_mask(), Ordering::Release);
         }
     }
 }
@@ -148,6 +158,7 @@ impl Members {
                 answered: Condvar::new(),
                 tls: session_config.tls.clone(),
                 timeout: session_config.connect_timeout,
+                accepted: AtomicU32::new(0),
             });
             let mut check = asker.check.lock();
             for &addr in &configured {
@@ -184,6 +195,9 @@ impl Members {
         let Some(asker) = &self.check else {
             return Ok(());
         };
+        if self.accepted_now(asker, addr) {
+            return Ok(());
+        }
         let mut check = asker.check.lock();
         let mut asked = false;
         loop {
@@ -358,11 +372,20 @@ impl Members {
         }
     }
 
+    /// Whether `addr` is a configured address accepted now: one atomic load, no lock.
+    fn accepted_now(&self, asker: &Asker, addr: SocketAddr) -> bool {
+        let mask = asker.accepted.load(Ordering::Acquire);
+        (self.configured.iter().position(|&a| a == addr)).is_some_and(|i| mask & (1 << i) != 0)
+    }
+
     /// Whether `addr` may be sent to now, without asking or waiting (see [`Members::usable`]).
     fn accepted(&self, addr: SocketAddr) -> bool {
         let Some(asker) = &self.check else {
             return true;
         };
+        if self.accepted_now(asker, addr) {
+            return true;
+        }
         let verdict = asker.check.lock().verdict(addr);
         matches!(verdict, Verdict::Accepted)
     }
