@@ -411,7 +411,11 @@ mod tests {
         assert_eq!(check.accepted_mask(), 0b111);
         assert!(check.refused().is_empty());
         check.answered(addr(2), standalone(9));
-        assert_eq!(check.accepted_mask(), 0, "a refused list has nothing accepted");
+        assert_eq!(
+            check.accepted_mask(),
+            0,
+            "a refused list has nothing accepted"
+        );
     }
 
     #[test]
