@@ -46,6 +46,7 @@ fn acquire_in_background(client: &Client, wait: Duration) -> thread::JoinHandle<
 fn x7_counts_as_unsent_and_the_retry_keeps_owner_and_deadline() {
     let refusing = FakeServer::start();
     let answering = FakeServer::start();
+    FakeServer::one_cluster(&[&refusing, &answering]);
     let client = client(
         &[refusing.addr(), answering.addr()],
         1,
@@ -309,6 +310,7 @@ fn wait_zero_answered_in_time_is_acquired() {
 fn wait_zero_unsent_moves_to_another_session_with_the_same_owner() {
     let refusing = FakeServer::start();
     let answering = FakeServer::start();
+    FakeServer::one_cluster(&[&refusing, &answering]);
     let client = client(
         &[refusing.addr(), answering.addr()],
         1,

@@ -65,6 +65,19 @@ struct Greeting {
 /// The cluster fake members say they belong to unless told otherwise.
 pub const FAKE_CLUSTER: u64 = 0xfa4e_c105_7e20_0001;
 
+/// The card of member `id` of [`FAKE_CLUSTER`], listing `clients` (their ports as ids).
+pub fn card_listing(id: u16, clients: &[SocketAddr]) -> Card {
+    Card::Member {
+        cluster: FAKE_CLUSTER,
+        member: u64::from(id),
+        shards: 1,
+        clients: clients
+            .iter()
+            .map(|addr| (u64::from(addr.port()), *addr))
+            .collect(),
+    }
+}
+
 const POLL: Duration = Duration::from_millis(20);
 const BUFFER_MAX: usize = 64 * 1024;
 
@@ -81,12 +94,7 @@ impl FakeMember {
             stop: Arc::default(),
             greeting: Arc::default(),
         };
-        member.set_card(Some(Card::Member {
-            cluster: FAKE_CLUSTER,
-            member: u64::from(addr.port()),
-            shards: 1,
-            clients: vec![(u64::from(addr.port()), addr)],
-        }));
+        member.set_card(Some(card_listing(addr.port(), &[addr])));
         let shared = Shared {
             received: Arc::clone(&member.received),
             script: Arc::clone(&member.script),
@@ -149,17 +157,9 @@ impl Drop for FakeMember {
 /// Makes `members` one cluster's as their cards say: each card lists every one of them (so a
 /// member whose card is never answered, a paused one, is vouched for by the others').
 pub fn one_cluster(members: &[&FakeMember]) {
-    let clients: Vec<(u64, SocketAddr)> = members
-        .iter()
-        .map(|member| (u64::from(member.addr.port()), member.addr))
-        .collect();
+    let addrs: Vec<SocketAddr> = members.iter().map(|member| member.addr).collect();
     for member in members {
-        member.set_card(Some(Card::Member {
-            cluster: FAKE_CLUSTER,
-            member: u64::from(member.addr.port()),
-            shards: 1,
-            clients: clients.clone(),
-        }));
+        member.set_card(Some(card_listing(member.addr.port(), &addrs)));
     }
 }
 

@@ -176,9 +176,13 @@ pub enum Got {
     Quiet,
 }
 
-/// A scripted server: the test accepts and answers by hand.
+/// A scripted server: the test accepts and answers by hand. A connection that asks for the
+/// server's card (`GET /cluster`, what a client given several addresses asks each) is answered
+/// by [`FakeServer::accept`] and its kin on the way to the next one: by default a member of
+/// [`fake_member::FAKE_CLUSTER`] whose card lists itself ([`FakeServer::one_cluster`]).
 pub struct FakeServer {
     listener: TcpListener,
+    card: std::sync::Mutex<latchkey_client::card::Card>,
 }
 
 impl FakeServer {
@@ -191,7 +195,26 @@ impl FakeServer {
     pub fn start_on(addr: SocketAddr) -> FakeServer {
         let listener = TcpListener::bind(addr).unwrap();
         listener.set_nonblocking(true).unwrap();
-        FakeServer { listener }
+        FakeServer::of(listener)
+    }
+
+    fn of(listener: TcpListener) -> FakeServer {
+        let addr = listener.local_addr().unwrap();
+        let card = fake_member::card_listing(addr.port(), &[addr]);
+        FakeServer {
+            listener,
+            card: std::sync::Mutex::new(card),
+        }
+    }
+
+    /// Makes `servers` one cluster's as their cards say: each lists every one of them (so a
+    /// client's list of them is accepted once any one's card is answered).
+    pub fn one_cluster(servers: &[&FakeServer]) {
+        let addrs: Vec<SocketAddr> = servers.iter().map(|server| server.addr()).collect();
+        for server in servers {
+            let card = fake_member::card_listing(server.addr().port(), &addrs);
+            *server.card.lock().unwrap() = card;
+        }
     }
 
     /// Listens on an ephemeral port with a small, fixed receive buffer on accepted
@@ -205,7 +228,7 @@ impl FakeServer {
         socket.listen(16).unwrap();
         let listener: TcpListener = socket.into();
         listener.set_nonblocking(true).unwrap();
-        FakeServer { listener }
+        FakeServer::of(listener)
     }
 
     /// Where it listens.
@@ -219,11 +242,19 @@ impl FakeServer {
         self.try_accept(PATIENCE).expect("no connection came")
     }
 
-    /// The next connection within `within`, if any, with its handshake answered.
+    /// The next connection within `within`, if any, with its handshake answered (card requests
+    /// on the way answered and passed over).
     pub fn try_accept(&self, within: Duration) -> Option<FakeConn> {
-        let mut conn = self.try_accept_raw(within)?;
-        conn.handshake();
-        Some(conn)
+        let until = Instant::now() + within;
+        loop {
+            let mut conn = self.try_accept_raw(until.saturating_duration_since(Instant::now()))?;
+            let card = self.card.lock().unwrap().clone();
+            if conn.answer_card_request(&card) {
+                continue;
+            }
+            conn.handshake();
+            return Some(conn);
+        }
     }
 
     /// Closes every connection that comes within `within` as soon as it comes: a server
@@ -267,6 +298,45 @@ pub struct FakeConn {
 }
 
 impl FakeConn {
+    /// If the connection opens with `GET ` (a client asking for the server's card), answers it
+    /// with `card`, closes, and says so. Reads until it can tell (a session's first bytes, its
+    /// handshake, come at once), at most [`PATIENCE`].
+    fn answer_card_request(&mut self, card: &latchkey_client::card::Card) -> bool {
+        let until = Instant::now() + PATIENCE;
+        let done = |input: &[u8]| {
+            !b"GET ".starts_with(&input[..input.len().min(4)])
+                || input.windows(4).any(|w| w == b"\r\n\r\n")
+        };
+        while !done(&self.input) && Instant::now() < until {
+            let left = until.saturating_duration_since(Instant::now());
+            self.stream
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(read) => self.input.extend_from_slice(&chunk[..read]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break,
+            }
+        }
+        if !self.input.starts_with(b"GET ") {
+            return false;
+        }
+        let body = card.render();
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = self.stream.write_all(answer.as_bytes());
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        true
+    }
+
     /// The next frame, end of input, or nothing within `within`.
     pub fn read_frame(&mut self, within: Duration) -> Got {
         let until = Instant::now() + within;

@@ -245,25 +245,42 @@ pub fn fetch(
             false => cause,
         })
     })?;
-    card_of_answer(&answer).map_err(FetchError::NotACard)
+    card_of_answer(&answer)
 }
 
-/// The card in an HTTP answer, or why there is none.
-pub fn card_of_answer(answer: &[u8]) -> Result<Card, String> {
+/// The card in an HTTP answer, or why there is none: [`FetchError::Unreachable`] (ask again
+/// later) for no answer at all, an answer cut short, or a `5xx` (a server at its limits or
+/// shutting down); [`FetchError::NotACard`] for anything else that is not a card.
+pub fn card_of_answer(answer: &[u8]) -> Result<Card, FetchError> {
+    let later = |why: &str| Err(FetchError::Unreachable(why.to_string()));
+    let not_a_card = |why: String| Err(FetchError::NotACard(why));
+    if answer.is_empty() {
+        return later("it closed the connection without answering GET /cluster");
+    }
     let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return Err("no HTTP answer".to_string());
+        if answer.starts_with(b"HTTP/1.") {
+            return later("its answer to GET /cluster ended early");
+        }
+        return not_a_card("no HTTP answer".to_string());
     };
     let head = String::from_utf8_lossy(&answer[..end]);
     let status = head.lines().next().unwrap_or("");
     if !status.starts_with("HTTP/1.") {
-        return Err("no HTTP answer".to_string());
+        return not_a_card("no HTTP answer".to_string());
     }
     let code = status.split(' ').nth(1).unwrap_or("");
-    if code != "200" {
-        return Err(format!("HTTP {code}"));
+    if code.starts_with('5') {
+        return Err(FetchError::Unreachable(format!(
+            "GET /cluster: HTTP {code}"
+        )));
     }
-    let body = std::str::from_utf8(&answer[end + 4..]).map_err(|_| "not text".to_string())?;
-    Card::parse(body).map_err(|cause| format!("a card that is not valid: {cause}"))
+    if code != "200" {
+        return not_a_card(format!("HTTP {code}"));
+    }
+    let Ok(body) = std::str::from_utf8(&answer[end + 4..]) else {
+        return not_a_card("not text".to_string());
+    };
+    Card::parse(body).or_else(|cause| not_a_card(format!("a card that is not valid: {cause}")))
 }
 
 /// How a failed connect is said, as a session says it.
@@ -399,10 +416,22 @@ mod tests {
             body.len()
         );
         assert_eq!(card_of_answer(ok.as_bytes()), Ok(member()));
+        let not_a_card = |answer: &[u8]| match card_of_answer(answer) {
+            Err(FetchError::NotACard(why)) => why,
+            other => panic!("{other:?}"),
+        };
         let missing = b"HTTP/1.1 404 Not Found\r\n\r\nno such page";
-        assert_eq!(card_of_answer(missing), Err("HTTP 404".to_string()));
-        assert!(card_of_answer(b"X 1 0\n").is_err());
-        let garbage = b"HTTP/1.1 200 OK\r\n\r\nhello";
-        assert!(card_of_answer(garbage).unwrap_err().contains("not valid"));
+        assert_eq!(not_a_card(missing), "HTTP 404");
+        assert_eq!(not_a_card(b"X 1 0\n"), "no HTTP answer");
+        assert!(not_a_card(b"HTTP/1.1 200 OK\r\n\r\nhello").contains("not valid"));
+        // No answer, one cut short, or a server at its limits: ask again later.
+        let busy = b"HTTP/1.1 503 Service Unavailable\r\n\r\ntoo many admin requests";
+        for later in [&b""[..], b"HTTP/1.1 200 OK\r\nContent-", busy] {
+            let answer = card_of_answer(later);
+            assert!(
+                matches!(answer, Err(FetchError::Unreachable(_))),
+                "{answer:?}"
+            );
+        }
     }
 }
