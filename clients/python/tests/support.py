@@ -603,6 +603,15 @@ def member_card(addr: str, cluster: int = FAKE_CLUSTER, clients: Optional[List[s
     return Member(cluster, port, 1, tuple((i + 1, _host_port(a)) for i, a in enumerate(listed))).render()
 
 
+def one_cluster(members: "List[FakeMember]") -> None:
+    """Makes ``members`` one cluster's as their cards say: each card lists every one of them (so
+    a member whose card is never answered, a paused one, is vouched for by the others'), as
+    fake_member.rs ``one_cluster``."""
+    addrs = [member.addr for member in members]
+    for member in members:
+        member.card = member_card(member.addr, clients=addrs)
+
+
 def standalone_card(instance: int) -> str:
     return Standalone(instance).render()
 
