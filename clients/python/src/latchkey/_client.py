@@ -402,8 +402,9 @@ class _Members:
             return asker.check.verdict(addr).kind == ACCEPTED
 
     def refused(self, wait: float) -> List[Tuple[str, str]]:
-        """The addresses refused as not members of this client's cluster, and why, once every
-        address being asked has answered or ``wait`` has passed; empty for one address."""
+        """The addresses never sent to, and why (``Check.refused``: every listed one when the
+        list is refused, then foreign leaders an ``M`` named), once every listed address being
+        asked has answered or ``wait`` has passed; empty for one address."""
         asker = self._asker
         if asker is None:
             return []
