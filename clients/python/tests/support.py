@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from latchkey._card import Member, Standalone
 
@@ -601,6 +601,16 @@ def member_card(addr: str, cluster: int = FAKE_CLUSTER, clients: Optional[List[s
     listed = clients if clients is not None else [addr]
     port = _host_port(addr)[1]
     return Member(cluster, port, 1, tuple((i + 1, _host_port(a)) for i, a in enumerate(listed))).render()
+
+
+def one_cluster(members: "Sequence[Union[FakeMember, FakeServer]]") -> None:
+    """Makes ``members`` one cluster's as their cards say: each card lists every one of them (so
+    a member whose card is never answered, a paused one, is vouched for by the others'), as
+    fake_member.rs ``one_cluster``. (A ``FakeServer`` answers its card only while a test accepts
+    its connections: one card answered then vouches for the others.)"""
+    addrs = [member.addr for member in members]
+    for member in members:
+        member.card = member_card(member.addr, clients=addrs)
 
 
 def standalone_card(instance: int) -> str:

@@ -5,7 +5,7 @@ plus the strictness Python's ``int`` would not give by itself."""
 from __future__ import annotations
 
 import logging
-from typing import Union
+from typing import List, Tuple, Union
 
 import pytest
 
@@ -20,7 +20,7 @@ from latchkey._card import (
     card_of_answer,
     parse,
 )
-from latchkey._check import ACCEPTED, ASKING, REFUSED, UNKNOWN, WAITING, Check, Verdict
+from latchkey._check import ACCEPTED, REFUSED, UNSETTLED, Check, Verdict
 
 
 def member_card() -> Member:
@@ -140,16 +140,27 @@ def test_a_fetch_error_says_what_the_rust_one_says() -> None:
 # check.rs
 
 
-def addr(port: int) -> tuple:
+Answer = Union[Card, FetchError]
+
+
+def addr(port: int) -> Tuple[str, int]:
     return ("127.0.0.1", port)
 
 
-def member(cluster: int, ident: int, ports: list) -> Card:
-    return Member(cluster, ident, 8, tuple((i + 1, addr(p)) for i, p in enumerate(ports)))
+def member(cluster: int, ports: List[int]) -> Answer:
+    return Member(cluster, 1, 8, tuple((p, addr(p)) for p in ports))
 
 
-def standalone(instance: int) -> Card:
+def standalone(instance: int) -> Answer:
     return Standalone(instance)
+
+
+def refused_connect() -> Answer:
+    return FetchError(True, "cannot connect: connection refused", True)
+
+
+def timed_out() -> Answer:
+    return FetchError(True, "no answer to GET /cluster in time")
 
 
 def refused(verdict: Verdict) -> str:
@@ -157,75 +168,206 @@ def refused(verdict: Verdict) -> str:
     return verdict.why
 
 
-def test_members_of_one_cluster_are_accepted_and_another_clusters_refused(caplog: pytest.LogCaptureFixture) -> None:
-    """check.rs members_of_one_cluster_are_accepted_and_another_clusters_refused"""
+def unsettled(verdict: Verdict) -> bool:
+    return verdict.kind == UNSETTLED
+
+
+def test_the_members_of_one_cluster_are_accepted_once_every_listed_address_is_vouched_for() -> None:
+    """check.rs the_members_of_one_cluster_are_accepted_once_every_listed_address_is_vouched_for"""
     check = Check([addr(1), addr(2), addr(3)])
-    assert check.answered(addr(2), member(7, 2, [1, 2])).kind == ACCEPTED
-    assert check.answered(addr(1), member(7, 1, [1, 2])).kind == ACCEPTED
-    with caplog.at_level(logging.ERROR, logger="latchkey"):
-        why = refused(check.answered(addr(3), member(8, 1, [3])))
-    assert "cluster 0000000000000008, not cluster 0000000000000007" in why, why
-    assert "127.0.0.1:2" in why, why
-    assert [address for address, _ in check.refused()] == [addr(3)]
-    logged = [r for r in caplog.records if r.name == "latchkey" and r.levelno == logging.ERROR]
-    assert len(logged) == 1
-    assert logged[0].getMessage().startswith(f"127.0.0.1:3 is not used: {why}; "), logged[0].getMessage()
+    check.asking(addr(1))
+    check.asking(addr(2))
+    check.asking(addr(3))
+    check.answered(addr(1), member(7, [1, 2]))
+    assert unsettled(check.verdict(addr(1))), "3 not vouched for yet"
+    check.answered(addr(2), member(7, [1, 2]))
+    assert unsettled(check.verdict(addr(1)))
+    check.answered(addr(3), member(7, [3]))
+    for port in (1, 2, 3):
+        assert check.verdict(addr(port)) == Verdict(ACCEPTED)
+    assert check.refused() == []
 
 
-def test_a_standalone_server_in_a_list_with_members_is_refused_whoever_answers_first() -> None:
-    """check.rs a_standalone_server_in_a_list_with_members_is_refused_whoever_answers_first"""
+def test_a_member_the_cards_list_or_where_nothing_listens_does_not_hold_the_list_back() -> None:
+    """check.rs a_member_the_cards_list_or_where_nothing_listens_does_not_hold_the_list_back"""
+    # 2 is paused (its ask times out) but a card lists it; 3 is down, listed by none.
+    check = Check([addr(1), addr(2), addr(3)])
+    check.answered(addr(2), timed_out())
+    check.answered(addr(3), refused_connect())
+    assert unsettled(check.verdict(addr(1)))
+    check.answered(addr(1), member(7, [1, 2]))
+    assert check.verdict(addr(1)) == Verdict(ACCEPTED)
+    assert check.verdict(addr(2)) == Verdict(ACCEPTED), "the card lists it"
+    verdict = check.verdict(addr(3))
+    assert unsettled(verdict), "3 is asked again before use"
+    assert (verdict.ask, verdict.refused) == ((addr(3),), True)
+    check.answered(addr(3), member(7, [3]))
+    assert check.verdict(addr(3)) == Verdict(ACCEPTED)
+
+
+def test_two_clusters_in_a_list_refuse_it_whichever_answers_first() -> None:
+    """check.rs two_clusters_in_a_list_refuse_it_whichever_answers_first"""
+    for first in (1, 2):
+        second = 3 - first
+        check = Check([addr(1), addr(2)])
+        check.answered(addr(first), member(first, [first]))
+        check.answered(addr(second), member(second, [second]))
+        why = refused(check.verdict(addr(1)))
+        assert why.startswith("it is cluster 0000000000000001 (the listed"), why
+        everything = check.refused()
+        assert len(everything) == 2
+        assert everything[1][1].startswith("it is cluster 0000000000000002"), everything
+
+
+def test_a_standalone_server_beside_members_refuses_the_list_even_after_it_was_accepted() -> None:
+    """check.rs a_standalone_server_beside_members_refuses_the_list_even_after_it_was_accepted"""
     check = Check([addr(1), addr(2)])
-    first = check.answered(addr(1), standalone(5))
-    assert first.kind == WAITING, f"waits for the others: {first}"
-    assert check.answered(addr(2), member(7, 1, [2])).kind == ACCEPTED
-    assert "standalone" in refused(check.verdict(addr(1)))
+    check.answered(addr(1), standalone(5))
+    check.answered(addr(2), member(7, [2]))
+    assert "a standalone server" in refused(check.verdict(addr(1)))
+    assert "not the members of one cluster" in refused(check.verdict(addr(2)))
 
+    # Accepted while nothing listened at 1; a standalone server there later refuses it.
     check = Check([addr(1), addr(2)])
-    assert check.answered(addr(2), member(7, 1, [2])).kind == ACCEPTED
-    assert "standalone" in refused(check.answered(addr(1), standalone(5)))
+    check.answered(addr(1), refused_connect())
+    check.answered(addr(2), member(7, [2]))
+    assert check.verdict(addr(2)) == Verdict(ACCEPTED)
+    check.answered(addr(1), standalone(5))
+    assert "a standalone server" in refused(check.verdict(addr(1)))
+    assert "not the members of one cluster" in refused(check.verdict(addr(2)))
 
 
 def test_one_standalone_server_at_every_address_is_accepted_two_are_refused() -> None:
     """check.rs one_standalone_server_at_every_address_is_accepted_two_are_refused"""
-    check = Check([addr(1), addr(2)])
-    assert check.answered(addr(1), standalone(5)).kind == WAITING
-    assert check.answered(addr(2), standalone(5)).kind == ACCEPTED
-    assert check.verdict(addr(1)).kind == ACCEPTED
+    check = Check([addr(1), addr(2), addr(3)])
+    check.answered(addr(1), standalone(5))
+    check.answered(addr(3), refused_connect())
+    assert unsettled(check.verdict(addr(1)))
+    check.answered(addr(2), standalone(5))
+    assert check.verdict(addr(1)) == Verdict(ACCEPTED)
 
     check = Check([addr(1), addr(2)])
-    assert check.answered(addr(1), standalone(5)).kind == WAITING
-    assert "another standalone" in refused(check.answered(addr(2), standalone(6)))
+    check.answered(addr(1), standalone(5))
+    check.answered(addr(2), standalone(6))
+    assert "a standalone server (run 0000000000000006)" in refused(check.verdict(addr(2)))
 
 
-def test_no_card_is_refused_and_an_unreachable_address_asked_again() -> None:
-    """check.rs no_card_is_refused_and_an_unreachable_address_asked_again"""
+def test_a_server_without_a_card_refuses_the_list() -> None:
+    """check.rs a_server_without_a_card_refuses_the_list"""
     check = Check([addr(1), addr(2)])
-    old: Union[Card, FetchError] = FetchError(False, "HTTP 404")
-    assert "HTTP 404" in refused(check.answered(addr(1), old))
-    down = FetchError(True, "refused")
-    assert check.answered(addr(2), down) == Verdict(UNKNOWN, "refused")
+    check.answered(addr(2), member(7, [2]))
+    check.answered(addr(1), FetchError(False, "HTTP 404"))
+    assert "HTTP 404" in refused(check.verdict(addr(1)))
+    assert refused(check.verdict(addr(2))).startswith("it is cluster")
+
+
+def test_a_pending_list_asks_what_it_lacks_and_says_nothing_listens_anywhere() -> None:
+    """check.rs a_pending_list_asks_what_it_lacks_and_says_nothing_listens_anywhere"""
+    check = Check([addr(1), addr(2)])
+    verdict = check.verdict(addr(1))
+    assert unsettled(verdict), "pending"
+    assert (verdict.ask, verdict.waiting) == ((addr(1), addr(2)), False)
+    check.asking(addr(1))
     check.asking(addr(2))
-    assert check.verdict(addr(2)).kind == ASKING
     assert not check.settled()
-    assert check.answered(addr(2), member(7, 1, [2])).kind == ACCEPTED
+    verdict = check.verdict(addr(1))
+    assert unsettled(verdict) and verdict.waiting
+    check.answered(addr(1), refused_connect())
+    check.answered(addr(2), refused_connect())
     assert check.settled()
+    verdict = check.verdict(addr(2))
+    assert unsettled(verdict), "pending"
+    assert not verdict.waiting and verdict.refused, f"nothing listens: {verdict.why}"
 
 
-def test_a_redirect_to_a_listed_member_is_accepted_at_once_and_others_are_asked() -> None:
-    """check.rs a_redirect_to_a_listed_member_is_accepted_at_once_and_others_are_asked"""
+def test_a_redirect_to_a_listed_member_is_accepted_at_once_and_a_foreign_one_refused_alone() -> None:
+    """check.rs a_redirect_to_a_listed_member_is_accepted_at_once_and_a_foreign_one_refused_alone"""
     check = Check([addr(1), addr(2)])
-    assert check.verdict(addr(3)).kind == UNKNOWN
-    assert check.answered(addr(1), member(7, 1, [1, 3])).kind == ACCEPTED
-    assert check.verdict(addr(3)).kind == ACCEPTED
-    assert check.verdict(addr(4)).kind == UNKNOWN
-    assert check.verdict(addr(2)).kind == UNKNOWN, "listed: asked"
-    assert "redirect" in refused(check.answered(addr(4), standalone(1)))
+    check.answered(addr(1), member(7, [1, 2, 3]))
+    check.answered(addr(2), member(7, [1, 2, 3]))
+    assert check.verdict(addr(3)) == Verdict(ACCEPTED)
+    assert unsettled(check.verdict(addr(4))), "asked first"
+    check.answered(addr(4), standalone(1))
+    assert "redirect" in refused(check.verdict(addr(4)))
+    assert check.verdict(addr(1)) == Verdict(ACCEPTED), "the list stands"
+    assert len(check.refused()) == 1
 
 
-def test_refused_addresses_come_configured_first_in_their_order() -> None:
+# Beyond check.rs's own tests: the words, the log, the order, and Python's addresses.
+
+
+def test_a_refused_list_is_logged_once_naming_every_address_and_what_it_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     check = Check([addr(9), addr(1), addr(5)])
-    assert check.answered(addr(9), FetchError(False, "HTTP 404")).kind == REFUSED
-    assert check.answered(addr(1), member(7, 1, [1])).kind == ACCEPTED
-    assert check.answered(addr(4), standalone(3)).kind == REFUSED  # learned
-    assert check.answered(addr(5), member(8, 1, [5])).kind == REFUSED
-    assert [a for a, _ in check.refused()] == [addr(9), addr(5), addr(4)]
+    check.answered(addr(5), refused_connect())
+    check.answered(addr(1), member(7, [1]))
+    with caplog.at_level(logging.ERROR, logger="latchkey"):
+        check.answered(addr(9), FetchError(False, "HTTP 404"))
+        check.answered(addr(5), member(8, [5]))  # already refused: not logged again
+    logged = [r.getMessage() for r in caplog.records if r.name == "latchkey" and r.levelno == logging.ERROR]
+    assert logged == [
+        "the listed servers are not the members of one cluster (127.0.0.1:9: it answered GET "
+        "/cluster without a card (HTTP 404): not a latchkey server, or one older than this "
+        "client; 127.0.0.1:1: it is cluster 0000000000000007): none of them is used; a client "
+        'given several addresses takes only the members of one cluster (docs/cluster.md, "What '
+        'clients see")'
+    ], logged
+    assert check.refused() == [
+        (addr(9), "it answered GET /cluster without a card (HTTP 404): not a latchkey server, or one older than this client"),
+        (addr(1), "it is cluster 0000000000000007"),
+        (addr(5), "it is cluster 0000000000000008"),
+    ]
+    assert refused(check.verdict(addr(4))) == (
+        "not known (not answered yet) (the listed servers are not the members of one cluster)"
+    )
+
+
+def test_a_pending_list_says_what_each_address_lacks() -> None:
+    check = Check([addr(1), addr(2), addr(3), addr(4)])
+    check.asking(addr(2))
+    check.answered(addr(3), timed_out())
+    check.answered(addr(4), member(7, [4]))
+    verdict = check.verdict(addr(1))
+    assert verdict == Verdict(
+        UNSETTLED,
+        "the listed servers are not confirmed members of one cluster yet (127.0.0.1:1: not asked "
+        "yet; 127.0.0.1:2: its card is being asked for; 127.0.0.1:3: no answer to GET /cluster "
+        "in time)",
+        (addr(1), addr(3)),
+        waiting=True,
+    ), verdict
+    check.answered(addr(1), refused_connect())
+    verdict = check.verdict(addr(1))
+    assert (verdict.why, verdict.refused, verdict.cause) == ("cannot connect: connection refused", True, True)
+
+
+def test_an_accepted_lists_unanswered_address_is_waited_for_and_a_failed_one_asked_again() -> None:
+    check = Check([addr(1), addr(2), addr(3)])
+    check.answered(addr(2), refused_connect())
+    check.answered(addr(3), refused_connect())
+    check.answered(addr(1), member(7, [1]))
+    assert check.verdict(addr(1)) == Verdict(ACCEPTED)
+    check.asking(addr(2))
+    assert check.verdict(addr(2)) == Verdict(
+        UNSETTLED, "its card (GET /cluster) was not answered in time", (), waiting=True
+    )
+    check.answered(addr(2), timed_out())
+    assert check.verdict(addr(2)) == Verdict(
+        UNSETTLED, "no answer to GET /cluster in time", (addr(2),), cause=True
+    )
+    assert check.verdict(addr(6)) == Verdict(
+        UNSETTLED, "its card (GET /cluster) was not asked for yet", (addr(6),)
+    )
+    check.answered(addr(6), FetchError(False, "HTTP 404"))
+    assert refused(check.verdict(addr(6))).startswith("it answered GET /cluster without a card")
+    assert check.verdict(addr(1)) == Verdict(ACCEPTED), "a redirect's stranger refuses itself alone"
+
+
+def test_a_card_lists_an_ip_address_in_any_spelling_and_never_a_name() -> None:
+    v6 = ("::1", 4)
+    check = Check([addr(1), ("0:0::1", 4), ("localhost", 1)])
+    check.answered(("localhost", 1), refused_connect())
+    check.answered(addr(1), Member(7, 1, 8, ((1, addr(1)), (4, v6))))
+    assert check.verdict(("0:0::1", 4)) == Verdict(ACCEPTED), "listed as ::1"
+    assert check.verdict(("localhost", 1)).kind == UNSETTLED, "a name is asked"

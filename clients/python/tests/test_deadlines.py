@@ -11,7 +11,7 @@ from typing import Any, List, Tuple
 import pytest
 
 import latchkey
-from support import PATIENCE, FakeServer, assert_between, dead_addr, resp
+from support import PATIENCE, FakeServer, assert_between, dead_addr, one_cluster, resp
 
 LATE = 3.0
 LEASE = 30.0
@@ -52,6 +52,7 @@ class Background:
 def test_x7_counts_as_unsent_and_the_retry_keeps_owner_and_deadline() -> None:
     """client_deadlines.rs x7_counts_as_unsent_and_the_retry_keeps_owner_and_deadline"""
     refusing, answering = FakeServer(), FakeServer()
+    one_cluster([refusing, answering])
     client = make_client([refusing.addr, answering.addr], 1, 2.0)
     start = time.monotonic()
     call = Background(client, 2.5)
@@ -273,6 +274,7 @@ def test_wait_zero_answered_in_time_is_acquired() -> None:
 def test_wait_zero_unsent_moves_to_another_session_with_the_same_owner() -> None:
     """client_deadlines.rs wait_zero_unsent_moves_to_another_session_with_the_same_owner"""
     refusing, answering = FakeServer(), FakeServer()
+    one_cluster([refusing, answering])
     client = make_client([refusing.addr, answering.addr], 1, 2.0)
     call = Background(client, 0)
     first = refusing.accept()

@@ -18,7 +18,18 @@ import pytest
 
 import latchkey
 import latchkey.aio
-from support import HELLO, PATIENCE, FakeConn, FakeServer, Proxy, Server, assert_between, moved, resp
+from support import (
+    HELLO,
+    PATIENCE,
+    FakeConn,
+    FakeServer,
+    Proxy,
+    Server,
+    assert_between,
+    moved,
+    one_cluster,
+    resp,
+)
 
 LATE = 3.0
 LEASE = 30.0
@@ -595,6 +606,7 @@ def test_a_resolve_answered_m_follows_it_to_the_leader_named() -> None:
     it ``M`` naming the first (which still leads the key: only the connection was cut), and the
     Resolve — not the acquire — goes back to it, which finds the grant."""
     first, second = FakeServer(), FakeServer()
+    one_cluster([first, second])
     client = latchkey.Client([first.addr, second.addr], sessions=1, connect_timeout=2.0, transport_timeout=2.0)
     call, owner = cut_after_acquire(first, client, 5.0)
     asked = next_resolve(second, owner)

@@ -18,11 +18,13 @@ never back to the one that has not answered (even when another member names it l
 ``M`` counts as naming none until a new leader is elected and named), and the first answer
 wins. A client of one member never hedges.
 
-A client given several addresses sends only to those found to be members of one cluster: each
-is asked for its card (``GET /cluster``, ``_card``) when the client is built, and ``_check``
-decides (another cluster's member, a standalone server, or a server without a card is never
-sent to; see :meth:`Client.refused_members`). A call that meets an address not accepted (yet)
-notes why, as for an unreachable member, and moves on to the next after a backoff.
+A client given several addresses sends only to the members of one cluster: each address is
+asked for its card (``GET /cluster``, ``_card``) when the client is built, and ``_check``
+accepts or refuses the list whole (a list that mixes clusters, a cluster and a standalone
+server, or a server without a card is refused, whichever answered first, and nothing is sent
+to any of its addresses; see :meth:`Client.refused_members`). A call that meets an address not
+accepted (yet) notes why, as for an unreachable member, and moves on to the next after a
+backoff; an ask whose connection was refused counts as a session's refused connect.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing import (
 )
 
 from ._card import FetchError, addr_text, fetch
-from ._check import ACCEPTED, REFUSED, UNKNOWN, WAITING, Check
+from ._check import ACCEPTED, REFUSED, Check
 from ._codec import (
     FATE_BUSY,
     FATE_GRANTED,
@@ -338,7 +340,7 @@ class _Members:
 
     Several listed addresses: each is asked for its card (``GET /cluster``, ``_card``) when
     the client is built, one thread per address, and a call uses an address only once
-    ``_check`` accepted it (a call that finds it still being asked waits for the answer,
+    ``_check`` accepted the list and it (a call that finds answers still due waits for them,
     within its deadline). One address is never asked."""
 
     def __init__(self, addrs: List[Address], sessions: int, config: SessionConfig) -> None:
@@ -361,8 +363,8 @@ class _Members:
 
     def usable(self, addr: Address, deadline: float) -> Optional[_Unusable]:
         """Whether a call may send to ``addr``: always with one listed address; else once
-        ``addr`` was accepted (see ``_check``), asking it (again) or waiting for its answer
-        until ``deadline``. ``None``: usable; else what to report for it (why not)."""
+        ``_check`` accepts it, asking what it needs (again, once per call) and waiting for the
+        answers until ``deadline``. ``None``: usable; else what to report for it (why not)."""
         asker = self._asker
         if asker is None:
             return None
@@ -370,24 +372,25 @@ class _Members:
         with asker.answered:
             while True:
                 verdict = asker.check.verdict(addr)
-                kind = verdict.kind
-                if kind == ACCEPTED:
+                if verdict.kind == ACCEPTED:
                     return None
-                if kind == REFUSED:
+                if verdict.kind == REFUSED:
                     return _Unusable(f"not used: {verdict.why}")
-                if kind == WAITING:
-                    return _Unusable(verdict.why)
-                if kind == UNKNOWN:
-                    if asked:
-                        # Worded as a session that cannot connect is (``unreachable: ...``).
-                        return _Unusable(f"unreachable: {verdict.why}", verdict.refused)
+                if verdict.ask and not asked:
                     asked = True
-                    asker.ask(addr)
+                    for each in verdict.ask:
+                        asker.ask(each)
                     continue
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return _Unusable("its card (GET /cluster) was not answered in time")
-                asker.answered.wait(left)
+                if verdict.waiting:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return _Unusable(verdict.why)
+                    asker.answered.wait(left)
+                    continue
+                if verdict.cause:
+                    # Worded as a session that cannot connect is (``unreachable: ...``).
+                    return _Unusable(f"unreachable: {verdict.why}", verdict.refused)
+                return _Unusable(verdict.why, verdict.refused)
 
     def accepted(self, addr: Address) -> bool:
         """Whether ``addr`` may be sent to now, without asking or waiting (see
@@ -399,8 +402,9 @@ class _Members:
             return asker.check.verdict(addr).kind == ACCEPTED
 
     def refused(self, wait: float) -> List[Tuple[str, str]]:
-        """The addresses refused as not members of this client's cluster, and why, once every
-        address being asked has answered or ``wait`` has passed; empty for one address."""
+        """The addresses never sent to, and why (``Check.refused``: every listed one when the
+        list is refused, then foreign leaders an ``M`` named), once every listed address being
+        asked has answered or ``wait`` has passed; empty for one address."""
         asker = self._asker
         if asker is None:
             return []
@@ -1040,16 +1044,18 @@ class Client:
     member refused the connection (nothing listens there); ``retry_refused=True`` keeps trying
     until the call's deadline instead (a server restarting).
 
-    A list of several addresses must be members of one cluster: each is asked for its card
-    (``GET /cluster`` on the lock port, within ``connect_timeout``) when the client is built,
-    and a call sends only to the addresses found to be members of the cluster the first member
-    card names (it waits for an address's answer within its own deadline). A standalone
-    server, another cluster's member, or a server that gives no card is never sent to, and is
-    logged (``logging``, ``latchkey`` logger, error level) and named by
-    :meth:`refused_members`; a standalone server is used only when every listed address
-    answered as that same server. Calls that find no accepted member end ``Unavailable``,
-    saying why for each. One address (a ``host:port``, whatever its name resolves to) is
-    never asked.
+    A list of several addresses must name one cluster, or it is refused: each address is asked
+    for its card (``GET /cluster`` on the lock port, within ``connect_timeout``) when the
+    client is built. The list is accepted once some address answered a card and every listed
+    address is vouched for (it answered a card of that same cluster, or of that same standalone
+    server; or a card of the cluster lists it; or nothing listens there); until then calls wait
+    (within their own deadline) and send nothing. It is refused for the client's life as soon
+    as two addresses answer cards of different owners (two clusters, a member and a standalone
+    server, two standalone servers) or one answers without a card, whichever answered first:
+    nothing is sent to any listed address, the refusal is logged (``logging``, ``latchkey``
+    logger, error level), :meth:`refused_members` names every address and what it is, and
+    calls end ``Unavailable`` saying why. One address (a ``host:port``, whatever its name
+    resolves to) is never asked.
 
     ``resume`` (seconds, default 10; ``None``: off) makes every session identify as this
     client (a random 128-bit id, docs/protocol.md §5) with that grace (rounded up to whole
@@ -1258,13 +1264,16 @@ class Client:
         return time.monotonic() - start
 
     def refused_members(self, wait: float) -> List[Tuple[str, str]]:
-        """For a client given several addresses: the addresses it will never send to because
-        they are not members of one cluster with the others (a standalone server, another
-        cluster's member, or not a latchkey server that gives its card), and why, as
-        ``("host:port", why)`` in the order listed, once every address has been asked for its
-        card or ``wait`` seconds have passed. Empty for one address, and when all are members
-        of one cluster (or could not be asked yet). A program that was given a list should
-        refuse to go on when this is not empty: the list is wrong."""
+        """For a client given several addresses: the addresses it will never send to, and why,
+        as ``("host:port", why)``, once every listed address has answered its card ask or
+        ``wait`` seconds have passed. For a refused list (not the members of one cluster: two
+        clusters, a member and a standalone server, two standalone servers, or a server that
+        gives no card), every listed address in the order listed, with what it is (``it is
+        cluster …``, ``it is a standalone server (run …)``, ``it answered GET /cluster without a
+        card (HTTP 404): …``, or ``not known (…)``); then any leader a redirect named that is
+        not of the list's cluster. Empty for one address, and while the list is accepted or not
+        decided yet. A program that was given a list should refuse to go on when this is not
+        empty: the list is wrong."""
         wait = _check_seconds("wait", wait)
         if wait < 0:
             raise ValueError("wait must not be negative")
