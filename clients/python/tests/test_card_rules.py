@@ -17,6 +17,7 @@ from latchkey._card import (
     FetchError,
     Member,
     Standalone,
+    TryLater,
     card_of_answer,
     parse,
 )
@@ -124,6 +125,11 @@ def test_an_answer_is_a_card_only_with_status_200() -> None:
         card_of_answer(b"HTTP/1.1 200 OK\r\n\r\n\xff")
     with pytest.raises(CardError, match="no HTTP answer"):
         card_of_answer(b"SSH-2.0\r\n\r\n")
+    # No answer, one cut short, or a server at its limits: ask again later.
+    busy = b"HTTP/1.1 503 Service Unavailable\r\n\r\ntoo many admin requests"
+    for later in [b"", b"HTTP/1.1 200 OK\r\nContent-", busy]:
+        with pytest.raises(TryLater):
+            card_of_answer(later)
 
 
 def test_a_fetch_error_says_what_the_rust_one_says() -> None:

@@ -272,10 +272,21 @@ class FetchError(NamedTuple):
         )
 
 
+class TryLater(CardError):
+    """No card in this answer, but ask again later: no answer at all, one cut short, or a
+    ``5xx`` (a server at its limits or shutting down); as ``card.rs`` answers
+    ``FetchError::Unreachable``."""
+
+
 def card_of_answer(answer: bytes) -> Card:
-    """The card in an HTTP answer; raises :class:`CardError` saying why there is none."""
+    """The card in an HTTP answer; raises :class:`TryLater` (ask again) or :class:`CardError`
+    (not a card) saying why there is none."""
+    if not answer:
+        raise TryLater("it closed the connection without answering GET /cluster")
     end = answer.find(b"\r\n\r\n")
     if end < 0:
+        if answer.startswith(b"HTTP/1."):
+            raise TryLater("its answer to GET /cluster ended early")
         raise CardError("no HTTP answer")
     head = answer[:end].decode("utf-8", "replace")
     status = _lines(head)[0] if head else ""
@@ -283,6 +294,8 @@ def card_of_answer(answer: bytes) -> Card:
         raise CardError("no HTTP answer")
     words = status.split(" ")
     code = words[1] if len(words) > 1 else ""
+    if code.startswith("5"):
+        raise TryLater(f"GET /cluster: HTTP {code}")
     if code != "200":
         raise CardError(f"HTTP {code}")
     try:
@@ -326,6 +339,8 @@ def fetch(
         return FetchError(True, str(error), error.refused)
     try:
         return card_of_answer(answer)
+    except TryLater as error:
+        return FetchError(True, str(error))
     except CardError as error:
         return FetchError(False, str(error))
 
