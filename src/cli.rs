@@ -535,17 +535,14 @@ fn cli_client(command: &str, connect: &ConnectArgs) -> Result<(Client, SocketAdd
     }
 }
 
-/// How long a command waits, after its call, for the cards of a list's addresses that have not
-/// answered yet (a paused member never does: this is what it costs a command).
-const LIST_CHECK_GRACE: Duration = Duration::from_millis(100);
-
-/// Refuses a server list that mixes clusters (`Client::refused_members`, as far as the
-/// members' cards have been answered by now or within [`LIST_CHECK_GRACE`]): the error names
-/// each address refused and what it is, with [`EXIT_USAGE`]. The client sends nothing to a
-/// refused list; an address a redirect named is refused alone, and a command that got its
-/// answer from the others still fails then: a member hands out a wrong address.
+/// Refuses a server list that mixes clusters (`Client::refused_members`): the error names each
+/// address refused and what it is, with [`EXIT_USAGE`]. Asked after the command's call, which
+/// sent nothing before the list was decided, so it waits for nothing (a paused member's card
+/// never comes): a refused list made the call `Unavailable` with nothing sent. An address a
+/// redirect named is refused alone, and a command that got its answer from the others still
+/// fails then: a member hands out a wrong address.
 fn refuse_mixed_list(command: &str, client: &Client) -> Result<(), u8> {
-    let refused = client.refused_members(LIST_CHECK_GRACE);
+    let refused = client.refused_members(Duration::ZERO);
     if refused.is_empty() {
         return Ok(());
     }
