@@ -264,6 +264,35 @@ fn a_list_that_mixes_clusters_is_refused_whole_and_nothing_is_sent() {
 }
 
 #[test]
+fn a_member_of_a_build_before_cards_is_vouched_for_by_the_upgraded_members_cards() {
+    let upgraded = FakeMember::start(redirect_to(None));
+    let old = FakeMember::start(leading(6));
+    one_cluster(&[&upgraded, &old]);
+    old.set_card(None);
+    let listed = client(&[upgraded.addr(), old.addr()], 1, TRANSPORT);
+    let ticket = listed.acquire("k", Duration::from_secs(3), LEASE).unwrap();
+    assert_eq!(
+        ticket.token(),
+        6,
+        "granted by the member that gives no card"
+    );
+    assert_eq!(listed.refused_members(Duration::ZERO), []);
+    // None upgraded yet: the list is used as given, as before cards.
+    let first = FakeMember::start(leading(2));
+    first.set_card(None);
+    let second = FakeMember::start(leading(2));
+    second.set_card(None);
+    let listed = client(&[first.addr(), second.addr()], 1, TRANSPORT);
+    assert_eq!(
+        listed
+            .acquire("k", Duration::from_secs(3), LEASE)
+            .unwrap()
+            .token(),
+        2
+    );
+}
+
+#[test]
 fn a_list_of_two_standalone_servers_is_unavailable_and_says_why() {
     let standalone = FakeMember::start(leading(9));
     standalone.set_card(Some(Card::Standalone { instance: 5 }));

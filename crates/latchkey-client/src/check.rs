@@ -6,13 +6,17 @@
 //! * The list is *accepted* once some address answered a card and every listed address is
 //!   vouched for: it answered a card of that same owner (cluster, or standalone server run), or
 //!   a card of that cluster lists it as a member's client address (a member that is down or
-//!   paused), or nothing listens there (the connection was refused: a member down, or a name's
-//!   other address, e.g. `::1` of `localhost` where the server listens on `127.0.0.1` only).
+//!   paused, or of a build before cards, which answers `GET /cluster` 404: a rolling upgrade),
+//!   or nothing listens there (the connection was refused: a member down, or a name's other
+//!   address, e.g. `::1` of `localhost` where the server listens on `127.0.0.1` only).
 //! * The list is *refused* for the client's life as soon as two listed addresses answer cards
 //!   of different owners (two clusters, a cluster and a standalone server, two standalone
-//!   servers), or one answers without a card (not latchkey, or a build before cards): nothing
-//!   is sent to any of them, whatever answered first. Each refusal is logged as an error
-//!   naming every address and what it is.
+//!   servers), or one answers without a card where the cluster's cards do not list it (not
+//!   latchkey, or an older standalone server): nothing is sent to any of them, whatever
+//!   answered first. Each refusal is logged as an error naming every address and what it is.
+//! * When every listed server answered without a card (or nothing listens there), they are all
+//!   of builds before cards: the list is used as given, unchecked (logged once as a warning),
+//!   as a client before cards did; a card answered later decides as above.
 //! * Until then the list is *pending*: a call waits for the asks in flight (within its own
 //!   deadline) and sends nothing. An address that could not be asked (no answer in time) is
 //!   asked again when a call needs it.
@@ -75,6 +79,8 @@ enum Answer {
 enum List {
     Pending,
     Accepted(Owner),
+    /// Every listed server is of a build before cards: used as given, unchecked.
+    Unchecked,
     Refused,
 }
 
@@ -145,6 +151,7 @@ impl Check {
                 return Verdict::Refused(Arc::from(why));
             }
             List::Pending => return self.pending(addr),
+            List::Unchecked => return self.unchecked(addr),
             List::Accepted(owner) => owner,
         };
         if let Some(why) = self.strangers.get(&addr) {
@@ -176,6 +183,27 @@ impl Check {
             waiting: false,
             why,
             refused,
+        }
+    }
+
+    /// The verdict on `addr` in a list of older builds: what answered is used, as before cards;
+    /// an address where nothing listened is asked first (a server of this build there, with
+    /// its card, then refuses the list: it cannot be known to be the others' cluster).
+    fn unchecked(&self, addr: SocketAddr) -> Verdict {
+        match self.answers.get(&addr) {
+            Some(Answer::Absent(why)) if self.configured.contains(&addr) => Verdict::Unsettled {
+                ask: vec![addr],
+                waiting: false,
+                why: Arc::clone(why),
+                refused: true,
+            },
+            Some(Answer::Asking) => Verdict::Unsettled {
+                ask: Vec::new(),
+                waiting: true,
+                why: Arc::from("its card (GET /cluster) was not answered in time"),
+                refused: false,
+            },
+            _ => Verdict::Accepted,
         }
     }
 
@@ -271,14 +299,20 @@ impl Check {
             return;
         }
         let mut owners: Vec<Owner> = Vec::new();
-        let mut foreign = false;
         for addr in &self.configured {
             match self.answers.get(addr) {
                 Some(Answer::Card(owner)) if !owners.contains(owner) => owners.push(*owner),
-                Some(Answer::NoCard(_)) => foreign = true,
                 _ => {}
             }
         }
+        let no_card =
+            |addr: &&SocketAddr| matches!(self.answers.get(addr), Some(Answer::NoCard(_)));
+        // A server without a card is an older build: it may be in the list only where the
+        // cluster's cards list it (a member not upgraded yet).
+        let foreign = match owners[..] {
+            [owner] => (self.configured.iter().filter(no_card)).any(|a| !self.lists(owner, *a)),
+            _ => false,
+        };
         if foreign || owners.len() > 1 {
             let what: Vec<String> = (self.configured.iter())
                 .filter(|addr| {
@@ -299,6 +333,21 @@ impl Check {
             return;
         }
         let Some(&owner) = owners.first() else {
+            // No card anywhere: when every listed server answered without one (or nothing
+            // listens there), they are all of builds before cards, and cannot be checked.
+            let old = |addr: &SocketAddr| {
+                matches!(
+                    self.answers.get(addr),
+                    Some(Answer::NoCard(_) | Answer::Absent(_))
+                )
+            };
+            if self.configured.iter().all(old) && self.configured.iter().any(|a| no_card(&a)) {
+                log::warn!(
+                    "no listed server gives a card (GET /cluster): they are older builds, and \
+                     the list cannot be checked to name one cluster; it is used as given"
+                );
+                self.list = List::Unchecked;
+            }
             return;
         };
         let vouched = |addr: &SocketAddr| match self.answers.get(addr) {
@@ -318,7 +367,7 @@ impl Check {
         };
         let foreign = match self.answers.get(&addr) {
             Some(Answer::Card(answered)) => *answered != owner,
-            Some(Answer::NoCard(_)) => true,
+            Some(Answer::NoCard(_)) => !self.lists(owner, addr),
             _ => false,
         };
         if foreign {
@@ -494,6 +543,40 @@ mod tests {
         assert!(
             refused(check.verdict(addr(2))).contains("a standalone server (run 0000000000000006)")
         );
+    }
+
+    #[test]
+    fn an_older_member_without_a_card_is_vouched_for_by_the_clusters_cards() {
+        // A rolling upgrade: 1 and 3 are of builds before cards; 2's card lists them all.
+        let mut check = Check::new(&[addr(1), addr(2), addr(3)]);
+        let old = || Err(FetchError::NotACard("HTTP 404".to_string()));
+        check.answered(addr(1), old());
+        assert!(
+            unsettled(&check.verdict(addr(1))),
+            "pending: 2 and 3 not answered"
+        );
+        check.answered(addr(2), member(7, &[1, 2, 3]));
+        check.answered(addr(3), old());
+        for port in [1, 2, 3] {
+            assert_eq!(check.verdict(addr(port)), Verdict::Accepted);
+        }
+        // Every listed server without a card: older builds, used as given.
+        let mut check = Check::new(&[addr(1), addr(2), addr(3)]);
+        check.answered(addr(1), old());
+        check.answered(addr(2), refused_connect());
+        assert!(unsettled(&check.verdict(addr(1))));
+        check.answered(addr(3), old());
+        assert_eq!(check.verdict(addr(1)), Verdict::Accepted);
+        let Verdict::Unsettled {
+            ask, refused: none, ..
+        } = check.verdict(addr(2))
+        else {
+            panic!("where nothing listened is asked first");
+        };
+        assert_eq!((ask, none), (vec![addr(2)], true));
+        // A server of this build there, whose cards do not list the older ones: refused.
+        check.answered(addr(2), member(7, &[2]));
+        assert!(refused(check.verdict(addr(1))).contains("HTTP 404"));
     }
 
     #[test]
