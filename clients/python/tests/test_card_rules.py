@@ -258,6 +258,73 @@ def test_one_standalone_server_at_every_address_is_accepted_two_are_refused() ->
     assert "a standalone server (run 0000000000000006)" in refused(check.verdict(addr(2)))
 
 
+def test_an_older_member_without_a_card_is_vouched_for_by_the_clusters_cards(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """check.rs an_older_member_without_a_card_is_vouched_for_by_the_clusters_cards"""
+    # A rolling upgrade: 1 and 3 are of builds before cards; 2's card lists them all.
+    check = Check([addr(1), addr(2), addr(3)])
+
+    def old() -> Answer:
+        return FetchError(False, "HTTP 404")
+
+    check.answered(addr(1), old())
+    assert unsettled(check.verdict(addr(1))), "pending: 2 and 3 not answered"
+    check.answered(addr(2), member(7, [1, 2, 3]))
+    check.answered(addr(3), old())
+    for port in (1, 2, 3):
+        assert check.verdict(addr(port)) == Verdict(ACCEPTED)
+    assert check.refused() == []
+    # Every listed server without a card: older builds, used as given (warned once).
+    with caplog.at_level(logging.WARNING, logger="latchkey"):
+        check = Check([addr(1), addr(2), addr(3)])
+        check.answered(addr(1), old())
+        check.answered(addr(2), refused_connect())
+        assert unsettled(check.verdict(addr(1)))
+        check.answered(addr(3), old())
+        assert check.verdict(addr(1)) == Verdict(ACCEPTED)
+        verdict = check.verdict(addr(2))
+        assert unsettled(verdict), "where nothing listened is asked first"
+        assert (verdict.ask, verdict.refused) == ((addr(2),), True)
+        check.answered(addr(2), refused_connect())
+        assert check.verdict(addr(3)) == Verdict(ACCEPTED)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [
+        "no listed server gives a card (GET /cluster): they are older builds, and the list "
+        "cannot be checked to name one cluster; it is used as given"
+    ], warned
+    # A server of this build there, whose cards do not list the older ones: refused.
+    check.answered(addr(2), member(7, [2]))
+    assert "HTTP 404" in refused(check.verdict(addr(1)))
+    # One whose card lists them: accepted.
+    check = Check([addr(1), addr(2), addr(3)])
+    check.answered(addr(1), old())
+    check.answered(addr(2), refused_connect())
+    check.answered(addr(3), old())
+    check.asking(addr(2))
+    verdict = check.verdict(addr(2))
+    assert (verdict.kind, verdict.waiting, verdict.ask) == (UNSETTLED, True, ())
+    check.answered(addr(2), member(7, [1, 2, 3]))
+    for port in (1, 2, 3):
+        assert check.verdict(addr(port)) == Verdict(ACCEPTED)
+    # A leader an ``M`` names that answers without a card: used where the cards list it,
+    # refused alone where they do not (not in the Rust test: check.rs ``stranger``).
+    check = Check([addr(1), addr(2)])
+    check.answered(addr(1), member(7, [1, 2, 4]))
+    check.answered(addr(2), old())
+    assert check.verdict(addr(2)) == Verdict(ACCEPTED)
+    check.answered(addr(4), old())
+    check.answered(addr(5), old())
+    assert check.verdict(addr(4)) == Verdict(ACCEPTED)
+    assert "HTTP 404" in refused(check.verdict(addr(5)))
+    assert [a for a, _ in check.refused()] == [addr(5)]
+    # A standalone server beside servers without a card is refused (it lists nothing).
+    check = Check([addr(1), addr(2)])
+    check.answered(addr(1), old())
+    check.answered(addr(2), standalone(5))
+    assert "HTTP 404" in refused(check.verdict(addr(1)))
+
+
 def test_a_server_without_a_card_refuses_the_list() -> None:
     """check.rs a_server_without_a_card_refuses_the_list"""
     check = Check([addr(1), addr(2)])

@@ -91,6 +91,39 @@ def test_a_list_that_mixes_clusters_is_refused_whole_and_nothing_is_sent(
         assert other.received() == [], "never sent to"
 
 
+def test_a_member_of_a_build_before_cards_is_vouched_for_by_the_upgraded_members_cards(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """client_redirects.rs
+    a_member_of_a_build_before_cards_is_vouched_for_by_the_upgraded_members_cards"""
+    upgraded = FakeMember(redirect_to(None))
+    old = FakeMember(leading(6))
+    one_cluster([upgraded, old])
+    old.card = None
+    listed = make_client([upgraded.addr, old.addr])
+    ticket = listed.acquire("k", wait=3.0, lease=LEASE)
+    assert ticket.token == 6, "granted by the member that gives no card"
+    assert listed.refused_members(0.0) == []
+    listed.close()
+    # None upgraded yet: the list is used as given, as before cards (with a warning).
+    first = FakeMember(leading(2))
+    first.card = None
+    second = FakeMember(leading(2))
+    second.card = None
+    with caplog.at_level(logging.WARNING, logger="latchkey"):
+        listed = make_client([first.addr, second.addr])
+        assert listed.acquire("k", wait=3.0, lease=LEASE).token == 2
+        assert listed.refused_members(0.0) == []
+    listed.close()
+    warned = [
+        r.getMessage() for r in caplog.records if r.name == "latchkey" and r.levelno == logging.WARNING
+    ]
+    assert warned == [
+        "no listed server gives a card (GET /cluster): they are older builds, and the list "
+        "cannot be checked to name one cluster; it is used as given"
+    ], warned
+
+
 def test_a_list_of_two_standalone_servers_is_unavailable_and_says_why() -> None:
     """client_redirects.rs a_list_of_two_standalone_servers_is_unavailable_and_says_why"""
     standalone = FakeMember(leading(9))

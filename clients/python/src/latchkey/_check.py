@@ -8,12 +8,18 @@ The rules, for a client given more than one address (one address is never asked)
 * The list is *accepted* once some address answered a card and every listed address is
   vouched for: it answered a card of that same owner (cluster, or standalone server run), or a
   card of that cluster lists it as a member's client address (a member that is down or
-  paused), or nothing listens there (the connection was refused: a member down).
+  paused, or of a build before cards, which answers ``GET /cluster`` 404: a rolling upgrade),
+  or nothing listens there (the connection was refused: a member down).
 * The list is *refused* for the client's life as soon as two listed addresses answer cards of
   different owners (two clusters, a cluster and a standalone server, two standalone servers),
-  or one answers without a card (not latchkey, or a build before cards): nothing is sent to any
-  of them, whatever answered first. Each refusal is logged at error level on the ``latchkey``
-  logger, naming every address that answered and what it is.
+  or one answers without a card where the cluster's cards do not list it (not latchkey, or an
+  older standalone server): nothing is sent to any of them, whatever answered first. Each
+  refusal is logged at error level on the ``latchkey`` logger, naming every address that
+  answered and what it is.
+* When every listed server answered without a card (or nothing listens there), they are all of
+  builds before cards: the list is used as given, unchecked (logged once at warning level on
+  the ``latchkey`` logger), as a client before cards did; a card answered later decides as
+  above.
 * Until then the list is *pending*: a call waits for the asks in flight (within its own
   deadline) and sends nothing. An address that could not be asked (no answer in time) is asked
   again when a call needs it.
@@ -29,7 +35,7 @@ address (and refuses the list from then on), not before.
 
 Sans-IO: :class:`Check` takes answers and says verdicts; ``_client._Asker`` asks (one thread per
 ask). Not thread-safe: its owner locks. Invariants: an accepted address answered the list's
-owner or a card of it lists it; a refused list stays refused.
+owner or a card of it lists it (or the list is unchecked); a refused list stays refused.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ _ASKING_ANSWER = _Answer(_ASKING)
 # The list's states.
 _PENDING = "pending"
 _LIST_ACCEPTED = "accepted"
+_LIST_UNCHECKED = "unchecked"  # every listed server is of a build before cards: used as given
 _LIST_REFUSED = "refused"
 
 # What a refused list's addresses are told, after what each is.
@@ -139,6 +146,8 @@ class Check:
         """The verdict on ``addr``."""
         if self._list == _LIST_REFUSED:
             return Verdict(REFUSED, f"{self._what_it_is(addr)} ({NOT_ONE_CLUSTER})")
+        if self._list == _LIST_UNCHECKED:
+            return self._unchecked(addr)
         owner = self._owner
         if self._list == _PENDING or owner is None:
             return self._pending(addr)
@@ -156,6 +165,18 @@ class Check:
         if answer is not None and answer.kind == _FAILED:
             return Verdict(UNSETTLED, answer.why, (addr,), cause=True)
         return Verdict(UNSETTLED, "its card (GET /cluster) was not asked for yet", (addr,))
+
+    def _unchecked(self, addr: Address) -> Verdict:
+        """The verdict on ``addr`` in a list of older builds: what answered is used, as before
+        cards; an address where nothing listened is asked first (a server of this build there,
+        with its card, then refuses the list: it cannot be known to be the others' cluster)."""
+        answer = self._answers.get(addr)
+        if answer is not None and answer.kind == _ABSENT and addr in self.configured:
+            return Verdict(UNSETTLED, answer.why, (addr,), refused=True, cause=True)
+        if answer is not None and answer.kind == _ASKING:
+            why = "its card (GET /cluster) was not answered in time"
+            return Verdict(UNSETTLED, why, (), waiting=True)
+        return _ACCEPTED
 
     def _pending(self, addr: Address) -> Verdict:
         """The verdict on ``addr`` while the list is pending: ask every listed address that has
@@ -229,15 +250,16 @@ class Check:
         if self._list == _LIST_REFUSED:
             return
         owners: List[Owner] = []
-        foreign = False
         for addr in self.configured:
             answer = self._answers.get(addr)
             if answer is None:
                 continue
             if answer.kind == _CARD and answer.owner is not None and answer.owner not in owners:
                 owners.append(answer.owner)
-            elif answer.kind == _NO_CARD:
-                foreign = True
+        no_card = [addr for addr in self.configured if self._kind(addr) == _NO_CARD]
+        # A server without a card is an older build: it may be in the list only where the
+        # cluster's cards list it (a member not upgraded yet).
+        foreign = len(owners) == 1 and any(not self._lists(owners[0], a) for a in no_card)
         if foreign or len(owners) > 1:
             what = [
                 f"{addr_text(addr)}: {self._what_it_is(addr)}"
@@ -254,6 +276,15 @@ class Check:
             self._owner = None
             return
         if not owners:
+            # No card anywhere: when every listed server answered without one (or nothing
+            # listens there), they are all of builds before cards, and cannot be checked.
+            old = all(self._kind(addr) in (_NO_CARD, _ABSENT) for addr in self.configured)
+            if old and no_card and self._list != _LIST_UNCHECKED:
+                LOG.warning(
+                    "no listed server gives a card (GET /cluster): they are older builds, and "
+                    "the list cannot be checked to name one cluster; it is used as given"
+                )
+                self._list = _LIST_UNCHECKED
             return
         owner = owners[0]
 
@@ -277,7 +308,9 @@ class Check:
         answer = self._answers.get(addr)
         if answer is None:
             return
-        foreign = (answer.kind == _CARD and answer.owner != owner) or answer.kind == _NO_CARD
+        foreign = (answer.kind == _CARD and answer.owner != owner) or (
+            answer.kind == _NO_CARD and not self._lists(owner, addr)
+        )
         if foreign:
             why = f"{self._what_it_is(addr)}, not {owner}: named in a redirect"
             LOG.error("%s is not used: %s", addr_text(addr), why)
