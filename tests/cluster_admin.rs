@@ -10,7 +10,6 @@ use common::server::{fresh_id, Conn};
 use latchkey_client::protocol::Response;
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const SETTLE_LIMIT: Duration = Duration::from_secs(10);
@@ -18,22 +17,7 @@ const KEYS: usize = 8;
 
 /// `latchkey ARGS --server <every member>`: exit code, stdout, stderr.
 fn latchkey(cluster: &Cluster, args: &[&str]) -> (Option<i32>, String, String) {
-    let servers: Vec<String> = cluster
-        .members
-        .iter()
-        .map(|m| m.client.to_string())
-        .collect();
-    let output = Command::new(env!("CARGO_BIN_EXE_latchkey"))
-        .args(args)
-        .args(["--server", &servers.join(","), "--transport-timeout", "2s"])
-        .output()
-        .expect("run latchkey");
-    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    (
-        output.status.code(),
-        text(&output.stdout),
-        text(&output.stderr),
-    )
+    common::run_cli(env!("CARGO_BIN_EXE_latchkey"), &cluster.servers(), args)
 }
 
 /// Acquires `key` on the member that serves it, over a connection the caller keeps open (so

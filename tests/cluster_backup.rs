@@ -17,7 +17,6 @@ use latchkey_client::protocol::{Request, Response};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const SETTLE_LIMIT: Duration = Duration::from_secs(10);
@@ -26,26 +25,7 @@ const HELD: [&str; 6] = ["jobs/a", "jobs/b", "jobs/c", "db/1", "db/2", "cache"];
 
 /// `latchkey ARGS --server SERVERS`: exit code, stdout, stderr.
 fn latchkey(servers: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_latchkey"))
-        .args(args)
-        .args(["--server", servers, "--transport-timeout", "2s"])
-        .output()
-        .expect("run latchkey");
-    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    (
-        output.status.code(),
-        text(&output.stdout),
-        text(&output.stderr),
-    )
-}
-
-fn servers(cluster: &Cluster) -> String {
-    let list: Vec<String> = cluster
-        .members
-        .iter()
-        .map(|m| m.client.to_string())
-        .collect();
-    list.join(",")
+    common::run_cli(env!("CARGO_BIN_EXE_latchkey"), servers, args)
 }
 
 /// `GET path` on `addr`: the status and the body as bytes.
@@ -140,7 +120,7 @@ fn a_new_cluster_starts_from_a_backup_with_its_locks_and_tokens_above_it() {
 
     let file = old.file("locks.lkb");
     let path = file.to_str().expect("a path");
-    let (code, stdout, stderr) = latchkey(&servers(&old), &["cluster", "backup", path]);
+    let (code, stdout, stderr) = latchkey(&Cluster::servers(&old), &["cluster", "backup", path]);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     assert!(stdout.contains("4 shards, 6 locks"), "{stdout}");
     let backup = BackupFile::decode(&std::fs::read(&file).expect("the file")).expect("decodes");
@@ -243,7 +223,7 @@ fn no_file_is_written_unless_every_shard_is_captured() {
     // One member of three: it answers, but no shard has a leader (no quorum).
     let mut alone = dir;
     alone.launch(0);
-    let (code, _, stderr) = latchkey(&servers(&alone), &["cluster", "backup", path]);
+    let (code, _, stderr) = latchkey(&Cluster::servers(&alone), &["cluster", "backup", path]);
     assert_eq!(code, Some(83), "{stderr}");
     assert!(stderr.contains("4 of 4 shards not captured"), "{stderr}");
     assert!(stderr.contains("latchkey cluster status"), "{stderr}");

@@ -85,6 +85,14 @@ fn free_ports(count: usize) -> Vec<u16> {
 }
 
 impl Cluster {
+    /// Every member's client address, as a `--server` list (`a,b,c`).
+    pub fn servers(&self) -> String {
+        let list: Vec<String> = (self.members.iter())
+            .map(|member| member.client.to_string())
+            .collect();
+        list.join(",")
+    }
+
     /// Writes the configs of `n` members (`shards` shards, `fsync`) and starts them all.
     pub fn start(label: &str, n: usize, shards: u32, fsync: bool) -> Cluster {
         Cluster::start_with(label, n, shards, fsync, false)

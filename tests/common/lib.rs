@@ -176,6 +176,22 @@ pub enum Got {
     Quiet,
 }
 
+/// Runs the `latchkey` binary at `binary` with `args`, then `--server SERVERS
+/// --transport-timeout 2s`: its exit code, stdout and stderr.
+pub fn run_cli(binary: &str, servers: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = std::process::Command::new(binary)
+        .args(args)
+        .args(["--server", servers, "--transport-timeout", "2s"])
+        .output()
+        .expect("run latchkey");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (
+        output.status.code(),
+        text(&output.stdout),
+        text(&output.stderr),
+    )
+}
+
 /// A scripted server: the test accepts and answers by hand. A connection that asks for the
 /// server's card (`GET /cluster`, what a client given several addresses asks each) is answered
 /// by [`FakeServer::accept`] and its kin on the way to the next one: by default a member of
@@ -308,20 +324,8 @@ impl FakeConn {
                 || input.windows(4).any(|w| w == b"\r\n\r\n")
         };
         while !done(&self.input) && Instant::now() < until {
-            let left = until.saturating_duration_since(Instant::now());
-            self.stream
-                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .unwrap();
-            let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(read) => self.input.extend_from_slice(&chunk[..read]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
-                Err(_) => break,
+            if !self.read_some(until) {
+                break;
             }
         }
         if !self.input.starts_with(b"GET ") {
@@ -346,23 +350,38 @@ impl FakeConn {
                 self.input.drain(..used);
                 return Got::Frame(frame);
             }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if Instant::now() >= until {
                 return Got::Quiet;
             }
-            self.stream.set_read_timeout(Some(left)).unwrap();
-            let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return Got::Eof,
-                Ok(read) => self.input.extend_from_slice(&chunk[..read]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
-                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Got::Eof,
-                Err(e) => panic!("read: {e}"),
+            if !self.read_some(until) {
+                return Got::Eof;
             }
+        }
+    }
+
+    /// Reads what comes into `input`, waiting until `until` at most; false at the end of the
+    /// input (or a reset). Panics on any other read error.
+    fn read_some(&mut self, until: Instant) -> bool {
+        let left = until.saturating_duration_since(Instant::now());
+        let timeout = left.max(Duration::from_millis(1));
+        self.stream.set_read_timeout(Some(timeout)).unwrap();
+        let mut chunk = [0u8; 4096];
+        match self.stream.read(&mut chunk) {
+            Ok(0) => false,
+            Ok(read) => {
+                self.input.extend_from_slice(&chunk[..read]);
+                true
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                true
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => false,
+            Err(e) => panic!("read: {e}"),
         }
     }
 
