@@ -32,8 +32,12 @@ use world::{FaultCounts, MEMBERS, SHARDS};
 /// Seeds beyond the default range that found bugs, run with it: 1333 (an adopted waiter, whose
 /// grant missed, took a place of the session-less adopted waiters' and broke the queues'
 /// invariants), 3864 (an adopted waiter's wait restarted in full at its adoption outlived its
-/// client and kept the key from the probes after the run).
-const PINNED_SEEDS: [u64; 2] = [1333, 3864];
+/// client and kept the key from the probes after the run); 102896, 106938, 108807, 112161 and
+/// 119164 (a Resolve answered "never seen" for an adopted waiter whose `Withdraw` was still in
+/// flight: a later leader lacking it adopted the waiter again and granted it); 113772 (a
+/// barrier proposed at the index of a truncated handoff replaced its record unsettled, and its
+/// queue head stayed "proposed", holding the key's queue, for good).
+const PINNED_SEEDS: [u64; 8] = [1333, 3864, 102896, 106938, 108807, 112161, 119164, 113772];
 
 /// Virtual time without faults at the end of a run.
 const HEAL_BEFORE_END_US: u64 = 3_000_000;

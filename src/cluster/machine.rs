@@ -450,6 +450,15 @@ impl ShardMachine {
         self.waiters
     }
 
+    /// Whether `key`'s replicated queue has the acquire of `owner` from client `client`: its
+    /// `Enqueue` applied, and neither its grant nor its `Withdraw` yet.
+    pub fn queues(&self, key: &[u8], client: u128, owner: u64) -> bool {
+        let queue = self.waiting.get(key);
+        queue.is_some_and(|queue| {
+            (queue.iter()).any(|w| w.queued.client == client && w.queued.owner == owner)
+        })
+    }
+
     /// How the queued acquire of `owner` from client `client` was answered, if a `Withdraw`
     /// said so and it is among the last [`ENDED_MAX`] (see the module docs).
     pub fn ended(&self, client: u128, owner: u64) -> Option<Answered> {

@@ -261,6 +261,8 @@ pub struct ClusterPartition<D: LogWriter, P: Peers> {
     shards: Vec<Shard>,
     pending: HashMap<(u32, u64), Pending>,
     reads: HashMap<u64, PendingRead>,
+    /// Resolves waiting for an entry in flight (resume.rs).
+    resolves: Vec<resume::PendingResolve>,
     next_seq: u64,
     /// Queued acquires' wait deadlines, by tick: slots of `wait_slots`.
     wait_timers: Wheel<u32>,
@@ -347,6 +349,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             shards,
             pending: HashMap::default(),
             reads: HashMap::default(),
+            resolves: Vec::new(),
             next_seq: 1,
             wait_timers: Wheel::with_horizon(0, WAIT_US_MAX.div_ceil(tick_us) + 1),
             wait_slots: Slab::new(),
@@ -407,6 +410,12 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     #[cfg(any(test, feature = "testing"))]
     pub fn member(&self) -> &Member<D> {
         &self.member
+    }
+
+    /// The member, to stall its writer (tests).
+    #[cfg(test)]
+    pub(crate) fn member_mut(&mut self) -> &mut Member<D> {
+        &mut self.member
     }
 
     /// The shard machine of `shard` (hosted here), for tests and status.
@@ -508,16 +517,27 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                     proposed_us: self.now_us,
                     handoff,
                 };
-                self.pending.insert((shard, proposed.index), pending);
                 self.cluster_stats.proposals += 1;
                 let local = self.local(shard);
                 self.shards[local].proposed_at(proposed.index);
+                self.track(shard, proposed.index, pending);
                 true
             }
             Err(not_leader) => {
                 log::debug!("shard {shard}: proposal refused: {not_leader}");
                 false
             }
+        }
+    }
+}
+
+impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
+    /// Remembers `pending`, proposed at `index` on `shard`. A proposal this member made at
+    /// the same index in an earlier term was truncated from its log: it is lost (settled now;
+    /// the others past it are when an entry of a later term applies, apply.rs).
+    fn track(&mut self, shard: u32, index: u64, pending: Pending) {
+        if let Some(displaced) = self.pending.insert((shard, index), pending) {
+            self.lost(shard, displaced);
         }
     }
 }

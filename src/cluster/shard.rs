@@ -113,8 +113,10 @@ pub(crate) struct Shard {
     grants: BTreeMap<u64, Granted>,
     /// The token the incremental pruning of `grants` goes on from (it wraps to the start).
     grants_cursor: u64,
-    /// The index of the last entry this member proposed on the shard.
+    /// The index of the last entry this member proposed on the shard that may still commit.
     last_proposed: u64,
+    /// The term of the last entry applied (0 before any since start or a restore).
+    applied_term: u64,
 }
 
 impl Shard {
@@ -135,6 +137,7 @@ impl Shard {
             grants: BTreeMap::new(),
             grants_cursor: 0,
             last_proposed: 0,
+            applied_term: 0,
         }
     }
 }
@@ -168,6 +171,21 @@ impl Shard {
     /// waits for it to apply.
     pub fn last_proposed(&self) -> u64 {
         self.last_proposed
+    }
+
+    /// Entries this member proposed past `index` were lost (a later term's entry applied
+    /// before them): the last that may still commit is at `index`, or past it if given.
+    pub fn proposals_lost(&mut self, index: u64, still: Option<u64>) {
+        self.last_proposed = still.unwrap_or(index).max(index).min(self.last_proposed);
+    }
+
+    /// An entry of `term` applied: true if its term is above the last applied entry's. The
+    /// log's terms never decrease with the index, so a proposal of an earlier term past this
+    /// entry can never commit.
+    pub fn term_applied(&mut self, term: u64) -> bool {
+        let raised = term > self.applied_term;
+        self.applied_term = self.applied_term.max(term);
+        raised
     }
 
     /// This member's role.

@@ -173,6 +173,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
             let pending = self.pending.remove(&(entry.shard, entry.index));
             self.applied(entry.shard, entry.term, command.as_ref(), applied, pending);
+            if self.shards[local].term_applied(entry.term) {
+                self.older_terms_lost(entry.shard, entry.term, entry.index);
+            }
             self.maybe_compact(local);
         }
         self.propose_withdrawals();
@@ -315,9 +318,37 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
     }
 
+    /// An entry of `term` at `index` applied, the first of its term here: every proposal of
+    /// an earlier term can never commit (the log's terms never decrease with the index), and
+    /// is lost now rather than when its own index applies — which may be long after, or (a
+    /// queue head waiting on it) hold its key's queue until then.
+    fn older_terms_lost(&mut self, shard: u32, term: u64, index: u64) {
+        let mut lost: Vec<(u64, Pending)> = Vec::new();
+        self.pending.retain(|&(s, i), pending| {
+            let keep = s != shard || pending.term >= term;
+            if !keep {
+                lost.push((i, pending.clone()));
+            }
+            keep
+        });
+        if lost.is_empty() {
+            return;
+        }
+        lost.sort_by_key(|(i, _)| *i);
+        for (_, pending) in lost {
+            self.lost(shard, pending);
+        }
+        let still = (self.pending.keys())
+            .filter(|&&(s, _)| s == shard)
+            .map(|&(_, i)| i)
+            .max();
+        let local = self.local(shard);
+        self.shards[local].proposals_lost(index, still);
+    }
+
     /// A proposal whose index got another entry: it had no effect. Its client gets `M`, and
     /// so does a queue head it carried.
-    fn lost(&mut self, shard: u32, pending: Pending) {
+    pub(super) fn lost(&mut self, shard: u32, pending: Pending) {
         let local = self.local(shard);
         if let Some(key) = pending.handoff.as_deref() {
             self.head_lost(shard, key);
@@ -414,9 +445,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                     proposed_us: self.now_us,
                     handoff: None,
                 };
-                self.pending.insert((shard, barrier.index), pending);
                 let local = self.local(shard);
                 self.shards[local].begin_promotion(barrier);
+                self.track(shard, barrier.index, pending);
             }
             Err(error) => log::debug!("shard {shard}: barrier refused: {error}"),
         }
@@ -443,6 +474,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 self.answer(read.session, response, false);
             }
         }
+        self.demote_resolves(shard);
         self.shards[local].check_invariants();
         self.leadership_log.stepped_down(shard);
     }

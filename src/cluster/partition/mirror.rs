@@ -195,7 +195,13 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
 
     /// Proposes the `Withdraw` of `owner`'s waiter of `key`, saying it was `answered` if every
     /// member reads that.
-    fn propose_withdraw(&mut self, shard: u32, key: Vec<u8>, owner: u64, answered: Answered) {
+    pub(super) fn propose_withdraw(
+        &mut self,
+        shard: u32,
+        key: Vec<u8>,
+        owner: u64,
+        answered: Answered,
+    ) {
         let readable = self.peers.cluster_version() >= ANSWERED_PEER_VERSION;
         let command = Command::Withdraw {
             key,

@@ -294,3 +294,44 @@ fn a_new_leader_answers_a_resolve_of_a_waiter_its_predecessor_answered_t_as_time
         );
     }
 }
+
+#[test]
+fn a_resolve_waits_for_the_withdraw_in_flight_of_a_waiter_that_left_the_leaders_queue() {
+    let mut now_us = 0;
+    let version = super::ANSWERED_PEER_VERSION;
+    let mut partition = start(MemDurable::new(), version, &CLIENTS, &mut now_us);
+    assert!(send(&mut partition, now_us, (1, ALICE), acquire(1, 5)).is_empty());
+    run(&mut partition, &mut now_us, 5);
+    // Bob queues for 1 s and is mirrored; then the leader dies, and the next one adopts him.
+    assert!(send(&mut partition, now_us, (2, BOB), acquire(2, 1)).is_empty());
+    run(&mut partition, &mut now_us, 5);
+    assert_eq!(queued_owners(&partition), [2]);
+    let mut partition = restart(partition, version, &mut now_us);
+    assert_eq!(partition.stats().adopted, 1);
+    // Its disk stalls, and the adopted wait runs out meanwhile: the waiter leaves this
+    // leader's queue, and its `Withdraw` is proposed but cannot commit.
+    partition.member_mut().writer_mut().set_immediate(false);
+    run(&mut partition, &mut now_us, 120);
+    assert_eq!(queued_owners(&partition), [2], "the Withdraw is in flight");
+    // Bob asks: not "never seen" (a later leader, without the Withdraw, would adopt and may
+    // grant him), nor anything else yet — the answer waits for the entry.
+    assert!(send(&mut partition, now_us, (10, BOB), Op::Resolve { owner: 2 }).is_empty());
+    assert!(run(&mut partition, &mut now_us, 5).is_empty());
+    partition.member_mut().writer_mut().set_immediate(true);
+    let answers = run(&mut partition, &mut now_us, 5);
+    assert!(
+        matches!(
+            answers.as_slice(),
+            [(
+                10,
+                Response::Resolved {
+                    owner: 2,
+                    fate: Fate::TimedOut,
+                    ..
+                }
+            )]
+        ),
+        "answered from the replicated record once it applied: {answers:?}"
+    );
+    assert!(queued_owners(&partition).is_empty());
+}

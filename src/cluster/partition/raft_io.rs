@@ -77,6 +77,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     pub(super) fn drain(&mut self) {
         self.take_compactions();
         if !self.member.has_ready() {
+            self.serve_resolves();
             return self.serve_reads();
         }
         let drain = match self.member.drain() {
@@ -93,6 +94,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.leaders_changed(&drain.leaders);
         self.reads_ready(drain.reads);
         self.serve_reads();
+        self.serve_resolves();
     }
 
     /// The snapshots the compactor encoded since the last drain, handed to the member: each is

@@ -18,6 +18,11 @@
 //!   a member that serves the key (its barrier applied: every entry committed before its term is
 //!   applied), so an acquire another member proposed either shows in the state now, or can
 //!   never commit; and one not proposed was queued on another member and is not in effect.
+//! * **Not yet**: the replicated queue still has the owner's acquire (its `Enqueue` applied)
+//!   but this leader's queue does not: it left (its wait ran out, say) and its `Withdraw`, or
+//!   its grant, is in flight. Until that entry applies, no answer is true for every leader to
+//!   come (one that lacks the entry adopts the waiter again, and may grant it), so the Resolve
+//!   waits for it (at most [`DEFERRED_MAX`] per core; `M` if this member stops leading first).
 //!
 //! As on a single node, a session of an identified client that closes leaves its waiters in
 //! their places, *detached* (under [`ClientRef::detached`]: nothing is answered to it, a `T` or
@@ -40,6 +45,21 @@ use crate::cluster::writer::LogWriter;
 use crate::partition::{is_detached, ClientRef, Fate, SessionId, DETACHED, NOBODY};
 use latchkey_client::protocol::{ErrorCode, Response};
 
+/// The most Resolves one core keeps waiting for an entry in flight (past it: `X` 10).
+const DEFERRED_MAX: usize = 4_096;
+
+/// A Resolve whose acquire is in the replicated queue but left this leader's: answered once
+/// the entries this leader proposed up to `after` applied (see [`ClusterPartition::resolved`]).
+#[derive(Clone, Debug)]
+pub(super) struct PendingResolve {
+    shard: u32,
+    session: SessionId,
+    client: ClientRef,
+    key: Vec<u8>,
+    owner: u64,
+    after: u64,
+}
+
 impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// Resolve from `session` (of `client`) on a shard this member serves: see the module docs.
     pub(super) fn resolve(
@@ -53,7 +73,31 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             let code = ErrorCode::NotIdentified;
             return self.answer(session, Response::Error { code, id: owner }, false);
         }
-        let response = self.resolved(shard, (session, client), key, owner);
+        match self.resolved(shard, (session, client), key, owner) {
+            Some(response) => self.answer_resolve(session, response),
+            None if self.resolves.len() >= DEFERRED_MAX => {
+                let response = Response::Error {
+                    code: ErrorCode::Limit,
+                    id: owner,
+                };
+                self.answer_resolve(session, response);
+            }
+            None => {
+                let mut resolve = PendingResolve {
+                    shard,
+                    session,
+                    client,
+                    key: key.to_vec(),
+                    owner,
+                    after: 0,
+                };
+                self.settle(&mut resolve);
+                self.resolves.push(resolve);
+            }
+        }
+    }
+
+    fn answer_resolve(&mut self, session: SessionId, response: Response) {
         if let Response::Resolved { fate, .. } = response {
             self.stats.resolves[fate as usize] += 1;
         }
@@ -65,18 +109,82 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         });
     }
 
+    /// A deferred Resolve waits for the last entry proposed on its shard: the `Withdraw` (or
+    /// grant) of its acquire is among them. With none in flight (the `Withdraw` could not be
+    /// proposed when the waiter left), this leader proposes one now.
+    fn settle(&mut self, resolve: &mut PendingResolve) {
+        let local = self.local(resolve.shard);
+        let shard = &self.shards[local];
+        if shard.last_proposed() <= shard.machine().applied() {
+            let (key, owner) = (resolve.key.clone(), resolve.owner);
+            self.propose_withdraw(resolve.shard, key, owner, Answered::TimedOut);
+        }
+        resolve.after = self.shards[local].last_proposed();
+    }
+
+    /// Answers the deferred Resolves whose entries in flight applied: each is decided again
+    /// (deferred again if its acquire is still in the replicated queue).
+    pub(super) fn serve_resolves(&mut self) {
+        if self.resolves.is_empty() {
+            return;
+        }
+        let mut waiting = std::mem::take(&mut self.resolves);
+        waiting.retain_mut(|resolve| {
+            let applied = self.machine(resolve.shard).map_or(0, |m| m.applied());
+            if applied < resolve.after {
+                return true;
+            }
+            let asker = (resolve.session, resolve.client);
+            match self.resolved(resolve.shard, asker, &resolve.key, resolve.owner) {
+                Some(response) => {
+                    self.answer_resolve(resolve.session, response);
+                    false
+                }
+                None => {
+                    self.settle(resolve);
+                    true
+                }
+            }
+        });
+        waiting.append(&mut self.resolves);
+        self.resolves = waiting;
+    }
+
+    /// This member stopped leading `shard`: its deferred Resolves get `M` (the client asks the
+    /// new leader, which knows what became of the entries in flight).
+    pub(super) fn demote_resolves(&mut self, shard: u32) {
+        let mut moved = Vec::new();
+        self.resolves.retain(|resolve| {
+            let keep = resolve.shard != shard;
+            if !keep {
+                moved.push((resolve.session, resolve.owner));
+            }
+            keep
+        });
+        for (session, owner) in moved {
+            let response = self.moved(shard, owner);
+            self.answer(session, response, false);
+        }
+    }
+
+    /// The fate of `owner`'s acquire, or `None` while the replicated queue still has it and
+    /// this leader's queue does not: its way out (`Withdraw` or grant) is in flight, and until
+    /// it applies, "never seen" would be false (a later leader, which lacks the entry in
+    /// flight, adopts the waiter and may grant it).
     fn resolved(
         &mut self,
         shard: u32,
         (session, client): (SessionId, ClientRef),
         key: &[u8],
         owner: u64,
-    ) -> Response {
-        let resolved = |fate, token, lease_ms| Response::Resolved {
-            owner,
-            fate,
-            token,
-            lease_ms,
+    ) -> Option<Response> {
+        let resolved = |fate, token, lease_ms| {
+            Some(Response::Resolved {
+                owner,
+                fate,
+                token,
+                lease_ms,
+            })
         };
         let local = self.local(shard);
         let now_ms = self.now_ms();
@@ -103,6 +211,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
             return resolved(Fate::Queued, 0, 0);
         }
+        if id != 0 && self.shards[local].machine().queues(key, id, owner) {
+            return None;
+        }
         if let Some(fate) = self.clients.answer_of(client, owner, self.now_us) {
             return resolved(fate, 0, 0);
         }
@@ -114,10 +225,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
         match self.clients.forget(client, owner, self.now_us) {
             Ok(()) => resolved(Fate::NeverSeen, 0, 0),
-            Err(_) => Response::Error {
+            Err(_) => Some(Response::Error {
                 code: ErrorCode::Limit,
                 id: owner,
-            },
+            }),
         }
     }
 
