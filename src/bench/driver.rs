@@ -26,7 +26,6 @@ use super::worker::{Worker, WorkerOutcome, WorkerSpec};
 use super::workload::{HandoffClock, HoldKeys, KeySource, Plan, LATENESS_SAMPLES_MAX};
 use super::{BenchConfig, Dialect, Workload};
 use crate::rng::Rng;
-use latchkey_client::card::{self, Owner};
 use latchkey_client::tls::Connector;
 
 /// How long connecting (and the Redis script load) may take.
@@ -150,33 +149,20 @@ fn resolve_members(target: &super::Target) -> Result<Vec<SocketAddr>, BenchError
     Ok(members)
 }
 
-/// Refuses a target of several latchkey servers that are not members of one cluster, by their
-/// cards (`GET /cluster`, as the client checks a list): a standalone server, another cluster's
-/// member or a server without a card is named. A member that cannot be asked is left to the
-/// load to find.
+/// Refuses a target of several latchkey servers that are not members of one cluster, by the
+/// rules a client given that list applies (`latchkey_client::refused_list`): a standalone
+/// server, another cluster's member or a server without a card is named. A member that
+/// cannot be asked in time is left to the load to find.
 fn one_cluster(members: &[SocketAddr], tls: Option<&Connector>) -> Result<(), BenchError> {
-    let mut first: Option<(SocketAddr, Owner)> = None;
-    for &member in members {
-        let card = match card::fetch(member, tls, Instant::now() + CONNECT_TIMEOUT) {
-            Ok(card) => card,
-            Err(card::FetchError::Unreachable(_)) => continue,
-            Err(error) => return Err(BenchError::Mixed(format!("{member} {error}"))),
-        };
-        let owner = card.owner();
-        match (first, owner) {
-            (_, Owner::Standalone(_)) => {
-                let text = format!("{member} is {owner}");
-                return Err(BenchError::Mixed(text));
-            }
-            (Some((by, fixed)), owner) if owner != fixed => {
-                let text = format!("{member} is {owner}, not {fixed} like {by}");
-                return Err(BenchError::Mixed(text));
-            }
-            (Some(_), _) => {}
-            (None, owner) => first = Some((member, owner)),
-        }
+    let refused = latchkey_client::refused_list(members, tls.cloned(), CONNECT_TIMEOUT);
+    if refused.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let named: Vec<String> = refused
+        .iter()
+        .map(|(addr, why)| format!("{addr}: {why}"))
+        .collect();
+    Err(BenchError::Mixed(named.join("; ")))
 }
 
 /// Loads the release script into Redis and returns its SHA-1.

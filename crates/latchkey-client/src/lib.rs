@@ -148,7 +148,7 @@ mod ticket;
 
 pub use error::{AcquireError, ArgumentError, RequestError, SessionFailure, SPEAKS_TLS};
 pub use exchange::REDIRECTS_MAX;
-pub use members::{LEADER_CACHE_MAX, MEMBERS_MAX};
+pub use members::{refused_list, LEADER_CACHE_MAX, MEMBERS_MAX};
 pub use report::{MemberState, UnavailableReport};
 pub use ticket::{ExtendOutcome, ReleaseOutcome, Ticket};
 

@@ -87,6 +87,37 @@ struct Asker {
 }
 
 impl Asker {
+    /// A check of `configured` (distinct, more than one), each asked for its card now.
+    fn start(
+        configured: &[SocketAddr],
+        tls: Option<crate::tls::Connector>,
+        timeout: Duration,
+    ) -> Arc<Asker> {
+        let asker = Arc::new(Asker {
+            check: Mutex::new(Check::new(configured)),
+            answered: Condvar::new(),
+            tls,
+            timeout,
+            accepted: AtomicU32::new(0),
+        });
+        let mut check = asker.check.lock();
+        for &addr in configured {
+            asker.ask(&mut check, addr);
+        }
+        drop(check);
+        asker
+    }
+
+    /// The addresses refused, and why, once every address being asked has answered or `wait`
+    /// has passed.
+    fn refused(&self, wait: Duration) -> Vec<(SocketAddr, String)> {
+        let deadline = Instant::now() + wait;
+        let mut check = self.check.lock();
+        while !check.settled() && !self.answered.wait_until(&mut check, deadline).timed_out() {}
+        let refused = check.refused().into_iter();
+        refused.map(|(addr, why)| (addr, why.to_string())).collect()
+    }
+
     /// Starts asking `addr` for its card (the caller holds `check`).
     fn ask(self: &Arc<Self>, check: &mut Check, addr: SocketAddr) {
         check.asking(addr);
@@ -122,6 +153,33 @@ struct Leaders {
     last: Option<SocketAddr>,
 }
 
+/// `addrs` without repeats, in their order.
+fn distinct(addrs: &[SocketAddr]) -> Vec<SocketAddr> {
+    let mut distinct: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
+    for addr in addrs {
+        if !distinct.contains(addr) {
+            distinct.push(*addr);
+        }
+    }
+    distinct
+}
+
+/// For a tool given a list of addresses that sends through no [`crate::Client`] (the bench):
+/// the addresses a client with that list would never send to, and what each is (see
+/// `check.rs`), once each was asked for its card or `wait` passed; empty for one address (or
+/// one repeated) and for one cluster's members.
+pub fn refused_list(
+    addrs: &[SocketAddr],
+    tls: Option<crate::tls::Connector>,
+    wait: Duration,
+) -> Vec<(SocketAddr, String)> {
+    let configured = distinct(addrs);
+    if configured.len() < 2 {
+        return Vec::new();
+    }
+    Asker::start(&configured, tls, wait).refused(wait)
+}
+
 impl Members {
     /// Pools for `addrs` (deduplicated; 1..=[`MEMBERS_MAX`] of them), `sessions` each; the
     /// first address's sessions start connecting now. With `check` and more than one address,
@@ -132,12 +190,7 @@ impl Members {
         sessions: usize,
         session_config: SessionConfig,
     ) -> io::Result<Members> {
-        let mut configured: Vec<SocketAddr> = Vec::with_capacity(addrs.len());
-        for addr in addrs {
-            if !configured.contains(addr) {
-                configured.push(*addr);
-            }
-        }
+        let configured = distinct(addrs);
         if configured.len() > MEMBERS_MAX {
             let message = format!("a client takes at most {MEMBERS_MAX} server addresses");
             return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
@@ -153,19 +206,8 @@ impl Members {
             Pool::start(addr, sessions, session_config.clone(), ids, failures, eager)
         };
         let check = (check && configured.len() > 1).then(|| {
-            let asker = Arc::new(Asker {
-                check: Mutex::new(Check::new(&configured)),
-                answered: Condvar::new(),
-                tls: session_config.tls.clone(),
-                timeout: session_config.connect_timeout,
-                accepted: AtomicU32::new(0),
-            });
-            let mut check = asker.check.lock();
-            for &addr in &configured {
-                asker.ask(&mut check, addr);
-            }
-            drop(check);
-            asker
+            let tls = session_config.tls.clone();
+            Asker::start(&configured, tls, session_config.connect_timeout)
         });
         let first = new_pool(first_addr, true)?;
         let mut pools = vec![(first_addr, Arc::clone(&first))];
@@ -238,14 +280,10 @@ impl Members {
     /// The addresses refused as not members of this client's cluster, and why, once every
     /// address being asked has answered or `wait` has passed; empty for one address.
     pub(crate) fn refused(&self, wait: Duration) -> Vec<(SocketAddr, String)> {
-        let Some(asker) = &self.check else {
-            return Vec::new();
-        };
-        let deadline = Instant::now() + wait;
-        let mut check = asker.check.lock();
-        while !check.settled() && !asker.answered.wait_until(&mut check, deadline).timed_out() {}
-        let refused = check.refused().into_iter();
-        refused.map(|(addr, why)| (addr, why.to_string())).collect()
+        match &self.check {
+            Some(asker) => asker.refused(wait),
+            None => Vec::new(),
+        }
     }
 
     /// Whether this client has one member and never saw an `M`: routing skips the cache.
