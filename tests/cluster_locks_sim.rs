@@ -36,8 +36,16 @@ use world::{FaultCounts, MEMBERS, SHARDS};
 /// 119164 (a Resolve answered "never seen" for an adopted waiter whose `Withdraw` was still in
 /// flight: a later leader lacking it adopted the waiter again and granted it); 113772 (a
 /// barrier proposed at the index of a truncated handoff replaced its record unsettled, and its
-/// queue head stayed "proposed", holding the key's queue, for good).
-const PINNED_SEEDS: [u64; 8] = [1333, 3864, 102896, 106938, 108807, 112161, 119164, 113772];
+/// queue head stayed "proposed", holding the key's queue, for good); 200002, 200012, 200267
+/// and 200360 (an acquire executed after its client was answered `T`: a Cancel or a wait that
+/// ran out before the waiter's `Withdraw` committed, a proposed head whose wait ran out, an
+/// adopted acquire sent again whose `Withdraw` was lost; a later leader adopted or granted it)
+/// and 200075 (where answering such a `T` with `M` instead had the acquire executed twice);
+/// 304723 (a Resolve answered *timed out* from such a `T`, held, after its session closed).
+const PINNED_SEEDS: [u64; 14] = [
+    1333, 3864, 102896, 106938, 108807, 112161, 119164, 113772, 200002, 200012, 200075, 200267,
+    200360, 304723,
+];
 
 /// Virtual time without faults at the end of a run.
 const HEAL_BEFORE_END_US: u64 = 3_000_000;

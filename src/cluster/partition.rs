@@ -263,6 +263,8 @@ pub struct ClusterPartition<D: LogWriter, P: Peers> {
     reads: HashMap<u64, PendingRead>,
     /// Resolves waiting for an entry in flight (resume.rs).
     resolves: Vec<resume::PendingResolve>,
+    /// `T` and `B` answers held until the applied state decides (mirror.rs, `HeldAnswer`).
+    held: Vec<mirror::HeldAnswer>,
     next_seq: u64,
     /// Queued acquires' wait deadlines, by tick: slots of `wait_slots`.
     wait_timers: Wheel<u32>,
@@ -350,6 +352,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             pending: HashMap::default(),
             reads: HashMap::default(),
             resolves: Vec::new(),
+            held: Vec::new(),
             next_seq: 1,
             wait_timers: Wheel::with_horizon(0, WAIT_US_MAX.div_ceil(tick_us) + 1),
             wait_slots: Slab::new(),
@@ -675,6 +678,9 @@ impl<D: LogWriter, P: Peers> Partition for ClusterPartition<D, P> {
             }
         }
         self.session_clients.remove(&session);
+        for held in &mut self.held {
+            held.session_closed(session);
+        }
     }
 
     fn handle_client_gone(&mut self, now_us: u64, client: ClientRef) {

@@ -21,7 +21,8 @@
 //!   member's machines are sampled after each of its iterations: a grant holds its key for at
 //!   least an iteration on the member that applies it first, as its end — a release, the
 //!   leader's expiry or its release of an undelivered grant — is proposed only after);
-//! * an acquire executed after a Resolve answered "never seen" for it (docs/protocol.md §5);
+//! * an acquire executed after a Resolve answered "never seen" for it (docs/protocol.md §5),
+//!   or after it was answered `T` or `B` (or a Resolve said *timed out* or *busy*);
 //! * a Resolve answered "timed out" or "busy" for an acquire answered `A` (a fate a leader
 //!   answered, or one a new leader read from the replicated record of a withdrawn waiter).
 //!
@@ -78,6 +79,8 @@ pub struct Checker {
     executed: HashMap<u64, u64>,
     /// Owners a Resolve answered "never seen", and when.
     never_seen: HashMap<u64, u64>,
+    /// Owners whose acquire was answered `T` or `B` (or a Resolve said so), and when.
+    ended: HashMap<u64, (u64, char)>,
     /// What went wrong.
     pub violations: Vec<String>,
     /// Violations beyond [`VIOLATIONS_MAX`].
@@ -185,6 +188,15 @@ impl Checker {
             Some(_) => {}
             None => {
                 self.executed.insert(owner, token);
+                if let Some(&(at, what)) = self.ended.get(&owner) {
+                    self.fail(
+                        now_us,
+                        format!(
+                            "acquire {owner:#x} executed (token {token}, member {member}) after \
+                             it was answered {what} at {at} µs"
+                        ),
+                    );
+                }
                 if let Some(&at) = self.never_seen.get(&owner) {
                     self.fail(
                         now_us,
@@ -198,8 +210,16 @@ impl Checker {
         }
     }
 
+    /// The acquire of `owner` was answered `what` (`T` or `B`, or a Resolve's *timed out* or
+    /// *busy*) at `now_us`: it must never execute after (if it executed before, its grant was
+    /// released unanswered).
+    pub fn answered_ended(&mut self, now_us: u64, owner: u64, what: char) {
+        self.ended.entry(owner).or_insert((now_us, what));
+    }
+
     /// A Resolve from member `member` answered "timed out" or "busy" for `owner` at `now_us`.
     pub fn resolved_ended(&mut self, now_us: u64, member: u64, owner: u64) {
+        self.answered_ended(now_us, owner, 'R');
         if self.granted_owners.contains(&owner) {
             let what =
                 format!("member {member} answered timed out or busy for {owner:#x}, answered A");

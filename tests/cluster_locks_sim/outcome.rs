@@ -42,13 +42,14 @@ impl Sim {
                     self.clients[index].next_us = u64::MAX;
                 }
             }
-            (Request::Acquire { .. }, Response::Timeout { .. } | Response::Busy { .. }) => {
+            (Request::Acquire { owner, .. }, Response::Timeout { .. } | Response::Busy { .. }) => {
+                let what = if matches!(response, Response::Busy { .. }) {
+                    'B'
+                } else {
+                    'T'
+                };
+                self.checker.answered_ended(now, owner, what);
                 if self.clients[index].probe {
-                    let what = if matches!(response, Response::Busy { .. }) {
-                        'B'
-                    } else {
-                        'T'
-                    };
                     self.clients[index].probe_failed = Some(what);
                 }
             }

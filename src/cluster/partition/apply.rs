@@ -331,9 +331,6 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
             keep
         });
-        if lost.is_empty() {
-            return;
-        }
         lost.sort_by_key(|(i, _)| *i);
         for (_, pending) in lost {
             self.lost(shard, pending);
@@ -344,6 +341,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             .max();
         let local = self.local(shard);
         self.shards[local].proposals_lost(index, still);
+        let last = self.shards[local].last_proposed();
+        self.held_entries_lost(shard, last);
     }
 
     /// A proposal whose index got another entry: it had no effect. Its client gets `M`, and

@@ -116,7 +116,13 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             self.adopted_acquire_ended(origin, owner);
         }
         self.stats.timed_out += 1;
-        self.answer(session, Response::Timeout { owner }, ends);
+        if proposed {
+            // Abandoned, but its entry may still grant it (and, mirrored, the replicated
+            // queue has it until then).
+            self.answer_held((shard, &key), session, Response::Timeout { owner }, ends);
+        } else {
+            self.answer(session, Response::Timeout { owner }, ends);
+        }
         self.shards[local].check_invariants();
     }
 

@@ -20,6 +20,13 @@
 //!   or its client's grace ended), and every member remembers it under the client id and owner
 //!   (`ShardMachine::ended`): a later leader answers the client's Resolve *timed out* or *busy*
 //!   as this one would have (resume.rs).
+//! * **Held answers.** A `T` or `B` is a promise that the acquire will never hold the key.
+//!   So it is given only once the applied state neither queues that acquire (its `Withdraw`
+//!   applied, whoever proposed it) nor holds the key for its owner (an in-flight grant
+//!   decided, a grant's release applied): until then a later leader could adopt the waiter
+//!   and grant it ([`HeldAnswer`]). This covers a waiter whose `Withdraw` is lost with its
+//!   leader, a proposed head whose wait ends, a grant that came too late, and an adopted
+//!   acquire sent again after its wait. Costs one commit of delay, on these paths only.
 //! * **Adopt.** A member that begins to serve a shard (its barrier applied: it has applied
 //!   every committed entry) queues the replicated waiters again, each in its place, detached
 //!   (nobody reads their answers) and *adopted* ([`crate::cluster::shard::Waiter::origin`]):
@@ -38,9 +45,11 @@
 
 use super::{ClusterPartition, Peers, PendingKind, ANSWERED_PEER_VERSION, WAITERS_PEER_VERSION};
 use crate::cluster::machine::{Answered, Command, Queued};
-use crate::cluster::shard::{Waiter, ADOPTED};
+use crate::cluster::shard::{Shard, Waiter, Withdrawn, ADOPTED};
 use crate::cluster::writer::LogWriter;
-use crate::partition::{ClientRef, NOBODY};
+use crate::partition::{is_detached, Answer, ClientRef, GrantRef, SessionId, NOBODY};
+use latchkey_client::protocol::Response;
+use std::collections::HashMap;
 
 /// How long a waiter waits before it is mirrored: one of the leader's ticks.
 pub(super) const MIRROR_AFTER_US: u64 = 10_000;
@@ -65,6 +74,38 @@ impl AdoptedGrant {
     /// When it is released if no Resolve took it.
     pub(super) fn until_us(&self) -> u64 {
         self.until_us
+    }
+}
+
+/// The most `T` and `B` answers held at once (beyond, one is given at once, as when a
+/// waiter is not mirrored).
+const HELD_MAX: usize = 4_096;
+
+/// The `T` or `B` of a mirrored waiter that left its leader's queue, held until the replicated
+/// queue no longer has it and its owner holds no grant of the key: until then a later leader
+/// would adopt it and could grant it, so the answer would be a promise this member cannot
+/// keep. Decided by the applied state, not by this member's `Withdraw` alone, so it holds
+/// across a lost proposal or a change of leader (the next leader adopts the waiter, and
+/// withdraws or grants it in turn). Until then a Resolve of its client waits too (resume.rs).
+#[derive(Clone, Debug)]
+pub(super) struct HeldAnswer {
+    shard: u32,
+    key: Vec<u8>,
+    /// The waiter's client id (its replicated record's).
+    client: u128,
+    answer: Answer,
+    /// Its session closed: decided all the same (a Resolve of its client waits for it), but
+    /// sent to nobody.
+    gone: bool,
+    /// The last entry proposed on the shard when it was held (its `Enqueue` and `Withdraw`
+    /// among them): decided only once the state has applied that index.
+    after: u64,
+}
+
+impl HeldAnswer {
+    /// `session` closed: the answer is no longer sent.
+    pub(super) fn session_closed(&mut self, session: SessionId) {
+        self.gone |= self.answer.session == session;
     }
 }
 
@@ -175,22 +216,150 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// Proposes the `Withdraw` of every mirrored waiter that left a queue other than by a
     /// grant since the last call, on the shards this member serves, saying how it was answered
     /// (`B` if this leader answered it so, else `T`). One that no longer leads leaves them to
-    /// the next leader, which adopts those waiters and withdraws them in turn.
+    /// the next leader, which adopts those waiters and withdraws them in turn. Either way the
+    /// `T` or `B` given in the same call is held until the log decides (see [`HeldAnswer`]).
     pub(super) fn propose_withdrawals(&mut self) {
         for local in 0..self.shards.len() {
             let withdrawn = self.shards[local].take_withdrawn();
-            if withdrawn.is_empty() || !self.shards[local].serving() {
+            if withdrawn.is_empty() {
                 continue;
             }
             let shard = self.shards[local].machine().shard();
-            for left in withdrawn {
-                let answered = match self.answered_busy(left.session, left.owner) {
-                    true => Answered::Busy,
-                    false => Answered::TimedOut,
-                };
-                self.propose_withdraw(shard, left.key, left.owner, answered);
+            let first = self.held.len();
+            self.hold_answers(shard, &withdrawn);
+            if self.shards[local].serving() {
+                for left in withdrawn {
+                    let answered = match self.answered_busy(left.session, left.owner) {
+                        true => Answered::Busy,
+                        false => Answered::TimedOut,
+                    };
+                    self.propose_withdraw(shard, left.key, left.owner, answered);
+                }
+            }
+            // Decided once the `Withdraw`s just proposed apply, too.
+            let after = self.shards[local].last_proposed();
+            self.held[first..]
+                .iter_mut()
+                .for_each(|held| held.after = after);
+        }
+    }
+
+    /// Holds the `T` or `B` given in this call to each waiter of `withdrawn` (a detached
+    /// session's got none: nobody reads it), taking it out of this call's answers.
+    fn hold_answers(&mut self, shard: u32, withdrawn: &[Withdrawn]) {
+        let mut wanted: HashMap<(SessionId, u64), &[u8]> = (withdrawn.iter())
+            .map(|left| ((left.session, left.owner), &*left.key))
+            .collect();
+        let answers = std::mem::take(&mut self.answers);
+        let mut kept = Vec::with_capacity(answers.len());
+        for answer in answers {
+            let id = (answer.session, answer.response.correlation_id());
+            let key = match answer.response {
+                Response::Timeout { .. } | Response::Busy { .. } => wanted.remove(&id),
+                _ => None,
+            };
+            match key.and_then(|key| self.to_hold(shard, key, answer)) {
+                Some(held) => self.held.push(held),
+                None => kept.push(answer),
             }
         }
+        self.answers = kept;
+    }
+
+    /// `response` (`T` or `B`) to `session` for an acquire of `key` that the replicated state
+    /// may still queue or grant (a proposed head abandoned, a grant being released, an adopted
+    /// waiter whose `Withdraw` may be in flight): held as [`HeldAnswer`], as a `Withdraw`'s is.
+    pub(super) fn answer_held(
+        &mut self,
+        (shard, key): (u32, &[u8]),
+        session: SessionId,
+        response: Response,
+        ends_pending: bool,
+    ) {
+        let answer = Answer {
+            session,
+            response,
+            ends_pending,
+            grant: GrantRef::NONE,
+        };
+        match self.to_hold(shard, key, answer) {
+            Some(held) => {
+                self.remember_answer(session, &response);
+                self.held.push(held);
+            }
+            None => self.answer(session, response, ends_pending),
+        }
+    }
+
+    /// `answer` held for the acquire of `key` until the entries proposed so far apply, or
+    /// `None` if nobody reads it (a detached session) or [`HELD_MAX`] are held already. Client
+    /// id 0 for a client that did not identify: only its owner's hold is looked at then.
+    fn to_hold(&self, shard: u32, key: &[u8], answer: Answer) -> Option<HeldAnswer> {
+        if is_detached(answer.session) || self.held.len() >= HELD_MAX {
+            return None;
+        }
+        let client = self.client_of(answer.session);
+        Some(HeldAnswer {
+            shard,
+            key: key.to_vec(),
+            client: client.map_or(0, |client| self.client_id(client)),
+            answer,
+            gone: false,
+            after: self.shards[self.local(shard)].last_proposed(),
+        })
+    }
+
+    /// Whether a `T` or `B` to the acquire of `owner` from client `id` on `shard` is held:
+    /// its fate is not decided yet.
+    pub(super) fn held_for(&self, shard: u32, id: u128, owner: u64) -> bool {
+        (self.held.iter()).any(|held| {
+            held.shard == shard
+                && held.client == id
+                && held.answer.response.correlation_id() == owner
+        })
+    }
+
+    /// The entries this member proposed on `shard` past `last` were lost (a later term's
+    /// entry applied first): held answers waiting for them wait for `last` at most.
+    pub(super) fn held_entries_lost(&mut self, shard: u32, last: u64) {
+        for held in self.held.iter_mut().filter(|held| held.shard == shard) {
+            held.after = held.after.min(last);
+        }
+    }
+
+    /// Answers the held `T` and `B` that the replicated state decided: the waiter is no
+    /// longer in the replicated queue (withdrawn, or granted by a later leader that adopted
+    /// it), and its owner holds no grant of the key (an adopted waiter's grant, kept for a
+    /// Resolve, is released at the end of its wait). Not `M`: sent again, the acquire could
+    /// meet a leader that no longer knows of that grant, and be executed twice.
+    pub(super) fn serve_held(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let (shards, settings) = (&self.shards, &self.settings);
+        let mut decided = Vec::new();
+        self.held.retain(|held| {
+            let local = held.shard as usize / settings.cores;
+            let Some(machine) = shards.get(local).map(Shard::machine) else {
+                return true;
+            };
+            if machine.applied() < held.after {
+                return true;
+            }
+            let owner = held.answer.response.correlation_id();
+            let holds = machine
+                .holder(&held.key)
+                .is_some_and(|hold| hold.owner == owner);
+            if holds || machine.queues(&held.key, held.client, owner) {
+                return true;
+            }
+            if !held.gone {
+                decided.push(held.answer);
+            }
+            false
+        });
+        // Remembered for Resolves when they were given (resume.rs).
+        self.answers.extend(decided);
     }
 
     /// Proposes the `Withdraw` of `owner`'s waiter of `key`, saying it was `answered` if every

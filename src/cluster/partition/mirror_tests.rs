@@ -231,11 +231,9 @@ fn a_waiter_of_a_session_that_did_not_identify_or_of_an_older_cluster_is_not_mir
     run(&mut partition, &mut now_us, 5);
     assert_eq!(queued_owners(&partition), [3]);
     let cancelled = send(&mut partition, now_us, (3, BOB), Op::Cancel { owner: 3 });
-    assert!(
-        matches!(cancelled.as_slice(), [Response::Timeout { owner: 3 }]),
-        "{cancelled:?}"
-    );
-    run(&mut partition, &mut now_us, 5);
+    assert!(cancelled.is_empty(), "T once withdrawn: {cancelled:?}");
+    let answers = run(&mut partition, &mut now_us, 5);
+    assert_eq!(answers, [(3, Response::Timeout { owner: 3 })]);
     assert!(queued_owners(&partition).is_empty(), "withdrawn");
 }
 
@@ -252,11 +250,12 @@ fn a_new_leader_answers_a_resolve_of_a_waiter_its_predecessor_answered_t_as_time
         run(&mut partition, &mut now_us, 5);
         assert_eq!(queued_owners(&partition), [2, 3], "both mirrored");
         let cancelled = send(&mut partition, now_us, (3, ALICE), Op::Cancel { owner: 3 });
-        assert!(matches!(
-            cancelled.as_slice(),
-            [Response::Timeout { owner: 3 }]
-        ));
+        assert!(cancelled.is_empty(), "T once withdrawn: {cancelled:?}");
         let answers = run(&mut partition, &mut now_us, 110);
+        assert!(
+            answers.contains(&(3, Response::Timeout { owner: 3 })),
+            "Alice's Cancel: {answers:?}"
+        );
         assert!(
             answers.contains(&(2, Response::Timeout { owner: 2 })),
             "Bob's wait ran out: {answers:?}"
@@ -334,4 +333,68 @@ fn a_resolve_waits_for_the_withdraw_in_flight_of_a_waiter_that_left_the_leaders_
         "answered from the replicated record once it applied: {answers:?}"
     );
     assert!(queued_owners(&partition).is_empty());
+}
+
+#[test]
+fn a_mirrored_waiter_that_leaves_is_answered_once_its_withdraw_applies() {
+    let mut now_us = 0;
+    let version = super::ANSWERED_PEER_VERSION;
+    let mut partition = start(MemDurable::new(), version, &CLIENTS, &mut now_us);
+    assert!(send(&mut partition, now_us, (1, ALICE), acquire(1, 5)).is_empty());
+    run(&mut partition, &mut now_us, 5);
+    assert!(send(&mut partition, now_us, (2, BOB), acquire(2, 20)).is_empty());
+    assert!(send(&mut partition, now_us, (3, BOB), acquire(3, 1)).is_empty());
+    run(&mut partition, &mut now_us, 5);
+    assert_eq!(queued_owners(&partition), [2, 3], "both mirrored");
+    // The disk stalls: Bob cancels one acquire and the other's wait runs out. Both leave
+    // this leader's queue, but until their `Withdraw` commits a later leader would adopt and
+    // could grant them: no `T` yet.
+    partition.member_mut().writer_mut().set_immediate(false);
+    assert!(send(&mut partition, now_us, (2, BOB), Op::Cancel { owner: 2 }).is_empty());
+    assert!(run(&mut partition, &mut now_us, 1_100).is_empty(), "held");
+    assert_eq!(queued_owners(&partition), [2, 3], "in flight");
+    partition.member_mut().writer_mut().set_immediate(true);
+    let mut answers = run(&mut partition, &mut now_us, 5);
+    answers.sort_by_key(|(session, _)| *session);
+    assert_eq!(
+        answers,
+        [
+            (2, Response::Timeout { owner: 2 }),
+            (3, Response::Timeout { owner: 3 })
+        ]
+    );
+    assert!(queued_owners(&partition).is_empty());
+}
+
+#[test]
+fn a_resolve_waits_for_a_held_answer_whose_session_closed() {
+    let mut now_us = 0;
+    let version = super::ANSWERED_PEER_VERSION;
+    let mut partition = start(MemDurable::new(), version, &CLIENTS, &mut now_us);
+    // The disk stalls; Bob's acquire finds the key free, and its `Acquire` is in flight when
+    // his wait runs out: its `T` is held (the entry may still grant it). His connection drops.
+    partition.member_mut().writer_mut().set_immediate(false);
+    assert!(send(&mut partition, now_us, (2, BOB), acquire(2, 1)).is_empty());
+    assert!(run(&mut partition, &mut now_us, 1_100).is_empty(), "held");
+    partition.handle_session_closed(2, BOB);
+    // Bob asks on a new session: the `T` is not the fate until the entry decides.
+    assert!(send(&mut partition, now_us, (10, BOB), Op::Resolve { owner: 2 }).is_empty());
+    assert!(run(&mut partition, &mut now_us, 5).is_empty());
+    partition.member_mut().writer_mut().set_immediate(true);
+    let answers = run(&mut partition, &mut now_us, 20);
+    assert!(
+        matches!(
+            answers.as_slice(),
+            [(
+                10,
+                Response::Resolved {
+                    owner: 2,
+                    fate: Fate::TimedOut,
+                    ..
+                }
+            )]
+        ),
+        "decided once the grant was released, nothing to the closed session: {answers:?}"
+    );
+    assert_eq!(holder(&partition), None);
 }

@@ -77,6 +77,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     pub(super) fn drain(&mut self) {
         self.take_compactions();
         if !self.member.has_ready() {
+            self.serve_held();
             self.serve_resolves();
             return self.serve_reads();
         }
@@ -94,6 +95,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.leaders_changed(&drain.leaders);
         self.reads_ready(drain.reads);
         self.serve_reads();
+        self.serve_held();
         self.serve_resolves();
     }
 

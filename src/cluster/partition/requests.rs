@@ -148,9 +148,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
         if self.adopted_ended(id, owner) {
             // Adopted here and ended unattached: that acquire timed out (its grant, if it had
-            // one, was released); sent again, it is not executed a second time.
+            // one, was released); sent again, it is not executed a second time. Held while
+            // its `Withdraw` may be in flight (a later leader could adopt it again).
             self.stats.timed_out += 1;
-            self.answer(session, Response::Timeout { owner }, true);
+            self.answer_held((shard, key), session, Response::Timeout { owner }, true);
             return true;
         }
         let local = self.local(shard);
@@ -363,9 +364,11 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             let orphan = PendingKind::Orphan { token };
             self.propose_end(shard, key, token, End::Release, NOBODY, orphan);
             if !head.abandoned {
+                // Held until that release applies: the replicated state holds the key for
+                // this owner until then.
                 self.stats.timed_out += 1;
                 let response = Response::Timeout { owner: head.owner };
-                self.answer(head.session, response, head.ends_pending);
+                self.answer_held((shard, key), head.session, response, head.ends_pending);
             }
             return;
         }

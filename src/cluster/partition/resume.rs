@@ -23,6 +23,8 @@
 //!   its grant, is in flight. Until that entry applies, no answer is true for every leader to
 //!   come (one that lacks the entry adopts the waiter again, and may grant it), so the Resolve
 //!   waits for it (at most [`DEFERRED_MAX`] per core; `M` if this member stops leading first).
+//!   So does a Resolve of an acquire whose `T` or `B` this member holds (mirror.rs,
+//!   `HeldAnswer`: the state may still queue or grant it), even once its session closed.
 //!
 //! As on a single node, a session of an identified client that closes leaves its waiters in
 //! their places, *detached* (under [`ClientRef::detached`]: nothing is answered to it, a `T` or
@@ -214,6 +216,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         if id != 0 && self.shards[local].machine().queues(key, id, owner) {
             return None;
         }
+        if id != 0 && self.held_for(shard, id, owner) {
+            return None; // answered `T` or `B`, held until the log decides (mirror.rs)
+        }
         if let Some(fate) = self.clients.answer_of(client, owner, self.now_us) {
             return resolved(fate, 0, 0);
         }
@@ -320,7 +325,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// The identified client of `session` (a detached one's too), whose answers are kept for
     /// its Resolves; `None` for a session that did not identify, and for adopted waiters nobody
     /// took (their client asks about them by their place).
-    fn client_of(&self, session: SessionId) -> Option<ClientRef> {
+    pub(super) fn client_of(&self, session: SessionId) -> Option<ClientRef> {
         if session == ADOPTED {
             return None;
         }
