@@ -319,17 +319,7 @@ fn a_resolve_waits_for_the_withdraw_in_flight_of_a_waiter_that_left_the_leaders_
     partition.member_mut().writer_mut().set_immediate(true);
     let answers = run(&mut partition, &mut now_us, 5);
     assert!(
-        matches!(
-            answers.as_slice(),
-            [(
-                10,
-                Response::Resolved {
-                    owner: 2,
-                    fate: Fate::TimedOut,
-                    ..
-                }
-            )]
-        ),
+        only_resolved(&answers, 10, (2, Fate::TimedOut)),
         "answered from the replicated record once it applied: {answers:?}"
     );
     assert!(queued_owners(&partition).is_empty());
@@ -383,18 +373,21 @@ fn a_resolve_waits_for_a_held_answer_whose_session_closed() {
     partition.member_mut().writer_mut().set_immediate(true);
     let answers = run(&mut partition, &mut now_us, 20);
     assert!(
-        matches!(
-            answers.as_slice(),
-            [(
-                10,
-                Response::Resolved {
-                    owner: 2,
-                    fate: Fate::TimedOut,
-                    ..
-                }
-            )]
-        ),
+        only_resolved(&answers, 10, (2, Fate::TimedOut)),
         "decided once the grant was released, nothing to the closed session: {answers:?}"
     );
     assert_eq!(holder(&partition), None);
+}
+
+/// Whether `answers` is one Resolve's answer alone, to `session`: `owner`'s acquire `fate`.
+fn only_resolved(
+    answers: &[(SessionId, Response)],
+    session: SessionId,
+    (owner, fate): (u64, Fate),
+) -> bool {
+    matches!(
+        answers,
+        [(to, Response::Resolved { owner: of, fate: was, .. })]
+            if *to == session && *of == owner && *was == fate
+    )
 }
