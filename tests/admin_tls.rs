@@ -195,8 +195,20 @@ fn a_probe_without_a_client_certificate_reads_health_on_the_health_port() {
     }
     server.shutdown();
     server.join().unwrap();
-    assert!(
-        std::net::TcpStream::connect(health).is_err(),
-        "the port closed with the server"
-    );
+    // The port closed with the server: nothing answers `/health` there any more. The port
+    // alone proves nothing while other tests run: a connect may reach another test's socket
+    // that was given the port since (or the connecting socket itself, by TCP's simultaneous
+    // open), and a bind may fail on one (seen: 3 runs in 25 with the other tests beside it).
+    if let Ok(mut stream) = std::net::TcpStream::connect(health) {
+        use std::io::{Read, Write};
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = stream.write_all(b"GET /health HTTP/1.1\r\n\r\n");
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            !answer.starts_with("HTTP/1.1 "),
+            "the port closed with the server: {answer}"
+        );
+    }
 }
