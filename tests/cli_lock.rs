@@ -3,11 +3,12 @@
 //! command's children, with it), and its own failures can be told from the command's status.
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::server::TempDir;
 use common::{client, start_server, PATIENCE};
 
 fn latchkey() -> Command {
@@ -17,12 +18,9 @@ fn latchkey() -> Command {
     command
 }
 
-/// A fresh directory for one test's files.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("latchkey-cli-lock-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory for one test's files, removed when the test ends.
+fn scratch(name: &str) -> TempDir {
+    TempDir::new(&format!("cli-lock-{name}"))
 }
 
 /// The pid written to `path`, once it is there.
@@ -79,7 +77,7 @@ fn a_killed_lock_takes_its_command_and_the_commands_children_along() {
     let mut lock = latchkey();
     lock.args(["lock", "--server", &addr, "--lease", "1s", "jobs/orphan"])
         .args(["--", "sh", "-c", script])
-        .current_dir(&dir)
+        .current_dir(dir.path())
         .stdin(Stdio::null())
         .stderr(Stdio::null());
     // SAFETY: setsid is async-signal-safe and touches no memory of ours. Without a controlling
@@ -91,8 +89,8 @@ fn a_killed_lock_takes_its_command_and_the_commands_children_along() {
         });
     }
     let mut lock = lock.spawn().unwrap();
-    let command = read_pid(&dir.join("cmd.pid"));
-    let child = read_pid(&dir.join("child.pid"));
+    let command = read_pid(&dir.path().join("cmd.pid"));
+    let child = read_pid(&dir.path().join("child.pid"));
     assert!(alive(command) && alive(child));
     lock.kill().unwrap();
     lock.wait().unwrap();
@@ -129,11 +127,11 @@ fn a_killed_lock_takes_its_command_along_whatever_its_terminal() {
             "-c",
             script,
         ])
-        .current_dir(&dir)
+        .current_dir(dir.path())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let command = read_pid(&dir.join("cmd.pid"));
+    let command = read_pid(&dir.path().join("cmd.pid"));
     assert!(alive(command));
     lock.kill().unwrap();
     lock.wait().unwrap();
@@ -341,7 +339,7 @@ fn a_signal_while_waiting_ends_the_lock_at_once_and_runs_nothing() {
     let waiter = latchkey()
         .args(["lock", "--server", &addr, "--wait", "60s", "jobs/waited"])
         .args(["--", "touch", "ran"])
-        .current_dir(&dir)
+        .current_dir(dir.path())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -356,7 +354,7 @@ fn a_signal_while_waiting_ends_the_lock_at_once_and_runs_nothing() {
     let err = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(128 + libc::SIGTERM), "{err}");
     assert!(err.contains("jobs/waited: interrupted by SIGTERM"), "{err}");
-    assert!(!dir.join("ran").exists(), "the command never ran");
+    assert!(!dir.path().join("ran").exists(), "the command never ran");
     // Withdrawn before it exited: not left queued (identified, it would have stayed there for
     // the client's grace, and been granted to nobody once the holder let go).
     let state = observer.query("jobs/waited").unwrap();

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use common::proxy::Proxy;
+use common::server::TempDir;
 use common::{client, dead_addr, start_server, FakeServer, Frame, Got};
 use latchkey::cli::{self, ConnectArgs, LockArgs, PingArgs, QueryArgs};
 use latchkey_client::protocol::{ErrorCode, Response};
@@ -51,16 +52,17 @@ fn server_holding(key: &str) -> (latchkey::server::ServerHandle, latchkey_client
     (server, holder)
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("latchkey-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    path
+/// A path for one test's file `name`, in a directory removed when the test ends.
+fn scratch(name: &str) -> (TempDir, PathBuf) {
+    let dir = TempDir::new("client-cli");
+    let path = dir.path().join(name);
+    (dir, path)
 }
 
 #[test]
 fn lock_runs_the_command_with_key_and_token_and_exits_with_its_status() {
     let server = start_server(|_| {});
-    let out = scratch("env");
+    let (_dir, out) = scratch("env");
     let script = format!(
         "echo \"$LATCHKEY_KEY $LATCHKEY_TOKEN\" > {}; exit 3",
         out.display()
@@ -112,7 +114,7 @@ fn lock_exit_codes_for_timeout_busy_unavailable_and_missing_command() {
     let holder = observer
         .acquire("taken", ms(100), Duration::from_secs(30))
         .unwrap();
-    let ran = scratch("ran");
+    let (_dir, ran) = scratch("ran");
     let script = format!("touch {}", ran.display());
     let args = lock_args(addr.clone(), "taken", ms(300), ms(5000), &script);
     assert_exit(cli::run_lock(args), cli::EXIT_TIMEOUT);
@@ -380,7 +382,7 @@ fn forbid_first(key: &'static str) -> (String, thread::JoinHandle<()>) {
 #[test]
 fn a_forbidden_key_exits_84_and_names_the_key() {
     let (addr, serving) = forbid_first("secret/payroll");
-    let ran = scratch("forbidden-ran");
+    let (_dir, ran) = scratch("forbidden-ran");
     let output = latchkey(&["lock", "--server", &addr, "--wait", "0", "secret/payroll"])
         .args(["--", "touch"])
         .arg(&ran)

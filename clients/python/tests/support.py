@@ -8,6 +8,7 @@ accept and wait is bounded.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -81,11 +82,15 @@ class Server:
                 self.process.wait(5)
         if self.process.stdout is not None:
             self.process.stdout.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def dead_addr() -> str:
