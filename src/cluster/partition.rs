@@ -532,9 +532,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
         }
     }
-}
 
-impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// Remembers `pending`, proposed at `index` on `shard`. A proposal this member made at
     /// the same index in an earlier term was truncated from its log: it is lost (settled now;
     /// the others past it are when an entry of a later term applies, apply.rs).

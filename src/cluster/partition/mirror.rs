@@ -45,7 +45,7 @@
 
 use super::{ClusterPartition, Peers, PendingKind, ANSWERED_PEER_VERSION, WAITERS_PEER_VERSION};
 use crate::cluster::machine::{Answered, Command, Queued};
-use crate::cluster::shard::{Shard, Waiter, Withdrawn, ADOPTED};
+use crate::cluster::shard::{Waiter, Withdrawn, ADOPTED};
 use crate::cluster::writer::LogWriter;
 use crate::partition::{is_detached, Answer, ClientRef, GrantRef, SessionId, NOBODY};
 use latchkey_client::protocol::Response;
@@ -336,11 +336,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         if self.held.is_empty() {
             return;
         }
-        let (shards, settings) = (&self.shards, &self.settings);
+        let mut held = std::mem::take(&mut self.held);
         let mut decided = Vec::new();
-        self.held.retain(|held| {
-            let local = held.shard as usize / settings.cores;
-            let Some(machine) = shards.get(local).map(Shard::machine) else {
+        held.retain(|held| {
+            let Some(machine) = self.machine(held.shard) else {
                 return true;
             };
             if machine.applied() < held.after {
@@ -358,6 +357,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
             false
         });
+        self.held = held;
         // Remembered for Resolves when they were given (resume.rs).
         self.answers.extend(decided);
     }
