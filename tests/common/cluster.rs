@@ -72,16 +72,23 @@ pub fn serve_to_exit(config: &std::path::Path, args: &[&str]) -> (Option<i32>, S
     (status.code(), stderr)
 }
 
-/// Free loopback ports: bound, read and released (the kernel does not hand them out again at
-/// once; a clash shows up as a start failure naming the address).
-fn free_ports(count: usize) -> Vec<u16> {
+/// Free loopback ports, kept bound by the listeners returned until the caller drops them:
+/// anything else the caller binds to port 0 meanwhile (a [`Link`]) cannot be given one of
+/// them. Once released, the kernel may hand one out again (a clash shows up as a start
+/// failure naming the address).
+fn reserve_ports(count: usize) -> (Vec<TcpListener>, Vec<u16>) {
     let listeners: Vec<TcpListener> = (0..count)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
         .collect();
-    listeners
-        .iter()
+    let ports = (listeners.iter())
         .map(|l| l.local_addr().expect("addr").port())
-        .collect()
+        .collect();
+    (listeners, ports)
+}
+
+/// Free loopback ports: bound, read and released (see [`reserve_ports`]).
+fn free_ports(count: usize) -> Vec<u16> {
+    reserve_ports(count).1
 }
 
 impl Cluster {
@@ -134,7 +141,9 @@ impl Cluster {
         sections: &str,
     ) -> Cluster {
         let dir = TempDir::new(label);
-        let ports = free_ports(2 * n);
+        // Held while the links bind theirs (seen: a link given a member's port, and a config
+        // refused for an address that appears twice).
+        let (reserved, ports) = reserve_ports(2 * n);
         let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
         let mut links = Vec::new();
         if linked {
@@ -144,6 +153,7 @@ impl Cluster {
                 }
             }
         }
+        drop(reserved);
         let peer_seen_by = |from: usize, to: usize| {
             links
                 .iter()
