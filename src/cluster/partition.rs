@@ -231,6 +231,14 @@ enum PendingKind {
     Regrant {
         owner: u64,
     },
+    /// The `Extend` that renews a hold its owner's Resolve found (`resume.rs`): answered
+    /// *granted* with `lease_ms` once applied, which every member counts from its apply (after
+    /// the Resolve was sent); decided again if the hold is gone by then.
+    Resolve {
+        client: ClientRef,
+        owner: u64,
+        lease_ms: u32,
+    },
 }
 
 /// A query waiting for its read index.

@@ -99,7 +99,8 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             | PendingKind::Checkpoint
             | PendingKind::Orphan { .. }
             | PendingKind::Mirror
-            | PendingKind::Regrant { .. } => {
+            | PendingKind::Regrant { .. }
+            | PendingKind::Resolve { .. } => {
                 self.lost(shard, pending);
             }
         }
@@ -216,10 +217,22 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 }
                 self.hold_ended(shard, key, outcome, handoff);
             }
-            (Command::Extend { token, .. }, outcome) if ours => {
+            (Command::Extend { key, token, .. }, outcome) if ours => {
                 let session = pending.as_ref().map_or(0, |p| p.session);
-                if let Some(PendingKind::Regrant { owner }) = pending.as_ref().map(|p| &p.kind) {
-                    return self.regranted(shard, session, (*owner, *token), outcome);
+                match pending.as_ref().map(|p| &p.kind) {
+                    Some(PendingKind::Regrant { owner }) => {
+                        return self.regranted(shard, session, (*owner, *token), outcome);
+                    }
+                    Some(kind @ PendingKind::Resolve { .. }) => {
+                        let kind = kind.clone();
+                        return self.resolve_renewed(
+                            (shard, key),
+                            (session, *token),
+                            &kind,
+                            &outcome,
+                        );
+                    }
+                    _ => {}
                 }
                 let response = match outcome {
                     Applied::Extended { .. } => {
@@ -361,6 +374,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             PendingKind::Regrant { owner } => {
                 let response = self.moved(shard, owner);
                 self.answer(pending.session, response, true);
+            }
+            PendingKind::Resolve { owner, .. } => {
+                let response = self.moved(shard, owner);
+                self.answer(pending.session, response, false);
             }
             PendingKind::Expire { token } => {
                 // Its timer fired: armed again, for a hold still served here.

@@ -41,7 +41,7 @@
 
 use super::requests::End;
 use super::{ClusterPartition, Peers, PendingKind};
-use crate::cluster::machine::Answered;
+use crate::cluster::machine::{Answered, Applied, Command};
 use crate::cluster::shard::ADOPTED;
 use crate::cluster::writer::LogWriter;
 use crate::partition::{is_detached, ClientRef, Fate, SessionId, DETACHED, NOBODY};
@@ -49,6 +49,14 @@ use latchkey_client::protocol::{ErrorCode, Response};
 
 /// The most Resolves one core keeps waiting for an entry in flight (past it: `X` 10).
 const DEFERRED_MAX: usize = 4_096;
+
+/// What a Resolve gets now: its answer, a wait for the entries in flight ([`PendingResolve`]),
+/// or the renewal of the hold it found (answered once applied).
+pub(super) enum Decided {
+    Now(Response),
+    Later,
+    Proposed,
+}
 
 /// A Resolve whose acquire is in the replicated queue but left this leader's: answered once
 /// the entries this leader proposed up to `after` applied (see [`ClusterPartition::resolved`]).
@@ -76,15 +84,16 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             return self.answer(session, Response::Error { code, id: owner }, false);
         }
         match self.resolved(shard, (session, client), key, owner) {
-            Some(response) => self.answer_resolve(session, response),
-            None if self.resolves.len() >= DEFERRED_MAX => {
+            Decided::Now(response) => self.answer_resolve(session, response),
+            Decided::Proposed => {}
+            Decided::Later if self.resolves.len() >= DEFERRED_MAX => {
                 let response = Response::Error {
                     code: ErrorCode::Limit,
                     id: owner,
                 };
                 self.answer_resolve(session, response);
             }
-            None => {
+            Decided::Later => {
                 let mut resolve = PendingResolve {
                     shard,
                     session,
@@ -138,11 +147,12 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
             let asker = (resolve.session, resolve.client);
             match self.resolved(resolve.shard, asker, &resolve.key, resolve.owner) {
-                Some(response) => {
+                Decided::Now(response) => {
                     self.answer_resolve(resolve.session, response);
                     false
                 }
-                None => {
+                Decided::Proposed => false,
+                Decided::Later => {
                     self.settle(resolve);
                     true
                 }
@@ -179,9 +189,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         (session, client): (SessionId, ClientRef),
         key: &[u8],
         owner: u64,
-    ) -> Option<Response> {
+    ) -> Decided {
         let resolved = |fate, token, lease_ms| {
-            Some(Response::Resolved {
+            Decided::Now(Response::Resolved {
                 owner,
                 fate,
                 token,
@@ -199,10 +209,31 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 .min(hold.lease_ms.into());
             let token = hold.token;
             let lease_ms = u32::try_from(left_ms).unwrap_or(u32::MAX);
-            self.shards[local].record_grant(token, session, self.now_us);
             self.clients.delivered(client, token);
             self.adopted_grant_delivered(token);
-            return resolved(Fate::Granted, token, lease_ms);
+            if lease_ms == 0 {
+                // Ran out here: the client releases it at once (docs/protocol.md §5).
+                self.shards[local].record_grant(token, session, self.now_us);
+                return resolved(Fate::Granted, token, 0);
+            }
+            // This member's deadline bounds no other member's: it counts from its own apply,
+            // late on a member that lagged, and holds a promotion's grace. The lease reported
+            // is renewed first, so that every member counts it from its apply of the renewal,
+            // after the Resolve was sent.
+            let command = Command::Extend {
+                key: key.to_vec(),
+                token,
+                lease_ms,
+            };
+            let kind = PendingKind::Resolve {
+                client,
+                owner,
+                lease_ms,
+            };
+            if !self.propose(shard, &command, session, kind) {
+                return Decided::Now(self.moved(shard, owner));
+            }
+            return Decided::Proposed;
         }
         let id = self.client_id(client);
         let to = (session, &mut self.places);
@@ -214,10 +245,10 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             return resolved(Fate::Queued, 0, 0);
         }
         if id != 0 && self.shards[local].machine().queues(key, id, owner) {
-            return None;
+            return Decided::Later;
         }
         if id != 0 && self.held_for(shard, id, owner) {
-            return None; // answered `T` or `B`, held until the log decides (mirror.rs)
+            return Decided::Later; // answered `T` or `B`, held until the log decides (mirror.rs)
         }
         if let Some(fate) = self.clients.answer_of(client, owner, self.now_us) {
             return resolved(fate, 0, 0);
@@ -230,11 +261,51 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
         match self.clients.forget(client, owner, self.now_us) {
             Ok(()) => resolved(Fate::NeverSeen, 0, 0),
-            Err(_) => Some(Response::Error {
+            Err(_) => Decided::Now(Response::Error {
                 code: ErrorCode::Limit,
                 id: owner,
             }),
         }
+    }
+
+    /// The `Extend` a Resolve proposed for the hold it found (see [`Self::resolved`]) applied
+    /// with `outcome`: *granted*, with the lease it renewed; if the hold is gone (released or
+    /// expired first), the Resolve is decided again.
+    pub(super) fn resolve_renewed(
+        &mut self,
+        (shard, key): (u32, &[u8]),
+        (session, token): (SessionId, u64),
+        kind: &PendingKind,
+        outcome: &Applied,
+    ) {
+        let PendingKind::Resolve {
+            client,
+            owner,
+            lease_ms,
+        } = *kind
+        else {
+            return;
+        };
+        if !matches!(outcome, Applied::Extended { .. }) {
+            let resolve = PendingResolve {
+                shard,
+                session,
+                client,
+                key: key.to_vec(),
+                owner,
+                after: 0,
+            };
+            return self.resolves.push(resolve); // decided again in this drain
+        }
+        let local = self.local(shard);
+        self.shards[local].record_grant(token, session, self.now_us);
+        let response = Response::Resolved {
+            owner,
+            fate: Fate::Granted,
+            token,
+            lease_ms,
+        };
+        self.answer_resolve(session, response);
     }
 
     /// The grant of `token` on `shard` reached no session of `client`, detached: kept for a

@@ -31,17 +31,26 @@ fn acquire(owner: u64, wait_s: u8) -> Op {
     }
 }
 
+/// Resolves `owner` from `session`: answered at once, or (*granted*, after the renewal of
+/// the hold) once the entry it proposed applied.
 fn resolve(
     partition: &mut ClusterPartition<MemWriter, Alone>,
-    now_us: u64,
+    now_us: &mut u64,
     session: SessionId,
     owner: u64,
 ) -> Response {
-    partition.handle(now_us, session, CLIENT, Op::Resolve { owner }, KEY);
-    let answers = partition.take_answers();
+    partition.handle(*now_us, session, CLIENT, Op::Resolve { owner }, KEY);
+    let answered = partition.take_answers().into_iter();
+    let mut answers: Vec<_> = answered.map(|a| (a.session, a.response)).collect();
+    for _ in 0..5 {
+        if !answers.is_empty() {
+            break;
+        }
+        answers = run(partition, now_us, 1);
+    }
     assert_eq!(answers.len(), 1, "{answers:?}");
-    assert_eq!(answers[0].session, session);
-    answers[0].response
+    assert_eq!(answers[0].0, session);
+    answers[0].1
 }
 
 fn fate(response: Response) -> Fate {
@@ -59,7 +68,10 @@ fn an_acquire_whose_session_closed_with_its_grant_in_the_log_is_attached_not_for
     assert!(partition.take_answers().is_empty());
     partition.handle_session_closed(1, CLIENT);
     // The client asks on another session: the grant in the log is still its own.
-    assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::Queued);
+    assert_eq!(
+        fate(resolve(&mut partition, &mut now_us, 2, 1)),
+        Fate::Queued
+    );
     let answers = run(&mut partition, &mut now_us, 10);
     let granted: Vec<_> = answers
         .iter()
@@ -75,7 +87,7 @@ fn an_acquire_whose_session_closed_with_its_grant_in_the_log_is_attached_not_for
     let (owner, token) = hold.expect("held");
     assert_eq!(owner, 1);
     // Asked again: granted, with its token.
-    match resolve(&mut partition, now_us, 2, 1) {
+    match resolve(&mut partition, &mut now_us, 2, 1) {
         Response::Resolved {
             fate: Fate::Granted,
             token: got,
@@ -107,7 +119,10 @@ fn a_grant_that_reached_no_session_is_kept_for_a_resolve_then_released_when_the_
         .map(|h| h.owner);
     assert_eq!(holder, None, "released at the end of the grace");
     assert_eq!(partition.stats().grace_releases, 1);
-    assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::NeverSeen);
+    assert_eq!(
+        fate(resolve(&mut partition, &mut now_us, 2, 1)),
+        Fate::NeverSeen
+    );
     // Never seen is final: the same acquire, should it arrive, is refused.
     partition.handle(now_us, 2, CLIENT, acquire(1, 5), KEY);
     // (`run` takes what `handle` answered too.)
@@ -130,7 +145,8 @@ fn a_grant_kept_for_its_client_is_granted_to_the_session_that_resolves_it() {
         .machine(0)
         .and_then(|m| m.holder(KEY))
         .map(|h| h.token);
-    match resolve(&mut partition, now_us, 2, 1) {
+    let (sent_us, applied) = (now_us, partition.machine(0).map(|m| m.applied()));
+    match resolve(&mut partition, &mut now_us, 2, 1) {
         Response::Resolved {
             fate: Fate::Granted,
             token: got,
@@ -139,6 +155,12 @@ fn a_grant_kept_for_its_client_is_granted_to_the_session_that_resolves_it() {
         } => {
             assert_eq!(Some(got), token);
             assert!(lease_ms <= 30_000 && lease_ms > 29_000, "{lease_ms}");
+            // The lease it reports was renewed by an entry proposed after the Resolve came,
+            // so every member counts it from later than the Resolve's send.
+            let hold = partition.machine(0).and_then(|m| m.holder(KEY)).cloned();
+            let hold = hold.expect("held");
+            assert!(Some(hold.renewed_at) > applied, "{hold:?}");
+            assert!(hold.deadline_ms * 1_000 >= sent_us + u64::from(lease_ms) * 1_000);
         }
         other => panic!("{other:?}"),
     }
@@ -167,7 +189,10 @@ fn a_waiter_whose_session_closed_keeps_its_place_for_a_resolve() {
     partition.handle_session_closed(1, CLIENT);
     assert!(run(&mut partition, &mut now_us, 5).is_empty());
     // Resolved from another session: still queued, in its place, now that session's.
-    assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::Queued);
+    assert_eq!(
+        fate(resolve(&mut partition, &mut now_us, 2, 1)),
+        Fate::Queued
+    );
     let release = Op::Release {
         token: holder_token,
     };
@@ -211,7 +236,10 @@ fn a_detached_waiter_leaves_when_its_clients_grace_ends() {
             .any(|(session, r)| *session == 3 && matches!(r, Response::Acquired { owner: 2, .. })),
         "the next in line gets it: {answers:?}"
     );
-    assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::NeverSeen);
+    assert_eq!(
+        fate(resolve(&mut partition, &mut now_us, 2, 1)),
+        Fate::NeverSeen
+    );
 }
 
 #[test]
@@ -231,5 +259,8 @@ fn a_proposed_acquire_answered_timeout_is_not_attached_and_resolves_as_timed_out
         "{answers:?}"
     );
     partition.handle_session_closed(1, CLIENT);
-    assert_eq!(fate(resolve(&mut partition, now_us, 2, 1)), Fate::TimedOut);
+    assert_eq!(
+        fate(resolve(&mut partition, &mut now_us, 2, 1)),
+        Fate::TimedOut
+    );
 }
