@@ -51,8 +51,11 @@ const PINNED_SEEDS: [u64; 14] = [
 /// range: 401677, 402028, 402536 and 407222 (a Resolve answered *granted* with the lease its
 /// member had left by its own deadline, which counted from its own, late, apply and held a
 /// promotion's grace: another member expired the hold before the client's end, and the key
-/// was granted again while the client held it).
-const PINNED_LONG_SEEDS: [u64; 4] = [401677, 402028, 402536, 407222];
+/// was granted again while the client held it); 401280 (a member whose grant a restored
+/// snapshot covered answered it `A`, while the leader that proposed the same grant at that
+/// index in a later term, to its adopted copy of the waiter, kept it for a Resolve and
+/// released it when that never came).
+const PINNED_LONG_SEEDS: [u64; 5] = [401677, 402028, 402536, 407222, 401280];
 const LONG_MS: u64 = 10_000;
 
 /// Virtual time without faults at the end of a run.

@@ -59,11 +59,11 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     fn settle_covered(&mut self, shard: u32, at: u64, mut pending: Pending) {
         let local = self.local(shard);
         // A head carried by a release is answered after the release (its `R` first).
-        let handoff = pending.handoff.take();
+        let (handoff, term) = (pending.handoff.take(), pending.term);
         match &pending.kind {
             PendingKind::Acquire { key } => {
                 let key = key.clone();
-                self.settle_covered_head(shard, at, &key);
+                self.settle_covered_head(shard, (at, term), &key);
             }
             PendingKind::Release { token } => {
                 let token = *token;
@@ -105,22 +105,33 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             }
         }
         if let Some(key) = handoff {
-            self.settle_covered_head(shard, at, &key);
+            self.settle_covered_head(shard, (at, term), &key);
         }
     }
 
-    /// The head of `key`'s queue, proposed at `at` (which a restored snapshot covers): `A` if
-    /// the hold that entry granted is still there, else `M` (see `settle_covered`).
-    fn settle_covered_head(&mut self, shard: u32, at: u64, key: &[u8]) {
+    /// The head of `key`'s queue, proposed at `at` in `term` (which a restored snapshot
+    /// covers): `A` if the hold that entry granted is still there, else `M` (see
+    /// `settle_covered`).
+    ///
+    /// The snapshot does not say which term's entry granted that hold. While this member's
+    /// term is still `term`, its own (no other entry took the index), and so for a waiter
+    /// never mirrored (no other member knew its owner); after a change of leader, a mirrored
+    /// waiter's may be another leader's grant of the same owner at the same index, made to its
+    /// adopted copy of the waiter and answered, or kept for its client, by that leader (see
+    /// `answer_grant`).
+    fn settle_covered_head(&mut self, shard: u32, (at, term): (u64, u64), key: &[u8]) {
         let local = self.local(shard);
-        let head_owner = self.shards[local].head(key).map(|head| head.owner);
+        let head = self.shards[local].head(key);
+        let head_owner = head.map(|head| head.owner);
         let granted = self.shards[local]
             .machine()
             .granted_at(key, at)
             .filter(|hold| Some(hold.owner) == head_owner)
             .map(|hold| hold.token);
+        let mirrored = head.is_some_and(|head| head.mirrored);
+        let ours = self.member.term(shard) == term || !mirrored;
         match granted {
-            Some(token) => self.answer_grant(shard, key, token),
+            Some(token) => self.answer_grant(shard, key, token, ours),
             None => self.head_lost(shard, key),
         }
         self.shards[local].check_invariants();
@@ -284,7 +295,9 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// entry did not grant waits again (or leaves); a freed key goes to the next waiter.
     fn hold_ended(&mut self, shard: u32, key: &[u8], outcome: Applied, handoff: bool) {
         match outcome {
-            Applied::HandedOff { token, .. } if handoff => self.answer_grant(shard, key, token),
+            Applied::HandedOff { token, .. } if handoff => {
+                self.answer_grant(shard, key, token, true)
+            }
             // Another leader's handoff: nobody here waits for that grant.
             Applied::HandedOff { .. } => {}
             Applied::Released | Applied::Expired => {
@@ -302,7 +315,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     fn acquire_applied(&mut self, shard: u32, key: &[u8], outcome: Applied) {
         let local = self.local(shard);
         match outcome {
-            Applied::Granted { token, .. } => self.answer_grant(shard, key, token),
+            Applied::Granted { token, .. } => self.answer_grant(shard, key, token, true),
             Applied::Held { .. } => self.head_missed(shard, key),
             _ => {
                 // Full, Exhausted, NoFloor: refused for capacity.

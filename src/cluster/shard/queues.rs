@@ -134,6 +134,8 @@ pub(crate) struct Head {
     pub seq: u64,
     /// Its wait was more than 0 (see `Waiter::ends_pending`).
     pub ends_pending: bool,
+    /// Its `Enqueue` is in the log (see `Waiter::mirrored`).
+    pub mirrored: bool,
 }
 
 /// One shard's queued acquires on its leader. See the module docs.
@@ -208,6 +210,7 @@ impl Queues {
             proposed: head.proposed,
             seq: head.seq,
             ends_pending: head.ends_pending,
+            mirrored: head.mirrored,
         })
     }
 
@@ -511,6 +514,7 @@ impl Queues {
                 proposed: true,
                 seq: head.seq,
                 ends_pending: head.ends_pending,
+                mirrored: head.mirrored,
             });
         }
         abandoned
