@@ -534,9 +534,9 @@ impl Shard {
     }
 
     /// The server shuts down: every proposed head not abandoned yet is abandoned (to be
-    /// answered `B`; a grant that still commits for it is released), and every other waiter
-    /// leaves (to be answered `B`).
-    pub fn shut_down(&mut self, places: &mut Places) -> (Vec<Head>, Vec<Waiter>) {
+    /// answered `B` once its entry decides; a grant that still commits for it is released),
+    /// returned with its key, and every other waiter leaves (to be answered `B` or `M`).
+    pub fn shut_down(&mut self, places: &mut Places) -> (Vec<(Vec<u8>, Head)>, Vec<Waiter>) {
         let heads = self.queues.abandon_proposed_heads(places);
         let waiters = self.queues.take_unproposed(places);
         self.check_invariants();

@@ -393,15 +393,19 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.handover_until_us = None;
         for local in 0..self.shards.len() {
             let (heads, waiters) = self.shards[local].shut_down(&mut self.places);
-            // A head whose grant is in the log may still be granted: `B` promises nothing.
-            for head in heads {
-                let reason = BusyReason::Shutdown;
-                self.busy(head.session, head.owner, head.ends_pending, reason);
+            let shard = self.shards[local].machine().shard();
+            // A head whose grant is in the log may still be granted (by the others, or when
+            // they come back): `B` promises it never will be, so it is held until the log
+            // decides (a grant that commits is released first). Should this member stop
+            // before, the session closes unanswered and the client resolves the acquire.
+            for (key, head) in heads {
+                self.stats.busy.count(BusyReason::Shutdown);
+                let response = Response::Busy { owner: head.owner };
+                self.answer_held((shard, &key), head.session, response, head.ends_pending);
             }
             // The others were never proposed: nothing of them was executed, and the cluster
             // goes on without this member, so `M` sends them to the leader (or, none known
             // yet, to the next member) — unless no other member was up to take them.
-            let shard = self.shards[local].machine().shard();
             for waiter in waiters {
                 self.refuse_at_shutdown(shard, waiter.session, waiter.owner, waiter.ends_pending);
             }

@@ -379,6 +379,27 @@ fn a_resolve_waits_for_a_held_answer_whose_session_closed() {
     assert_eq!(holder(&partition), None);
 }
 
+#[test]
+fn a_head_proposed_when_its_member_stops_gets_busy_only_once_its_grant_is_undone() {
+    let mut now_us = 0;
+    let version = super::ANSWERED_PEER_VERSION;
+    let mut partition = start(MemDurable::new(), version, &CLIENTS, &mut now_us);
+    // The disk stalls; Bob's acquire finds the key free, and its `Acquire` is in flight when
+    // the member is told to stop, with no other member up to hand the shard to.
+    partition.member_mut().writer_mut().set_immediate(false);
+    assert!(send(&mut partition, now_us, (2, BOB), acquire(2, 5)).is_empty());
+    partition.handle_shutdown();
+    // No `B` while the entry may still grant it.
+    assert!(run(&mut partition, &mut now_us, 20).is_empty(), "held");
+    assert!(partition.is_quiescent(), "the stop does not wait for it");
+    // The disk comes back: the grant commits, nobody takes it, and it is released; only then
+    // is Bob told `B`.
+    partition.member_mut().writer_mut().set_immediate(true);
+    let answers = run(&mut partition, &mut now_us, 20);
+    assert_eq!(answers, [(2, Response::Busy { owner: 2 })]);
+    assert_eq!(holder(&partition), None, "released before the B");
+}
+
 /// Whether `answers` is one Resolve's answer alone, to `session`: `owner`'s acquire `fate`.
 fn only_resolved(
     answers: &[(SessionId, Response)],

@@ -501,21 +501,25 @@ impl Queues {
     }
 
     /// Abandons every proposed head not abandoned yet (the server shuts down: they are answered
-    /// `B` now, and a grant that still commits for one is released), returning them.
-    pub fn abandon_proposed_heads(&mut self, places: &mut Places) -> Vec<Head> {
-        let heads = self.by_key.values_mut().filter_map(VecDeque::front_mut);
+    /// `B` once their entries decide, and a grant that still commits for one is released),
+    /// returning them with their keys.
+    pub fn abandon_proposed_heads(&mut self, places: &mut Places) -> Vec<(Vec<u8>, Head)> {
+        let heads = (self.by_key.iter_mut()).filter_map(|(key, q)| Some((key, q.front_mut()?)));
         let mut abandoned = Vec::new();
-        for head in heads.filter(|head| head.proposed && !head.abandoned) {
+        for (key, head) in heads.filter(|(_, head)| head.proposed && !head.abandoned) {
             head.abandon(places, true);
-            abandoned.push(Head {
-                session: head.session,
-                owner: head.owner,
-                lease_ms: head.lease_ms,
-                proposed: true,
-                seq: head.seq,
-                ends_pending: head.ends_pending,
-                mirrored: head.mirrored,
-            });
+            abandoned.push((
+                key.clone(),
+                Head {
+                    session: head.session,
+                    owner: head.owner,
+                    lease_ms: head.lease_ms,
+                    proposed: true,
+                    seq: head.seq,
+                    ends_pending: head.ends_pending,
+                    mirrored: head.mirrored,
+                },
+            ));
         }
         abandoned
     }
