@@ -269,6 +269,16 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             (Command::Extend { token, .. }, Applied::Extended { deadline_ms }) => {
                 self.arm_lease(local, *token, deadline_ms)
             }
+            // An `Extend` applied between this expiry's proposal and its apply: the hold
+            // stands, and its timer, which may have fired meanwhile and found the expiry in
+            // flight, is armed again for the renewed deadline.
+            (Command::Expire { key, token, .. }, Applied::Renewed) => {
+                let hold = self.shards[local].machine().holder(key);
+                let hold = hold.filter(|hold| hold.token == *token);
+                if let Some(deadline_ms) = hold.map(|hold| hold.deadline_ms) {
+                    self.arm_lease(local, *token, deadline_ms);
+                }
+            }
             (Command::Checkpoint { holds, .. }, Applied::Checkpointed { capped }) if capped > 0 => {
                 for listed in holds {
                     let hold = self.shards[local].machine().holder(&listed.key);
