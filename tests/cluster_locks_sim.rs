@@ -56,8 +56,14 @@ const PINNED_SEEDS: [u64; 14] = [
 /// index in a later term, to its adopted copy of the waiter, kept it for a Resolve and
 /// released it when that never came); 708519 (an `Expire` proposed while a Resolve's `Extend`
 /// of 14 ms was in flight applied as renewed after the renewed lease's timer had fired and
-/// found it in flight: no timer was left, and the hold stayed for good).
-const PINNED_LONG_SEEDS: [u64; 6] = [401677, 402028, 402536, 407222, 401280, 708519];
+/// found it in flight: no timer was left, and the hold stayed for good); 803482 (a member kept
+/// a grant to its adopted waiter for a Resolve; the client resolved it at a later leader and
+/// extended it there, and the first member, leading again, released it as unclaimed); 800031
+/// (the checker took an `N` to an extend as undoing the extend in flight, which had shortened
+/// the lease before the hold ended).
+const PINNED_LONG_SEEDS: [u64; 8] = [
+    401677, 402028, 402536, 407222, 401280, 708519, 803482, 800031,
+];
 const LONG_MS: u64 = 10_000;
 
 /// Virtual time without faults at the end of a run.

@@ -82,10 +82,13 @@ impl Sim {
                 }
             }
             (Request::Extend { token, .. }, Response::NotHeld { .. }) => {
+                // Judged by the client's count while the extend was in flight (the earlier of
+                // its deadline and the extend's): it may have applied, shortening the lease,
+                // before the hold ended (a member that restored a snapshot past both says N).
+                self.checker.not_held(now, token, "extend");
                 if let Some(belief) = self.checker.belief_mut(token) {
                     belief.extending = None;
                 }
-                self.checker.not_held(now, token, "extend");
             }
             (Request::Query { .. }, Response::State { held, .. }) => {
                 if !held {

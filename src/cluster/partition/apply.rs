@@ -182,6 +182,14 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             };
             if let (Some(command), Some(applied)) = (&command, applied) {
                 self.leases_applied(local, command, applied);
+                if let (Command::Extend { token, .. }, Applied::Extended { .. }) =
+                    (command, applied)
+                {
+                    // Renewed: its client has it (its own extend, or a Resolve's or a resent
+                    // acquire's renewal, answered by whichever member proposed it), so a grant
+                    // this member kept for a Resolve is no longer its to release.
+                    self.adopted_grant_delivered(*token);
+                }
             }
             let pending = self.pending.remove(&(entry.shard, entry.index));
             self.applied(entry.shard, entry.term, command.as_ref(), applied, pending);

@@ -458,9 +458,12 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         self.adopted_grants.insert(token, grant);
     }
 
-    /// A Resolve told its client of the grant of `token`.
+    /// A Resolve told its client of the grant of `token`, or an `Extend` of it applied (its
+    /// client has it: see `apply_now`).
     pub(super) fn adopted_grant_delivered(&mut self, token: u64) {
-        self.adopted_grants.remove(&token);
+        if !self.adopted_grants.is_empty() {
+            self.adopted_grants.remove(&token);
+        }
     }
 
     /// The `Extend` renewing the grant of `token` to an adopted waiter applied with `outcome`:
