@@ -70,6 +70,20 @@ pub(super) struct PendingResolve {
     after: u64,
 }
 
+impl PendingResolve {
+    /// A Resolve waiting for nothing yet ([`ClusterPartition::settle`] sets what it waits for).
+    fn new(shard: u32, (session, client): (SessionId, ClientRef), key: &[u8], owner: u64) -> Self {
+        PendingResolve {
+            shard,
+            session,
+            client,
+            key: key.to_vec(),
+            owner,
+            after: 0,
+        }
+    }
+}
+
 impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// Resolve from `session` (of `client`) on a shard this member serves: see the module docs.
     pub(super) fn resolve(
@@ -94,14 +108,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                 self.answer_resolve(session, response);
             }
             Decided::Later => {
-                let mut resolve = PendingResolve {
-                    shard,
-                    session,
-                    client,
-                    key: key.to_vec(),
-                    owner,
-                    after: 0,
-                };
+                let mut resolve = PendingResolve::new(shard, (session, client), key, owner);
                 self.settle(&mut resolve);
                 self.resolves.push(resolve);
             }
@@ -287,14 +294,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
             return;
         };
         if !matches!(outcome, Applied::Extended { .. }) {
-            let resolve = PendingResolve {
-                shard,
-                session,
-                client,
-                key: key.to_vec(),
-                owner,
-                after: 0,
-            };
+            let resolve = PendingResolve::new(shard, (session, client), key, owner);
             return self.resolves.push(resolve); // decided again in this drain
         }
         let local = self.local(shard);
