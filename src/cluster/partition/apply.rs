@@ -16,7 +16,7 @@ use crate::cluster::member::{Committed, EntryKind, LeaderChanged, ReadReady};
 use crate::cluster::shard::Role;
 use crate::cluster::writer::LogWriter;
 use crate::partition::BusyReason;
-use crate::partition::NOBODY;
+use crate::partition::{is_detached, NOBODY};
 use latchkey_client::protocol::Response;
 use std::time::SystemTime;
 
@@ -117,8 +117,12 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// term is still `term`, its own (no other entry took the index), and so for a waiter
     /// never mirrored (no other member knew its owner); after a change of leader, a mirrored
     /// waiter's may be another leader's grant of the same owner at the same index, made to its
-    /// adopted copy of the waiter and answered, or kept for its client, by that leader (see
-    /// `answer_grant`).
+    /// adopted copy of the waiter and answered, or kept for a Resolve, by that leader (which
+    /// releases it when its client's grace ends unclaimed). Answering it here too would have
+    /// two members each believe that it alone told the client (one then releases a lock the
+    /// client holds), and releasing it could end a lock that leader granted. So the head gets
+    /// `T`, held until the hold ends (released by that leader, or expired); its client, past
+    /// its deadline, resolves the acquire with the leader.
     fn settle_covered_head(&mut self, shard: u32, (at, term): (u64, u64), key: &[u8]) {
         let local = self.local(shard);
         let head = self.shards[local].head(key);
@@ -131,10 +135,26 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         let mirrored = head.is_some_and(|head| head.mirrored);
         let ours = self.member.term(shard) == term || !mirrored;
         match granted {
-            Some(token) => self.answer_grant(shard, key, token, ours),
+            Some(token) if ours => self.answer_grant(shard, key, token),
+            Some(_) => self.covered_grant_unclaimed(shard, key),
             None => self.head_lost(shard, key),
         }
         self.shards[local].check_invariants();
+    }
+
+    /// The head of `key`'s queue, granted by a covered entry that may be another leader's (see
+    /// `settle_covered_head`): it leaves, its `T` held; the grant is neither answered nor
+    /// released here.
+    fn covered_grant_unclaimed(&mut self, shard: u32, key: &[u8]) {
+        let local = self.local(shard);
+        let Some(head) = self.shards[local].pop_granted_head(key, &mut self.places) else {
+            return;
+        };
+        if !head.abandoned && !is_detached(head.session) {
+            self.stats.timed_out += 1;
+            let response = Response::Timeout { owner: head.owner };
+            self.answer_held((shard, key), head.session, response, head.ends_pending);
+        }
     }
 
     /// Applies committed entries, except those of a shard whose restore is still being
@@ -242,13 +262,18 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
                     Some(PendingKind::Regrant { owner }) => {
                         return self.regranted(shard, session, (*owner, *token), outcome);
                     }
-                    Some(kind @ PendingKind::Resolve { .. }) => {
-                        let kind = kind.clone();
+                    Some(&PendingKind::Resolve {
+                        client,
+                        owner,
+                        lease_ms,
+                    }) => {
+                        let asker = (session, client);
+                        let renewed = matches!(outcome, Applied::Extended { .. });
                         return self.resolve_renewed(
-                            (shard, key),
-                            (session, *token),
-                            &kind,
-                            &outcome,
+                            (shard, key, owner),
+                            asker,
+                            (*token, lease_ms),
+                            renewed,
                         );
                     }
                     _ => {}
@@ -303,9 +328,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// entry did not grant waits again (or leaves); a freed key goes to the next waiter.
     fn hold_ended(&mut self, shard: u32, key: &[u8], outcome: Applied, handoff: bool) {
         match outcome {
-            Applied::HandedOff { token, .. } if handoff => {
-                self.answer_grant(shard, key, token, true)
-            }
+            Applied::HandedOff { token, .. } if handoff => self.answer_grant(shard, key, token),
             // Another leader's handoff: nobody here waits for that grant.
             Applied::HandedOff { .. } => {}
             Applied::Released | Applied::Expired => {
@@ -323,7 +346,7 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     fn acquire_applied(&mut self, shard: u32, key: &[u8], outcome: Applied) {
         let local = self.local(shard);
         match outcome {
-            Applied::Granted { token, .. } => self.answer_grant(shard, key, token, true),
+            Applied::Granted { token, .. } => self.answer_grant(shard, key, token),
             Applied::Held { .. } => self.head_missed(shard, key),
             _ => {
                 // Full, Exhausted, NoFloor: refused for capacity.

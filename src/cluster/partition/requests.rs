@@ -344,28 +344,11 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
     /// older token after a newer one. The client gets `T` and the grant is released. (Counted
     /// from the proposal, not from the request's arrival: a waiter that queued longer than its
     /// lease is granted normally.)
-    ///
-    /// `ours`: the grant is known to be this member's entry's. Otherwise (a restored snapshot
-    /// covered the entry of a mirrored head, and the leader changed since) it may be another
-    /// leader's, to its adopted copy of the waiter: that leader answered it or keeps it for a
-    /// Resolve, and releases it when its client's grace ends unclaimed. Answering it here too
-    /// would have two members each believe that it alone told the client (one then releases a
-    /// lock the client holds), and releasing it could end a lock that leader granted. So the
-    /// head gets `T`, held until the hold ends (released by that leader, or expired); its
-    /// client, past its deadline, resolves the acquire with the leader.
-    pub(super) fn answer_grant(&mut self, shard: u32, key: &[u8], token: u64, ours: bool) {
+    pub(super) fn answer_grant(&mut self, shard: u32, key: &[u8], token: u64) {
         let local = self.local(shard);
         let Some(head) = self.shards[local].pop_granted_head(key, &mut self.places) else {
             return;
         };
-        if !ours {
-            if !head.abandoned && !is_detached(head.session) {
-                self.stats.timed_out += 1;
-                let response = Response::Timeout { owner: head.owner };
-                self.answer_held((shard, key), head.session, response, head.ends_pending);
-            }
-            return;
-        }
         let lease_over_us = head.proposed_us + u64::from(head.lease_ms) * 1000;
         if is_detached(head.session) && !head.abandoned && self.now_us < lease_over_us {
             // Its client has no session: the grant waits for a Resolve, or its grace.

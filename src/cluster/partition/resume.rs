@@ -41,7 +41,7 @@
 
 use super::requests::End;
 use super::{ClusterPartition, Peers, PendingKind};
-use crate::cluster::machine::{Answered, Applied, Command};
+use crate::cluster::machine::{Answered, Command};
 use crate::cluster::shard::ADOPTED;
 use crate::cluster::writer::LogWriter;
 use crate::partition::{is_detached, ClientRef, Fate, SessionId, DETACHED, NOBODY};
@@ -275,25 +275,17 @@ impl<D: LogWriter, P: Peers> ClusterPartition<D, P> {
         }
     }
 
-    /// The `Extend` a Resolve proposed for the hold it found (see [`Self::resolved`]) applied
-    /// with `outcome`: *granted*, with the lease it renewed; if the hold is gone (released or
-    /// expired first), the Resolve is decided again.
+    /// The `Extend` a Resolve proposed for the hold it found (see [`Self::resolved`]) applied:
+    /// *granted*, with the lease it `renewed`; if the hold is gone (released or expired first),
+    /// the Resolve is decided again.
     pub(super) fn resolve_renewed(
         &mut self,
-        (shard, key): (u32, &[u8]),
-        (session, token): (SessionId, u64),
-        kind: &PendingKind,
-        outcome: &Applied,
+        (shard, key, owner): (u32, &[u8], u64),
+        (session, client): (SessionId, ClientRef),
+        (token, lease_ms): (u64, u32),
+        renewed: bool,
     ) {
-        let PendingKind::Resolve {
-            client,
-            owner,
-            lease_ms,
-        } = *kind
-        else {
-            return;
-        };
-        if !matches!(outcome, Applied::Extended { .. }) {
+        if !renewed {
             let resolve = PendingResolve::new(shard, (session, client), key, owner);
             return self.resolves.push(resolve); // decided again in this drain
         }

@@ -89,6 +89,19 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
+    /// What it is as its queue's head.
+    fn as_head(&self) -> Head {
+        Head {
+            session: self.session,
+            owner: self.owner,
+            lease_ms: self.lease_ms,
+            proposed: self.proposed,
+            seq: self.seq,
+            ends_pending: self.ends_pending,
+            mirrored: self.mirrored,
+        }
+    }
+
     /// Gives back the place this waiter holds in `places`, if it holds one.
     fn give_place_back(&mut self, places: &mut Places) {
         if std::mem::replace(&mut self.counted, false) {
@@ -202,16 +215,7 @@ impl Queues {
 
     /// The head of `key`'s queue.
     pub fn head(&self, key: &[u8]) -> Option<Head> {
-        let head = self.by_key.get(key)?.front()?;
-        Some(Head {
-            session: head.session,
-            owner: head.owner,
-            lease_ms: head.lease_ms,
-            proposed: head.proposed,
-            seq: head.seq,
-            ends_pending: head.ends_pending,
-            mirrored: head.mirrored,
-        })
+        self.by_key.get(key)?.front().map(Waiter::as_head)
     }
 
     /// The head of `key`'s queue, whole (tests).
@@ -508,18 +512,7 @@ impl Queues {
         let mut abandoned = Vec::new();
         for (key, head) in heads.filter(|(_, head)| head.proposed && !head.abandoned) {
             head.abandon(places, true);
-            abandoned.push((
-                key.clone(),
-                Head {
-                    session: head.session,
-                    owner: head.owner,
-                    lease_ms: head.lease_ms,
-                    proposed: true,
-                    seq: head.seq,
-                    ends_pending: head.ends_pending,
-                    mirrored: head.mirrored,
-                },
-            ));
+            abandoned.push((key.clone(), head.as_head()));
         }
         abandoned
     }
