@@ -68,10 +68,12 @@ impl Observer {
         (!released && lease_end_us > now_us).then_some(token)
     }
 
-    /// Removes a queued acquire answered later; `fifo` demands it was its queue's head.
-    /// Removes the queued acquire an answer was for and returns its lease. `expired_at`: the
-    /// answer is a wait that ran out by then, so among duplicates of the same owner it is the
-    /// one whose wait ended first; otherwise the first queued.
+    /// Removes the queued acquire an answer was for and returns its lease; `fifo` demands it
+    /// was its queue's head. `expired_at`: the answer is a wait that ran out by then, so among
+    /// duplicates of the same owner (a resend) it is one whose wait had ended by then, the
+    /// first queued of those: timers that fire together answer in the table's order, which
+    /// may time out a head whose wait ended later before one queued behind it (seed-found: a
+    /// `T`, a grant to the next waiter, then the other `T`); otherwise the first queued.
     fn unqueue(
         &mut self,
         seen: &Seen,
@@ -89,15 +91,7 @@ impl Observer {
             if key.is_some_and(|key| key != &queued_key[..]) {
                 return None;
             }
-            let position = match expired_at {
-                Some(_) => queue
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, entry)| wanted(entry))
-                    .min_by_key(|(position, entry)| (entry.3, *position))
-                    .map(|(position, _)| position),
-                None => queue.iter().position(wanted),
-            }?;
+            let position = queue.iter().position(wanted)?;
             Some((queue, position))
         });
         let Some((queue, position)) = found else {
