@@ -2,12 +2,14 @@
 //! after a restart, hellos of misconfigured members refused on both sides and retried, who is
 //! reachable, hostile connections and messages refused or dropped without harm to the others
 //! (and without harm to a real member), bounded queues, members of the previous build's wire
-//! version and the cluster version.
+//! version and the cluster version, and a member on another data directory refused.
 //!
 //! Every wait is bounded by a generous deadline; nothing asserts on speed.
 
 #[path = "cluster_peer/content.rs"]
 mod content;
+#[path = "cluster_peer/incarnation.rs"]
+mod incarnation;
 #[path = "cluster_peer/reach.rs"]
 mod reach;
 #[path = "cluster_peer/tls.rs"]
@@ -120,8 +122,30 @@ fn start_as(
         seed: 0x5eed + node_id,
         limits,
         tls: None,
+        incarnation: 0x1ca0 + node_id,
+        peers_file: None,
     };
     spawn_member(config, reads)
+}
+
+/// Member `node_id`'s configuration among the members at `all` (ids 1..): plaintext, quick
+/// limits, its incarnation `0x1ca0 + node_id`, the peers' kept in memory.
+fn config_among(node_id: u64, all: &[SocketAddr]) -> PeerConfig {
+    let peers = (all.iter().enumerate())
+        .map(|(i, &addr)| (i as u64 + 1, addr))
+        .collect();
+    PeerConfig {
+        node_id,
+        listen: all[node_id as usize - 1],
+        peers,
+        shards: SHARDS,
+        identity: IDENTITY,
+        seed: 0x5eed + node_id,
+        limits: quick_limits(),
+        tls: None,
+        incarnation: 0x1ca0 + node_id,
+        peers_file: None,
+    }
 }
 
 /// A member of `config`, its connections read as `reads` says.
@@ -630,6 +654,7 @@ fn hello_to(to: u64, from: u64) -> Vec<u8> {
         from,
         to,
         identity: IDENTITY,
+        incarnation: 0x1ca0 + from,
     };
     hello.encode().to_vec()
 }
@@ -644,6 +669,7 @@ fn hello(shards: u32, from: u64) -> Vec<u8> {
         from,
         to,
         identity,
+        incarnation: 0x1ca0 + from,
     }
     .encode()
     .to_vec()
@@ -781,7 +807,7 @@ fn hostile_connections_are_closed_and_the_others_keep_working() {
     let mut wrong_member = hello(SHARDS, 3);
     wrong_member[17..25].copy_from_slice(&1u64.to_be_bytes()); // meant for member 1
     let mut wrong_identity = hello(SHARDS, 3);
-    wrong_identity[25..].copy_from_slice(&(IDENTITY + 1).to_be_bytes());
+    wrong_identity[25..33].copy_from_slice(&(IDENTITY + 1).to_be_bytes());
     let attempts: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
         ("wrong version", wrong_version),

@@ -4,6 +4,8 @@
 //! * a member whose members list differs is refused by the others, and every side logs it;
 //!   fixing its config and restarting it heals the cluster without touching the others;
 //! * a peer address that leads to another member is refused as "dialed ... but reached";
+//! * a member started again on an empty `data_dir` (a lost disk) is refused by the peers that
+//!   knew its old one, every side says so, and the others serve on;
 //! * with two of three members killed (kill -9), the survivor's `/health` is 503 and says why,
 //!   its gauges show the leaderless shards and the lost quorum, and it logs "quorum lost";
 //!   restarted, they make it healthy again and it logs "quorum regained";
@@ -164,6 +166,75 @@ fn a_peer_address_that_leads_to_another_member_is_refused_as_dialed_but_reached(
         view["reason"].as_str().unwrap_or_default().contains(why),
         "{view}"
     );
+}
+
+#[test]
+fn a_member_started_again_on_an_empty_data_dir_is_refused_by_the_others() {
+    let mut cluster = Cluster::start("quorum-disk", 3, 4, false);
+    let one = cluster.members[0].client;
+    wait_until("members 1 and 2 to have heard from member 3", || {
+        (0..2).all(|index| {
+            let view = peer_view(&cluster, index, 3);
+            view["heard_seconds_ago"].is_f64() && view["incarnation"].is_string()
+        })
+    });
+    let known = peer_view(&cluster, 0, 3)["incarnation"].clone();
+    let own = cluster_stats(&cluster, 2)["incarnation"].clone();
+    assert!(known.is_string() && known == own, "{known} {own}");
+    // Its disk is lost: kill -9, the data_dir emptied, started again.
+    cluster.kill(2);
+    std::fs::remove_dir_all(&cluster.members[2].data).expect("empty member 3's data_dir");
+    cluster.launch(2);
+    let why = "its data_dir was lost or replaced, and with it the votes it gave";
+    for index in 0..2 {
+        wait_for_line(
+            &log_of(&cluster, index),
+            &[
+                "(node 3) refused: node 3 says hello from data-directory incarnation",
+                why,
+            ],
+            PATIENCE,
+        );
+        wait_until("the refusal in /stats", || {
+            let view = peer_view(&cluster, index, 3);
+            view["refused_inbound"]
+                .as_str()
+                .is_some_and(|r| r.contains(why))
+        });
+    }
+    wait_for_line(
+        &log_of(&cluster, 2),
+        &[
+            "refused",
+            "knew this member by another data directory than this one",
+        ],
+        PATIENCE,
+    );
+    assert_ne!(
+        cluster_stats(&cluster, 2)["incarnation"],
+        own,
+        "a new incarnation"
+    );
+    assert_eq!(
+        peer_view(&cluster, 0, 3)["incarnation"],
+        known,
+        "the old one is kept"
+    );
+    // `cluster status` names it, and exits 86 (a member is refused).
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"))
+        .args(["cluster", "status", "--server", &cluster.servers()])
+        .output()
+        .expect("run latchkey cluster status");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        table.contains("peer 1 refused: node 1 knew this member by another data directory"),
+        "{table}"
+    );
+    assert_eq!(output.status.code(), Some(86), "{table}");
+    // The two others still make a quorum and serve.
+    wait_until("member 1 to be healthy", || {
+        http_get(one, "/health").is_some_and(|(status, _)| status == 200)
+    });
 }
 
 #[test]

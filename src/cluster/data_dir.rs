@@ -9,10 +9,16 @@
 //!   refused, can name it.
 //! * `member.toml`: the record, written once at the directory's first start, atomically (a
 //!   temporary file, fsync, rename, fsync of the directory): the member's node id, the cluster's
-//!   identity ([`ClusterIdentity`]: shards, members' ids and client addresses) and the core
-//!   count (the write-ahead logs are per core). A start whose configuration disagrees is refused,
-//!   the error naming the key: `cluster.node_id`, `cluster.shards`, `cluster.members`,
-//!   `server.cores`.
+//!   identity ([`ClusterIdentity`]: shards, members' ids and client addresses), the core count
+//!   (the write-ahead logs are per core) and the directory's *incarnation*, a random 64-bit
+//!   value drawn at that start. A start whose configuration disagrees is refused, the error
+//!   naming the key: `cluster.node_id`, `cluster.shards`, `cluster.members`, `server.cores`.
+//!   A record of an earlier version has no incarnation: one is drawn and the record rewritten
+//!   (an info line says so).
+//! * The incarnation is what the member's peer hello carries (peer wire version 6): its peers
+//!   remember it (in their own `peers.toml`, [`PEERS_FILE`], kept by
+//!   [`super::peer::incarnations`]) and refuse the member once it says hello from another
+//!   directory, one that has forgotten the votes the old one gave.
 //! * A directory of an earlier version has a `layout` file (`shards=S cores=C`) and no record:
 //!   its layout is checked as before, the record is written, `layout` is removed, and an info
 //!   line says so. A directory with write-ahead logs (`core-N`) and neither file is refused:
@@ -34,6 +40,8 @@ pub const LOCK_FILE: &str = "lock";
 pub const RECORD_FILE: &str = "member.toml";
 /// The record of an earlier version (shards and cores only).
 pub const LAYOUT_FILE: &str = "layout";
+/// The peers' incarnations this member has seen ([`super::peer::incarnations`]).
+pub const PEERS_FILE: &str = "peers.toml";
 /// The most bytes of the lock file's holder line that a refusal repeats.
 const HOLDER_BYTES_MAX: usize = 200;
 /// The most bytes of a record read (it is a few hundred).
@@ -44,6 +52,7 @@ const RECORD_BYTES_MAX: u64 = 64 * 1024;
 #[derive(Debug)]
 pub struct DataDir {
     path: PathBuf,
+    incarnation: u64,
     _lock: File,
 }
 
@@ -71,8 +80,8 @@ impl Expected {
         }
     }
 
-    /// The record's text.
-    fn record(&self) -> String {
+    /// The record's text, with the directory's `incarnation`.
+    fn record(&self, incarnation: u64) -> String {
         let mut table = toml::Table::new();
         table.insert("node_id".into(), toml::Value::Integer(self.node_id as i64));
         table.insert("cores".into(), toml::Value::Integer(self.cores as i64));
@@ -81,6 +90,7 @@ impl Expected {
             toml::Value::Integer(i64::from(self.shards)),
         );
         table.insert("identity".into(), self.identity.text.clone().into());
+        table.insert("incarnation".into(), format!("{incarnation:016x}").into());
         format!(
             "# Written by latchkey at this data directory's first start: whose data it holds.\n\
              # A start whose configuration disagrees is refused. Do not edit.\n{table}"
@@ -95,6 +105,8 @@ struct Record {
     cores: usize,
     shards: u32,
     identity: String,
+    /// `None` in a record of an earlier version.
+    incarnation: Option<u64>,
 }
 
 impl DataDir {
@@ -115,15 +127,45 @@ impl DataDir {
     ) -> io::Result<DataDir> {
         std::fs::create_dir_all(path).map_err(|e| named(path, e))?;
         let lock = lock(path, expected.node_id)?;
-        let data_dir = DataDir {
+        let mut data_dir = DataDir {
             path: path.to_path_buf(),
+            incarnation: 0,
             _lock: lock,
         };
-        match data_dir.read_record()? {
-            Some(record) => data_dir.check(&record, expected)?,
+        data_dir.incarnation = match data_dir.read_record()? {
+            Some(record) => {
+                data_dir.check(&record, expected)?;
+                match record.incarnation {
+                    Some(incarnation) => incarnation,
+                    None => data_dir.first_incarnation(expected)?,
+                }
+            }
             None => data_dir.first_start(expected, seed)?,
-        }
+        };
+        debug_assert_ne!(data_dir.incarnation, 0);
         Ok(data_dir)
+    }
+
+    /// This directory's incarnation (never 0): drawn at its first start, kept in its record.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// Where this member keeps its peers' incarnations ([`PEERS_FILE`]).
+    pub fn peers_file(&self) -> PathBuf {
+        self.path.join(PEERS_FILE)
+    }
+
+    /// A record of an earlier version, without an incarnation: one is drawn and the record
+    /// rewritten with it.
+    fn first_incarnation(&self, expected: &Expected) -> io::Result<u64> {
+        let incarnation = self.write_record(expected)?;
+        log::info!(
+            "cluster.data_dir {}: the record of an earlier version now has an incarnation, \
+             {incarnation:016x}, which the peer hello carries",
+            self.path.display()
+        );
+        Ok(incarnation)
     }
 
     /// Whether `path` holds a member's data already: a record, an earlier version's layout
@@ -208,12 +250,12 @@ impl DataDir {
     }
 
     /// No record yet: an earlier version's directory (its layout checked, then upgraded), a
-    /// fresh one, or logs of unknown origin (refused).
+    /// fresh one, or logs of unknown origin (refused). Returns the incarnation drawn for it.
     fn first_start(
         &self,
         expected: &Expected,
         seed: &mut dyn FnMut(&Path) -> io::Result<()>,
-    ) -> io::Result<()> {
+    ) -> io::Result<u64> {
         let layout_path = self.path.join(LAYOUT_FILE);
         let layout = match read_bounded(&layout_path) {
             Ok(text) => Some(text),
@@ -223,7 +265,7 @@ impl DataDir {
         match layout {
             Some(text) => {
                 self.check_layout(text.trim(), expected)?;
-                self.write_record(expected)?;
+                let incarnation = self.write_record(expected)?;
                 std::fs::remove_file(&layout_path).map_err(|e| self.named(e))?;
                 sync_dir(&self.path).map_err(|e| self.named(e))?;
                 log::info!(
@@ -234,6 +276,7 @@ impl DataDir {
                     expected.identity.text,
                     expected.cores
                 );
+                Ok(incarnation)
             }
             None => {
                 if let Some(log) = self.first_log()? {
@@ -246,17 +289,18 @@ impl DataDir {
                     return Err(io::Error::new(io::ErrorKind::InvalidData, message));
                 }
                 seed(&self.path)?;
-                self.write_record(expected)?;
+                let incarnation = self.write_record(expected)?;
                 log::info!(
-                    "cluster.data_dir {}: first start: recorded member {} of `{}` with {} cores",
+                    "cluster.data_dir {}: first start: recorded member {} of `{}` with {} \
+                     cores, incarnation {incarnation:016x}",
                     self.path.display(),
                     expected.node_id,
                     expected.identity.text,
                     expected.cores
                 );
+                Ok(incarnation)
             }
         }
-        Ok(())
     }
 
     /// An earlier version's `layout` (`shards=S cores=C`) against `expected`.
@@ -304,11 +348,15 @@ impl DataDir {
         Ok(None)
     }
 
-    /// Writes the record atomically: a temporary file, synced, renamed over, the directory
-    /// synced (a crash leaves the old state or the whole record, never a torn one).
-    fn write_record(&self, expected: &Expected) -> io::Result<()> {
+    /// Writes the record atomically, with a new incarnation, which it returns: a temporary
+    /// file, synced, renamed over, the directory synced (a crash leaves the old state or the
+    /// whole record, never a torn one).
+    fn write_record(&self, expected: &Expected) -> io::Result<u64> {
         let path = self.path.join(RECORD_FILE);
-        write_atomically(&path, expected.record().as_bytes()).map_err(|e| self.named(e))
+        let incarnation = new_incarnation().map_err(|e| self.named(e))?;
+        let record = expected.record(incarnation);
+        write_atomically(&path, record.as_bytes()).map_err(|e| self.named(e))?;
+        Ok(incarnation)
     }
 }
 
@@ -337,6 +385,21 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
         let _ = std::fs::remove_file(&temporary);
     }
     written
+}
+
+/// A new incarnation: 64 bits from the kernel's random source, never 0 (a hello before
+/// version 6 carries none, which reads as 0). Unpredictable, so that two directories of one
+/// member never share one.
+fn new_incarnation() -> io::Result<u64> {
+    let mut random = File::open("/dev/urandom")?;
+    loop {
+        let mut bytes = [0u8; 8];
+        random.read_exact(&mut bytes)?;
+        let incarnation = u64::from_ne_bytes(bytes);
+        if incarnation != 0 {
+            return Ok(incarnation);
+        }
+    }
 }
 
 /// Whether a data directory's entry `name` is a core's write-ahead log directory (`core-N`).
@@ -413,11 +476,24 @@ fn parse_record(text: &str) -> Result<Record, String> {
     let Some(toml::Value::String(identity)) = table.get("identity") else {
         return Err("no identity".to_string());
     };
+    let incarnation = match table.get("incarnation") {
+        None => None,
+        Some(toml::Value::String(hex)) => match u64::from_str_radix(hex, 16) {
+            Ok(incarnation) if incarnation != 0 && hex.len() == 16 => Some(incarnation),
+            _ => {
+                return Err(format!(
+                    "incarnation {hex:?} is not 16 hex digits, not all 0"
+                ))
+            }
+        },
+        Some(other) => return Err(format!("incarnation is {other}, not 16 hex digits")),
+    };
     Ok(Record {
         node_id,
         cores,
         shards,
         identity: identity.clone(),
+        incarnation,
     })
 }
 

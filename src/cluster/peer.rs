@@ -77,6 +77,7 @@
 pub mod content;
 pub mod frame;
 mod inbound;
+pub mod incarnations;
 mod lane;
 mod link;
 mod queue;
@@ -160,6 +161,11 @@ pub struct PeerConfig {
     /// `[cluster.tls]`, read and checked ([`tls::PeerTls::load`]): every connection is TLS
     /// both ways; `None`: plaintext.
     pub tls: Option<tls::PeerTls>,
+    /// This member's data-directory incarnation, which its hellos carry (never 0).
+    pub incarnation: u64,
+    /// Where this member keeps the incarnations its peers said hello with
+    /// ([`incarnations::Incarnations::load`]); `None`: in memory only.
+    pub peers_file: Option<std::path::PathBuf>,
 }
 
 /// One core's inbox as the peer thread sees it: the channel it delivers `(shard, message)` on
@@ -455,6 +461,9 @@ fn validate(mut config: PeerConfig, cores: usize) -> io::Result<PeerConfig> {
     config.peers.retain(|&(id, _)| id != config.node_id);
     if config.node_id == 0 {
         return Err(invalid("cluster node_id must not be 0".into()));
+    }
+    if config.incarnation == 0 {
+        return Err(invalid("a data-directory incarnation is never 0".into()));
     }
     if config.shards == 0 || cores == 0 {
         return Err(invalid(

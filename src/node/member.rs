@@ -29,7 +29,7 @@ use crossbeam_channel::Receiver;
 use mio::{Registry, Waker};
 use raft::eraftpb::{ConfState, HardState, Message, Snapshot};
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -160,7 +160,9 @@ impl Backend for MemberBackend {
         cores: (&[Arc<Waker>], Vec<Registry>),
         queues: Option<Arc<dyn QueueCounts>>,
     ) -> io::Result<Started<MemberPartition>> {
-        let (partitions, peers) = start(config, (&self.cluster, self.tls), cores, queues)?;
+        let data_dir = (self.data_dir.incarnation(), self.data_dir.peers_file());
+        let cluster = (&self.cluster, self.tls, data_dir);
+        let (partitions, peers) = start(config, cluster, cores, queues)?;
         let beside = MemberBeside {
             peers,
             _data_dir: self.data_dir,
@@ -285,10 +287,10 @@ fn seed_from_backup(
 }
 
 /// Opens every core's log, builds its groups and partition, and starts the peer thread. The
-/// data directory must be open ([`open_data_dir`]).
+/// data directory must be open ([`open_data_dir`]): its incarnation and peers file are given.
 fn start(
     config: &Config,
-    (cluster, tls): (&ClusterConfig, Option<PeerTls>),
+    (cluster, tls, (incarnation, peers_file)): (&ClusterConfig, Option<PeerTls>, (u64, PathBuf)),
     (wakers, registries): (&[Arc<Waker>], Vec<Registry>),
     queues: Option<Arc<dyn QueueCounts>>,
 ) -> io::Result<(Vec<MemberPartition>, PeerThread)> {
@@ -312,6 +314,8 @@ fn start(
         seed,
         limits: PeerLimits::default(),
         tls,
+        incarnation,
+        peers_file: Some(peers_file),
     };
     let inbound = channels
         .iter()

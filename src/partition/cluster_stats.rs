@@ -102,6 +102,9 @@ pub struct PeerStatus {
     /// accepting this member's), kept while it is down; the oldest this member speaks until
     /// it was heard from.
     pub version: u8,
+    /// The incarnation of its data directory this member remembers (the first it accepted a
+    /// hello of version 6 or later with), if any.
+    pub incarnation: Option<u64>,
 }
 
 /// The peer thread's counters at one moment.
@@ -135,6 +138,8 @@ pub struct PeerReport {
     pub quorum: bool,
     /// The newest peer wire version this member speaks (its build's).
     pub version: u8,
+    /// This member's data-directory incarnation, which its hellos carry.
+    pub incarnation: u64,
     /// The cluster version: the lowest peer wire version any member speaks (this member's,
     /// and each peer's as last known), which decides what shard commands may be proposed.
     pub cluster_version: u8,

@@ -161,6 +161,7 @@ fn a_real_member_drops_invalid_snapshots_and_entries_and_keeps_serving() {
         from: 2,
         to: 1,
         identity,
+        incarnation: 0x1ca2,
     };
     raw.write_all(&hello.encode()).expect("hello");
     let mut reply = [0u8; REPLY_BYTES];

@@ -110,7 +110,7 @@ fn peers_are_reachable_while_they_talk_and_the_quorum_follows_them() {
 pub(crate) fn accept_as(listener: &TcpListener, node_id: u64) -> TcpStream {
     use latchkey::cluster::peer::frame::{Reply, Verdict, HELLO_BYTES};
     let (mut stream, _) = listener.accept().expect("member 1 dials");
-    let mut hello = [0u8; HELLO_BYTES];
+    let mut hello = [0u8; HELLO_BYTES]; // this build's hello, in its newest version
     stream.read_exact(&mut hello).expect("its hello");
     let reply = Reply {
         version: hello[4], // in the hello's version, as a reader of this build

@@ -36,18 +36,9 @@ fn start_signed(pki: &Pki, node_id: u64, all: &[SocketAddr]) -> Member {
 
 /// Member `node_id` of the members at `all`, with `tls` (or none), read as `reads` says.
 fn start_tls(node_id: u64, all: &[SocketAddr], tls: Option<PeerTls>, reads: Reads) -> Member {
-    let peers = (all.iter().enumerate())
-        .map(|(i, &addr)| (i as u64 + 1, addr))
-        .collect();
     let config = PeerConfig {
-        node_id,
-        listen: all[node_id as usize - 1],
-        peers,
-        shards: SHARDS,
-        identity: IDENTITY,
-        seed: 0x5eed + node_id,
-        limits: quick_limits(),
         tls,
+        ..config_among(node_id, all)
     };
     spawn_member(config, reads)
 }
@@ -210,8 +201,11 @@ fn a_certificate_naming_another_member_than_the_hello_claims_is_refused() {
     let name = "member-1".try_into().expect("a name");
     let connection = rustls::ClientConnection::new(config, name).expect("a session");
     let mut stream = rustls::StreamOwned::new(connection, tcp);
+    // In another data-directory incarnation than the real member 2's.
+    let mut impostor = hello_to(1, 2);
+    impostor[33..].copy_from_slice(&0xbadu64.to_be_bytes());
     stream
-        .write_all(&hello_to(1, 2))
+        .write_all(&impostor)
         .expect("the handshake and the hello");
     let mut reply = [0u8; REPLY_BYTES];
     let read = stream.read(&mut reply);
@@ -227,6 +221,11 @@ fn a_certificate_naming_another_member_than_the_hello_claims_is_refused() {
     assert!(said.contains("member-3"), "{said}");
     assert_eq!(load(&one.stats().accepts), 0);
     assert!(one.receive_for(Duration::from_millis(100)).is_empty());
+    // Its incarnation was not remembered (the certificate is checked first): the real member
+    // 2 is accepted.
+    let two = start_signed(&pki, 2, &all);
+    send_numbered(&two, 2, 1, 0..3);
+    assert_eq!(one.receive(3).0.len(), 3, "the real member 2 is accepted");
 }
 
 #[test]
@@ -293,6 +292,8 @@ fn a_silent_handshake_is_closed_at_the_hello_deadline() {
             ..PeerLimits::default()
         },
         tls,
+        incarnation: 0x1ca0 + 1,
+        peers_file: None,
     };
     let one = spawn_member(config, Reads::OnThePeerThread);
     let mut stream = TcpStream::connect(all[0]).expect("connect");
@@ -326,6 +327,8 @@ fn a_peer_address_that_leads_to_another_member_is_refused_by_its_certificate() {
         seed: 0x5eed + node_id,
         limits: PeerLimits::default(),
         tls: Some(member_tls(&pki, node_id, pki.ca_file())),
+        incarnation: 0x1ca0 + node_id,
+        peers_file: None,
     };
     // Member 1 believes member 2 listens on member 3's address; member 2 never runs.
     let one = spawn_member(

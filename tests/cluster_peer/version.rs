@@ -5,7 +5,7 @@
 //! in (3 until every member was heard from).
 
 use super::*;
-use latchkey::cluster::peer::frame::{HELLO_BYTES, VERSION_MIN};
+use latchkey::cluster::peer::frame::{hello_bytes, HELLO_BYTES_BEFORE_6, VERSION_MIN};
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
@@ -113,11 +113,18 @@ fn serve_old(
     stream
         .set_read_timeout(Some(Duration::from_millis(50)))
         .expect("timeout");
-    let mut hello = [0u8; HELLO_BYTES];
+    // Every build before 6 reads a hello of this size; a newer one is longer, and the old
+    // build's read takes its rest with it (it reads what has arrived), so none is left unread
+    // at the close (which would reset the connection before the dialer read the reply).
+    let mut hello = [0u8; HELLO_BYTES_BEFORE_6];
     if stream.read_exact(&mut hello).is_err() {
         return;
     }
     assert_eq!(&hello[..4], b"LKPR", "a latchkey hello");
+    let mut rest = vec![0u8; hello_bytes(hello[4]) - HELLO_BYTES_BEFORE_6];
+    if stream.read_exact(&mut rest).is_err() {
+        return;
+    }
     hellos.lock().expect("not poisoned").push(hello[4]);
     if !(3..=newest).contains(&hello[4]) {
         let _ = stream.write_all(&old_reply(1, node_id, newest));
@@ -216,31 +223,38 @@ fn a_member_falls_back_to_version_3_for_a_reader_that_speaks_3_alone_and_back_up
     });
 }
 
-/// A reader of the build before this one speaks 3 and 4: it refuses this build's 5 naming its
-/// 4, and is spoken to in 4; the cluster version is 4 (replicated waiters, no replicated fates).
+/// Readers of the builds before this one speak 3 and 4, or 3 to 5: each refuses this build's
+/// 6 naming its newest, and is spoken to in it; the cluster version is that newest (4:
+/// replicated waiters, no replicated fates; 5: no incarnations in the hellos).
 #[test]
-fn a_member_speaks_4_to_a_reader_of_the_build_before_and_the_cluster_version_is_4() {
-    assert_eq!(VERSION, 5, "this build's newest");
-    let all = addresses(2);
-    let listener = TcpListener::bind(all[1]).expect("member 2's address");
-    let old = OldReader::start(listener, 2, 4);
-    let one = start(1, &all, PeerLimits::default());
-    send_numbered(&one, 1, 2, 0..20);
-    assert_eq!(
-        old.receive(20),
-        (0..20).collect(),
-        "every message, in version 4"
-    );
-    assert_eq!(old.hellos()[..2], [5, 4], "5 first, refused, then 4");
-    wait_for("member 1 to hear member 2 in 4", || {
-        version_of(&one, 2) == 4 && one.handle.cluster_version() == 4
-    });
-    assert_eq!(one.handle.report().cluster_version, 4);
-    assert_eq!(
-        load(&one.stats().refused_by_peers),
-        0,
-        "a fallback is no refusal"
-    );
+fn a_member_speaks_the_newest_of_a_reader_of_an_earlier_build_and_the_cluster_version_is_it() {
+    assert_eq!(VERSION, 6, "this build's newest");
+    for newest in [4, 5] {
+        let all = addresses(2);
+        let listener = TcpListener::bind(all[1]).expect("member 2's address");
+        let old = OldReader::start(listener, 2, newest);
+        let one = start(1, &all, PeerLimits::default());
+        send_numbered(&one, 1, 2, 0..20);
+        assert_eq!(
+            old.receive(20),
+            (0..20).collect(),
+            "every message, in version {newest}"
+        );
+        assert_eq!(
+            old.hellos()[..2],
+            [6, newest],
+            "6 first, refused, then {newest}"
+        );
+        wait_for("member 1 to hear member 2 in its newest", || {
+            version_of(&one, 2) == newest && one.handle.cluster_version() == newest
+        });
+        assert_eq!(one.handle.report().cluster_version, newest);
+        assert_eq!(
+            load(&one.stats().refused_by_peers),
+            0,
+            "a fallback is no refusal"
+        );
+    }
 }
 
 /// Three members of this build: the cluster version is 3 until each has heard from every
@@ -290,7 +304,7 @@ fn the_cluster_version_is_the_newest_once_every_member_of_this_build_was_heard_f
 }
 
 /// A hello and its reply, on a raw connection to `member`; the reply's bytes.
-fn say_hello(member: SocketAddr, hello: &[u8]) -> (TcpStream, [u8; REPLY_BYTES]) {
+pub(crate) fn say_hello(member: SocketAddr, hello: &[u8]) -> (TcpStream, [u8; REPLY_BYTES]) {
     let mut stream = TcpStream::connect(member).expect("connect");
     stream.write_all(hello).expect("write the hello");
     stream
@@ -301,10 +315,14 @@ fn say_hello(member: SocketAddr, hello: &[u8]) -> (TcpStream, [u8; REPLY_BYTES])
     (stream, reply)
 }
 
-/// A hello from node 3 to member 2 in `version`.
+/// A hello from node 3 to member 2 in `version` (its incarnation from 6 on; a version this
+/// build does not speak is as long as its newest).
 fn hello_in(version: u8) -> Vec<u8> {
     let mut bytes = hello(SHARDS, 3);
     bytes[4] = version;
+    if peer::frame::speaks(version) {
+        bytes.truncate(hello_bytes(version));
+    }
     bytes
 }
 

@@ -70,6 +70,8 @@ fn a_first_start_records_the_member_and_a_later_one_with_the_same_config_opens()
     assert_eq!(opened.path(), temp.data());
     let record = std::fs::read_to_string(temp.data().join(RECORD_FILE)).unwrap();
     let parsed = parse_record(&record).expect("parses");
+    let incarnation = opened.incarnation();
+    assert_ne!(incarnation, 0);
     assert_eq!(
         parsed,
         Record {
@@ -77,14 +79,68 @@ fn a_first_start_records_the_member_and_a_later_one_with_the_same_config_opens()
             cores: 2,
             shards: 8,
             identity: wanted.identity.text.clone(),
+            incarnation: Some(incarnation),
         }
     );
     assert!(!temp.data().join(format!("{RECORD_FILE}.tmp")).exists());
+    assert_eq!(opened.peers_file(), temp.data().join(PEERS_FILE));
     drop(opened);
-    // The same configuration, members listed in another order, opens again.
+    // The same configuration, members listed in another order, opens again, the same
+    // incarnation.
     let mut reordered = cluster(2, 3, 8);
     reordered.members.reverse();
-    DataDir::open(&temp.data(), &Expected::of(&reordered, 2)).expect("opens again");
+    let again = DataDir::open(&temp.data(), &Expected::of(&reordered, 2)).expect("opens again");
+    assert_eq!(again.incarnation(), incarnation);
+    drop(again);
+    // The directory emptied (a lost disk): another incarnation.
+    std::fs::remove_dir_all(temp.data()).unwrap();
+    let fresh = DataDir::open(&temp.data(), &wanted).expect("a fresh start");
+    assert_ne!(
+        fresh.incarnation(),
+        incarnation,
+        "a new directory, a new incarnation"
+    );
+}
+
+/// A record of the version before incarnations gets one at its next start, kept from then on;
+/// a damaged incarnation is refused as a damaged record.
+#[test]
+fn a_record_without_an_incarnation_gets_one_and_keeps_it() {
+    let temp = TempDir::new("incarnation");
+    let dir = temp.data();
+    let wanted = expected(1, 3, 4, 1);
+    drop(DataDir::open(&dir, &wanted).expect("first start"));
+    let record = std::fs::read_to_string(dir.join(RECORD_FILE)).unwrap();
+    let earlier: String = (record.lines())
+        .filter(|line| !line.starts_with("incarnation"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    assert_eq!(parse_record(&earlier).expect("parses").incarnation, None);
+    std::fs::write(dir.join(RECORD_FILE), &earlier).unwrap();
+    let opened = DataDir::open(&dir, &wanted).expect("an earlier record opens");
+    let drawn = opened.incarnation();
+    drop(opened);
+    let rewritten = parse_record(&std::fs::read_to_string(dir.join(RECORD_FILE)).unwrap());
+    assert_eq!(rewritten.expect("parses").incarnation, Some(drawn));
+    assert_eq!(
+        DataDir::open(&dir, &wanted).expect("opens").incarnation(),
+        drawn
+    );
+    for bad in [
+        "\"12\"",
+        "\"0000000000000000\"",
+        "\"zzzzzzzzzzzzzzzz\"",
+        "12",
+    ] {
+        let damaged = format!("{earlier}incarnation = {bad}\n");
+        std::fs::write(dir.join(RECORD_FILE), damaged).unwrap();
+        let error = DataDir::open(&dir, &wanted).expect_err("damaged");
+        let message = error.to_string();
+        assert!(
+            message.contains("member.toml is damaged (incarnation"),
+            "{message}"
+        );
+    }
 }
 
 #[test]

@@ -1,17 +1,21 @@
 //! The member ↔ member wire format: a hello, its reply, then envelopes. No I/O.
 //!
 //! A connection carries raft messages one way: the member that opened it (the *dialer*) writes,
-//! the other (the *reader*) reads. It begins with a [`Hello`] of [`HELLO_BYTES`] bytes:
+//! the other (the *reader*) reads. It begins with a [`Hello`] of [`HELLO_BYTES`] bytes
+//! ([`hello_bytes`] of its version: the incarnation came with version 6):
 //!
 //! ```text
 //! [magic "LKPR"][version u8][cluster shards u32 BE][from node id u64 BE][to node id u64 BE]
-//! [cluster identity digest u64 BE]
+//! [cluster identity digest u64 BE][data-directory incarnation u64 BE]
 //! ```
 //!
 //! `to` is the member the dialer meant to reach, so a reader reached at a wrong address says so;
 //! the identity digest ([`crate::config::ClusterIdentity`]) is the shard count and every
 //! member's id and client address, so members configured with different member lists refuse
-//! each other. The reader answers with one [`Reply`] of [`REPLY_BYTES`] bytes, the only bytes
+//! each other; the incarnation is the dialer's data directory's
+//! ([`crate::cluster::data_dir::DataDir::incarnation`]), so a member started again on another
+//! `data_dir` is refused by the peers that knew the old one ([`super::incarnations`]). The
+//! reader answers with one [`Reply`] of [`REPLY_BYTES`] bytes, the only bytes
 //! that ever flow back:
 //!
 //! ```text
@@ -43,6 +47,9 @@
 //!   every member speaks 4.
 //! * 5: the same frames; shard commands of version 4 (a `Withdraw` that says how its acquire
 //!   was answered) may be proposed once every member speaks 5.
+//! * 6: the hello carries the dialer's data-directory incarnation (8 bytes more), which a
+//!   reader checks against the one it remembers ([`Verdict::Incarnation`]); the same shard
+//!   commands as 5.
 //!
 //! A reader accepts a hello of any version it speaks ([`Hello::decode`] reports which) and
 //! replies in the hello's version: a dialer of an earlier build (one that speaks 3 alone and
@@ -67,14 +74,19 @@ use std::time::Duration;
 /// The first four bytes of every peer connection, and of the reply.
 pub const MAGIC: [u8; 4] = *b"LKPR";
 /// The newest version of this wire format, this build's (see "Versions" in the module docs):
-/// 5, the same frames as 3 and 4; shard commands of version 4 (replicated fates) may be
-/// proposed once every member speaks 5.
-pub const VERSION: u8 = 5;
+/// 6, whose hello carries the dialer's data-directory incarnation.
+pub const VERSION: u8 = 6;
 /// The oldest version this build forms a group with: 3, the previous build's only version (2
 /// cannot apply the shard commands of version 2 that 3 brought, so it stays refused).
 pub const VERSION_MIN: u8 = 3;
-/// Bytes in a hello: magic, version, shard count, from, to, identity digest.
-pub const HELLO_BYTES: usize = 4 + 1 + 4 + 8 + 8 + 8;
+/// Bytes in a hello of versions before 6: magic, version, shard count, from, to, identity
+/// digest.
+pub const HELLO_BYTES_BEFORE_6: usize = 4 + 1 + 4 + 8 + 8 + 8;
+/// Bytes in a hello of [`VERSION`], the most of any version: those of version 5, then the
+/// incarnation.
+pub const HELLO_BYTES: usize = HELLO_BYTES_BEFORE_6 + 8;
+/// The first version whose hello carries the dialer's incarnation.
+pub const VERSION_INCARNATION: u8 = 6;
 /// Bytes in a reply: magic, version, verdict, shard count, node id, identity digest.
 pub const REPLY_BYTES: usize = 4 + 1 + 1 + 4 + 8 + 8;
 /// Bytes of the `len` field that starts every envelope.
@@ -101,6 +113,15 @@ pub fn speaks(version: u8) -> bool {
     (VERSION_MIN..=VERSION).contains(&version)
 }
 
+/// The bytes of a hello in `version` (one this build [`speaks`]).
+pub const fn hello_bytes(version: u8) -> usize {
+    if version >= VERSION_INCARNATION {
+        HELLO_BYTES
+    } else {
+        HELLO_BYTES_BEFORE_6
+    }
+}
+
 /// The hello that opens a peer connection: the version the writer speaks on it, who is
 /// writing, whom it meant to reach, and the cluster it believes in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,6 +138,10 @@ pub struct Hello {
     pub to: u64,
     /// The writer's cluster identity digest, which must be the reader's own.
     pub identity: u64,
+    /// The writer's data-directory incarnation, which must be the one the reader remembers for
+    /// it, if any ([`super::incarnations`]). Sent from version 6 on; 0 in a hello of an earlier
+    /// version (an incarnation is never 0).
+    pub incarnation: u64,
 }
 
 /// What a reader checks a hello against: itself.
@@ -168,6 +193,16 @@ pub enum HelloError {
         /// The writer's digest.
         theirs: u64,
     },
+    /// The writer's data directory is not the one the reader knew it by: lost or replaced,
+    /// with the votes it gave ([`super::incarnations`]).
+    Incarnation {
+        /// The writer.
+        from: u64,
+        /// The incarnation the reader remembers for it.
+        known: u64,
+        /// The incarnation in the hello.
+        theirs: u64,
+    },
 }
 
 /// Whether a connection's first bytes are a TLS record's (a handshake, an alert...): a content
@@ -192,6 +227,7 @@ impl HelloError {
             HelloError::UnknownNode(_) => Some(Verdict::UnknownNode),
             HelloError::WrongMember { .. } => Some(Verdict::WrongMember),
             HelloError::Identity { .. } => Some(Verdict::Identity),
+            HelloError::Incarnation { .. } => Some(Verdict::Incarnation),
         }
     }
 }
@@ -224,6 +260,17 @@ impl fmt::Display for HelloError {
                 f,
                 "cluster identity differs: node {from} has {theirs:016x}, this member \
                  {ours:016x} (their members lists or shard counts differ)"
+            ),
+            HelloError::Incarnation {
+                from,
+                known,
+                theirs,
+            } => write!(
+                f,
+                "node {from} says hello from data-directory incarnation {theirs:016x}, this \
+                 member knew it as {known:016x}: its data_dir was lost or replaced, and with it \
+                 the votes it gave, so it may not rejoin as node {from} (see \"A member that \
+                 lost its disk\" in docs/cluster.md)"
             ),
         }
     }
@@ -263,36 +310,54 @@ enum PreambleError {
 
 impl Hello {
     /// The hello's bytes.
-    pub fn encode(&self) -> [u8; HELLO_BYTES] {
-        let mut bytes = [0u8; HELLO_BYTES];
+    /// The hello's bytes: [`hello_bytes`] of its version (the incarnation from version 6 on).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = vec![0u8; hello_bytes(self.version)];
         bytes[..4].copy_from_slice(&MAGIC);
         bytes[4] = self.version;
         bytes[5..9].copy_from_slice(&self.shards.to_be_bytes());
         bytes[9..17].copy_from_slice(&self.from.to_be_bytes());
         bytes[17..25].copy_from_slice(&self.to.to_be_bytes());
-        bytes[25..].copy_from_slice(&self.identity.to_be_bytes());
+        bytes[25..33].copy_from_slice(&self.identity.to_be_bytes());
+        if let Some(incarnation) = bytes.get_mut(33..41) {
+            incarnation.copy_from_slice(&self.incarnation.to_be_bytes());
+        }
         bytes
     }
 
-    /// Reads a hello from the start of `bytes`: `Ok(None)` until [`HELLO_BYTES`] bytes are
-    /// there. Magic and version are checked as soon as their bytes arrive, so garbage is
-    /// refused at once; [`Hello::check`] checks the rest. The hello's version is one this
-    /// build [`speaks`]: the reply must be in it ([`Reply::version`]).
+    /// Reads a hello from the start of `bytes`: `Ok(None)` until [`hello_bytes`] of its
+    /// version are there. Magic and version are checked as soon as their bytes arrive, so
+    /// garbage is refused at once; [`Hello::check`] checks the rest. The hello's version is one
+    /// this build [`speaks`]: the reply must be in it ([`Reply::version`]). A hello before
+    /// version 6 reads with incarnation 0.
     pub fn decode(bytes: &[u8]) -> Result<Option<Hello>, HelloError> {
         check_preamble(bytes).map_err(|error| match error {
             PreambleError::Magic(magic) => HelloError::Magic(magic),
             PreambleError::Version(version) => HelloError::Version(version),
         })?;
-        let Some(bytes) = bytes.get(..HELLO_BYTES) else {
+        let Some(&version) = bytes.get(4) else {
             return Ok(None);
         };
+        let Some(bytes) = bytes.get(..hello_bytes(version)) else {
+            return Ok(None);
+        };
+        let incarnation = match bytes.len() {
+            HELLO_BYTES => u64_at(bytes, 33),
+            _ => 0,
+        };
         Ok(Some(Hello {
-            version: bytes[4],
+            version,
             shards: u32_at(bytes, 5),
             from: u64_at(bytes, 9),
             to: u64_at(bytes, 17),
             identity: u64_at(bytes, 25),
+            incarnation,
         }))
+    }
+
+    /// The bytes this hello takes on the wire.
+    pub fn encoded_len(&self) -> usize {
+        hello_bytes(self.version)
     }
 
     /// Checks the hello against the reader (`local`): the shard count, the sender, the
@@ -333,17 +398,20 @@ pub enum Verdict {
     WrongMember = 4,
     /// Refused: another cluster identity.
     Identity = 5,
+    /// Refused: the dialer's data directory is not the one the reader knew (version 6 on).
+    Incarnation = 6,
 }
 
 impl Verdict {
     fn from_byte(byte: u8) -> Option<Verdict> {
-        const ALL: [Verdict; 6] = [
+        const ALL: [Verdict; 7] = [
             Verdict::Accepted,
             Verdict::Version,
             Verdict::Shards,
             Verdict::UnknownNode,
             Verdict::WrongMember,
             Verdict::Identity,
+            Verdict::Incarnation,
         ];
         ALL.into_iter().find(|verdict| *verdict as u8 == byte)
     }
@@ -478,6 +546,13 @@ impl Reply {
                 format!("this member's id {from} is not in node {reached}'s members list")
             }
             Verdict::WrongMember => format!("node {reached} says it is not the member dialed"),
+            Verdict::Incarnation => format!(
+                "node {reached} knew this member by another data directory than this one \
+                 (incarnation {:016x}): this member's data_dir was lost or replaced, and with it \
+                 the votes it gave, so it may not rejoin as node {from} (see \"A member that \
+                 lost its disk\" in docs/cluster.md)",
+                hello.incarnation
+            ),
         };
         Some(why)
     }

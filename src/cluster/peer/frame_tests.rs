@@ -39,6 +39,7 @@ fn hello_from(from: u64) -> Hello {
         from,
         to: 2,
         identity: 0xabc,
+        incarnation: 0x1ca0 + from,
     }
 }
 
@@ -48,11 +49,43 @@ fn hello_round_trips_and_arrives_in_pieces() {
     let bytes = hello.encode();
     assert_eq!(&bytes[..4], b"LKPR");
     assert_eq!(bytes[4], VERSION);
+    assert_eq!(
+        (bytes.len(), hello.encoded_len()),
+        (HELLO_BYTES, HELLO_BYTES)
+    );
+    assert_eq!(
+        &bytes[33..],
+        &0x1ca3u64.to_be_bytes(),
+        "the incarnation comes last"
+    );
     for cut in 0..HELLO_BYTES {
         assert_eq!(Hello::decode(&bytes[..cut]), Ok(None), "cut {cut}");
     }
     assert_eq!(Hello::decode(&bytes), Ok(Some(hello)));
     assert_eq!(hello.check(&local()), Ok(()));
+    // Before version 6 a hello is 8 bytes shorter and carries no incarnation (read as 0); the
+    // bytes after it are the connection's first envelope, not read as a part of it.
+    let older = Hello {
+        version: 5,
+        incarnation: 0,
+        ..hello
+    };
+    let mut bytes = older.encode();
+    assert_eq!(bytes.len(), HELLO_BYTES_BEFORE_6);
+    for cut in 0..HELLO_BYTES_BEFORE_6 {
+        assert_eq!(Hello::decode(&bytes[..cut]), Ok(None), "cut {cut}");
+    }
+    bytes.extend_from_slice(&KEEPALIVE);
+    assert_eq!(Hello::decode(&bytes), Ok(Some(older)));
+    let written = Hello {
+        incarnation: 0x77,
+        ..older
+    };
+    assert_eq!(
+        written.encode(),
+        older.encode()[..],
+        "not sent before version 6"
+    );
 }
 
 #[test]
@@ -118,6 +151,20 @@ fn every_hello_refusal_names_the_reason_and_has_a_verdict() {
             "cluster identity differs: node 3",
         ),
     ];
+    let incarnation = HelloError::Incarnation {
+        from: 3,
+        known: 0xaa,
+        theirs: 0x1ca3,
+    };
+    assert_eq!(incarnation.verdict(), Some(Verdict::Incarnation));
+    let text = incarnation.to_string();
+    assert!(
+        text.contains(
+            "node 3 says hello from data-directory incarnation 0000000000001ca3, this \
+             member knew it as 00000000000000aa: its data_dir was lost or replaced"
+        ),
+        "{text}"
+    );
     for (hello, error, verdict, text) in cases {
         let decoded = Hello::decode(&hello.encode())
             .expect("well formed")
@@ -161,6 +208,11 @@ fn replies_round_trip_split_anywhere_and_say_why_on_the_dialer_side() {
         ),
         (reply(Verdict::Identity), "cluster identity differs"),
         (reply(Verdict::Version), "wire version"),
+        (
+            reply(Verdict::Incarnation),
+            "node 2 knew this member by another data directory than this one (incarnation \
+             0000000000001ca1)",
+        ),
     ];
     for (refusal, text) in cases {
         let decoded = Reply::decode(&refusal.encode())
@@ -197,11 +249,13 @@ fn replies_round_trip_split_anywhere_and_say_why_on_the_dialer_side() {
 }
 
 #[test]
-fn hellos_of_versions_3_to_5_are_accepted_and_say_which_others_are_refused_at_once() {
-    assert_eq!((VERSION_MIN, VERSION), (3, 5), "this build speaks 3 to 5");
-    for version in [3, 4, 5] {
+fn hellos_of_versions_3_to_6_are_accepted_and_say_which_others_are_refused_at_once() {
+    assert_eq!((VERSION_MIN, VERSION), (3, 6), "this build speaks 3 to 6");
+    for version in [3, 4, 5, 6] {
+        let incarnation = if version < 6 { 0 } else { 0x1ca3 };
         let hello = Hello {
             version,
+            incarnation,
             ..hello_from(3)
         };
         let bytes = hello.encode();
@@ -212,7 +266,7 @@ fn hellos_of_versions_3_to_5_are_accepted_and_say_which_others_are_refused_at_on
         assert_eq!(decoded.check(&local()), Ok(()));
         assert!(speaks(version));
     }
-    for version in [0, 1, 2, 6, u8::MAX] {
+    for version in [0, 1, 2, 7, u8::MAX] {
         let mut bytes = hello_from(3).encode();
         bytes[4] = version;
         // Refused as soon as the version byte is there.
@@ -220,7 +274,7 @@ fn hellos_of_versions_3_to_5_are_accepted_and_say_which_others_are_refused_at_on
         assert_eq!(refused, HelloError::Version(version));
         assert_eq!(refused.verdict(), Some(Verdict::Version));
         let text = refused.to_string();
-        assert!(text.contains("this member speaks 3 to 5"), "{text}");
+        assert!(text.contains("this member speaks 3 to 6"), "{text}");
         assert!(!speaks(version));
     }
 }
@@ -236,7 +290,7 @@ fn replies_are_in_the_hellos_version_and_a_version_refusal_naming_another_is_a_f
         version,
         ..reply(verdict)
     };
-    for version in [3, 4, 5] {
+    for version in [3, 4, 5, 6] {
         let accepted = reply_in(version, Verdict::Accepted);
         let bytes = accepted.encode();
         assert_eq!(bytes[4], version, "the reply is in its version");
@@ -285,7 +339,7 @@ fn replies_are_in_the_hellos_version_and_a_version_refusal_naming_another_is_a_f
         "not a version"
     );
     // Replies in versions this build does not speak are refused as they arrive.
-    for version in [0, 2, 6, u8::MAX] {
+    for version in [0, 2, 7, u8::MAX] {
         let mut bytes = reply_in(4, Verdict::Version).encode();
         bytes[4] = version;
         assert_eq!(
@@ -397,7 +451,7 @@ fn read_all(bytes: &[u8]) {
     let after_hello = match Hello::decode(bytes) {
         Ok(Some(hello)) => {
             let _ = hello.check(&local());
-            &bytes[HELLO_BYTES..]
+            &bytes[hello.encoded_len()..]
         }
         Ok(None) | Err(_) => bytes,
     };

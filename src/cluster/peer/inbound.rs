@@ -14,9 +14,12 @@
 //! that has never been written, which the kernel takes whole (a short write closes the
 //! connection), in the hello's version (a version this member does not speak is refused in its
 //! newest: [`frame`], "Versions"). An accepted hello's version is noted as the peer's last
-//! known one (`super::versions`). A refused hello is answered, then the connection closed. A
-//! message whose shape is refused closes the connection; one whose content is invalid is
-//! dropped and counted, and the connection stays (raft tolerates loss).
+//! known one (`super::versions`). From version 6 on, a hello's data-directory incarnation must
+//! be the one this member remembers for its dialer ([`super::incarnations`]; checked last,
+//! after the certificate on TLS, and a first one recorded before the reply is written). A
+//! refused hello is answered, then the connection closed. A message whose shape is refused
+//! closes the connection; one whose content is invalid is dropped and counted, and the
+//! connection stays (raft tolerates loss).
 //!
 //! With `[cluster.tls]` the connection is TLS ([`PeerStream::Tls`]): the handshake happens in
 //! the reads before the hello (bounded by the hello's deadline), an accepted hello's dialer must
@@ -31,6 +34,7 @@
 //! thread replaces the older one), and logging closes (the thread does, rate-limited).
 
 use super::frame::{self, Envelope, Hello, Local, Reply, Verdict, HELLO_BYTES, LEN_BYTES};
+use super::incarnations::Incarnations;
 use super::tls::{check_member, tls_failure, PeerStream, TlsFailure};
 use super::versions::Versions;
 use super::{content, wire, CoreInbox, PeerConfig, PeerStats};
@@ -183,6 +187,9 @@ pub(crate) struct Context {
     pub(crate) heard: Arc<Heard>,
     /// Each peer's last known wire version (same order).
     pub(crate) versions: Arc<Versions>,
+    /// The incarnations the peers said hello with: the peer thread's, which reads every hello
+    /// (`None` on a core, which is handed connections whose hello was accepted).
+    pub(crate) incarnations: Option<Incarnations>,
     /// The cores.
     pub(crate) cores: Cores,
     /// The time of this loop iteration.
@@ -226,6 +233,7 @@ impl Context {
             peers: config.peers.iter().map(|&(id, _)| id).collect(),
             heard,
             versions,
+            incarnations: None,
             cores,
             now: epoch,
             epoch,
@@ -488,8 +496,8 @@ impl Inbound {
         let from = match self.peer {
             Some(from) => from,
             None => match self.hello(context, stats)? {
-                Some(from) => {
-                    at = HELLO_BYTES;
+                Some((from, used)) => {
+                    at = used;
                     from
                 }
                 None => return Ok(()),
@@ -524,27 +532,43 @@ impl Inbound {
         self.size_buffer()
     }
 
-    /// Reads and answers the hello once it is whole: the node it names if accepted.
-    fn hello(&mut self, context: &Context, stats: &PeerStats) -> Result<Option<u64>, Close> {
-        let refuse = |stream: &mut PeerStream, error: frame::HelloError, version: u8| {
-            if let Some(verdict) = error.verdict() {
+    /// Reads and answers the hello once it is whole: the node it names if accepted, and the
+    /// bytes the hello took. Its incarnation is checked last, once the certificate (on TLS)
+    /// named the member it claims: only then is a first one recorded.
+    fn hello(
+        &mut self,
+        context: &mut Context,
+        stats: &PeerStats,
+    ) -> Result<Option<(u64, usize)>, Close> {
+        // The reply in the reader's words (none to a stranger), then the close.
+        let refuse = |stream: &mut PeerStream,
+                      reply: Option<[u8; frame::REPLY_BYTES]>,
+                      error: frame::HelloError| {
+            if let Some(reply) = reply {
                 // Best effort: the dialer learns why; the close follows anyway.
-                let _ = stream.write(&context.reply(verdict, version));
+                let _ = stream.write(&reply);
             }
             if error.is_tls() {
                 return Inbound::tls_refused(stats, error.to_string());
             }
             Close::Refused(error.to_string())
         };
+        let reply_to = |context: &Context, error: &frame::HelloError, version: u8| {
+            (error.verdict()).map(|verdict| context.reply(verdict, version))
+        };
         let hello = match Hello::decode(&self.buffer[..self.filled]) {
             Ok(None) => return Ok(None),
             Ok(Some(hello)) => hello,
             // A version this member does not speak: its newest, for the dialer to fall back to.
-            Err(error) => return Err(refuse(&mut self.stream, error, frame::VERSION)),
+            Err(error) => {
+                let reply = reply_to(context, &error, frame::VERSION);
+                return Err(refuse(&mut self.stream, reply, error));
+            }
         };
         self.claimed = Some(hello.from);
         if let Err(error) = hello.check(&context.local()) {
-            return Err(refuse(&mut self.stream, error, hello.version));
+            let reply = reply_to(context, &error, hello.version);
+            return Err(refuse(&mut self.stream, reply, error));
         }
         if self.stream.is_tls() {
             // No reply: the dialer's certificate is not the member it says it is.
@@ -554,6 +578,21 @@ impl Inbound {
                     format!("node {} claimed by a dialer: {why}", hello.from),
                 )
             })?;
+        }
+        let Some(incarnations) = context.incarnations.as_mut() else {
+            debug_assert!(false, "a hello read on a core");
+            return Err(Close::Refused("a hello where none is read".to_string()));
+        };
+        match incarnations.admit(hello.from, hello.incarnation) {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                let reply = reply_to(context, &error, hello.version);
+                return Err(refuse(&mut self.stream, reply, error));
+            }
+            Err(error) => {
+                let why = format!("node {}'s incarnation not recorded: {error}", hello.from);
+                return Err(Close::Refused(why));
+            }
         }
         let reply = context.reply(Verdict::Accepted, hello.version);
         match self.stream.write(&reply) {
@@ -567,7 +606,7 @@ impl Inbound {
         }
         context.note_version(hello.from, hello.version);
         self.peer = Some(hello.from);
-        Ok(Some(hello.from))
+        Ok(Some((hello.from, hello.encoded_len())))
     }
 
     /// Grows the buffer to hold the next envelope whole, or shrinks it back when it need not.

@@ -73,6 +73,8 @@ struct Seen {
     heard: Option<Instant>,
     refused_inbound: Option<String>,
     reachable: bool,
+    /// The data-directory incarnation this member remembers for it, if any.
+    incarnation: Option<u64>,
 }
 
 /// What the thread last published: read by the cores when they copy their figures.
@@ -80,6 +82,7 @@ struct Seen {
 pub(crate) struct Board {
     seen: Vec<Seen>,
     members: u64,
+    incarnation: u64,
 }
 
 impl Board {
@@ -103,6 +106,7 @@ impl Board {
                 heard_ms_ago: seen.heard.map(ago),
                 refused_inbound: seen.refused_inbound.clone(),
                 version: versions.of(index),
+                incarnation: seen.incarnation,
             })
             .collect();
         let members = self.members.max(1);
@@ -113,6 +117,7 @@ impl Board {
             reachable,
             quorum: is_majority(reachable, members),
             version: frame::VERSION,
+            incarnation: self.incarnation,
             // From the versions shown, so that the report agrees with itself.
             cluster_version: cluster_version(peers.iter().map(|peer| peer.version)),
             peers,
@@ -207,6 +212,8 @@ pub(crate) struct Watch {
     published_at: Option<Instant>,
     /// Something changed since the last publication.
     dirty: bool,
+    /// This member's data-directory incarnation.
+    incarnation: u64,
 }
 
 impl Watch {
@@ -226,6 +233,7 @@ impl Watch {
                     heard: None,
                     refused_inbound: None,
                     reachable: false,
+                    incarnation: None,
                 },
                 log: ChangeLog::default(),
             })
@@ -239,6 +247,25 @@ impl Watch {
             said_lost: false,
             published_at: None,
             dirty: false,
+            incarnation: 0,
+        }
+    }
+
+    /// This member's data-directory incarnation, as `GET /stats` shows it.
+    pub(crate) fn own_incarnation(&mut self, own: u64) {
+        self.incarnation = own;
+        self.dirty = true;
+    }
+
+    /// The incarnation this member remembers for each peer (`known`, by node id), as
+    /// `GET /stats` shows them.
+    pub(crate) fn known_incarnations(&mut self, known: impl Fn(u64) -> Option<u64>) {
+        for peer in &mut self.peers {
+            let remembered = known(peer.seen.node_id);
+            if peer.seen.incarnation != remembered {
+                peer.seen.incarnation = remembered;
+                self.dirty = true;
+            }
         }
     }
 
@@ -265,6 +292,7 @@ impl Watch {
     /// Writes what is known now to `board`.
     pub(crate) fn publish(&self, board: &mut Board) {
         board.members = self.peers.len() as u64 + 1;
+        board.incarnation = self.incarnation;
         board.seen.clear();
         let seen = self.peers.iter().map(|peer| peer.seen.clone());
         board.seen.extend(seen);

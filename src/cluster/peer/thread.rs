@@ -16,6 +16,7 @@
 
 use super::frame::{self, Hello};
 use super::inbound::{Close, Context, Cores, Heard, Inbound, Route};
+use super::incarnations::Incarnations;
 use super::lane::Lane;
 use super::link::Link;
 use super::reader::Handover;
@@ -99,6 +100,7 @@ impl Peer {
                     from: config.node_id,
                     to: peer.0,
                     identity: config.identity,
+                    incarnation: config.incarnation,
                 };
                 let seed = config.seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                 let token = Token(LINK_BASE + index);
@@ -115,9 +117,17 @@ impl Peer {
             .collect();
         let connections_max = config.limits.inbound_connections_max.max(1);
         let cores = Cores::new(inbound, route, None);
-        let context = Context::new(&config, (heard, versions), cores, now);
+        let mut context = Context::new(&config, (heard, versions), cores, now);
+        context.incarnations = Some(match &config.peers_file {
+            Some(file) => Incarnations::load(file)?,
+            None => Incarnations::in_memory(),
+        });
         let period = Duration::from_micros(LOG_PERIOD_US);
-        let watch = Watch::new(&config.peers, now, period);
+        let mut watch = Watch::new(&config.peers, now, period);
+        watch.own_incarnation(config.incarnation);
+        if let Some(known) = &context.incarnations {
+            watch.known_incarnations(|peer| known.of(peer));
+        }
         // Published before any core can ask: the members and every peer "connecting".
         watch.publish(&mut board.lock());
         Ok(Peer {
@@ -327,6 +337,9 @@ impl Peer {
         }
         if let Some(index) = self.context.peers.iter().position(|&id| id == node_id) {
             self.watch.accepted_inbound(index);
+        }
+        if let Some(known) = &self.context.incarnations {
+            self.watch.known_incarnations(|peer| known.of(peer));
         }
         log::debug!(
             "peer {node_id} connected from {}",

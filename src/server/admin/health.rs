@@ -145,6 +145,7 @@ mod tests {
                 reachable,
                 quorum: reachable >= 2,
                 version: 4,
+                incarnation: 0xabc,
                 cluster_version: 3,
                 peers: Vec::new(),
                 counters: PeerCounters::default(),
@@ -168,6 +169,7 @@ mod tests {
             heard_ms_ago: None,
             refused_inbound: None,
             version: 3,
+            incarnation: Some(0x1ca2),
         });
         peers.counters.invalid_dropped = 7;
         let core = CoreStats {
@@ -216,6 +218,8 @@ mod tests {
         assert_eq!(cluster["peers"][0]["reason"], "cluster identity differs");
         assert_eq!(cluster["peers"][0]["for_seconds"], 1.5);
         assert_eq!(cluster["peers"][0]["wire_version"], 3);
+        assert_eq!(cluster["peers"][0]["incarnation"], "0000000000001ca2");
+        assert_eq!(cluster["incarnation"], "0000000000000abc");
         assert_eq!(
             (
                 cluster["wire_version"].clone(),

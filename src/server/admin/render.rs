@@ -556,6 +556,7 @@ fn cluster_json(cluster: &ClusterStats) -> Value {
         "members_reachable": peers.map(|peers| peers.reachable),
         "quorum": peers.map(|peers| peers.quorum),
         "wire_version": peers.map(|peers| peers.version),
+        "incarnation": peers.map(|peers| format!("{:016x}", peers.incarnation)),
         "cluster_version": peers.map(|peers| peers.cluster_version),
         "peers": peers.map_or(Vec::new(), |peers| peers.peers.iter().map(peer_json).collect()),
         "peer_counters": peers.map(|peers| {
@@ -594,6 +595,7 @@ fn peer_json(peer: &PeerStatus) -> Value {
         "heard_seconds_ago": peer.heard_ms_ago.map(|ms| ms as f64 / 1e3),
         "refused_inbound": peer.refused_inbound,
         "wire_version": peer.version,
+        "incarnation": peer.incarnation.map(|incarnation| format!("{incarnation:016x}")),
     })
 }
 
