@@ -547,16 +547,17 @@ fn waiters_whose_leader_is_killed_keep_their_places_in_the_queue() {
     let mut cluster = Cluster::start("clients-killed-order", 3, 4, false);
     let key = "jobs/killed-order";
     // Leaders mirror their queues once every member is known to read the mirror entries (this
-    // build's newest version, 5, reads them and the replicated fates).
+    // build's newest version reads them and the replicated fates).
+    let newest = f64::from(latchkey::cluster::peer::frame::VERSION);
     let at_newest = |member: &Member| {
         let metrics = common::cluster::http_get(member.client, "/metrics");
         let version = metrics
             .and_then(|(_, body)| common::cluster::metric(&body, "latchkey_cluster_version"));
-        version == Some(5.0)
+        version == Some(newest)
     };
     assert!(
         wait_until(SETTLE, || cluster.members.iter().all(at_newest)),
-        "every member at cluster version 5"
+        "every member at cluster version {newest}"
     );
     let (leader, token) = hold(&cluster, key);
     let members: Vec<&Member> = cluster.members.iter().collect();
