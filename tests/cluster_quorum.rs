@@ -220,6 +220,9 @@ fn a_member_started_again_on_an_empty_data_dir_is_refused_by_the_others() {
         known,
         "the old one is kept"
     );
+    wait_until("member 3 to show both peers refusing it", || {
+        (1..=2).all(|peer| peer_view(&cluster, 2, peer)["link"] == serde_json::json!("refused"))
+    });
     // `cluster status` names it, and exits 86 (a member is refused).
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_latchkey"))
         .args(["cluster", "status", "--server", &cluster.servers()])

@@ -15,8 +15,8 @@
 //! each other; the incarnation is the dialer's data directory's
 //! ([`crate::cluster::data_dir::DataDir::incarnation`]), so a member started again on another
 //! `data_dir` is refused by the peers that knew the old one ([`super::incarnations`]). The
-//! reader answers with one [`Reply`] of [`REPLY_BYTES`] bytes, the only bytes
-//! that ever flow back:
+//! reader answers with one [`Reply`] of [`REPLY_BYTES`] bytes, the only bytes that ever flow
+//! back:
 //!
 //! ```text
 //! [magic "LKPR"][version u8][verdict u8][its shards u32 BE][its node id u64 BE][its digest u64 BE]
@@ -309,7 +309,6 @@ enum PreambleError {
 }
 
 impl Hello {
-    /// The hello's bytes.
     /// The hello's bytes: [`hello_bytes`] of its version (the incarnation from version 6 on).
     pub fn encode(&self) -> Vec<u8> {
         let mut bytes = vec![0u8; hello_bytes(self.version)];
