@@ -279,21 +279,14 @@ fn a_silent_handshake_is_closed_at_the_hello_deadline() {
     let pki = Pki::new("peer-silent");
     let all = addresses(2);
     let tls = Some(member_tls(&pki, 1, pki.ca_file()));
-    let peers = vec![(1, all[0]), (2, all[1])];
     let config = PeerConfig {
-        node_id: 1,
-        listen: all[0],
-        peers,
-        shards: SHARDS,
-        identity: IDENTITY,
         seed: 0x5eed,
         limits: PeerLimits {
             hello_timeout: Duration::from_millis(300),
             ..PeerLimits::default()
         },
         tls,
-        incarnation: 0x1ca0 + 1,
-        peers_file: None,
+        ..config_among(1, &all)
     };
     let one = spawn_member(config, Reads::OnThePeerThread);
     let mut stream = TcpStream::connect(all[0]).expect("connect");
@@ -319,16 +312,10 @@ fn a_peer_address_that_leads_to_another_member_is_refused_by_its_certificate() {
     let pki = Pki::new("peer-dialed");
     let all = addresses(3);
     let config = |node_id: u64, peers: Vec<(u64, SocketAddr)>| PeerConfig {
-        node_id,
-        listen: all[node_id as usize - 1],
         peers,
-        shards: SHARDS,
-        identity: IDENTITY,
-        seed: 0x5eed + node_id,
         limits: PeerLimits::default(),
         tls: Some(member_tls(&pki, node_id, pki.ca_file())),
-        incarnation: 0x1ca0 + node_id,
-        peers_file: None,
+        ..config_among(node_id, &all)
     };
     // Member 1 believes member 2 listens on member 3's address; member 2 never runs.
     let one = spawn_member(

@@ -540,35 +540,27 @@ impl Inbound {
         context: &mut Context,
         stats: &PeerStats,
     ) -> Result<Option<(u64, usize)>, Close> {
-        // The reply in the reader's words (none to a stranger), then the close.
-        let refuse = |stream: &mut PeerStream,
-                      reply: Option<[u8; frame::REPLY_BYTES]>,
-                      error: frame::HelloError| {
-            if let Some(reply) = reply {
-                // Best effort: the dialer learns why; the close follows anyway.
-                let _ = stream.write(&reply);
-            }
-            if error.is_tls() {
-                return Inbound::tls_refused(stats, error.to_string());
-            }
-            Close::Refused(error.to_string())
-        };
-        let reply_to = |context: &Context, error: &frame::HelloError, version: u8| {
-            (error.verdict()).map(|verdict| context.reply(verdict, version))
-        };
+        // The reply in `version` (none to a stranger), then the close.
+        let refuse =
+            |stream: &mut PeerStream, context: &Context, error: frame::HelloError, version: u8| {
+                if let Some(verdict) = error.verdict() {
+                    // Best effort: the dialer learns why; the close follows anyway.
+                    let _ = stream.write(&context.reply(verdict, version));
+                }
+                if error.is_tls() {
+                    return Inbound::tls_refused(stats, error.to_string());
+                }
+                Close::Refused(error.to_string())
+            };
         let hello = match Hello::decode(&self.buffer[..self.filled]) {
             Ok(None) => return Ok(None),
             Ok(Some(hello)) => hello,
             // A version this member does not speak: its newest, for the dialer to fall back to.
-            Err(error) => {
-                let reply = reply_to(context, &error, frame::VERSION);
-                return Err(refuse(&mut self.stream, reply, error));
-            }
+            Err(error) => return Err(refuse(&mut self.stream, context, error, frame::VERSION)),
         };
         self.claimed = Some(hello.from);
         if let Err(error) = hello.check(&context.local()) {
-            let reply = reply_to(context, &error, hello.version);
-            return Err(refuse(&mut self.stream, reply, error));
+            return Err(refuse(&mut self.stream, context, error, hello.version));
         }
         if self.stream.is_tls() {
             // No reply: the dialer's certificate is not the member it says it is.
@@ -585,10 +577,7 @@ impl Inbound {
         };
         match incarnations.admit(hello.from, hello.incarnation) {
             Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                let reply = reply_to(context, &error, hello.version);
-                return Err(refuse(&mut self.stream, reply, error));
-            }
+            Ok(Err(error)) => return Err(refuse(&mut self.stream, context, error, hello.version)),
             Err(error) => {
                 let why = format!("node {}'s incarnation not recorded: {error}", hello.from);
                 return Err(Close::Refused(why));
